@@ -1,0 +1,64 @@
+//! `smartmigd`: the per-node sidecar daemon. All logic lives in
+//! `smartmig::daemon`; this file parses arguments, sets up logging and the
+//! runtime, and maps errors to exit codes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use smartmig::daemon::{server, Config};
+
+/// Dynamic MIG partitioning sidecar for Slurm nodes.
+#[derive(Debug, Parser)]
+#[command(name = "smartmigd", version, about)]
+struct Args {
+    /// Configuration file (see etc/smartmig.toml).
+    #[arg(long, short, default_value = "/etc/smartmig/smartmig.toml")]
+    config: PathBuf,
+    /// Validate the configuration, print OK or the error, and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("smartmigd: invalid configuration: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.check_config {
+        println!("OK");
+        return ExitCode::SUCCESS;
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    match run(config, args.config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("smartmigd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("smartmigd")
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime
+        .block_on(server::run(config, path))
+        .context("smartmigd stopped with an error")
+}

@@ -1,0 +1,41 @@
+//! `smartmig audit FILE`: re-check a simulator event log.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use crate::sim::{audit, read_events};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Event log written by `smartmig simulate --events FILE`.
+    pub file: PathBuf,
+    /// Print the recomputed totals as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let f = File::open(&a.file).with_context(|| format!("opening {}", a.file.display()))?;
+    let records =
+        read_events(BufReader::new(f)).with_context(|| format!("reading {}", a.file.display()))?;
+    let r = audit(&records).with_context(|| format!("{} fails the audit", a.file.display()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "OK: {} jobs on {} GPUs, {} reconfigurations, {} unserved; energy {:.6} MJ over {:.1} s; mean tardiness {:.3} s ({} late)",
+            r.jobs,
+            r.gpus,
+            r.reconfigurations,
+            r.unserved,
+            r.energy_j / 1e6,
+            r.horizon_s,
+            r.mean_tardiness_s,
+            r.late_jobs
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! The `smartmig` command line: one module per subcommand, each a thin
+//! shell (parse, read files, print) over the library.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod audit;
+pub mod bench;
+pub mod bound;
+pub mod compare;
+pub mod layouts;
+pub mod simulate;
+pub mod status;
+pub mod train;
+
+/// Dynamic MIG partitioning for Slurm: geometry, simulation and status.
+#[derive(Debug, Parser)]
+#[command(name = "smartmig", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the MIG layouts of a GPU model.
+    Layouts(layouts::Args),
+    /// Simulate a cluster: a workload, a placement heuristic, a repartitioning policy.
+    Simulate(simulate::Args),
+    /// Re-check a simulator event log (feasibility, energy, tardiness).
+    Audit(audit::Args),
+    /// Benchmarks (`bench sim`: simulator jobs per second).
+    Bench(bench::Args),
+    /// Show the local smartmigd's GPUs, instances, jobs and policy.
+    Status(status::Args),
+    /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
+    Bound(bound::Args),
+    /// Train the learned repartitioning policy on the simulator (writes ONNX + metadata).
+    Train(train::Args),
+}
+
+/// Entry point of the `smartmig` binary.
+pub fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Layouts(args) => layouts::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
+        Command::Audit(args) => audit::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Train(args) => train::run(&args),
+        Command::Bound(args) => bound::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("smartmig: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,302 @@
+//! `smartmig simulate`: run the cluster simulator on a workload and print
+//! the metrics of the chosen policy next to the `none` reference.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::mig::GpuModel;
+use crate::policy::parse_policy;
+use crate::sim::{
+    simulate_with_reference, EpochRule, EtScore, Heuristic, JsonLines, Metrics, RunHooks, SimConfig,
+};
+use crate::workload::{
+    generate_diurnal, read_trace, DiurnalConfig, Job, TraceFormat, TraceOptions,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Number of GPUs (all of `--model`; see `--cluster` for mixed models).
+    #[arg(long, default_value_t = 8)]
+    pub gpus: usize,
+    /// GPU model (a30-24gb, a100-40gb, a100-80gb, h100-80gb, h100-94gb, h200-141gb).
+    #[arg(long, default_value = "a100-40gb")]
+    pub model: String,
+    /// Mixed cluster, e.g. `a100-40gb:4,h100-80gb:2` (overrides --gpus and
+    /// --model; workloads are generated/rounded for the first model).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// `diurnal` (synthetic, SMART-MIG style) or a trace file.
+    #[arg(long, default_value = "diurnal")]
+    pub workload: String,
+    /// Format of a trace file.
+    #[arg(long, default_value = "csv")]
+    pub trace_format: String,
+    /// Skip malformed trace rows instead of failing.
+    #[arg(long)]
+    pub lenient: bool,
+    /// Length of the diurnal workload, hours.
+    #[arg(long, default_value_t = 24.0)]
+    pub hours: f64,
+    /// Job-placement heuristic.
+    #[arg(long, default_value = "edf")]
+    pub placement: String,
+    /// Repartitioning policy: none, static:<catalog index>, static:<picture>.
+    #[arg(long, default_value = "none")]
+    pub policy: String,
+    /// Decision epoch every N arrival/completion events.
+    #[arg(long, default_value_t = crate::sim::DEFAULT_EPOCH_EVENTS)]
+    pub epoch_events: u32,
+    /// Decision epoch every T simulated seconds instead.
+    #[arg(long)]
+    pub epoch_seconds: Option<f64>,
+    /// Duration of one reconfiguration, s.
+    #[arg(long, default_value_t = crate::sim::DEFAULT_RECONFIG_TIME_S)]
+    pub reconfig_time: f64,
+    /// Weight of tardiness in ET = (e + a t) / (1 + a).
+    #[arg(long, default_value_t = 1.0)]
+    pub alpha: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the auditable event log (JSON lines) of the policy run here.
+    #[arg(long)]
+    pub events: Option<PathBuf>,
+    /// Run every policy (none, static, static-best, twice-daily, greedy) on
+    /// this workload and print one table with the gap to the lower bounds.
+    #[arg(long)]
+    pub compare: bool,
+    /// With --compare: also write SVG plots and comparison.json into DIR.
+    #[arg(long, value_name = "DIR", requires = "compare")]
+    pub report: Option<PathBuf>,
+    /// With --compare: an extra policy to compare (repeatable), e.g. policy:FILE.onnx.
+    #[arg(long, value_name = "SPEC", requires = "compare")]
+    pub compare_policy: Vec<String>,
+}
+
+/// A cluster description: one model per GPU.
+pub fn parse_cluster(gpus: usize, model: &str, cluster: Option<&str>) -> Result<Vec<GpuModel>> {
+    let mut out = Vec::new();
+    match cluster {
+        Some(spec) => {
+            for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                let (m, n) = part.split_once(':').unwrap_or((part, "1"));
+                let model: GpuModel = m.parse()?;
+                let n: usize = n
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("`{part}`: GPU count `{n}` is not a number"))?;
+                out.extend(std::iter::repeat_n(model, n));
+            }
+        }
+        None => out.extend(std::iter::repeat_n(model.parse::<GpuModel>()?, gpus)),
+    }
+    if out.is_empty() {
+        bail!("the cluster has no GPUs (use --gpus N >= 1)");
+    }
+    Ok(out)
+}
+
+/// The jobs and the workload horizon.
+pub fn load_workload(a: &Args, model: GpuModel, gpus: usize) -> Result<(Vec<Job>, Option<f64>)> {
+    if a.workload == "diurnal" {
+        let cfg = DiurnalConfig {
+            horizon_s: a.hours * 3600.0,
+            ..DiurnalConfig::default()
+        };
+        cfg.validate().context("diurnal workload")?;
+        return Ok((
+            generate_diurnal(&cfg, model, gpus, a.seed),
+            Some(cfg.horizon_s),
+        ));
+    }
+    let format: TraceFormat = a.trace_format.parse()?;
+    let file = File::open(&a.workload).with_context(|| format!("opening trace {}", a.workload))?;
+    let opts = TraceOptions {
+        lenient: a.lenient,
+        seed: a.seed,
+        ..TraceOptions::new(model)
+    };
+    let trace = read_trace(format, BufReader::new(file), &opts)
+        .with_context(|| format!("reading {} trace {}", format, a.workload))?;
+    for s in trace.skipped.iter().take(5) {
+        eprintln!("smartmig: skipped line {}: {}", s.line, s.reason);
+    }
+    if trace.skipped.len() > 5 {
+        eprintln!("smartmig: ... {} rows skipped in all", trace.skipped.len());
+    }
+    Ok((trace.jobs, None))
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    gpus: usize,
+    models: Vec<String>,
+    placement: &'a str,
+    policy: &'a str,
+    seed: u64,
+    reconfig_time_s: f64,
+    run: &'a Metrics,
+    reference: &'a Metrics,
+    score: &'a EtScore,
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let cluster = parse_cluster(a.gpus, &a.model, a.cluster.as_deref())?;
+    let heuristic: Heuristic = a.placement.parse()?;
+    let mut models = cluster.clone();
+    models.sort();
+    models.dedup();
+    let mut policy = parse_policy(&a.policy, &models)?;
+    let (jobs, horizon) = load_workload(a, cluster[0], cluster.len())?;
+    let cfg = SimConfig {
+        reconfig_time_s: a.reconfig_time,
+        epoch: match a.epoch_seconds {
+            Some(s) => EpochRule::Seconds(s),
+            None => EpochRule::Events(a.epoch_events),
+        },
+        seed: a.seed,
+        workload_horizon_s: horizon,
+        ..SimConfig::default()
+    };
+    if a.compare {
+        return super::compare::run_cli(a, &cluster, &jobs, &cfg, heuristic);
+    }
+    let bar = (std::io::stderr().is_terminal() && jobs.len() > 200_000).then(|| {
+        let b = indicatif::ProgressBar::new(jobs.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} jobs started ({eta})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let mut tick = |n: u64| {
+        if let Some(b) = &bar {
+            b.set_position(n);
+        }
+    };
+    let mut writer = match &a.events {
+        Some(p) => Some(JsonLines::new(BufWriter::new(
+            File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        ))),
+        None => None,
+    };
+    let hooks = RunHooks {
+        sink: writer.as_mut().map(|w| w as &mut dyn crate::sim::EventSink),
+        progress: Some(&mut tick),
+    };
+    let (run, reference, score) = simulate_with_reference(
+        &cluster,
+        &jobs,
+        heuristic,
+        policy.as_mut(),
+        &cfg,
+        a.alpha,
+        hooks,
+    )?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if let Some(w) = writer {
+        w.into_inner().flush().context("writing the event log")?;
+    }
+    let report = Report {
+        gpus: cluster.len(),
+        models: models.iter().map(|m| m.to_string()).collect(),
+        placement: &run.placement,
+        policy: &run.policy,
+        seed: a.seed,
+        reconfig_time_s: a.reconfig_time,
+        run: &run.metrics,
+        reference: &reference.metrics,
+        score: &score,
+    };
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        print_table(&mut out, &report)?;
+    }
+    Ok(())
+}
+
+/// One table row: label and how to format it from the metrics.
+type Row = (&'static str, Box<dyn Fn(&Metrics) -> String>);
+
+fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
+    writeln!(
+        out,
+        "{} GPUs ({}), placement {}, seed {}, reconfiguration {} s",
+        r.gpus,
+        r.models.join(", "),
+        r.placement,
+        r.seed,
+        r.reconfig_time_s
+    )?;
+    let rows: [Row; 13] = [
+        ("jobs", Box::new(|m| m.jobs.to_string())),
+        ("completed", Box::new(|m| m.completed.to_string())),
+        (
+            "unserved + rejected",
+            Box::new(|m| format!("{} + {}", m.unserved, m.rejected)),
+        ),
+        ("energy (MJ)", Box::new(|m| format!("{:.3}", m.energy_mj))),
+        (
+            "mean tardiness (s)",
+            Box::new(|m| format!("{:.2}", m.mean_tardiness_s)),
+        ),
+        (
+            "late jobs",
+            Box::new(|m| format!("{:.2} %", 100.0 * m.late_share)),
+        ),
+        (
+            "mean wait (s)",
+            Box::new(|m| format!("{:.2}", m.mean_wait_s)),
+        ),
+        (
+            "utilisation",
+            Box::new(|m| format!("{:.2} %", 100.0 * m.utilisation)),
+        ),
+        (
+            "reconfigurations",
+            Box::new(|m| m.reconfigurations.to_string()),
+        ),
+        (
+            "rejected decisions",
+            Box::new(|m| m.rejected_decisions.to_string()),
+        ),
+        ("decision epochs", Box::new(|m| m.epochs.to_string())),
+        (
+            "horizon (h)",
+            Box::new(|m| format!("{:.2}", m.horizon_s / 3600.0)),
+        ),
+        ("events", Box::new(|m| m.events.to_string())),
+    ];
+    let w = r.policy.len().max(12);
+    writeln!(
+        out,
+        "{:<22} {:>w$} {:>14}",
+        "metric", r.policy, "none (ref)"
+    )?;
+    for (name, f) in rows.iter() {
+        writeln!(out, "{:<22} {:>w$} {:>14}", name, f(r.run), f(r.reference))?;
+    }
+    let s = r.score;
+    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{x:.4}"));
+    writeln!(
+        out,
+        "ET = (e + {a} t)/(1 + {a}) = {} with e = {:.4}, t = {} (reference: {})",
+        fmt(s.et),
+        s.e,
+        fmt(s.t),
+        s.reference,
+        a = s.alpha
+    )?;
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! `smartmig status`: what the local smartmigd holds, as a table or JSON.
+//! Read-only, so any user may run it (the socket is world-writable; writes
+//! are refused by the daemon's peer-credential check).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::daemon::protocol::{StatusReply, DEFAULT_SOCKET};
+use crate::daemon::Client;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// smartmigd's socket.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Print the daemon's JSON reply instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let client = Client::new(&args.socket).with_io_timeout(Duration::from_secs(10));
+    let status = client.status().context("asking smartmigd for its status")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", render(&status));
+    }
+    Ok(())
+}
+
+fn duration(s: u64) -> String {
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The human-readable table.
+pub fn render(s: &StatusReply) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node {}  backend {}  policy {}  smartmigd {}  up {}",
+        s.node,
+        s.backend,
+        s.policy,
+        s.version,
+        duration(s.uptime_s)
+    );
+    for g in &s.gpus {
+        let energy = g
+            .energy_j
+            .map(|j| format!("  energy {:.1} kJ", j / 1000.0))
+            .unwrap_or_default();
+        let idle = if g.idle_s > 0 {
+            format!("  idle {}", duration(g.idle_s))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "\nGPU {} {}  [{}]  {}{idle}{energy}",
+            g.index, g.model, g.picture, g.layout
+        );
+        if g.instances.is_empty() {
+            let _ = writeln!(out, "  (no instances)");
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  {:<44} {:<9} {:>5} {:>10} {:>6} {:>10}",
+            "UUID", "PROFILE", "START", "JOB", "UID", "BUSY/IDLE"
+        );
+        for i in &g.instances {
+            let job = i.job_id.map(|j| j.to_string()).unwrap_or_else(|| "-".into());
+            let uid = i.uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
+            let state = match (i.busy_since, i.idle_s) {
+                (Some(since), _) => format!("since {since}"),
+                (None, Some(idle)) => format!("idle {}", duration(idle)),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "  {:<44} {:<9} {:>5} {:>10} {:>6} {:>10}",
+                i.uuid, i.profile, i.start, job, uid, state
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::protocol::{GpuStatus, InstanceStatus};
+
+    #[test]
+    fn table_shows_layout_instances_and_jobs() {
+        let s = StatusReply {
+            node: "n1".into(),
+            version: "0.1.0".into(),
+            backend: "sim".into(),
+            policy: "none".into(),
+            uptime_s: 75,
+            gpus: vec![GpuStatus {
+                index: 0,
+                model: "a100-40gb".into(),
+                picture: "3333|....".into(),
+                layout: "3g.20gb".into(),
+                instances: vec![InstanceStatus {
+                    uuid: "MIG-1".into(),
+                    profile: "3g.20gb".into(),
+                    start: 0,
+                    compute: 3,
+                    job_id: Some(42),
+                    uid: Some(1000),
+                    busy_since: Some(1_700_000_000),
+                    idle_s: None,
+                }],
+                idle_s: 0,
+                energy_j: Some(1500.0),
+            }],
+        };
+        let t = render(&s);
+        assert!(t.contains("GPU 0 a100-40gb  [3333|....]  3g.20gb  energy 1.5 kJ"), "{t}");
+        assert!(t.contains("MIG-1"), "{t}");
+        assert!(t.contains("42"), "{t}");
+        assert!(t.contains("up 1m15s"), "{t}");
+    }
+}

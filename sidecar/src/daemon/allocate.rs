@@ -1,0 +1,470 @@
+//! The allocation decision: which instance a request gets, as a pure function
+//! of one GPU's state. No IO, no clocks: the shell ([`super::server`]) runs
+//! the returned [`Plan`] against the backend and records the result with
+//! [`GpuBook`]'s methods, so everything that can go wrong in the decision is
+//! unit- and property-tested here.
+//!
+//! Order of preference (brief §2): reuse an idle instance of the right
+//! compute size with the least sufficient memory, else create one in free
+//! space at the fragmentation-aware spot ([`Geometry::best_placement`]), else
+//! re-shape idle instances ([`Geometry::reshape_for`]), else no fit. All
+//! geometry comes from [`crate::mig`]; nothing is re-implemented here.
+
+use serde::{Deserialize, Serialize};
+
+use crate::mig::{select_profile, Geometry, Layout, PlacementId, ProfileSpec, SelectError};
+
+/// Who holds an instance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub job_id: u64,
+    #[serde(default)]
+    pub step: Option<u32>,
+    pub uid: u32,
+    /// Unix seconds when the job got the instance.
+    pub since: u64,
+    #[serde(default)]
+    pub deadline: Option<i64>,
+    #[serde(default)]
+    pub time_limit_s: Option<u64>,
+}
+
+/// One MIG instance the daemon knows of.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instance {
+    pub placement: PlacementId,
+    /// `MIG-<uuid>`, stable for the instance's life.
+    pub uuid: String,
+    pub job: Option<Assignment>,
+    /// Unix seconds since the instance is idle (creation or last release).
+    pub idle_since: u64,
+}
+
+/// What a request needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Need {
+    pub slices: u8,
+    pub memory_gb: Option<f64>,
+}
+
+/// What to do to satisfy a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Hand out this idle instance.
+    Reuse { uuid: String },
+    /// Create an instance at this placement in free space.
+    Create { placement: PlacementId },
+    /// Destroy these idle instances, then create at `placement`.
+    Reshape {
+        destroy: Vec<String>,
+        placement: PlacementId,
+    },
+}
+
+/// Why a request cannot be served now.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    /// No profile of this GPU serves the request at all (never will).
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    /// The profile exists but busy instances leave no room (may change on release).
+    #[error("{reason}")]
+    NoFit {
+        profile: &'static ProfileSpec,
+        reason: String,
+    },
+}
+
+/// The daemon's view of one GPU: its instances and who holds them.
+#[derive(Clone, Debug)]
+pub struct GpuBook {
+    pub index: u32,
+    pub geometry: &'static Geometry,
+    pub instances: Vec<Instance>,
+    /// Unix seconds when the GPU last became fully idle.
+    pub idle_since: u64,
+}
+
+impl GpuBook {
+    pub fn new(index: u32, geometry: &'static Geometry, now: u64) -> Self {
+        GpuBook {
+            index,
+            geometry,
+            instances: Vec::new(),
+            idle_since: now,
+        }
+    }
+
+    /// Every instance as a layout.
+    pub fn layout(&self) -> Layout {
+        self.instances.iter().map(|i| i.placement).collect()
+    }
+
+    /// The instances held by jobs.
+    pub fn busy(&self) -> Layout {
+        self.instances
+            .iter()
+            .filter(|i| i.job.is_some())
+            .map(|i| i.placement)
+            .collect()
+    }
+
+    pub fn find_uuid(&self, uuid: &str) -> Option<&Instance> {
+        self.instances.iter().find(|i| i.uuid == uuid)
+    }
+
+    /// The instance job `job_id` holds on this GPU.
+    pub fn find_job(&self, job_id: u64) -> Option<&Instance> {
+        self.instances
+            .iter()
+            .find(|i| i.job.as_ref().is_some_and(|a| a.job_id == job_id))
+    }
+
+    /// Decides how to serve `need` (see the module docs for the order).
+    pub fn plan(&self, need: Need) -> Result<(&'static ProfileSpec, Plan), Refusal> {
+        let g = self.geometry;
+        let profile = select_profile(g.spec, need.slices, need.memory_gb)?;
+        let want_gb = need.memory_gb.unwrap_or(0.0);
+        // 1. Reuse: same compute size, enough memory, the least memory that suffices.
+        let reuse = self
+            .instances
+            .iter()
+            .filter(|i| i.job.is_none())
+            .filter(|i| {
+                let p = g.placement(i.placement).profile;
+                p.shape.compute == profile.shape.compute && f64::from(p.memory_gb) >= want_gb
+            })
+            .min_by_key(|i| {
+                let p = g.placement(i.placement);
+                (p.profile.memory_gb, p.start)
+            });
+        if let Some(i) = reuse {
+            return Ok((
+                g.placement(i.placement).profile,
+                Plan::Reuse {
+                    uuid: i.uuid.clone(),
+                },
+            ));
+        }
+        // 2. Create in free space.
+        let layout = self.layout();
+        if let Some(placement) = g.best_placement(layout, profile.shape) {
+            return Ok((profile, Plan::Create { placement }));
+        }
+        // 3. Re-shape idle instances (never a busy one).
+        let busy = self.busy();
+        if let Some((placement, t)) = g.reshape_for(layout, busy, profile.shape) {
+            assert!(!t.touches(busy), "reshape_for proposed destroying a busy instance");
+            let destroy = self
+                .instances
+                .iter()
+                .filter(|i| t.destroy.contains(i.placement))
+                .map(|i| i.uuid.clone())
+                .collect();
+            return Ok((profile, Plan::Reshape { destroy, placement }));
+        }
+        Err(Refusal::NoFit {
+            profile,
+            reason: self.no_fit_reason(profile),
+        })
+    }
+
+    /// A sentence a user can act on: what blocks the profile on this GPU.
+    pub fn no_fit_reason(&self, profile: &ProfileSpec) -> String {
+        let g = self.geometry;
+        let busy: Vec<String> = self
+            .instances
+            .iter()
+            .filter_map(|i| {
+                let job = i.job.as_ref()?;
+                Some(format!(
+                    "{} (job {})",
+                    g.placement(i.placement).describe(),
+                    job.job_id
+                ))
+            })
+            .collect();
+        format!(
+            "no {} slice can be made on GPU {}: busy instances {}",
+            profile.name(),
+            self.index,
+            if busy.is_empty() {
+                "none".to_string()
+            } else {
+                busy.join(", ")
+            }
+        )
+    }
+
+    /// Records a new instance (after the backend created it).
+    pub fn add_instance(&mut self, placement: PlacementId, uuid: String, now: u64) {
+        assert!(
+            self.geometry.fits(self.layout(), placement),
+            "instance does not fit the layout"
+        );
+        self.instances.push(Instance {
+            placement,
+            uuid,
+            job: None,
+            idle_since: now,
+        });
+        self.instances.sort_by_key(|i| i.placement);
+    }
+
+    /// Forgets a destroyed instance. Panics if a job holds it: destroying a
+    /// busy instance is the one thing the daemon must never do.
+    pub fn remove_instance(&mut self, uuid: &str) -> Option<Instance> {
+        let pos = self.instances.iter().position(|i| i.uuid == uuid)?;
+        assert!(
+            self.instances[pos].job.is_none(),
+            "removing busy instance {uuid}"
+        );
+        Some(self.instances.remove(pos))
+    }
+
+    /// Gives an idle instance to a job. Panics if the instance is held or the
+    /// job already holds another one here: an instance is never shared.
+    pub fn assign(&mut self, uuid: &str, assignment: Assignment) {
+        assert!(
+            self.find_job(assignment.job_id).is_none(),
+            "job {} already holds an instance on GPU {}",
+            assignment.job_id,
+            self.index
+        );
+        let Some(inst) = self.instances.iter_mut().find(|i| i.uuid == uuid) else {
+            panic!("assigning unknown instance {uuid}");
+        };
+        assert!(
+            inst.job.is_none(),
+            "instance {uuid} is already assigned to job {:?}",
+            inst.job.as_ref().map(|a| a.job_id)
+        );
+        inst.job = Some(assignment);
+    }
+
+    /// Releases every instance of `job_id`; returns how many.
+    pub fn release(&mut self, job_id: u64, now: u64) -> u32 {
+        let mut n = 0;
+        for inst in &mut self.instances {
+            if inst.job.as_ref().is_some_and(|a| a.job_id == job_id) {
+                inst.job = None;
+                inst.idle_since = now;
+                n += 1;
+            }
+        }
+        if n > 0 && self.busy().is_empty() {
+            self.idle_since = now;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::{GpuModel, Shape};
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn book() -> GpuBook {
+        GpuBook::new(1, Geometry::of(GpuModel::A100_40gb), 0)
+    }
+
+    fn job(id: u64) -> Assignment {
+        Assignment {
+            job_id: id,
+            step: None,
+            uid: 1000,
+            since: 0,
+            deadline: None,
+            time_limit_s: None,
+        }
+    }
+
+    /// Runs a plan the way the shell does, with made-up uuids.
+    fn apply(b: &mut GpuBook, plan: &Plan, serial: &mut u32) -> String {
+        match plan {
+            Plan::Reuse { uuid } => uuid.clone(),
+            Plan::Create { placement } => {
+                *serial += 1;
+                let uuid = format!("MIG-{serial}");
+                b.add_instance(*placement, uuid.clone(), 0);
+                uuid
+            }
+            Plan::Reshape { destroy, placement } => {
+                for u in destroy {
+                    b.remove_instance(u).unwrap();
+                }
+                *serial += 1;
+                let uuid = format!("MIG-{serial}");
+                b.add_instance(*placement, uuid.clone(), 0);
+                uuid
+            }
+        }
+    }
+
+    fn allocate(b: &mut GpuBook, id: u64, k: u8, mem: Option<f64>, s: &mut u32) -> Result<(String, Plan), Refusal> {
+        let (_, plan) = b.plan(Need { slices: k, memory_gb: mem })?;
+        let uuid = apply(b, &plan, s);
+        b.assign(&uuid, job(id));
+        Ok((uuid, plan))
+    }
+
+    #[test]
+    fn picks_profile_by_slices_and_memory() {
+        let b = book();
+        let (p, plan) = b.plan(Need { slices: 3, memory_gb: Some(15.0) }).unwrap();
+        assert_eq!(p.name(), "3g.20gb");
+        assert!(matches!(plan, Plan::Create { .. }));
+        let (p, _) = b.plan(Need { slices: 5, memory_gb: None }).unwrap();
+        assert_eq!(p.name(), "7g.40gb");
+        assert!(matches!(
+            b.plan(Need { slices: 8, memory_gb: None }),
+            Err(Refusal::Select(SelectError::TooManySlices { .. }))
+        ));
+    }
+
+    #[test]
+    fn seven_ones_fill_the_gpu_then_no_fit_names_the_blockers() {
+        let mut b = book();
+        let mut s = 0;
+        for id in 1..=7 {
+            allocate(&mut b, id, 1, None, &mut s).unwrap();
+        }
+        assert_eq!(b.geometry.picture(b.layout()), "1|1|1|1|1|1|1|.");
+        let err = allocate(&mut b, 8, 1, None, &mut s).unwrap_err();
+        let Refusal::NoFit { reason, .. } = err else { panic!() };
+        assert!(reason.starts_with("no 1g.5gb slice can be made on GPU 1: busy instances 1g.5gb@0 (job"), "{reason}");
+    }
+
+    #[test]
+    fn reuse_prefers_least_sufficient_memory() {
+        let mut b = book();
+        let g = b.geometry;
+        let wide = g.placement_id(Shape::new(1, 2), 0).unwrap();
+        let narrow = g.placement_id(Shape::new(1, 1), 6).unwrap();
+        b.add_instance(wide, "MIG-wide".into(), 0);
+        b.add_instance(narrow, "MIG-narrow".into(), 0);
+        let (_, plan) = b.plan(Need { slices: 1, memory_gb: None }).unwrap();
+        assert_eq!(plan, Plan::Reuse { uuid: "MIG-narrow".into() });
+        let (_, plan) = b.plan(Need { slices: 1, memory_gb: Some(8.0) }).unwrap();
+        assert_eq!(plan, Plan::Reuse { uuid: "MIG-wide".into() });
+        // A 2g request does not take a 1g, even if idle.
+        let (_, plan) = b.plan(Need { slices: 2, memory_gb: None }).unwrap();
+        assert!(matches!(plan, Plan::Create { .. }));
+    }
+
+    #[test]
+    fn idle_ones_are_reshaped_into_a_seven() {
+        let mut b = book();
+        let mut s = 0;
+        for id in 1..=7 {
+            allocate(&mut b, id, 1, None, &mut s).unwrap();
+        }
+        for id in 1..=7 {
+            assert_eq!(b.release(id, 5), 1);
+        }
+        let (uuid, plan) = allocate(&mut b, 9, 7, None, &mut s).unwrap();
+        let Plan::Reshape { destroy, .. } = plan else { panic!("{plan:?}") };
+        assert_eq!(destroy.len(), 7);
+        assert_eq!(b.geometry.picture(b.layout()), "77777777");
+        assert_eq!(b.find_job(9).unwrap().uuid, uuid);
+    }
+
+    #[test]
+    #[should_panic(expected = "already assigned")]
+    fn assigning_twice_panics() {
+        let mut b = book();
+        let mut s = 0;
+        let (uuid, _) = allocate(&mut b, 1, 1, None, &mut s).unwrap();
+        b.assign(&uuid, job(2));
+    }
+
+    #[test]
+    #[should_panic(expected = "removing busy instance")]
+    fn removing_busy_panics() {
+        let mut b = book();
+        let mut s = 0;
+        let (uuid, _) = allocate(&mut b, 1, 1, None, &mut s).unwrap();
+        b.remove_instance(&uuid);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Alloc { job: u64, k: u8, mem: Option<u8> },
+        Release { job: u64 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..12, 1u8..=7, proptest::option::of(0u8..=40))
+                .prop_map(|(job, k, mem)| Op::Alloc { job, k, mem }),
+            (0u64..12).prop_map(|job| Op::Release { job }),
+        ]
+    }
+
+    proptest! {
+        /// Random allocate/release sequences: the layout stays valid, every
+        /// busy instance survives every step with its job, and no instance is
+        /// ever held by two jobs.
+        #[test]
+        fn never_shares_and_never_destroys_busy(ops in proptest::collection::vec(op(), 1..80), model in 0usize..6) {
+            let mut b = GpuBook::new(0, Geometry::of(GpuModel::ALL[model]), 0);
+            let mut s = 0;
+            let mut held: HashMap<u64, String> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Alloc { job: id, k, mem } => {
+                        if held.contains_key(&id) { continue; }
+                        let busy_before: Vec<(String, u64)> = b.instances.iter()
+                            .filter_map(|i| Some((i.uuid.clone(), i.job.as_ref()?.job_id))).collect();
+                        let mem = mem.map(f64::from);
+                        match b.plan(Need { slices: k, memory_gb: mem }) {
+                            Ok((profile, plan)) => {
+                                if let Plan::Reshape { destroy, .. } = &plan {
+                                    for u in destroy {
+                                        prop_assert!(b.find_uuid(u).unwrap().job.is_none());
+                                    }
+                                }
+                                let uuid = apply(&mut b, &plan, &mut s);
+                                let inst = b.find_uuid(&uuid).unwrap();
+                                let got = b.geometry.placement(inst.placement).profile;
+                                prop_assert_eq!(got.shape.compute, profile.shape.compute);
+                                prop_assert!(got.shape.compute >= k);
+                                prop_assert!(f64::from(got.memory_gb) >= mem.unwrap_or(0.0));
+                                b.assign(&uuid, job(id));
+                                held.insert(id, uuid);
+                            }
+                            Err(Refusal::Select(_)) => {}
+                            Err(Refusal::NoFit { .. }) => {
+                                // Truly no room: not even destroying every idle instance helps.
+                                let profile = select_profile(b.geometry.spec, k, mem).unwrap();
+                                prop_assert!(b.geometry.candidates(b.busy(), profile.shape).next().is_none()
+                                    || b.geometry.reshape_for(b.layout(), b.busy(), profile.shape).is_none());
+                            }
+                        }
+                        for (uuid, job_id) in busy_before {
+                            let inst = b.find_uuid(&uuid);
+                            prop_assert!(inst.is_some(), "busy instance destroyed");
+                            prop_assert_eq!(inst.unwrap().job.as_ref().unwrap().job_id, job_id);
+                        }
+                    }
+                    Op::Release { job: id } => {
+                        let n = b.release(id, 1);
+                        prop_assert_eq!(n, u32::from(held.remove(&id).is_some()));
+                    }
+                }
+                prop_assert!(b.geometry.is_valid(b.layout()));
+                let mut owners: Vec<u64> = b.instances.iter().filter_map(|i| Some(i.job.as_ref()?.job_id)).collect();
+                let n = owners.len();
+                owners.sort_unstable();
+                owners.dedup();
+                prop_assert_eq!(owners.len(), n, "a job holds two instances");
+                prop_assert_eq!(n, held.len());
+                for (id, uuid) in &held {
+                    prop_assert_eq!(&b.find_job(*id).unwrap().uuid, uuid);
+                }
+            }
+        }
+    }
+}

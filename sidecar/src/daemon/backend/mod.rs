@@ -1,0 +1,89 @@
+//! The MIG backends: the small interface the daemon needs from the hardware.
+//!
+//! Two implementations: [`sim::SimBackend`] (simulated GPUs, same geometry
+//! rules, persisted in the state dir) and [`nvml::NvmlBackend`] (real GPUs).
+//! The interface is deliberately narrow (list, create at a placement,
+//! destroy) so that every decision stays in the pure core and the backends
+//! only execute.
+
+pub mod nvml;
+pub mod sim;
+
+use crate::mig::{GpuModel, PlacementId};
+
+/// One GPU the backend drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub model: GpuModel,
+}
+
+/// An instance as the hardware reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendInstance {
+    pub placement: PlacementId,
+    /// `MIG-<uuid>`.
+    pub uuid: String,
+}
+
+/// What a backend operation can fail with. The NVML codes that matter get
+/// their own variants so logs and replies say what happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    #[error("GPU {gpu}: instance {what} is in use (NVML_ERROR_IN_USE)")]
+    InUse { gpu: u32, what: String },
+    #[error("GPU {gpu}: insufficient resources for {what} (NVML_ERROR_INSUFFICIENT_RESOURCES)")]
+    InsufficientResources { gpu: u32, what: String },
+    #[error("GPU {gpu}: {what} is not supported (NVML_ERROR_NOT_SUPPORTED)")]
+    NotSupported { gpu: u32, what: String },
+    #[error("GPU {gpu}: no permission for {what} (NVML_ERROR_NO_PERMISSION): smartmigd must run as root")]
+    NoPermission { gpu: u32, what: String },
+    #[error("GPU {gpu}: unknown instance {uuid}")]
+    UnknownInstance { gpu: u32, uuid: String },
+    #[error("no GPU {gpu} on this node ({count} GPUs)")]
+    NoSuchGpu { gpu: u32, count: u32 },
+    #[error("NVML library not found (libnvidia-ml.so.1): {0}")]
+    LibraryNotFound(String),
+    #[error("GPU {gpu} ({name}): MIG mode is off; enable it with `nvidia-smi -i {gpu} -mig 1` (and a GPU reset) -- smartmigd never toggles MIG mode")]
+    MigDisabled { gpu: u32, name: String },
+    #[error("GPU {gpu}: unsupported GPU model \"{name}\"")]
+    UnsupportedModel { gpu: u32, name: String },
+    #[error("state file {path}: {message}")]
+    State { path: String, message: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+impl BackendError {
+    /// The error a `[[sim.inject_errors]]` entry names (None if unknown).
+    pub fn injected(name: &str, what: &str) -> Option<BackendError> {
+        let what = format!("{what} (injected)");
+        Some(match name {
+            "in_use" => BackendError::InUse { gpu: 0, what },
+            "insufficient_resources" => BackendError::InsufficientResources { gpu: 0, what },
+            "not_supported" => BackendError::NotSupported { gpu: 0, what },
+            "no_permission" => BackendError::NoPermission { gpu: 0, what },
+            "other" => BackendError::Other(what),
+            _ => return None,
+        })
+    }
+}
+
+/// The hardware interface. Implementations are blocking (NVML is); the
+/// daemon calls them from blocking sections, serialised per GPU.
+pub trait Backend: Send + Sync {
+    /// `sim` or `nvml`.
+    fn name(&self) -> &'static str;
+    /// The GPUs, by index.
+    fn gpus(&self) -> Vec<GpuInfo>;
+    /// The instances that exist on `gpu` now.
+    fn list(&self, gpu: u32) -> Result<Vec<BackendInstance>, BackendError>;
+    /// Creates a GPU instance and its compute instance at `placement`; returns its uuid.
+    fn create(&self, gpu: u32, placement: PlacementId) -> Result<String, BackendError>;
+    /// Destroys an instance (compute instance first, then the GPU instance).
+    fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError>;
+    /// Energy used by `gpu` since the backend started (J), if known.
+    fn energy_j(&self, _gpu: u32) -> Option<f64> {
+        None
+    }
+}

@@ -1,0 +1,397 @@
+//! Real GPUs through NVML.
+//!
+//! Queries go through `nvml-wrapper`; creating and destroying instances goes
+//! through its raw `nvml-wrapper-sys` functions (`Nvml::lib()`), which the
+//! safe wrapper does not cover. Profile ids are asked from the driver at
+//! start (`nvmlDeviceGetGpuInstanceProfileInfo`) and compared with
+//! [`crate::mig::models`], so a drift is logged rather than silently used;
+//! instances are created with an explicit placement to avoid order failures.
+//!
+//! The daemon never toggles MIG mode (it needs a GPU reset on A100/A30): a
+//! GPU with MIG mode off stops the daemon with a message naming it.
+//!
+//! Orphan GPU instances without a compute instance are not listed (they
+//! have no MIG device handle); `nvidia-smi mig -dgi` removes them.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_uint};
+
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings as sys;
+
+use super::{Backend, BackendError, BackendInstance, GpuInfo};
+use crate::mig::{Geometry, GpuModel, PlacementId, ProfileSpec, Shape};
+
+/// Turns an NVML return code into a result, with the codes the daemon must
+/// tell apart mapped to their own [`BackendError`] variants.
+pub fn map_return(code: c_uint, gpu: u32, what: &str) -> Result<(), BackendError> {
+    let what = what.to_string();
+    match code {
+        sys::nvmlReturn_enum_NVML_SUCCESS => Ok(()),
+        sys::nvmlReturn_enum_NVML_ERROR_IN_USE => Err(BackendError::InUse { gpu, what }),
+        sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES => {
+            Err(BackendError::InsufficientResources { gpu, what })
+        }
+        sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => Err(BackendError::NotSupported { gpu, what }),
+        sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => Err(BackendError::NoPermission { gpu, what }),
+        other => Err(BackendError::Other(format!(
+            "GPU {gpu}: {what} failed with NVML error {other}"
+        ))),
+    }
+}
+
+/// NVML compute-instance profile index for a GPU instance of `compute`
+/// slices: the full-size compute instance (one CI per GI).
+pub fn compute_instance_profile(compute: u8) -> Option<c_uint> {
+    Some(match compute {
+        1 => sys::NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+        2 => sys::NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+        3 => sys::NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        4 => sys::NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+        7 => sys::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+        _ => return None,
+    })
+}
+
+/// The placement a GPU instance of profile id `profile_id` at memory slot
+/// `start` occupies, given the driver's profile-id table `ids` (shape -> id).
+pub fn placement_of(
+    geometry: &Geometry,
+    ids: &HashMap<Shape, c_uint>,
+    profile_id: c_uint,
+    start: c_uint,
+) -> Option<PlacementId> {
+    let shape = ids.iter().find(|(_, &id)| id == profile_id).map(|(s, _)| *s)?;
+    geometry.placement_id(shape, u8::try_from(start).ok()?)
+}
+
+/// The `nvmlGpuInstanceProfileInfo_t.id` values the table expects, for when
+/// the driver cannot be asked (and for tests).
+pub fn table_profile_ids(model: GpuModel) -> HashMap<Shape, c_uint> {
+    model
+        .spec()
+        .profiles
+        .iter()
+        .map(|p: &ProfileSpec| (p.shape, p.smi_id))
+        .collect()
+}
+
+struct NvmlGpu {
+    index: u32,
+    model: GpuModel,
+    /// Driver profile ids by shape (queried at start).
+    ids: HashMap<Shape, c_uint>,
+}
+
+/// The NVML backend.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    gpus: Vec<NvmlGpu>,
+}
+
+fn init_error(e: NvmlError) -> BackendError {
+    match e {
+        NvmlError::LibloadingError(e) => BackendError::LibraryNotFound(e.to_string()),
+        NvmlError::LibraryNotFound => BackendError::LibraryNotFound("the library was not found".into()),
+        NvmlError::DriverNotLoaded => BackendError::Other("NVML: the NVIDIA driver is not loaded".into()),
+        other => BackendError::Other(format!("NVML initialisation failed: {other}")),
+    }
+}
+
+fn nvml_err(gpu: u32, what: &str, e: NvmlError) -> BackendError {
+    match e {
+        NvmlError::InUse => BackendError::InUse { gpu, what: what.into() },
+        NvmlError::NotSupported => BackendError::NotSupported { gpu, what: what.into() },
+        NvmlError::NoPermission => BackendError::NoPermission { gpu, what: what.into() },
+        other => BackendError::Other(format!("GPU {gpu}: {what}: {other}")),
+    }
+}
+
+impl NvmlBackend {
+    /// Loads NVML, identifies every GPU and checks that MIG mode is on.
+    pub fn open() -> Result<NvmlBackend, BackendError> {
+        let nvml = Nvml::init().map_err(init_error)?;
+        let count = nvml.device_count().map_err(|e| nvml_err(0, "device count", e))?;
+        let mut gpus = Vec::new();
+        for index in 0..count {
+            let device = nvml
+                .device_by_index(index)
+                .map_err(|e| nvml_err(index, "device handle", e))?;
+            let name = device.name().map_err(|e| nvml_err(index, "device name", e))?;
+            let model = GpuModel::from_nvml_name(&name).ok_or_else(|| {
+                BackendError::UnsupportedModel {
+                    gpu: index,
+                    name: name.clone(),
+                }
+            })?;
+            let mig = device.mig_mode().map_err(|e| nvml_err(index, "MIG mode", e))?;
+            if mig.current != sys::NVML_DEVICE_MIG_ENABLE {
+                return Err(BackendError::MigDisabled { gpu: index, name });
+            }
+            let mut ids = HashMap::new();
+            for p in model.spec().profiles {
+                let mut info: sys::nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: a live device handle and a valid out-pointer.
+                let code = unsafe {
+                    nvml.lib()
+                        .nvmlDeviceGetGpuInstanceProfileInfo(device.handle(), p.nvml_profile, &mut info)
+                };
+                match map_return(code, index, "profile info") {
+                    Ok(()) => {
+                        if info.id != p.smi_id {
+                            tracing::warn!(gpu = index, profile = %p.name(), table = p.smi_id, driver = info.id,
+                                "driver profile id differs from the table in mig::models; using the driver's");
+                        }
+                        ids.insert(p.shape, info.id);
+                    }
+                    Err(e) => tracing::warn!(gpu = index, profile = %p.name(), "profile not offered by the driver: {e}"),
+                }
+            }
+            tracing::info!(gpu = index, %name, %model, "NVML GPU in MIG mode");
+            gpus.push(NvmlGpu { index, model, ids });
+        }
+        Ok(NvmlBackend { nvml, gpus })
+    }
+
+    fn gpu(&self, gpu: u32) -> Result<&NvmlGpu, BackendError> {
+        self.gpus.get(gpu as usize).ok_or(BackendError::NoSuchGpu {
+            gpu,
+            count: self.gpus.len() as u32,
+        })
+    }
+
+    /// Every MIG device of `gpu`: (uuid, GPU instance id, compute instance id).
+    fn mig_devices(&self, gpu: u32) -> Result<Vec<(String, c_uint, c_uint)>, BackendError> {
+        let device = self
+            .nvml
+            .device_by_index(gpu)
+            .map_err(|e| nvml_err(gpu, "device handle", e))?;
+        let lib = self.nvml.lib();
+        let mut out = Vec::new();
+        let mut max: c_uint = 0;
+        // SAFETY: live handle, valid out-pointers, buffers sized as NVML documents.
+        unsafe {
+            map_return(lib.nvmlDeviceGetMaxMigDeviceCount(device.handle(), &mut max), gpu, "MIG device count")?;
+            for i in 0..max {
+                let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
+                if lib.nvmlDeviceGetMigDeviceHandleByIndex(device.handle(), i, &mut mig)
+                    != sys::nvmlReturn_enum_NVML_SUCCESS
+                {
+                    continue; // no MIG device at this index
+                }
+                let (mut gi, mut ci) = (0, 0);
+                map_return(lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi), gpu, "GPU instance id")?;
+                map_return(lib.nvmlDeviceGetComputeInstanceId(mig, &mut ci), gpu, "compute instance id")?;
+                let mut buf = [0 as c_char; sys::NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
+                map_return(lib.nvmlDeviceGetUUID(mig, buf.as_mut_ptr(), buf.len() as c_uint), gpu, "MIG UUID")?;
+                let uuid = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
+                out.push((uuid, gi, ci));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Backend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn gpus(&self) -> Vec<GpuInfo> {
+        self.gpus
+            .iter()
+            .map(|g| GpuInfo {
+                index: g.index,
+                model: g.model,
+            })
+            .collect()
+    }
+
+    fn list(&self, gpu: u32) -> Result<Vec<BackendInstance>, BackendError> {
+        let info = self.gpu(gpu)?;
+        let geometry = Geometry::of(info.model);
+        let device = self
+            .nvml
+            .device_by_index(gpu)
+            .map_err(|e| nvml_err(gpu, "device handle", e))?;
+        let lib = self.nvml.lib();
+        let mut out = Vec::new();
+        for (uuid, gi_id, _) in self.mig_devices(gpu)? {
+            let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+            let mut gi_info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: live handle and valid out-pointers.
+            unsafe {
+                map_return(lib.nvmlDeviceGetGpuInstanceById(device.handle(), gi_id, &mut gi), gpu, "GPU instance")?;
+                map_return(lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info), gpu, "GPU instance info")?;
+            }
+            match placement_of(geometry, &info.ids, gi_info.profileId, gi_info.placement.start) {
+                Some(placement) => out.push(BackendInstance { placement, uuid }),
+                None => tracing::warn!(gpu, %uuid, profile = gi_info.profileId, start = gi_info.placement.start,
+                    "instance with a profile smartmig does not schedule (e.g. +me); left alone"),
+            }
+        }
+        out.sort_by_key(|i| i.placement);
+        Ok(out)
+    }
+
+    fn create(&self, gpu: u32, placement: PlacementId) -> Result<String, BackendError> {
+        let info = self.gpu(gpu)?;
+        let p = *Geometry::of(info.model).placement(placement);
+        let what = p.describe().to_string();
+        let profile_id = *info.ids.get(&p.shape()).ok_or_else(|| BackendError::NotSupported {
+            gpu,
+            what: format!("profile {what}"),
+        })?;
+        let ci_profile = compute_instance_profile(p.compute()).ok_or_else(|| BackendError::NotSupported {
+            gpu,
+            what: format!("compute instance for {what}"),
+        })?;
+        let device = self
+            .nvml
+            .device_by_index(gpu)
+            .map_err(|e| nvml_err(gpu, "device handle", e))?;
+        let lib = self.nvml.lib();
+        let placement_arg = sys::nvmlGpuInstancePlacement_t {
+            start: c_uint::from(p.start),
+            size: c_uint::from(p.shape().memory),
+        };
+        let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        let mut gi_info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: live handle, valid in/out pointers; on a compute-instance
+        // failure the new GPU instance is destroyed again so no orphan stays.
+        unsafe {
+            map_return(
+                lib.nvmlDeviceCreateGpuInstanceWithPlacement(device.handle(), profile_id, &placement_arg, &mut gi),
+                gpu,
+                &format!("create GPU instance {what}"),
+            )?;
+            map_return(lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info), gpu, "GPU instance info")?;
+            let mut ci_info: sys::nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+            let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
+            let made = map_return(
+                lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi,
+                    ci_profile,
+                    sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                    &mut ci_info,
+                ),
+                gpu,
+                "compute instance profile",
+            )
+            .and_then(|()| {
+                map_return(
+                    lib.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id, &mut ci),
+                    gpu,
+                    &format!("create compute instance {what}"),
+                )
+            });
+            if let Err(e) = made {
+                let _ = lib.nvmlGpuInstanceDestroy(gi);
+                return Err(e);
+            }
+        }
+        self.mig_devices(gpu)?
+            .into_iter()
+            .find(|(_, gi_id, _)| *gi_id == gi_info.id)
+            .map(|(uuid, _, _)| uuid)
+            .ok_or_else(|| BackendError::Other(format!("GPU {gpu}: created {what} but found no MIG device for it")))
+    }
+
+    fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
+        self.gpu(gpu)?;
+        let (_, gi_id, ci_id) = self
+            .mig_devices(gpu)?
+            .into_iter()
+            .find(|(u, _, _)| u == uuid)
+            .ok_or_else(|| BackendError::UnknownInstance {
+                gpu,
+                uuid: uuid.to_string(),
+            })?;
+        let device = self
+            .nvml
+            .device_by_index(gpu)
+            .map_err(|e| nvml_err(gpu, "device handle", e))?;
+        let lib = self.nvml.lib();
+        // SAFETY: live handle, valid out-pointers; compute instance first.
+        unsafe {
+            let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+            let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
+            map_return(lib.nvmlDeviceGetGpuInstanceById(device.handle(), gi_id, &mut gi), gpu, uuid)?;
+            map_return(lib.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id, &mut ci), gpu, uuid)?;
+            map_return(lib.nvmlComputeInstanceDestroy(ci), gpu, &format!("destroy compute instance of {uuid}"))?;
+            map_return(lib.nvmlGpuInstanceDestroy(gi), gpu, &format!("destroy GPU instance of {uuid}"))?;
+        }
+        Ok(())
+    }
+
+    fn energy_j(&self, gpu: u32) -> Option<f64> {
+        let device = self.nvml.device_by_index(gpu).ok()?;
+        // mJ since the driver was loaded.
+        device.total_energy_consumption().ok().map(|mj| mj as f64 / 1000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_map_to_variants() {
+        assert!(map_return(sys::nvmlReturn_enum_NVML_SUCCESS, 0, "x").is_ok());
+        assert!(matches!(
+            map_return(sys::nvmlReturn_enum_NVML_ERROR_IN_USE, 1, "3g@0"),
+            Err(BackendError::InUse { gpu: 1, .. })
+        ));
+        assert!(matches!(
+            map_return(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES, 0, "x"),
+            Err(BackendError::InsufficientResources { .. })
+        ));
+        assert!(matches!(
+            map_return(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, 0, "x"),
+            Err(BackendError::NotSupported { .. })
+        ));
+        let err = map_return(sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION, 0, "x").unwrap_err();
+        assert!(err.to_string().contains("must run as root"), "{err}");
+        assert!(matches!(map_return(999, 0, "x"), Err(BackendError::Other(_))));
+    }
+
+    #[test]
+    fn profile_ids_and_placements_follow_the_table() {
+        for model in GpuModel::ALL {
+            let g = Geometry::of(model);
+            let ids = table_profile_ids(model);
+            for id in g.ids() {
+                let p = g.placement(id);
+                let got = placement_of(g, &ids, p.profile.smi_id, c_uint::from(p.start));
+                assert_eq!(got, Some(id), "{model} {}", p.describe());
+                assert!(compute_instance_profile(p.compute()).is_some());
+            }
+            // A start the profile does not allow maps to nothing.
+            let full = model.spec().full_profile();
+            assert_eq!(placement_of(g, &ids, full.smi_id, 1), None);
+        }
+        // A100-40GB 3g.20gb: NVML profile 2 (3_SLICE), id 9, starts 0 and 4.
+        let p = GpuModel::A100_40gb.spec().profile(Shape::new(3, 4)).unwrap();
+        assert_eq!((p.nvml_profile, p.smi_id), (sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9));
+        let p = GpuModel::A100_40gb.spec().profile(Shape::new(1, 2)).unwrap();
+        assert_eq!(p.nvml_profile, sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2);
+    }
+
+    #[test]
+    fn loading_without_a_driver_says_so() {
+        // No NVIDIA driver on CI machines: the message must say what is missing.
+        match NvmlBackend::open() {
+            Err(e) => {
+                let msg = e.to_string();
+                if std::path::Path::new("/dev/nvidiactl").exists() {
+                    eprintln!("NVIDIA device present; got: {msg}");
+                } else {
+                    assert!(msg.contains("NVML library not found"), "{msg}");
+                }
+            }
+            Ok(b) => eprintln!("NVML loaded with {} GPUs", b.gpus().len()),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Prometheus metrics, encoded with `prometheus-client` (OpenMetrics text).
+//!
+//! Counters and the latency histogram are updated where things happen; the
+//! per-profile instance gauges and the energy gauges are recomputed at scrape
+//! time from the daemon's books, so they can never drift from the truth.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconfLabel {
+    gpu: String,
+    op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabel {
+    gpu: String,
+    profile: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabel {
+    gpu: String,
+}
+
+/// One instance count for the scrape-time gauges.
+pub struct InstanceCount {
+    pub gpu: u32,
+    pub profile: String,
+    pub busy: bool,
+    pub count: i64,
+}
+
+/// The daemon's metrics.
+pub struct Metrics {
+    registry: Registry,
+    allocations: Family<ResultLabel, Counter>,
+    failures: Family<KindLabel, Counter>,
+    latency: Histogram,
+    reconfigurations: Family<ReconfLabel, Counter>,
+    instances: Family<InstanceLabel, Gauge>,
+    energy: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("smartmig");
+        let allocations = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "allocations",
+            "Allocate requests by result (existing, reused, created, reshaped, no_fit, error)",
+            allocations.clone(),
+        );
+        let failures = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "failures",
+            "Requests answered with an error, by error kind",
+            failures.clone(),
+        );
+        // 50 us .. ~26 s
+        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 20));
+        registry.register(
+            "allocation_latency_seconds",
+            "Time from an allocate request to its reply (waiting included)",
+            latency.clone(),
+        );
+        let reconfigurations = Family::<ReconfLabel, Counter>::default();
+        registry.register(
+            "reconfigurations",
+            "MIG instances created or destroyed, by GPU and op",
+            reconfigurations.clone(),
+        );
+        let instances = Family::<InstanceLabel, Gauge>::default();
+        registry.register(
+            "instances",
+            "MIG instances by GPU, profile and state (busy/idle)",
+            instances.clone(),
+        );
+        let energy = Family::<GpuLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "energy_joules",
+            "Energy used per GPU since the daemon started (modelled on the sim backend, NVML counter on real GPUs)",
+            energy.clone(),
+        );
+        Metrics {
+            registry,
+            allocations,
+            failures,
+            latency,
+            reconfigurations,
+            instances,
+            energy,
+        }
+    }
+
+    pub fn allocation(&self, result: &str, seconds: f64) {
+        self.allocations
+            .get_or_create(&ResultLabel {
+                result: result.to_string(),
+            })
+            .inc();
+        self.latency.observe(seconds);
+    }
+
+    pub fn failure(&self, kind: &str) {
+        self.failures
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn reconfiguration(&self, gpu: u32, op: &str) {
+        self.reconfigurations
+            .get_or_create(&ReconfLabel {
+                gpu: gpu.to_string(),
+                op: op.to_string(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text, with the gauges set from `instances` and `energy`.
+    pub fn render(&self, instances: &[InstanceCount], energy: &[(u32, f64)]) -> String {
+        self.instances.clear();
+        for i in instances {
+            self.instances
+                .get_or_create(&InstanceLabel {
+                    gpu: i.gpu.to_string(),
+                    profile: i.profile.clone(),
+                    state: if i.busy { "busy" } else { "idle" }.into(),
+                })
+                .inc_by(i.count);
+        }
+        for &(gpu, j) in energy {
+            self.energy
+                .get_or_create(&GpuLabel {
+                    gpu: gpu.to_string(),
+                })
+                .set(j);
+        }
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out = "# metrics encoding failed\n".into();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family() {
+        let m = Metrics::new();
+        m.allocation("created", 0.0004);
+        m.failure("no_fit");
+        m.reconfiguration(0, "create");
+        let text = m.render(
+            &[InstanceCount {
+                gpu: 0,
+                profile: "3g.20gb".into(),
+                busy: true,
+                count: 1,
+            }],
+            &[(0, 12.5)],
+        );
+        for needle in [
+            "smartmig_allocations_total{result=\"created\"} 1",
+            "smartmig_failures_total{kind=\"no_fit\"} 1",
+            "smartmig_allocation_latency_seconds_bucket",
+            "smartmig_reconfigurations_total{gpu=\"0\",op=\"create\"} 1",
+            "smartmig_instances{gpu=\"0\",profile=\"3g.20gb\",state=\"busy\"} 1",
+            "smartmig_energy_joules{gpu=\"0\"} 12.5",
+        ] {
+            assert!(text.contains(needle), "{needle} missing in\n{text}");
+        }
+    }
+}

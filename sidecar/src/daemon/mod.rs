@@ -1,0 +1,39 @@
+//! `smartmigd`, the per-node sidecar daemon: it owns the node's MIG layout,
+//! turns "K slices on GPU i" requests from the SPANK plugin into MIG
+//! instances, and re-shapes idle instances with a repartitioning policy.
+//!
+//! Functional core, imperative shell:
+//!
+//! | module | role | IO? |
+//! |---|---|---|
+//! | [`protocol`] | wire types (newline-delimited JSON), request parser | no |
+//! | [`config`] | TOML config, defaults, validation naming the key | reads the file |
+//! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
+//! | [`backend`] | MIG backends: `sim` (persisted) and `nvml` | yes |
+//! | [`journal`] | durable job -> instance assignments | yes |
+//! | [`slurm`] | `squeue`/`sinfo`/`scontrol` behind [`slurm::SlurmClient`] | yes |
+//! | [`metrics`] | Prometheus families | no |
+//! | [`server`] | socket, peer credentials, per-GPU locks, signals, loops | yes |
+//! | [`client`] | synchronous client for the CLI and the SPANK plugin | yes |
+//! | [`bench`] | latency/RSS benchmark of a running daemon | yes |
+//!
+//! Geometry (profiles, placements, re-shaping) comes from [`crate::mig`] and
+//! policies from [`crate::policy`]: the daemon decides exactly as the
+//! simulator does. `docs/daemon.md` is the operator's guide and
+//! `docs/protocol.md` the wire reference.
+
+pub mod allocate;
+pub mod backend;
+pub mod bench;
+pub mod client;
+pub mod config;
+pub mod fsutil;
+pub mod journal;
+pub mod metrics;
+pub mod protocol;
+pub mod server;
+pub mod slurm;
+
+pub use client::{Client, ClientError};
+pub use config::Config;
+pub use protocol::{ErrorKind, Request};

@@ -1,0 +1,388 @@
+//! The wire protocol between smartmigd and its clients (the SPANK plugin,
+//! `smartmig status`): newline-delimited JSON over a Unix socket.
+//!
+//! Pure serde types and the one request parser, so the daemon, the client
+//! and the tests agree on every byte. Every message carries `"v": 1`; a
+//! daemon refuses other versions with `unsupported_version` instead of
+//! guessing, so an old plugin against a new daemon fails loudly.
+//! `docs/protocol.md` documents the messages with examples.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Default upper bound of one request line (bytes, newline excluded).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Default socket path (systemd's `RuntimeDirectory=smartmig`).
+pub const DEFAULT_SOCKET: &str = "/run/smartmig/smartmig.sock";
+
+/// A request, keyed by `op`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Give job `job_id` an instance of K slices on GPU `gpu`.
+    Allocate(AllocateRequest),
+    /// Return every instance held by `job_id` (idempotent).
+    Release(ReleaseRequest),
+    /// The node's GPUs, instances and assignments (anyone may ask).
+    Status,
+    /// Liveness probe (anyone may ask).
+    Health,
+}
+
+impl Request {
+    /// The `op` string, for logs and metrics.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Allocate(_) => "allocate",
+            Request::Release(_) => "release",
+            Request::Status => "status",
+            Request::Health => "health",
+        }
+    }
+
+    /// Whether the op changes state (only root and the Slurm user may).
+    pub fn is_write(&self) -> bool {
+        matches!(self, Request::Allocate(_) | Request::Release(_))
+    }
+
+    /// The request as one JSON line (with `v`), newline included.
+    pub fn to_line(&self) -> String {
+        let mut value = serde_json::to_value(self).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut value {
+            map.insert("v".into(), Value::from(PROTOCOL_VERSION));
+        }
+        let mut line = value.to_string();
+        line.push('\n');
+        line
+    }
+}
+
+/// `allocate`: K compute slices (and optionally M GB) on one GPU for a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocateRequest {
+    /// Slurm job id; a second allocate for the same job returns the same instance.
+    pub job_id: u64,
+    /// Slurm step id (informational: all steps of a job share the instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+    /// The job owner's uid (recorded in the journal and status).
+    pub uid: u32,
+    /// GPU index on this node (Slurm's `CUDA_VISIBLE_DEVICES` for the shards).
+    pub gpu: u32,
+    /// Compute slices K (Slurm's shard count).
+    pub slices: u8,
+    /// GPU memory need in GB (`--mig-mem`); absent means "any".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<f64>,
+    /// The job's deadline (unix seconds), for the repartitioning policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<i64>,
+    /// The job's time limit in seconds, for the repartitioning policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_s: Option<u64>,
+}
+
+/// `release`: the job ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    pub job_id: u64,
+}
+
+/// How the daemon satisfied an allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllocAction {
+    /// The job already held this instance (another step, or a retry).
+    Existing,
+    /// An idle instance of the right size was reused.
+    Reused,
+    /// A new instance was created in free space.
+    Created,
+    /// Idle instances were destroyed to make room, then one was created.
+    Reshaped,
+}
+
+/// Reply to `allocate`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllocateReply {
+    /// `MIG-<uuid>`: what `CUDA_VISIBLE_DEVICES` should be set to.
+    pub uuid: String,
+    pub gpu: u32,
+    /// NVIDIA profile name, e.g. `3g.20gb`.
+    pub profile: String,
+    /// Start memory slot of the instance.
+    pub start: u8,
+    /// Compute slices of the instance.
+    pub compute: u8,
+    /// Memory of the profile in GB.
+    pub memory_gb: u32,
+    /// True when no instance had to be created (existing or reused).
+    pub reused: bool,
+    pub action: AllocAction,
+    /// Time spent waiting for a release, in milliseconds.
+    pub waited_ms: u64,
+}
+
+/// Reply to `release`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseReply {
+    /// Instances returned (0 when the job held none: release is idempotent).
+    pub released: u32,
+}
+
+/// Reply to `health`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HealthReply {
+    pub status: String,
+    pub version: String,
+    pub backend: String,
+    pub uptime_s: u64,
+}
+
+/// Reply to `status`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusReply {
+    pub node: String,
+    pub version: String,
+    pub backend: String,
+    pub policy: String,
+    pub uptime_s: u64,
+    pub gpus: Vec<GpuStatus>,
+}
+
+/// One GPU in a status reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuStatus {
+    pub index: u32,
+    pub model: String,
+    /// Memory-slot picture (`4444|22|1|.`), see `Geometry::picture`.
+    pub picture: String,
+    /// Layout name (`4g.20gb+2g.10gb+1g.5gb`).
+    pub layout: String,
+    pub instances: Vec<InstanceStatus>,
+    /// Seconds since the GPU last had a busy instance (0 while busy).
+    pub idle_s: u64,
+    /// Energy integrated since the daemon started (J), when the backend knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy_j: Option<f64>,
+}
+
+/// One instance in a status reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    pub uuid: String,
+    pub profile: String,
+    pub start: u8,
+    pub compute: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Unix seconds since which the job holds the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_since: Option<u64>,
+    /// Seconds the instance has been idle (absent while busy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_s: Option<u64>,
+}
+
+/// Stable error kinds: clients (the SPANK plugin) branch on these, never on messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Not JSON, not an object, missing or mistyped fields.
+    BadRequest,
+    /// `v` is not [`PROTOCOL_VERSION`].
+    UnsupportedVersion,
+    /// `op` names no operation.
+    UnknownOp,
+    /// The line exceeds `max_message_bytes` (the connection is closed).
+    TooLarge,
+    /// No complete request within `request_timeout_s`.
+    Timeout,
+    /// The peer may not perform a write op.
+    Unauthorized,
+    /// Well-formed but impossible: unknown GPU index, more slices than the GPU has, ...
+    InvalidRequest,
+    /// No instance could be made within `allocate_wait_s`.
+    NoFit,
+    /// The MIG backend (NVML or the simulator) failed.
+    Backend,
+    /// The daemon is shutting down.
+    ShuttingDown,
+    /// A bug: reported rather than hidden.
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::UnsupportedVersion => "unsupported_version",
+            ErrorKind::UnknownOp => "unknown_op",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::NoFit => "no_fit",
+            ErrorKind::Backend => "backend",
+            ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `error` object of a failed reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct ErrorBody {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ErrorBody {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// A successful reply line: the body's fields plus `v` and `ok`.
+pub fn ok_line<T: Serialize>(body: &T) -> String {
+    let mut map = match serde_json::to_value(body) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    map.insert("v".into(), Value::from(PROTOCOL_VERSION));
+    map.insert("ok".into(), Value::Bool(true));
+    let mut line = Value::Object(map).to_string();
+    line.push('\n');
+    line
+}
+
+/// A failed reply line.
+pub fn error_line(error: &ErrorBody) -> String {
+    let mut line = serde_json::json!({"v": PROTOCOL_VERSION, "ok": false, "error": error})
+        .to_string();
+    line.push('\n');
+    line
+}
+
+/// Parses one request line (without its newline).
+///
+/// Checks in order: JSON, object, `v`, `op`, then the op's fields, so each
+/// kind of garbage gets its own stable error kind.
+pub fn parse_request(line: &[u8]) -> Result<Request, ErrorBody> {
+    let bad = |m: String| ErrorBody::new(ErrorKind::BadRequest, m);
+    let value: Value =
+        serde_json::from_slice(line).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let Value::Object(mut map) = value else {
+        return Err(bad("a request must be a JSON object".into()));
+    };
+    match map.remove("v") {
+        None => return Err(bad(format!("missing `v` (protocol version, {PROTOCOL_VERSION})"))),
+        Some(Value::Number(n)) if n.as_u64() == Some(u64::from(PROTOCOL_VERSION)) => {}
+        Some(other) => {
+            return Err(ErrorBody::new(
+                ErrorKind::UnsupportedVersion,
+                format!("protocol version {other} is not supported (this daemon speaks {PROTOCOL_VERSION})"),
+            ))
+        }
+    }
+    match map.get("op") {
+        None => return Err(bad("missing `op`".into())),
+        Some(Value::String(op)) => {
+            if !["allocate", "release", "status", "health"].contains(&op.as_str()) {
+                return Err(ErrorBody::new(
+                    ErrorKind::UnknownOp,
+                    format!("unknown op `{op}` (known: allocate, release, status, health)"),
+                ));
+            }
+        }
+        Some(_) => return Err(bad("`op` must be a string".into())),
+    }
+    serde_json::from_value(Value::Object(map)).map_err(|e| bad(format!("invalid request: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(line: &str) -> ErrorKind {
+        parse_request(line.as_bytes()).unwrap_err().kind
+    }
+
+    #[test]
+    fn parses_every_op() {
+        let r = parse_request(
+            br#"{"v":1,"op":"allocate","job_id":7,"step":0,"uid":1000,"gpu":1,"slices":3,"memory_gb":15}"#,
+        )
+        .unwrap();
+        let Request::Allocate(a) = r else {
+            panic!("not allocate")
+        };
+        assert_eq!((a.job_id, a.gpu, a.slices, a.memory_gb), (7, 1, 3, Some(15.0)));
+        assert_eq!(
+            parse_request(br#"{"v":1,"op":"release","job_id":7}"#).unwrap(),
+            Request::Release(ReleaseRequest { job_id: 7 })
+        );
+        assert_eq!(parse_request(br#"{"v":1,"op":"status"}"#).unwrap(), Request::Status);
+        assert_eq!(parse_request(br#"{"op":"health","v":1}"#).unwrap(), Request::Health);
+    }
+
+    #[test]
+    fn each_kind_of_garbage_has_its_kind() {
+        assert_eq!(kind("garbage"), ErrorKind::BadRequest);
+        assert_eq!(kind("[1,2]"), ErrorKind::BadRequest);
+        assert_eq!(kind(r#"{"op":"status"}"#), ErrorKind::BadRequest);
+        assert_eq!(kind(r#"{"v":2,"op":"status"}"#), ErrorKind::UnsupportedVersion);
+        assert_eq!(kind(r#"{"v":"1","op":"status"}"#), ErrorKind::UnsupportedVersion);
+        assert_eq!(kind(r#"{"v":1,"op":"format_disk"}"#), ErrorKind::UnknownOp);
+        assert_eq!(kind(r#"{"v":1,"op":7}"#), ErrorKind::BadRequest);
+        assert_eq!(
+            kind(r#"{"v":1,"op":"allocate","job_id":"x","uid":0,"gpu":0,"slices":1}"#),
+            ErrorKind::BadRequest
+        );
+        assert_eq!(
+            kind(r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0,"slices":1,"colour":"red"}"#),
+            ErrorKind::BadRequest
+        );
+        assert_eq!(
+            kind(r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0,"slices":300}"#),
+            ErrorKind::BadRequest
+        );
+    }
+
+    #[test]
+    fn lines_round_trip() {
+        let req = Request::Release(ReleaseRequest { job_id: 3 });
+        let line = req.to_line();
+        assert!(line.ends_with('\n'));
+        assert_eq!(parse_request(line.trim_end().as_bytes()).unwrap(), req);
+        let ok: Value = serde_json::from_str(&ok_line(&ReleaseReply { released: 1 })).unwrap();
+        assert_eq!(ok["ok"], true);
+        assert_eq!(ok["v"], 1);
+        assert_eq!(ok["released"], 1);
+        let err: Value = serde_json::from_str(&error_line(&ErrorBody::new(
+            ErrorKind::NoFit,
+            "full",
+        )))
+        .unwrap();
+        assert_eq!(err["ok"], false);
+        assert_eq!(err["error"]["kind"], "no_fit");
+    }
+}

@@ -1,0 +1,1105 @@
+//! The imperative shell: the Unix socket, peer credentials, per-GPU
+//! serialisation, the backend calls, the journal, signals, the metrics
+//! endpoint and the repartitioning loop. Decisions come from
+//! [`super::allocate`] and [`crate::policy`]; this file only executes them.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::sync::{watch, Mutex, Notify};
+use tokio::task::JoinSet;
+
+use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
+use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
+use super::config::{BackendKind, Config, FUTURE_POLICIES};
+use super::fsutil::ensure_dir;
+use super::journal::Journal;
+use super::metrics::{InstanceCount, Metrics};
+use super::protocol::{
+    error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
+    ErrorKind, GpuStatus, HealthReply, InstanceStatus, ReleaseReply, Request, StatusReply,
+};
+use super::slurm::{layout_features, merge_features, CommandSlurm, NoSlurm, SlurmClient};
+use crate::mig::{Geometry, GpuModel, Layout};
+use crate::policy::{self, ClusterView, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT};
+use crate::workload::{gpu_load, PowerModel, SpeedupCurve};
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Journal(#[from] super::journal::JournalError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("another smartmigd is already listening on {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("policy: {0}")]
+    Policy(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |source| StartError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn unix_now_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Energy of one GPU integrated from the workload power model (used when
+/// the backend has no energy counter, i.e. on the sim backend).
+struct EnergyMeter {
+    power: PowerModel,
+    last: f64,
+    joules: f64,
+}
+
+impl EnergyMeter {
+    /// Accounts the time since the last call at `load` (the load that held
+    /// during that time: call before every busy/idle change).
+    fn advance(&mut self, load: f64) -> f64 {
+        let now = unix_now_f64();
+        if now > self.last {
+            self.joules += self.power.energy_j(load, now - self.last);
+        }
+        self.last = now;
+        self.joules
+    }
+}
+
+struct GpuState {
+    book: GpuBook,
+    energy: EnergyMeter,
+}
+
+impl GpuState {
+    fn load(&self) -> f64 {
+        let g = self.book.geometry;
+        gpu_load(
+            self.book.busy().iter().map(|id| g.placement(id).compute()),
+            g.spec.compute_slices,
+        )
+    }
+
+    fn tick_energy(&mut self) -> f64 {
+        let load = self.load();
+        self.energy.advance(load)
+    }
+}
+
+/// One GPU: its state behind an async mutex (requests for one GPU are
+/// serialised; GPUs are independent), and a wake-up for waiting allocates.
+struct GpuSlot {
+    index: u32,
+    model: GpuModel,
+    state: Mutex<GpuState>,
+    released: Notify,
+}
+
+/// The running daemon.
+pub struct Daemon {
+    config: RwLock<Arc<Config>>,
+    config_path: PathBuf,
+    backend: Arc<dyn Backend>,
+    slots: Vec<GpuSlot>,
+    journal: Journal,
+    metrics: Metrics,
+    slurm: RwLock<Arc<dyn SlurmClient>>,
+    policy: Mutex<Box<dyn RepartitionPolicy + Send>>,
+    policy_name: RwLock<String>,
+    slurm_uid: RwLock<Option<u32>>,
+    node: String,
+    started: Instant,
+    shutdown: watch::Sender<bool>,
+}
+
+fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
+    if config.slurm.enabled {
+        Arc::new(CommandSlurm {
+            squeue: config.slurm.squeue.clone(),
+            sinfo: config.slurm.sinfo.clone(),
+            scontrol: config.slurm.scontrol.clone(),
+            timeout: Duration::from_secs(config.slurm.command_timeout_s),
+        })
+    } else {
+        Arc::new(NoSlurm)
+    }
+}
+
+/// The uid allowed to write besides root, from a user name or a number.
+fn resolve_uid(user: &str) -> Option<u32> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Some(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Some(u.uid.as_raw()),
+        Ok(None) => {
+            tracing::warn!(slurm_user = user, "slurm_user does not exist; only root may allocate/release");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(slurm_user = user, "cannot look up slurm_user ({e}); only root may allocate/release");
+            None
+        }
+    }
+}
+
+/// Builds the policy named in the config; future policies run as `none`.
+fn make_policy(
+    spec: &str,
+    models: &[GpuModel],
+) -> Result<(Box<dyn RepartitionPolicy + Send>, String), String> {
+    let s = spec.trim();
+    if FUTURE_POLICIES.contains(&s) {
+        tracing::warn!(
+            policy = s,
+            "policy `{s}` is not available yet in this build (only none and static:<layout>); running `none`"
+        );
+        return Ok((Box::new(policy::NoPartition), format!("none (configured: {s})")));
+    }
+    let mut m = models.to_vec();
+    m.sort();
+    m.dedup();
+    let p = policy::parse_policy(s, &m).map_err(|e| e.to_string())?;
+    let name = p.name();
+    Ok((p, name))
+}
+
+fn backend_error(e: &BackendError) -> ErrorBody {
+    ErrorBody::new(ErrorKind::Backend, e.to_string())
+}
+
+impl Daemon {
+    /// Opens the backend and journal, rebuilds the books and reconciles
+    /// journal <-> backend <-> Slurm. Nothing is served yet.
+    pub fn start(config: Config, config_path: PathBuf) -> Result<Arc<Daemon>, StartError> {
+        ensure_dir(&config.state_dir, 0o700).map_err(io_err(&config.state_dir))?;
+        let backend: Arc<dyn Backend> = match config.backend {
+            BackendKind::Sim => {
+                let models = config.sim_gpus().map_err(|e| StartError::Policy(e.to_string()))?;
+                Arc::new(SimBackend::open(&config.state_dir, &models, config.sim.clone())?)
+            }
+            BackendKind::Nvml => Arc::new(NvmlBackend::open()?),
+        };
+        let journal = Journal::open(&config.state_dir)?;
+        let now = unix_now();
+        let mut slots = Vec::new();
+        for gpu in backend.gpus() {
+            let geometry = Geometry::of(gpu.model);
+            let mut book = GpuBook::new(gpu.index, geometry, now);
+            for inst in backend.list(gpu.index)? {
+                if geometry.fits(book.layout(), inst.placement) {
+                    book.add_instance(inst.placement, inst.uuid, now);
+                } else {
+                    tracing::warn!(gpu = gpu.index, uuid = %inst.uuid, "instance overlaps another; ignored");
+                }
+            }
+            for entry in journal.load(gpu.index)? {
+                let job = entry.assignment.job_id;
+                match book.find_uuid(&entry.uuid) {
+                    Some(i) if i.job.is_none() && book.find_job(job).is_none() => {
+                        book.assign(&entry.uuid, entry.assignment);
+                    }
+                    Some(_) => tracing::warn!(gpu = gpu.index, job, uuid = %entry.uuid,
+                        "journal assigns an instance twice; keeping the first assignment"),
+                    None => tracing::warn!(gpu = gpu.index, job, uuid = %entry.uuid,
+                        "journaled instance no longer exists (reboot or manual change); dropping the assignment"),
+                }
+            }
+            let power = PowerModel::default_for(gpu.model);
+            slots.push(GpuSlot {
+                index: gpu.index,
+                model: gpu.model,
+                state: Mutex::new(GpuState {
+                    book,
+                    energy: EnergyMeter {
+                        power,
+                        last: unix_now_f64(),
+                        joules: 0.0,
+                    },
+                }),
+                released: Notify::new(),
+            });
+        }
+        let models: Vec<GpuModel> = slots.iter().map(|s| s.model).collect();
+        let (policy, policy_name) =
+            make_policy(&config.policy, &models).map_err(StartError::Policy)?;
+        let slurm = slurm_client(&config);
+        // Jobs that ended while the daemon was down give their instances back.
+        if config.slurm.enabled {
+            match slurm.live_jobs() {
+                Ok(live) => {
+                    for slot in &mut slots {
+                        let st = slot.state.get_mut();
+                        let ended: Vec<u64> = st
+                            .book
+                            .instances
+                            .iter()
+                            .filter_map(|i| i.job.as_ref().map(|a| a.job_id))
+                            .filter(|j| !live.contains(j))
+                            .collect();
+                        for job in ended {
+                            st.book.release(job, now);
+                            tracing::info!(gpu = slot.index, job, "job ended while smartmigd was down; instance released");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("cannot ask Slurm which jobs still run ({e}); keeping every journaled assignment"),
+            }
+        }
+        for slot in &mut slots {
+            journal.save(&slot.state.get_mut().book)?;
+        }
+        let node = config.node_name.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".into())
+        });
+        let slurm_uid = resolve_uid(&config.slurm_user);
+        let (shutdown, _) = watch::channel(false);
+        let daemon = Daemon {
+            config: RwLock::new(Arc::new(config)),
+            config_path,
+            backend,
+            slots,
+            journal,
+            metrics: Metrics::new(),
+            slurm: RwLock::new(slurm),
+            policy: Mutex::new(policy),
+            policy_name: RwLock::new(policy_name),
+            slurm_uid: RwLock::new(slurm_uid),
+            node,
+            started: Instant::now(),
+            shutdown,
+        };
+        Ok(Arc::new(daemon))
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn slurm(&self) -> Arc<dyn SlurmClient> {
+        self.slurm
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn policy_name(&self) -> String {
+        self.policy_name
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn authorized(&self, uid: u32) -> bool {
+        uid == 0
+            || self
+                .slurm_uid
+                .read()
+                .map(|u| *u == Some(uid))
+                .unwrap_or(false)
+    }
+
+    /// Installs the policy's initial layout on GPUs that have no instance at
+    /// all (a fresh boot). `none` leaves GPUs empty: instances are then made
+    /// on demand, which is what `none` means for a sidecar.
+    pub async fn install_initial_layouts(&self) {
+        if self.policy_name().starts_with("none") {
+            return;
+        }
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            if !st.book.instances.is_empty() {
+                continue;
+            }
+            let target = {
+                let mut p = self.policy.lock().await;
+                p.initial_layout(slot.index as usize, st.book.geometry)
+            };
+            self.apply_target(slot, &mut st, target, "initial layout");
+        }
+    }
+
+    /// Handles one request line from a peer with `uid`; returns the reply
+    /// line and whether to close the connection.
+    pub async fn handle_line(&self, line: &[u8], uid: u32, pid: Option<i32>) -> (String, bool) {
+        let request = match parse_request(line) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(uid, ?pid, kind = %e.kind, "bad request: {}", e.message);
+                self.metrics.failure(e.kind.as_str());
+                return (error_line(&e), true);
+            }
+        };
+        if request.is_write() && !self.authorized(uid) {
+            let cfg = self.config();
+            tracing::warn!(uid, ?pid, op = request.op(), "refused: only root and slurm_user `{}` may {}", cfg.slurm_user, request.op());
+            self.metrics.failure(ErrorKind::Unauthorized.as_str());
+            let e = ErrorBody::new(
+                ErrorKind::Unauthorized,
+                format!(
+                    "uid {uid} may not {}: only root and the Slurm user ({}) may allocate or release",
+                    request.op(),
+                    cfg.slurm_user
+                ),
+            );
+            return (error_line(&e), true);
+        }
+        let reply = match request {
+            Request::Allocate(req) => {
+                let t0 = Instant::now();
+                let r = self.allocate(req).await;
+                let result = match &r {
+                    Ok(a) => match a.action {
+                        AllocAction::Existing => "existing",
+                        AllocAction::Reused => "reused",
+                        AllocAction::Created => "created",
+                        AllocAction::Reshaped => "reshaped",
+                    },
+                    Err(e) if e.kind == ErrorKind::NoFit => "no_fit",
+                    Err(_) => "error",
+                };
+                self.metrics.allocation(result, t0.elapsed().as_secs_f64());
+                r.map(|a| ok_line(&a))
+            }
+            Request::Release(req) => self.release(req.job_id).await.map(|r| ok_line(&r)),
+            Request::Status => Ok(ok_line(&self.status().await)),
+            Request::Health => Ok(ok_line(&HealthReply {
+                status: "ok".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                backend: self.backend.name().into(),
+                uptime_s: self.started.elapsed().as_secs(),
+            })),
+        };
+        match reply {
+            Ok(line) => (line, false),
+            Err(e) => {
+                self.metrics.failure(e.kind.as_str());
+                (error_line(&e), false)
+            }
+        }
+    }
+
+    fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
+        let inst = book.find_job(job_id)?;
+        let p = book.geometry.placement(inst.placement);
+        Some(AllocateReply {
+            uuid: inst.uuid.clone(),
+            gpu: book.index,
+            profile: p.profile.name(),
+            start: p.start,
+            compute: p.compute(),
+            memory_gb: p.profile.memory_gb,
+            reused: true,
+            action: AllocAction::Existing,
+            waited_ms: 0,
+        })
+    }
+
+    /// Serves an allocate: idempotent per job, serialised per GPU, waiting
+    /// up to `allocate_wait_s` for a release when nothing fits.
+    pub async fn allocate(&self, req: AllocateRequest) -> Result<AllocateReply, ErrorBody> {
+        let start = Instant::now();
+        let Some(slot) = self.slots.get(req.gpu as usize) else {
+            return Err(ErrorBody::new(
+                ErrorKind::InvalidRequest,
+                format!("no GPU {} on this node (it has {} GPUs)", req.gpu, self.slots.len()),
+            ));
+        };
+        // Another step of a job that already holds an instance (on any GPU).
+        for other in &self.slots {
+            let st = other.state.lock().await;
+            if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
+                if other.index != req.gpu {
+                    tracing::warn!(job = req.job_id, asked = req.gpu, holds = other.index, "job already holds an instance on another GPU; returning it");
+                }
+                return Ok(r);
+            }
+        }
+        let need = Need {
+            slices: req.slices,
+            memory_gb: req.memory_gb,
+        };
+        let wait = Duration::from_secs(self.config().allocate_wait_s);
+        let deadline = tokio::time::Instant::from_std(start + wait);
+        let mut shutdown = self.shutdown.subscribe();
+        loop {
+            let mut st = slot.state.lock().await;
+            if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
+                return Ok(r);
+            }
+            match st.book.plan(need) {
+                Err(Refusal::Select(e)) => {
+                    return Err(ErrorBody::new(
+                        ErrorKind::InvalidRequest,
+                        format!("GPU {}: {e}", req.gpu),
+                    ))
+                }
+                Err(Refusal::NoFit { reason, .. }) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        let msg = format!("{reason}; waited {} s", wait.as_secs());
+                        tracing::warn!(job = req.job_id, gpu = req.gpu, "{msg}");
+                        return Err(ErrorBody::new(ErrorKind::NoFit, msg));
+                    }
+                    let notified = slot.released.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    drop(st);
+                    tokio::select! {
+                        _ = tokio::time::timeout_at(deadline, notified) => {}
+                        _ = shutdown.changed() => {
+                            return Err(ErrorBody::new(ErrorKind::ShuttingDown, "smartmigd is shutting down"));
+                        }
+                    }
+                }
+                Ok((profile, plan)) => {
+                    let waited_ms = start.elapsed().as_millis() as u64;
+                    return self.execute(slot, &mut st, &req, profile, plan, waited_ms);
+                }
+            }
+        }
+    }
+
+    /// Runs a plan against the backend, records it in the book and the
+    /// journal (durably) and builds the reply.
+    fn execute(
+        &self,
+        slot: &GpuSlot,
+        st: &mut GpuState,
+        req: &AllocateRequest,
+        profile: &'static crate::mig::ProfileSpec,
+        plan: Plan,
+        waited_ms: u64,
+    ) -> Result<AllocateReply, ErrorBody> {
+        let gpu = slot.index;
+        let now = unix_now();
+        let backend = &self.backend;
+        let (uuid, action) = match plan {
+            Plan::Reuse { uuid } => (uuid, AllocAction::Reused),
+            Plan::Create { placement } => {
+                let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
+                    .map_err(|e| backend_error(&e))?;
+                self.metrics.reconfiguration(gpu, "create");
+                tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
+                st.book.add_instance(placement, uuid.clone(), now);
+                (uuid, AllocAction::Created)
+            }
+            Plan::Reshape { destroy, placement } => {
+                for victim in &destroy {
+                    let busy = st.book.find_uuid(victim).is_some_and(|i| i.job.is_some());
+                    assert!(!busy, "plan destroys busy instance {victim}");
+                    tokio::task::block_in_place(|| backend.destroy(gpu, victim))
+                        .map_err(|e| backend_error(&e))?;
+                    self.metrics.reconfiguration(gpu, "destroy");
+                    tracing::info!(gpu, uuid = %victim, "destroyed idle instance to re-shape");
+                    st.book.remove_instance(victim);
+                }
+                let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
+                    .map_err(|e| backend_error(&e))?;
+                self.metrics.reconfiguration(gpu, "create");
+                tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
+                st.book.add_instance(placement, uuid.clone(), now);
+                (uuid, AllocAction::Reshaped)
+            }
+        };
+        st.tick_energy();
+        st.book.assign(
+            &uuid,
+            Assignment {
+                job_id: req.job_id,
+                step: req.step,
+                uid: req.uid,
+                since: now,
+                deadline: req.deadline,
+                time_limit_s: req.time_limit_s,
+            },
+        );
+        if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
+            st.book.release(req.job_id, now);
+            tracing::error!(gpu, job = req.job_id, "{e}");
+            return Err(ErrorBody::new(
+                ErrorKind::Backend,
+                format!("cannot record the allocation: {e}"),
+            ));
+        }
+        let inst = st.book.find_uuid(&uuid).map(|i| i.placement);
+        let start_slot = inst.map(|p| st.book.geometry.placement(p).start).unwrap_or(0);
+        let p = inst
+            .map(|p| st.book.geometry.placement(p).profile)
+            .unwrap_or(profile);
+        tracing::info!(gpu, job = req.job_id, uid = req.uid, %uuid, profile = %p.name(), start = start_slot, ?action, "allocated");
+        Ok(AllocateReply {
+            uuid,
+            gpu,
+            profile: p.name(),
+            start: start_slot,
+            compute: p.shape.compute,
+            memory_gb: p.memory_gb,
+            reused: matches!(action, AllocAction::Reused),
+            action,
+            waited_ms,
+        })
+    }
+
+    /// Releases every instance of `job_id` (idempotent), wakes waiting allocates.
+    pub async fn release(&self, job_id: u64) -> Result<ReleaseReply, ErrorBody> {
+        let now = unix_now();
+        let mut released = 0;
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            if st.book.find_job(job_id).is_none() {
+                continue;
+            }
+            st.tick_energy();
+            let n = st.book.release(job_id, now);
+            released += n;
+            if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
+                // The release happened; on restart Slurm reconciliation drops it again.
+                tracing::error!(gpu = slot.index, job = job_id, "release not journaled: {e}");
+            }
+            drop(st);
+            tracing::info!(gpu = slot.index, job = job_id, "released");
+            slot.released.notify_waiters();
+        }
+        Ok(ReleaseReply { released })
+    }
+
+    /// The status reply.
+    pub async fn status(&self) -> StatusReply {
+        let now = unix_now();
+        let mut gpus = Vec::new();
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            let modelled = st.tick_energy();
+            let b = &st.book;
+            let g = b.geometry;
+            let layout = b.layout();
+            let busy_any = !b.busy().is_empty();
+            let instances = b
+                .instances
+                .iter()
+                .map(|i| {
+                    let p = g.placement(i.placement);
+                    InstanceStatus {
+                        uuid: i.uuid.clone(),
+                        profile: p.profile.name(),
+                        start: p.start,
+                        compute: p.compute(),
+                        job_id: i.job.as_ref().map(|a| a.job_id),
+                        uid: i.job.as_ref().map(|a| a.uid),
+                        busy_since: i.job.as_ref().map(|a| a.since),
+                        idle_s: i.job.is_none().then(|| now.saturating_sub(i.idle_since)),
+                    }
+                })
+                .collect();
+            gpus.push(GpuStatus {
+                index: slot.index,
+                model: slot.model.id().into(),
+                picture: g.picture(layout),
+                layout: g.name(layout),
+                instances,
+                idle_s: if busy_any { 0 } else { now.saturating_sub(b.idle_since) },
+                energy_j: Some(self.backend.energy_j(slot.index).unwrap_or(modelled)),
+            });
+        }
+        StatusReply {
+            node: self.node.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            backend: self.backend.name().into(),
+            policy: self.policy_name(),
+            uptime_s: self.started.elapsed().as_secs(),
+            gpus,
+        }
+    }
+
+    /// The Prometheus text.
+    pub async fn metrics_text(&self) -> String {
+        let mut counts: HashMap<(u32, String, bool), i64> = HashMap::new();
+        let mut energy = Vec::new();
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            let modelled = st.tick_energy();
+            for i in &st.book.instances {
+                let name = st.book.geometry.placement(i.placement).profile.name();
+                *counts.entry((slot.index, name, i.job.is_some())).or_default() += 1;
+            }
+            energy.push((slot.index, self.backend.energy_j(slot.index).unwrap_or(modelled)));
+        }
+        let mut list: Vec<InstanceCount> = counts
+            .into_iter()
+            .map(|((gpu, profile, busy), count)| InstanceCount {
+                gpu,
+                profile,
+                busy,
+                count,
+            })
+            .collect();
+        list.sort_by(|a, b| (a.gpu, &a.profile, a.busy).cmp(&(b.gpu, &b.profile, b.busy)));
+        self.metrics.render(&list, &energy)
+    }
+
+    /// Moves `slot` towards `target`, destroying idle instances only. A
+    /// target that would destroy a busy instance is refused (and logged).
+    fn apply_target(&self, slot: &GpuSlot, st: &mut GpuState, target: Layout, why: &str) -> bool {
+        let g = st.book.geometry;
+        let current = st.book.layout();
+        let busy = st.book.busy();
+        if !g.is_valid(target) {
+            tracing::warn!(gpu = slot.index, why, "target layout is invalid; ignored");
+            return false;
+        }
+        let t = g.transition(current, target);
+        if t.is_noop() {
+            return false;
+        }
+        if t.touches(busy) {
+            tracing::info!(gpu = slot.index, why, from = %g.picture(current), to = %g.picture(target),
+                "target would destroy a busy instance; deferred");
+            return false;
+        }
+        tracing::info!(gpu = slot.index, why, from = %g.picture(current), to = %g.picture(target), "repartitioning");
+        let victims: Vec<String> = st
+            .book
+            .instances
+            .iter()
+            .filter(|i| t.destroy.contains(i.placement))
+            .map(|i| i.uuid.clone())
+            .collect();
+        for uuid in victims {
+            match tokio::task::block_in_place(|| self.backend.destroy(slot.index, &uuid)) {
+                Ok(()) => {
+                    self.metrics.reconfiguration(slot.index, "destroy");
+                    tracing::info!(gpu = slot.index, %uuid, "destroyed idle instance");
+                    st.book.remove_instance(&uuid);
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = slot.index, %uuid, "destroy failed: {e}");
+                    return false;
+                }
+            }
+        }
+        let now = unix_now();
+        for id in t.create.iter() {
+            match tokio::task::block_in_place(|| self.backend.create(slot.index, id)) {
+                Ok(uuid) => {
+                    self.metrics.reconfiguration(slot.index, "create");
+                    tracing::info!(gpu = slot.index, %uuid, instance = %g.placement(id).describe(), "created instance");
+                    st.book.add_instance(id, uuid, now);
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = slot.index, "create {} failed: {e}", g.placement(id).describe());
+                    return false;
+                }
+            }
+        }
+        slot.released.notify_waiters();
+        true
+    }
+
+    /// One repartitioning epoch: observe, ask the policy, apply what is safe.
+    pub async fn repartition_once(&self) {
+        let cfg = self.config();
+        let slurm = self.slurm();
+        let pending = if cfg.slurm.enabled {
+            match tokio::task::block_in_place(|| slurm.pending_shards()) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("cannot read the Slurm queue: {e}");
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let now = unix_now_f64();
+        let mut statuses = Vec::new();
+        for slot in &self.slots {
+            let st = slot.state.lock().await;
+            let mut s = policy::GpuStatus::new(slot.model, st.book.layout());
+            s.busy = st.book.busy();
+            let mut until = [0.0; MAX_PLACEMENTS];
+            for i in &st.book.instances {
+                if let Some(a) = &i.job {
+                    let limit = a.time_limit_s.map_or(f64::INFINITY, |t| t as f64);
+                    until[i.placement.0 as usize] = a.since as f64 + limit;
+                }
+            }
+            s.busy_until = until;
+            statuses.push(s);
+        }
+        let mut by_profile = [[0u32; 8]; MODEL_COUNT];
+        let jobs: Vec<PendingJob> = pending
+            .iter()
+            .map(|p| {
+                let mut shapes = [None; MODEL_COUNT];
+                for m in GpuModel::ALL {
+                    if let Ok(prof) = crate::mig::select_profile(m.spec(), p.shards, None) {
+                        shapes[m as usize] = Some(prof.shape);
+                        if let Some(ix) = m.spec().profiles.iter().position(|q| q.shape == prof.shape) {
+                            by_profile[m as usize][ix] += 1;
+                        }
+                    }
+                }
+                PendingJob {
+                    id: p.job_id,
+                    arrival: now,
+                    deadline: f64::INFINITY,
+                    work: 0.0,
+                    memory_gb: 0.0,
+                    min_compute: p.shards,
+                    speedup: SpeedupCurve::default(),
+                    shapes,
+                }
+            })
+            .collect();
+        let hour = (now.rem_euclid(86_400.0)) / 3600.0;
+        let view = ClusterView {
+            now,
+            hour_of_day: hour,
+            gpus: &statuses,
+            pending: &jobs,
+            pending_by_profile: &by_profile,
+        };
+        let decisions = self.policy.lock().await.decide(&view);
+        let mut changed = false;
+        for d in decisions {
+            let Some(slot) = self.slots.get(d.gpu) else {
+                tracing::warn!(gpu = d.gpu, "policy decided for a GPU that does not exist");
+                continue;
+            };
+            let mut st = slot.state.lock().await;
+            changed |= self.apply_target(slot, &mut st, d.target, "policy");
+        }
+        if cfg.publish_layout && (changed || cfg.slurm.enabled) {
+            self.publish_layout().await;
+        }
+    }
+
+    /// Publishes each GPU's compute sizes as node features, keeping the admin's.
+    async fn publish_layout(&self) {
+        let mut layouts = Vec::new();
+        for slot in &self.slots {
+            let st = slot.state.lock().await;
+            let g = st.book.geometry;
+            let mut sizes: Vec<u8> = st
+                .book
+                .layout()
+                .iter()
+                .map(|id| g.placement(id).compute())
+                .collect();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            layouts.push((slot.index, sizes));
+        }
+        let ours = layout_features(&layouts);
+        let slurm = self.slurm();
+        let node = self.node.clone();
+        let result = tokio::task::block_in_place(|| {
+            let current = slurm.node_features(&node)?;
+            let merged = merge_features(&current, &ours);
+            if merged != current {
+                slurm.set_node_features(&node, &merged)?;
+                tracing::info!(node = %node, features = %merged.available.join(","), "published layout as node features");
+            }
+            Ok::<_, super::slurm::SlurmError>(())
+        });
+        if let Err(e) = result {
+            tracing::warn!("cannot publish the layout to Slurm: {e}");
+        }
+    }
+
+    /// SIGHUP: re-reads the config; applies what can change live, keeps the
+    /// old config when the new one is invalid.
+    pub async fn reload(&self) {
+        let new = match Config::load(&self.config_path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("SIGHUP: new config rejected, keeping the old one: {e}");
+                return;
+            }
+        };
+        let old = self.config();
+        let models: Vec<GpuModel> = self.slots.iter().map(|s| s.model).collect();
+        let (policy, name) = match make_policy(&new.policy, &models) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("SIGHUP: policy rejected, keeping the old config: {e}");
+                return;
+            }
+        };
+        let restart = old.restart_only_changes(&new);
+        if !restart.is_empty() {
+            tracing::warn!("SIGHUP: {} changed but need a restart; the old values stay in effect", restart.join(", "));
+        }
+        let live = old.live_changes(&new);
+        if live.is_empty() {
+            tracing::info!("SIGHUP: configuration reloaded, nothing changed");
+        } else {
+            tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
+        }
+        // Keep the restart-only keys as they are.
+        let mut merged = new.clone();
+        merged.socket = old.socket.clone();
+        merged.state_dir = old.state_dir.clone();
+        merged.backend = old.backend;
+        merged.gpus = old.gpus.clone();
+        merged.sim = old.sim.clone();
+        merged.metrics_listen = old.metrics_listen.clone();
+        merged.log_level = old.log_level.clone();
+        if old.slurm_user != merged.slurm_user {
+            if let Ok(mut u) = self.slurm_uid.write() {
+                *u = resolve_uid(&merged.slurm_user);
+            }
+        }
+        if let Ok(mut s) = self.slurm.write() {
+            *s = slurm_client(&merged);
+        }
+        *self.policy.lock().await = policy;
+        if let Ok(mut n) = self.policy_name.write() {
+            *n = name;
+        }
+        if let Ok(mut c) = self.config.write() {
+            *c = Arc::new(merged);
+        }
+    }
+}
+
+/// Binds the socket: parent dir created 0755 if missing, a stale socket
+/// file removed (a live one means another daemon: refuse), mode 0666
+/// (status is public; writes are checked with SO_PEERCRED).
+fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            ensure_dir(dir, 0o755).map_err(io_err(dir))?;
+        }
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(StartError::AlreadyRunning(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io_err(path))?;
+    }
+    let listener = UnixListener::bind(path).map_err(io_err(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(io_err(path))?;
+    Ok(listener)
+}
+
+/// Serves one connection: requests one per line until EOF, an error, a
+/// timeout or shutdown.
+async fn serve_connection(daemon: Arc<Daemon>, stream: UnixStream) {
+    let (uid, pid) = match stream.peer_cred() {
+        Ok(c) => (c.uid(), c.pid()),
+        Err(e) => {
+            tracing::warn!("cannot read peer credentials ({e}); closing");
+            return;
+        }
+    };
+    let mut shutdown = daemon.shutdown.subscribe();
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = BufReader::new(rd);
+    loop {
+        let cfg = daemon.config();
+        let max = cfg.max_message_bytes;
+        let mut buf = Vec::new();
+        let read = async {
+            let mut limited = (&mut reader).take(max as u64 + 1);
+            limited.read_until(b'\n', &mut buf).await
+        };
+        let res = tokio::select! {
+            r = tokio::time::timeout(Duration::from_secs(cfg.request_timeout_s), read) => r,
+            _ = shutdown.changed() => break,
+        };
+        let (reply, close) = match res {
+            Err(_) => {
+                if buf.is_empty() {
+                    // An idle keep-alive connection: just close it.
+                    break;
+                }
+                daemon.metrics.failure(ErrorKind::Timeout.as_str());
+                let e = ErrorBody::new(
+                    ErrorKind::Timeout,
+                    format!("no complete request line within {} s", cfg.request_timeout_s),
+                );
+                (error_line(&e), true)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(uid, "read error: {e}");
+                break;
+            }
+            Ok(Ok(0)) => break,
+            Ok(Ok(_)) => {
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                    if buf.last() == Some(&b'\r') {
+                        buf.pop();
+                    }
+                } else if buf.len() > max {
+                    tracing::warn!(uid, ?pid, max, "request line too large; closing");
+                    daemon.metrics.failure(ErrorKind::TooLarge.as_str());
+                    let e = ErrorBody::new(
+                        ErrorKind::TooLarge,
+                        format!("request line longer than max_message_bytes ({max})"),
+                    );
+                    let line = error_line(&e);
+                    let _ = wr.write_all(line.as_bytes()).await;
+                    break;
+                }
+                if buf.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                daemon.handle_line(&buf, uid, pid).await
+            }
+        };
+        if wr.write_all(reply.as_bytes()).await.is_err() || close {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// A minimal HTTP/1.1 responder for `GET /metrics` (one path, no keep-alive).
+async fn serve_metrics(daemon: Arc<Daemon>, listener: TcpListener) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let daemon = daemon.clone();
+        tokio::spawn(async move {
+            let mut head = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            let read_head = async {
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
+                return;
+            }
+            let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
+            let first = String::from_utf8_lossy(first);
+            let mut parts = first.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let response = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
+                let body = daemon.metrics_text().await;
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                let body = "only GET /metrics is served here\n";
+                format!(
+                    "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let socket = config.socket.clone();
+    let metrics_listen = config.metrics_listen.clone();
+    let daemon = Daemon::start(config, config_path)?;
+    daemon.install_initial_layouts().await;
+    let mut term = signal(SignalKind::terminate()).map_err(io_err(Path::new("SIGTERM")))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io_err(Path::new("SIGINT")))?;
+    let mut hup = signal(SignalKind::hangup()).map_err(io_err(Path::new("SIGHUP")))?;
+    let listener = bind_socket(&socket)?;
+    if let Some(addr) = metrics_listen {
+        let l = TcpListener::bind(&addr)
+            .await
+            .map_err(io_err(Path::new(&addr)))?;
+        tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+        tokio::spawn(serve_metrics(daemon.clone(), l));
+    }
+    // The repartitioning loop.
+    {
+        let daemon = daemon.clone();
+        let mut stop = daemon.shutdown.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let epoch = Duration::from_secs(daemon.config().epoch_s);
+                tokio::select! {
+                    _ = tokio::time::sleep(epoch) => daemon.repartition_once().await,
+                    _ = stop.changed() => break,
+                }
+            }
+        });
+    }
+    tracing::info!(socket = %socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
+        policy = %daemon.policy_name(), "smartmigd ready");
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_connection(daemon.clone(), stream));
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = hup.recv() => daemon.reload().await,
+        }
+    }
+    // Stop accepting, let in-flight requests finish, remove the socket.
+    drop(listener);
+    let _ = std::fs::remove_file(&socket);
+    let _ = daemon.shutdown.send(true);
+    let grace = Duration::from_secs(daemon.config().request_timeout_s + 5);
+    let drained = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("in-flight requests did not finish within {} s; aborting them", grace.as_secs());
+        connections.abort_all();
+    }
+    // Every change was journaled as it happened; write once more for good measure.
+    for slot in &daemon.slots {
+        let st = slot.state.lock().await;
+        if let Err(e) = daemon.journal.save(&st.book) {
+            tracing::error!(gpu = slot.index, "final journal write failed: {e}");
+        }
+    }
+    tracing::info!("smartmigd stopped");
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! MIG geometry: the pure, exact model of what the hardware accepts.
+//!
+//! - [`models`]: the one table of GPU models and profiles, with sources.
+//! - [`profile`]: profile names in (driver and Slurm variants), profiles out;
+//!   choosing the profile for K slices and M GB.
+//! - [`layout`]: placements and layouts (bit sets of placements).
+//! - [`geometry`]: per-model rules, enumeration of valid and maximal layouts,
+//!   the catalog used as the RL action space.
+//! - [`placement`]: queries the daemon and simulator share (candidates,
+//!   fragmentation-aware choice, reachable layouts, transitions, re-shaping).
+//!
+//! No IO happens here; everything is deterministic.
+
+pub mod geometry;
+pub mod layout;
+pub mod models;
+pub mod placement;
+pub mod profile;
+
+pub use geometry::{Geometry, Headroom, LayoutError};
+pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
+pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MODELS};
+pub use placement::Transition;
+pub use profile::{parse_profile, select_profile, ProfileParseError, SelectError};

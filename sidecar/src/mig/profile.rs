@@ -1,0 +1,239 @@
+//! Profile names in, profiles out: parsing the names drivers and Slurm print,
+//! and choosing the profile for a request of K compute slices and M GB.
+//!
+//! Names drift (`3g.40gb` on one driver is `3g.39gb` on another, Slurm
+//! prefixes them with the GPU name: `nvidia_a100_3g.20gb`), so a name is only
+//! a way to find a [`Shape`]; the rest of the code keys on shapes.
+
+use super::models::{ModelSpec, ProfileSpec};
+
+/// Why a profile name could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileParseError {
+    #[error("empty profile name")]
+    Empty,
+    #[error("`{0}` does not contain a MIG profile of the form `<N>g.<M>gb` (e.g. `3g.20gb`)")]
+    NoProfile(String),
+    #[error(
+        "`{given}`: {model} has no profile with {compute} compute slices (it has {available})"
+    )]
+    UnknownCompute {
+        given: String,
+        model: &'static str,
+        compute: u8,
+        available: String,
+    },
+    #[error("`{given}`: {model} has no {compute}g profile with about {memory_gb} GB (it has {available})")]
+    UnknownMemory {
+        given: String,
+        model: &'static str,
+        compute: u8,
+        memory_gb: u32,
+        available: String,
+    },
+}
+
+/// Why no profile can serve a request.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SelectError {
+    #[error("a request needs at least one compute slice")]
+    ZeroSlices,
+    #[error("{requested} compute slices requested but a {model} has only {available}")]
+    TooManySlices {
+        requested: u8,
+        available: u8,
+        model: &'static str,
+    },
+    #[error("{memory_gb} GB of GPU memory requested with {requested} compute slices, but the largest {model} profile with at least that many slices has {largest_gb} GB")]
+    MemoryTooLarge {
+        requested: u8,
+        memory_gb: f64,
+        largest_gb: u32,
+        model: &'static str,
+    },
+    #[error("memory need must be a finite, non-negative number of GB (got {0})")]
+    BadMemory(f64),
+}
+
+/// Pulls `(compute, memory_gb, media_extension)` out of a name such as
+/// `nvidia_a100_3g.20gb`, `MIG 1g.10gb+me` or `3g.39gb`.
+fn split_name(name: &str) -> Option<(u8, u32)> {
+    let lower = name.trim().to_ascii_lowercase();
+    lower
+        .split(|c: char| c == '_' || c == ':' || c == '/' || c == '-' || c.is_whitespace())
+        .rev()
+        .find_map(|token| {
+            let token = token.strip_suffix("+me").unwrap_or(token);
+            let (c, m) = token.split_once("g.")?;
+            let m = m.strip_suffix("gb")?;
+            Some((c.parse().ok()?, m.parse().ok()?))
+        })
+}
+
+/// Finds the profile a name refers to on `model`.
+///
+/// The memory part may differ from NVIDIA's nominal value by up to 10 % (at
+/// least 1 GB), which covers the known driver variants (`3g.39gb`, `1g.9gb`).
+/// Media-extension variants (`+me`) map to their base profile: the scheduler
+/// treats them alike.
+pub fn parse_profile(
+    model: &'static ModelSpec,
+    name: &str,
+) -> Result<&'static ProfileSpec, ProfileParseError> {
+    if name.trim().is_empty() {
+        return Err(ProfileParseError::Empty);
+    }
+    let (compute, memory_gb) =
+        split_name(name).ok_or_else(|| ProfileParseError::NoProfile(name.to_string()))?;
+    let list = |ps: &mut dyn Iterator<Item = &ProfileSpec>| {
+        ps.map(ProfileSpec::name).collect::<Vec<_>>().join(", ")
+    };
+    let same_compute: Vec<&'static ProfileSpec> = model
+        .profiles
+        .iter()
+        .filter(|p| p.shape.compute == compute)
+        .collect();
+    if same_compute.is_empty() {
+        return Err(ProfileParseError::UnknownCompute {
+            given: name.to_string(),
+            model: model.id,
+            compute,
+            available: list(&mut model.profiles.iter()),
+        });
+    }
+    same_compute
+        .iter()
+        .copied()
+        .min_by_key(|p| p.memory_gb.abs_diff(memory_gb))
+        .filter(|p| {
+            let tolerance = (p.memory_gb / 10).max(1);
+            p.memory_gb.abs_diff(memory_gb) <= tolerance
+        })
+        .ok_or_else(|| ProfileParseError::UnknownMemory {
+            given: name.to_string(),
+            model: model.id,
+            compute,
+            memory_gb,
+            available: list(&mut same_compute.iter().copied()),
+        })
+}
+
+/// The profile a request of `slices` compute slices and `memory_gb` GB gets:
+/// the smallest profile (by compute, then memory) with at least that many
+/// compute slices and at least that much memory.
+///
+/// So K that is not a profile size rounds up (5 and 6 get 7g), and a memory
+/// need larger than the K-slice profiles offer moves to a bigger profile
+/// (`2g.10gb` cannot hold 15 GB, `3g.20gb` can).
+pub fn select_profile(
+    model: &'static ModelSpec,
+    slices: u8,
+    memory_gb: Option<f64>,
+) -> Result<&'static ProfileSpec, SelectError> {
+    if slices == 0 {
+        return Err(SelectError::ZeroSlices);
+    }
+    if slices > model.compute_slices {
+        return Err(SelectError::TooManySlices {
+            requested: slices,
+            available: model.compute_slices,
+            model: model.id,
+        });
+    }
+    let need = memory_gb.unwrap_or(0.0);
+    if !need.is_finite() || need < 0.0 {
+        return Err(SelectError::BadMemory(need));
+    }
+    let mut candidates: Vec<&'static ProfileSpec> = model
+        .profiles
+        .iter()
+        .filter(|p| p.shape.compute >= slices)
+        .collect();
+    candidates.sort_by_key(|p| (p.shape.compute, p.shape.memory));
+    candidates
+        .iter()
+        .copied()
+        .find(|p| f64::from(p.memory_gb) >= need)
+        .ok_or(SelectError::MemoryTooLarge {
+            requested: slices,
+            memory_gb: need,
+            largest_gb: model.memory_gb,
+            model: model.id,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::GpuModel;
+
+    fn name_on(model: GpuModel, s: &str) -> Result<String, ProfileParseError> {
+        parse_profile(model.spec(), s).map(|p| p.name())
+    }
+
+    #[test]
+    fn parses_driver_and_slurm_variants() {
+        let a80 = GpuModel::A100_80gb;
+        assert_eq!(name_on(a80, "3g.40gb").unwrap(), "3g.40gb");
+        assert_eq!(name_on(a80, "3g.39gb").unwrap(), "3g.40gb");
+        assert_eq!(
+            name_on(a80, "nvidia_a100-sxm4-80gb_3g.40gb").unwrap(),
+            "3g.40gb"
+        );
+        assert_eq!(name_on(a80, "MIG 1g.10gb+me").unwrap(), "1g.10gb");
+        assert_eq!(name_on(a80, "1G.20GB").unwrap(), "1g.20gb");
+        let a40 = GpuModel::A100_40gb;
+        assert_eq!(name_on(a40, "nvidia_a100_3g.20gb").unwrap(), "3g.20gb");
+        assert_eq!(name_on(a40, "1g.5gb").unwrap(), "1g.5gb");
+        assert_eq!(name_on(a40, "1g.10gb").unwrap(), "1g.10gb");
+    }
+
+    #[test]
+    fn says_what_it_could_not_parse() {
+        let a40 = GpuModel::A100_40gb;
+        assert_eq!(name_on(a40, " "), Err(ProfileParseError::Empty));
+        assert!(matches!(
+            name_on(a40, "threeg"),
+            Err(ProfileParseError::NoProfile(_))
+        ));
+        let err = name_on(a40, "5g.30gb").unwrap_err();
+        assert!(
+            err.to_string().contains("no profile with 5 compute slices"),
+            "{err}"
+        );
+        let err = name_on(a40, "3g.40gb").unwrap_err();
+        assert!(err.to_string().contains("it has 3g.20gb"), "{err}");
+    }
+
+    #[test]
+    fn selection_rounds_up_and_respects_memory() {
+        let a40 = GpuModel::A100_40gb.spec();
+        let pick = |k, m| select_profile(a40, k, m).map(|p| p.name());
+        assert_eq!(pick(3, Some(15.0)).unwrap(), "3g.20gb");
+        assert_eq!(pick(1, None).unwrap(), "1g.5gb");
+        assert_eq!(pick(1, Some(8.0)).unwrap(), "1g.10gb");
+        assert_eq!(pick(2, Some(15.0)).unwrap(), "3g.20gb");
+        assert_eq!(pick(5, None).unwrap(), "7g.40gb");
+        assert_eq!(pick(6, None).unwrap(), "7g.40gb");
+        assert!(matches!(
+            pick(8, None),
+            Err(SelectError::TooManySlices { .. })
+        ));
+        assert!(matches!(pick(0, None), Err(SelectError::ZeroSlices)));
+        assert!(matches!(
+            pick(1, Some(41.0)),
+            Err(SelectError::MemoryTooLarge { .. })
+        ));
+        assert!(matches!(
+            pick(1, Some(f64::NAN)),
+            Err(SelectError::BadMemory(_))
+        ));
+        let h100 = GpuModel::H100_80gb.spec();
+        assert_eq!(
+            select_profile(h100, 1, Some(12.0)).unwrap().name(),
+            "1g.20gb"
+        );
+        let a30 = GpuModel::A30_24gb.spec();
+        assert_eq!(select_profile(a30, 3, None).unwrap().name(), "4g.24gb");
+    }
+}

@@ -1,0 +1,165 @@
+//! The two fixed policies: `none` (MIG off in effect) and `static` (one
+//! admin-chosen layout forever). They are the references every dynamic
+//! policy is measured against, and they never reconfigure.
+
+use std::collections::BTreeMap;
+
+use super::{ClusterView, Decision, RepartitionPolicy};
+use crate::mig::{Geometry, GpuModel, Layout};
+
+/// Why a `--policy` value was not understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyParseError {
+    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)")]
+    Unknown(String),
+    #[error("static layout `{given}`: catalog index {index} is out of range for {model} (its catalog has {len} layouts; see `smartmig layouts --catalog --gpu {model}`)")]
+    IndexOutOfRange {
+        given: String,
+        index: usize,
+        len: usize,
+        model: GpuModel,
+    },
+    #[error("static layout `{given}` is not a valid {model} layout picture (e.g. `4444|3333`, `2|2|2|1|.`; see `smartmig layouts --gpu {model}`)")]
+    BadPicture { given: String, model: GpuModel },
+    #[error(transparent)]
+    Greedy(#[from] super::greedy::GreedyParseError),
+    #[error("`{0}` is searched on the workload it is compared on: run `smartmig simulate --compare` (it reports the layouts the search chose; pass them back as static:<picture>)")]
+    NeedsWorkload(String),
+    #[error("`{0}`: the learned policy is not available in this build yet")]
+    LearnedNotAvailable(String),
+}
+
+/// Every GPU is one whole-GPU instance, forever: the `none` reference of the
+/// ET metric (what a cluster without MIG does).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPartition;
+
+impl RepartitionPolicy for NoPartition {
+    fn name(&self) -> String {
+        "none".to_string()
+    }
+
+    fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
+    }
+}
+
+/// One layout per GPU model, installed before time 0 and never changed
+/// (today's Slurm practice).
+#[derive(Clone, Debug)]
+pub struct StaticLayout {
+    spec: String,
+    layouts: BTreeMap<GpuModel, Layout>,
+}
+
+impl StaticLayout {
+    /// Resolves `spec` (a catalog index such as `3`, or a picture such as
+    /// `4444|3333` as printed by `smartmig layouts`) on every model in
+    /// `models`. A picture must be a valid layout of each model; an index
+    /// refers to each model's own catalog.
+    pub fn parse(spec: &str, models: &[GpuModel]) -> Result<Self, PolicyParseError> {
+        let spec = spec.trim();
+        let mut layouts = BTreeMap::new();
+        for &model in models {
+            let g = Geometry::of(model);
+            let layout = if let Ok(index) = spec.parse::<usize>() {
+                *g.catalog()
+                    .get(index)
+                    .ok_or_else(|| PolicyParseError::IndexOutOfRange {
+                        given: spec.to_string(),
+                        index,
+                        len: g.catalog().len(),
+                        model,
+                    })?
+            } else {
+                g.layouts()
+                    .iter()
+                    .copied()
+                    .find(|&l| g.picture(l) == spec)
+                    .ok_or_else(|| PolicyParseError::BadPicture {
+                        given: spec.to_string(),
+                        model,
+                    })?
+            };
+            layouts.insert(model, layout);
+        }
+        Ok(StaticLayout {
+            spec: spec.to_string(),
+            layouts,
+        })
+    }
+
+    /// The layout used on `model` (whole GPU for a model not given to `parse`).
+    pub fn layout(&self, model: GpuModel) -> Layout {
+        self.layouts
+            .get(&model)
+            .copied()
+            .unwrap_or_else(|| Geometry::of(model).whole_gpu())
+    }
+}
+
+impl RepartitionPolicy for StaticLayout {
+    fn name(&self) -> String {
+        format!("static:{}", self.spec)
+    }
+
+    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
+        self.layout(geometry.model())
+    }
+
+    fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
+    }
+}
+
+/// Builds a policy from its command-line name: `none`, `static:<index>` or
+/// `static:<picture>`, checked against every model of the cluster.
+pub fn parse_policy(
+    spec: &str,
+    models: &[GpuModel],
+) -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError> {
+    let s = spec.trim();
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(Box::new(NoPartition));
+    }
+    if let Some(rest) = s.strip_prefix("static:") {
+        return Ok(Box::new(StaticLayout::parse(rest, models)?));
+    }
+    if let Some(greedy) = super::greedy::Greedy::parse(s) {
+        return Ok(Box::new(greedy?));
+    }
+    if s == "static-best" || s == "twice-daily" {
+        return Err(PolicyParseError::NeedsWorkload(s.to_string()));
+    }
+    if s.starts_with("policy:") {
+        return Err(PolicyParseError::LearnedNotAvailable(s.to_string()));
+    }
+    Err(PolicyParseError::Unknown(spec.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_indices_and_pictures() {
+        let m = [GpuModel::A100_40gb];
+        let g = Geometry::of(GpuModel::A100_40gb);
+        let p = StaticLayout::parse("0", &m).unwrap();
+        assert_eq!(p.layout(GpuModel::A100_40gb), g.whole_gpu());
+        let p = StaticLayout::parse("4444|3333", &m).unwrap();
+        assert_eq!(g.picture(p.layout(GpuModel::A100_40gb)), "4444|3333");
+        assert!(matches!(
+            StaticLayout::parse("99", &m),
+            Err(PolicyParseError::IndexOutOfRange { .. })
+        ));
+        assert!(matches!(
+            StaticLayout::parse("4444|4444", &m),
+            Err(PolicyParseError::BadPicture { .. })
+        ));
+        assert!(parse_policy("none", &m).is_ok());
+        assert_eq!(parse_policy("static:1", &m).unwrap().name(), "static:1");
+        let err = parse_policy("greedy-ish", &m).err().unwrap();
+        assert!(err.to_string().contains("unknown policy"), "{err}");
+    }
+}

@@ -1,0 +1,505 @@
+//! Re-checks an event log from scratch: feasibility, then energy and
+//! tardiness recomputed from the records alone.
+//!
+//! Checks, in order of time on each GPU (at equal times: job ends, then
+//! reconfigurations in file order, each followed by its end if its duration
+//! is 0, then job starts):
+//!
+//! - the initial layout and every layout after a reconfiguration is one the
+//!   hardware accepts (no overlapping memory slots, compute budget kept);
+//! - a reconfiguration destroys only existing, idle instances, creates only
+//!   new ones, and lasts the header's reconfiguration time;
+//! - a job runs on an instance that exists and is ready for its whole run,
+//!   alone, and is not destroyed under it;
+//! - a job starts no earlier than it arrives, its instance's memory holds its
+//!   need and its compute meets its request, `speed` is its curve on that
+//!   instance and `end - start = work / speed`.
+//!
+//! Energy is then integrated per GPU exactly as the simulator does and
+//! compared with the log's summary (relative 1e-9).
+
+use std::io::BufRead;
+
+use serde::Serialize;
+
+use super::events::{Header, JobRecord, Record};
+use crate::mig::{Geometry, Layout, PlacementId, Shape};
+use crate::workload::PowerModel;
+
+/// What the audit recomputed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AuditReport {
+    pub gpus: usize,
+    pub jobs: u64,
+    pub unserved: u64,
+    pub reconfigurations: u64,
+    pub horizon_s: f64,
+    pub energy_j: f64,
+    pub total_tardiness_s: f64,
+    pub mean_tardiness_s: f64,
+    pub late_jobs: u64,
+}
+
+/// Why a log failed the audit (or could not be read).
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("line {line}: {message}")]
+    Parse { line: usize, message: String },
+    #[error("the log does not start with a header record")]
+    MissingHeader,
+    #[error("violation at t={time} s{}: {what}", gpu.map(|g| format!(" on GPU {g}")).unwrap_or_default())]
+    Violation {
+        time: f64,
+        gpu: Option<usize>,
+        what: String,
+    },
+    #[error("reading the log: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn violation(time: f64, gpu: Option<usize>, what: impl Into<String>) -> AuditError {
+    AuditError::Violation {
+        time,
+        gpu,
+        what: what.into(),
+    }
+}
+
+/// Parses JSON lines into records (blank lines are skipped).
+pub fn read_events(reader: impl BufRead) -> Result<Vec<Record>, AuditError> {
+    let mut out = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec: Record = serde_json::from_str(&line).map_err(|e| AuditError::Parse {
+            line: n + 1,
+            message: e.to_string(),
+        })?;
+        out.push(rec);
+    }
+    Ok(out)
+}
+
+/// One thing that happens on one GPU, with its sort key.
+#[derive(Clone, Copy)]
+enum Item<'a> {
+    End(&'a JobRecord),
+    ReconfigStart(usize),
+    ReconfigReady(usize),
+    Start(&'a JobRecord),
+}
+
+/// (time, rank, record index, sub-order, item): the audit's sort key.
+type Keyed<'a> = (f64, u8, usize, u8, Item<'a>);
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * a.abs().max(b.abs()).max(1.0)
+}
+
+/// Audits parsed records. Pure: no IO.
+pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
+    let Some(Record::Header(header)) = records.first() else {
+        return Err(AuditError::MissingHeader);
+    };
+    let n = header.gpus.len();
+    let geos: Vec<&'static Geometry> = header.gpus.iter().map(|g| Geometry::of(g.model)).collect();
+    let power_of = |gpu: usize| -> Result<PowerModel, AuditError> {
+        let model = header.gpus[gpu].model;
+        header
+            .power
+            .iter()
+            .find(|p| p.model == model)
+            .map(|p| p.power)
+            .ok_or_else(|| violation(0.0, Some(gpu), format!("no power model for {model}")))
+    };
+    let pid =
+        |gpu: usize, time: f64, d: &crate::mig::InstanceDesc| -> Result<PlacementId, AuditError> {
+            let g = geos[gpu];
+            let shape = Shape::new(d.compute, d.memory_slices);
+            let id = g.placement_id(shape, d.start).ok_or_else(|| {
+                violation(
+                    time,
+                    Some(gpu),
+                    format!("{d} is not a placement of {}", g.model()),
+                )
+            })?;
+            let name = g.placement(id).profile.name();
+            if name != d.profile {
+                return Err(violation(
+                    time,
+                    Some(gpu),
+                    format!(
+                        "instance {d}: a {}-compute/{}-memory-slice profile is {name}",
+                        d.compute, d.memory_slices
+                    ),
+                ));
+            }
+            Ok(id)
+        };
+
+    // Sorted timelines per GPU.
+    let mut timeline: Vec<Vec<Keyed>> = vec![Vec::new(); n];
+    let mut jobs = 0u64;
+    let mut unserved = 0u64;
+    let mut unserved_deadlines = Vec::new();
+    let mut reconfigs = 0u64;
+    let mut tardiness = 0.0;
+    let mut late = 0u64;
+    let mut last_end: f64 = 0.0;
+    let mut seen = std::collections::HashSet::new();
+    let mut summary = None;
+    for (seq, rec) in records.iter().enumerate().skip(1) {
+        match rec {
+            Record::Header(_) => {
+                return Err(violation(
+                    0.0,
+                    None,
+                    format!("second header at record {}", seq + 1),
+                ))
+            }
+            Record::Reconfig(r) => {
+                if r.gpu >= n {
+                    return Err(violation(
+                        r.time,
+                        None,
+                        format!("reconfiguration of GPU {} of {n}", r.gpu),
+                    ));
+                }
+                if !close(r.duration, header.reconfig_time_s, 1e-12)
+                    || !close(r.ready, r.time + r.duration, 1e-12)
+                {
+                    return Err(violation(
+                        r.time,
+                        Some(r.gpu),
+                        format!(
+                            "reconfiguration lasts {} s until {} but the header says {} s",
+                            r.duration, r.ready, header.reconfig_time_s
+                        ),
+                    ));
+                }
+                reconfigs += 1;
+                timeline[r.gpu].push((r.time, 1, seq, 0, Item::ReconfigStart(seq)));
+                timeline[r.gpu].push((r.ready, 1, seq, 1, Item::ReconfigReady(seq)));
+            }
+            Record::Job(j) => {
+                if j.gpu >= n {
+                    return Err(violation(
+                        j.start,
+                        None,
+                        format!("job {} on GPU {} of {n}", j.id, j.gpu),
+                    ));
+                }
+                if !seen.insert(j.id) {
+                    return Err(violation(
+                        j.start,
+                        Some(j.gpu),
+                        format!("job {} ran twice", j.id),
+                    ));
+                }
+                check_job(j, header, &geos)?;
+                jobs += 1;
+                let t = (j.end - j.deadline).max(0.0);
+                tardiness += t;
+                if j.end > j.deadline {
+                    late += 1;
+                }
+                last_end = last_end.max(j.end);
+                timeline[j.gpu].push((j.end, 0, seq, 0, Item::End(j)));
+                timeline[j.gpu].push((j.start, 2, seq, 0, Item::Start(j)));
+            }
+            Record::Unserved(u) => {
+                if !seen.insert(u.id) {
+                    return Err(violation(
+                        u.arrival,
+                        None,
+                        format!("job {} is both run and unserved", u.id),
+                    ));
+                }
+                unserved += 1;
+                unserved_deadlines.push(u.deadline);
+            }
+            Record::Summary(s) => summary = Some(s),
+        }
+    }
+    let horizon = header.workload_horizon_s.max(last_end);
+    // A job that never ran is late, and at least `horizon - deadline` late
+    // (the same rule as the simulator's metrics).
+    for deadline in unserved_deadlines {
+        tardiness += (horizon - deadline).max(0.0);
+        late += 1;
+    }
+
+    let mut energy = 0.0;
+    for gpu in 0..n {
+        let g = geos[gpu];
+        let power = power_of(gpu)?;
+        let total = u32::from(header.gpus[gpu].compute_slices);
+        if total != u32::from(g.spec.compute_slices) {
+            return Err(violation(
+                0.0,
+                Some(gpu),
+                "compute_slices does not match the model",
+            ));
+        }
+        let mut layout = Layout::EMPTY;
+        for d in &header.gpus[gpu].initial {
+            let id = pid(gpu, 0.0, d)?;
+            layout = layout.with(id);
+        }
+        if !g.is_valid(layout) {
+            return Err(violation(
+                0.0,
+                Some(gpu),
+                format!("initial layout {} is not valid", g.picture(layout)),
+            ));
+        }
+        let mut ready = layout;
+        let mut running: [Option<u64>; 32] = [None; 32];
+        let mut active = 0u32;
+        let (mut e, mut last) = (0.0, 0.0);
+        let tl = &mut timeline[gpu];
+        tl.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then(a.1.cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.3.cmp(&b.3))
+        });
+        for &(time, _, _, _, item) in tl.iter() {
+            match item {
+                Item::ReconfigStart(seq) => {
+                    let Record::Reconfig(r) = &records[seq] else {
+                        continue;
+                    };
+                    for d in &r.destroyed {
+                        let id = pid(gpu, time, d)?;
+                        if !layout.contains(id) {
+                            return Err(violation(
+                                time,
+                                Some(gpu),
+                                format!("destroys {d}, which does not exist"),
+                            ));
+                        }
+                        if let Some(job) = running[id.0 as usize] {
+                            return Err(violation(
+                                time,
+                                Some(gpu),
+                                format!("destroys {d}, busy with job {job}"),
+                            ));
+                        }
+                        if !ready.contains(id) {
+                            return Err(violation(
+                                time,
+                                Some(gpu),
+                                format!("destroys {d}, still being created"),
+                            ));
+                        }
+                        layout = layout.without(id);
+                        ready = ready.without(id);
+                    }
+                    for d in &r.created {
+                        let id = pid(gpu, time, d)?;
+                        if layout.contains(id) {
+                            return Err(violation(
+                                time,
+                                Some(gpu),
+                                format!("creates {d}, which exists"),
+                            ));
+                        }
+                        layout = layout.with(id);
+                    }
+                    if !g.is_valid(layout) {
+                        return Err(violation(time, Some(gpu), format!(
+                            "layout after the reconfiguration overlaps or exceeds the compute slices: {}",
+                            g.describe(layout).iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))));
+                    }
+                }
+                Item::ReconfigReady(seq) => {
+                    let Record::Reconfig(r) = &records[seq] else {
+                        continue;
+                    };
+                    for d in &r.created {
+                        let id = pid(gpu, time, d)?;
+                        if layout.contains(id) {
+                            ready = ready.with(id);
+                        }
+                    }
+                }
+                Item::Start(j) => {
+                    let d = crate::mig::InstanceDesc {
+                        profile: j.profile.clone(),
+                        compute: j.compute,
+                        memory_slices: j.memory_slices,
+                        start: j.start_slot,
+                    };
+                    let id = pid(gpu, time, &d)?;
+                    if !layout.contains(id) {
+                        return Err(violation(
+                            time,
+                            Some(gpu),
+                            format!("job {} starts on {d}, which does not exist", j.id),
+                        ));
+                    }
+                    if !ready.contains(id) {
+                        return Err(violation(
+                            time,
+                            Some(gpu),
+                            format!("job {} starts on {d}, still being created", j.id),
+                        ));
+                    }
+                    if let Some(other) = running[id.0 as usize] {
+                        return Err(violation(
+                            time,
+                            Some(gpu),
+                            format!("job {} starts on {d}, busy with job {other}", j.id),
+                        ));
+                    }
+                    running[id.0 as usize] = Some(j.id);
+                    e += power.power_w(f64::from(active) / f64::from(total)) * (time - last);
+                    last = time;
+                    active += u32::from(j.compute);
+                }
+                Item::End(j) => {
+                    let d = crate::mig::InstanceDesc {
+                        profile: j.profile.clone(),
+                        compute: j.compute,
+                        memory_slices: j.memory_slices,
+                        start: j.start_slot,
+                    };
+                    let id = pid(gpu, time, &d)?;
+                    if running[id.0 as usize] != Some(j.id) {
+                        return Err(violation(
+                            time,
+                            Some(gpu),
+                            format!("job {} ends on {d}, where it was not running", j.id),
+                        ));
+                    }
+                    running[id.0 as usize] = None;
+                    e += power.power_w(f64::from(active) / f64::from(total)) * (time - last);
+                    last = time;
+                    active -= u32::from(j.compute);
+                }
+            }
+        }
+        e += power.power_w(f64::from(active) / f64::from(total)) * (horizon - last);
+        energy += e;
+    }
+    let report = AuditReport {
+        gpus: n,
+        jobs,
+        unserved,
+        reconfigurations: reconfigs,
+        horizon_s: horizon,
+        energy_j: energy,
+        total_tardiness_s: tardiness,
+        mean_tardiness_s: tardiness / (jobs + unserved).max(1) as f64,
+        late_jobs: late,
+    };
+    if let Some(s) = summary {
+        let ok = close(s.horizon_s, horizon, 1e-12)
+            && close(s.energy_j, energy, 1e-9)
+            && close(s.total_tardiness_s, tardiness, 1e-9)
+            && s.completed == jobs
+            && s.unserved == unserved
+            && s.reconfigurations == reconfigs;
+        if !ok {
+            return Err(violation(horizon, None, format!(
+                "the summary disagrees with the records: summary {s:?}, recomputed energy {energy} J, tardiness {tardiness} s, {jobs} jobs, {unserved} unserved, {reconfigs} reconfigurations")));
+        }
+    }
+    Ok(report)
+}
+
+fn check_job(j: &JobRecord, header: &Header, geos: &[&'static Geometry]) -> Result<(), AuditError> {
+    let gpu = Some(j.gpu);
+    let g = geos[j.gpu];
+    let total = g.spec.compute_slices;
+    if j.start < j.arrival {
+        return Err(violation(
+            j.start,
+            gpu,
+            format!("job {} starts before it arrives ({})", j.id, j.arrival),
+        ));
+    }
+    let Some(profile) = g.spec.profile(Shape::new(j.compute, j.memory_slices)) else {
+        return Err(violation(
+            j.start,
+            gpu,
+            format!(
+                "job {}: no {}g/{}-slice profile",
+                j.id, j.compute, j.memory_slices
+            ),
+        ));
+    };
+    if profile.memory_gb != j.instance_memory_gb {
+        return Err(violation(
+            j.start,
+            gpu,
+            format!(
+                "job {}: {} has {} GB, the log says {}",
+                j.id,
+                profile.name(),
+                profile.memory_gb,
+                j.instance_memory_gb
+            ),
+        ));
+    }
+    if j.memory_gb > f64::from(profile.memory_gb) {
+        return Err(violation(
+            j.start,
+            gpu,
+            format!(
+                "job {} needs {} GB but {} has {}",
+                j.id,
+                j.memory_gb,
+                profile.name(),
+                profile.memory_gb
+            ),
+        ));
+    }
+    if let Some(k) = j.requested_slices {
+        if j.compute < k {
+            return Err(violation(
+                j.start,
+                gpu,
+                format!(
+                    "job {} requested {k} compute slices but ran on {}",
+                    j.id, j.compute
+                ),
+            ));
+        }
+    }
+    if j.speedup.validate().is_err() {
+        return Err(violation(
+            j.start,
+            gpu,
+            format!("job {}: invalid speed-up curve", j.id),
+        ));
+    }
+    let speed = j.speedup.speed(j.compute, total);
+    if !close(speed, j.speed, 1e-12) {
+        return Err(violation(
+            j.start,
+            gpu,
+            format!(
+                "job {}: speed {} but its curve gives {speed} on {}g",
+                j.id, j.speed, j.compute
+            ),
+        ));
+    }
+    if !close(j.end, j.start + j.work / speed, 1e-12) || j.end < j.start {
+        return Err(violation(
+            j.start,
+            gpu,
+            format!(
+                "job {}: runs {} s but work/speed = {} s",
+                j.id,
+                j.end - j.start,
+                j.work / speed
+            ),
+        ));
+    }
+    let _ = header;
+    Ok(())
+}

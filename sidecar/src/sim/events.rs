@@ -1,0 +1,167 @@
+//! The auditable event log: one JSON object per line.
+//!
+//! Line 1 is a [`Header`]; then, in simulation order, one [`ReconfigRecord`]
+//! per applied reconfiguration and one [`JobRecord`] per started job (written
+//! when it starts: without preemption its end is known then); then one
+//! [`UnservedRecord`] per job that never ran; last a [`SummaryRecord`] with
+//! the simulator's own totals. The file alone is enough to re-check
+//! feasibility and recompute energy and tardiness ([`super::audit`]).
+//! Floats are written with the shortest representation that reads back to
+//! the same `f64`, so the checks are exact.
+
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+
+use crate::mig::{GpuModel, InstanceDesc};
+use crate::workload::{PowerModel, SpeedupCurve};
+
+/// Version of the schema below; bumped on any incompatible change.
+pub const EVENTS_VERSION: u32 = 1;
+
+/// One line of the event log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Record {
+    Header(Header),
+    Reconfig(ReconfigRecord),
+    Job(JobRecord),
+    Unserved(UnservedRecord),
+    Summary(SummaryRecord),
+}
+
+/// The run's fixed parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub version: u32,
+    pub seed: u64,
+    pub placement: String,
+    pub policy: String,
+    /// Duration of every reconfiguration, s.
+    pub reconfig_time_s: f64,
+    /// The workload's own horizon, s; energy is integrated up to
+    /// `max(workload_horizon_s, last job end)`.
+    pub workload_horizon_s: f64,
+    /// GPUs in order (index = `gpu` in the other records).
+    pub gpus: Vec<GpuHeader>,
+    /// Power model of each model present.
+    pub power: Vec<ModelPower>,
+}
+
+/// One GPU at time 0.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuHeader {
+    pub model: GpuModel,
+    pub compute_slices: u8,
+    /// Instances existing (and ready) at time 0.
+    pub initial: Vec<InstanceDesc>,
+}
+
+/// `power_w(load) = idle_w + (max_w - idle_w) * load^exponent`, load = busy
+/// compute slices / compute slices of the GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelPower {
+    pub model: GpuModel,
+    pub power: PowerModel,
+}
+
+/// A reconfiguration: at `time` the `destroyed` (idle) instances disappear;
+/// the `created` ones exist from `time` but run nothing before `ready`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReconfigRecord {
+    pub time: f64,
+    pub gpu: usize,
+    pub destroyed: Vec<InstanceDesc>,
+    pub created: Vec<InstanceDesc>,
+    pub duration: f64,
+    pub ready: f64,
+}
+
+/// One job that ran: its parameters, where and when.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: u64,
+    pub arrival: f64,
+    pub deadline: f64,
+    /// Seconds on a whole GPU.
+    pub work: f64,
+    pub memory_gb: f64,
+    pub requested_slices: Option<u8>,
+    pub speedup: SpeedupCurve,
+    pub gpu: usize,
+    /// The instance: profile name, compute and memory slices, start slot.
+    pub profile: String,
+    pub compute: u8,
+    pub memory_slices: u8,
+    pub start_slot: u8,
+    /// Memory of the instance's profile, GB.
+    pub instance_memory_gb: u32,
+    /// `speedup` evaluated on the instance: `end - start = work / speed`.
+    pub speed: f64,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// A job that never ran, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnservedRecord {
+    pub id: u64,
+    pub arrival: f64,
+    pub deadline: f64,
+    pub work: f64,
+    pub memory_gb: f64,
+    pub requested_slices: Option<u8>,
+    pub reason: String,
+}
+
+/// The simulator's own totals, for the audit to compare with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SummaryRecord {
+    pub horizon_s: f64,
+    pub energy_j: f64,
+    pub total_tardiness_s: f64,
+    pub completed: u64,
+    pub unserved: u64,
+    pub reconfigurations: u64,
+    pub rejected_decisions: u64,
+}
+
+/// Where the simulator sends records. Only called when a sink is given, so a
+/// run without `--events` builds no records at all.
+pub trait EventSink {
+    fn record(&mut self, record: &Record) -> std::io::Result<()>;
+}
+
+/// Writes JSON lines.
+pub struct JsonLines<W: Write> {
+    out: W,
+}
+
+impl<W: Write> JsonLines<W> {
+    pub fn new(out: W) -> Self {
+        JsonLines { out }
+    }
+
+    /// The writer back (flush it).
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+}
+
+impl<W: Write> EventSink for JsonLines<W> {
+    fn record(&mut self, record: &Record) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.out, record)?;
+        self.out.write_all(b"\n")
+    }
+}
+
+/// Keeps records in memory (tests, the audit of a fresh run).
+#[derive(Default, Debug)]
+pub struct Collect(pub Vec<Record>);
+
+impl EventSink for Collect {
+    fn record(&mut self, record: &Record) -> std::io::Result<()> {
+        self.0.push(record.clone());
+        Ok(())
+    }
+}

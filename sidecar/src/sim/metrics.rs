@@ -1,0 +1,110 @@
+//! What a run is judged by, and the ET score against a reference run.
+
+use serde::Serialize;
+
+/// Totals and means of one simulation run.
+///
+/// Jobs that never ran (`unserved`: still waiting when nothing else could
+/// happen; `rejected`: no instance of any GPU in the cluster can hold them)
+/// are counted apart *and* as late jobs with tardiness `horizon - deadline`
+/// (a lower bound of what they would have had), so tardiness and late share
+/// are over all jobs; the mean wait is over the jobs that ran.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Metrics {
+    pub jobs: u64,
+    pub completed: u64,
+    pub unserved: u64,
+    pub rejected: u64,
+    /// Energy of every GPU over `[0, horizon_s]`, idle included, J.
+    pub energy_j: f64,
+    pub energy_mj: f64,
+    pub total_tardiness_s: f64,
+    pub mean_tardiness_s: f64,
+    pub late_jobs: u64,
+    pub late_share: f64,
+    /// Mean of start - arrival.
+    pub mean_wait_s: f64,
+    /// Busy compute-slice-seconds over available compute-slice-seconds
+    /// (all GPUs, `[0, horizon_s]`).
+    pub utilisation: f64,
+    /// Applied (non-empty) reconfigurations.
+    pub reconfigurations: u64,
+    /// Decisions refused because they would destroy a busy instance, target
+    /// an invalid layout or a GPU already being reconfigured.
+    pub rejected_decisions: u64,
+    pub epochs: u64,
+    /// `max(workload horizon, last completion)`.
+    pub horizon_s: f64,
+    pub last_completion_s: f64,
+    /// Events processed (arrivals, completions, reconfiguration ends, ticks).
+    pub events: u64,
+}
+
+/// `ET = (e + alpha * t) / (1 + alpha)`, with `e` and `t` the run's energy and
+/// mean tardiness divided by those of the reference run (so the reference
+/// scores exactly 1, lower is better).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EtScore {
+    /// What the reference was, e.g. `none (whole GPUs) + edf`.
+    pub reference: String,
+    pub alpha: f64,
+    pub e: f64,
+    /// `None` when the reference had zero tardiness and this run did not.
+    pub t: Option<f64>,
+    pub et: Option<f64>,
+}
+
+impl EtScore {
+    /// Scores `run` against `reference`. A zero reference tardiness gives
+    /// `t = 1` when the run has none either (no worse), undefined otherwise.
+    pub fn new(run: &Metrics, reference: &Metrics, reference_name: String, alpha: f64) -> Self {
+        let e = if reference.energy_j > 0.0 {
+            run.energy_j / reference.energy_j
+        } else {
+            1.0
+        };
+        let t = if reference.mean_tardiness_s > 0.0 {
+            Some(run.mean_tardiness_s / reference.mean_tardiness_s)
+        } else if run.mean_tardiness_s == 0.0 {
+            Some(1.0)
+        } else {
+            None
+        };
+        EtScore {
+            reference: reference_name,
+            alpha,
+            e,
+            t,
+            et: t.map(|t| (e + alpha * t) / (1.0 + alpha)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_scores_one() {
+        let m = Metrics {
+            energy_j: 10.0,
+            mean_tardiness_s: 2.0,
+            ..Metrics::default()
+        };
+        let s = EtScore::new(&m, &m, "ref".into(), 1.0);
+        assert_eq!(s.et, Some(1.0));
+        let better = Metrics {
+            energy_j: 8.0,
+            mean_tardiness_s: 1.0,
+            ..Metrics::default()
+        };
+        let s = EtScore::new(&better, &m, "ref".into(), 1.0);
+        assert!((s.et.unwrap() - 0.65).abs() < 1e-12); // (0.8 + 0.5) / 2
+        let zero = Metrics {
+            energy_j: 10.0,
+            ..Metrics::default()
+        };
+        assert_eq!(EtScore::new(&m, &zero, "ref".into(), 1.0).t, None);
+        assert_eq!(EtScore::new(&zero, &zero, "ref".into(), 1.0).t, Some(1.0));
+    }
+}

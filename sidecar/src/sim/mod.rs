@@ -1,0 +1,178 @@
+//! The discrete-event cluster simulator.
+//!
+//! N GPUs (models may be mixed), each with a MIG layout; jobs arrive, wait in
+//! a queue, run on one instance each, complete; a [`RepartitionPolicy`]
+//! reshapes the layouts at decision epochs. `docs/simulator.md` is the full
+//! description; in short:
+//!
+//! - **Fit.** A job runs only on an instance whose profile memory (GB in the
+//!   profile name) is at least its need and, if it requested `K` slices,
+//!   whose compute slices are at least `K`. It runs for `work / speed(k)`
+//!   (`work` = seconds on the whole GPU), without interruption.
+//! - **Placement.** Work-conserving: whenever a free, ready instance fits a
+//!   waiting job, the [`heuristics`] choose which job and which instance.
+//! - **Reconfiguration.** Only idle instances may be destroyed. Applying a
+//!   decision takes [`SimConfig::reconfig_time_s`] (default 4 s, as in
+//!   SMART-MIG): destroyed instances vanish at once, created ones exist but
+//!   run nothing until the end; one reconfiguration per GPU at a time.
+//!   Decisions that break these rules are rejected and counted.
+//! - **Energy.** Every GPU, idle included, from 0 to the horizon
+//!   `max(workload horizon, last completion)`: `power_w(load)` integrated
+//!   exactly (load is piecewise constant between job starts and ends).
+//! - **Order of simultaneous events.** Completions, then reconfiguration
+//!   ends, then epoch ticks, then arrivals (by id); then placement; then the
+//!   decision epoch, if due.
+//!
+//! The run can write an auditable event log ([`events`]) that [`audit`]
+//! re-checks from scratch.
+
+pub mod audit;
+pub mod engine;
+pub mod events;
+pub mod heuristics;
+pub mod metrics;
+
+pub use audit::{audit, read_events, AuditError, AuditReport};
+pub use engine::{simulate, RunHooks, SimResult};
+pub use events::{Collect, EventSink, JsonLines, Record};
+pub use heuristics::{Candidate, Heuristic, Pick, PlacementHeuristic, UnknownHeuristic};
+pub use metrics::{EtScore, Metrics};
+
+use crate::mig::GpuModel;
+use crate::policy::RepartitionPolicy;
+use crate::workload::{PowerModel, WorkloadError};
+
+/// Repartitioning time of SMART-MIG (s).
+pub const DEFAULT_RECONFIG_TIME_S: f64 = 4.0;
+/// Arrival/completion events between decision epochs in SMART-MIG.
+pub const DEFAULT_EPOCH_EVENTS: u32 = 5;
+
+/// When the policy is asked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EpochRule {
+    /// After every `n` arrival or completion events (n >= 1).
+    Events(u32),
+    /// Every `s` seconds of simulated time (s > 0).
+    Seconds(f64),
+}
+
+/// Parameters of a run that are not the workload, the heuristic or the policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Duration of one reconfiguration, s (>= 0).
+    pub reconfig_time_s: f64,
+    pub epoch: EpochRule,
+    /// Recorded in the event log; the engine itself draws nothing random
+    /// (the `random` heuristic is seeded when built).
+    pub seed: u64,
+    /// The workload's horizon (the diurnal generator's window). `None`: the
+    /// last arrival.
+    pub workload_horizon_s: Option<f64>,
+    /// Hour of day at time 0 (for the policy view).
+    pub start_hour: f64,
+    /// Power models overriding [`PowerModel::default_for`].
+    pub power: Vec<(GpuModel, PowerModel)>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            reconfig_time_s: DEFAULT_RECONFIG_TIME_S,
+            epoch: EpochRule::Events(DEFAULT_EPOCH_EVENTS),
+            seed: 0,
+            workload_horizon_s: None,
+            start_hour: 0.0,
+            power: Vec::new(),
+        }
+    }
+}
+
+impl SimConfig {
+    /// The power model used for `model`.
+    pub fn power_for(&self, model: GpuModel) -> PowerModel {
+        self.power
+            .iter()
+            .find(|(m, _)| *m == model)
+            .map_or_else(|| PowerModel::default_for(model), |&(_, p)| p)
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |what: String| Err(SimError::Config(what));
+        if !(self.reconfig_time_s.is_finite() && self.reconfig_time_s >= 0.0) {
+            return bad(format!(
+                "reconfiguration time {} s is not a finite value >= 0",
+                self.reconfig_time_s
+            ));
+        }
+        match self.epoch {
+            EpochRule::Events(0) => return bad("epoch every 0 events".into()),
+            EpochRule::Seconds(s) if !(s.is_finite() && s > 0.0) => {
+                return bad(format!("epoch every {s} s is not a finite value > 0"))
+            }
+            _ => {}
+        }
+        if let Some(h) = self.workload_horizon_s {
+            if !(h.is_finite() && h >= 0.0) {
+                return bad(format!("workload horizon {h} s is not finite and >= 0"));
+            }
+        }
+        if !self.start_hour.is_finite() {
+            return bad(format!("start hour {} is not finite", self.start_hour));
+        }
+        Ok(())
+    }
+}
+
+/// Why a simulation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("the cluster has no GPUs")]
+    NoGpus,
+    #[error("invalid simulation setting: {0}")]
+    Config(String),
+    #[error("job {id}: {reason}")]
+    InvalidJob { id: u64, reason: String },
+    #[error("{0} jobs are more than the simulator indexes (u32)")]
+    TooManyJobs(usize),
+    #[error("power model of {model}: {source}")]
+    Power {
+        model: GpuModel,
+        source: WorkloadError,
+    },
+    #[error("policy {policy} gave GPU {gpu} an invalid initial layout")]
+    InvalidInitialLayout { gpu: usize, policy: String },
+    #[error("writing the event log: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+}
+
+/// Runs `policy` and, with the same heuristic, the `none` reference (whole
+/// GPUs), and scores the first against the second. Returns (run, reference,
+/// score).
+pub fn simulate_with_reference(
+    cluster: &[GpuModel],
+    jobs: &[crate::workload::Job],
+    heuristic: Heuristic,
+    policy: &mut dyn RepartitionPolicy,
+    cfg: &SimConfig,
+    alpha: f64,
+    hooks: RunHooks<'_>,
+) -> Result<(SimResult, SimResult, EtScore), SimError> {
+    let mut h = heuristic.build(cfg.seed);
+    let run = simulate(cluster, jobs, h.as_mut(), policy, cfg, hooks)?;
+    let mut h = heuristic.build(cfg.seed);
+    let mut none = crate::policy::NoPartition;
+    let reference = simulate(
+        cluster,
+        jobs,
+        h.as_mut(),
+        &mut none,
+        cfg,
+        RunHooks::default(),
+    )?;
+    let name = format!("none (every GPU one whole-GPU instance) + {heuristic}");
+    let score = EtScore::new(&run.metrics, &reference.metrics, name, alpha);
+    Ok((run, reference, score))
+}

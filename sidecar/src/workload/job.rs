@@ -1,0 +1,267 @@
+//! The job model shared by the generator, the trace readers, the simulator and
+//! the lower bounds.
+
+use serde::{Deserialize, Serialize};
+
+use super::{SpeedupCurve, WorkloadError};
+use crate::mig::{GpuModel, ProfileSpec};
+
+/// Coarse job class. It selects the speed-up curve distribution when a curve
+/// is not known (training ~ linear, inference ~ sub-linear) and lets policies
+/// group jobs, as SMART-MIG groups EDF queues by speed-up class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobClass {
+    Training,
+    Inference,
+}
+
+impl JobClass {
+    /// `training` / `inference`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobClass::Training => "training",
+            JobClass::Inference => "inference",
+        }
+    }
+}
+
+impl std::fmt::Display for JobClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobClass {
+    type Err = WorkloadError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "training" | "train" => Ok(JobClass::Training),
+            "inference" | "infer" => Ok(JobClass::Inference),
+            _ => Err(WorkloadError::invalid(
+                "class",
+                format!("{s:?} is not `training` or `inference`"),
+            )),
+        }
+    }
+}
+
+/// One single-GPU job.
+///
+/// All times are seconds; `arrival` and `deadline` are absolute on the
+/// workload's clock (the first arrival of a trace is 0). `work` is the run
+/// time on the whole GPU, so the run time on any slice follows from the
+/// curve alone: `runtime_on(k, C) = work / speed(k, C)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Position of the job in its workload, sorted by arrival (ids are `0..n`).
+    pub id: u64,
+    /// Submit time, s since the start of the workload.
+    pub arrival: f64,
+    /// Seconds of run time on a whole GPU (7g; 4g on the A30).
+    pub work: f64,
+    /// Throughput on a slice relative to the whole GPU.
+    pub speedup: SpeedupCurve,
+    /// GPU memory need in GB (compared with the GB in profile names, `3g.20gb` = 20).
+    pub memory_gb: f64,
+    /// Absolute deadline, s; tardiness is `max(0, completion - deadline)`.
+    pub deadline: f64,
+    pub class: JobClass,
+    /// `K` of `--gres=shard:K`, when the job asked for a size, already
+    /// rounded up to a profile compute size of the workload's GPU model
+    /// (Slurm semantics: 5 and 6 become 7). `None`: the scheduler chooses.
+    pub requested_slices: Option<u8>,
+}
+
+impl Job {
+    /// Relative throughput on a slice of `compute` of the GPU's
+    /// `total_compute` slices (1.0 on the whole GPU).
+    #[inline]
+    pub fn speed(&self, compute: u8, total_compute: u8) -> f64 {
+        self.speedup.speed(compute, total_compute)
+    }
+
+    /// Run time on a `compute`-slice instance: `work / speed` (infinite on 0 slices).
+    #[inline]
+    pub fn runtime_on(&self, compute: u8, total_compute: u8) -> f64 {
+        self.work / self.speed(compute, total_compute)
+    }
+
+    /// GPU-seconds the job occupies on a `compute`-slice instance:
+    /// `compute / total_compute * runtime_on`. The lower bounds and the
+    /// offered-load statistics minimise this over the profiles that fit.
+    #[inline]
+    pub fn gpu_seconds_on(&self, compute: u8, total_compute: u8) -> f64 {
+        f64::from(compute) / f64::from(total_compute.max(1))
+            * self.runtime_on(compute, total_compute)
+    }
+
+    /// Whether the job's memory need fits the profile.
+    #[inline]
+    pub fn fits(&self, profile: &ProfileSpec) -> bool {
+        self.memory_gb <= f64::from(profile.memory_gb)
+    }
+
+    /// The profile of `model` that fits the job's memory and occupies the
+    /// fewest GPU-seconds ([`Job::gpu_seconds_on`]); ties go to the larger
+    /// (faster) profile. `None` if the job fits no profile. With a requested
+    /// size, only profiles of at least that many compute slices count.
+    pub fn most_efficient_profile(&self, model: GpuModel) -> Option<(&'static ProfileSpec, f64)> {
+        let spec = model.spec();
+        let min_k = self.requested_slices.unwrap_or(0);
+        let mut best: Option<(&'static ProfileSpec, f64)> = None;
+        for p in spec.profiles {
+            if !self.fits(p) || p.shape.compute < min_k {
+                continue;
+            }
+            let a = self.gpu_seconds_on(p.shape.compute, spec.compute_slices);
+            match best {
+                Some((_, ba)) if a > ba * (1.0 + 1e-12) => {}
+                Some((bp, ba))
+                    if a >= ba * (1.0 - 1e-12) && p.shape.compute <= bp.shape.compute => {}
+                _ => best = Some((p, a)),
+            }
+        }
+        best
+    }
+
+    /// Checks the invariants every producer guarantees: finite times,
+    /// `work > 0`, `memory_gb > 0`, a valid curve, a requested size that is a
+    /// compute size of `model`.
+    pub fn validate(&self, model: GpuModel) -> Result<(), WorkloadError> {
+        let finite = |field: &'static str, v: f64| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(WorkloadError::invalid(field, format!("{v} is not finite")))
+            }
+        };
+        finite("arrival", self.arrival)?;
+        finite("deadline", self.deadline)?;
+        finite("work", self.work)?;
+        if self.work <= 0.0 {
+            return Err(WorkloadError::invalid(
+                "work",
+                format!("{} is not > 0", self.work),
+            ));
+        }
+        if !(self.memory_gb.is_finite() && self.memory_gb > 0.0) {
+            return Err(WorkloadError::invalid(
+                "memory_gb",
+                format!("{} is not > 0", self.memory_gb),
+            ));
+        }
+        self.speedup.validate()?;
+        if let Some(k) = self.requested_slices {
+            if !model.spec().profiles.iter().any(|p| p.shape.compute == k) {
+                return Err(WorkloadError::invalid(
+                    "requested_slices",
+                    format!("{k} is not a compute size of {model}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The smallest compute size of `model` that is at least `k` (Slurm's
+/// `--gres=shard:K` rounds 5 and 6 up to 7). `None` if `k` exceeds the GPU.
+pub fn round_up_to_profile(model: GpuModel, k: u8) -> Option<u8> {
+    model
+        .spec()
+        .profiles
+        .iter()
+        .map(|p| p.shape.compute)
+        .filter(|&c| c >= k.max(1))
+        .min()
+}
+
+/// Memory of the smallest profile with exactly `compute` compute slices:
+/// what a job asking `--gres=shard:K` without `--mig-mem` gets.
+pub fn default_memory_gb(model: GpuModel, compute: u8) -> Option<u32> {
+    model
+        .spec()
+        .profiles
+        .iter()
+        .filter(|p| p.shape.compute == compute)
+        .map(|p| p.memory_gb)
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(beta: f64, sat: f64, mem: f64) -> Job {
+        Job {
+            id: 0,
+            arrival: 0.0,
+            work: 100.0,
+            speedup: SpeedupCurve::new(beta, sat).unwrap(),
+            memory_gb: mem,
+            deadline: 150.0,
+            class: JobClass::Inference,
+            requested_slices: None,
+        }
+    }
+
+    #[test]
+    fn runtime_and_gpu_seconds() {
+        let j = job(1.0, 1.0, 4.0);
+        assert!((j.runtime_on(1, 7) - 700.0).abs() < 1e-9);
+        assert_eq!(j.runtime_on(7, 7), 100.0);
+        assert!((j.gpu_seconds_on(1, 7) - 100.0).abs() < 1e-9);
+        assert!(j.runtime_on(0, 7).is_infinite());
+    }
+
+    #[test]
+    fn most_efficient_profile_respects_memory_and_ties() {
+        let m = GpuModel::A100_40gb;
+        // Sub-linear: the smallest slice that fits is the most efficient.
+        let (p, _) = job(0.5, 0.5, 4.0).most_efficient_profile(m).unwrap();
+        assert_eq!(p.name(), "1g.5gb");
+        let (p, _) = job(0.5, 0.5, 8.0).most_efficient_profile(m).unwrap();
+        assert_eq!(p.name(), "1g.10gb");
+        let (p, _) = job(0.5, 0.5, 15.0).most_efficient_profile(m).unwrap();
+        assert_eq!(p.name(), "3g.20gb");
+        // Linear: every slice costs the same GPU-seconds; the fastest wins the tie.
+        let (p, a) = job(1.0, 1.0, 4.0).most_efficient_profile(m).unwrap();
+        assert_eq!(p.name(), "7g.40gb");
+        assert!((a - 100.0).abs() < 1e-9);
+        assert!(job(1.0, 1.0, 41.0).most_efficient_profile(m).is_none());
+        let mut r = job(0.5, 0.5, 4.0);
+        r.requested_slices = Some(2);
+        assert_eq!(r.most_efficient_profile(m).unwrap().0.name(), "2g.10gb");
+    }
+
+    #[test]
+    fn rounding_follows_slurm_semantics() {
+        let m = GpuModel::A100_40gb;
+        assert_eq!(round_up_to_profile(m, 5), Some(7));
+        assert_eq!(round_up_to_profile(m, 4), Some(4));
+        assert_eq!(round_up_to_profile(m, 0), Some(1));
+        assert_eq!(round_up_to_profile(m, 8), None);
+        assert_eq!(round_up_to_profile(GpuModel::A30_24gb, 3), Some(4));
+        assert_eq!(default_memory_gb(m, 1), Some(5));
+        assert_eq!(default_memory_gb(m, 3), Some(20));
+        assert_eq!(default_memory_gb(m, 5), None);
+    }
+
+    #[test]
+    fn validation() {
+        let m = GpuModel::A100_40gb;
+        assert!(job(1.0, 1.0, 4.0).validate(m).is_ok());
+        let mut j = job(1.0, 1.0, 4.0);
+        j.requested_slices = Some(5);
+        assert!(j.validate(m).is_err());
+        j.requested_slices = None;
+        j.work = 0.0;
+        assert!(j.validate(m).is_err());
+        assert_eq!("Training".parse::<JobClass>().unwrap(), JobClass::Training);
+        assert!("gpu".parse::<JobClass>().is_err());
+        assert_eq!(
+            serde_json::to_string(&JobClass::Inference).unwrap(),
+            "\"inference\""
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! Workloads: the job model, speed-up curves, the power model, the diurnal
+//! generator and the trace readers.
+//!
+//! Everything here is pure and deterministic (seeded `ChaCha8Rng`), except
+//! that the trace readers consume an `impl std::io::Read`: the CLI opens the
+//! files, so the readers are tested on in-memory fixtures.
+//!
+//! - [`job`]: [`Job`], [`JobClass`].
+//! - [`speedup`]: [`SpeedupCurve`] (calibrated on MIGProfiler data) and the
+//!   per-class curve distributions [`CurveDist`].
+//! - [`power`]: [`PowerModel`] and the one definition of GPU `load`.
+//! - [`diurnal`]: [`DiurnalConfig`], [`generate_diurnal`], offered-load statistics.
+//! - [`trace`]: our CSV format, the Alibaba GPU v2023 trace and Slurm `sacct`.
+//!
+//! `docs/workload.md` documents the numbers and their sources.
+
+pub mod diurnal;
+pub mod job;
+pub mod power;
+pub mod speedup;
+pub mod trace;
+
+pub use diurnal::{generate_diurnal, offered_load, DiurnalConfig};
+pub use job::{default_memory_gb, round_up_to_profile, Job, JobClass};
+pub use power::{gpu_load, PowerModel};
+pub use speedup::{CurveDist, SpeedupCurve};
+pub use trace::{
+    read_alibaba, read_csv, read_sacct, read_trace, write_csv, SkippedRow, Trace, TraceError,
+    TraceFormat, TraceOptions,
+};
+
+/// An invalid parameter of a workload, curve or power model.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    /// `field` names the offending parameter as it is spelled in the config.
+    #[error("invalid {field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl WorkloadError {
+    pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        WorkloadError::Invalid {
+            field,
+            message: message.into(),
+        }
+    }
+}

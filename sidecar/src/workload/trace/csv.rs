@@ -1,0 +1,434 @@
+//! smartmig's own job CSV: one row per job, the [`Job`] fields in seconds.
+//!
+//! ```text
+//! id,arrival_s,work_s,memory_gb,class,deadline_s,requested_slices,speedup_beta,speedup_saturation
+//! train-1,0,3600,24,training,5000,,1,0.9
+//! serve-7,30,120,4.5,inference,,2,,
+//! ```
+//!
+//! Required columns: `arrival_s`, `work_s`, `memory_gb`, `class`; optional
+//! (the column may be absent, or a cell empty): `id` (kept as the source id),
+//! `deadline_s` (empty: sampled, arrival + U(deadline_factor) x work),
+//! `requested_slices` (rounded up to a profile size, as Slurm does),
+//! `speedup_beta` and `speedup_saturation` (both empty: sampled from the
+//! class's distribution; one empty: that one is 1.0). Column order is free.
+
+use std::io::{Read, Write};
+
+use super::{
+    parse_f64, parse_i64, row_rng, sample_curve, sample_factor, Collector, Columns, Trace,
+    TraceError, TraceOptions,
+};
+use crate::workload::{round_up_to_profile, Job, JobClass, SpeedupCurve};
+
+/// The columns [`write_csv`] writes, in order.
+pub const CSV_COLUMNS: [&str; 9] = [
+    "id",
+    "arrival_s",
+    "work_s",
+    "memory_gb",
+    "class",
+    "deadline_s",
+    "requested_slices",
+    "speedup_beta",
+    "speedup_saturation",
+];
+
+/// A parsed CSV table: header and `(line, fields)` records, or a row error.
+pub(crate) struct Table {
+    pub(crate) columns: Columns,
+    pub(crate) rows: Vec<(usize, Result<Vec<String>, String>)>,
+}
+
+/// Reads a comma-separated table with a header line (RFC 4180 quoting,
+/// fields trimmed, blank lines ignored). Rows with the wrong number of fields
+/// come back as row errors so that lenient mode can skip them.
+pub(crate) fn read_table(r: impl Read) -> Result<Table, TraceError> {
+    let mut rdr = ::csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .trim(::csv::Trim::All)
+        .from_reader(r);
+    let header = rdr.byte_headers().map_err(csv_error)?.clone();
+    if header.is_empty() {
+        return Err(TraceError::Empty);
+    }
+    let names: Vec<String> = header
+        .iter()
+        .map(|f| String::from_utf8_lossy(f).into_owned())
+        .collect();
+    let columns = Columns::new(names.iter().map(String::as_str));
+    let mut rows = Vec::new();
+    let mut rec = ::csv::ByteRecord::new();
+    loop {
+        match rdr.read_byte_record(&mut rec) {
+            Ok(false) => break,
+            Ok(true) => {
+                let line = rec.position().map_or(0, |p| p.line() as usize);
+                // A lone empty field is a line of spaces: ignore it like a blank line.
+                if rec.len() == 1 && rec[0].is_empty() {
+                    continue;
+                }
+                let fields = if rec.len() != columns.len() {
+                    Err(format!(
+                        "expected {} fields (as in the header), found {}",
+                        columns.len(),
+                        rec.len()
+                    ))
+                } else {
+                    rec.iter()
+                        .enumerate()
+                        .map(|(i, f)| {
+                            std::str::from_utf8(f)
+                                .map(str::to_string)
+                                .map_err(|_| format!("column {}: not valid UTF-8", names[i]))
+                        })
+                        .collect()
+                };
+                rows.push((line, fields));
+            }
+            Err(e) => match e.kind() {
+                ::csv::ErrorKind::Io(_) => return Err(csv_error(e)),
+                _ => {
+                    let line = e.position().map_or(0, |p| p.line() as usize);
+                    rows.push((line, Err(e.to_string())));
+                }
+            },
+        }
+    }
+    Ok(Table { columns, rows })
+}
+
+fn csv_error(e: ::csv::Error) -> TraceError {
+    let line = e.position().map_or(1, |p| p.line() as usize);
+    match e.into_kind() {
+        ::csv::ErrorKind::Io(io) => TraceError::Io(io),
+        other => TraceError::Row {
+            line,
+            message: format!("{other:?}"),
+        },
+    }
+}
+
+/// Reads smartmig's job CSV (format in the module docs).
+pub fn read_csv(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> {
+    let table = read_table(r)?;
+    let cols = &table.columns;
+    let required = ["arrival_s", "work_s", "memory_gb", "class"];
+    let missing: Vec<String> = required
+        .iter()
+        .filter(|c| cols.get(c).is_none())
+        .map(|c| c.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(cols.missing_error("csv", &missing));
+    }
+    let ix = |n: &str| cols.get(n);
+    let c = CsvCols {
+        id: ix("id"),
+        arrival: ix("arrival_s").unwrap_or(0),
+        work: ix("work_s").unwrap_or(0),
+        memory: ix("memory_gb").unwrap_or(0),
+        class: ix("class").unwrap_or(0),
+        deadline: ix("deadline_s"),
+        requested: ix("requested_slices"),
+        beta: ix("speedup_beta"),
+        saturation: ix("speedup_saturation"),
+    };
+    let mut out = Collector::new(opts);
+    for (line, fields) in table.rows {
+        let parsed = fields.and_then(|f| parse_row(&f, &c, line, opts));
+        match parsed {
+            Ok(Row::Job(id, job)) => out.push(line, id, job),
+            Ok(Row::Dropped(reason)) => out.drop_row(reason),
+            Err(msg) => out.bad_row(line, msg)?,
+        }
+    }
+    Ok(out.finish())
+}
+
+struct CsvCols {
+    id: Option<usize>,
+    arrival: usize,
+    work: usize,
+    memory: usize,
+    class: usize,
+    deadline: Option<usize>,
+    requested: Option<usize>,
+    beta: Option<usize>,
+    saturation: Option<usize>,
+}
+
+enum Row {
+    Job(String, Job),
+    Dropped(&'static str),
+}
+
+fn optional(f: &[String], i: Option<usize>) -> Option<&str> {
+    i.map(|i| f[i].as_str()).filter(|s| !s.is_empty())
+}
+
+fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Result<Row, String> {
+    let spec = opts.model.spec();
+    let arrival = parse_f64("arrival_s", &f[c.arrival])?;
+    let work = parse_f64("work_s", &f[c.work])?;
+    if work <= 0.0 {
+        return Err(format!("column work_s: {} is not > 0", f[c.work]));
+    }
+    let memory_gb = parse_f64("memory_gb", &f[c.memory])?;
+    if memory_gb <= 0.0 {
+        return Err(format!("column memory_gb: {} is not > 0", f[c.memory]));
+    }
+    let class: JobClass = f[c.class].parse().map_err(|_| {
+        format!(
+            "column class: {:?} is not `training` or `inference`",
+            f[c.class]
+        )
+    })?;
+    let requested_slices = match optional(f, c.requested) {
+        None => None,
+        Some(v) => {
+            let k = parse_i64("requested_slices", v)?;
+            let k = u8::try_from(k)
+                .ok()
+                .filter(|&k| k >= 1)
+                .and_then(|k| round_up_to_profile(opts.model, k))
+                .ok_or_else(|| {
+                    format!(
+                        "column requested_slices: {k} is not in 1..={} for {}",
+                        spec.compute_slices, opts.model
+                    )
+                })?;
+            Some(k)
+        }
+    };
+    let mut rng = row_rng(opts.seed, line);
+    let beta = optional(f, c.beta)
+        .map(|v| parse_f64("speedup_beta", v))
+        .transpose()?;
+    let sat = optional(f, c.saturation)
+        .map(|v| parse_f64("speedup_saturation", v))
+        .transpose()?;
+    let speedup = match (beta, sat) {
+        (None, None) => sample_curve(&mut rng, class),
+        (b, s) => {
+            let in_unit = |col: &str, v: f64| {
+                if v > 0.0 && v <= 1.0 {
+                    Ok(v)
+                } else {
+                    Err(format!("column {col}: {v} is not in (0, 1]"))
+                }
+            };
+            SpeedupCurve {
+                beta: in_unit("speedup_beta", b.unwrap_or(1.0))?,
+                saturation: in_unit("speedup_saturation", s.unwrap_or(1.0))?,
+            }
+        }
+    };
+    let deadline = match optional(f, c.deadline) {
+        Some(v) => {
+            let d = parse_f64("deadline_s", v)?;
+            if d < arrival {
+                return Err(format!(
+                    "column deadline_s: {d} is before arrival_s {arrival}"
+                ));
+            }
+            d
+        }
+        None => arrival + sample_factor(&mut rng, opts) * work,
+    };
+    if memory_gb > f64::from(spec.memory_gb) {
+        return Ok(Row::Dropped("memory exceeds the GPU"));
+    }
+    let id = optional(f, c.id).map_or_else(|| format!("line{line}"), str::to_string);
+    Ok(Row::Job(
+        id,
+        Job {
+            id: 0,
+            arrival,
+            work,
+            speedup,
+            memory_gb,
+            deadline,
+            class,
+            requested_slices,
+        },
+    ))
+}
+
+/// Writes jobs in the format [`read_csv`] reads (all columns, `id` = job id).
+/// Numbers are printed in Rust's shortest round-trip form, so reading the
+/// file back gives the same values (up to the shift of the first arrival to 0).
+pub fn write_csv(jobs: &[Job], w: impl Write) -> Result<(), TraceError> {
+    let mut wr = ::csv::Writer::from_writer(w);
+    let io = |e: ::csv::Error| match e.into_kind() {
+        ::csv::ErrorKind::Io(io) => TraceError::Io(io),
+        other => TraceError::Io(std::io::Error::other(format!("{other:?}"))),
+    };
+    wr.write_record(CSV_COLUMNS).map_err(io)?;
+    for j in jobs {
+        wr.write_record([
+            j.id.to_string(),
+            j.arrival.to_string(),
+            j.work.to_string(),
+            j.memory_gb.to_string(),
+            j.class.to_string(),
+            j.deadline.to_string(),
+            j.requested_slices
+                .map_or_else(String::new, |k| k.to_string()),
+            j.speedup.beta.to_string(),
+            j.speedup.saturation.to_string(),
+        ])
+        .map_err(io)?;
+    }
+    wr.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::GpuModel;
+    use crate::workload::{generate_diurnal, DiurnalConfig};
+
+    fn opts() -> TraceOptions {
+        TraceOptions::new(GpuModel::A100_40gb)
+    }
+
+    const EXAMPLE: &str = "\
+id,arrival_s,work_s,memory_gb,class,deadline_s,requested_slices,speedup_beta,speedup_saturation
+train-1,100,3600,24,training,5100,,1,0.9
+serve-7,40,120,4.5,inference,,5,,
+serve-8,40,60,4.5,Inference,200,,0.5,
+";
+
+    #[test]
+    fn hand_checked_example() {
+        let t = read_csv(EXAMPLE.as_bytes(), &opts()).unwrap();
+        assert_eq!(t.source_ids, ["serve-7", "serve-8", "train-1"]);
+        assert_eq!(t.time_offset_s, 40.0);
+        let [a, b, c] = &t.jobs[..] else { panic!() };
+        assert_eq!((a.id, a.arrival, a.work), (0, 0.0, 120.0));
+        assert_eq!(a.requested_slices, Some(7), "5 rounds up to 7");
+        assert!(
+            a.deadline >= 120.0 && a.deadline <= 180.0,
+            "sampled: {}",
+            a.deadline
+        );
+        assert_eq!(b.deadline, 160.0);
+        assert_eq!(
+            b.speedup,
+            SpeedupCurve {
+                beta: 0.5,
+                saturation: 1.0
+            }
+        );
+        assert_eq!(
+            (c.arrival, c.deadline, c.class),
+            (60.0, 5060.0, JobClass::Training)
+        );
+        assert_eq!(
+            c.speedup,
+            SpeedupCurve {
+                beta: 1.0,
+                saturation: 0.9
+            }
+        );
+        assert!(t.skipped.is_empty() && t.dropped.is_empty());
+    }
+
+    #[test]
+    fn errors_name_line_and_column() {
+        let bad = "arrival_s,work_s,memory_gb,class\n1,10,4,inference\n2,abc,4,inference\n";
+        let e = read_csv(bad.as_bytes(), &opts()).unwrap_err().to_string();
+        assert_eq!(e, "line 3: column work_s: \"abc\" is not a number");
+        let bad = "arrival_s,work_s,memory_gb,class,requested_slices\n1,10,4,inference,9\n";
+        let e = read_csv(bad.as_bytes(), &opts()).unwrap_err().to_string();
+        assert!(e.starts_with("line 2: column requested_slices: 9"), "{e}");
+        let bad = "arrival_s,work_s,memory_gb,class\n1,10,4\n";
+        let e = read_csv(bad.as_bytes(), &opts()).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("found 3"), "{e}");
+        let bad = "arrival_s,work_s,memory_gb,class,deadline_s\n10,10,4,training,5\n";
+        assert!(read_csv(bad.as_bytes(), &opts())
+            .unwrap_err()
+            .to_string()
+            .contains("before arrival_s"));
+        let bad = "arrival_s,work_s,memory_gb,class,speedup_beta\n10,10,4,training,1.5\n";
+        assert!(read_csv(bad.as_bytes(), &opts())
+            .unwrap_err()
+            .to_string()
+            .contains("column speedup_beta: 1.5"));
+    }
+
+    #[test]
+    fn header_and_empty_errors() {
+        let e = read_csv("id,arrival_s,class\n".as_bytes(), &opts())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("work_s, memory_gb"), "{e}");
+        assert!(matches!(
+            read_csv("".as_bytes(), &opts()),
+            Err(TraceError::Empty)
+        ));
+        let t = read_csv("arrival_s,work_s,memory_gb,class\n".as_bytes(), &opts()).unwrap();
+        assert!(t.jobs.is_empty());
+    }
+
+    #[test]
+    fn lenient_skips_and_counts() {
+        let text = "arrival_s,work_s,memory_gb,class\n\
+                    1,10,4,inference\n\
+                    2,-1,4,inference\n\
+                    3,10,400,training\n\
+                    4,10,4,gpu\n\
+                    5,10,4,training\n";
+        let lenient = TraceOptions {
+            lenient: true,
+            ..opts()
+        };
+        let t = read_csv(text.as_bytes(), &lenient).unwrap();
+        assert_eq!(t.jobs.len(), 2);
+        assert_eq!(t.skipped.iter().map(|s| s.line).collect::<Vec<_>>(), [3, 5]);
+        assert_eq!(t.dropped["memory exceeds the GPU"], 1);
+        assert!(read_csv(text.as_bytes(), &opts()).is_err());
+    }
+
+    #[test]
+    fn round_trip_through_write_csv() {
+        let m = GpuModel::A100_40gb;
+        let jobs = generate_diurnal(&DiurnalConfig::default(), m, 4, 3);
+        let mut buf = Vec::new();
+        write_csv(&jobs, &mut buf).unwrap();
+        let t = read_csv(buf.as_slice(), &opts()).unwrap();
+        assert_eq!(t.jobs.len(), jobs.len());
+        let off = jobs[0].arrival;
+        assert_eq!(t.time_offset_s, off);
+        for (a, b) in jobs.iter().zip(&t.jobs) {
+            assert_eq!(
+                (a.id, a.work, a.memory_gb, a.class),
+                (b.id, b.work, b.memory_gb, b.class)
+            );
+            assert_eq!(
+                (a.speedup, a.requested_slices),
+                (b.speedup, b.requested_slices)
+            );
+            assert!((a.arrival - off - b.arrival).abs() < 1e-6);
+            assert!((a.deadline - off - b.deadline).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn sampled_values_depend_on_seed_and_line_only() {
+        let text =
+            "arrival_s,work_s,memory_gb,class\n1,10,4,inference\nx,1,1,training\n3,10,4,training\n";
+        let lenient = TraceOptions {
+            lenient: true,
+            ..opts()
+        };
+        let a = read_csv(text.as_bytes(), &lenient).unwrap();
+        let b = read_csv(text.as_bytes(), &lenient).unwrap();
+        assert_eq!(a, b);
+        let c = read_csv(text.as_bytes(), &TraceOptions { seed: 1, ..lenient }).unwrap();
+        assert_ne!(a.jobs, c.jobs);
+    }
+}

@@ -1,0 +1,366 @@
+//! Trace readers: turn recorded job histories into [`Job`]s.
+//!
+//! Three formats (details and examples in `docs/workload.md`):
+//! - [`TraceFormat::Csv`]: our own format, one row per job ([`read_csv`], [`write_csv`]).
+//! - [`TraceFormat::Alibaba`]: the Alibaba GPU cluster trace v2023
+//!   (`openb_pod_list_*.csv`, [`read_alibaba`]).
+//! - [`TraceFormat::Sacct`]: Slurm `sacct --parsable2` output ([`read_sacct`]).
+//!
+//! Common rules, so that every reader yields the same shape as the generator:
+//! - jobs are sorted by arrival (ties keep file order), the clock is shifted so
+//!   that the first arrival is 0 (deadlines move with it), and ids are `0..n`
+//!   in that order; the file's own identifier of `jobs[i]` is `source_ids[i]`;
+//! - a malformed row is an error `line N: column C: ...` (N is the physical
+//!   line in the file, the header being line 1); with
+//!   [`TraceOptions::lenient`] it is skipped and listed in [`Trace::skipped`];
+//! - a well-formed row that is out of scope (CPU-only, multi-GPU, never run,
+//!   still running) is not an error: it is counted in [`Trace::dropped`] by reason;
+//! - what a trace does not record (deadlines, speed-up curves) is sampled
+//!   with a `ChaCha8Rng` seeded from `(seed, line)`, so a job's sampled
+//!   values do not change when other rows are skipped or dropped.
+//!
+//! The readers never print; the caller reports the counts.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::str::FromStr;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::speedup::lerp;
+use super::{CurveDist, Job, JobClass, SpeedupCurve};
+use crate::mig::GpuModel;
+
+pub mod alibaba;
+pub mod csv;
+pub mod sacct;
+
+pub use self::alibaba::read_alibaba;
+pub use self::csv::{read_csv, write_csv};
+pub use self::sacct::read_sacct;
+
+/// How to interpret a trace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TraceOptions {
+    /// The GPU model the jobs will run on: sizes are rounded to its profiles
+    /// and memory fractions are taken of its memory.
+    pub model: GpuModel,
+    /// Skip malformed rows (listed in [`Trace::skipped`]) instead of failing.
+    pub lenient: bool,
+    /// Seed for the sampled deadlines and speed-up curves.
+    pub seed: u64,
+    /// Sampled deadline = arrival + U(deadline_factor) x work (run time on the whole GPU).
+    pub deadline_factor: (f64, f64),
+}
+
+impl TraceOptions {
+    /// Strict, seed 0, deadline factor U(1, 1.5) (the generator's default).
+    pub fn new(model: GpuModel) -> Self {
+        TraceOptions {
+            model,
+            lenient: false,
+            seed: 0,
+            deadline_factor: (1.0, 1.5),
+        }
+    }
+}
+
+/// A malformed row that was skipped in lenient mode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedRow {
+    /// Physical line number (the header is line 1).
+    pub line: usize,
+    /// Same text as the strict-mode error, without the line prefix.
+    pub reason: String,
+}
+
+/// The jobs of a trace and what was left out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    /// Sorted by arrival, first arrival 0, ids `0..n`.
+    pub jobs: Vec<Job>,
+    /// Malformed rows skipped in lenient mode (empty in strict mode).
+    pub skipped: Vec<SkippedRow>,
+    /// Well-formed rows out of scope, counted by reason.
+    pub dropped: BTreeMap<String, usize>,
+    /// The trace's own identifier of each job (pod name, Slurm JobID, CSV id).
+    pub source_ids: Vec<String>,
+    /// Seconds subtracted from every time so that the first arrival is 0.
+    pub time_offset_s: f64,
+}
+
+impl Trace {
+    /// Total dropped rows.
+    pub fn dropped_total(&self) -> usize {
+        self.dropped.values().sum()
+    }
+}
+
+/// Why a trace could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// A malformed row (strict mode).
+    #[error("line {line}: {message}")]
+    Row { line: usize, message: String },
+    /// The header lacks required columns (the message names all of them).
+    #[error("{0}")]
+    Header(String),
+    #[error("reading the trace: {0}")]
+    Io(#[from] std::io::Error),
+    /// No header line at all.
+    #[error("the trace is empty (no header line)")]
+    Empty,
+}
+
+/// The trace formats `smartmig` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TraceFormat {
+    Csv,
+    Alibaba,
+    Sacct,
+}
+
+impl TraceFormat {
+    pub const ALL: [TraceFormat; 3] = [TraceFormat::Csv, TraceFormat::Alibaba, TraceFormat::Sacct];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TraceFormat::Csv => "csv",
+            TraceFormat::Alibaba => "alibaba",
+            TraceFormat::Sacct => "sacct",
+        }
+    }
+}
+
+impl std::fmt::Display for TraceFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error of [`TraceFormat::from_str`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown trace format `{0}` (known: csv, alibaba, sacct)")]
+pub struct UnknownTraceFormat(pub String);
+
+impl FromStr for TraceFormat {
+    type Err = UnknownTraceFormat;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TraceFormat::ALL
+            .into_iter()
+            .find(|f| f.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| UnknownTraceFormat(s.to_string()))
+    }
+}
+
+/// Reads a trace of the given format.
+pub fn read_trace(
+    format: TraceFormat,
+    r: impl Read,
+    opts: &TraceOptions,
+) -> Result<Trace, TraceError> {
+    match format {
+        TraceFormat::Csv => read_csv(r, opts),
+        TraceFormat::Alibaba => read_alibaba(r, opts),
+        TraceFormat::Sacct => read_sacct(r, opts),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Shared machinery of the readers.
+
+/// Default curve distribution of a class, for traces that record none.
+pub(crate) fn class_curves(class: JobClass) -> CurveDist {
+    match class {
+        JobClass::Training => CurveDist::TRAINING,
+        JobClass::Inference => CurveDist::INFERENCE,
+    }
+}
+
+/// The RNG of one row: independent of every other row.
+pub(crate) fn row_rng(seed: u64, line: usize) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(line as u64);
+    rng
+}
+
+/// Draws a deadline factor from `opts`.
+pub(crate) fn sample_factor(rng: &mut ChaCha8Rng, opts: &TraceOptions) -> f64 {
+    use rand::Rng;
+    lerp(opts.deadline_factor, rng.random())
+}
+
+/// Draws a curve of the class.
+pub(crate) fn sample_curve(rng: &mut ChaCha8Rng, class: JobClass) -> SpeedupCurve {
+    class_curves(class).sample(rng)
+}
+
+/// Collects rows, errors and drops, and assembles the [`Trace`].
+pub(crate) struct Collector<'a> {
+    opts: &'a TraceOptions,
+    rows: Vec<(usize, String, Job)>,
+    skipped: Vec<SkippedRow>,
+    dropped: BTreeMap<String, usize>,
+}
+
+impl<'a> Collector<'a> {
+    pub(crate) fn new(opts: &'a TraceOptions) -> Self {
+        Collector {
+            opts,
+            rows: Vec::new(),
+            skipped: Vec::new(),
+            dropped: BTreeMap::new(),
+        }
+    }
+
+    /// A malformed row: an error in strict mode, a skip in lenient mode.
+    pub(crate) fn bad_row(&mut self, line: usize, message: String) -> Result<(), TraceError> {
+        if self.opts.lenient {
+            self.skipped.push(SkippedRow {
+                line,
+                reason: message,
+            });
+            Ok(())
+        } else {
+            Err(TraceError::Row { line, message })
+        }
+    }
+
+    pub(crate) fn drop_row(&mut self, reason: &str) {
+        *self.dropped.entry(reason.to_string()).or_default() += 1;
+    }
+
+    pub(crate) fn push(&mut self, line: usize, source_id: String, job: Job) {
+        self.rows.push((line, source_id, job));
+    }
+
+    /// Sorts, shifts the clock to the first arrival and numbers the jobs.
+    pub(crate) fn finish(mut self) -> Trace {
+        self.rows
+            .sort_by(|a, b| a.2.arrival.total_cmp(&b.2.arrival).then(a.0.cmp(&b.0)));
+        let offset = self.rows.first().map_or(0.0, |r| r.2.arrival);
+        let mut jobs = Vec::with_capacity(self.rows.len());
+        let mut source_ids = Vec::with_capacity(self.rows.len());
+        for (i, (_, sid, mut job)) in self.rows.into_iter().enumerate() {
+            job.id = i as u64;
+            job.arrival -= offset;
+            job.deadline -= offset;
+            jobs.push(job);
+            source_ids.push(sid);
+        }
+        Trace {
+            jobs,
+            skipped: self.skipped,
+            dropped: self.dropped,
+            source_ids,
+            time_offset_s: offset,
+        }
+    }
+}
+
+/// Column lookup by (case-insensitive, trimmed) header name.
+pub(crate) struct Columns {
+    names: Vec<String>,
+}
+
+impl Columns {
+    pub(crate) fn new<'s>(names: impl IntoIterator<Item = &'s str>) -> Self {
+        Columns {
+            names: names.into_iter().map(|n| n.trim().to_string()).collect(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n.eq_ignore_ascii_case(name))
+    }
+
+    /// Error naming every missing requirement. Each requirement is a list of
+    /// alternatives, any of which satisfies it (e.g. `Elapsed` or `Start`+`End`
+    /// is expressed by the caller).
+    pub(crate) fn missing_error(&self, format: &str, missing: &[String]) -> TraceError {
+        TraceError::Header(format!(
+            "{format} trace: missing required column(s): {} (header has: {})",
+            missing.join(", "),
+            if self.names.is_empty() {
+                "nothing".to_string()
+            } else {
+                self.names.join(", ")
+            }
+        ))
+    }
+}
+
+/// `column C: "v" is not a number` style parse helpers.
+pub(crate) fn parse_f64(col: &str, v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() => Ok(x),
+        _ => Err(format!("column {col}: {v:?} is not a number")),
+    }
+}
+
+pub(crate) fn parse_i64(col: &str, v: &str) -> Result<i64, String> {
+    v.trim()
+        .parse::<i64>()
+        .map_err(|_| format!("column {col}: {v:?} is not an integer"))
+}
+
+/// Reads the whole input as text lines; `\r\n` endings are accepted.
+pub(crate) fn read_all(mut r: impl Read) -> Result<String, TraceError> {
+    let mut bytes = Vec::new();
+    r.read_to_end(&mut bytes)?;
+    String::from_utf8(bytes).map_err(|e| {
+        let line = e.as_bytes()[..e.utf8_error().valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1;
+        TraceError::Row {
+            line,
+            message: "the text is not valid UTF-8".to_string(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_names() {
+        for f in TraceFormat::ALL {
+            assert_eq!(f.as_str().parse::<TraceFormat>().unwrap(), f);
+        }
+        assert_eq!("SACCT".parse::<TraceFormat>().unwrap(), TraceFormat::Sacct);
+        let e = "parquet".parse::<TraceFormat>().unwrap_err().to_string();
+        assert!(e.contains("parquet") && e.contains("alibaba"), "{e}");
+    }
+
+    #[test]
+    fn read_trace_dispatches() {
+        let opts = TraceOptions::new(GpuModel::A100_40gb);
+        let csv = "arrival_s,work_s,memory_gb,class\n5,10,4,inference\n";
+        let t = read_trace(TraceFormat::Csv, csv.as_bytes(), &opts).unwrap();
+        assert_eq!(t.jobs.len(), 1);
+        assert!(matches!(
+            read_trace(TraceFormat::Sacct, "".as_bytes(), &opts),
+            Err(TraceError::Empty)
+        ));
+    }
+
+    #[test]
+    fn row_rngs_are_independent_and_reproducible() {
+        use rand::Rng;
+        let a: u64 = row_rng(1, 5).random();
+        let b: u64 = row_rng(1, 5).random();
+        let c: u64 = row_rng(1, 6).random();
+        let d: u64 = row_rng(2, 5).random();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+    }
+}

@@ -1,0 +1,157 @@
+//! Allocation through a real smartmigd over its Unix socket (sim backend,
+//! 2 x A100-40GB).
+
+mod daemon_common;
+
+use std::time::{Duration, Instant};
+
+use daemon_common::{req, TestDaemon};
+use smartmig::daemon::protocol::AllocAction;
+use smartmig::daemon::{ClientError, ErrorKind};
+
+#[test]
+fn profile_follows_slices_and_memory() {
+    let d = TestDaemon::start("profile", "");
+    let c = d.client();
+    let a = c.allocate(req(1, 1, 3, Some(15.0))).unwrap();
+    assert_eq!(a.profile, "3g.20gb");
+    assert_eq!(a.gpu, 1);
+    assert!(a.uuid.starts_with("MIG-"), "{}", a.uuid);
+    assert_eq!(a.action, AllocAction::Created);
+    let b = c.allocate(req(2, 0, 5, None)).unwrap();
+    assert_eq!(b.profile, "7g.40gb");
+    // Impossible requests are invalid, not no_fit.
+    for bad in [req(3, 0, 8, None), req(3, 5, 1, None), req(3, 1, 1, Some(50.0))] {
+        match c.allocate(bad) {
+            Err(ClientError::Daemon(e)) => assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn eighth_one_g_waits_then_fails_with_reason() {
+    let d = TestDaemon::start("eighth", "");
+    let c = d.client();
+    let mut uuids = Vec::new();
+    for job in 1..=7 {
+        let a = c.allocate(req(job, 0, 1, None)).unwrap();
+        assert_eq!(a.profile, "1g.5gb");
+        uuids.push(a.uuid);
+    }
+    uuids.sort();
+    uuids.dedup();
+    assert_eq!(uuids.len(), 7, "an instance was handed out twice");
+    let t0 = Instant::now();
+    let err = c.allocate(req(8, 0, 1, None)).unwrap_err();
+    let waited = t0.elapsed();
+    let ClientError::Daemon(e) = err else { panic!("{err}") };
+    assert_eq!(e.kind, ErrorKind::NoFit);
+    assert!(
+        e.message.starts_with("no 1g.5gb slice can be made on GPU 0: busy instances 1g.5gb@0 (job"),
+        "{}",
+        e.message
+    );
+    assert!(e.message.ends_with("waited 1 s"), "{}", e.message);
+    assert!(waited >= Duration::from_millis(950), "{waited:?}");
+    // GPU 1 is unaffected.
+    assert!(c.allocate(req(9, 1, 1, None)).is_ok());
+    // A release during the wait lets the waiter through.
+    let c2 = d.client();
+    let waiter = std::thread::spawn(move || c2.allocate(req(10, 0, 1, None)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.release(3).unwrap().released, 1);
+    let a = waiter.join().unwrap().unwrap();
+    assert_eq!(a.action, AllocAction::Reused);
+    assert!(a.waited_ms >= 200, "{}", a.waited_ms);
+}
+
+#[test]
+fn idempotent_release_and_reuse() {
+    let d = TestDaemon::start("idem", "");
+    let c = d.client();
+    let a = c.allocate(req(42, 0, 2, None)).unwrap();
+    let again = c.allocate(req(42, 0, 2, None)).unwrap();
+    assert_eq!(a.uuid, again.uuid);
+    assert_eq!(again.action, AllocAction::Existing);
+    assert_eq!(c.release(42).unwrap().released, 1);
+    assert_eq!(c.release(42).unwrap().released, 0);
+    assert_eq!(c.release(999).unwrap().released, 0);
+    // The freed instance is reused by the next 2g job.
+    let b = c.allocate(req(43, 0, 2, None)).unwrap();
+    assert_eq!(b.uuid, a.uuid);
+    assert_eq!(b.action, AllocAction::Reused);
+    assert!(b.reused);
+    let s = c.status().unwrap();
+    let inst = &s.gpus[0].instances[0];
+    assert_eq!(inst.job_id, Some(43));
+    assert_eq!(inst.uuid, a.uuid);
+}
+
+#[test]
+fn idle_ones_are_reshaped_into_a_seven() {
+    let d = TestDaemon::start("reshape", "");
+    let c = d.client();
+    for job in 1..=7 {
+        c.allocate(req(job, 1, 1, None)).unwrap();
+    }
+    assert_eq!(c.status().unwrap().gpus[1].picture, "1|1|1|1|1|1|1|.");
+    for job in 1..=7 {
+        c.release(job).unwrap();
+    }
+    let a = c.allocate(req(100, 1, 7, None)).unwrap();
+    assert_eq!(a.profile, "7g.40gb");
+    assert_eq!(a.action, AllocAction::Reshaped);
+    let s = c.status().unwrap();
+    assert_eq!(s.gpus[1].picture, "77777777");
+    assert_eq!(s.gpus[1].instances.len(), 1);
+    // A busy instance is never destroyed: with job 100 on the 7g, a 1g must fail.
+    let err = c.allocate(req(101, 1, 1, None)).unwrap_err();
+    assert!(matches!(err, ClientError::Daemon(ref e) if e.kind == ErrorKind::NoFit), "{err}");
+    assert_eq!(c.status().unwrap().gpus[1].instances[0].job_id, Some(100));
+}
+
+#[test]
+fn concurrent_allocations_never_share_an_instance() {
+    let d = TestDaemon::start("concurrent", "");
+    let handles: Vec<_> = (0..14u64)
+        .map(|job| {
+            let c = d.client();
+            std::thread::spawn(move || c.allocate(req(job + 1, (job % 2) as u32, 1, None)))
+        })
+        .collect();
+    let mut uuids: Vec<String> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap().uuid)
+        .collect();
+    uuids.sort();
+    uuids.dedup();
+    assert_eq!(uuids.len(), 14);
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = TestDaemon::start("metrics", &format!("metrics_listen = \"127.0.0.1:{port}\""));
+    let c = d.client();
+    c.allocate(req(1, 0, 3, None)).unwrap();
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    for needle in [
+        "smartmig_allocations_total{result=\"created\"} 1",
+        "smartmig_instances{gpu=\"0\",profile=\"3g.20gb\",state=\"busy\"} 1",
+        "smartmig_allocation_latency_seconds_count 1",
+        "smartmig_reconfigurations_total{gpu=\"0\",op=\"create\"} 1",
+        "smartmig_energy_joules{gpu=\"1\"}",
+    ] {
+        assert!(body.contains(needle), "{needle} missing:\n{body}");
+    }
+}

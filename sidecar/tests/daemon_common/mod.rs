@@ -1,0 +1,142 @@
+//! Shared harness of the daemon integration tests: a real `smartmigd` on a
+//! temporary socket with the sim backend (2 x A100-40GB by default).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use smartmig::daemon::protocol::AllocateRequest;
+use smartmig::daemon::Client;
+
+pub struct TestDaemon {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub child: Option<Child>,
+}
+
+pub fn base_config(dir: &std::path::Path, extra: &str) -> String {
+    format!(
+        "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nepoch_s = 3600\nlog_level = \"info\"\n{extra}\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n",
+        dir.join("run/smartmig.sock").display(),
+        dir.join("state").display(),
+    )
+}
+
+impl TestDaemon {
+    /// Writes a config (`extra` goes before the tables) and starts the daemon.
+    pub fn start(name: &str, extra: &str) -> TestDaemon {
+        let dir = std::env::temp_dir().join(format!("smartmig-it-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("smartmig.toml");
+        std::fs::write(&config, base_config(&dir, extra)).unwrap();
+        let mut d = TestDaemon {
+            socket: dir.join("run/smartmig.sock"),
+            dir,
+            config,
+            child: None,
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("daemon.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let t0 = Instant::now();
+        while self.client().health().is_err() {
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("smartmigd exited with {st}: {}", self.log());
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no health reply: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.socket).with_io_timeout(Duration::from_secs(20))
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    pub fn kill9(&mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let mut c = self.child.take().unwrap();
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            assert!(t0.elapsed() < limit, "smartmigd did not exit: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends raw bytes on a fresh connection and returns the reply line (parsed).
+    pub fn raw(&self, bytes: &[u8]) -> serde_json::Value {
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(bytes);
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("daemon log:\n{}", self.log());
+        }
+    }
+}
+
+pub fn req(job_id: u64, gpu: u32, slices: u8, memory_gb: Option<f64>) -> AllocateRequest {
+    AllocateRequest {
+        job_id,
+        step: Some(0),
+        uid: 1000,
+        gpu,
+        slices,
+        memory_gb,
+        deadline: None,
+        time_limit_s: Some(3600),
+    }
+}

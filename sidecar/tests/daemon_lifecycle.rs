@@ -1,0 +1,115 @@
+//! Restart recovery, signals and configuration errors of a real smartmigd.
+
+mod daemon_common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use daemon_common::{base_config, req, TestDaemon};
+use nix::sys::signal::Signal;
+use smartmig::daemon::protocol::AllocAction;
+
+#[test]
+fn sigkill_and_restart_keep_assignments_and_uuids() {
+    let mut d = TestDaemon::start("restart", "");
+    let c = d.client();
+    let a = c.allocate(req(77, 1, 3, Some(15.0))).unwrap();
+    let idle = c.allocate(req(78, 1, 2, None)).unwrap();
+    c.release(78).unwrap();
+    d.kill9();
+    d.spawn();
+    let c = d.client();
+    let s = c.status().unwrap();
+    let g1 = &s.gpus[1];
+    let held = g1.instances.iter().find(|i| i.job_id == Some(77)).unwrap();
+    assert_eq!(held.uuid, a.uuid);
+    assert_eq!(held.profile, "3g.20gb");
+    let free = g1.instances.iter().find(|i| i.uuid == idle.uuid).unwrap();
+    assert_eq!(free.job_id, None);
+    let again = c.allocate(req(77, 1, 3, Some(15.0))).unwrap();
+    assert_eq!(again.uuid, a.uuid);
+    assert_eq!(again.action, AllocAction::Existing);
+}
+
+#[test]
+fn sigterm_removes_the_socket_and_exits_cleanly() {
+    let mut d = TestDaemon::start("term", "");
+    d.client().allocate(req(1, 0, 1, None)).unwrap();
+    d.signal(Signal::SIGTERM);
+    let st = d.wait(Duration::from_secs(15));
+    assert!(st.success(), "{st}: {}", d.log());
+    assert!(!d.socket.exists());
+    let journal = std::fs::read_to_string(d.dir.join("state/journal/gpu0.json")).unwrap();
+    assert!(journal.contains("\"job_id\": 1"), "{journal}");
+}
+
+#[test]
+fn sighup_reloads_and_keeps_the_old_config_when_invalid() {
+    let d = TestDaemon::start("hup", "");
+    assert_eq!(d.client().status().unwrap().policy, "none");
+    std::fs::write(&d.config, base_config(&d.dir, "policy = \"static:4444|3333\"")).unwrap();
+    d.signal(Signal::SIGHUP);
+    let mut ok = false;
+    for _ in 0..100 {
+        if d.client().status().unwrap().policy == "static:4444|3333" {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert!(ok, "policy not reloaded: {}", d.log());
+    std::fs::write(&d.config, "this is = = not toml").unwrap();
+    d.signal(Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(d.client().status().unwrap().policy, "static:4444|3333");
+    assert!(d.log().contains("keeping the old one"), "{}", d.log());
+}
+
+#[test]
+fn check_config_names_the_key() {
+    let dir = std::env::temp_dir().join(format!("smartmig-it-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, base_config(&dir, "")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+        .args(["--check-config", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    let cases = [
+        ("[[gpus]]\nmodel = \"a100\"\n", "gpus[1].model: unknown GPU model \"a100\""),
+        ("", ""),
+    ];
+    for (extra_table, want) in cases.iter().take(1) {
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, format!("{}{extra_table}", base_config(&dir, ""))).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+            .args(["--check-config", "--config"])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{err}");
+    }
+    for (extra, want) in [
+        ("policy = \"magic\"", "policy: unknown policy `magic`"),
+        ("max_message_bytes = 1", "max_message_bytes: 1 is outside"),
+        ("sokcet = \"/x\"", "unknown field `sokcet`"),
+        ("allocate_wait_s = \"soon\"", "allocate_wait_s"),
+    ] {
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, base_config(&dir, extra)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+            .args(["--check-config", "--config"])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{extra}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{extra}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

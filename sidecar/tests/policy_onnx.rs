@@ -1,0 +1,182 @@
+//! The learned policy through ONNX Runtime: the exported graph computes what
+//! candle computes (to 1e-5), metadata checks refuse mismatched policies, and
+//! the shipped policy loads and only proposes acceptable layouts.
+//!
+//! These tests need the ONNX Runtime library: `scripts/fetch-onnxruntime`
+//! (run by `scripts/test`) or `ORT_DYLIB_PATH`. Without it they FAIL with
+//! "ONNX Runtime not found: run scripts/fetch-onnxruntime or set
+//! ORT_DYLIB_PATH".
+
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use smartmig::learn::model::ActorCritic;
+use smartmig::mig::{Geometry, GpuModel};
+use smartmig::policy::features::{Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
+use smartmig::policy::onnx::{load_policy, PolicyLoadError, PolicyMetadata, METADATA_KEY};
+use smartmig::policy::{ClusterView, GpuStatus, RepartitionPolicy, MODEL_COUNT};
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("smartmig-policy-onnx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(name)
+}
+
+/// Writes `net` with metadata `meta` to `path`.
+fn write_policy(path: &Path, net: &ActorCritic, meta: &PolicyMetadata) {
+    let json = serde_json::to_string(meta).expect("metadata json");
+    let bytes = net
+        .export_onnx(&[(METADATA_KEY, json.as_str())])
+        .expect("export");
+    std::fs::write(path, bytes).expect("write policy");
+}
+
+fn a100_net(seed: u64) -> (FeatureSpec, ActorCritic) {
+    let spec = FeatureSpec::new(GpuModel::A100_40gb);
+    let net = ActorCritic::new(spec.obs_dim, spec.actions, 64, seed).expect("net");
+    (spec, net)
+}
+
+#[test]
+fn candle_and_onnx_runtime_agree_to_1e5() {
+    let (spec, net) = a100_net(42);
+    let path = tmp("agree.onnx");
+    write_policy(&path, &net, &PolicyMetadata::new(&spec, 64));
+    let mut policy = load_policy(&path, GpuModel::A100_40gb).unwrap_or_else(|e| panic!("{e}"));
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for rows in [1usize, 7, 64, 300] {
+        // Observations in a wider range than the encoder produces, so
+        // the hidden units are exercised; random masks with "keep" on.
+        let obs: Vec<f32> = (0..rows * spec.obs_dim)
+            .map(|_| rng.random_range(-2.0f32..2.0))
+            .collect();
+        let mask: Vec<f32> = (0..rows * spec.actions)
+            .map(|i| {
+                if i % spec.actions == spec.keep_action() || rng.random_bool(0.5) {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let (cl, cp) = net.act(&obs, &mask, rows).expect("candle forward");
+        let (ol, op) = policy.infer(&obs, &mask, rows).expect("ort run");
+        assert_eq!(cp.len(), op.len());
+        let mut worst = 0.0f32;
+        for i in 0..cp.len() {
+            worst = worst.max((cp[i] - op[i]).abs());
+            if mask[i] > 0.5 {
+                worst = worst.max((cl[i] - ol[i]).abs());
+            } else {
+                assert_eq!(op[i], 0.0, "masked action has probability 0");
+                assert!(ol[i] < -1e8, "masked logit is penalised");
+            }
+        }
+        assert!(worst <= 1e-5, "rows {rows}: max |candle - ort| = {worst}");
+    }
+}
+
+#[test]
+fn metadata_mismatches_are_refused_with_clear_messages() {
+    let (spec, net) = a100_net(1);
+    let good = PolicyMetadata::new(&spec, 64);
+
+    let path = tmp("model.onnx");
+    write_policy(&path, &net, &good);
+    let err = load_policy(&path, GpuModel::H100_80gb).expect_err("wrong model");
+    assert!(matches!(err, PolicyLoadError::ModelMismatch { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("a100-40gb") && msg.contains("h100-80gb"), "{msg}");
+
+    let mut old = good.clone();
+    old.feature_spec_version = FEATURE_SPEC_VERSION + 1;
+    let path = tmp("spec.onnx");
+    write_policy(&path, &net, &old);
+    let err = load_policy(&path, GpuModel::A100_40gb).expect_err("wrong spec");
+    assert!(matches!(err, PolicyLoadError::FeatureSpecMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("feature spec version"), "{err}");
+
+    let mut catalog = good.clone();
+    catalog.catalog.swap(1, 2);
+    let path = tmp("catalog.onnx");
+    write_policy(&path, &net, &catalog);
+    let err = load_policy(&path, GpuModel::A100_40gb).expect_err("wrong catalog");
+    assert!(matches!(err, PolicyLoadError::SpaceMismatch { .. }), "{err}");
+
+    let path = tmp("garbage.onnx");
+    std::fs::write(&path, b"not an onnx file").expect("write");
+    let err = load_policy(&path, GpuModel::A100_40gb).expect_err("garbage");
+    assert!(
+        matches!(err, PolicyLoadError::Parse { .. } | PolicyLoadError::MissingMetadata { .. }),
+        "{err}"
+    );
+
+    let err = load_policy(&tmp("missing.onnx"), GpuModel::A100_40gb).expect_err("missing");
+    assert!(matches!(err, PolicyLoadError::Io { .. }), "{err}");
+}
+
+/// A small busy cluster: some GPUs partitioned and running, one
+/// reconfiguring, a queue of jobs.
+fn scenario() -> (Vec<GpuStatus>, [[u32; 8]; MODEL_COUNT]) {
+    let g = Geometry::of(GpuModel::A100_40gb);
+    let mut gpus = Vec::new();
+    for i in 0..12 {
+        let layout = g.catalog()[i % g.catalog().len()];
+        let mut st = GpuStatus::new(GpuModel::A100_40gb, layout);
+        if i % 3 == 1 {
+            let id = layout.iter().next().expect("non-empty layout");
+            st.busy = st.busy.with(id);
+            st.busy_until[id.0 as usize] = 500.0 + i as f64;
+        }
+        if i == 5 {
+            st.in_reconfiguration = true;
+            st.reconfig_until = 104.0;
+        }
+        gpus.push(st);
+    }
+    let mut by_profile = [[0u32; 8]; MODEL_COUNT];
+    by_profile[GpuModel::A100_40gb as usize][0] = 5;
+    by_profile[GpuModel::A100_40gb as usize][3] = 2;
+    (gpus, by_profile)
+}
+
+#[test]
+fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/a100-40gb.onnx");
+    let mut policy = load_policy(&path, GpuModel::A100_40gb).unwrap_or_else(|e| panic!("{e}"));
+    let meta = policy.metadata().clone();
+    assert_eq!(meta.gpu_model, GpuModel::A100_40gb);
+    assert_eq!(meta.feature_spec_version, FEATURE_SPEC_VERSION);
+    let (gpus, by_profile) = scenario();
+    let view = ClusterView {
+        now: 100.0,
+        hour_of_day: 14.5,
+        gpus: &gpus,
+        pending: &[],
+        pending_by_profile: &by_profile,
+    };
+    let decisions = policy.decide(&view);
+    for d in &decisions {
+        assert!(gpus[d.gpu].accepts(d.target), "{d:?} would be rejected");
+        assert_ne!(gpus[d.gpu].layout, d.target, "no-op decision {d:?}");
+    }
+    // The encoder is what the policy saw: same sizes as the metadata.
+    let mut enc = Encoder::new(GpuModel::A100_40gb);
+    enc.encode(&view);
+    assert_eq!(enc.obs.len(), gpus.len() * meta.obs_dim);
+    assert_eq!(policy.failures, 0);
+}
+
+#[test]
+fn shipped_metadata_json_matches_the_embedded_copy() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (embedded, _) = smartmig::policy::onnx::read_metadata(
+        &root.join("policies/a100-40gb.onnx"),
+        Some(GpuModel::A100_40gb),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(root.join("policies/a100-40gb.json")).expect("json");
+    let file: PolicyMetadata = serde_json::from_str(&text).expect("parse json");
+    assert_eq!(file, embedded);
+}

@@ -1,0 +1,151 @@
+//! The plugin's `plugstack.conf` arguments (`socket=PATH timeout=SECONDS
+//! on_failure=fail|whole-gpu`).
+//!
+//! Slurm passes the words after the plugin path to every callback as
+//! `(ac, av)`, in every context, so each callback parses them again (the
+//! `job_script` context never calls `slurm_spank_init`). Parsing is strict: a
+//! misspelt key must not silently turn a node into one that hands out whole
+//! GPUs, so an unknown key or a bad value is an error that the remote
+//! context turns into a failed job (never a drained node, see `lib.rs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use smartmig::daemon::protocol::DEFAULT_SOCKET;
+
+/// Default read/write timeout of one request to the sidecar. Must exceed the
+/// daemon's `allocate_wait_s` (30 s by default) so that a "wait for a
+/// release" answer arrives before the plugin gives up.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the plugin does when the sidecar cannot give the job an instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnFailure {
+    /// End the job FAILED with the reason in its output (the default: a job
+    /// never silently shares a GPU it was not given).
+    Fail,
+    /// Run the job anyway with `CUDA_VISIBLE_DEVICES` as Slurm set it (the
+    /// GPU index) and print a warning: availability over isolation.
+    WholeGpu,
+}
+
+/// Parsed plugstack arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginArgs {
+    /// The sidecar's Unix socket.
+    pub socket: PathBuf,
+    /// Read/write timeout of one request.
+    pub timeout: Duration,
+    pub on_failure: OnFailure,
+}
+
+impl Default for PluginArgs {
+    fn default() -> Self {
+        PluginArgs {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            timeout: DEFAULT_TIMEOUT,
+            on_failure: OnFailure::Fail,
+        }
+    }
+}
+
+impl PluginArgs {
+    /// Parses the plugstack words, e.g. `["socket=/run/s.sock", "timeout=45"]`.
+    ///
+    /// The error names the offending word and lists the valid keys, because
+    /// it ends up in slurmd.log and in the failed job's output.
+    pub fn parse<S: AsRef<str>>(words: &[S]) -> Result<PluginArgs, String> {
+        let mut args = PluginArgs::default();
+        for word in words {
+            let word = word.as_ref();
+            let Some((key, value)) = word.split_once('=') else {
+                return Err(format!(
+                    "plugstack.conf argument `{word}` is not KEY=VALUE \
+                     (known keys: socket, timeout, on_failure)"
+                ));
+            };
+            match key {
+                "socket" => {
+                    if value.is_empty() || !value.starts_with('/') {
+                        return Err(format!(
+                            "plugstack.conf argument `{word}`: socket must be an absolute path"
+                        ));
+                    }
+                    args.socket = PathBuf::from(value);
+                }
+                "timeout" => {
+                    let secs: f64 = value.parse().map_err(|_| {
+                        format!(
+                            "plugstack.conf argument `{word}`: timeout must be a number of seconds"
+                        )
+                    })?;
+                    if !secs.is_finite() || secs <= 0.0 || secs > 3600.0 {
+                        return Err(format!(
+                            "plugstack.conf argument `{word}`: timeout must be in (0, 3600] seconds"
+                        ));
+                    }
+                    args.timeout = Duration::from_secs_f64(secs);
+                }
+                "on_failure" => {
+                    args.on_failure = match value {
+                        "fail" => OnFailure::Fail,
+                        "whole-gpu" | "whole_gpu" => OnFailure::WholeGpu,
+                        _ => {
+                            return Err(format!(
+                                "plugstack.conf argument `{word}`: on_failure must be \
+                                 `fail` or `whole-gpu`"
+                            ))
+                        }
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown plugstack.conf argument `{word}` \
+                         (known keys: socket, timeout, on_failure)"
+                    ))
+                }
+            }
+        }
+        Ok(args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_without_arguments() {
+        let empty: [&str; 0] = [];
+        assert_eq!(PluginArgs::parse(&empty).unwrap(), PluginArgs::default());
+        assert_eq!(PluginArgs::default().on_failure, OnFailure::Fail);
+    }
+
+    #[test]
+    fn parses_every_key() {
+        let a = PluginArgs::parse(&["socket=/tmp/x.sock", "timeout=2.5", "on_failure=whole-gpu"])
+            .unwrap();
+        assert_eq!(a.socket, PathBuf::from("/tmp/x.sock"));
+        assert_eq!(a.timeout, Duration::from_millis(2500));
+        assert_eq!(a.on_failure, OnFailure::WholeGpu);
+    }
+
+    #[test]
+    fn refuses_bad_words_with_a_clear_message() {
+        for (words, needle) in [
+            (
+                vec!["sokcet=/x"],
+                "unknown plugstack.conf argument `sokcet=/x`",
+            ),
+            (vec!["socket"], "not KEY=VALUE"),
+            (vec!["socket=relative.sock"], "absolute path"),
+            (vec!["timeout=soon"], "number of seconds"),
+            (vec!["timeout=0"], "(0, 3600]"),
+            (vec!["timeout=-3"], "(0, 3600]"),
+            (vec!["on_failure=ignore"], "`fail` or `whole-gpu`"),
+        ] {
+            let err = PluginArgs::parse(&words).unwrap_err();
+            assert!(err.contains(needle), "{words:?}: {err}");
+        }
+    }
+}

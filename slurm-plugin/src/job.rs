@@ -1,0 +1,178 @@
+//! What a job step asked Slurm for, read from the step's environment in
+//! slurmstepd (pure: the caller passes a lookup function, so it is tested
+//! without Slurm).
+//!
+//! Trust (verified on Slurm 22.05.8): slurmstepd's step environment comes
+//! from the user's submission environment *plus* what Slurm's GRES plugins
+//! set, and those plugins overwrite or remove `SLURM_SHARDS_ON_NODE`,
+//! `CUDA_VISIBLE_DEVICES`, `SLURM_JOB_GPUS`/`SLURM_STEP_GPUS` for every job:
+//! a user who exports `SLURM_SHARDS_ON_NODE=7` into a job without shards
+//! does not reach the plugin with it. So these variables are the GPU index
+//! and shard count Slurm chose.
+
+/// Slurm's step id of a batch script (`SLURM_BATCH_SCRIPT`).
+pub const BATCH_STEP: u32 = 0xFFFF_FFFB;
+/// Slurm's step id of the extern step (`SLURM_EXTERN_CONT`), which runs no
+/// user task that needs a GPU.
+pub const EXTERN_STEP: u32 = 0xFFFF_FFFC;
+
+/// The shards a step holds on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepGres {
+    /// GPU index on this node (the sidecar's GPU numbering).
+    pub gpu: u32,
+    /// Compute slices: Slurm's shard count on this node.
+    pub shards: u8,
+    /// Which variable gave the GPU index (for the log).
+    pub gpu_source: &'static str,
+}
+
+/// Reads the step's shard count and GPU index.
+///
+/// `Ok(None)`: the step has no shards, and the plugin must leave it alone.
+/// `Err`: it has shards but the variables make no sense (several GPUs, a
+/// non-number): the step cannot be given one MIG instance.
+///
+/// The GPU index comes from the first of these that is set: for the batch
+/// step `SLURM_JOB_GPUS`, for other steps `SLURM_STEP_GPUS` (both global
+/// indices set by Slurm), then `CUDA_VISIBLE_DEVICES`. The global indices go
+/// first because with `ConstrainDevices=yes` Slurm renumbers
+/// `CUDA_VISIBLE_DEVICES` from 0 inside the job's device cgroup.
+pub fn step_gres(
+    step: u32,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<StepGres>, String> {
+    let Some(raw) = lookup("SLURM_SHARDS_ON_NODE") else {
+        return Ok(None);
+    };
+    let shards: u32 = raw
+        .trim()
+        .parse()
+        .map_err(|_| format!("SLURM_SHARDS_ON_NODE=`{raw}` is not a number"))?;
+    if shards == 0 {
+        return Ok(None);
+    }
+    let shards = u8::try_from(shards)
+        .map_err(|_| format!("SLURM_SHARDS_ON_NODE={shards}: more shards than any GPU has"))?;
+    let first = if step == BATCH_STEP {
+        "SLURM_JOB_GPUS"
+    } else {
+        "SLURM_STEP_GPUS"
+    };
+    let (source, value) = [first, "CUDA_VISIBLE_DEVICES"]
+        .into_iter()
+        .find_map(|name| {
+            lookup(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (name, v))
+        })
+        .ok_or_else(|| {
+            format!(
+                "the step has {shards} shard(s) but neither {first} nor \
+                 CUDA_VISIBLE_DEVICES says which GPU they are on"
+            )
+        })?;
+    let value = value.trim();
+    if value.contains(',') {
+        return Err(format!(
+            "{source}={value}: the step's shards are on several GPUs; a shard job gets \
+             its shards from one GPU (do not combine --gres=shard with --gres=gpu)"
+        ));
+    }
+    let gpu: u32 = value.parse().map_err(|_| {
+        format!("{source}=`{value}` is not a GPU index (was CUDA_VISIBLE_DEVICES already changed?)")
+    })?;
+    Ok(Some(StepGres {
+        gpu,
+        shards,
+        gpu_source: source,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn no_shards_means_untouched() {
+        assert_eq!(
+            step_gres(BATCH_STEP, env(&[("CUDA_VISIBLE_DEVICES", "0")])),
+            Ok(None)
+        );
+        assert_eq!(
+            step_gres(
+                0,
+                env(&[("SLURM_SHARDS_ON_NODE", "0"), ("CUDA_VISIBLE_DEVICES", "1")])
+            ),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn batch_step_prefers_job_gpus() {
+        let g = step_gres(
+            BATCH_STEP,
+            env(&[
+                ("SLURM_SHARDS_ON_NODE", "3"),
+                ("SLURM_JOB_GPUS", "1"),
+                ("CUDA_VISIBLE_DEVICES", "0"),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((g.gpu, g.shards, g.gpu_source), (1, 3, "SLURM_JOB_GPUS"));
+    }
+
+    #[test]
+    fn other_steps_use_step_gpus_then_cvd() {
+        let g = step_gres(
+            0,
+            env(&[
+                ("SLURM_SHARDS_ON_NODE", "2"),
+                ("SLURM_JOB_GPUS", "0"),
+                ("CUDA_VISIBLE_DEVICES", "1"),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((g.gpu, g.gpu_source), (1, "CUDA_VISIBLE_DEVICES"));
+        let g = step_gres(
+            0,
+            env(&[("SLURM_SHARDS_ON_NODE", "2"), ("SLURM_STEP_GPUS", "1")]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((g.gpu, g.gpu_source), (1, "SLURM_STEP_GPUS"));
+    }
+
+    #[test]
+    fn nonsense_is_an_error_not_a_guess() {
+        for pairs in [
+            vec![("SLURM_SHARDS_ON_NODE", "x")],
+            vec![("SLURM_SHARDS_ON_NODE", "3")],
+            vec![
+                ("SLURM_SHARDS_ON_NODE", "3"),
+                ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ],
+            vec![
+                ("SLURM_SHARDS_ON_NODE", "3"),
+                ("CUDA_VISIBLE_DEVICES", "MIG-abc"),
+            ],
+            vec![
+                ("SLURM_SHARDS_ON_NODE", "300"),
+                ("CUDA_VISIBLE_DEVICES", "0"),
+            ],
+        ] {
+            assert!(step_gres(BATCH_STEP, env(&pairs)).is_err(), "{pairs:?}");
+        }
+    }
+}

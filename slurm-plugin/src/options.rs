@@ -1,0 +1,167 @@
+//! The job options the plugin adds to sbatch/srun/salloc: `--mig-mem=SIZE`
+//! and `--mig-profile=NAME`.
+//!
+//! Both are validated twice: at submit (the allocator context, where a bad
+//! value makes sbatch refuse the job with the message below) and again in
+//! slurmstepd (the remote context) where the GPU model and the shard count
+//! are known. The GPU model is not known at submit time, so `--mig-profile`
+//! is only checked there for being a profile of *some* known model.
+
+use smartmig::mig::{parse_profile, GpuModel, ProfileParseError, ProfileSpec, MODELS};
+
+/// Largest `--mig-mem` accepted (GB): more than any MIG-capable GPU has, so
+/// a typo such as `--mig-mem=20000G` is refused at submit instead of failing
+/// later with "no profile fits".
+pub const MAX_MIG_MEM_GB: f64 = 1024.0;
+
+/// Parses a `--mig-mem` value into GB (decimal, as in MIG profile names:
+/// `3g.20gb` holds `--mig-mem=20G`).
+///
+/// Accepted: a positive number with an optional unit `K`, `M`, `G` or `T`
+/// (optionally followed by `B`, `iB`), case-insensitive; a bare number means
+/// GB, because GPU memory is always discussed in GB (unlike `--mem`, whose
+/// default unit is MB). `M` is 1/1024 GB, like Slurm's `--mem` units.
+pub fn parse_mig_mem(value: &str) -> Result<f64, String> {
+    let v = value.trim();
+    let hint = "expected a size such as 10G, 15GB, 20480M or 40 (GB)";
+    if v.is_empty() {
+        return Err(format!("--mig-mem needs a value ({hint})"));
+    }
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (number, unit) = v.split_at(split);
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("--mig-mem={value}: not a size ({hint})"))?;
+    let unit = unit.to_ascii_lowercase();
+    let unit = unit
+        .strip_suffix("ib")
+        .or_else(|| unit.strip_suffix('b'))
+        .unwrap_or(&unit);
+    let factor = match unit {
+        "" | "g" => 1.0,
+        "k" => 1.0 / (1024.0 * 1024.0),
+        "m" => 1.0 / 1024.0,
+        "t" => 1024.0,
+        _ => return Err(format!("--mig-mem={value}: unknown unit ({hint})")),
+    };
+    let gb = n * factor;
+    if !gb.is_finite() || gb <= 0.0 {
+        return Err(format!("--mig-mem={value}: must be more than 0 ({hint})"));
+    }
+    if gb > MAX_MIG_MEM_GB {
+        return Err(format!(
+            "--mig-mem={value}: {gb:.0} GB is more than any MIG-capable GPU has"
+        ));
+    }
+    Ok(gb)
+}
+
+/// Checks a `--mig-profile` value without knowing the GPU model (submit
+/// time): it must name a profile of at least one known model. Returns its
+/// compute-slice count.
+pub fn check_profile_syntax(name: &str) -> Result<u8, String> {
+    let mut last_err = None;
+    for model in &MODELS {
+        match parse_profile(model, name) {
+            Ok(p) => return Ok(p.shape.compute),
+            Err(e @ (ProfileParseError::Empty | ProfileParseError::NoProfile(_))) => {
+                return Err(format!("--mig-profile={name}: {e}"))
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(match last_err {
+        Some(_) => format!(
+            "--mig-profile={name}: no MIG-capable GPU model has this profile \
+             (e.g. A100-40GB: 1g.5gb 1g.10gb 2g.10gb 3g.20gb 4g.20gb 7g.40gb)"
+        ),
+        None => format!("--mig-profile={name}: no GPU models known"),
+    })
+}
+
+/// Resolves `--mig-profile` on the job's GPU model (remote context) and
+/// checks that it agrees with the job's shard count: a 3g profile needs
+/// `--gres=shard:3`, because Slurm accounts the GPU's capacity in shards.
+pub fn resolve_profile(
+    model: &str,
+    name: &str,
+    shards: u8,
+) -> Result<&'static ProfileSpec, String> {
+    let model: GpuModel = model
+        .parse()
+        .ok()
+        .or_else(|| GpuModel::from_nvml_name(model))
+        .ok_or_else(|| format!("the sidecar reports an unknown GPU model `{model}`"))?;
+    let profile =
+        parse_profile(model.spec(), name).map_err(|e| format!("--mig-profile={name}: {e}"))?;
+    if profile.shape.compute != shards {
+        return Err(format!(
+            "--mig-profile={name} has {} compute slices but the job asked for \
+             --gres=shard:{shards}; use --gres=shard:{}",
+            profile.shape.compute, profile.shape.compute
+        ));
+    }
+    Ok(profile)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_mem_units() {
+        assert_eq!(parse_mig_mem("15G").unwrap(), 15.0);
+        assert_eq!(parse_mig_mem("15gb").unwrap(), 15.0);
+        assert_eq!(parse_mig_mem("15GiB").unwrap(), 15.0);
+        assert_eq!(parse_mig_mem("40").unwrap(), 40.0);
+        assert_eq!(parse_mig_mem("20480M").unwrap(), 20.0);
+        assert_eq!(parse_mig_mem("1T").unwrap(), 1024.0);
+        assert_eq!(parse_mig_mem("9.5G").unwrap(), 9.5);
+    }
+
+    #[test]
+    fn mig_mem_refusals_say_why() {
+        for (v, needle) in [
+            ("", "needs a value"),
+            ("lots", "not a size"),
+            ("15Q", "unknown unit"),
+            ("0G", "more than 0"),
+            ("-5G", "not a size"),
+            ("5000G", "more than any MIG-capable GPU"),
+            ("1.2.3G", "not a size"),
+        ] {
+            let err = parse_mig_mem(v).unwrap_err();
+            assert!(err.contains(needle), "{v:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn profile_syntax_at_submit() {
+        assert_eq!(check_profile_syntax("3g.40gb").unwrap(), 3);
+        assert_eq!(check_profile_syntax("3g.20gb").unwrap(), 3);
+        assert_eq!(check_profile_syntax("nvidia_a100_1g.5gb").unwrap(), 1);
+        assert!(check_profile_syntax("three")
+            .unwrap_err()
+            .contains("<N>g.<M>gb"));
+        assert!(check_profile_syntax("5g.30gb")
+            .unwrap_err()
+            .contains("no MIG-capable GPU model"));
+    }
+
+    #[test]
+    fn profile_must_match_model_and_shards() {
+        let p = resolve_profile("a100-40gb", "3g.20gb", 3).unwrap();
+        assert_eq!(p.name(), "3g.20gb");
+        assert!(resolve_profile("a100-40gb", "3g.40gb", 3)
+            .unwrap_err()
+            .contains("a100-40gb"));
+        assert!(resolve_profile("a100-40gb", "3g.20gb", 2)
+            .unwrap_err()
+            .contains("--gres=shard:3"));
+        assert!(resolve_profile("tpu-v9", "3g.20gb", 3)
+            .unwrap_err()
+            .contains("unknown GPU model"));
+    }
+}

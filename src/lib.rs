@@ -1,0 +1,498 @@
+//! Helpers shared by the end-to-end tests in `tests/`.
+//!
+//! The tests drive the real binaries of the sibling crates (`smartmig`,
+//! `smartmigd`) and the SPANK plugin (`libsmartmig_spank.so`). Cargo does not
+//! build another package's binaries for an integration test, so the tests
+//! expect a prior `cargo build --release --workspace` (which `scripts/test`
+//! runs) and find the artifacts in the same profile directory as themselves.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The profile directory (`<target>/<profile>`) this crate was built in,
+/// set by `build.rs`.
+pub fn artifact_dir() -> &'static Path {
+    Path::new(env!("SMARTMIG_ARTIFACT_DIR"))
+}
+
+/// Path of a built artifact (`"smartmig"`, `"smartmigd"`,
+/// `"libsmartmig_spank.so"`) of the current profile.
+///
+/// # Panics
+/// If the file does not exist, with a message saying how to build it.
+pub fn artifact(name: &str) -> PathBuf {
+    let path = artifact_dir().join(name);
+    assert!(
+        path.exists(),
+        "artifact `{}` not found at {}: run `cargo build --release --workspace` first \
+         (the end-to-end tests use the binaries of the same profile)",
+        name,
+        path.display()
+    );
+    path
+}
+
+/// The directory holding the repository's scripts and test fixtures.
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Fails the calling test unless it runs as root (the Slurm harness needs
+/// root for `mknod` and `SlurmUser=root`). End-to-end tests must never skip
+/// silently.
+pub fn require_root(what: &str) {
+    let out = Command::new("id").arg("-u").output().expect("run `id -u`");
+    let uid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        uid == "0",
+        "{what} must run as root (uid is {uid}): it starts a real Slurm cluster \
+         (mknod of fake GPU devices, SlurmUser=root). Run `scripts/test` as root."
+    );
+}
+
+/// Output of a finished command as text, for error messages.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A throw-away single-node Slurm cluster started by `tests/slurm/cluster.sh`
+/// in a fresh directory; stopped again (`cluster.sh down`) on drop, even when
+/// the test panics. The directory is removed after a passing test and kept
+/// (its path printed) after a failing one.
+///
+/// Clusters use fixed ports, so within one test binary they are started one
+/// at a time: `up` waits while another `SlurmCluster` of the process is alive.
+/// (Cargo runs test binaries one after another.)
+pub struct SlurmCluster {
+    dir: PathBuf,
+    /// (slurmctld, slurmd) ports.
+    ports: (u16, u16),
+    _exclusive: MutexGuard<'static, ()>,
+}
+
+static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
+
+/// The cluster's ports: from the environment, else two ports that are free
+/// right now (bound to port 0 and released; a tiny race with other
+/// processes remains, which `cluster.sh` reports as "port in use").
+fn pick_ports() -> (u16, u16) {
+    let env_port = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u16>().ok());
+    if let (Some(a), Some(b)) = (
+        env_port("SMARTMIG_SLURMCTLD_PORT"),
+        env_port("SMARTMIG_SLURMD_PORT"),
+    ) {
+        return (a, b);
+    }
+    let a = std::net::TcpListener::bind("0.0.0.0:0");
+    let b = std::net::TcpListener::bind("0.0.0.0:0");
+    match (a, b) {
+        (Ok(a), Ok(b)) => match (a.local_addr(), b.local_addr()) {
+            (Ok(x), Ok(y)) => (x.port(), y.port()),
+            _ => (6917, 6918),
+        },
+        _ => (6917, 6918),
+    }
+}
+
+/// Job states after which a Slurm job no longer changes.
+const FINAL_JOB_STATES: &[&str] = &[
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+];
+
+impl SlurmCluster {
+    /// Starts a cluster; panics with the script's output (which includes the
+    /// daemons' log tails) when it does not come up.
+    pub fn up() -> SlurmCluster {
+        SlurmCluster::up_with(|_| {})
+    }
+
+    /// Like [`SlurmCluster::up`], but first calls `prepare` with the
+    /// (empty) cluster directory, e.g. to write `plugstack.conf`: slurmd
+    /// decides at start whether SPANK plugins have a job epilog, so a plugin
+    /// that releases in `job_epilog` must be listed before slurmd starts.
+    ///
+    /// Ports: `SMARTMIG_SLURMCTLD_PORT`/`SMARTMIG_SLURMD_PORT` when set, else
+    /// two free ports picked now, so that clusters of different processes
+    /// (other checkouts on a shared machine) do not collide.
+    pub fn up_with(prepare: impl FnOnce(&Path)) -> SlurmCluster {
+        require_root("the Slurm end-to-end test");
+        // A test that panicked while holding the lock has already stopped
+        // its cluster in Drop, so a poisoned lock is fine to take.
+        let exclusive = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir =
+            std::env::temp_dir().join(format!("smartmig-slurm-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        // The guard exists before `up` so that a half-started cluster is
+        // stopped too.
+        let cluster = SlurmCluster {
+            dir,
+            ports: pick_ports(),
+            _exclusive: exclusive,
+        };
+        prepare(&cluster.dir);
+        let out = cluster.script("up");
+        assert!(
+            out.status.success(),
+            "`cluster.sh up {}` failed: {}",
+            cluster.dir.display(),
+            describe(&out)
+        );
+        cluster
+    }
+
+    fn script(&self, cmd: &str) -> Output {
+        Command::new("bash")
+            .arg(repo_root().join("tests/slurm/cluster.sh"))
+            .arg(cmd)
+            .arg(&self.dir)
+            .env("SMARTMIG_SLURMCTLD_PORT", self.ports.0.to_string())
+            .env("SMARTMIG_SLURMD_PORT", self.ports.1.to_string())
+            .output()
+            .unwrap_or_else(|e| panic!("run tests/slurm/cluster.sh {cmd}: {e}"))
+    }
+
+    /// The cluster's directory (slurm.conf, gres.conf, plugstack.conf, log/).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `slurm.conf` of this cluster (what `SLURM_CONF` points at).
+    pub fn slurm_conf(&self) -> PathBuf {
+        self.dir.join("slurm.conf")
+    }
+
+    /// A Slurm client command (`sbatch`, `squeue`, ...) aimed at this cluster.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("SLURM_CONF", self.slurm_conf())
+            .current_dir(&self.dir);
+        cmd
+    }
+
+    /// Runs `sbatch --parsable ARGS` and returns the job id.
+    pub fn sbatch(&self, args: &[&str]) -> u32 {
+        let out = self
+            .command("sbatch")
+            .arg("--parsable")
+            .arg(format!("--chdir={}", self.dir.display()))
+            .args(args)
+            .output()
+            .expect("run sbatch");
+        assert!(
+            out.status.success(),
+            "sbatch {args:?} failed: {}",
+            describe(&out)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let id = text.trim().split(';').next().unwrap_or("");
+        id.parse()
+            .unwrap_or_else(|_| panic!("sbatch printed no job id: {}", describe(&out)))
+    }
+
+    /// Runs `sbatch --parsable ARGS` and returns its output whatever the
+    /// outcome (for tests of refused submissions).
+    pub fn try_sbatch(&self, args: &[&str]) -> Output {
+        self.command("sbatch")
+            .arg("--parsable")
+            .arg(format!("--chdir={}", self.dir.display()))
+            .args(args)
+            .output()
+            .expect("run sbatch")
+    }
+
+    /// The node's state as `sinfo -h -o %T` prints it (`idle`, `mixed`,
+    /// `drained`, ...).
+    pub fn node_state(&self) -> String {
+        let out = self
+            .command("sinfo")
+            .args(["-h", "-o", "%T"])
+            .output()
+            .expect("run sinfo");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Waits until the node reports `state` (e.g. `idle` once the last
+    /// job's epilog finished); returns whether it did within `timeout`.
+    pub fn wait_node_state(&self, state: &str, timeout: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self.node_state() == state {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    /// A directory in the cluster that any user may write (job output of
+    /// jobs submitted with `--uid=nobody`).
+    pub fn shared_dir(&self) -> PathBuf {
+        let dir = self.dir.join("jobs");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        let mut perms = std::fs::metadata(&dir)
+            .unwrap_or_else(|e| panic!("stat {}: {e}", dir.display()))
+            .permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o1777);
+        std::fs::set_permissions(&dir, perms)
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", dir.display()));
+        dir
+    }
+
+    /// Current state of a job (`PENDING`, `RUNNING`, `COMPLETED`, ...), from
+    /// `scontrol show job` (completed jobs stay visible for `MinJobAge`).
+    pub fn job_state(&self, job: u32) -> Option<String> {
+        let out = self
+            .command("scontrol")
+            .args(["show", "job", "-o", &job.to_string()])
+            .output()
+            .expect("run scontrol");
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("JobState="))
+            .map(str::to_string)
+    }
+
+    /// Waits until the job reaches a final state and returns that state;
+    /// panics after `timeout` with the job's last state and the logs.
+    pub fn wait_job(&self, job: u32, timeout: Duration) -> String {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < timeout {
+            last = self.job_state(job);
+            if let Some(state) = &last {
+                if FINAL_JOB_STATES.contains(&state.as_str()) {
+                    return state.clone();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "job {job} not finished after {timeout:?} (last state {last:?})\n{}",
+            self.log_tails()
+        );
+    }
+
+    /// The last lines of slurmctld.log and slurmd.log, for failure messages.
+    pub fn log_tails(&self) -> String {
+        let mut text = String::new();
+        for name in ["slurmctld.log", "slurmd.log", "smartmigd.log"] {
+            let path = self.dir.join("log").join(name);
+            if !path.exists() {
+                continue;
+            }
+            let content = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = content.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            text.push_str(&format!("----- tail {} -----\n", path.display()));
+            for line in tail {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+}
+
+impl Drop for SlurmCluster {
+    fn drop(&mut self) {
+        let out = self.script("down");
+        if !out.status.success() {
+            eprintln!(
+                "warning: `cluster.sh down {}` failed: {}",
+                self.dir.display(),
+                describe(&out)
+            );
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "Slurm test cluster kept for inspection: {}",
+                self.dir.display()
+            );
+        } else if out.status.success() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A `smartmigd` started for a test from the build's binary, with a config
+/// written into the cluster directory (`smartmigd.toml`), its socket at
+/// `DIR/run/smartmigd.sock`, state in `DIR/smartmigd-state` and its log in
+/// `DIR/log/smartmigd.log`. Stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Sidecar {
+    child: Option<std::process::Child>,
+    socket: PathBuf,
+}
+
+impl Sidecar {
+    /// Starts smartmigd with the sim backend (`gpus` as TOML `[[gpus]]`
+    /// tables, e.g. two A100-40GB) plus `extra` TOML lines, and waits until
+    /// `smartmig status` answers. Panics with the daemon's log otherwise.
+    pub fn start(dir: &Path, extra: &str) -> Sidecar {
+        let socket = dir.join("run/smartmigd.sock");
+        let state = dir.join("smartmigd-state");
+        let log_dir = dir.join("log");
+        for d in [dir.join("run"), log_dir.clone()] {
+            std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
+        }
+        let config = dir.join("smartmigd.toml");
+        let text = format!(
+            "# Written by the smartmig end-to-end tests.\n\
+             socket = \"{}\"\n\
+             state_dir = \"{}\"\n\
+             slurm_user = \"root\"\n\
+             backend = \"sim\"\n\
+             log_level = \"info\"\n\
+             {extra}\n\
+             [[gpus]]\n\
+             model = \"a100-40gb\"\n\
+             count = 2\n\
+             \n\
+             [slurm]\n\
+             enabled = false\n",
+            socket.display(),
+            state.display(),
+        );
+        std::fs::write(&config, text).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
+        let log_path = log_dir.join("smartmigd.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", log_path.display()));
+        let log2 = log.try_clone().expect("clone log handle");
+        let child = Command::new(artifact("smartmigd"))
+            .arg("--config")
+            .arg(&config)
+            .env("SLURM_CONF", dir.join("slurm.conf"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start smartmigd: {e}"));
+        let mut sidecar = Sidecar {
+            child: Some(child),
+            socket,
+        };
+        let start = Instant::now();
+        loop {
+            if sidecar.try_status().is_ok() {
+                return sidecar;
+            }
+            if let Some(child) = sidecar.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "smartmigd exited during start-up ({status}):\n{}",
+                        std::fs::read_to_string(&log_path).unwrap_or_default()
+                    );
+                }
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                panic!(
+                    "smartmigd did not answer `smartmig status` within 20 s:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The daemon's socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `smartmig status --socket S --json`, parsed.
+    pub fn try_status(&self) -> Result<serde_json::Value, String> {
+        let out = Command::new(artifact("smartmig"))
+            .args(["status", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .map_err(|e| format!("run smartmig status: {e}"))?;
+        if !out.status.success() {
+            return Err(describe(&out));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", describe(&out)))
+    }
+
+    /// Like [`Sidecar::try_status`]; panics on failure.
+    pub fn status(&self) -> serde_json::Value {
+        self.try_status()
+            .unwrap_or_else(|e| panic!("smartmig status failed: {e}"))
+    }
+
+    /// Every instance in a status reply, with its GPU index added as `gpu`.
+    pub fn instances(status: &serde_json::Value) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        for gpu in status["gpus"].as_array().into_iter().flatten() {
+            for inst in gpu["instances"].as_array().into_iter().flatten() {
+                let mut inst = inst.clone();
+                inst["gpu"] = gpu["index"].clone();
+                out.push(inst);
+            }
+        }
+        out
+    }
+
+    /// Stops the daemon (SIGTERM, up to 10 s, then SIGKILL). Idempotent.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn artifact_dir_is_a_profile_dir() {
+        let dir = artifact_dir();
+        assert!(dir.join("build").is_dir(), "{}", dir.display());
+    }
+
+    #[test]
+    #[should_panic(expected = "cargo build --release --workspace")]
+    fn missing_artifact_says_how_to_build_it() {
+        artifact("no-such-artifact");
+    }
+}

@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# A throw-away single-node Slurm cluster for end-to-end tests.
+#
+#   cluster.sh up DIR     create DIR (config, fake GPUs, munge key), start
+#                         munged, slurmctld and slurmd, wait until the node
+#                         is idle; clients then use `. DIR/env`
+#   cluster.sh down DIR   stop everything `up` started (safe to call twice)
+#
+# Must run as root (mknod, SlurmUser=root). Everything lives in DIR: its own
+# munged (own key and socket, passed to Slurm with AuthInfo=socket=...),
+# state, spool, logs and pid files, so it neither needs nor disturbs a system
+# Slurm/munge install. Ports default to 6917 (slurmctld) and 6918 (slurmd);
+# override with SMARTMIG_SLURMCTLD_PORT / SMARTMIG_SLURMD_PORT.
+#
+# The node is declared like a real smartmig node (see etc/slurm/*.snippet and
+# docs): two GPUs, each one `gpu` GRES with 7 `shard` GRES, backed by fake
+# character devices DIR/dev/nvidia0 and nvidia1 (slurmd rejects regular files).
+# The partition lets jobs share CPU cores (OverSubscribe=FORCE:32) so that,
+# as on a real GPU node, the shards and not the test machine's few cores
+# limit how many jobs run at once.
+set -euo pipefail
+
+usage() {
+    echo "usage: $0 up|down DIR" >&2
+    exit 2
+}
+
+die() {
+    echo "cluster.sh: $*" >&2
+    exit 1
+}
+
+[[ $# -eq 2 ]] || usage
+cmd=$1
+dir=$2
+
+# Stop the processes recorded in the given pid files: SIGTERM to all of them
+# at once, wait up to 10 s, then SIGKILL what is left. Missing or stale pid
+# files are fine (so `down` can run twice).
+stop_pidfiles() {
+    local pidfile pid i alive
+    local -a pids=()
+    for pidfile in "$@"; do
+        [[ -f $pidfile ]] || continue
+        pid=$(cat "$pidfile" 2>/dev/null || true)
+        if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        fi
+    done
+    for ((i = 0; i < 100; i++)); do
+        alive=0
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "cluster.sh: pid $pid ignored SIGTERM for 10 s, sending SIGKILL" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -f "$@"
+}
+
+show_logs() {
+    local f
+    for f in "$dir"/log/slurmctld.log "$dir"/log/slurmd.log "$dir"/log/munged.log; do
+        if [[ -f $f ]]; then
+            echo "----- tail $f -----" >&2
+            tail -n 40 "$f" >&2
+        fi
+    done
+}
+
+port_in_use() {
+    # ss is in iproute2; fall back to "not in use" when it is missing.
+    command -v ss >/dev/null 2>&1 || return 1
+    ss -Htln "sport = :$1" 2>/dev/null | grep -q .
+}
+
+cluster_down() {
+    [[ -d $dir ]] || return 0
+    stop_pidfiles "$dir/run/slurmd.pid" "$dir/run/slurmctld.pid"
+    # slurmstepd processes outlive slurmd; end those of this cluster.
+    if [[ -f $dir/slurm.conf ]] && command -v pgrep >/dev/null 2>&1; then
+        local pid
+        for pid in $(pgrep -x slurmstepd || true); do
+            if grep -qsF "$dir/" "/proc/$pid/environ" "/proc/$pid/cmdline" 2>/dev/null; then
+                kill -KILL "$pid" 2>/dev/null || true
+            fi
+        done
+    fi
+    # munged last: the Slurm daemons may still authenticate while stopping.
+    stop_pidfiles "$dir/run/munged.pid"
+}
+
+cluster_up() {
+    [[ $(id -u) -eq 0 ]] || die "must run as root (mknod, SlurmUser=root)"
+    local bin
+    for bin in munged slurmctld slurmd sinfo scontrol; do
+        command -v "$bin" >/dev/null 2>&1 ||
+            die "$bin not found: apt-get install slurmctld slurmd slurm-client munge"
+    done
+    local ctld_port=${SMARTMIG_SLURMCTLD_PORT:-6917}
+    local slurmd_port=${SMARTMIG_SLURMD_PORT:-6918}
+    local port
+    for port in "$ctld_port" "$slurmd_port"; do
+        if port_in_use "$port"; then
+            die "port $port is already in use (a cluster left running? try \`$0 down OLD_DIR\`, or set SMARTMIG_SLURMCTLD_PORT/SMARTMIG_SLURMD_PORT)"
+        fi
+    done
+
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd -P)
+    mkdir -p "$dir"/{dev,state,spool,log,run,munge/etc,munge/lib,munge/sock}
+    chmod 0755 "$dir" "$dir/munge"
+    chmod 0700 "$dir/munge/etc" "$dir/munge/lib"
+    chmod 0711 "$dir/munge/sock"
+
+    # Fake GPUs: character devices with the NVIDIA major number.
+    local i
+    for i in 0 1; do
+        [[ -c $dir/dev/nvidia$i ]] || mknod "$dir/dev/nvidia$i" c 195 "$i"
+    done
+
+    # munged with its own key and socket.
+    local key=$dir/munge/etc/munge.key
+    local sock=$dir/munge/sock/munge.socket
+    if [[ ! -s $key ]]; then
+        (umask 077 && head -c 1024 /dev/urandom >"$key")
+    fi
+    chmod 0600 "$key"
+    # --force: replace a stale socket left in DIR by a killed earlier run.
+    munged --force \
+        --socket="$sock" \
+        --key-file="$key" \
+        --pid-file="$dir/run/munged.pid" \
+        --log-file="$dir/log/munged.log" \
+        --seed-file="$dir/munge/lib/munged.seed" ||
+        {
+            show_logs
+            die "munged failed to start"
+        }
+    for ((i = 0; i < 50; i++)); do
+        [[ -S $sock ]] && break
+        sleep 0.1
+    done
+    [[ -S $sock ]] || {
+        show_logs
+        die "munged socket $sock did not appear"
+    }
+
+    # Hardware line of this machine, as slurmd sees it.
+    local node hw
+    node=$(hostname -s)
+    hw=$(slurmd -C | head -n 1 | sed -e 's/^NodeName=[^ ]* //')
+    [[ -n $hw ]] || die "slurmd -C printed nothing"
+
+    cat >"$dir/slurm.conf" <<CONF
+# Generated by tests/slurm/cluster.sh for a throw-away test cluster.
+ClusterName=smartmig-test
+SlurmctldHost=$node
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$sock
+CredType=cred/munge
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=debug
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MpiDefault=none
+MailProg=/bin/true
+SchedulerParameters=batch_sched_delay=0
+ReturnToService=2
+KillWait=2
+PlugStackConfig=$dir/plugstack.conf
+GresTypes=gpu,shard
+NodeName=$node $hw Gres=gpu:2,shard:14 State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:32
+CONF
+
+    cat >"$dir/gres.conf" <<CONF
+# One gpu GRES per GPU, and as many shards per GPU as it has MIG compute
+# slices (7 on A100/H100/H200); see etc/slurm/gres.conf.snippet.
+NodeName=$node Name=gpu File=$dir/dev/nvidia[0-1]
+NodeName=$node Name=shard Count=7 File=$dir/dev/nvidia0
+NodeName=$node Name=shard Count=7 File=$dir/dev/nvidia1
+CONF
+
+    [[ -f $dir/plugstack.conf ]] || : >"$dir/plugstack.conf"
+
+    cat >"$dir/env" <<ENV
+export SLURM_CONF=$dir/slurm.conf
+ENV
+    export SLURM_CONF=$dir/slurm.conf
+
+    slurmctld -f "$dir/slurm.conf" || {
+        show_logs
+        die "slurmctld failed to start"
+    }
+    slurmd -f "$dir/slurm.conf" -N "$node" || {
+        show_logs
+        die "slurmd failed to start"
+    }
+
+    # slurmctld may die after its start command exited 0: poll the node state.
+    local state="" deadline=$((SECONDS + 60))
+    while ((SECONDS < deadline)); do
+        state=$(sinfo -h -n "$node" -o %T 2>/dev/null | head -n 1 || true)
+        [[ $state == idle ]] && break
+        if [[ -f $dir/run/slurmctld.pid ]] && ! kill -0 "$(cat "$dir/run/slurmctld.pid")" 2>/dev/null; then
+            show_logs
+            die "slurmctld exited during start-up"
+        fi
+        sleep 0.2
+    done
+    if [[ $state != idle ]]; then
+        show_logs
+        die "node $node not idle after 60 s (last state: '${state:-no answer from slurmctld}')"
+    fi
+    echo "cluster.sh: node $node idle; use: . $dir/env"
+}
+
+case $cmd in
+up) cluster_up ;;
+down) cluster_down ;;
+*) usage ;;
+esac
