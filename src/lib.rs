@@ -350,6 +350,18 @@ impl Sidecar {
     /// tables, e.g. two A100-40GB) plus `extra` TOML lines, and waits until
     /// `smartmig status` answers. Panics with the daemon's log otherwise.
     pub fn start(dir: &Path, extra: &str) -> Sidecar {
+        Sidecar::start_inner(dir, extra, false)
+    }
+
+    /// Like [`Sidecar::start`], but with Slurm queries enabled
+    /// (`[slurm] enabled = true`): the daemon runs `squeue`, `scontrol`
+    /// against the cluster of `DIR/slurm.conf` (requeue after an
+    /// out-of-memory failure, releasing instances of ended jobs).
+    pub fn start_with_slurm(dir: &Path, extra: &str) -> Sidecar {
+        Sidecar::start_inner(dir, extra, true)
+    }
+
+    fn start_inner(dir: &Path, extra: &str, slurm: bool) -> Sidecar {
         let socket = dir.join("run/smartmigd.sock");
         let state = dir.join("smartmigd-state");
         let log_dir = dir.join("log");
@@ -370,7 +382,7 @@ impl Sidecar {
              count = 2\n\
              \n\
              [slurm]\n\
-             enabled = false\n",
+             enabled = {slurm}\n",
             socket.display(),
             state.display(),
         );

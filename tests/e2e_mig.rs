@@ -522,3 +522,69 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
     }
     assert_eq!(cluster.node_state(), "idle");
 }
+
+/// `--mig-profile`: a profile of the node's GPU model that agrees with the
+/// shard count is what the job gets; one that the model lacks, or whose
+/// `Ng` differs from K, fails the job with the reason (the model is only
+/// known on the node, so sbatch accepted both).
+#[test]
+fn mig_profile_is_checked_on_the_node() {
+    let (cluster, sidecar) = cluster_with_sidecar("");
+    let jobs_dir = cluster.shared_dir();
+    let echo = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
+
+    let out = jobs_dir.join("profile-ok.out");
+    let job = submit(
+        &cluster,
+        &out,
+        &["--gres=shard:2", "--mig-profile=1g.10gb"],
+        echo,
+    );
+    assert_eq!(
+        cluster.wait_job(job, JOB_TIMEOUT),
+        "FAILED",
+        "{}",
+        read(&out)
+    );
+    assert!(
+        read(&out).contains(
+            "--mig-profile=1g.10gb has 1 compute slices but the job asked for --gres=shard:2"
+        ),
+        "{}",
+        read(&out)
+    );
+
+    let out = jobs_dir.join("profile-model.out");
+    let job = submit(
+        &cluster,
+        &out,
+        &["--gres=shard:3", "--mig-profile=3g.40gb"],
+        echo,
+    );
+    assert_eq!(
+        cluster.wait_job(job, JOB_TIMEOUT),
+        "FAILED",
+        "{}",
+        read(&out)
+    );
+    assert!(read(&out).contains("a100-40gb"), "{}", read(&out));
+
+    let out = jobs_dir.join("profile-1g10.out");
+    let job = submit(
+        &cluster,
+        &out,
+        &["--gres=shard:1", "--mig-profile=1g.10gb"],
+        echo,
+    );
+    assert_eq!(
+        cluster.wait_job(job, JOB_TIMEOUT),
+        "COMPLETED",
+        "{}",
+        read(&out)
+    );
+    let f = fields(&read(&out));
+    assert_eq!(f.get("PROFILE").map(String::as_str), Some("1g.10gb"));
+    assert!(f.get("CVD").is_some_and(|c| c.starts_with("MIG-")));
+    assert!(busy(&sidecar.status()).is_empty());
+    assert_eq!(cluster.node_state(), "idle");
+}

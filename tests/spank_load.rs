@@ -1,6 +1,7 @@
 //! Smoke test of the SPANK plugin against a real Slurm: with
 //! `libsmartmig_spank.so` listed as `required` in plugstack.conf, a shard job
-//! still runs, and slurmstepd logged the plugin's `slurm_spank_init` message.
+//! still runs (with `on_failure=whole-gpu`, as no sidecar runs here), and
+//! slurmstepd logged the plugin's `slurm_spank_init` message.
 //! (A `required` plugin that fails to load makes the job fail.)
 //!
 //! Uses the plugin of the same profile: run `cargo build --release --workspace`
@@ -15,9 +16,16 @@ fn required_plugin_loads_in_slurmstepd() {
     let plugin = artifact("libsmartmig_spank.so");
     let cluster = SlurmCluster::up();
     // plugstack.conf is read for each new job: no daemon restart needed.
+    // No smartmigd runs here, so the shard job gets no MIG instance;
+    // `on_failure=whole-gpu` lets it run on the GPU Slurm chose (the
+    // allocation itself is covered by tests/e2e_mig.rs).
     std::fs::write(
         cluster.dir().join("plugstack.conf"),
-        format!("required {}\n", plugin.display()),
+        format!(
+            "required {} socket={} on_failure=whole-gpu\n",
+            plugin.display(),
+            cluster.dir().join("no-sidecar.sock").display()
+        ),
     )
     .expect("write plugstack.conf");
 

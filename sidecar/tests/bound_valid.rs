@@ -33,6 +33,8 @@ fn arb_job(id: u64) -> impl Strategy<Value = Job> {
             deadline: arrival + factor * work,
             class: JobClass::Inference,
             requested_slices: req.and_then(|k| smartmig::workload::round_up_to_profile(M, k)),
+            declared_memory_gb: None,
+            template: None,
         })
 }
 

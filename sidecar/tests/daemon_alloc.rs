@@ -21,7 +21,11 @@ fn profile_follows_slices_and_memory() {
     let b = c.allocate(req(2, 0, 5, None)).unwrap();
     assert_eq!(b.profile, "7g.40gb");
     // Impossible requests are invalid, not no_fit.
-    for bad in [req(3, 0, 8, None), req(3, 5, 1, None), req(3, 1, 1, Some(50.0))] {
+    for bad in [
+        req(3, 0, 8, None),
+        req(3, 5, 1, None),
+        req(3, 1, 1, Some(50.0)),
+    ] {
         match c.allocate(bad) {
             Err(ClientError::Daemon(e)) => assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e}"),
             other => panic!("{other:?}"),
@@ -45,10 +49,13 @@ fn eighth_one_g_waits_then_fails_with_reason() {
     let t0 = Instant::now();
     let err = c.allocate(req(8, 0, 1, None)).unwrap_err();
     let waited = t0.elapsed();
-    let ClientError::Daemon(e) = err else { panic!("{err}") };
+    let ClientError::Daemon(e) = err else {
+        panic!("{err}")
+    };
     assert_eq!(e.kind, ErrorKind::NoFit);
     assert!(
-        e.message.starts_with("no 1g.5gb slice can be made on GPU 0: busy instances 1g.5gb@0 (job"),
+        e.message
+            .starts_with("no 1g.5gb slice can be made on GPU 0: busy instances 1g.5gb@0 (job"),
         "{}",
         e.message
     );
@@ -107,7 +114,10 @@ fn idle_ones_are_reshaped_into_a_seven() {
     assert_eq!(s.gpus[1].instances.len(), 1);
     // A busy instance is never destroyed: with job 100 on the 7g, a 1g must fail.
     let err = c.allocate(req(101, 1, 1, None)).unwrap_err();
-    assert!(matches!(err, ClientError::Daemon(ref e) if e.kind == ErrorKind::NoFit), "{err}");
+    assert!(
+        matches!(err, ClientError::Daemon(ref e) if e.kind == ErrorKind::NoFit),
+        "{err}"
+    );
     assert_eq!(c.status().unwrap().gpus[1].instances[0].job_id, Some(100));
 }
 
@@ -141,7 +151,8 @@ fn metrics_endpoint_serves_prometheus_text() {
     c.allocate(req(1, 0, 3, None)).unwrap();
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");

@@ -44,7 +44,13 @@ fn test_user() -> Option<(u32, u32)> {
     }
     if nix::unistd::User::from_name(USER).ok().flatten().is_none() {
         let st = Command::new("useradd")
-            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER])
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ])
             .status()
             .ok()?;
         assert!(st.success(), "useradd {USER} failed");
@@ -55,7 +61,9 @@ fn test_user() -> Option<(u32, u32)> {
 
 #[test]
 fn unprivileged_writes_are_refused() {
-    let Some((uid, gid)) = test_user() else { return };
+    let Some((uid, gid)) = test_user() else {
+        return;
+    };
     let d = TestDaemon::start("auth", "");
     // The unprivileged user must be able to reach the socket: the daemon made
     // it 0666; the test's temp dirs must be traversable too.
@@ -84,5 +92,8 @@ fn unprivileged_writes_are_refused() {
     // Root (this process) may allocate, and the refusal was logged.
     assert!(d.client().allocate(req(5, 0, 1, None)).is_ok());
     let log = d.log();
-    assert!(log.contains("refused") && log.contains(&format!("uid={uid}")), "{log}");
+    assert!(
+        log.contains("refused") && log.contains(&format!("uid={uid}")),
+        "{log}"
+    );
 }

@@ -39,15 +39,23 @@ fn sigterm_removes_the_socket_and_exits_cleanly() {
     let st = d.wait(Duration::from_secs(15));
     assert!(st.success(), "{st}: {}", d.log());
     assert!(!d.socket.exists());
-    let journal = std::fs::read_to_string(d.dir.join("state/journal/gpu0.json")).unwrap();
-    assert!(journal.contains("\"job_id\": 1"), "{journal}");
+    let journal = smartmig::daemon::journal::replay(&d.dir.join("state/journal")).unwrap();
+    let jobs: Vec<u64> = journal.gpus[&0]
+        .iter()
+        .map(|e| e.assignment.job_id)
+        .collect();
+    assert_eq!(jobs, vec![1], "{journal:?}");
 }
 
 #[test]
 fn sighup_reloads_and_keeps_the_old_config_when_invalid() {
     let d = TestDaemon::start("hup", "");
     assert_eq!(d.client().status().unwrap().policy, "none");
-    std::fs::write(&d.config, base_config(&d.dir, "policy = \"static:4444|3333\"")).unwrap();
+    std::fs::write(
+        &d.config,
+        base_config(&d.dir, "policy = \"static:4444|3333\""),
+    )
+    .unwrap();
     d.signal(Signal::SIGHUP);
     let mut ok = false;
     for _ in 0..100 {
@@ -79,7 +87,10 @@ fn check_config_names_the_key() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
     let cases = [
-        ("[[gpus]]\nmodel = \"a100\"\n", "gpus[1].model: unknown GPU model \"a100\""),
+        (
+            "[[gpus]]\nmodel = \"a100\"\n",
+            "gpus[1].model: unknown GPU model \"a100\"",
+        ),
         ("", ""),
     ];
     for (extra_table, want) in cases.iter().take(1) {

@@ -32,7 +32,12 @@ fn bad_messages_get_their_kind_and_the_daemon_survives() {
         let r = d.raw(bytes);
         assert_eq!(r["v"], 1);
         assert_eq!(r["ok"], false, "{r}");
-        assert_eq!(r["error"]["kind"], *kind, "{} -> {r}", String::from_utf8_lossy(bytes));
+        assert_eq!(
+            r["error"]["kind"],
+            *kind,
+            "{} -> {r}",
+            String::from_utf8_lossy(bytes)
+        );
         assert!(d.client().health().is_ok());
     }
     // Oversized line (70 KiB > 64 KiB default): too_large, connection closed.
@@ -63,5 +68,8 @@ fn bad_messages_get_their_kind_and_the_daemon_survives() {
     // Still healthy, and a real allocate still works.
     let s = d.client().status().unwrap();
     assert_eq!(s.gpus.len(), 2);
-    assert!(d.client().allocate(daemon_common::req(1, 0, 1, None)).is_ok());
+    assert!(d
+        .client()
+        .allocate(daemon_common::req(1, 0, 1, None))
+        .is_ok());
 }

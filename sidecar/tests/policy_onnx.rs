@@ -85,16 +85,25 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
     let path = tmp("model.onnx");
     write_policy(&path, &net, &good);
     let err = load_policy(&path, GpuModel::H100_80gb).expect_err("wrong model");
-    assert!(matches!(err, PolicyLoadError::ModelMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, PolicyLoadError::ModelMismatch { .. }),
+        "{err}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains("a100-40gb") && msg.contains("h100-80gb"), "{msg}");
+    assert!(
+        msg.contains("a100-40gb") && msg.contains("h100-80gb"),
+        "{msg}"
+    );
 
     let mut old = good.clone();
     old.feature_spec_version = FEATURE_SPEC_VERSION + 1;
     let path = tmp("spec.onnx");
     write_policy(&path, &net, &old);
     let err = load_policy(&path, GpuModel::A100_40gb).expect_err("wrong spec");
-    assert!(matches!(err, PolicyLoadError::FeatureSpecMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, PolicyLoadError::FeatureSpecMismatch { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("feature spec version"), "{err}");
 
     let mut catalog = good.clone();
@@ -102,13 +111,19 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
     let path = tmp("catalog.onnx");
     write_policy(&path, &net, &catalog);
     let err = load_policy(&path, GpuModel::A100_40gb).expect_err("wrong catalog");
-    assert!(matches!(err, PolicyLoadError::SpaceMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, PolicyLoadError::SpaceMismatch { .. }),
+        "{err}"
+    );
 
     let path = tmp("garbage.onnx");
     std::fs::write(&path, b"not an onnx file").expect("write");
     let err = load_policy(&path, GpuModel::A100_40gb).expect_err("garbage");
     assert!(
-        matches!(err, PolicyLoadError::Parse { .. } | PolicyLoadError::MissingMetadata { .. }),
+        matches!(
+            err,
+            PolicyLoadError::Parse { .. } | PolicyLoadError::MissingMetadata { .. }
+        ),
         "{err}"
     );
 
@@ -171,12 +186,15 @@ fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
 #[test]
 fn shipped_metadata_json_matches_the_embedded_copy() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let (embedded, _) = smartmig::policy::onnx::read_metadata(
-        &root.join("policies/a100-40gb.onnx"),
-        Some(GpuModel::A100_40gb),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let text = std::fs::read_to_string(root.join("policies/a100-40gb.json")).expect("json");
-    let file: PolicyMetadata = serde_json::from_str(&text).expect("parse json");
-    assert_eq!(file, embedded);
+    for model in [GpuModel::A100_40gb, GpuModel::H100_80gb] {
+        let onnx = root.join(format!("policies/{}.onnx", model.id()));
+        let (embedded, _) = smartmig::policy::onnx::read_metadata(&onnx, Some(model))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let json = root.join(format!("policies/{}.json", model.id()));
+        let text = std::fs::read_to_string(&json).expect("json");
+        let file: PolicyMetadata = serde_json::from_str(&text).expect("parse json");
+        assert_eq!(file, embedded, "{}", json.display());
+        // And ONNX Runtime accepts it for its model.
+        load_policy(&onnx, model).unwrap_or_else(|e| panic!("{e}"));
+    }
 }

@@ -14,15 +14,24 @@ fn missing_runtime_says_how_to_fetch_it() {
     let net = ActorCritic::new(spec.obs_dim, spec.actions, 16, 0).expect("net");
     let meta = serde_json::to_string(&PolicyMetadata::new(&spec, 16)).expect("json");
     let path = dir.join("p.onnx");
-    std::fs::write(&path, net.export_onnx(&[(METADATA_KEY, meta.as_str())]).expect("export"))
-        .expect("write");
+    std::fs::write(
+        &path,
+        net.export_onnx(&[(METADATA_KEY, meta.as_str())])
+            .expect("export"),
+    )
+    .expect("write");
     // The only test of this binary: no other thread reads the environment.
     std::env::set_var("ORT_DYLIB_PATH", dir.join("no-such-libonnxruntime.so"));
     let err = load_policy(&path, GpuModel::A100_40gb).expect_err("no runtime");
-    assert!(matches!(err, PolicyLoadError::RuntimeEnvMissing(_)), "{err}");
+    assert!(
+        matches!(err, PolicyLoadError::RuntimeEnvMissing(_)),
+        "{err}"
+    );
     let msg = err.to_string();
     assert!(
-        msg.contains("ONNX Runtime not found") && msg.contains("scripts/fetch-onnxruntime") && msg.contains("ORT_DYLIB_PATH"),
+        msg.contains("ONNX Runtime not found")
+            && msg.contains("scripts/fetch-onnxruntime")
+            && msg.contains("ORT_DYLIB_PATH"),
         "{msg}"
     );
 }

@@ -8,8 +8,8 @@ use smartmig::cli::compare::{compare, search_score, CompareOptions};
 use smartmig::mig::{Geometry, GpuModel, Layout, Shape};
 use smartmig::policy::search::{static_best, SearchConfig};
 use smartmig::policy::{
-    ClusterView, Decision, GpuStatus, Greedy, GreedyConfig, NoPartition, PendingJob, RepartitionPolicy,
-    TwiceDaily, MODEL_COUNT,
+    ClusterView, Decision, GpuStatus, Greedy, GreedyConfig, NoPartition, PendingJob,
+    RepartitionPolicy, TwiceDaily, MODEL_COUNT,
 };
 use smartmig::sim::{simulate, Heuristic, RunHooks, SimConfig};
 use smartmig::workload::{generate_diurnal, DiurnalConfig, SpeedupCurve};
@@ -18,26 +18,40 @@ const M: GpuModel = GpuModel::A100_40gb;
 
 fn arb_gpu() -> impl Strategy<Value = GpuStatus> {
     let g = Geometry::of(M);
-    (0..g.layouts().len(), any::<u32>(), any::<u32>(), any::<bool>()).prop_map(move |(i, b, r, rc)| {
-        let layout = g.layouts()[i];
-        let busy = Layout(layout.0 & b);
-        let mut s = GpuStatus::new(M, layout);
-        s.busy = busy;
-        if rc {
-            s.in_reconfiguration = true;
-            s.reconfiguring = Layout(layout.minus(busy).0 & r);
-            s.reconfig_until = 10.0;
-        }
-        for id in busy.iter() {
-            s.busy_until[id.0 as usize] = 500.0;
-        }
-        s
-    })
+    (
+        0..g.layouts().len(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<bool>(),
+    )
+        .prop_map(move |(i, b, r, rc)| {
+            let layout = g.layouts()[i];
+            let busy = Layout(layout.0 & b);
+            let mut s = GpuStatus::new(M, layout);
+            s.busy = busy;
+            if rc {
+                s.in_reconfiguration = true;
+                s.reconfiguring = Layout(layout.minus(busy).0 & r);
+                s.reconfig_until = 10.0;
+            }
+            for id in busy.iter() {
+                s.busy_until[id.0 as usize] = 500.0;
+            }
+            s
+        })
 }
 
 fn arb_pending() -> impl Strategy<Value = PendingJob> {
-    (0u64..1000, 0.0f64..200.0, 1.0f64..1000.0, 1.0f64..40.0, 1u8..=7, 0.3f64..=1.0, 1.0f64..3.0).prop_map(
-        |(id, arrival, work, mem, k, beta, f)| PendingJob {
+    (
+        0u64..1000,
+        0.0f64..200.0,
+        1.0f64..1000.0,
+        1.0f64..40.0,
+        1u8..=7,
+        0.3f64..=1.0,
+        1.0f64..3.0,
+    )
+        .prop_map(|(id, arrival, work, mem, k, beta, f)| PendingJob {
             id,
             arrival,
             deadline: arrival + f * work,
@@ -46,8 +60,7 @@ fn arb_pending() -> impl Strategy<Value = PendingJob> {
             min_compute: k,
             speedup: SpeedupCurve::new(beta, 0.5).unwrap(),
             shapes: [None; MODEL_COUNT],
-        },
-    )
+        })
 }
 
 fn check(gpus: &[GpuStatus], decisions: &[Decision]) -> Result<(), TestCaseError> {
@@ -99,58 +112,123 @@ fn pending(id: u64, mem: f64, k: u8) -> PendingJob {
     }
 }
 
-/// Hand-made cases: the chosen layout serves every pending shape it can.
+/// Jobs of `pending` served by the instances of `layout` (each job, in
+/// order, takes the smallest instance with enough compute and memory).
+fn served(layout: Layout, pending: &[PendingJob]) -> usize {
+    let g = Geometry::of(M);
+    let mut free: Vec<(u8, u32)> = layout
+        .iter()
+        .map(|id| (g.placement(id).compute(), g.placement(id).profile.memory_gb))
+        .collect();
+    let mut n = 0;
+    for p in pending {
+        let pos = free
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, m))| *c >= p.min_compute && f64::from(*m) >= p.memory_gb)
+            .min_by_key(|(_, s)| **s)
+            .map(|(i, _)| i);
+        if let Some(i) = pos {
+            free.remove(i);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Hand-made cases: the chosen layout serves as many pending requests as
+/// the best layout of the model does, and exactly the expected number.
 #[test]
 fn greedy_serves_the_most_pending_shapes() {
     let g = Geometry::of(M);
     let counts = [[0u32; 8]; MODEL_COUNT];
-    let cases: [(&[(f64, u8)], &str); 4] = [
-        // Two 3g requests: 3g + 3g.
-        (&[(15.0, 3), (15.0, 3)], "3333|3333"),
+    // (memory GB and requested slices of each job, most served, expected picture)
+    type Case<'a> = (&'a [(f64, u8)], usize, Option<&'a str>);
+    let cases: [Case; 6] = [
+        // Two 3g requests: both (4g+3g comes first in the catalog: a tie).
+        (&[(15.0, 3), (15.0, 3)], 2, Some("4444|3333")),
         // A 4g and a 3g.
-        (&[(15.0, 4), (15.0, 3)], "4444|3333"),
+        (&[(15.0, 4), (15.0, 3)], 2, Some("4444|3333")),
         // Three 2g requests and one 1g: 2g x3 + 1g.
-        (&[(8.0, 2), (8.0, 2), (8.0, 2), (4.0, 1)], "22|22|22|1|."),
-        // A 20 GB job wants the 3g (the smallest with 20 GB) plus four 1g.
-        (&[(18.0, 1), (4.0, 1), (4.0, 1), (4.0, 1), (4.0, 1)], "1|1|1|1|3333"),
+        (
+            &[(8.0, 2), (8.0, 2), (8.0, 2), (4.0, 1)],
+            4,
+            Some("22|22|22|1|."),
+        ),
+        // An 18 GB 1g job needs the 3g.20gb; plus four small ones.
+        (
+            &[(18.0, 1), (4.0, 1), (4.0, 1), (4.0, 1), (4.0, 1)],
+            5,
+            None,
+        ),
+        // Seven 1g requests: seven 1g instances.
+        (&[(4.0, 1); 7], 7, Some("1|1|1|1|1|1|1|.")),
+        // A 7g request and three 1g: at most three can be served (1g x3
+        // + 4g serves 1g x3 and nothing else; the 7g alone serves 1).
+        (&[(4.0, 7), (4.0, 1), (4.0, 1), (4.0, 1)], 3, None),
     ];
-    for (jobs, want) in cases {
-        let pending: Vec<PendingJob> =
-            jobs.iter().enumerate().map(|(i, &(m, k))| pending(i as u64, m, k)).collect();
-        let gpus = [GpuStatus::new(M, g.whole_gpu())];
-        let view = ClusterView { now: 100.0, hour_of_day: 0.0, gpus: &gpus, pending: &pending, pending_by_profile: &counts };
-        let d = Greedy::default().decide(&view);
-        assert_eq!(d.len(), 1, "{want}");
-        // Every job is served by the chosen layout (the picture may differ in placement).
-        let target = d[0].target;
-        let mut free: Vec<(u8, u32)> = target
+    for (jobs, want_served, want_picture) in cases {
+        let pending: Vec<PendingJob> = jobs
             .iter()
-            .map(|id| (g.placement(id).compute(), g.placement(id).profile.memory_gb))
+            .enumerate()
+            .map(|(i, &(m, k))| pending(i as u64, m, k))
             .collect();
-        for p in &pending {
-            let pos = free
-                .iter()
-                .enumerate()
-                .filter(|(_, (c, m))| *c >= p.min_compute && f64::from(*m) >= p.memory_gb)
-                .min_by_key(|(_, s)| **s)
-                .map(|(i, _)| i);
-            assert!(pos.is_some(), "{want}: job {} not served by {}", p.id, g.picture(target));
-            free.remove(pos.unwrap());
-        }
-        let shapes = |l: Layout| {
-            let mut v: Vec<Shape> = l.iter().map(|id| g.placement(id).shape()).collect();
-            v.sort();
-            v
+        let gpus = [GpuStatus::new(M, g.whole_gpu())];
+        let view = ClusterView {
+            now: 100.0,
+            hour_of_day: 0.0,
+            gpus: &gpus,
+            pending: &pending,
+            pending_by_profile: &counts,
         };
-        let want_layout = g.layouts().iter().copied().find(|&l| g.picture(l) == want).unwrap();
-        assert_eq!(shapes(target), shapes(want_layout), "got {}, want {want}", g.picture(target));
+        let d = Greedy::default().decide(&view);
+        let target = d.first().map_or(g.whole_gpu(), |d| d.target);
+        let best = g
+            .layouts()
+            .iter()
+            .map(|&l| served(l, &pending))
+            .max()
+            .unwrap();
+        assert_eq!(
+            served(target, &pending),
+            best,
+            "{jobs:?}: {}",
+            g.picture(target)
+        );
+        assert_eq!(best, want_served, "{jobs:?}");
+        if let Some(want) = want_picture {
+            let shapes = |l: Layout| {
+                let mut v: Vec<Shape> = l.iter().map(|id| g.placement(id).shape()).collect();
+                v.sort();
+                v
+            };
+            let w = g
+                .layouts()
+                .iter()
+                .copied()
+                .find(|&l| g.picture(l) == want)
+                .unwrap();
+            assert_eq!(
+                shapes(target),
+                shapes(w),
+                "got {}, want {want}",
+                g.picture(target)
+            );
+        }
     }
 }
 
 fn small_day() -> (Vec<GpuModel>, Vec<smartmig::workload::Job>, SimConfig) {
-    let cfg_w = DiurnalConfig { horizon_s: 6.0 * 3600.0, ..DiurnalConfig::default() };
+    let cfg_w = DiurnalConfig {
+        horizon_s: 6.0 * 3600.0,
+        ..DiurnalConfig::default()
+    };
     let jobs = generate_diurnal(&cfg_w, M, 3, 7);
-    let cfg = SimConfig { workload_horizon_s: Some(cfg_w.horizon_s), seed: 7, ..SimConfig::default() };
+    let cfg = SimConfig {
+        workload_horizon_s: Some(cfg_w.horizon_s),
+        seed: 7,
+        ..SimConfig::default()
+    };
     (vec![M; 3], jobs, cfg)
 }
 
@@ -163,17 +241,25 @@ fn static_best_beats_every_uniform_catalog_layout() {
         simulate(&cluster, &jobs, h.as_mut(), p, &cfg, RunHooks::default()).map(|r| r.metrics)
     };
     let reference = run(&mut NoPartition).unwrap();
-    let mut eval = |p: &mut dyn RepartitionPolicy| run(p).map(|m| search_score(&m, &reference, 1.0));
+    let mut eval =
+        |p: &mut dyn RepartitionPolicy| run(p).map(|m| search_score(&m, &reference, 1.0));
     let best = static_best(&cluster, &SearchConfig::default(), &mut eval).unwrap();
     let g = Geometry::of(M);
     for i in 0..g.catalog().len() {
         let mut s = smartmig::policy::StaticLayout::parse(&i.to_string(), &[M]).unwrap();
         let score = search_score(&run(&mut s).unwrap(), &reference, 1.0);
-        assert!(best.score <= score, "static-best {} worse than catalog {i}: {score}", best.score);
+        assert!(
+            best.score <= score,
+            "static-best {} worse than catalog {i}: {score}",
+            best.score
+        );
     }
     // The winner's own run reproduces its score (deterministic simulator).
     let mut p = best.policy.clone();
-    assert_eq!(search_score(&run(&mut p).unwrap(), &reference, 1.0), best.score);
+    assert_eq!(
+        search_score(&run(&mut p).unwrap(), &reference, 1.0),
+        best.score
+    );
 }
 
 #[test]
@@ -192,17 +278,32 @@ fn comparison_is_deterministic() {
     // Every row's energy is above the bound (all jobs fit the whole GPU here).
     for r in &a.rows {
         if r.metrics.unserved == 0 {
-            assert!(r.energy_over_bound >= 1.0, "{}: {}", r.policy, r.energy_over_bound);
+            assert!(
+                r.energy_over_bound >= 1.0,
+                "{}: {}",
+                r.policy,
+                r.energy_over_bound
+            );
         }
         let s = r.series.as_ref().unwrap();
         let rel = (s.energy_j() - r.metrics.energy_j).abs() / r.metrics.energy_j;
-        assert!(rel < 1e-9, "{}: series energy {} vs {}", r.policy, s.energy_j(), r.metrics.energy_j);
+        assert!(
+            rel < 1e-9,
+            "{}: series energy {} vs {}",
+            r.policy,
+            s.energy_j(),
+            r.metrics.energy_j
+        );
     }
     // The plots render.
     let dir = std::env::temp_dir().join(format!("smartmig-report-{}", std::process::id()));
     let files = smartmig::cli::compare::write_report(&a, &dir).unwrap();
     assert!(files.iter().any(|f| f.ends_with("power.svg")));
     let svg = std::fs::read_to_string(dir.join("power.svg")).unwrap();
-    assert!(svg.starts_with("<svg") && svg.contains("greedy"), "{}", &svg[..200.min(svg.len())]);
+    assert!(
+        svg.starts_with("<svg") && svg.contains("greedy"),
+        "{}",
+        &svg[..200.min(svg.len())]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -57,6 +57,8 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
                 deadline: arrival.floor() + f * work,
                 class: JobClass::Inference,
                 requested_slices: k,
+                declared_memory_gb: None,
+                template: None,
             })
             .collect()
     })
@@ -165,6 +167,8 @@ fn invalid_decisions_are_rejected_and_counted() {
             deadline: 1000.0,
             class: JobClass::Training,
             requested_slices: None,
+            declared_memory_gb: None,
+            template: None,
         })
         .collect();
     let mut sink = smartmig::sim::Collect::default();

@@ -17,6 +17,8 @@ fn job(id: u64, arrival: f64, work: f64, deadline: f64) -> Job {
         deadline,
         class: JobClass::Training,
         requested_slices: None,
+        declared_memory_gb: None,
+        template: None,
     }
 }
 

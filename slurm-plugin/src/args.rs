@@ -1,5 +1,5 @@
 //! The plugin's `plugstack.conf` arguments (`socket=PATH timeout=SECONDS
-//! on_failure=fail|whole-gpu`).
+//! on_failure=fail|whole-gpu oom_requeue=yes|no oom_dir=PATH`).
 //!
 //! Slurm passes the words after the plugin path to every callback as
 //! `(ac, av)`, in every context, so each callback parses them again (the
@@ -37,6 +37,13 @@ pub struct PluginArgs {
     /// Read/write timeout of one request.
     pub timeout: Duration,
     pub on_failure: OnFailure,
+    /// `oom_requeue=yes`: give each shard job an out-of-memory marker file
+    /// (`SMARTMIG_OOM_FILE`) and report a job that wrote it to the sidecar,
+    /// which may requeue it on a larger profile (default no).
+    pub oom_requeue: bool,
+    /// Where the marker files live (`oom_dir=`); default: `oom` next to the
+    /// socket (`/run/smartmig/oom`).
+    pub oom_dir: Option<PathBuf>,
 }
 
 impl Default for PluginArgs {
@@ -45,9 +52,14 @@ impl Default for PluginArgs {
             socket: PathBuf::from(DEFAULT_SOCKET),
             timeout: DEFAULT_TIMEOUT,
             on_failure: OnFailure::Fail,
+            oom_requeue: false,
+            oom_dir: None,
         }
     }
 }
+
+/// Valid keys, for error messages.
+const KNOWN_KEYS: &str = "socket, timeout, on_failure, oom_requeue, oom_dir";
 
 impl PluginArgs {
     /// Parses the plugstack words, e.g. `["socket=/run/s.sock", "timeout=45"]`.
@@ -60,8 +72,7 @@ impl PluginArgs {
             let word = word.as_ref();
             let Some((key, value)) = word.split_once('=') else {
                 return Err(format!(
-                    "plugstack.conf argument `{word}` is not KEY=VALUE \
-                     (known keys: socket, timeout, on_failure)"
+                    "plugstack.conf argument `{word}` is not KEY=VALUE (known keys: {KNOWN_KEYS})"
                 ));
             };
             match key {
@@ -98,15 +109,46 @@ impl PluginArgs {
                         }
                     }
                 }
+                "oom_requeue" => {
+                    args.oom_requeue = match value {
+                        "yes" | "true" | "1" => true,
+                        "no" | "false" | "0" => false,
+                        _ => {
+                            return Err(format!(
+                                "plugstack.conf argument `{word}`: oom_requeue must be `yes` or `no`"
+                            ))
+                        }
+                    }
+                }
+                "oom_dir" => {
+                    if value.is_empty() || !value.starts_with('/') {
+                        return Err(format!(
+                            "plugstack.conf argument `{word}`: oom_dir must be an absolute path"
+                        ));
+                    }
+                    args.oom_dir = Some(PathBuf::from(value));
+                }
                 _ => {
                     return Err(format!(
-                        "unknown plugstack.conf argument `{word}` \
-                         (known keys: socket, timeout, on_failure)"
+                        "unknown plugstack.conf argument `{word}` (known keys: {KNOWN_KEYS})"
                     ))
                 }
             }
         }
         Ok(args)
+    }
+
+    /// The directory of the out-of-memory marker files: `oom_dir=`, else
+    /// `oom` next to the socket.
+    pub fn oom_dir(&self) -> PathBuf {
+        match &self.oom_dir {
+            Some(d) => d.clone(),
+            None => self
+                .socket
+                .parent()
+                .unwrap_or(std::path::Path::new("/run/smartmig"))
+                .join("oom"),
+        }
     }
 }
 
@@ -128,6 +170,12 @@ mod tests {
         assert_eq!(a.socket, PathBuf::from("/tmp/x.sock"));
         assert_eq!(a.timeout, Duration::from_millis(2500));
         assert_eq!(a.on_failure, OnFailure::WholeGpu);
+        assert!(!a.oom_requeue);
+        assert_eq!(a.oom_dir(), PathBuf::from("/tmp/oom"));
+        let a = PluginArgs::parse(&["oom_requeue=yes", "oom_dir=/var/spool/smartmig-oom"]).unwrap();
+        assert!(a.oom_requeue);
+        assert_eq!(a.oom_dir(), PathBuf::from("/var/spool/smartmig-oom"));
+        assert_eq!(PluginArgs::default().oom_dir(), PathBuf::from("/run/smartmig/oom"));
     }
 
     #[test]
@@ -143,6 +191,8 @@ mod tests {
             (vec!["timeout=0"], "(0, 3600]"),
             (vec!["timeout=-3"], "(0, 3600]"),
             (vec!["on_failure=ignore"], "`fail` or `whole-gpu`"),
+            (vec!["oom_requeue=maybe"], "`yes` or `no`"),
+            (vec!["oom_dir=oom"], "absolute path"),
         ] {
             let err = PluginArgs::parse(&words).unwrap_err();
             assert!(err.contains(needle), "{words:?}: {err}");

@@ -19,7 +19,8 @@
 //! | option callbacks | sbatch/srun (validate), slurmstepd (store) | caller / root | a bad value makes sbatch refuse the job |
 //! | `init_post_opt` | slurmstepd | root | asks the sidecar, sets `CUDA_VISIBLE_DEVICES=MIG-..` |
 //! | `task_init` | each task, before exec | job user | fails the job (-1) with the reason on its stderr |
-//! | `job_epilog` | slurmd's epilog | root | releases the job's instance |
+//! | `task_exit` | slurmstepd, per task | root | `oom_requeue=yes`: a batch script that exited 0 has its OOM marker cleared |
+//! | `job_epilog` | slurmd's epilog | root | releases the job's instance (saying whether it ran out of memory) |
 //!
 //! No callback returns an error where Slurm would drain the node for it
 //! (`init`/`init_post_opt`/`user_init` in slurmstepd, the epilog); every
@@ -30,10 +31,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, MutexGuard};
 
 use smartmig::daemon::client::{Client, ClientError};
-use smartmig::daemon::protocol::{AllocAction, AllocateRequest};
+use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ReleaseRequest};
 
 pub mod args;
 pub mod job;
+pub mod oom;
 pub mod options;
 pub mod spank;
 
@@ -133,8 +135,13 @@ enum Outcome {
     /// The step has no shards (or is the extern step): not our business.
     #[default]
     Untouched,
-    /// The sidecar gave the job this instance.
-    Allocated { uuid: String, profile: String },
+    /// The sidecar gave the job this instance (and, with `oom_requeue=yes`,
+    /// this out-of-memory marker file).
+    Allocated {
+        uuid: String,
+        profile: String,
+        oom_file: Option<String>,
+    },
     /// The job must fail with this reason (printed to its stderr).
     Failed(String),
     /// `on_failure=whole-gpu`: the job runs on the GPU Slurm chose; this
@@ -196,7 +203,8 @@ const OPT_MIG_PROFILE: c_int = 2;
 /// plus "Invalid --mig-mem argument"; in slurmstepd the value is stored
 /// (and an invalid one fails the job in `task_init`).
 extern "C" fn opt_mig_mem(_val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
-    guarded("--mig-mem", -1, || {
+    // A panic refuses the job at submit, but must not fail slurmstepd.
+    guarded("--mig-mem", if remote == 0 { -1 } else { 0 }, || {
         let value = if optarg.is_null() {
             String::new()
         } else {
@@ -222,7 +230,7 @@ extern "C" fn opt_mig_mem(_val: c_int, optarg: *const c_char, remote: c_int) -> 
 /// it") at submit; the model and shard-count match are checked in
 /// slurmstepd, where they are known.
 extern "C" fn opt_mig_profile(_val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
-    guarded("--mig-profile", -1, || {
+    guarded("--mig-profile", if remote == 0 { -1 } else { 0 }, || {
         let value = if optarg.is_null() {
             String::new()
         } else {
@@ -383,13 +391,21 @@ pub unsafe extern "C" fn slurm_spank_task_init(
         let outcome = state().outcome.clone();
         match outcome {
             Outcome::Untouched => 0,
-            Outcome::Allocated { uuid, profile } => {
+            Outcome::Allocated {
+                uuid,
+                profile,
+                oom_file,
+            } => {
                 // Set again: a GRES plugin may set CUDA_VISIBLE_DEVICES per
                 // task after init_post_opt; this is the last word before exec.
-                for (name, value) in [
+                let mut vars = vec![
                     ("CUDA_VISIBLE_DEVICES", uuid.as_str()),
                     ("SMARTMIG_PROFILE", profile.as_str()),
-                ] {
+                ];
+                if let Some(f) = &oom_file {
+                    vars.push((oom::ENV, f.as_str()));
+                }
+                for (name, value) in vars {
                     // SAFETY: `sp` is this callback's handle.
                     if let Err(e) = unsafe { spank::setenv(sp, name, value) } {
                         to_job_stderr(&format!("smartmig: error: {e}"));
@@ -407,6 +423,60 @@ pub unsafe extern "C" fn slurm_spank_task_init(
                 0
             }
         }
+    })
+}
+
+/// After each task of a step exits (slurmstepd, as root). With
+/// `oom_requeue=yes`, a batch script that exited 0 did not fail, so its
+/// out-of-memory marker is cleared: only a failed job is requeued. Always
+/// returns 0 (nothing here may fail the job or the node).
+///
+/// # Safety
+/// Called by Slurm with a valid handle and `ac` strings in `av`.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_task_exit(
+    sp: sys::spank_t,
+    ac: c_int,
+    av: *mut *mut c_char,
+) -> c_int {
+    guarded("slurm_spank_task_exit", 0, || {
+        let oom_file = match &state().outcome {
+            Outcome::Allocated {
+                oom_file: Some(_), ..
+            } => true,
+            _ => false,
+        };
+        if !oom_file {
+            return 0;
+        }
+        // SAFETY: `sp` is this callback's handle.
+        let (step, job_id, status) = unsafe {
+            (
+                spank::item_u32(sp, sys::spank_item_S_JOB_STEPID),
+                spank::item_u32(sp, sys::spank_item_S_JOB_ID),
+                spank::item_u32(sp, sys::spank_item_S_TASK_EXIT_STATUS),
+            )
+        };
+        if step != Some(job::BATCH_STEP) {
+            return 0;
+        }
+        let (Some(job_id), Some(status)) = (job_id, status) else {
+            return 0;
+        };
+        if status != 0 {
+            return 0;
+        }
+        // SAFETY: forwarded from Slurm.
+        let words = unsafe { spank::args(ac, av) };
+        if let Ok(args) = PluginArgs::parse(&words) {
+            if let Err(e) = oom::clear(&args.oom_dir(), job_id) {
+                log(
+                    LogLevel::Error,
+                    &format!("job {job_id}: cannot clear the out-of-memory marker: {e}"),
+                );
+            }
+        }
+        0
     })
 }
 
@@ -459,11 +529,39 @@ pub unsafe extern "C" fn slurm_spank_job_epilog(
             );
             return 0;
         };
+        let mut oom = false;
+        if args.oom_requeue {
+            match oom::take(&args.oom_dir(), job_id) {
+                Ok(Some(line)) => {
+                    oom = true;
+                    log(
+                        LogLevel::Info,
+                        &format!("job {job_id}: out-of-memory marker found ({line:?}); reporting it to smartmigd"),
+                    );
+                }
+                Ok(None) => {}
+                Err(e) => log(
+                    LogLevel::Error,
+                    &format!("job {job_id}: cannot read the out-of-memory marker: {e}"),
+                ),
+            }
+        }
         let client = Client::new(&args.socket).with_io_timeout(args.timeout);
-        match client.release(u64::from(job_id)) {
+        let request = ReleaseRequest {
+            job_id: u64::from(job_id),
+            oom,
+            used_memory_gb: None,
+        };
+        match client.release_with(request) {
             Ok(r) => log(
                 LogLevel::Info,
-                &format!("job {job_id}: released {} instance(s)", r.released),
+                &format!(
+                    "job {job_id}: released {} instance(s){}",
+                    r.released,
+                    r.oom_decision
+                        .map(|d| format!("; out of memory: {d}"))
+                        .unwrap_or_default()
+                ),
             ),
             Err(e) => log(
                 LogLevel::Error,
@@ -586,6 +684,8 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
             }
         }
     }
+    // SAFETY: `sp` is the callback's handle.
+    let job_name = unsafe { spank::getenv(sp, "SLURM_JOB_NAME") }.filter(|n| !n.trim().is_empty());
     let request = AllocateRequest {
         job_id: u64::from(job_id),
         step: Some(step_id),
@@ -595,6 +695,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         memory_gb,
         deadline: None,
         time_limit_s: None,
+        job_name,
     };
     let reply = match client.allocate(request) {
         Ok(r) => r,
@@ -621,6 +722,35 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
             return fail(format!("job {job_id}: {e}"));
         }
     }
+    let oom_file = if args.oom_requeue {
+        // SAFETY: `sp` is the callback's handle.
+        let gid = unsafe { spank::item_u32(sp, sys::spank_item_S_JOB_GID) }.unwrap_or(uid);
+        match oom::prepare(&args.oom_dir(), job_id, uid, gid, step_id == job::BATCH_STEP) {
+            Ok(path) => {
+                let path = path.to_string_lossy().into_owned();
+                // SAFETY: `sp` is the callback's handle.
+                match unsafe { spank::setenv(sp, oom::ENV, &path) } {
+                    Ok(()) => Some(path),
+                    Err(e) => {
+                        log(LogLevel::Error, &format!("job {job_id}: {e}"));
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                log(
+                    LogLevel::Error,
+                    &format!(
+                        "job {job_id}: no out-of-memory marker ({e}); an out-of-memory \
+                         failure of this job will not be requeued"
+                    ),
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
     log(
         LogLevel::Info,
         &format!(
@@ -637,6 +767,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
     Outcome::Allocated {
         uuid: reply.uuid,
         profile: reply.profile,
+        oom_file,
     }
 }
 

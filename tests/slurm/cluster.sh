@@ -11,6 +11,9 @@
 # state, spool, logs and pid files, so it neither needs nor disturbs a system
 # Slurm/munge install. Ports default to 6917 (slurmctld) and 6918 (slurmd);
 # override with SMARTMIG_SLURMCTLD_PORT / SMARTMIG_SLURMD_PORT.
+# SMARTMIG_SLURM_CRED_EXPIRE=N sets AuthInfo's cred_expire (Slurm holds a
+# requeued job for cred_expire + 1 s; default 120), and
+# SMARTMIG_SLURM_SCHED_EXTRA=k=v,... adds SchedulerParameters.
 #
 # The node is declared like a real smartmig node (see etc/slurm/*.snippet and
 # docs): two GPUs, each one `gpu` GRES with 7 `shard` GRES, backed by fake
@@ -104,6 +107,15 @@ cluster_up() {
         command -v "$bin" >/dev/null 2>&1 ||
             die "$bin not found: apt-get install slurmctld slurmd slurm-client munge"
     done
+    # Credential lifetime (s); Slurm's default is 120. A requeued job may
+    # start again only cred_expire + 1 s later, so tests of requeues set
+    # SMARTMIG_SLURM_CRED_EXPIRE to a few seconds.
+    local cred_expire=${SMARTMIG_SLURM_CRED_EXPIRE:-}
+    [[ -z $cred_expire || $cred_expire =~ ^[0-9]+$ ]] || die "SMARTMIG_SLURM_CRED_EXPIRE must be a number of seconds"
+    # Extra SchedulerParameters, e.g. sched_interval=2 (a requeued job that
+    # becomes eligible is otherwise only seen by the next periodic pass).
+    local sched_extra=${SMARTMIG_SLURM_SCHED_EXTRA:-}
+    [[ $sched_extra =~ ^[a-z_=0-9,]*$ ]] || die "SMARTMIG_SLURM_SCHED_EXTRA: only key=value,... expected"
     local ctld_port=${SMARTMIG_SLURMCTLD_PORT:-6917}
     local slurmd_port=${SMARTMIG_SLURMD_PORT:-6918}
     local port
@@ -168,7 +180,7 @@ SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$sock
+AuthInfo=socket=$sock${cred_expire:+,cred_expire=$cred_expire}
 CredType=cred/munge
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
@@ -187,9 +199,12 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 MailProg=/bin/true
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0${sched_extra:+,$sched_extra}
 ReturnToService=2
 KillWait=2
+# Batch jobs may be requeued (smartmigd requeues a job that ran out of GPU
+# memory with `scontrol requeue`); 1 is Slurm's default, stated for clarity.
+JobRequeue=1
 PlugStackConfig=$dir/plugstack.conf
 GresTypes=gpu,shard
 NodeName=$node $hw Gres=gpu:2,shard:14 State=UNKNOWN

@@ -59,7 +59,11 @@ impl Best {
             .iter()
             .map(|o| {
                 let e = o.energy_j / e_ref;
-                let t = if t_ref > 0.0 { o.total_tardiness_s / n / t_ref } else { 1.0 };
+                let t = if t_ref > 0.0 {
+                    o.total_tardiness_s / n / t_ref
+                } else {
+                    1.0
+                };
                 (e + alpha * t) / (1.0 + alpha)
             })
             .fold(f64::INFINITY, f64::min)
@@ -205,10 +209,7 @@ fn list_schedule(
     let mut energy = 0.0;
     for w in cuts.windows(2) {
         let (a, b) = (w[0], w[1]);
-        let busy = placed
-            .iter()
-            .filter(|p| p.0 <= a && b <= p.1)
-            .map(|p| p.3);
+        let busy = placed.iter().filter(|p| p.0 <= a && b <= p.1).map(|p| p.3);
         energy += power.energy_j(crate::workload::gpu_load(busy, total), b - a);
     }
     Outcome {
@@ -235,6 +236,8 @@ mod tests {
             deadline: arrival + 150.0,
             class: JobClass::Inference,
             requested_slices: None,
+            declared_memory_gb: None,
+            template: None,
         };
         let model = GpuModel::A100_40gb;
         let p = PowerModel::default_for(model);

@@ -140,7 +140,11 @@ fn cheapest(job: &Job, gpus: &[BoundGpu]) -> Option<(f64, f64)> {
 /// Computes both lower bounds of `jobs` on the cluster `gpus` whose
 /// workload horizon (the window arrivals were drawn in) is
 /// `workload_horizon_s`.
-pub fn compute(jobs: &[Job], gpus: &[BoundGpu], workload_horizon_s: f64) -> Result<Bounds, BoundError> {
+pub fn compute(
+    jobs: &[Job],
+    gpus: &[BoundGpu],
+    workload_horizon_s: f64,
+) -> Result<Bounds, BoundError> {
     if gpus.is_empty() {
         return Err(BoundError::NoGpu);
     }
@@ -254,7 +258,11 @@ pub fn compute(jobs: &[Job], gpus: &[BoundGpu], workload_horizon_s: f64) -> Resu
         per_job_total_s,
         single_machine_total_s,
         late_jobs,
-        late_share: if n > 0 { late_jobs as f64 / n as f64 } else { 0.0 },
+        late_share: if n > 0 {
+            late_jobs as f64 / n as f64
+        } else {
+            0.0
+        },
     };
 
     // ---- Energy -----------------------------------------------------------
@@ -373,6 +381,8 @@ mod tests {
             deadline: arrival + slack,
             class: JobClass::Inference,
             requested_slices: None,
+            declared_memory_gb: None,
+            template: None,
         }
     }
 

@@ -23,6 +23,10 @@ pub struct Args {
 pub enum Target {
     /// Jobs simulated per second at 8, 100 and 1,000 GPUs.
     Sim(SimArgs),
+    /// Quality gates and decision latency of the learned policy.
+    Policy(super::bench_policy::PolicyArgs),
+    /// Allocate+release latency and memory of a real smartmigd (sim backend).
+    Daemon(crate::daemon::bench::Args),
 }
 
 #[derive(Debug, clap::Args)]
@@ -61,6 +65,8 @@ struct Row {
 pub fn run(a: &Args) -> Result<()> {
     match &a.target {
         Target::Sim(s) => run_sim(s),
+        Target::Policy(p) => super::bench_policy::run(p),
+        Target::Daemon(d) => crate::daemon::bench::run(d),
     }
 }
 

@@ -84,7 +84,11 @@ pub fn run(args: &Args) -> Result<()> {
         "  dynamic   >= {:.3} MJ (every job on its most efficient slice, full GPUs)",
         e.dynamic_j / 1e6
     )?;
-    writeln!(out, "tardiness   >= {:.2} s mean, {:.1} s total", t.mean_s, t.total_s)?;
+    writeln!(
+        out,
+        "tardiness   >= {:.2} s mean, {:.1} s total",
+        t.mean_s, t.total_s
+    )?;
     writeln!(
         out,
         "  per job   >= {:.1} s (start at arrival on the whole GPU)",
@@ -95,6 +99,11 @@ pub fn run(args: &Args) -> Result<()> {
         "  1 machine >= {:.1} s (cluster as one preemptive machine, SRPT + sorted deadlines)",
         t.single_machine_total_s
     )?;
-    writeln!(out, "late jobs   >= {} ({:.2} %)", t.late_jobs, 100.0 * t.late_share)?;
+    writeln!(
+        out,
+        "late jobs   >= {} ({:.2} %)",
+        t.late_jobs,
+        100.0 * t.late_share
+    )?;
     Ok(())
 }

@@ -78,12 +78,22 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn run_plain(&self, policy: &mut dyn RepartitionPolicy) -> Result<Metrics> {
         let mut h = self.heuristic.build(self.cfg.seed);
-        let r = simulate(self.cluster, self.jobs, h.as_mut(), policy, self.cfg, RunHooks::default())?;
+        let r = simulate(
+            self.cluster,
+            self.jobs,
+            h.as_mut(),
+            policy,
+            self.cfg,
+            RunHooks::default(),
+        )?;
         Ok(r.metrics)
     }
 
     /// A final run: metrics, the policy's name and the series of its event log.
-    fn run_logged(&self, policy: &mut dyn RepartitionPolicy) -> Result<(Metrics, String, series::TimeSeries)> {
+    fn run_logged(
+        &self,
+        policy: &mut dyn RepartitionPolicy,
+    ) -> Result<(Metrics, String, series::TimeSeries)> {
         let mut h = self.heuristic.build(self.cfg.seed);
         let mut log = Collect::default();
         let r = simulate(
@@ -128,21 +138,22 @@ pub fn compare(
         .run_logged(&mut crate::policy::NoPartition)
         .context("simulating the `none` reference")?;
     let reference_name = format!("none (every GPU one whole-GPU instance) + {heuristic}");
-    let push = |rows: &mut Vec<Row>, policy: &str, description: String, m: Metrics, s, search_runs| {
-        let score = EtScore::new(&m, &reference, reference_name.clone(), alpha);
-        rows.push(Row {
-            policy: policy.to_string(),
-            description,
-            metrics: m,
-            e: score.e,
-            t: score.t,
-            et: score.et,
-            et_change: Vec::new(),
-            energy_over_bound: f64::NAN,
-            search_runs,
-            series: Some(s),
-        });
-    };
+    let push =
+        |rows: &mut Vec<Row>, policy: &str, description: String, m: Metrics, s, search_runs| {
+            let score = EtScore::new(&m, &reference, reference_name.clone(), alpha);
+            rows.push(Row {
+                policy: policy.to_string(),
+                description,
+                metrics: m,
+                e: score.e,
+                t: score.t,
+                et: score.et,
+                et_change: Vec::new(),
+                energy_over_bound: f64::NAN,
+                search_runs,
+                series: Some(s),
+            });
+        };
     push(
         &mut rows,
         "none",
@@ -162,7 +173,10 @@ pub fn compare(
     push(
         &mut rows,
         "static",
-        format!("static:1, an arbitrary admin choice ({} on every GPU)", pictures.join(" / ")),
+        format!(
+            "static:1, an arbitrary admin choice ({} on every GPU)",
+            pictures.join(" / ")
+        ),
         m,
         s,
         None,
@@ -172,7 +186,8 @@ pub fn compare(
     let mut evaluate = |p: &mut dyn RepartitionPolicy| -> Result<f64> {
         Ok(search_score(&ctx.run_plain(p)?, &reference, alpha))
     };
-    let best = search::static_best(cluster, &opts.search, &mut evaluate).context("static-best search")?;
+    let best =
+        search::static_best(cluster, &opts.search, &mut evaluate).context("static-best search")?;
     let twice = search::twice_daily(cluster, &opts.search, &best, cfg.start_hour, &mut evaluate)
         .context("twice-daily search")?;
     let mut sb = best.policy.clone();
@@ -180,7 +195,14 @@ pub fn compare(
     push(&mut rows, "static-best", name, m, s, Some(best.evaluations));
     let mut td = twice.policy.clone();
     let (m, name, s) = ctx.run_logged(&mut td)?;
-    push(&mut rows, "twice-daily", name, m, s, Some(twice.evaluations));
+    push(
+        &mut rows,
+        "twice-daily",
+        name,
+        m,
+        s,
+        Some(twice.evaluations),
+    );
 
     let mut greedy = Greedy::default();
     let (m, name, s) = ctx.run_logged(&mut greedy)?;
@@ -243,7 +265,13 @@ pub fn compare(
 /// File-name-safe form of a policy name.
 fn slug(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -309,6 +337,24 @@ pub fn run_cli(
     };
     let mut opts = CompareOptions::new(label, a.alpha);
     opts.extra.clone_from(&a.compare_policy);
+    // The shipped learned policy of each model joins the table when it and
+    // ONNX Runtime exist (docs/policy.md).
+    if !opts.extra.iter().any(|s| s.starts_with("policy:")) {
+        for m in cluster
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            match (
+                crate::policy::onnx::shipped_policy(m),
+                crate::policy::onnx::find_onnxruntime(),
+            ) {
+                (Some(p), Ok(_)) => opts.extra.push(format!("policy:{}", p.display())),
+                (Some(p), Err(e)) => eprintln!("smartmig: not comparing {}: {e}", p.display()),
+                (None, _) => {}
+            }
+        }
+    }
     let c = compare(cluster, jobs, cfg, heuristic, &opts)?;
     let mut out = std::io::stdout().lock();
     if a.json {

@@ -7,9 +7,11 @@ use clap::{Parser, Subcommand};
 
 pub mod audit;
 pub mod bench;
+pub mod bench_policy;
 pub mod bound;
 pub mod compare;
 pub mod layouts;
+pub mod oom;
 pub mod simulate;
 pub mod status;
 pub mod train;

@@ -77,6 +77,36 @@ pub struct Args {
     /// With --compare: an extra policy to compare (repeatable), e.g. policy:FILE.onnx.
     #[arg(long, value_name = "SPEC", requires = "compare")]
     pub compare_policy: Vec<String>,
+    /// Choose instances by the declared memory; a job on a too-small
+    /// instance fails out of memory and restarts on a bigger one
+    /// (docs/oom-and-memory.md). Off: the true need is known (oracle).
+    #[arg(long)]
+    pub oom_restart: bool,
+    /// Learn memory estimates for jobs that declare nothing (needs --oom-restart).
+    #[arg(long, value_name = "on|off", default_value = "off")]
+    pub memory_estimate: String,
+    /// Share of the run after which an out-of-memory job fails.
+    #[arg(long, default_value_t = crate::sim::DEFAULT_OOM_FAIL_FRACTION)]
+    pub oom_fraction: f64,
+    /// Restarts after out-of-memory failures before a job is rejected.
+    #[arg(long, default_value_t = crate::sim::DEFAULT_OOM_MAX_RETRIES)]
+    pub oom_retries: u32,
+    /// SMALL[,NONE]: shares of jobs that declare the smallest profile's
+    /// memory / nothing at all (default: every job declares its need).
+    #[arg(long, value_name = "SMALL[,NONE]")]
+    pub underdeclare: Option<String>,
+    /// With --underdeclare on the diurnal workload: job templates (same
+    /// user and script) per class, whose jobs need about the same memory.
+    #[arg(long, default_value_t = 100)]
+    pub memory_templates: u32,
+    /// LO,HI: true memory need = the workload's (derived) need x U(LO, HI),
+    /// which becomes the declaration (for traces whose memory is a guess).
+    #[arg(long, value_name = "LO,HI")]
+    pub memory_spread: Option<String>,
+    /// Print throughput and energy of the oracle, declared-memory, OOM
+    /// restart and restart + estimate schedulers on this workload.
+    #[arg(long)]
+    pub oom_study: bool,
 }
 
 /// A cluster description: one model per GPU.
@@ -110,10 +140,9 @@ pub fn load_workload(a: &Args, model: GpuModel, gpus: usize) -> Result<(Vec<Job>
             ..DiurnalConfig::default()
         };
         cfg.validate().context("diurnal workload")?;
-        return Ok((
-            generate_diurnal(&cfg, model, gpus, a.seed),
-            Some(cfg.horizon_s),
-        ));
+        let mut jobs = generate_diurnal(&cfg, model, gpus, a.seed);
+        super::oom::apply(&mut jobs, model, &memory_options(a)?, true, a.seed);
+        return Ok((jobs, Some(cfg.horizon_s)));
     }
     let format: TraceFormat = a.trace_format.parse()?;
     let file = File::open(&a.workload).with_context(|| format!("opening trace {}", a.workload))?;
@@ -122,8 +151,9 @@ pub fn load_workload(a: &Args, model: GpuModel, gpus: usize) -> Result<(Vec<Job>
         seed: a.seed,
         ..TraceOptions::new(model)
     };
-    let trace = read_trace(format, BufReader::new(file), &opts)
+    let mut trace = read_trace(format, BufReader::new(file), &opts)
         .with_context(|| format!("reading {} trace {}", format, a.workload))?;
+    super::oom::apply(&mut trace.jobs, model, &memory_options(a)?, false, a.seed);
     for s in trace.skipped.iter().take(5) {
         eprintln!("smartmig: skipped line {}: {}", s.line, s.reason);
     }
@@ -131,6 +161,14 @@ pub fn load_workload(a: &Args, model: GpuModel, gpus: usize) -> Result<(Vec<Job>
         eprintln!("smartmig: ... {} rows skipped in all", trace.skipped.len());
     }
     Ok((trace.jobs, None))
+}
+
+fn memory_options(a: &Args) -> Result<super::oom::MemoryOptions> {
+    super::oom::parse_options(
+        a.underdeclare.as_deref(),
+        a.memory_templates,
+        a.memory_spread.as_deref(),
+    )
 }
 
 #[derive(Serialize)]
@@ -162,8 +200,27 @@ pub fn run(a: &Args) -> Result<()> {
         },
         seed: a.seed,
         workload_horizon_s: horizon,
+        oom: super::oom::oom_config(
+            a.oom_restart,
+            &a.memory_estimate,
+            a.oom_fraction,
+            a.oom_retries,
+        )?,
         ..SimConfig::default()
     };
+    if a.oom_study {
+        let mut out = std::io::stdout().lock();
+        return super::oom::study(
+            &mut out,
+            &cluster,
+            &jobs,
+            &cfg,
+            heuristic,
+            &a.policy,
+            a.oom_fraction,
+            a.oom_retries,
+        );
+    }
     if a.compare {
         return super::compare::run_cli(a, &cluster, &jobs, &cfg, heuristic);
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::daemon::protocol::{StatusReply, DEFAULT_SOCKET};
+use crate::daemon::protocol::{MemoryStatus, StatusReply, DEFAULT_SOCKET};
 use crate::daemon::Client;
 
 #[derive(Debug, clap::Args)]
@@ -77,7 +77,10 @@ pub fn render(s: &StatusReply) -> String {
             "UUID", "PROFILE", "START", "JOB", "UID", "BUSY/IDLE"
         );
         for i in &g.instances {
-            let job = i.job_id.map(|j| j.to_string()).unwrap_or_else(|| "-".into());
+            let job = i
+                .job_id
+                .map(|j| j.to_string())
+                .unwrap_or_else(|| "-".into());
             let uid = i.uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
             let state = match (i.busy_since, i.idle_s) {
                 (Some(since), _) => format!("since {since}"),
@@ -91,7 +94,60 @@ pub fn render(s: &StatusReply) -> String {
             );
         }
     }
+    if let Some(m) = &s.memory {
+        render_memory(&mut out, m);
+    }
     out
+}
+
+/// The out-of-memory restarts and learned estimates.
+fn render_memory(out: &mut String, m: &MemoryStatus) {
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    let _ = writeln!(
+        out,
+        "\nOOM restarts (requeue {}, max {} per job)",
+        onoff(m.oom_requeue),
+        m.max_retries
+    );
+    if m.oom_events.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for e in &m.oom_events {
+        let who = match (&e.user, &e.job_name) {
+            (Some(u), Some(n)) => format!("{u}/{n}"),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:>10} job {:<8} {:<20} GPU {} {:<9} failures {} {:<18} {}",
+            e.at, e.job_id, who, e.gpu, e.profile, e.failures, e.decision, e.message
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nMemory estimates (jobs without --mig-mem: {})",
+        onoff(m.estimate)
+    );
+    if m.estimates.is_empty() {
+        let _ = writeln!(out, "  (none learned yet)");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:<12} {:<24} {:>9} {:>5} {:>5} {:>9}",
+        "USER", "JOB NAME", "ESTIMATE", "RUNS", "OOMS", "MAX PEAK"
+    );
+    for e in &m.estimates {
+        let peak = e
+            .max_peak_gb
+            .map(|p| format!("{p:.1} GB"))
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "  {:<12} {:<24} {:>6.1} GB {:>5} {:>5} {:>9}",
+            e.user, e.job_name, e.estimate_gb, e.runs, e.ooms, peak
+        );
+    }
 }
 
 #[cfg(test)]
@@ -125,11 +181,61 @@ mod tests {
                 idle_s: 0,
                 energy_j: Some(1500.0),
             }],
+            memory: None,
         };
         let t = render(&s);
-        assert!(t.contains("GPU 0 a100-40gb  [3333|....]  3g.20gb  energy 1.5 kJ"), "{t}");
+        assert!(
+            t.contains("GPU 0 a100-40gb  [3333|....]  3g.20gb  energy 1.5 kJ"),
+            "{t}"
+        );
         assert!(t.contains("MIG-1"), "{t}");
         assert!(t.contains("42"), "{t}");
         assert!(t.contains("up 1m15s"), "{t}");
+        assert!(!t.contains("OOM restarts"), "{t}");
+    }
+
+    #[test]
+    fn memory_section_lists_restarts_and_estimates() {
+        use crate::daemon::protocol::{EstimateStatus, OomEvent};
+        let s = StatusReply {
+            node: "n1".into(),
+            version: "0.1.0".into(),
+            backend: "sim".into(),
+            policy: "none".into(),
+            uptime_s: 5,
+            gpus: vec![],
+            memory: Some(MemoryStatus {
+                estimate: true,
+                oom_requeue: true,
+                max_retries: 2,
+                oom_events: vec![OomEvent {
+                    at: 1_700_000_000,
+                    job_id: 42,
+                    user: Some("alice".into()),
+                    job_name: Some("train.sh".into()),
+                    gpu: 0,
+                    profile: "1g.5gb".into(),
+                    memory_gb: 5,
+                    failures: 1,
+                    decision: "requeued".into(),
+                    next_memory_gb: Some(10),
+                    message: "scontrol requeue 42 succeeded".into(),
+                }],
+                oom_jobs: vec![],
+                estimates: vec![EstimateStatus {
+                    user: "alice".into(),
+                    job_name: "train.sh".into(),
+                    estimate_gb: 6.0,
+                    runs: 1,
+                    ooms: 1,
+                    max_peak_gb: None,
+                }],
+            }),
+        };
+        let t = render(&s);
+        assert!(t.contains("OOM restarts (requeue on, max 2 per job)"), "{t}");
+        assert!(t.contains("alice/train.sh"), "{t}");
+        assert!(t.contains("requeued"), "{t}");
+        assert!(t.contains("6.0 GB"), "{t}");
     }
 }

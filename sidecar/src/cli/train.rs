@@ -22,6 +22,9 @@ pub struct Args {
     /// Override the config's seed.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Override the config's GPU model (e.g. `h100-80gb`).
+    #[arg(long)]
+    pub gpu_model: Option<crate::mig::GpuModel>,
     /// Override the config's wall-clock budget, s.
     #[arg(long)]
     pub time_budget: Option<f64>,
@@ -42,6 +45,9 @@ pub fn run(a: &Args) -> Result<()> {
     if let Some(s) = a.seed {
         cfg.seed = s;
     }
+    if let Some(m) = a.gpu_model {
+        cfg.gpu_model = m;
+    }
     if let Some(t) = a.time_budget {
         cfg.time_budget_s = t;
     }
@@ -49,11 +55,9 @@ pub fn run(a: &Args) -> Result<()> {
     let total = (cfg.imitation.episodes + cfg.ppo.iterations) as u64;
     let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} {prefix} {msg}",
-        )
-        .context("progress template")?
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {prefix} {msg}")
+            .context("progress template")?
+            .progress_chars("=> "),
     );
     let mut last_val = String::from("val: -");
     let (net, report) = train(&cfg, |p| match p {
@@ -74,7 +78,11 @@ pub fn run(a: &Args) -> Result<()> {
         } => {
             let f = |x: Option<f64>| x.map_or("-".into(), |e| format!("{e:.3}"));
             last_val = format!("val ET {} vs static-best {}", f(et), f(static_best_et));
-            let line = format!("validation after {step}: ET {} (static-best {})", f(et), f(static_best_et));
+            let line = format!(
+                "validation after {step}: ET {} (static-best {})",
+                f(et),
+                f(static_best_et)
+            );
             if bar.is_hidden() {
                 eprintln!("{line}");
             } else {
@@ -100,7 +108,13 @@ pub fn run(a: &Args) -> Result<()> {
         "smartmig_version": env!("CARGO_PKG_VERSION"),
     });
     meta.validation = serde_json::json!({
-        "day": format!("diurnal, seed {}, {} GPUs", report.validation_seed, report.validation_gpus),
+        "days": format!(
+            "{} diurnal days, seeds {}..{}, {} GPUs (means over the days)",
+            report.validation_days,
+            report.validation_seed,
+            report.validation_seed + report.validation_days as u64 - 1,
+            report.validation_gpus
+        ),
         "reference": "none (whole GPUs) with the same heuristic",
         "et": report.validation_et,
         "teacher_et": report.validation_teacher_et,
@@ -117,7 +131,7 @@ pub fn run(a: &Args) -> Result<()> {
     )
     .with_context(|| format!("writing {}", meta_path.display()))?;
     println!(
-        "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation day: ET {} vs static-best {} ({}), teacher {}",
+        "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
         a.out.display(),
         bytes.len(),
         meta_path.display(),

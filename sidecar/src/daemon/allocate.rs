@@ -154,7 +154,10 @@ impl GpuBook {
         // 3. Re-shape idle instances (never a busy one).
         let busy = self.busy();
         if let Some((placement, t)) = g.reshape_for(layout, busy, profile.shape) {
-            assert!(!t.touches(busy), "reshape_for proposed destroying a busy instance");
+            assert!(
+                !t.touches(busy),
+                "reshape_for proposed destroying a busy instance"
+            );
             let destroy = self
                 .instances
                 .iter()
@@ -303,8 +306,17 @@ mod tests {
         }
     }
 
-    fn allocate(b: &mut GpuBook, id: u64, k: u8, mem: Option<f64>, s: &mut u32) -> Result<(String, Plan), Refusal> {
-        let (_, plan) = b.plan(Need { slices: k, memory_gb: mem })?;
+    fn allocate(
+        b: &mut GpuBook,
+        id: u64,
+        k: u8,
+        mem: Option<f64>,
+        s: &mut u32,
+    ) -> Result<(String, Plan), Refusal> {
+        let (_, plan) = b.plan(Need {
+            slices: k,
+            memory_gb: mem,
+        })?;
         let uuid = apply(b, &plan, s);
         b.assign(&uuid, job(id));
         Ok((uuid, plan))
@@ -313,13 +325,26 @@ mod tests {
     #[test]
     fn picks_profile_by_slices_and_memory() {
         let b = book();
-        let (p, plan) = b.plan(Need { slices: 3, memory_gb: Some(15.0) }).unwrap();
+        let (p, plan) = b
+            .plan(Need {
+                slices: 3,
+                memory_gb: Some(15.0),
+            })
+            .unwrap();
         assert_eq!(p.name(), "3g.20gb");
         assert!(matches!(plan, Plan::Create { .. }));
-        let (p, _) = b.plan(Need { slices: 5, memory_gb: None }).unwrap();
+        let (p, _) = b
+            .plan(Need {
+                slices: 5,
+                memory_gb: None,
+            })
+            .unwrap();
         assert_eq!(p.name(), "7g.40gb");
         assert!(matches!(
-            b.plan(Need { slices: 8, memory_gb: None }),
+            b.plan(Need {
+                slices: 8,
+                memory_gb: None
+            }),
             Err(Refusal::Select(SelectError::TooManySlices { .. }))
         ));
     }
@@ -333,8 +358,14 @@ mod tests {
         }
         assert_eq!(b.geometry.picture(b.layout()), "1|1|1|1|1|1|1|.");
         let err = allocate(&mut b, 8, 1, None, &mut s).unwrap_err();
-        let Refusal::NoFit { reason, .. } = err else { panic!() };
-        assert!(reason.starts_with("no 1g.5gb slice can be made on GPU 1: busy instances 1g.5gb@0 (job"), "{reason}");
+        let Refusal::NoFit { reason, .. } = err else {
+            panic!()
+        };
+        assert!(
+            reason
+                .starts_with("no 1g.5gb slice can be made on GPU 1: busy instances 1g.5gb@0 (job"),
+            "{reason}"
+        );
     }
 
     #[test]
@@ -345,12 +376,37 @@ mod tests {
         let narrow = g.placement_id(Shape::new(1, 1), 6).unwrap();
         b.add_instance(wide, "MIG-wide".into(), 0);
         b.add_instance(narrow, "MIG-narrow".into(), 0);
-        let (_, plan) = b.plan(Need { slices: 1, memory_gb: None }).unwrap();
-        assert_eq!(plan, Plan::Reuse { uuid: "MIG-narrow".into() });
-        let (_, plan) = b.plan(Need { slices: 1, memory_gb: Some(8.0) }).unwrap();
-        assert_eq!(plan, Plan::Reuse { uuid: "MIG-wide".into() });
+        let (_, plan) = b
+            .plan(Need {
+                slices: 1,
+                memory_gb: None,
+            })
+            .unwrap();
+        assert_eq!(
+            plan,
+            Plan::Reuse {
+                uuid: "MIG-narrow".into()
+            }
+        );
+        let (_, plan) = b
+            .plan(Need {
+                slices: 1,
+                memory_gb: Some(8.0),
+            })
+            .unwrap();
+        assert_eq!(
+            plan,
+            Plan::Reuse {
+                uuid: "MIG-wide".into()
+            }
+        );
         // A 2g request does not take a 1g, even if idle.
-        let (_, plan) = b.plan(Need { slices: 2, memory_gb: None }).unwrap();
+        let (_, plan) = b
+            .plan(Need {
+                slices: 2,
+                memory_gb: None,
+            })
+            .unwrap();
         assert!(matches!(plan, Plan::Create { .. }));
     }
 
@@ -365,7 +421,9 @@ mod tests {
             assert_eq!(b.release(id, 5), 1);
         }
         let (uuid, plan) = allocate(&mut b, 9, 7, None, &mut s).unwrap();
-        let Plan::Reshape { destroy, .. } = plan else { panic!("{plan:?}") };
+        let Plan::Reshape { destroy, .. } = plan else {
+            panic!("{plan:?}")
+        };
         assert_eq!(destroy.len(), 7);
         assert_eq!(b.geometry.picture(b.layout()), "77777777");
         assert_eq!(b.find_job(9).unwrap().uuid, uuid);

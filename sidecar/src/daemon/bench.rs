@@ -174,6 +174,7 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
                             memory_gb: None,
                             deadline: None,
                             time_limit_s: None,
+                            job_name: None,
                         })?;
                         let alloc = a.elapsed().as_secs_f64();
                         client.release(job_id)?;
@@ -226,12 +227,31 @@ pub fn table(r: &Report) -> String {
         "smartmigd sim backend, {} x A100-40GB, K=1 allocate+release over a Unix socket\n\
          RSS idle {} KiB, peak {} KiB\n\
          {:>7} {:>7} {:>11} {:>11} {:>12} {:>12} {:>12} {:>10} {:>10}\n",
-        r.gpus, r.rss_idle_kib, r.rss_peak_kib, "clients", "pairs", "pair p50us", "pair p99us", "alloc p50us", "alloc p99us", "rel p99us", "pairs/s", "RSS KiB"
+        r.gpus,
+        r.rss_idle_kib,
+        r.rss_peak_kib,
+        "clients",
+        "pairs",
+        "pair p50us",
+        "pair p99us",
+        "alloc p50us",
+        "alloc p99us",
+        "rel p99us",
+        "pairs/s",
+        "RSS KiB"
     );
     for x in &r.rows {
         s.push_str(&format!(
             "{:>7} {:>7} {:>11.0} {:>11.0} {:>12.0} {:>12.0} {:>12.0} {:>10.0} {:>10}\n",
-            x.clients, x.pairs, x.pair_p50_us, x.pair_p99_us, x.allocate_p50_us, x.allocate_p99_us, x.release_p99_us, x.pairs_per_s, x.rss_after_kib
+            x.clients,
+            x.pairs,
+            x.pair_p50_us,
+            x.pair_p99_us,
+            x.allocate_p50_us,
+            x.allocate_p99_us,
+            x.release_p99_us,
+            x.pairs_per_s,
+            x.rss_after_kib
         ));
     }
     s

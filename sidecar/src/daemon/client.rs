@@ -97,7 +97,9 @@ impl Client {
         let mut reply = String::new();
         BufReader::new((&stream).take(MAX_REPLY_BYTES)).read_line(&mut reply)?;
         if reply.is_empty() {
-            return Err(ClientError::Protocol("connection closed without a reply".into()));
+            return Err(ClientError::Protocol(
+                "connection closed without a reply".into(),
+            ));
         }
         Ok(reply)
     }
@@ -114,10 +116,15 @@ impl Client {
                     .get("error")
                     .cloned()
                     .and_then(|e| serde_json::from_value(e).ok())
-                    .ok_or_else(|| ClientError::Protocol(format!("error without a body: {}", reply.trim())))?;
+                    .ok_or_else(|| {
+                        ClientError::Protocol(format!("error without a body: {}", reply.trim()))
+                    })?;
                 Err(ClientError::Daemon(body))
             }
-            _ => Err(ClientError::Protocol(format!("no `ok` field: {}", reply.trim()))),
+            _ => Err(ClientError::Protocol(format!(
+                "no `ok` field: {}",
+                reply.trim()
+            ))),
         }
     }
 
@@ -131,7 +138,12 @@ impl Client {
     }
 
     pub fn release(&self, job_id: u64) -> Result<ReleaseReply, ClientError> {
-        self.request(&Request::Release(ReleaseRequest { job_id }))
+        self.release_with(ReleaseRequest::new(job_id))
+    }
+
+    /// A release with the optional fields (`oom`, `used_memory_gb`).
+    pub fn release_with(&self, req: ReleaseRequest) -> Result<ReleaseReply, ClientError> {
+        self.request(&Request::Release(req))
     }
 
     pub fn status(&self) -> Result<StatusReply, ClientError> {

@@ -96,7 +96,8 @@ pub struct InjectError {
     /// Only on this GPU (default: any).
     #[serde(default)]
     pub gpu: Option<u32>,
-    /// `in_use`, `insufficient_resources`, `not_supported`, `no_permission` or `other`.
+    /// `in_use`, `insufficient_resources`, `not_supported`, `no_permission`,
+    /// `timeout` (a create still happens, then reports the timeout) or `other`.
     pub error: String,
     /// How many times to fail before succeeding again (default 1).
     #[serde(default = "one")]
@@ -114,6 +115,57 @@ pub struct SimConfig {
     pub seed: Option<u64>,
     /// Failures to inject, consumed in order.
     pub inject_errors: Vec<InjectError>,
+}
+
+/// Learned memory estimates (`[memory]`, docs/oom-and-memory.md "On a
+/// Slurm node").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Learn what jobs (per user and job name) needed and give jobs without
+    /// `--mig-mem` the learned estimate instead of the smallest profile.
+    pub estimate: bool,
+    /// Seconds between samples of the instances' framebuffer use (nvml
+    /// backend: NVML reports current use, not a peak, so the daemon keeps
+    /// the largest sample of each job).
+    pub sample_s: u64,
+    /// The estimator (window, quantile, margins, key bound), see
+    /// `workload::memory_estimate`.
+    pub estimator: crate::workload::EstimatorConfig,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            estimate: true,
+            sample_s: 5,
+            estimator: crate::workload::EstimatorConfig::default(),
+        }
+    }
+}
+
+/// Out-of-memory restarts (`[oom]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OomConfig {
+    /// Requeue a job whose release reports an out-of-memory failure (the
+    /// plugin reports it only with `oom_requeue=yes`); needs `slurm.enabled`.
+    pub requeue: bool,
+    /// Restarts per job after out-of-memory failures (then it stays failed).
+    pub max_retries: u32,
+    /// Seconds the daemon keeps trying `scontrol requeue` (the job must
+    /// first leave COMPLETING).
+    pub requeue_timeout_s: u64,
+}
+
+impl Default for OomConfig {
+    fn default() -> Self {
+        OomConfig {
+            requeue: true,
+            max_retries: 2,
+            requeue_timeout_s: 60,
+        }
+    }
 }
 
 /// The configuration file as written.
@@ -143,6 +195,10 @@ pub struct Config {
     /// `host:port` of the Prometheus endpoint (absent: no metrics server).
     pub metrics_listen: Option<String>,
     pub slurm: SlurmConfig,
+    /// Learned memory estimates.
+    pub memory: MemoryConfig,
+    /// Out-of-memory restarts.
+    pub oom: OomConfig,
     /// `tracing` filter (e.g. `info`, `smartmig=debug`); `RUST_LOG` overrides it.
     pub log_level: String,
 }
@@ -165,14 +221,12 @@ impl Default for Config {
             publish_layout: false,
             metrics_listen: None,
             slurm: SlurmConfig::default(),
+            memory: MemoryConfig::default(),
+            oom: OomConfig::default(),
             log_level: "info".into(),
         }
     }
 }
-
-/// Policies that exist in the design but not yet in the policy module: the
-/// daemon accepts them in the config, warns, and runs `none` meanwhile.
-pub const FUTURE_POLICIES: &[&str] = &["greedy", "onnx"];
 
 impl Config {
     /// Reads and validates a configuration file.
@@ -233,7 +287,10 @@ impl Config {
         self.check_policy()?;
         if let Some(listen) = &self.metrics_listen {
             listen.parse::<SocketAddr>().map_err(|e| {
-                invalid("metrics_listen", format!("\"{listen}\" is not host:port ({e})"))
+                invalid(
+                    "metrics_listen",
+                    format!("\"{listen}\" is not host:port ({e})"),
+                )
             })?;
         }
         if self.slurm.command_timeout_s == 0 {
@@ -249,22 +306,35 @@ impl Config {
             if super::backend::BackendError::injected(&inject.error, "x").is_none() {
                 return Err(invalid(
                     format!("sim.inject_errors[{i}].error"),
-                    format!("unknown error \"{}\" (known: in_use, insufficient_resources, not_supported, no_permission, other)", inject.error),
+                    format!("unknown error \"{}\" (known: in_use, insufficient_resources, not_supported, no_permission, timeout, other)", inject.error),
                 ));
             }
+        }
+        if self.memory.sample_s == 0 {
+            return Err(invalid("memory.sample_s", "must be at least 1"));
+        }
+        self.memory
+            .estimator
+            .validate()
+            .map_err(|e| invalid("memory.estimator", e.to_string()))?;
+        if self.oom.max_retries > 16 {
+            return Err(invalid(
+                "oom.max_retries",
+                format!("{} is outside 0..=16", self.oom.max_retries),
+            ));
+        }
+        if self.oom.requeue_timeout_s == 0 {
+            return Err(invalid("oom.requeue_timeout_s", "must be at least 1"));
         }
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .map_err(|e| invalid("log_level", format!("\"{}\": {e}", self.log_level)))?;
         Ok(())
     }
 
-    /// `none`, `static:<index|picture>` (checked against the sim GPUs), or a
-    /// future policy name.
+    /// Any policy the daemon can run (see [`super::policy::build`]), checked
+    /// against the sim GPUs.
     fn check_policy(&self) -> Result<(), ConfigError> {
         let p = self.policy.trim();
-        if FUTURE_POLICIES.contains(&p) {
-            return Ok(());
-        }
         let models = if self.backend == BackendKind::Sim {
             let mut m = self.sim_gpus()?;
             m.dedup();
@@ -272,9 +342,9 @@ impl Config {
         } else {
             Vec::new()
         };
-        crate::policy::parse_policy(p, &models)
+        super::policy::build(p, &models)
             .map(|_| ())
-            .map_err(|e| invalid("policy", e.to_string()))
+            .map_err(|e| invalid("policy", e))
     }
 
     /// The simulated GPUs in index order.
@@ -322,6 +392,9 @@ impl Config {
         if self.log_level != new.log_level {
             keys.push("log_level");
         }
+        if self.memory.estimator != new.memory.estimator {
+            keys.push("memory.estimator");
+        }
         keys
     }
 
@@ -349,6 +422,8 @@ impl Config {
         diff!(policy);
         diff!(publish_layout);
         diff!(slurm);
+        diff!(memory);
+        diff!(oom);
         out
     }
 }
@@ -375,7 +450,10 @@ mod tests {
     fn errors_name_the_key() {
         let text = format!("{MINIMAL}[[gpus]]\nmodel = \"a100\"\n");
         let err = Config::parse(&text).unwrap_err().to_string();
-        assert!(err.starts_with("gpus[1].model: unknown GPU model \"a100\""), "{err}");
+        assert!(
+            err.starts_with("gpus[1].model: unknown GPU model \"a100\""),
+            "{err}"
+        );
         let err = Config::parse(&format!("policy = \"magic\"\n{MINIMAL}"))
             .unwrap_err()
             .to_string();
@@ -405,6 +483,9 @@ mod tests {
         b.policy = "static:0".into();
         b.socket = PathBuf::from("/tmp/other.sock");
         assert_eq!(a.restart_only_changes(&b), vec!["socket"]);
-        assert_eq!(a.live_changes(&b), vec!["policy: \"none\" -> \"static:0\"".to_string()]);
+        assert_eq!(
+            a.live_changes(&b),
+            vec!["policy: \"none\" -> \"static:0\"".to_string()]
+        );
     }
 }

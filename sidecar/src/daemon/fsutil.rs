@@ -31,7 +31,10 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Creates `dir` (and parents) and sets its mode, e.g. 0700 for the state dir.
 pub fn ensure_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
-    fs::DirBuilder::new().recursive(true).mode(mode).create(dir)?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)?;
     fs::set_permissions(dir, fs::Permissions::from_mode(mode))
 }
 

@@ -11,6 +11,7 @@
 //! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
 //! | [`backend`] | MIG backends: `sim` (persisted) and `nvml` | yes |
 //! | [`journal`] | durable job -> instance assignments | yes |
+//! | [`memory`] | learned memory estimates, out-of-memory ledger | `memory.json` |
 //! | [`slurm`] | `squeue`/`sinfo`/`scontrol` behind [`slurm::SlurmClient`] | yes |
 //! | [`metrics`] | Prometheus families | no |
 //! | [`server`] | socket, peer credentials, per-GPU locks, signals, loops | yes |
@@ -29,7 +30,9 @@ pub mod client;
 pub mod config;
 pub mod fsutil;
 pub mod journal;
+pub mod memory;
 pub mod metrics;
+pub mod policy;
 pub mod protocol;
 pub mod server;
 pub mod slurm;

@@ -85,13 +85,35 @@ pub struct AllocateRequest {
     /// The job's time limit in seconds, for the repartitioning policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_s: Option<u64>,
+    /// Slurm job name (`SLURM_JOB_NAME`): with the uid, the key of the
+    /// learned memory estimates. Optional (v1 clients omit it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
 }
 
 /// `release`: the job ended.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     pub job_id: u64,
+    /// The job ended with an out-of-memory failure (the plugin found the
+    /// job's OOM marker). Optional, default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom: bool,
+    /// Peak GPU memory the job used, GB, when the caller knows it (tests and
+    /// the sim backend; on nvml the daemon samples it itself). Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_memory_gb: Option<f64>,
+}
+
+impl ReleaseRequest {
+    /// A plain release (job ended, nothing else known).
+    pub fn new(job_id: u64) -> Self {
+        ReleaseRequest {
+            job_id,
+            ..ReleaseRequest::default()
+        }
+    }
 }
 
 /// How the daemon satisfied an allocate.
@@ -134,6 +156,11 @@ pub struct AllocateReply {
 pub struct ReleaseReply {
     /// Instances returned (0 when the job held none: release is idempotent).
     pub released: u32,
+    /// What the daemon decided about an out-of-memory release (`oom: true`):
+    /// `requeue_scheduled`, `retries_exhausted`, `no_larger_profile`,
+    /// `disabled`, `slurm_disabled`. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_decision: Option<String>,
 }
 
 /// Reply to `health`.
@@ -154,6 +181,76 @@ pub struct StatusReply {
     pub policy: String,
     pub uptime_s: u64,
     pub gpus: Vec<GpuStatus>,
+    /// Learned memory estimates and recent out-of-memory restarts (absent
+    /// from daemons that predate them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStatus>,
+}
+
+/// The `memory` section of a status reply.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryStatus {
+    /// Whether jobs without `--mig-mem` get the learned estimate.
+    pub estimate: bool,
+    /// Whether out-of-memory failures are requeued.
+    pub oom_requeue: bool,
+    pub max_retries: u32,
+    /// Recent out-of-memory decisions, newest last (bounded).
+    pub oom_events: Vec<OomEvent>,
+    /// Jobs that ran out of memory and whose next start gets more memory.
+    pub oom_jobs: Vec<OomJob>,
+    /// Learned estimates, most recently updated first (bounded).
+    pub estimates: Vec<EstimateStatus>,
+}
+
+/// One out-of-memory decision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomEvent {
+    /// Unix seconds.
+    pub at: u64,
+    pub job_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    pub gpu: u32,
+    /// The profile the job ran out of memory on.
+    pub profile: String,
+    pub memory_gb: u32,
+    /// OOM failures of this job so far (this one included).
+    pub failures: u32,
+    /// `requeue_scheduled`, `requeued`, `requeue_failed`, `retries_exhausted`,
+    /// `no_larger_profile`, `disabled`, `slurm_disabled`.
+    pub decision: String,
+    /// Memory (GB) the next start is given at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_memory_gb: Option<u32>,
+    pub message: String,
+}
+
+/// A job whose next start is sized from its out-of-memory failures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomJob {
+    pub job_id: u64,
+    pub restarts: u32,
+    pub failures: u32,
+    pub last_profile: String,
+    pub last_memory_gb: u32,
+}
+
+/// One learned estimate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EstimateStatus {
+    pub user: String,
+    pub job_name: String,
+    /// What a job of this key without `--mig-mem` asks for (GB, margin included).
+    pub estimate_gb: f64,
+    /// Runs remembered (completed and out-of-memory).
+    pub runs: u32,
+    pub ooms: u32,
+    /// Largest peak of a completed run, GB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_peak_gb: Option<f64>,
 }
 
 /// One GPU in a status reply.
@@ -276,8 +373,8 @@ pub fn ok_line<T: Serialize>(body: &T) -> String {
 
 /// A failed reply line.
 pub fn error_line(error: &ErrorBody) -> String {
-    let mut line = serde_json::json!({"v": PROTOCOL_VERSION, "ok": false, "error": error})
-        .to_string();
+    let mut line =
+        serde_json::json!({"v": PROTOCOL_VERSION, "ok": false, "error": error}).to_string();
     line.push('\n');
     line
 }
@@ -294,12 +391,18 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ErrorBody> {
         return Err(bad("a request must be a JSON object".into()));
     };
     match map.remove("v") {
-        None => return Err(bad(format!("missing `v` (protocol version, {PROTOCOL_VERSION})"))),
+        None => {
+            return Err(bad(format!(
+                "missing `v` (protocol version, {PROTOCOL_VERSION})"
+            )))
+        }
         Some(Value::Number(n)) if n.as_u64() == Some(u64::from(PROTOCOL_VERSION)) => {}
         Some(other) => {
             return Err(ErrorBody::new(
                 ErrorKind::UnsupportedVersion,
-                format!("protocol version {other} is not supported (this daemon speaks {PROTOCOL_VERSION})"),
+                format!(
+                "protocol version {other} is not supported (this daemon speaks {PROTOCOL_VERSION})"
+            ),
             ))
         }
     }
@@ -335,13 +438,22 @@ mod tests {
         let Request::Allocate(a) = r else {
             panic!("not allocate")
         };
-        assert_eq!((a.job_id, a.gpu, a.slices, a.memory_gb), (7, 1, 3, Some(15.0)));
+        assert_eq!(
+            (a.job_id, a.gpu, a.slices, a.memory_gb),
+            (7, 1, 3, Some(15.0))
+        );
         assert_eq!(
             parse_request(br#"{"v":1,"op":"release","job_id":7}"#).unwrap(),
-            Request::Release(ReleaseRequest { job_id: 7 })
+            Request::Release(ReleaseRequest::new(7))
         );
-        assert_eq!(parse_request(br#"{"v":1,"op":"status"}"#).unwrap(), Request::Status);
-        assert_eq!(parse_request(br#"{"op":"health","v":1}"#).unwrap(), Request::Health);
+        assert_eq!(
+            parse_request(br#"{"v":1,"op":"status"}"#).unwrap(),
+            Request::Status
+        );
+        assert_eq!(
+            parse_request(br#"{"op":"health","v":1}"#).unwrap(),
+            Request::Health
+        );
     }
 
     #[test]
@@ -349,8 +461,14 @@ mod tests {
         assert_eq!(kind("garbage"), ErrorKind::BadRequest);
         assert_eq!(kind("[1,2]"), ErrorKind::BadRequest);
         assert_eq!(kind(r#"{"op":"status"}"#), ErrorKind::BadRequest);
-        assert_eq!(kind(r#"{"v":2,"op":"status"}"#), ErrorKind::UnsupportedVersion);
-        assert_eq!(kind(r#"{"v":"1","op":"status"}"#), ErrorKind::UnsupportedVersion);
+        assert_eq!(
+            kind(r#"{"v":2,"op":"status"}"#),
+            ErrorKind::UnsupportedVersion
+        );
+        assert_eq!(
+            kind(r#"{"v":"1","op":"status"}"#),
+            ErrorKind::UnsupportedVersion
+        );
         assert_eq!(kind(r#"{"v":1,"op":"format_disk"}"#), ErrorKind::UnknownOp);
         assert_eq!(kind(r#"{"v":1,"op":7}"#), ErrorKind::BadRequest);
         assert_eq!(
@@ -368,20 +486,64 @@ mod tests {
     }
 
     #[test]
+    fn optional_v1_fields_are_additive() {
+        // Old clients: no job_name / oom / used_memory_gb.
+        let Request::Allocate(a) = parse_request(
+            br#"{"v":1,"op":"allocate","job_id":7,"uid":0,"gpu":0,"slices":1}"#,
+        )
+        .unwrap() else {
+            panic!("not allocate")
+        };
+        assert_eq!(a.job_name, None);
+        let Request::Allocate(a) = parse_request(
+            br#"{"v":1,"op":"allocate","job_id":7,"uid":0,"gpu":0,"slices":1,"job_name":"train.sh"}"#,
+        )
+        .unwrap() else {
+            panic!("not allocate")
+        };
+        assert_eq!(a.job_name.as_deref(), Some("train.sh"));
+        assert_eq!(
+            parse_request(br#"{"v":1,"op":"release","job_id":7,"oom":true,"used_memory_gb":4.5}"#)
+                .unwrap(),
+            Request::Release(ReleaseRequest {
+                job_id: 7,
+                oom: true,
+                used_memory_gb: Some(4.5)
+            })
+        );
+        // A plain release serializes exactly as before.
+        let plain: Value =
+            serde_json::from_str(&Request::Release(ReleaseRequest::new(7)).to_line()).unwrap();
+        assert_eq!(
+            plain,
+            serde_json::json!({"v": 1, "op": "release", "job_id": 7})
+        );
+        // Old replies (no oom_decision, no memory section) still parse.
+        let r: ReleaseReply = serde_json::from_str(r#"{"released":1}"#).unwrap();
+        assert_eq!(r.oom_decision, None);
+        let s: StatusReply = serde_json::from_str(
+            r#"{"node":"n","version":"0","backend":"sim","policy":"none","uptime_s":1,"gpus":[]}"#,
+        )
+        .unwrap();
+        assert!(s.memory.is_none());
+    }
+
+    #[test]
     fn lines_round_trip() {
-        let req = Request::Release(ReleaseRequest { job_id: 3 });
+        let req = Request::Release(ReleaseRequest::new(3));
         let line = req.to_line();
         assert!(line.ends_with('\n'));
         assert_eq!(parse_request(line.trim_end().as_bytes()).unwrap(), req);
-        let ok: Value = serde_json::from_str(&ok_line(&ReleaseReply { released: 1 })).unwrap();
+        let ok: Value = serde_json::from_str(&ok_line(&ReleaseReply {
+            released: 1,
+            oom_decision: None,
+        }))
+        .unwrap();
         assert_eq!(ok["ok"], true);
         assert_eq!(ok["v"], 1);
         assert_eq!(ok["released"], 1);
-        let err: Value = serde_json::from_str(&error_line(&ErrorBody::new(
-            ErrorKind::NoFit,
-            "full",
-        )))
-        .unwrap();
+        let err: Value =
+            serde_json::from_str(&error_line(&ErrorBody::new(ErrorKind::NoFit, "full"))).unwrap();
         assert_eq!(err["ok"], false);
         assert_eq!(err["error"]["kind"], "no_fit");
     }

@@ -16,18 +16,22 @@ use tokio::task::JoinSet;
 
 use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
-use super::config::{BackendKind, Config, FUTURE_POLICIES};
+use super::config::{BackendKind, Config};
 use super::fsutil::ensure_dir;
 use super::journal::Journal;
+use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
-    ErrorKind, GpuStatus, HealthReply, InstanceStatus, ReleaseReply, Request, StatusReply,
+    ErrorKind, GpuStatus, HealthReply, InstanceStatus, ReleaseReply, ReleaseRequest, Request,
+    StatusReply,
 };
 use super::slurm::{layout_features, merge_features, CommandSlurm, NoSlurm, SlurmClient};
 use crate::mig::{Geometry, GpuModel, Layout};
-use crate::policy::{self, ClusterView, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT};
-use crate::workload::{gpu_load, PowerModel, SpeedupCurve};
+use crate::policy::{
+    self, ClusterView, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT,
+};
+use crate::workload::{gpu_load, MemoryKey, PowerModel, SpeedupCurve};
 
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +49,8 @@ pub enum StartError {
     AlreadyRunning(PathBuf),
     #[error("policy: {0}")]
     Policy(String),
+    #[error("memory estimates: {0}")]
+    Memory(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
@@ -130,6 +136,9 @@ pub struct Daemon {
     policy: Mutex<Box<dyn RepartitionPolicy + Send>>,
     policy_name: RwLock<String>,
     slurm_uid: RwLock<Option<u32>>,
+    /// Learned memory estimates and the out-of-memory ledger (short,
+    /// synchronous critical sections; never held across an await).
+    memory: Arc<std::sync::Mutex<MemoryState>>,
     node: String,
     started: Instant,
     shutdown: watch::Sender<bool>,
@@ -156,35 +165,37 @@ fn resolve_uid(user: &str) -> Option<u32> {
     match nix::unistd::User::from_name(user) {
         Ok(Some(u)) => Some(u.uid.as_raw()),
         Ok(None) => {
-            tracing::warn!(slurm_user = user, "slurm_user does not exist; only root may allocate/release");
+            tracing::warn!(
+                slurm_user = user,
+                "slurm_user does not exist; only root may allocate/release"
+            );
             None
         }
         Err(e) => {
-            tracing::warn!(slurm_user = user, "cannot look up slurm_user ({e}); only root may allocate/release");
+            tracing::warn!(
+                slurm_user = user,
+                "cannot look up slurm_user ({e}); only root may allocate/release"
+            );
             None
         }
     }
 }
 
-/// Builds the policy named in the config; future policies run as `none`.
+/// The user name of `uid` (the user part of a memory key), or the uid as
+/// text when it has none.
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => u.name,
+        _ => uid.to_string(),
+    }
+}
+
+/// Builds the policy named in the config (see [`super::policy::build`]).
 fn make_policy(
     spec: &str,
     models: &[GpuModel],
 ) -> Result<(Box<dyn RepartitionPolicy + Send>, String), String> {
-    let s = spec.trim();
-    if FUTURE_POLICIES.contains(&s) {
-        tracing::warn!(
-            policy = s,
-            "policy `{s}` is not available yet in this build (only none and static:<layout>); running `none`"
-        );
-        return Ok((Box::new(policy::NoPartition), format!("none (configured: {s})")));
-    }
-    let mut m = models.to_vec();
-    m.sort();
-    m.dedup();
-    let p = policy::parse_policy(s, &m).map_err(|e| e.to_string())?;
-    let name = p.name();
-    Ok((p, name))
+    super::policy::build(spec, models)
 }
 
 fn backend_error(e: &BackendError) -> ErrorBody {
@@ -198,12 +209,20 @@ impl Daemon {
         ensure_dir(&config.state_dir, 0o700).map_err(io_err(&config.state_dir))?;
         let backend: Arc<dyn Backend> = match config.backend {
             BackendKind::Sim => {
-                let models = config.sim_gpus().map_err(|e| StartError::Policy(e.to_string()))?;
-                Arc::new(SimBackend::open(&config.state_dir, &models, config.sim.clone())?)
+                let models = config
+                    .sim_gpus()
+                    .map_err(|e| StartError::Policy(e.to_string()))?;
+                Arc::new(SimBackend::open(
+                    &config.state_dir,
+                    &models,
+                    config.sim.clone(),
+                )?)
             }
             BackendKind::Nvml => Arc::new(NvmlBackend::open()?),
         };
         let journal = Journal::open(&config.state_dir)?;
+        let memory = MemoryState::open(&config.state_dir, &config.memory.estimator)
+            .map_err(StartError::Memory)?;
         let now = unix_now();
         let mut slots = Vec::new();
         for gpu in backend.gpus() {
@@ -291,6 +310,7 @@ impl Daemon {
             policy: Mutex::new(policy),
             policy_name: RwLock::new(policy_name),
             slurm_uid: RwLock::new(slurm_uid),
+            memory: Arc::new(std::sync::Mutex::new(memory)),
             node,
             started: Instant::now(),
             shutdown,
@@ -317,6 +337,12 @@ impl Daemon {
             .read()
             .map(|c| c.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// The memory state, also after a panic elsewhere poisoned the lock
+    /// (every update leaves it consistent).
+    fn memory(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn authorized(&self, uid: u32) -> bool {
@@ -361,7 +387,14 @@ impl Daemon {
         };
         if request.is_write() && !self.authorized(uid) {
             let cfg = self.config();
-            tracing::warn!(uid, ?pid, op = request.op(), "refused: only root and slurm_user `{}` may {}", cfg.slurm_user, request.op());
+            tracing::warn!(
+                uid,
+                ?pid,
+                op = request.op(),
+                "refused: only root and slurm_user `{}` may {}",
+                cfg.slurm_user,
+                request.op()
+            );
             self.metrics.failure(ErrorKind::Unauthorized.as_str());
             let e = ErrorBody::new(
                 ErrorKind::Unauthorized,
@@ -390,7 +423,7 @@ impl Daemon {
                 self.metrics.allocation(result, t0.elapsed().as_secs_f64());
                 r.map(|a| ok_line(&a))
             }
-            Request::Release(req) => self.release(req.job_id).await.map(|r| ok_line(&r)),
+            Request::Release(req) => self.release_request(req).await.map(|r| ok_line(&r)),
             Request::Status => Ok(ok_line(&self.status().await)),
             Request::Health => Ok(ok_line(&HealthReply {
                 status: "ok".into(),
@@ -431,7 +464,11 @@ impl Daemon {
         let Some(slot) = self.slots.get(req.gpu as usize) else {
             return Err(ErrorBody::new(
                 ErrorKind::InvalidRequest,
-                format!("no GPU {} on this node (it has {} GPUs)", req.gpu, self.slots.len()),
+                format!(
+                    "no GPU {} on this node (it has {} GPUs)",
+                    req.gpu,
+                    self.slots.len()
+                ),
             ));
         };
         // Another step of a job that already holds an instance (on any GPU).
@@ -439,16 +476,54 @@ impl Daemon {
             let st = other.state.lock().await;
             if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
                 if other.index != req.gpu {
-                    tracing::warn!(job = req.job_id, asked = req.gpu, holds = other.index, "job already holds an instance on another GPU; returning it");
+                    tracing::warn!(
+                        job = req.job_id,
+                        asked = req.gpu,
+                        holds = other.index,
+                        "job already holds an instance on another GPU; returning it"
+                    );
                 }
                 return Ok(r);
             }
         }
+        let cfg = self.config();
+        let key = req
+            .job_name
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(|n| MemoryKey::new(user_name(req.uid), n));
+        let (memory_gb, sizing) = self.memory().size_request(
+            slot.model.spec(),
+            req.job_id,
+            req.slices,
+            req.memory_gb,
+            key.as_ref(),
+            cfg.memory.estimate,
+        );
+        match &sizing {
+            Sizing::Declared => {}
+            Sizing::OomRestart { after_gb } => tracing::info!(
+                job = req.job_id,
+                gpu = req.gpu,
+                declared_gb = ?req.memory_gb,
+                "restart after running out of memory on a {after_gb} GB instance: asking for at least {} GB",
+                memory_gb.unwrap_or(0.0)
+            ),
+            Sizing::Estimate => tracing::info!(
+                job = req.job_id,
+                gpu = req.gpu,
+                user = key.as_ref().map_or("", |k| k.user.as_str()),
+                name = key.as_ref().map_or("", |k| k.name.as_str()),
+                "no --mig-mem: using the learned estimate of {:.2} GB",
+                memory_gb.unwrap_or(0.0)
+            ),
+        }
         let need = Need {
             slices: req.slices,
-            memory_gb: req.memory_gb,
+            memory_gb,
         };
-        let wait = Duration::from_secs(self.config().allocate_wait_s);
+        let wait = Duration::from_secs(cfg.allocate_wait_s);
         let deadline = tokio::time::Instant::from_std(start + wait);
         let mut shutdown = self.shutdown.subscribe();
         loop {
@@ -482,7 +557,11 @@ impl Daemon {
                 }
                 Ok((profile, plan)) => {
                     let waited_ms = start.elapsed().as_millis() as u64;
-                    return self.execute(slot, &mut st, &req, profile, plan, waited_ms);
+                    let reply = self.execute(slot, &mut st, &req, profile, plan, waited_ms);
+                    if reply.is_ok() {
+                        self.memory().on_allocate(req.job_id, key);
+                    }
+                    return reply;
                 }
             }
         }
@@ -506,7 +585,7 @@ impl Daemon {
             Plan::Reuse { uuid } => (uuid, AllocAction::Reused),
             Plan::Create { placement } => {
                 let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
-                    .map_err(|e| backend_error(&e))?;
+                    .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
                 self.metrics.reconfiguration(gpu, "create");
                 tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
                 st.book.add_instance(placement, uuid.clone(), now);
@@ -517,13 +596,13 @@ impl Daemon {
                     let busy = st.book.find_uuid(victim).is_some_and(|i| i.job.is_some());
                     assert!(!busy, "plan destroys busy instance {victim}");
                     tokio::task::block_in_place(|| backend.destroy(gpu, victim))
-                        .map_err(|e| backend_error(&e))?;
+                        .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
                     self.metrics.reconfiguration(gpu, "destroy");
                     tracing::info!(gpu, uuid = %victim, "destroyed idle instance to re-shape");
                     st.book.remove_instance(victim);
                 }
                 let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
-                    .map_err(|e| backend_error(&e))?;
+                    .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
                 self.metrics.reconfiguration(gpu, "create");
                 tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
                 st.book.add_instance(placement, uuid.clone(), now);
@@ -551,7 +630,9 @@ impl Daemon {
             ));
         }
         let inst = st.book.find_uuid(&uuid).map(|i| i.placement);
-        let start_slot = inst.map(|p| st.book.geometry.placement(p).start).unwrap_or(0);
+        let start_slot = inst
+            .map(|p| st.book.geometry.placement(p).start)
+            .unwrap_or(0);
         let p = inst
             .map(|p| st.book.geometry.placement(p).profile)
             .unwrap_or(profile);
@@ -569,14 +650,83 @@ impl Daemon {
         })
     }
 
+    /// After a failed backend call the GPU's real state is uncertain (a
+    /// timed-out create may have happened): re-read the backend's instances
+    /// and make the book match them, so that the daemon converges instead of
+    /// planning against instances that do (not) exist. Busy instances the
+    /// backend no longer lists are kept (and logged): a job's assignment is
+    /// never dropped behind its back.
+    fn backend_failed(&self, gpu: u32, book: &mut GpuBook, e: &BackendError) -> ErrorBody {
+        tracing::warn!(gpu, "backend call failed: {e}; re-reading the GPU's instances");
+        match tokio::task::block_in_place(|| self.backend.list(gpu)) {
+            Ok(listed) => {
+                let now = unix_now();
+                let gone: Vec<String> = book
+                    .instances
+                    .iter()
+                    .filter(|i| !listed.iter().any(|l| l.uuid == i.uuid))
+                    .map(|i| i.uuid.clone())
+                    .collect();
+                for uuid in gone {
+                    if book.find_uuid(&uuid).is_some_and(|i| i.job.is_none()) {
+                        book.remove_instance(&uuid);
+                        tracing::warn!(gpu, %uuid, "idle instance vanished from the backend; forgotten");
+                    } else {
+                        tracing::error!(gpu, %uuid, "busy instance vanished from the backend; assignment kept");
+                    }
+                }
+                for l in listed {
+                    if book.find_uuid(&l.uuid).is_none() {
+                        if book.geometry.fits(book.layout(), l.placement) {
+                            tracing::warn!(gpu, uuid = %l.uuid, "backend has an instance the daemon did not know (e.g. a timed-out create); adopted as idle");
+                            book.add_instance(l.placement, l.uuid, now);
+                        } else {
+                            tracing::error!(gpu, uuid = %l.uuid, "backend instance overlaps known ones; ignored");
+                        }
+                    }
+                }
+            }
+            Err(le) => tracing::error!(gpu, "cannot re-read the GPU's instances: {le}"),
+        }
+        backend_error(e)
+    }
+
     /// Releases every instance of `job_id` (idempotent), wakes waiting allocates.
     pub async fn release(&self, job_id: u64) -> Result<ReleaseReply, ErrorBody> {
+        self.release_request(ReleaseRequest::new(job_id)).await
+    }
+
+    /// A release with its optional fields: the job's memory use is learned,
+    /// an out-of-memory end (`oom`) is recorded and, when the admin allows
+    /// it, the job is requeued (see [`MemoryState::on_release`]).
+    pub async fn release_request(&self, req: ReleaseRequest) -> Result<ReleaseReply, ErrorBody> {
+        let job_id = req.job_id;
         let now = unix_now();
         let mut released = 0;
+        let mut held: Option<Released> = None;
         for slot in &self.slots {
             let mut st = slot.state.lock().await;
-            if st.book.find_job(job_id).is_none() {
+            let Some(inst) = st.book.find_job(job_id) else {
                 continue;
+            };
+            let g = st.book.geometry;
+            let p = g.placement(inst.placement);
+            let uuid = inst.uuid.clone();
+            held = Some(Released {
+                gpu: slot.index,
+                profile: p.profile.name(),
+                compute: p.compute(),
+                memory_gb: p.profile.memory_gb,
+                next_memory_gb: next_larger_memory(
+                    slot.model.spec(),
+                    p.compute(),
+                    p.profile.memory_gb,
+                ),
+            });
+            if let Some(gb) =
+                tokio::task::block_in_place(|| self.backend.peak_memory_gb(slot.index, &uuid))
+            {
+                self.memory().sample(job_id, gb);
             }
             st.tick_energy();
             let n = st.book.release(job_id, now);
@@ -589,7 +739,179 @@ impl Daemon {
             tracing::info!(gpu = slot.index, job = job_id, "released");
             slot.released.notify_waiters();
         }
-        Ok(ReleaseReply { released })
+        let cfg = self.config();
+        let policy = OomPolicy {
+            requeue: cfg.oom.requeue,
+            max_retries: cfg.oom.max_retries,
+            slurm_enabled: cfg.slurm.enabled,
+        };
+        let event = {
+            let mut m = self.memory();
+            let (changed, event) = m.on_release(
+                job_id,
+                held.as_ref(),
+                req.oom,
+                req.used_memory_gb,
+                policy,
+                now,
+            );
+            if changed {
+                if let Err(e) = tokio::task::block_in_place(|| m.save()) {
+                    tracing::error!(job = job_id, "memory estimates not saved: {e}");
+                }
+            }
+            event
+        };
+        if req.oom && held.is_none() {
+            tracing::info!(
+                job = job_id,
+                "out-of-memory release of a job that holds no instance (a repeated release?); ignored"
+            );
+        }
+        if let Some(ev) = &event {
+            self.metrics.failure("oom");
+            tracing::warn!(job = job_id, gpu = ev.gpu, profile = %ev.profile, failures = ev.failures,
+                decision = %ev.decision, "job ran out of GPU memory: {}", ev.message);
+            if ev.decision == "requeue_scheduled" {
+                self.spawn_requeue(job_id, cfg.oom.requeue_timeout_s);
+            }
+        }
+        Ok(ReleaseReply {
+            released,
+            oom_decision: event.map(|e| e.decision),
+        })
+    }
+
+    /// Requeues `job_id` in the background: `scontrol requeue` is retried
+    /// every second for up to `timeout_s` (Slurm refuses it while the job
+    /// is still completing, i.e. while its epilog, which sent the release,
+    /// runs). Success or failure is logged and kept as an event.
+    fn spawn_requeue(&self, job_id: u64, timeout_s: u64) {
+        let slurm = self.slurm();
+        let memory = self.memory.clone();
+        let mut stop = self.shutdown.subscribe();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let limit = Duration::from_secs(timeout_s);
+            let mut attempts = 0u32;
+            let outcome = loop {
+                attempts += 1;
+                let s = slurm.clone();
+                let last = match tokio::task::spawn_blocking(move || s.requeue(job_id)).await {
+                    Ok(Ok(())) => break Ok(()),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => format!("requeue task failed: {e}"),
+                };
+                if t0.elapsed() >= limit {
+                    break Err(last);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => break Err(format!("smartmigd shut down first (last error: {last})")),
+                }
+            };
+            let (ok, message) = match outcome {
+                Ok(()) => {
+                    tracing::info!(
+                        job = job_id,
+                        attempts,
+                        "requeued after running out of GPU memory; its next start gets a larger profile"
+                    );
+                    (true, format!("scontrol requeue {job_id} succeeded (attempt {attempts})"))
+                }
+                Err(e) => {
+                    tracing::error!(job = job_id, attempts, "could not requeue the job after its out-of-memory failure: {e}");
+                    (false, format!("scontrol requeue {job_id} failed after {attempts} attempt(s): {e}"))
+                }
+            };
+            let mut m = memory.lock().unwrap_or_else(|p| p.into_inner());
+            m.on_requeue_result(job_id, ok, message, unix_now());
+            if let Err(e) = m.save() {
+                tracing::error!(job = job_id, "memory estimates not saved: {e}");
+            }
+        });
+    }
+
+    /// Samples the memory every busy instance uses now (backends that can
+    /// tell: nvml); the largest sample of a job is its peak.
+    pub async fn sample_memory(&self) {
+        for slot in &self.slots {
+            let busy: Vec<(u64, String)> = {
+                let st = slot.state.lock().await;
+                st.book
+                    .instances
+                    .iter()
+                    .filter_map(|i| Some((i.job.as_ref()?.job_id, i.uuid.clone())))
+                    .collect()
+            };
+            for (job, uuid) in busy {
+                if let Some(gb) =
+                    tokio::task::block_in_place(|| self.backend.peak_memory_gb(slot.index, &uuid))
+                {
+                    self.memory().sample(job, gb);
+                }
+            }
+        }
+    }
+
+    /// Releases the instances of jobs Slurm no longer knows as live
+    /// (`squeue --json`), e.g. when the epilog's release never arrived.
+    /// Only with Slurm queries enabled; an assignment made in or after the
+    /// second the query started is never touched (its job may not be in the
+    /// answer yet), nor is any job squeue lists. Each release is logged.
+    pub async fn reap_ended_jobs(&self) {
+        if !self.config().slurm.enabled {
+            return;
+        }
+        let t0 = unix_now();
+        let slurm = self.slurm();
+        let live = match tokio::task::block_in_place(|| slurm.live_jobs()) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("cannot ask Slurm which jobs still run ({e}); no instance released");
+                return;
+            }
+        };
+        let now = unix_now();
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            let ended: Vec<u64> = st
+                .book
+                .instances
+                .iter()
+                .filter_map(|i| i.job.as_ref())
+                .filter(|a| a.since < t0 && !live.contains(&a.job_id))
+                .map(|a| a.job_id)
+                .collect();
+            if ended.is_empty() {
+                continue;
+            }
+            st.tick_energy();
+            for &job in &ended {
+                st.book.release(job, now);
+                tracing::info!(
+                    gpu = slot.index,
+                    job,
+                    "job no longer in Slurm's queue (its release never arrived); instance released"
+                );
+            }
+            if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
+                tracing::error!(gpu = slot.index, "release of ended jobs not journaled: {e}");
+            }
+            drop(st);
+            {
+                let mut m = self.memory();
+                for &job in &ended {
+                    let policy = OomPolicy {
+                        requeue: false,
+                        max_retries: 0,
+                        slurm_enabled: false,
+                    };
+                    m.on_release(job, None, false, None, policy, now);
+                }
+            }
+            slot.released.notify_waiters();
+        }
     }
 
     /// The status reply.
@@ -626,10 +948,18 @@ impl Daemon {
                 picture: g.picture(layout),
                 layout: g.name(layout),
                 instances,
-                idle_s: if busy_any { 0 } else { now.saturating_sub(b.idle_since) },
+                idle_s: if busy_any {
+                    0
+                } else {
+                    now.saturating_sub(b.idle_since)
+                },
                 energy_j: Some(self.backend.energy_j(slot.index).unwrap_or(modelled)),
             });
         }
+        let cfg = self.config();
+        let memory = self
+            .memory()
+            .status(cfg.memory.estimate, cfg.oom.requeue, cfg.oom.max_retries);
         StatusReply {
             node: self.node.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -637,6 +967,7 @@ impl Daemon {
             policy: self.policy_name(),
             uptime_s: self.started.elapsed().as_secs(),
             gpus,
+            memory: Some(memory),
         }
     }
 
@@ -649,9 +980,14 @@ impl Daemon {
             let modelled = st.tick_energy();
             for i in &st.book.instances {
                 let name = st.book.geometry.placement(i.placement).profile.name();
-                *counts.entry((slot.index, name, i.job.is_some())).or_default() += 1;
+                *counts
+                    .entry((slot.index, name, i.job.is_some()))
+                    .or_default() += 1;
             }
-            energy.push((slot.index, self.backend.energy_j(slot.index).unwrap_or(modelled)));
+            energy.push((
+                slot.index,
+                self.backend.energy_j(slot.index).unwrap_or(modelled),
+            ));
         }
         let mut list: Vec<InstanceCount> = counts
             .into_iter()
@@ -702,6 +1038,7 @@ impl Daemon {
                 }
                 Err(e) => {
                     tracing::warn!(gpu = slot.index, %uuid, "destroy failed: {e}");
+                    self.backend_failed(slot.index, &mut st.book, &e);
                     return false;
                 }
             }
@@ -715,7 +1052,12 @@ impl Daemon {
                     st.book.add_instance(id, uuid, now);
                 }
                 Err(e) => {
-                    tracing::warn!(gpu = slot.index, "create {} failed: {e}", g.placement(id).describe());
+                    tracing::warn!(
+                        gpu = slot.index,
+                        "create {} failed: {e}",
+                        g.placement(id).describe()
+                    );
+                    self.backend_failed(slot.index, &mut st.book, &e);
                     return false;
                 }
             }
@@ -726,6 +1068,7 @@ impl Daemon {
 
     /// One repartitioning epoch: observe, ask the policy, apply what is safe.
     pub async fn repartition_once(&self) {
+        self.reap_ended_jobs().await;
         let cfg = self.config();
         let slurm = self.slurm();
         let pending = if cfg.slurm.enabled {
@@ -763,7 +1106,9 @@ impl Daemon {
                 for m in GpuModel::ALL {
                     if let Ok(prof) = crate::mig::select_profile(m.spec(), p.shards, None) {
                         shapes[m as usize] = Some(prof.shape);
-                        if let Some(ix) = m.spec().profiles.iter().position(|q| q.shape == prof.shape) {
+                        if let Some(ix) =
+                            m.spec().profiles.iter().position(|q| q.shape == prof.shape)
+                        {
                             by_profile[m as usize][ix] += 1;
                         }
                     }
@@ -856,7 +1201,10 @@ impl Daemon {
         };
         let restart = old.restart_only_changes(&new);
         if !restart.is_empty() {
-            tracing::warn!("SIGHUP: {} changed but need a restart; the old values stay in effect", restart.join(", "));
+            tracing::warn!(
+                "SIGHUP: {} changed but need a restart; the old values stay in effect",
+                restart.join(", ")
+            );
         }
         let live = old.live_changes(&new);
         if live.is_empty() {
@@ -873,6 +1221,7 @@ impl Daemon {
         merged.sim = old.sim.clone();
         merged.metrics_listen = old.metrics_listen.clone();
         merged.log_level = old.log_level.clone();
+        merged.memory.estimator = old.memory.estimator.clone();
         if old.slurm_user != merged.slurm_user {
             if let Ok(mut u) = self.slurm_uid.write() {
                 *u = resolve_uid(&merged.slurm_user);
@@ -945,7 +1294,10 @@ async fn serve_connection(daemon: Arc<Daemon>, stream: UnixStream) {
                 daemon.metrics.failure(ErrorKind::Timeout.as_str());
                 let e = ErrorBody::new(
                     ErrorKind::Timeout,
-                    format!("no complete request line within {} s", cfg.request_timeout_s),
+                    format!(
+                        "no complete request line within {} s",
+                        cfg.request_timeout_s
+                    ),
                 );
                 (error_line(&e), true)
             }
@@ -1002,14 +1354,19 @@ async fn serve_metrics(daemon: Arc<Daemon>, listener: TcpListener) {
                     }
                 }
             };
-            if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), read_head)
+                .await
+                .is_err()
+            {
                 return;
             }
             let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
             let first = String::from_utf8_lossy(first);
             let mut parts = first.split_whitespace();
             let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let response = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
+            let response = if method == "GET"
+                && (path == "/metrics" || path.starts_with("/metrics?"))
+            {
                 let body = daemon.metrics_text().await;
                 format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -1060,6 +1417,20 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
             }
         });
     }
+    // Memory sampling (backends that measure it; NVML gives current use only).
+    if daemon.backend.name() != "sim" {
+        let daemon = daemon.clone();
+        let mut stop = daemon.shutdown.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let period = Duration::from_secs(daemon.config().memory.sample_s);
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => daemon.sample_memory().await,
+                    _ = stop.changed() => break,
+                }
+            }
+        });
+    }
     tracing::info!(socket = %socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
         policy = %daemon.policy_name(), "smartmigd ready");
     let mut connections = JoinSet::new();
@@ -1090,7 +1461,10 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
     })
     .await;
     if drained.is_err() {
-        tracing::warn!("in-flight requests did not finish within {} s; aborting them", grace.as_secs());
+        tracing::warn!(
+            "in-flight requests did not finish within {} s; aborting them",
+            grace.as_secs()
+        );
         connections.abort_all();
     }
     // Every change was journaled as it happened; write once more for good measure.

@@ -51,6 +51,15 @@ pub trait SlurmClient: Send + Sync {
     fn pending_shards(&self) -> Result<Vec<PendingShards>, SlurmError>;
     fn node_features(&self, node: &str) -> Result<NodeFeatures, SlurmError>;
     fn set_node_features(&self, node: &str, features: &NodeFeatures) -> Result<(), SlurmError>;
+    /// Requeues a job (`scontrol requeue <id>`): used after an
+    /// out-of-memory failure. Clients that cannot requeue say so.
+    fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol requeue {job_id}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot requeue jobs".into(),
+        })
+    }
 }
 
 /// Job states in which a job may still hold its instance.
@@ -91,7 +100,11 @@ pub fn parse_live_jobs(json: &Value) -> Result<HashSet<u64>, String> {
         .ok_or("no `jobs` array")?;
     Ok(jobs
         .iter()
-        .filter(|j| job_states(j).iter().any(|s| LIVE_STATES.contains(&s.as_str())))
+        .filter(|j| {
+            job_states(j)
+                .iter()
+                .any(|s| LIVE_STATES.contains(&s.as_str()))
+        })
         .filter_map(job_id)
         .collect())
 }
@@ -145,7 +158,10 @@ fn split_features(v: Option<&Value>) -> Vec<String> {
             .filter(|s| !s.is_empty())
             .map(String::from)
             .collect(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_str().map(String::from)).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_str().map(String::from))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -293,6 +309,11 @@ impl SlurmClient for CommandSlurm {
         self.run(&self.scontrol, &["update", &node_arg, &avail, &active])
             .map(|_| ())
     }
+
+    fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
+        self.run(&self.scontrol, &["requeue", &job_id.to_string()])
+            .map(|_| ())
+    }
 }
 
 /// For nodes and tests without Slurm: every journaled job counts as live,
@@ -315,6 +336,13 @@ impl SlurmClient for NoSlurm {
     }
     fn set_node_features(&self, _node: &str, _f: &NodeFeatures) -> Result<(), SlurmError> {
         Ok(())
+    }
+    fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol requeue {job_id}"),
+            status: "disabled".into(),
+            stderr: "Slurm queries are disabled (slurm.enabled = false)".into(),
+        })
     }
 }
 
@@ -348,8 +376,14 @@ mod tests {
         assert_eq!(
             pending,
             vec![
-                PendingShards { job_id: 2, shards: 2 },
-                PendingShards { job_id: 3, shards: 4 }
+                PendingShards {
+                    job_id: 2,
+                    shards: 2
+                },
+                PendingShards {
+                    job_id: 3,
+                    shards: 4
+                }
             ]
         );
         assert!(parse_live_jobs(&json!({})).is_err());
@@ -362,8 +396,19 @@ mod tests {
         let ours = layout_features(&[(0, vec![4, 2, 1]), (1, vec![])]);
         assert_eq!(ours, vec!["smartmig_gpu0_4g_2g_1g", "smartmig_gpu1_empty"]);
         let m = merge_features(&f, &ours);
-        assert_eq!(m.available, vec!["ib", "fast", "smartmig_gpu0_4g_2g_1g", "smartmig_gpu1_empty"]);
-        assert_eq!(m.active, vec!["ib", "smartmig_gpu0_4g_2g_1g", "smartmig_gpu1_empty"]);
+        assert_eq!(
+            m.available,
+            vec![
+                "ib",
+                "fast",
+                "smartmig_gpu0_4g_2g_1g",
+                "smartmig_gpu1_empty"
+            ]
+        );
+        assert_eq!(
+            m.active,
+            vec!["ib", "smartmig_gpu0_4g_2g_1g", "smartmig_gpu1_empty"]
+        );
         assert!(parse_node_features(&v, "n2").is_err());
     }
 }

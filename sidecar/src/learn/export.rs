@@ -87,7 +87,11 @@ pub fn mlp_policy_onnx(
     let mut prev: &str = INPUT_OBS;
     for (i, (w, b, out, inp)) in layers.iter().enumerate() {
         let [wn, bn, gn, hn, rn] = &names[i];
-        initializer.push(TensorProto::from_f32(wn, vec![*out as i64, *inp as i64], w.clone()));
+        initializer.push(TensorProto::from_f32(
+            wn,
+            vec![*out as i64, *inp as i64],
+            w.clone(),
+        ));
         initializer.push(TensorProto::from_f32(bn, vec![*out as i64], b.clone()));
         let out_name: &str = if i == last { "raw_logits" } else { hn };
         let mut gemm = node(OpType::Gemm, gn, vec![prev, wn, bn], vec![out_name]);
@@ -105,10 +109,30 @@ pub fn mlp_policy_onnx(
     }
     initializer.push(TensorProto::from_f32("one", vec![], vec![1.0]));
     initializer.push(TensorProto::from_f32("penalty", vec![], vec![MASK_PENALTY]));
-    nodes.push(node(OpType::Sub, "mask_minus_one", vec![INPUT_MASK, "one"], vec!["mask_m1"]));
-    nodes.push(node(OpType::Mul, "mask_penalty", vec!["mask_m1", "penalty"], vec!["mask_pen"]));
-    nodes.push(node(OpType::Add, "apply_mask", vec!["raw_logits", "mask_pen"], vec![OUTPUT_LOGITS]));
-    let mut softmax = node(OpType::Softmax, "softmax", vec![OUTPUT_LOGITS], vec![OUTPUT_PROBS]);
+    nodes.push(node(
+        OpType::Sub,
+        "mask_minus_one",
+        vec![INPUT_MASK, "one"],
+        vec!["mask_m1"],
+    ));
+    nodes.push(node(
+        OpType::Mul,
+        "mask_penalty",
+        vec!["mask_m1", "penalty"],
+        vec!["mask_pen"],
+    ));
+    nodes.push(node(
+        OpType::Add,
+        "apply_mask",
+        vec!["raw_logits", "mask_pen"],
+        vec![OUTPUT_LOGITS],
+    ));
+    let mut softmax = node(
+        OpType::Softmax,
+        "softmax",
+        vec![OUTPUT_LOGITS],
+        vec![OUTPUT_PROBS],
+    );
     softmax.attribute.push(Attribute {
         name: "axis",
         r#type: AttributeType::Int,

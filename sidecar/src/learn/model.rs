@@ -28,7 +28,12 @@ pub struct Dense {
 }
 
 impl Dense {
-    fn new(rng: &mut ChaCha8Rng, inputs: usize, outputs: usize, gain: f64) -> Result<Self, LearnError> {
+    fn new(
+        rng: &mut ChaCha8Rng,
+        inputs: usize,
+        outputs: usize,
+        gain: f64,
+    ) -> Result<Self, LearnError> {
         // Uniform(-b, b) with b = gain * sqrt(6 / (in + out)) (Glorot).
         let bound = gain * (6.0 / (inputs + outputs) as f64).sqrt();
         let w: Vec<f32> = (0..inputs * outputs)
@@ -63,7 +68,13 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    fn new(rng: &mut ChaCha8Rng, inputs: usize, hidden: usize, outputs: usize, out_gain: f64) -> Result<Self, LearnError> {
+    fn new(
+        rng: &mut ChaCha8Rng,
+        inputs: usize,
+        hidden: usize,
+        outputs: usize,
+        out_gain: f64,
+    ) -> Result<Self, LearnError> {
         Ok(Mlp {
             layers: [
                 Dense::new(rng, inputs, hidden, 1.0)?,
@@ -100,7 +111,12 @@ pub struct ActorCritic {
 impl ActorCritic {
     /// Fresh networks; the actor's last layer starts small so the initial
     /// policy is close to uniform over the allowed actions.
-    pub fn new(obs_dim: usize, actions: usize, hidden: usize, seed: u64) -> Result<Self, LearnError> {
+    pub fn new(
+        obs_dim: usize,
+        actions: usize,
+        hidden: usize,
+        seed: u64,
+    ) -> Result<Self, LearnError> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         Ok(ActorCritic {
             obs_dim,
@@ -133,7 +149,12 @@ impl ActorCritic {
 
     /// (masked logits, probabilities) for row-major slices: the reference the
     /// ONNX export is checked against, and the trainer's acting path.
-    pub fn act(&self, obs: &[f32], mask: &[f32], rows: usize) -> Result<(Vec<f32>, Vec<f32>), LearnError> {
+    pub fn act(
+        &self,
+        obs: &[f32],
+        mask: &[f32],
+        rows: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), LearnError> {
         let o = Tensor::from_slice(obs, (rows, self.obs_dim), &Device::Cpu)?;
         let m = Tensor::from_slice(mask, (rows, self.actions), &Device::Cpu)?;
         let logits = self.masked_logits(&o, &m)?;

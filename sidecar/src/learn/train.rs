@@ -115,9 +115,12 @@ pub struct PpoConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ValidationConfig {
-    /// Seed of the validation day (keep it apart from training seeds and
-    /// from the benchmark's seed).
+    /// Seed of the first validation day (keep them apart from training
+    /// seeds and from the benchmark's seed).
     pub seed: u64,
+    /// Validation days (seeds `seed`, `seed + 1`, ...); scores are means
+    /// over them, which makes checkpoint selection less of a lottery.
+    pub days: usize,
     pub gpus: usize,
     /// Validate every this many PPO iterations.
     pub every: usize,
@@ -176,6 +179,7 @@ impl Default for ValidationConfig {
     fn default() -> Self {
         ValidationConfig {
             seed: 900_001,
+            days: 3,
             gpus: 8,
             every: 5,
         }
@@ -195,15 +199,21 @@ impl TrainConfig {
             return bad("epoch_events must be > 0".into());
         }
         if !(0.0..=1.0).contains(&self.local_weight) {
-            return bad(format!("local_weight {} is not in [0, 1]", self.local_weight));
+            return bad(format!(
+                "local_weight {} is not in [0, 1]",
+                self.local_weight
+            ));
         }
         if self.imitation.minibatch == 0 || self.ppo.minibatch == 0 {
             return bad("minibatch sizes must be > 0".into());
         }
-        if self.validation.gpus == 0 || self.validation.every == 0 {
-            return bad("validation.gpus and validation.every must be > 0".into());
+        if self.validation.gpus == 0 || self.validation.every == 0 || self.validation.days == 0 {
+            return bad("validation.gpus, .days and .every must be > 0".into());
         }
-        if !matches!(self.teacher_base.as_str(), "uniform" | "static-best" | "twice-daily") {
+        if !matches!(
+            self.teacher_base.as_str(),
+            "uniform" | "static-best" | "twice-daily"
+        ) {
             return bad(format!(
                 "teacher_base `{}` is not `uniform`, `static-best` or `twice-daily`",
                 self.teacher_base
@@ -230,6 +240,7 @@ impl TrainConfig {
             workload_horizon_s: Some(self.workload.horizon_s),
             start_hour: self.workload.start_hour,
             power: Vec::new(),
+            oom: None,
         }
     }
 }
@@ -430,11 +441,8 @@ impl Teacher {
             v.dedup();
             v
         };
-        let class_of = |compute: u8, memory: u8| {
-            sizes
-                .iter()
-                .position(|&(c, m)| c >= compute && m >= memory)
-        };
+        let class_of =
+            |compute: u8, memory: u8| sizes.iter().position(|&(c, m)| c >= compute && m >= memory);
         let mut uncovered = vec![0i64; sizes.len()];
         for job in view.pending {
             if let Some(s) = job.shape(self.model) {
@@ -446,7 +454,10 @@ impl Teacher {
         for st in view.gpus.iter().filter(|s| s.model == self.model) {
             for id in st.idle().iter() {
                 let s = g.placement(id).shape();
-                if let Some(k) = sizes.iter().position(|&(c, m)| c == s.compute && m == s.memory) {
+                if let Some(k) = sizes
+                    .iter()
+                    .position(|&(c, m)| c == s.compute && m == s.memory)
+                {
                     uncovered[k] -= 1;
                 }
             }
@@ -473,7 +484,10 @@ impl Teacher {
                 let mut c = vec![0i64; sizes.len()];
                 for id in l.minus(st.busy).iter() {
                     let s = g.placement(id).shape();
-                    if let Some(k) = sizes.iter().position(|&(cc, m)| cc == s.compute && m == s.memory) {
+                    if let Some(k) = sizes
+                        .iter()
+                        .position(|&(cc, m)| cc == s.compute && m == s.memory)
+                    {
                         c[k] += 1;
                     }
                 }
@@ -505,7 +519,9 @@ impl Teacher {
                 let score = cover(&gained);
                 let changed = g.transition(st.layout, target);
                 let churn = changed.destroy.len() + changed.create.len();
-                if score > 0 && best.is_none_or(|(s, ch, _)| score > s || (score == s && churn < ch)) {
+                if score > 0
+                    && best.is_none_or(|(s, ch, _)| score > s || (score == s && churn < ch))
+                {
                     best = Some((score, churn, a));
                 }
             }
@@ -533,7 +549,12 @@ impl RepartitionPolicy for Teacher {
         let catalog = Geometry::of(self.model).catalog();
         self.choose(view)
             .into_iter()
-            .filter_map(|(gpu, a)| a.map(|a| Decision { gpu, target: catalog[a] }))
+            .filter_map(|(gpu, a)| {
+                a.map(|a| Decision {
+                    gpu,
+                    target: catalog[a],
+                })
+            })
             .collect()
     }
 }
@@ -648,7 +669,12 @@ impl RepartitionPolicy for Rollout<'_> {
 }
 
 fn sample(rng: &mut ChaCha8Rng, probs: &[f32], mask: &[f32]) -> usize {
-    let total: f32 = probs.iter().zip(mask).filter(|(_, &m)| m > 0.5).map(|(p, _)| p).sum();
+    let total: f32 = probs
+        .iter()
+        .zip(mask)
+        .filter(|(_, &m)| m > 0.5)
+        .map(|(p, _)| p)
+        .sum();
     let mut x = rng.random::<f32>() * total;
     let mut last = probs.len() - 1;
     for (a, (&p, &m)) in probs.iter().zip(mask).enumerate() {
@@ -833,13 +859,21 @@ pub fn run_episode(
         })
         .collect();
     let team_return: f64 = team.iter().sum::<f64>()
-        - (rollout.epoch_e.first().map_or(0.0, |e| e.iter().sum::<f64>()) / e_ref
-            + rollout.epoch_t.first().map_or(0.0, |t| t.iter().sum::<f64>()) / t_ref)
+        - (rollout
+            .epoch_e
+            .first()
+            .map_or(0.0, |e| e.iter().sum::<f64>())
+            / e_ref
+            + rollout
+                .epoch_t
+                .first()
+                .map_or(0.0, |t| t.iter().sum::<f64>())
+                / t_ref)
             / 2.0;
     let reward = |k: usize, g: usize| -> f64 {
         let (e, t) = next_interval(&rollout.epoch_e, &rollout.epoch_t, k);
-        let local = -(n as f64) * (e.get(g).copied().unwrap_or(0.0) / e_ref
-            + t.get(g).copied().unwrap_or(0.0) / t_ref)
+        let local = -(n as f64)
+            * (e.get(g).copied().unwrap_or(0.0) / e_ref + t.get(g).copied().unwrap_or(0.0) / t_ref)
             / 2.0;
         (1.0 - w) * team[k] + w * local
     };
@@ -977,7 +1011,12 @@ pub fn ppo_update(
     let (d, a) = (net.obs_dim, net.actions);
     let n = batch.len() as f32;
     let mean = batch.advantages.iter().sum::<f32>() / n;
-    let var = batch.advantages.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / n;
+    let var = batch
+        .advantages
+        .iter()
+        .map(|x| (x - mean).powi(2))
+        .sum::<f32>()
+        / n;
     let std = var.sqrt().max(1e-8);
     for x in &mut batch.advantages {
         *x = (*x - mean) / std;
@@ -1012,7 +1051,10 @@ pub fn ppo_update(
 /// Progress reports from [`train`].
 #[derive(Clone, Debug)]
 pub enum Progress {
-    Phase { name: &'static str, steps: usize },
+    Phase {
+        name: &'static str,
+        steps: usize,
+    },
     Step {
         phase: &'static str,
         step: usize,
@@ -1034,6 +1076,7 @@ pub struct TrainReport {
     pub ppo_iterations: usize,
     pub episodes: usize,
     pub validation_seed: u64,
+    pub validation_days: usize,
     pub validation_gpus: usize,
     pub validation_et: Option<f64>,
     pub validation_teacher_et: Option<f64>,
@@ -1048,11 +1091,18 @@ pub struct TrainReport {
 /// The objective is ET plus 1 per run that leaves a job unserved (ET counts
 /// only jobs that ran, so a layout too small for the biggest jobs would
 /// otherwise look good).
-pub fn static_best(cfg: &TrainConfig, day: &Day) -> Result<(Option<f64>, Vec<Layout>, String), LearnError> {
+pub fn static_best(
+    cfg: &TrainConfig,
+    day: &Day,
+) -> Result<(Option<f64>, Vec<Layout>, String), LearnError> {
     let mut evaluate = |p: &mut dyn RepartitionPolicy| -> Result<f64, LearnError> {
         let (m, et) = day.evaluate(cfg, p)?;
         let et = et.unwrap_or(f64::INFINITY);
-        Ok(if m.unserved + m.rejected > 0 { et + 1.0 } else { et })
+        Ok(if m.unserved + m.rejected > 0 {
+            et + 1.0
+        } else {
+            et
+        })
     };
     let best = crate::policy::search::static_best(
         &day.cluster,
@@ -1060,7 +1110,11 @@ pub fn static_best(cfg: &TrainConfig, day: &Day) -> Result<(Option<f64>, Vec<Lay
         &mut evaluate,
     )?;
     let label = crate::policy::search::describe_assignment(&day.cluster, best.policy.layouts());
-    Ok((best.score.is_finite().then_some(best.score), best.policy.layouts().to_vec(), label))
+    Ok((
+        best.score.is_finite().then_some(best.score),
+        best.policy.layouts().to_vec(),
+        label,
+    ))
 }
 
 /// The `twice-daily` search of [`crate::policy::search`] on `day`, as the
@@ -1069,7 +1123,11 @@ pub fn twice_daily_base(cfg: &TrainConfig, day: &Day) -> Result<Base, LearnError
     let mut evaluate = |p: &mut dyn RepartitionPolicy| -> Result<f64, LearnError> {
         let (m, et) = day.evaluate(cfg, p)?;
         let et = et.unwrap_or(f64::INFINITY);
-        Ok(if m.unserved + m.rejected > 0 { et + 1.0 } else { et })
+        Ok(if m.unserved + m.rejected > 0 {
+            et + 1.0
+        } else {
+            et
+        })
     };
     let scfg = crate::policy::search::SearchConfig::default();
     let statics = crate::policy::search::static_best(&day.cluster, &scfg, &mut evaluate)?;
@@ -1142,7 +1200,10 @@ impl RepartitionPolicy for CandlePolicy<'_> {
         let a = spec.actions;
         (0..rows)
             .filter_map(|r| {
-                let act = argmax_masked(&probs[r * a..(r + 1) * a], &self.encoder.mask[r * a..(r + 1) * a]);
+                let act = argmax_masked(
+                    &probs[r * a..(r + 1) * a],
+                    &self.encoder.mask[r * a..(r + 1) * a],
+                );
                 let gpu = self.encoder.gpus[r];
                 spec.decode(gpu, &view.gpus[gpu], act)
             })
@@ -1170,8 +1231,18 @@ pub fn train(
             ..ParamsAdamW::default()
         },
     )?;
-    let validation = Day::new(cfg, cfg.validation.gpus, cfg.validation.seed)?;
-    let (static_best_et, _, static_best_layout) = static_best(cfg, &validation)?;
+    let validation: Vec<Day> = (0..cfg.validation.days as u64)
+        .map(|k| Day::new(cfg, cfg.validation.gpus, cfg.validation.seed + k))
+        .collect::<Result<_, _>>()?;
+    let mut static_best_et = Some(0.0);
+    let mut labels = Vec::new();
+    for day in &validation {
+        let (et, _, label) = static_best(cfg, day)?;
+        static_best_et = static_best_et.zip(et).map(|(a, b)| a + b);
+        labels.push(label);
+    }
+    let static_best_et = static_best_et.map(|s| s / validation.len() as f64);
+    let static_best_layout = labels.join("; ");
     // The teacher's resting layout: the best static layout of a training
     // day (never the validation day).
     let base_day = Day::new(cfg, cfg.gpus[0], cfg.seed.wrapping_mul(1_000_003))?;
@@ -1181,7 +1252,12 @@ pub fn train(
         _ => twice_daily_base(cfg, &base_day)?,
     };
     let base = &base;
-    let (_, teacher_et) = validation.evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?;
+    let mut teacher_et = Some(0.0);
+    for day in &validation {
+        let (_, et) = day.evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?;
+        teacher_et = teacher_et.zip(et).map(|(a, b)| a + b);
+    }
+    let teacher_et = teacher_et.map(|s| s / validation.len() as f64);
     let over_budget = |started: &Instant| started.elapsed().as_secs_f64() > cfg.time_budget_s;
     let mut episode_seed = cfg.seed.wrapping_mul(1_000_003);
     let mut next_day = |k: usize| -> Result<Day, LearnError> {
@@ -1201,7 +1277,15 @@ pub fn train(
             break;
         }
         let day = next_day(k)?;
-        let ep = run_episode(cfg, &net, &day, Mode::Teacher, base, rng.random(), &mut teacher_batch)?;
+        let ep = run_episode(
+            cfg,
+            &net,
+            &day,
+            Mode::Teacher,
+            base,
+            rng.random(),
+            &mut teacher_batch,
+        )?;
         episodes += 1;
         progress(Progress::Step {
             phase: "imitation",
@@ -1223,9 +1307,20 @@ pub fn train(
     // A checkpoint that leaves jobs unserved on the validation day is never
     // chosen (ET alone would not see them).
     let validate = |net: &ActorCritic| -> Result<Option<f64>, LearnError> {
-        let mut p = CandlePolicy::new(net, cfg.gpu_model);
-        let (m, et) = validation.evaluate(cfg, &mut p)?;
-        Ok(et.map(|e| if m.unserved + m.rejected > 0 { e + 1.0 } else { e }))
+        let mut sum = Some(0.0);
+        for day in &validation {
+            let mut p = CandlePolicy::new(net, cfg.gpu_model);
+            let (m, et) = day.evaluate(cfg, &mut p)?;
+            let et = et.map(|e| {
+                if m.unserved + m.rejected > 0 {
+                    e + 1.0
+                } else {
+                    e
+                }
+            });
+            sum = sum.zip(et).map(|(a, b)| a + b);
+        }
+        Ok(sum.map(|s| s / validation.len() as f64))
     };
     let mut best_et = validate(&net)?;
     let mut best = net.clone_deep()?;
@@ -1252,7 +1347,15 @@ pub fn train(
         let mut ets = Vec::new();
         for k in 0..cfg.ppo.episodes_per_iteration {
             let day = next_day(it * cfg.ppo.episodes_per_iteration + k)?;
-            let ep = run_episode(cfg, &net, &day, Mode::Sample, base, rng.random(), &mut batch)?;
+            let ep = run_episode(
+                cfg,
+                &net,
+                &day,
+                Mode::Sample,
+                base,
+                rng.random(),
+                &mut batch,
+            )?;
             episodes += 1;
             ret += ep.team_return;
             ets.extend(ep.et);
@@ -1290,6 +1393,7 @@ pub fn train(
         ppo_iterations: iterations,
         episodes,
         validation_seed: cfg.validation.seed,
+        validation_days: cfg.validation.days,
         validation_gpus: cfg.validation.gpus,
         validation_et: best_et,
         validation_teacher_et: teacher_et,

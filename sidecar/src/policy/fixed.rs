@@ -25,8 +25,10 @@ pub enum PolicyParseError {
     Greedy(#[from] super::greedy::GreedyParseError),
     #[error("`{0}` is searched on the workload it is compared on: run `smartmig simulate --compare` (it reports the layouts the search chose; pass them back as static:<picture>)")]
     NeedsWorkload(String),
-    #[error("`{0}`: the learned policy is not available in this build yet")]
-    LearnedNotAvailable(String),
+    /// A `policy:FILE.onnx` that could not be loaded (the message of
+    /// [`super::onnx::PolicyLoadError`], which says why and what to do).
+    #[error("`{spec}`: {reason}")]
+    Learned { spec: String, reason: String },
 }
 
 /// Every GPU is one whole-GPU instance, forever: the `none` reference of the
@@ -131,8 +133,22 @@ pub fn parse_policy(
     if s == "static-best" || s == "twice-daily" {
         return Err(PolicyParseError::NeedsWorkload(s.to_string()));
     }
-    if s.starts_with("policy:") {
-        return Err(PolicyParseError::LearnedNotAvailable(s.to_string()));
+    if let Some(path) = s.strip_prefix("policy:") {
+        // The learned policy acts on the GPUs of the model it was trained
+        // for; it must be one of the cluster's (others keep their layouts).
+        let learned_err = |reason: String| PolicyParseError::Learned {
+            spec: s.to_string(),
+            reason,
+        };
+        let policy = super::onnx::load_any_policy(std::path::Path::new(path))
+            .map_err(|e| learned_err(e.to_string()))?;
+        let model = policy.metadata().gpu_model;
+        if !models.is_empty() && !models.contains(&model) {
+            return Err(learned_err(format!(
+                "the policy was trained for {model}, which this cluster does not have"
+            )));
+        }
+        return Ok(Box::new(policy));
     }
     Err(PolicyParseError::Unknown(spec.to_string()))
 }

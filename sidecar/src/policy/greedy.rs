@@ -113,8 +113,8 @@ impl Greedy {
     }
 
     /// `greedy` or `greedy:<key>=<value>,...` with keys `window` (seconds,
-    /// >= 0) and `init` (catalog index); `None` if `spec` is not a greedy
-    /// spec at all.
+    /// at least 0) and `init` (catalog index); `None` if `spec` is not a
+    /// greedy spec at all.
     pub fn parse(spec: &str) -> Option<Result<Self, GreedyParseError>> {
         let s = spec.trim();
         if s == "greedy" {

@@ -182,6 +182,24 @@ pub fn find_onnxruntime() -> Result<PathBuf, PolicyLoadError> {
     Err(PolicyLoadError::RuntimeNotFound { searched })
 }
 
+/// The shipped policy for `model` (`policies/<model id>.onnx`), looked up
+/// in the working directory, then above the executable, then in the source
+/// checkout; `None` when there is none.
+pub fn shipped_policy(model: GpuModel) -> Option<PathBuf> {
+    let rel = Path::new("policies").join(format!("{}.onnx", model.id()));
+    let mut roots: Vec<PathBuf> = vec![PathBuf::from(".")];
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    if let Some(repo) = Path::new(env!("CARGO_MANIFEST_DIR")).parent() {
+        roots.push(repo.to_path_buf());
+    }
+    roots
+        .into_iter()
+        .map(|r| r.join(&rel))
+        .find(|p| p.is_file())
+}
+
 /// The process-wide ONNX Runtime environment (the library is loaded once;
 /// a failure is remembered and reported again).
 pub fn ort_environment() -> Result<ort::environment::Environment, PolicyLoadError> {

@@ -26,9 +26,11 @@
 //!   good as every uniform catalog layout by construction.
 //! - **twice-daily**: candidates are the static-best assignment and the
 //!   best `top` uniform layouts of step 1; every ordered (day, night) pair
-//!   is tried with the switch at 08:00 and 20:00, then the switch hours of
-//!   the best pair are refined on a 3 x 3 grid (day 06/08/10, night
-//!   18/20/22). A switch is applied at the first decision epoch after the
+//!   of different candidates is tried with the switch at 08:00 and 20:00,
+//!   then the switch hours of the best pair are refined on a 3 x 3 grid
+//!   (day 06/08/10, night 18/20/22). The static-best assignment on both
+//!   phases counts as a candidate (with its known score), so twice-daily is
+//!   never worse than static-best on the search objective. A switch is applied at the first decision epoch after the
 //!   switch time; a GPU whose busy instances are in the way moves as far as
 //!   it can (keeps its busy instances, creates the target's instances that
 //!   fit) and completes the move at later epochs, as a rolling drain would.
@@ -382,7 +384,9 @@ pub fn twice_daily<E>(
         evaluations += 1;
         evaluate(&mut p)
     };
-    let mut best: Option<(f64, usize, usize, f64, f64)> = None;
+    // The static-best assignment on both phases is a twice-daily schedule
+    // too (already evaluated), so the result is never worse than it.
+    let mut best: Option<(f64, usize, usize, f64, f64)> = Some((statics.score, 0, 0, 8.0, 20.0));
     let better =
         |best: &Option<(f64, usize, usize, f64, f64)>, s: f64| best.is_none_or(|b| s < b.0);
     for d in 0..candidates.len() {
@@ -395,7 +399,7 @@ pub fn twice_daily<E>(
             }
         }
     }
-    if let Some((_, d, nt, _, _)) = best {
+    if let Some((_, d, nt, _, _)) = best.filter(|b| b.1 != b.2) {
         for dh in [6.0, 8.0, 10.0] {
             for nh in [18.0, 20.0, 22.0] {
                 if (dh, nh) != (8.0, 20.0) {

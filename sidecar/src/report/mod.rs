@@ -148,7 +148,10 @@ impl Comparison {
                 r.et.map_or("n/a".to_string(), |x| format!("{x:.3}")),
             ];
             l.extend(r.et_change.iter().map(|c| pct(*c)));
-            l.extend([format!("{:.3}", r.energy_over_bound), m.reconfigurations.to_string()]);
+            l.extend([
+                format!("{:.3}", r.energy_over_bound),
+                m.reconfigurations.to_string(),
+            ]);
             lines.push(l);
         }
         let b = &self.bounds;
@@ -177,7 +180,11 @@ impl Comparison {
             }
             let _ = writeln!(out, "{}", s.trim_end());
             if i == 0 {
-                let _ = writeln!(out, "{}", "-".repeat(widths.iter().sum::<usize>() + 2 * (cols - 1)));
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    "-".repeat(widths.iter().sum::<usize>() + 2 * (cols - 1))
+                );
             }
         }
         let _ = writeln!(

@@ -76,7 +76,9 @@ pub fn lines(
                 .draw_series(LineSeries::new(hours(s).zip(ys), color.stroke_width(2)))
                 .map_err(plot_err)?
                 .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -132,7 +134,9 @@ pub fn layout_mix(title: &str, s: &TimeSeries, gpus: usize) -> Result<String, Re
                 .draw_series(AreaSeries::new(pts, 0.0, color.mix(0.85)).border_style(color))
                 .map_err(plot_err)?
                 .label(name.as_str())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled())
+                });
         }
         chart
             .configure_series_labels()

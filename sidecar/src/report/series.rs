@@ -52,7 +52,7 @@ impl TimeSeries {
 
 /// Adds `value` over `[a, b)` to the time-weighted bins of `acc`.
 fn spread(acc: &mut [f64], bin_s: f64, a: f64, b: f64, value: f64) {
-    if !(b > a) || value == 0.0 || acc.is_empty() {
+    if b.partial_cmp(&a) != Some(std::cmp::Ordering::Greater) || value == 0.0 || acc.is_empty() {
         return;
     }
     let first = ((a / bin_s).floor().max(0.0) as usize).min(acc.len() - 1);
@@ -89,7 +89,9 @@ fn picture(header: &Header, gpu: usize, set: &BTreeSet<(u8, u8, u8)>) -> String 
 /// Builds the per-bin series of a run from its event log.
 pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, ReportError> {
     if !(bin_s.is_finite() && bin_s > 0.0) {
-        return Err(ReportError::Invalid(format!("bin width {bin_s} s is not > 0")));
+        return Err(ReportError::Invalid(format!(
+            "bin width {bin_s} s is not > 0"
+        )));
     }
     let Some(Record::Header(header)) = records.first() else {
         return Err(ReportError::Invalid(
@@ -120,9 +122,9 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
     for r in records {
         match r {
             Record::Job(j) => {
-                let g = changes
-                    .get_mut(j.gpu)
-                    .ok_or_else(|| ReportError::Invalid(format!("job {} on unknown GPU {}", j.id, j.gpu)))?;
+                let g = changes.get_mut(j.gpu).ok_or_else(|| {
+                    ReportError::Invalid(format!("job {} on unknown GPU {}", j.id, j.gpu))
+                })?;
                 g.push((j.start, i32::from(j.compute)));
                 g.push((j.end, -i32::from(j.compute)));
                 spread(&mut queue, bin_s, j.arrival, j.start, 1.0);
@@ -164,7 +166,11 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
         .collect();
     let mut since = vec![0.0; n_gpus];
     let mut per_layout: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let close = |per_layout: &mut BTreeMap<String, Vec<f64>>, gpu: usize, set: &BTreeSet<_>, a: f64, b: f64| {
+    let close = |per_layout: &mut BTreeMap<String, Vec<f64>>,
+                 gpu: usize,
+                 set: &BTreeSet<_>,
+                 a: f64,
+                 b: f64| {
         let acc = per_layout
             .entry(picture(header, gpu, set))
             .or_insert_with(|| vec![0.0; bins]);
@@ -172,7 +178,10 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
     };
     for c in reconfigs {
         if c.gpu >= n_gpus {
-            return Err(ReportError::Invalid(format!("reconfiguration of unknown GPU {}", c.gpu)));
+            return Err(ReportError::Invalid(format!(
+                "reconfiguration of unknown GPU {}",
+                c.gpu
+            )));
         }
         close(&mut per_layout, c.gpu, &sets[c.gpu], since[c.gpu], c.time);
         for d in &c.destroyed {

@@ -15,6 +15,14 @@
 //!   need and its compute meets its request, `speed` is its curve on that
 //!   instance and `end - start = work / speed`.
 //!
+//! Out-of-memory runs (`oom` records, only when the header has `oom`) are
+//! checked like jobs, with these differences: the instance must really be
+//! smaller than the job's need, the run ends at `start + fail_fraction *
+//! work / speed`, each further run of the job starts after the previous
+//! failure on an instance with more memory, and a job has at most
+//! `max_retries + 1` failures (`max_retries` if it finally ran). They count
+//! in energy but not in tardiness.
+//!
 //! Energy is then integrated per GPU exactly as the simulator does and
 //! compared with the log's summary (relative 1e-9).
 
@@ -22,7 +30,7 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::events::{Header, JobRecord, Record};
+use super::events::{Header, JobRecord, OomRecord, Record};
 use crate::mig::{Geometry, Layout, PlacementId, Shape};
 use crate::workload::PowerModel;
 
@@ -38,6 +46,8 @@ pub struct AuditReport {
     pub total_tardiness_s: f64,
     pub mean_tardiness_s: f64,
     pub late_jobs: u64,
+    /// Out-of-memory runs (failed, counted in energy only).
+    pub oom_failures: u64,
 }
 
 /// Why a log failed the audit (or could not be read).
@@ -139,6 +149,22 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
             Ok(id)
         };
 
+    // Failed runs as job-like records (ending at the failure), so the
+    // replay below treats both alike.
+    let oom_runs: Vec<JobRecord> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Oom(o) => Some(oom_as_run(o)),
+            _ => None,
+        })
+        .collect();
+    let mut next_oom = 0usize;
+    // Per job: (start, fail, instance GB) of its failed runs, and its
+    // successful run (start, instance GB).
+    let mut failed: std::collections::HashMap<u64, Vec<(f64, f64, u32)>> =
+        std::collections::HashMap::new();
+    let mut ran: std::collections::HashMap<u64, (f64, u32)> = std::collections::HashMap::new();
+    let mut oom_failures = 0u64;
     // Sorted timelines per GPU.
     let mut timeline: Vec<Vec<Keyed>> = vec![Vec::new(); n];
     let mut jobs = 0u64;
@@ -199,6 +225,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                     ));
                 }
                 check_job(j, header, &geos)?;
+                ran.insert(j.id, (j.start, j.instance_memory_gb));
                 jobs += 1;
                 let t = (j.end - j.deadline).max(0.0);
                 tardiness += t;
@@ -208,6 +235,51 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                 last_end = last_end.max(j.end);
                 timeline[j.gpu].push((j.end, 0, seq, 0, Item::End(j)));
                 timeline[j.gpu].push((j.start, 2, seq, 0, Item::Start(j)));
+            }
+            Record::Oom(o) => {
+                let run = &oom_runs[next_oom];
+                next_oom += 1;
+                if o.gpu >= n {
+                    return Err(violation(
+                        o.start,
+                        None,
+                        format!("job {} on GPU {} of {n}", o.id, o.gpu),
+                    ));
+                }
+                let Some(h) = &header.oom else {
+                    return Err(violation(
+                        o.start,
+                        Some(o.gpu),
+                        format!(
+                            "job {}: out-of-memory record but the header has no oom mode",
+                            o.id
+                        ),
+                    ));
+                };
+                if f64::from(o.instance_memory_gb) >= o.memory_gb {
+                    return Err(violation(
+                        o.start,
+                        Some(o.gpu),
+                        format!(
+                            "job {} ran out of memory on {} GB but needs only {} GB",
+                            o.id, o.instance_memory_gb, o.memory_gb
+                        ),
+                    ));
+                }
+                // The failing run: checked as a job that needs only what the
+                // instance has and whose work is the failed share.
+                let mut as_job = run.clone();
+                as_job.memory_gb = f64::from(o.instance_memory_gb);
+                as_job.work = o.work * h.fail_fraction;
+                check_job(&as_job, header, &geos)?;
+                oom_failures += 1;
+                failed
+                    .entry(o.id)
+                    .or_default()
+                    .push((o.start, o.fail, o.instance_memory_gb));
+                last_end = last_end.max(o.fail);
+                timeline[o.gpu].push((o.fail, 0, seq, 0, Item::End(run)));
+                timeline[o.gpu].push((o.start, 2, seq, 0, Item::Start(run)));
             }
             Record::Unserved(u) => {
                 if !seen.insert(u.id) {
@@ -221,6 +293,44 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                 unserved_deadlines.push(u.deadline);
             }
             Record::Summary(s) => summary = Some(s),
+        }
+    }
+    // Restarts: bounded, in order, each on more memory than the last failure.
+    let mut ids: Vec<&u64> = failed.keys().collect();
+    ids.sort();
+    for id in ids {
+        let runs = &failed[id];
+        let max = header.oom.as_ref().map_or(0, |h| h.max_retries);
+        let finished = ran.get(id);
+        let allowed = u64::from(max) + u64::from(finished.is_none());
+        if runs.len() as u64 > allowed {
+            return Err(violation(
+                runs[0].0,
+                None,
+                format!(
+                    "job {id} failed out of memory {} times; at most {allowed} allowed ({max} restarts)",
+                    runs.len()
+                ),
+            ));
+        }
+        let mut sorted = runs.clone();
+        sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let later = sorted
+            .iter()
+            .skip(1)
+            .map(|&(start, _, mem)| (start, mem))
+            .chain(finished.copied());
+        for (prev, (start, mem)) in sorted.iter().zip(later) {
+            if start < prev.1 || mem <= prev.2 {
+                return Err(violation(
+                    start,
+                    None,
+                    format!(
+                        "job {id} restarts at {start} s on {mem} GB after running out of {} GB at {} s",
+                        prev.2, prev.1
+                    ),
+                ));
+            }
         }
     }
     let horizon = header.workload_horizon_s.max(last_end);
@@ -395,6 +505,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         total_tardiness_s: tardiness,
         mean_tardiness_s: tardiness / (jobs + unserved).max(1) as f64,
         late_jobs: late,
+        oom_failures,
     };
     if let Some(s) = summary {
         let ok = close(s.horizon_s, horizon, 1e-12)
@@ -402,13 +513,36 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
             && close(s.total_tardiness_s, tardiness, 1e-9)
             && s.completed == jobs
             && s.unserved == unserved
-            && s.reconfigurations == reconfigs;
+            && s.reconfigurations == reconfigs
+            && s.oom_failures == oom_failures;
         if !ok {
             return Err(violation(horizon, None, format!(
                 "the summary disagrees with the records: summary {s:?}, recomputed energy {energy} J, tardiness {tardiness} s, {jobs} jobs, {unserved} unserved, {reconfigs} reconfigurations")));
         }
     }
     Ok(report)
+}
+
+/// A failed run as a job record that ends at the failure.
+fn oom_as_run(o: &OomRecord) -> JobRecord {
+    JobRecord {
+        id: o.id,
+        arrival: o.arrival,
+        deadline: o.deadline,
+        work: o.work,
+        memory_gb: o.memory_gb,
+        requested_slices: o.requested_slices,
+        speedup: o.speedup,
+        gpu: o.gpu,
+        profile: o.profile.clone(),
+        compute: o.compute,
+        memory_slices: o.memory_slices,
+        start_slot: o.start_slot,
+        instance_memory_gb: o.instance_memory_gb,
+        speed: o.speed,
+        start: o.start,
+        end: o.fail,
+    }
 }
 
 fn check_job(j: &JobRecord, header: &Header, geos: &[&'static Geometry]) -> Result<(), AuditError> {

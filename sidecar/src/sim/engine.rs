@@ -15,17 +15,17 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use super::events::{
-    EventSink, GpuHeader, Header, JobRecord, ModelPower, ReconfigRecord, Record, SummaryRecord,
-    UnservedRecord, EVENTS_VERSION,
+    EventSink, GpuHeader, Header, JobRecord, ModelPower, OomHeader, OomRecord, ReconfigRecord,
+    Record, SummaryRecord, UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::{Candidate, PlacementHeuristic};
 use super::metrics::Metrics;
-use super::{EpochRule, SimConfig, SimError};
+use super::{EpochRule, OomConfig, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, ProfileSpec, Shape};
 use crate::policy::{
     ClusterView, GpuStatus, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT,
 };
-use crate::workload::{Job, PowerModel};
+use crate::workload::{Job, JobClass, MemoryEstimator, PowerModel};
 
 /// Total order on times (all finite here).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -73,6 +73,31 @@ struct GpuRt {
     energy: f64,
     last: f64,
     job_on: [u32; MAX_PLACEMENTS],
+}
+
+/// Key of the simulator's memory estimates: (class, template), template
+/// `u32::MAX` when the job has none (one key per class then).
+type SimKey = (u8, u32);
+
+fn sim_key(j: &Job) -> SimKey {
+    let class = match j.class {
+        JobClass::Training => 0,
+        JobClass::Inference => 1,
+    };
+    (class, j.template.unwrap_or(u32::MAX))
+}
+
+/// State of the out-of-memory mode ([`SimConfig::oom`]).
+struct OomState {
+    cfg: OomConfig,
+    /// OOM failures so far, per job index.
+    failures: Vec<u32>,
+    /// Memory the scheduler asks for, per job index (declaration, estimate,
+    /// raised after each failure).
+    asked: Vec<f64>,
+    estimator: Option<MemoryEstimator<SimKey>>,
+    /// Largest profile memory in the cluster (cap of the estimates).
+    cap_gb: f64,
 }
 
 /// The result of a run.
@@ -143,6 +168,7 @@ struct Engine<'j> {
     in_reconfig: usize,
     running: usize,
     cand_buf: Vec<Candidate>,
+    oom: Option<OomState>,
 }
 
 impl<'j> Engine<'j> {
@@ -188,29 +214,40 @@ impl<'j> Engine<'j> {
         });
         let mut fit_mask = vec![0u64; jobs.len()];
         let mut rejected = Vec::new();
+        let oom_on = cfg.oom.is_some();
         for (i, j) in jobs.iter().enumerate() {
             let k = j.requested_slices.unwrap_or(1).max(1);
-            let mut mask = 0u64;
-            for (c, class) in classes.iter().enumerate() {
-                if let Some(cl) = class {
-                    if cl.profile.shape.compute >= k
-                        && f64::from(cl.profile.memory_gb) >= j.memory_gb
-                    {
-                        mask |= 1 << c;
-                    }
-                }
-            }
+            // In the OOM mode the scheduler only knows the declaration.
+            let mem = if oom_on {
+                j.declared_memory_gb.unwrap_or(j.memory_gb)
+            } else {
+                j.memory_gb
+            };
+            let mask = mask_for(&classes, mem, k);
             fit_mask[i] = mask;
             if mask == 0 {
                 rejected.push((
                     i as u32,
                     format!(
-                        "fits no instance of any GPU in the cluster (needs {k} compute slices and {} GB)",
-                        j.memory_gb
+                        "fits no instance of any GPU in the cluster (needs {k} compute slices and {mem} GB)"
                     ),
                 ));
             }
         }
+        let oom = cfg.oom.as_ref().map(|o| OomState {
+            cfg: o.clone(),
+            failures: vec![0; jobs.len()],
+            asked: vec![0.0; jobs.len()],
+            estimator: o
+                .estimate
+                .clone()
+                .and_then(|e| MemoryEstimator::new(e).ok()),
+            cap_gb: classes
+                .iter()
+                .flatten()
+                .map(|c| f64::from(c.profile.memory_gb))
+                .fold(0.0, f64::max),
+        });
         let mut status = Vec::with_capacity(cluster.len());
         let mut rt = Vec::with_capacity(cluster.len());
         let mut free = Vec::new();
@@ -272,6 +309,7 @@ impl<'j> Engine<'j> {
             in_reconfig: 0,
             running: 0,
             cand_buf: Vec::with_capacity(64),
+            oom,
         })
     }
 
@@ -303,6 +341,10 @@ impl<'j> Engine<'j> {
                 .zip(&self.powers)
                 .map(|(&model, &power)| ModelPower { model, power })
                 .collect(),
+            oom: self.oom.as_ref().map(|o| OomHeader {
+                fail_fraction: o.cfg.fail_fraction,
+                max_retries: o.cfg.max_retries,
+            }),
         }
     }
 
@@ -345,11 +387,12 @@ impl<'j> Engine<'j> {
                     if self.pending.is_empty() {
                         break;
                     }
-                    if started_at_quiet == self.m.completed + self.running as u64 {
+                    let progress = self.m.completed + self.m.oom_failures + self.running as u64;
+                    if started_at_quiet == progress {
                         quiet_epochs += 1;
                     } else {
                         quiet_epochs = 0;
-                        started_at_quiet = self.m.completed + self.running as u64;
+                        started_at_quiet = progress;
                     }
                     if quiet_epochs >= 8 || self.epoch(policy, &mut hooks)? == 0 {
                         break;
@@ -370,7 +413,7 @@ impl<'j> Engine<'j> {
                 self.m.events += 1;
                 match kind {
                     EV_COMPLETION => {
-                        self.complete(gpu as usize, PlacementId(pid));
+                        self.complete(gpu as usize, PlacementId(pid), heuristic);
                         since_epoch += 1;
                     }
                     EV_RECONFIG_DONE => self.reconfig_done(gpu as usize),
@@ -420,7 +463,64 @@ impl<'j> Engine<'j> {
         if mask == 0 {
             return; // rejected at load
         }
-        let job = &self.jobs[i as usize];
+        if self.oom.is_some() {
+            let asked = self.asked_memory(i);
+            let k = self.jobs[i as usize].requested_slices.unwrap_or(1).max(1);
+            if let Some(o) = self.oom.as_mut() {
+                o.asked[i as usize] = asked;
+            }
+            let mask = mask_for(&self.classes, asked, k);
+            self.fit_mask[i as usize] = mask;
+            if mask == 0 {
+                let reason = format!(
+                    "fits no instance of any GPU in the cluster (needs {k} compute slices and {asked} GB)"
+                );
+                self.rejected.push((i, reason));
+                return;
+            }
+        }
+        self.enqueue(i, heuristic);
+    }
+
+    /// What the scheduler asks for in the OOM mode: the declaration; for a
+    /// job that declared nothing, the learned estimate if any, else 0 (any
+    /// instance; best-fit heuristics then take the smallest).
+    fn asked_memory(&self, i: u32) -> f64 {
+        let j = &self.jobs[i as usize];
+        match j.declared_memory_gb {
+            None => j.memory_gb,
+            Some(d) if d > 0.0 => d,
+            Some(_) => self
+                .oom
+                .as_ref()
+                .and_then(|o| {
+                    o.estimator
+                        .as_ref()
+                        .and_then(|e| e.estimate(&sim_key(j), o.cap_gb))
+                })
+                .unwrap_or(0.0),
+        }
+    }
+
+    /// The job as the scheduler sees it: in the OOM mode its memory is what
+    /// was asked, not the true need (a copy; no allocation).
+    fn seen_job(&self, i: u32) -> std::borrow::Cow<'j, Job> {
+        let jobs: &'j [Job] = self.jobs;
+        let j = &jobs[i as usize];
+        match &self.oom {
+            Some(o) => std::borrow::Cow::Owned(Job {
+                memory_gb: o.asked[i as usize],
+                ..j.clone()
+            }),
+            None => std::borrow::Cow::Borrowed(j),
+        }
+    }
+
+    /// Puts job `i` in the waiting queue with its current fit mask.
+    fn enqueue(&mut self, i: u32, heuristic: &dyn PlacementHeuristic) {
+        let mask = self.fit_mask[i as usize];
+        let job = self.seen_job(i);
+        let job = job.as_ref();
         let b = match self.bucket_of.get(&mask) {
             Some(&b) => b,
             None => {
@@ -435,6 +535,15 @@ impl<'j> Engine<'j> {
         self.buckets[b]
             .heap
             .push(Reverse((T(heuristic.priority(job)), i)));
+        let (id, arrival, deadline, work, memory_gb, min_compute, speedup) = (
+            job.id,
+            job.arrival,
+            job.deadline,
+            job.work,
+            job.memory_gb,
+            job.requested_slices.unwrap_or(1).max(1),
+            job.speedup,
+        );
         // Policy-visible summary: smallest fitting shape per model present.
         let mut shapes: [Option<Shape>; MODEL_COUNT] = [None; MODEL_COUNT];
         let mut best: [Option<(Shape, usize)>; MODEL_COUNT] = [None; MODEL_COUNT];
@@ -458,13 +567,13 @@ impl<'j> Engine<'j> {
         self.pending_pos[i as usize] = self.pending.len() as u32;
         self.pending_idx.push(i);
         self.pending.push(PendingJob {
-            id: job.id,
-            arrival: job.arrival,
-            deadline: job.deadline,
-            work: job.work,
-            memory_gb: job.memory_gb,
-            min_compute: job.requested_slices.unwrap_or(1).max(1),
-            speedup: job.speedup,
+            id,
+            arrival,
+            deadline,
+            work,
+            memory_gb,
+            min_compute,
+            speedup,
             shapes,
         });
     }
@@ -504,8 +613,8 @@ impl<'j> Engine<'j> {
                     });
                 }
             }
-            let job = &self.jobs[i as usize];
-            let pick = heuristic.choose(job, &self.cand_buf);
+            let job = self.seen_job(i);
+            let pick = heuristic.choose(job.as_ref(), &self.cand_buf);
             let c = self.cand_buf[pick.candidate.min(self.cand_buf.len() - 1)].class as usize;
             let hint = pick.gpu_hint % self.status.len() as u32;
             let set = &self.free[c];
@@ -547,7 +656,8 @@ impl<'j> Engine<'j> {
         class: usize,
         hooks: &mut RunHooks<'_>,
     ) -> Result<(), SimError> {
-        let job = &self.jobs[i as usize];
+        let jobs: &'j [Job] = self.jobs;
+        let job = &jobs[i as usize];
         self.take_free(class, gpu, pid);
         self.remove_pending_at(i);
         let total = self.rt[gpu].total;
@@ -560,8 +670,45 @@ impl<'j> Engine<'j> {
         self.rt[gpu].job_on[pid.0 as usize] = i;
         let st = &mut self.status[gpu];
         st.busy = st.busy.with(pid);
+        // The scheduler expects the full run even if it will fail.
         st.busy_until[pid.0 as usize] = end;
         self.running += 1;
+        if let Some(o) = &self.oom {
+            if f64::from(placement.profile.memory_gb) < job.memory_gb {
+                // Out of memory part-way: the run ends early, nothing is
+                // settled but the burnt time; `complete` requeues the job.
+                let fail = self.now + o.cfg.fail_fraction * (job.work / speed);
+                let (attempt, asked) = (o.failures[i as usize] + 1, o.asked[i as usize]);
+                self.push(fail, EV_COMPLETION, gpu as u32, pid.0);
+                self.busy_slice_s += f64::from(compute) * (fail - self.now);
+                self.m.oom_lost_gpu_s += f64::from(compute) / f64::from(total) * (fail - self.now);
+                self.m.last_completion_s = self.m.last_completion_s.max(fail);
+                if let Some(sink) = hooks.sink.as_deref_mut() {
+                    let d = placement.describe();
+                    sink.record(&Record::Oom(OomRecord {
+                        id: job.id,
+                        arrival: job.arrival,
+                        deadline: job.deadline,
+                        work: job.work,
+                        memory_gb: job.memory_gb,
+                        asked_memory_gb: asked,
+                        requested_slices: job.requested_slices,
+                        speedup: job.speedup,
+                        gpu,
+                        profile: d.profile,
+                        compute,
+                        memory_slices: d.memory_slices,
+                        start_slot: d.start,
+                        instance_memory_gb: placement.profile.memory_gb,
+                        speed,
+                        start: self.now,
+                        fail,
+                        attempt,
+                    }))?;
+                }
+                return Ok(());
+            }
+        }
         self.push(end, EV_COMPLETION, gpu as u32, pid.0);
         // Metrics are settled at start: without preemption the end is known.
         let tardiness = (end - job.deadline).max(0.0);
@@ -620,18 +767,85 @@ impl<'j> Engine<'j> {
         }
     }
 
-    fn complete(&mut self, gpu: usize, pid: PlacementId) {
+    fn complete(&mut self, gpu: usize, pid: PlacementId, heuristic: &dyn PlacementHeuristic) {
         self.charge(gpu);
         let g = self.status[gpu].geometry;
-        let compute = g.placement(pid).compute();
+        let placement = g.placement(pid);
+        let compute = placement.compute();
+        let i = self.rt[gpu].job_on[pid.0 as usize];
         self.rt[gpu].active -= u32::from(compute);
         self.rt[gpu].job_on[pid.0 as usize] = NONE;
         let st = &mut self.status[gpu];
         st.busy = st.busy.without(pid);
         self.running -= 1;
-        self.m.completed += 1;
         let c = class_of(g, self.rt[gpu].slot, pid);
         self.put_free(c, gpu, pid);
+        if self.oom.is_some() {
+            self.oom_outcome(i, placement.profile.memory_gb, heuristic);
+        } else {
+            self.m.completed += 1;
+        }
+    }
+
+    /// The end of a run in the OOM mode: a completion teaches the estimator
+    /// the job's peak; a failure teaches it a lower bound and requeues the
+    /// job asking for the next larger memory size in the cluster (the
+    /// placement and repartitioning paths then find or make such an
+    /// instance), or gives it up after `max_retries` restarts.
+    fn oom_outcome(&mut self, i: u32, instance_gb: u32, heuristic: &dyn PlacementHeuristic) {
+        let jobs: &'j [Job] = self.jobs;
+        let job = &jobs[i as usize];
+        let Some(o) = self.oom.as_mut() else { return };
+        let key = sim_key(job);
+        let inst = f64::from(instance_gb);
+        if inst >= job.memory_gb {
+            self.m.completed += 1;
+            if let Some(e) = o.estimator.as_mut() {
+                // Values are finite (checked at load), so this cannot fail.
+                let _ = e.record_completion(key, job.memory_gb, inst);
+            }
+            return;
+        }
+        self.m.oom_failures += 1;
+        o.failures[i as usize] += 1;
+        if let Some(e) = o.estimator.as_mut() {
+            let _ = e.record_oom(key, inst);
+        }
+        let failures = o.failures[i as usize];
+        // The next larger memory size present in the cluster (by GB, so in
+        // a mixed cluster another model's profile may serve it).
+        let next = self
+            .classes
+            .iter()
+            .flatten()
+            .map(|c| c.profile.memory_gb)
+            .filter(|&m| m > instance_gb)
+            .min();
+        let k = job.requested_slices.unwrap_or(1).max(1);
+        let reason = match next {
+            _ if failures > o.cfg.max_retries => Some(format!(
+                "out of memory {failures} times (last on {instance_gb} GB; needs {} GB), more than {} restarts",
+                job.memory_gb, o.cfg.max_retries
+            )),
+            None => Some(format!(
+                "out of memory on the largest instance ({instance_gb} GB; needs {} GB)",
+                job.memory_gb
+            )),
+            Some(m) => {
+                let asked = o.asked[i as usize].max(f64::from(m));
+                o.asked[i as usize] = asked;
+                let mask = mask_for(&self.classes, asked, k);
+                self.fit_mask[i as usize] = mask;
+                (mask == 0).then(|| format!("no instance with {asked} GB after out of memory"))
+            }
+        };
+        match reason {
+            Some(r) => {
+                self.m.oom_rejected += 1;
+                self.rejected.push((i, r));
+            }
+            None => self.enqueue(i, heuristic),
+        }
     }
 
     fn reconfig_done(&mut self, gpu: usize) {
@@ -723,9 +937,10 @@ impl<'j> Engine<'j> {
         // A job that never ran is late, and at least `horizon - deadline`
         // late: counting it so keeps a policy that starves jobs from
         // looking better than one that serves them late.
-        let never_ran = self.rejected.iter().map(|&(i, _)| i).chain(
-            (0..self.jobs.len() as u32).filter(|&i| self.pending_pos[i as usize] != NONE),
-        );
+        let never_ran =
+            self.rejected.iter().map(|&(i, _)| i).chain(
+                (0..self.jobs.len() as u32).filter(|&i| self.pending_pos[i as usize] != NONE),
+            );
         for i in never_ran {
             m.total_tardiness_s += (horizon - self.jobs[i as usize].deadline).max(0.0);
             m.late_jobs += 1;
@@ -770,10 +985,24 @@ impl<'j> Engine<'j> {
                 unserved: self.m.unserved + self.m.rejected,
                 reconfigurations: self.m.reconfigurations,
                 rejected_decisions: self.m.rejected_decisions,
+                oom_failures: self.m.oom_failures,
             }))?;
         }
         Ok(())
     }
+}
+
+/// Classes whose profile has at least `k` compute slices and `mem` GB.
+fn mask_for(classes: &[Option<Class>], mem: f64, k: u8) -> u64 {
+    let mut mask = 0u64;
+    for (c, class) in classes.iter().enumerate() {
+        if let Some(cl) = class {
+            if cl.profile.shape.compute >= k && f64::from(cl.profile.memory_gb) >= mem {
+                mask |= 1 << c;
+            }
+        }
+    }
+    mask
 }
 
 fn class_of(g: &Geometry, slot: usize, id: PlacementId) -> usize {
@@ -809,6 +1038,13 @@ fn check_job(j: &Job) -> Result<(), SimError> {
             "memory need {} GB is not finite and >= 0",
             j.memory_gb
         )));
+    }
+    if let Some(d) = j.declared_memory_gb {
+        if !(d.is_finite() && d >= 0.0) {
+            return Err(bad(&format!(
+                "declared memory {d} GB is not finite and >= 0"
+            )));
+        }
     }
     j.speedup
         .validate()

@@ -2,7 +2,8 @@
 //!
 //! Line 1 is a [`Header`]; then, in simulation order, one [`ReconfigRecord`]
 //! per applied reconfiguration and one [`JobRecord`] per started job (written
-//! when it starts: without preemption its end is known then); then one
+//! when it starts: without preemption its end is known then; in the
+//! out-of-memory mode an [`OomRecord`] per failed run instead); then one
 //! [`UnservedRecord`] per job that never ran; last a [`SummaryRecord`] with
 //! the simulator's own totals. The file alone is enough to re-check
 //! feasibility and recompute energy and tardiness ([`super::audit`]).
@@ -26,6 +27,7 @@ pub enum Record {
     Header(Header),
     Reconfig(ReconfigRecord),
     Job(JobRecord),
+    Oom(OomRecord),
     Unserved(UnservedRecord),
     Summary(SummaryRecord),
 }
@@ -46,6 +48,20 @@ pub struct Header {
     pub gpus: Vec<GpuHeader>,
     /// Power model of each model present.
     pub power: Vec<ModelPower>,
+    /// The out-of-memory mode, when on (absent otherwise: older logs and
+    /// runs without it are read unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<OomHeader>,
+}
+
+/// Parameters of the out-of-memory mode, for the audit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomHeader {
+    /// A failing run ends at `start + fail_fraction * work / speed`.
+    pub fail_fraction: f64,
+    /// A job has at most `max_retries + 1` OOM records, and at most
+    /// `max_retries` if it finally ran.
+    pub max_retries: u32,
 }
 
 /// One GPU at time 0.
@@ -102,6 +118,35 @@ pub struct JobRecord {
     pub end: f64,
 }
 
+/// A run that ran out of memory: the instance (`instance_memory_gb`) was
+/// smaller than the job's true need (`memory_gb`). It occupied the instance
+/// from `start` to `fail = start + fail_fraction * work / speed`, drew power
+/// meanwhile, and the job was requeued (or given up: then an
+/// [`UnservedRecord`] follows). `attempt` counts from 1.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomRecord {
+    pub id: u64,
+    pub arrival: f64,
+    pub deadline: f64,
+    pub work: f64,
+    /// True need, GB.
+    pub memory_gb: f64,
+    /// What the scheduler went by: the declaration or the estimate, GB.
+    pub asked_memory_gb: f64,
+    pub requested_slices: Option<u8>,
+    pub speedup: SpeedupCurve,
+    pub gpu: usize,
+    pub profile: String,
+    pub compute: u8,
+    pub memory_slices: u8,
+    pub start_slot: u8,
+    pub instance_memory_gb: u32,
+    pub speed: f64,
+    pub start: f64,
+    pub fail: f64,
+    pub attempt: u32,
+}
+
 /// A job that never ran, and why.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UnservedRecord {
@@ -124,6 +169,13 @@ pub struct SummaryRecord {
     pub unserved: u64,
     pub reconfigurations: u64,
     pub rejected_decisions: u64,
+    /// Out-of-memory failures (runs that did not complete).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub oom_failures: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Where the simulator sends records. Only called when a sink is given, so a

@@ -261,6 +261,8 @@ mod tests {
             deadline: 150.0,
             class: JobClass::Inference,
             requested_slices: None,
+            declared_memory_gb: None,
+            template: None,
         }
     }
 

@@ -38,6 +38,14 @@ pub struct Metrics {
     pub last_completion_s: f64,
     /// Events processed (arrivals, completions, reconfiguration ends, ticks).
     pub events: u64,
+    /// Out-of-memory failures (runs that did not complete; 0 unless the
+    /// out-of-memory mode is on).
+    pub oom_failures: u64,
+    /// Jobs given up after out-of-memory failures (included in `rejected`).
+    pub oom_rejected: u64,
+    /// GPU-seconds (compute slices / GPU slices x seconds) burnt by runs
+    /// that failed out of memory.
+    pub oom_lost_gpu_s: f64,
 }
 
 /// `ET = (e + alpha * t) / (1 + alpha)`, with `e` and `t` the run's energy and

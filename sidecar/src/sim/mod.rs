@@ -19,6 +19,10 @@
 //! - **Energy.** Every GPU, idle included, from 0 to the horizon
 //!   `max(workload horizon, last completion)`: `power_w(load)` integrated
 //!   exactly (load is piecewise constant between job starts and ends).
+//! - **Out of memory** (only with [`SimConfig::oom`]): instances are chosen
+//!   by the declared memory or a learned estimate; a job whose instance is
+//!   smaller than its true need fails part-way, its partial run's energy is
+//!   counted, and it is requeued for the next larger memory size.
 //! - **Order of simultaneous events.** Completions, then reconfiguration
 //!   ends, then epoch ticks, then arrivals (by id); then placement; then the
 //!   decision epoch, if due.
@@ -72,6 +76,44 @@ pub struct SimConfig {
     pub start_hour: f64,
     /// Power models overriding [`PowerModel::default_for`].
     pub power: Vec<(GpuModel, PowerModel)>,
+    /// Out-of-memory mode. `None` (default): instances are chosen by the
+    /// true memory need (an oracle scheduler; `declared_memory_gb` is
+    /// ignored), so no job ever runs out of memory.
+    pub oom: Option<OomConfig>,
+}
+
+/// Share of the run time after which an out-of-memory job fails.
+pub const DEFAULT_OOM_FAIL_FRACTION: f64 = 0.3;
+/// Restarts after out-of-memory failures before a job is given up.
+pub const DEFAULT_OOM_MAX_RETRIES: u32 = 3;
+
+/// The out-of-memory mode (`docs/oom-and-memory.md`): instances are chosen
+/// by the *declared* memory (or a learned estimate); a job on an instance
+/// with less memory than its true need fails after `fail_fraction` of its
+/// run time there and is requeued asking for the next larger memory size,
+/// at most `max_retries` times.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OomConfig {
+    /// In (0, 1]. Default 0.3: OOMs hit at the first big allocation (model
+    /// load, first batch, first evaluation or checkpoint), usually early but
+    /// not at once; 0.3 is an assumption, not a measurement.
+    pub fail_fraction: f64,
+    /// Restarts allowed after OOM failures (0: the first OOM rejects the job).
+    pub max_retries: u32,
+    /// Learn memory estimates for jobs that declare nothing
+    /// ([`crate::workload::MemoryEstimator`]); `None`: such jobs ask for
+    /// the smallest profile.
+    pub estimate: Option<crate::workload::EstimatorConfig>,
+}
+
+impl Default for OomConfig {
+    fn default() -> Self {
+        OomConfig {
+            fail_fraction: DEFAULT_OOM_FAIL_FRACTION,
+            max_retries: DEFAULT_OOM_MAX_RETRIES,
+            estimate: None,
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -83,6 +125,7 @@ impl Default for SimConfig {
             workload_horizon_s: None,
             start_hour: 0.0,
             power: Vec::new(),
+            oom: None,
         }
     }
 }
@@ -119,6 +162,20 @@ impl SimConfig {
         }
         if !self.start_hour.is_finite() {
             return bad(format!("start hour {} is not finite", self.start_hour));
+        }
+        if let Some(o) = &self.oom {
+            if !(o.fail_fraction > 0.0 && o.fail_fraction <= 1.0) {
+                return bad(format!(
+                    "out-of-memory fail fraction {} is not in (0, 1]",
+                    o.fail_fraction
+                ));
+            }
+            if o.max_retries > 64 {
+                return bad(format!("{} out-of-memory retries (max 64)", o.max_retries));
+            }
+            if let Some(e) = &o.estimate {
+                e.validate().map_err(|e| SimError::Config(e.to_string()))?;
+            }
         }
         Ok(())
     }

@@ -277,6 +277,8 @@ pub fn generate_diurnal(cfg: &DiurnalConfig, model: GpuModel, gpus: usize, seed:
             deadline: t + slack,
             class,
             requested_slices,
+            declared_memory_gb: None,
+            template: None,
         });
     }
     jobs

@@ -71,6 +71,20 @@ pub struct Job {
     /// rounded up to a profile compute size of the workload's GPU model
     /// (Slurm semantics: 5 and 6 become 7). `None`: the scheduler chooses.
     pub requested_slices: Option<u8>,
+    /// GPU memory the user *declared* (`--mig-mem`), GB, when it may differ
+    /// from the true need `memory_gb` (which is then the peak the job will
+    /// actually use). `None`: the declaration equals the true need (every
+    /// producer's behaviour unless asked otherwise). `Some(0.0)`: nothing
+    /// declared (the scheduler falls back to the smallest profile or a
+    /// learned estimate). Only the simulator's out-of-memory mode reads it
+    /// (`docs/oom-and-memory.md`).
+    #[serde(default)]
+    pub declared_memory_gb: Option<f64>,
+    /// Synthetic identity of "the same script again" (a user and job name),
+    /// the key of learned memory estimates. `None`: unknown (estimates then
+    /// fall back to one key per class).
+    #[serde(default)]
+    pub template: Option<u32>,
 }
 
 impl Job {
@@ -94,6 +108,12 @@ impl Job {
     pub fn gpu_seconds_on(&self, compute: u8, total_compute: u8) -> f64 {
         f64::from(compute) / f64::from(total_compute.max(1))
             * self.runtime_on(compute, total_compute)
+    }
+
+    /// Whether the job declared no memory need (`declared_memory_gb = Some(0.0)`).
+    #[inline]
+    pub fn declares_nothing(&self) -> bool {
+        self.declared_memory_gb.is_some_and(|d| d <= 0.0)
     }
 
     /// Whether the job's memory need fits the profile.
@@ -151,6 +171,14 @@ impl Job {
                 format!("{} is not > 0", self.memory_gb),
             ));
         }
+        if let Some(d) = self.declared_memory_gb {
+            if !(d.is_finite() && d >= 0.0) {
+                return Err(WorkloadError::invalid(
+                    "declared_memory_gb",
+                    format!("{d} is not a finite value >= 0"),
+                ));
+            }
+        }
         self.speedup.validate()?;
         if let Some(k) = self.requested_slices {
             if !model.spec().profiles.iter().any(|p| p.shape.compute == k) {
@@ -202,6 +230,8 @@ mod tests {
             deadline: 150.0,
             class: JobClass::Inference,
             requested_slices: None,
+            declared_memory_gb: None,
+            template: None,
         }
     }
 

@@ -11,17 +11,22 @@
 //! - [`power`]: [`PowerModel`] and the one definition of GPU `load`.
 //! - [`diurnal`]: [`DiurnalConfig`], [`generate_diurnal`], offered-load statistics.
 //! - [`trace`]: our CSV format, the Alibaba GPU v2023 trace and Slurm `sacct`.
+//! - [`declare`]: under-declared memory and job templates (out-of-memory studies).
+//! - [`memory_estimate`]: learned memory estimates per (user, job name).
 //!
 //! `docs/workload.md` documents the numbers and their sources.
 
+pub mod declare;
 pub mod diurnal;
 pub mod job;
+pub mod memory_estimate;
 pub mod power;
 pub mod speedup;
 pub mod trace;
 
 pub use diurnal::{generate_diurnal, offered_load, DiurnalConfig};
 pub use job::{default_memory_gb, round_up_to_profile, Job, JobClass};
+pub use memory_estimate::{EstimatorConfig, MemoryEstimator, MemoryKey};
 pub use power::{gpu_load, PowerModel};
 pub use speedup::{CurveDist, SpeedupCurve};
 pub use trace::{

@@ -64,7 +64,11 @@ impl TestDaemon {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("smartmigd exited with {st}: {}", self.log());
             }
-            assert!(t0.elapsed() < Duration::from_secs(20), "no health reply: {}", self.log());
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no health reply: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -98,7 +102,11 @@ impl TestDaemon {
             if let Some(st) = c.try_wait().unwrap() {
                 return st;
             }
-            assert!(t0.elapsed() < limit, "smartmigd did not exit: {}", self.log());
+            assert!(
+                t0.elapsed() < limit,
+                "smartmigd did not exit: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -138,5 +146,6 @@ pub fn req(job_id: u64, gpu: u32, slices: u8, memory_gb: Option<f64>) -> Allocat
         memory_gb,
         deadline: None,
         time_limit_s: Some(3600),
+        job_name: None,
     }
 }

@@ -38,6 +38,10 @@ pub enum BackendError {
     NotSupported { gpu: u32, what: String },
     #[error("GPU {gpu}: no permission for {what} (NVML_ERROR_NO_PERMISSION): smartmigd must run as root")]
     NoPermission { gpu: u32, what: String },
+    /// The call did not answer in time: the operation may or may not have
+    /// happened (the daemon re-reads the GPU's instances after it).
+    #[error("GPU {gpu}: {what} timed out (NVML_ERROR_TIMEOUT); the GPU's instances are re-read")]
+    Timeout { gpu: u32, what: String },
     #[error("GPU {gpu}: unknown instance {uuid}")]
     UnknownInstance { gpu: u32, uuid: String },
     #[error("no GPU {gpu} on this node ({count} GPUs)")]
@@ -63,6 +67,7 @@ impl BackendError {
             "insufficient_resources" => BackendError::InsufficientResources { gpu: 0, what },
             "not_supported" => BackendError::NotSupported { gpu: 0, what },
             "no_permission" => BackendError::NoPermission { gpu: 0, what },
+            "timeout" => BackendError::Timeout { gpu: 0, what },
             "other" => BackendError::Other(what),
             _ => return None,
         })
@@ -84,6 +89,19 @@ pub trait Backend: Send + Sync {
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError>;
     /// Energy used by `gpu` since the backend started (J), if known.
     fn energy_j(&self, _gpu: u32) -> Option<f64> {
+        None
+    }
+    /// GPU memory (GB = 1e9 bytes) instance `uuid` of `gpu` uses, as far as
+    /// the backend can tell, or `None` when it cannot.
+    ///
+    /// NVML reports the *current* framebuffer use of a MIG device, not a
+    /// peak, so the nvml backend returns the current use and the daemon
+    /// samples it every `memory.sample_s` seconds while the job runs,
+    /// keeping the largest sample as the job's peak: a spike shorter than
+    /// the sampling period can be missed. The sim backend has no memory to
+    /// measure (`None`); there the release request's `used_memory_gb` is
+    /// the job's peak.
+    fn peak_memory_gb(&self, _gpu: u32, _uuid: &str) -> Option<f64> {
         None
     }
 }

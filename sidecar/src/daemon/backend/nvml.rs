@@ -34,8 +34,13 @@ pub fn map_return(code: c_uint, gpu: u32, what: &str) -> Result<(), BackendError
         sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES => {
             Err(BackendError::InsufficientResources { gpu, what })
         }
-        sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => Err(BackendError::NotSupported { gpu, what }),
-        sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => Err(BackendError::NoPermission { gpu, what }),
+        sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => {
+            Err(BackendError::NotSupported { gpu, what })
+        }
+        sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => {
+            Err(BackendError::NoPermission { gpu, what })
+        }
+        sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT => Err(BackendError::Timeout { gpu, what }),
         other => Err(BackendError::Other(format!(
             "GPU {gpu}: {what} failed with NVML error {other}"
         ))),
@@ -63,7 +68,10 @@ pub fn placement_of(
     profile_id: c_uint,
     start: c_uint,
 ) -> Option<PlacementId> {
-    let shape = ids.iter().find(|(_, &id)| id == profile_id).map(|(s, _)| *s)?;
+    let shape = ids
+        .iter()
+        .find(|(_, &id)| id == profile_id)
+        .map(|(s, _)| *s)?;
     geometry.placement_id(shape, u8::try_from(start).ok()?)
 }
 
@@ -94,17 +102,30 @@ pub struct NvmlBackend {
 fn init_error(e: NvmlError) -> BackendError {
     match e {
         NvmlError::LibloadingError(e) => BackendError::LibraryNotFound(e.to_string()),
-        NvmlError::LibraryNotFound => BackendError::LibraryNotFound("the library was not found".into()),
-        NvmlError::DriverNotLoaded => BackendError::Other("NVML: the NVIDIA driver is not loaded".into()),
+        NvmlError::LibraryNotFound => {
+            BackendError::LibraryNotFound("the library was not found".into())
+        }
+        NvmlError::DriverNotLoaded => {
+            BackendError::Other("NVML: the NVIDIA driver is not loaded".into())
+        }
         other => BackendError::Other(format!("NVML initialisation failed: {other}")),
     }
 }
 
 fn nvml_err(gpu: u32, what: &str, e: NvmlError) -> BackendError {
     match e {
-        NvmlError::InUse => BackendError::InUse { gpu, what: what.into() },
-        NvmlError::NotSupported => BackendError::NotSupported { gpu, what: what.into() },
-        NvmlError::NoPermission => BackendError::NoPermission { gpu, what: what.into() },
+        NvmlError::InUse => BackendError::InUse {
+            gpu,
+            what: what.into(),
+        },
+        NvmlError::NotSupported => BackendError::NotSupported {
+            gpu,
+            what: what.into(),
+        },
+        NvmlError::NoPermission => BackendError::NoPermission {
+            gpu,
+            what: what.into(),
+        },
         other => BackendError::Other(format!("GPU {gpu}: {what}: {other}")),
     }
 }
@@ -113,20 +134,25 @@ impl NvmlBackend {
     /// Loads NVML, identifies every GPU and checks that MIG mode is on.
     pub fn open() -> Result<NvmlBackend, BackendError> {
         let nvml = Nvml::init().map_err(init_error)?;
-        let count = nvml.device_count().map_err(|e| nvml_err(0, "device count", e))?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| nvml_err(0, "device count", e))?;
         let mut gpus = Vec::new();
         for index in 0..count {
             let device = nvml
                 .device_by_index(index)
                 .map_err(|e| nvml_err(index, "device handle", e))?;
-            let name = device.name().map_err(|e| nvml_err(index, "device name", e))?;
-            let model = GpuModel::from_nvml_name(&name).ok_or_else(|| {
-                BackendError::UnsupportedModel {
+            let name = device
+                .name()
+                .map_err(|e| nvml_err(index, "device name", e))?;
+            let model =
+                GpuModel::from_nvml_name(&name).ok_or_else(|| BackendError::UnsupportedModel {
                     gpu: index,
                     name: name.clone(),
-                }
-            })?;
-            let mig = device.mig_mode().map_err(|e| nvml_err(index, "MIG mode", e))?;
+                })?;
+            let mig = device
+                .mig_mode()
+                .map_err(|e| nvml_err(index, "MIG mode", e))?;
             if mig.current != sys::NVML_DEVICE_MIG_ENABLE {
                 return Err(BackendError::MigDisabled { gpu: index, name });
             }
@@ -135,8 +161,11 @@ impl NvmlBackend {
                 let mut info: sys::nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
                 // SAFETY: a live device handle and a valid out-pointer.
                 let code = unsafe {
-                    nvml.lib()
-                        .nvmlDeviceGetGpuInstanceProfileInfo(device.handle(), p.nvml_profile, &mut info)
+                    nvml.lib().nvmlDeviceGetGpuInstanceProfileInfo(
+                        device.handle(),
+                        p.nvml_profile,
+                        &mut info,
+                    )
                 };
                 match map_return(code, index, "profile info") {
                     Ok(()) => {
@@ -146,7 +175,9 @@ impl NvmlBackend {
                         }
                         ids.insert(p.shape, info.id);
                     }
-                    Err(e) => tracing::warn!(gpu = index, profile = %p.name(), "profile not offered by the driver: {e}"),
+                    Err(e) => {
+                        tracing::warn!(gpu = index, profile = %p.name(), "profile not offered by the driver: {e}")
+                    }
                 }
             }
             tracing::info!(gpu = index, %name, %model, "NVML GPU in MIG mode");
@@ -173,7 +204,11 @@ impl NvmlBackend {
         let mut max: c_uint = 0;
         // SAFETY: live handle, valid out-pointers, buffers sized as NVML documents.
         unsafe {
-            map_return(lib.nvmlDeviceGetMaxMigDeviceCount(device.handle(), &mut max), gpu, "MIG device count")?;
+            map_return(
+                lib.nvmlDeviceGetMaxMigDeviceCount(device.handle(), &mut max),
+                gpu,
+                "MIG device count",
+            )?;
             for i in 0..max {
                 let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
                 if lib.nvmlDeviceGetMigDeviceHandleByIndex(device.handle(), i, &mut mig)
@@ -182,10 +217,22 @@ impl NvmlBackend {
                     continue; // no MIG device at this index
                 }
                 let (mut gi, mut ci) = (0, 0);
-                map_return(lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi), gpu, "GPU instance id")?;
-                map_return(lib.nvmlDeviceGetComputeInstanceId(mig, &mut ci), gpu, "compute instance id")?;
+                map_return(
+                    lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi),
+                    gpu,
+                    "GPU instance id",
+                )?;
+                map_return(
+                    lib.nvmlDeviceGetComputeInstanceId(mig, &mut ci),
+                    gpu,
+                    "compute instance id",
+                )?;
                 let mut buf = [0 as c_char; sys::NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
-                map_return(lib.nvmlDeviceGetUUID(mig, buf.as_mut_ptr(), buf.len() as c_uint), gpu, "MIG UUID")?;
+                map_return(
+                    lib.nvmlDeviceGetUUID(mig, buf.as_mut_ptr(), buf.len() as c_uint),
+                    gpu,
+                    "MIG UUID",
+                )?;
                 let uuid = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
                 out.push((uuid, gi, ci));
             }
@@ -223,13 +270,28 @@ impl Backend for NvmlBackend {
             let mut gi_info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
             // SAFETY: live handle and valid out-pointers.
             unsafe {
-                map_return(lib.nvmlDeviceGetGpuInstanceById(device.handle(), gi_id, &mut gi), gpu, "GPU instance")?;
-                map_return(lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info), gpu, "GPU instance info")?;
+                map_return(
+                    lib.nvmlDeviceGetGpuInstanceById(device.handle(), gi_id, &mut gi),
+                    gpu,
+                    "GPU instance",
+                )?;
+                map_return(
+                    lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info),
+                    gpu,
+                    "GPU instance info",
+                )?;
             }
-            match placement_of(geometry, &info.ids, gi_info.profileId, gi_info.placement.start) {
+            match placement_of(
+                geometry,
+                &info.ids,
+                gi_info.profileId,
+                gi_info.placement.start,
+            ) {
                 Some(placement) => out.push(BackendInstance { placement, uuid }),
-                None => tracing::warn!(gpu, %uuid, profile = gi_info.profileId, start = gi_info.placement.start,
-                    "instance with a profile smartmig does not schedule (e.g. +me); left alone"),
+                None => {
+                    tracing::warn!(gpu, %uuid, profile = gi_info.profileId, start = gi_info.placement.start,
+                    "instance with a profile smartmig does not schedule (e.g. +me); left alone")
+                }
             }
         }
         out.sort_by_key(|i| i.placement);
@@ -240,14 +302,18 @@ impl Backend for NvmlBackend {
         let info = self.gpu(gpu)?;
         let p = *Geometry::of(info.model).placement(placement);
         let what = p.describe().to_string();
-        let profile_id = *info.ids.get(&p.shape()).ok_or_else(|| BackendError::NotSupported {
-            gpu,
-            what: format!("profile {what}"),
-        })?;
-        let ci_profile = compute_instance_profile(p.compute()).ok_or_else(|| BackendError::NotSupported {
-            gpu,
-            what: format!("compute instance for {what}"),
-        })?;
+        let profile_id = *info
+            .ids
+            .get(&p.shape())
+            .ok_or_else(|| BackendError::NotSupported {
+                gpu,
+                what: format!("profile {what}"),
+            })?;
+        let ci_profile =
+            compute_instance_profile(p.compute()).ok_or_else(|| BackendError::NotSupported {
+                gpu,
+                what: format!("compute instance for {what}"),
+            })?;
         let device = self
             .nvml
             .device_by_index(gpu)
@@ -263,11 +329,20 @@ impl Backend for NvmlBackend {
         // failure the new GPU instance is destroyed again so no orphan stays.
         unsafe {
             map_return(
-                lib.nvmlDeviceCreateGpuInstanceWithPlacement(device.handle(), profile_id, &placement_arg, &mut gi),
+                lib.nvmlDeviceCreateGpuInstanceWithPlacement(
+                    device.handle(),
+                    profile_id,
+                    &placement_arg,
+                    &mut gi,
+                ),
                 gpu,
                 &format!("create GPU instance {what}"),
             )?;
-            map_return(lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info), gpu, "GPU instance info")?;
+            map_return(
+                lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info),
+                gpu,
+                "GPU instance info",
+            )?;
             let mut ci_info: sys::nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
             let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
             let made = map_return(
@@ -296,7 +371,11 @@ impl Backend for NvmlBackend {
             .into_iter()
             .find(|(_, gi_id, _)| *gi_id == gi_info.id)
             .map(|(uuid, _, _)| uuid)
-            .ok_or_else(|| BackendError::Other(format!("GPU {gpu}: created {what} but found no MIG device for it")))
+            .ok_or_else(|| {
+                BackendError::Other(format!(
+                    "GPU {gpu}: created {what} but found no MIG device for it"
+                ))
+            })
     }
 
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
@@ -318,18 +397,47 @@ impl Backend for NvmlBackend {
         unsafe {
             let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
             let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
-            map_return(lib.nvmlDeviceGetGpuInstanceById(device.handle(), gi_id, &mut gi), gpu, uuid)?;
-            map_return(lib.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id, &mut ci), gpu, uuid)?;
-            map_return(lib.nvmlComputeInstanceDestroy(ci), gpu, &format!("destroy compute instance of {uuid}"))?;
-            map_return(lib.nvmlGpuInstanceDestroy(gi), gpu, &format!("destroy GPU instance of {uuid}"))?;
+            map_return(
+                lib.nvmlDeviceGetGpuInstanceById(device.handle(), gi_id, &mut gi),
+                gpu,
+                uuid,
+            )?;
+            map_return(
+                lib.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id, &mut ci),
+                gpu,
+                uuid,
+            )?;
+            map_return(
+                lib.nvmlComputeInstanceDestroy(ci),
+                gpu,
+                &format!("destroy compute instance of {uuid}"),
+            )?;
+            map_return(
+                lib.nvmlGpuInstanceDestroy(gi),
+                gpu,
+                &format!("destroy GPU instance of {uuid}"),
+            )?;
         }
         Ok(())
+    }
+
+    /// Current framebuffer use of the MIG device (`nvmlDeviceGetMemoryInfo_v2`
+    /// on the handle of its MIG UUID); the daemon samples it for the peak.
+    /// `used` includes the driver's small per-context reservation.
+    fn peak_memory_gb(&self, gpu: u32, uuid: &str) -> Option<f64> {
+        self.gpu(gpu).ok()?;
+        let device = self.nvml.device_by_uuid(uuid).ok()?;
+        let info = device.memory_info().ok()?;
+        Some(info.used as f64 / 1e9)
     }
 
     fn energy_j(&self, gpu: u32) -> Option<f64> {
         let device = self.nvml.device_by_index(gpu).ok()?;
         // mJ since the driver was loaded.
-        device.total_energy_consumption().ok().map(|mj| mj as f64 / 1000.0)
+        device
+            .total_energy_consumption()
+            .ok()
+            .map(|mj| mj as f64 / 1000.0)
     }
 }
 
@@ -345,7 +453,11 @@ mod tests {
             Err(BackendError::InUse { gpu: 1, .. })
         ));
         assert!(matches!(
-            map_return(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES, 0, "x"),
+            map_return(
+                sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES,
+                0,
+                "x"
+            ),
             Err(BackendError::InsufficientResources { .. })
         ));
         assert!(matches!(
@@ -354,7 +466,10 @@ mod tests {
         ));
         let err = map_return(sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION, 0, "x").unwrap_err();
         assert!(err.to_string().contains("must run as root"), "{err}");
-        assert!(matches!(map_return(999, 0, "x"), Err(BackendError::Other(_))));
+        assert!(matches!(
+            map_return(999, 0, "x"),
+            Err(BackendError::Other(_))
+        ));
     }
 
     #[test]
@@ -373,9 +488,18 @@ mod tests {
             assert_eq!(placement_of(g, &ids, full.smi_id, 1), None);
         }
         // A100-40GB 3g.20gb: NVML profile 2 (3_SLICE), id 9, starts 0 and 4.
-        let p = GpuModel::A100_40gb.spec().profile(Shape::new(3, 4)).unwrap();
-        assert_eq!((p.nvml_profile, p.smi_id), (sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9));
-        let p = GpuModel::A100_40gb.spec().profile(Shape::new(1, 2)).unwrap();
+        let p = GpuModel::A100_40gb
+            .spec()
+            .profile(Shape::new(3, 4))
+            .unwrap();
+        assert_eq!(
+            (p.nvml_profile, p.smi_id),
+            (sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9)
+        );
+        let p = GpuModel::A100_40gb
+            .spec()
+            .profile(Shape::new(1, 2))
+            .unwrap();
         assert_eq!(p.nvml_profile, sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2);
     }
 

@@ -166,7 +166,8 @@ impl SimBackend {
                 .collect(),
         };
         let path = self.dir.join(format!("gpu{index}.json"));
-        let bytes = serde_json::to_vec_pretty(&saved).map_err(|e| state_err(&path, e.to_string()))?;
+        let bytes =
+            serde_json::to_vec_pretty(&saved).map_err(|e| state_err(&path, e.to_string()))?;
         atomic_write(&path, &bytes).map_err(|e| state_err(&path, e.to_string()))
     }
 
@@ -185,6 +186,7 @@ impl SimBackend {
             }
             BackendError::NotSupported { what, .. } => BackendError::NotSupported { gpu, what },
             BackendError::NoPermission { what, .. } => BackendError::NoPermission { gpu, what },
+            BackendError::Timeout { what, .. } => BackendError::Timeout { gpu, what },
             other => other,
         })
     }
@@ -220,9 +222,12 @@ impl Backend for SimBackend {
         let mut state = self.gpu(gpu)?;
         let g = Geometry::of(state.model);
         let what = g.placement(placement).describe().to_string();
-        if let Some(err) = self.injected("create", gpu, &what) {
-            return Err(err);
-        }
+        let late = match self.injected("create", gpu, &what) {
+            // A timeout is the worst case: the instance was made anyway.
+            Some(e @ BackendError::Timeout { .. }) => Some(e),
+            Some(err) => return Err(err),
+            None => None,
+        };
         let layout = state.instances.iter().map(|i| i.placement).collect();
         if !g.fits(layout, placement) {
             return Err(BackendError::InsufficientResources { gpu, what });
@@ -243,7 +248,10 @@ impl Backend for SimBackend {
             state.instances.retain(|i| i.uuid != uuid);
             return Err(e);
         }
-        Ok(uuid)
+        match late {
+            Some(e) => Err(e),
+            None => Ok(uuid),
+        }
     }
 
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
@@ -313,10 +321,14 @@ mod tests {
         assert!(b.list(0).unwrap().is_empty());
         assert!(matches!(b.list(2), Err(BackendError::NoSuchGpu { .. })));
         // A model change is refused, not silently wiped.
-        let err = SimBackend::open(&d, &[GpuModel::A30_24gb, GpuModel::A30_24gb], SimConfig::default())
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("the config says GPU 0"), "{err}");
+        let err = SimBackend::open(
+            &d,
+            &[GpuModel::A30_24gb, GpuModel::A30_24gb],
+            SimConfig::default(),
+        )
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("the config says GPU 1"), "{err}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

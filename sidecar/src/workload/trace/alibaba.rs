@@ -180,6 +180,8 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
                 deadline,
                 class: c.class,
                 requested_slices: Some(k),
+                declared_memory_gb: None,
+                template: None,
             },
         );
     }

@@ -252,6 +252,8 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
             deadline,
             class,
             requested_slices,
+            declared_memory_gb: None,
+            template: None,
         },
     ))
 }

@@ -237,6 +237,8 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
             deadline,
             class,
             requested_slices: Some(k),
+            declared_memory_gb: None,
+            template: None,
         },
     ))
 }

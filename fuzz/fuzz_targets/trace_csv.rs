@@ -1,0 +1,11 @@
+//! Fuzz target `trace_csv`: see `fuzz/harness.rs` for the checks and
+//! `docs/reliability.md` for how to run it.
+#![no_main]
+
+#[path = "../harness.rs"]
+mod harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::trace(
+    smartmig::workload::trace::TraceFormat::Csv,
+    data
+));

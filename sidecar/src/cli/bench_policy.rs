@@ -1,0 +1,237 @@
+//! `smartmig bench policy`: the quality gates of the learned policy (issue 7).
+//!
+//! 1. On the default diurnal day (one run, same seed for every policy): the
+//!    full `simulate --compare` table with the learned policy added, then
+//!    the gate lines: ET of the policy vs `static-best`, `twice-daily`,
+//!    `none`, `greedy`; energy over its lower bound; late-job share vs the
+//!    best other policy.
+//! 2. The same on a trace (`--trace FILE --trace-format alibaba` for the
+//!    Alibaba GPU v2023 trace), when given.
+//! 3. Decision latency per GPU, batched (one session run per epoch), at
+//!    8, 1,000 and 10,000 GPUs on synthetic busy clusters.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::compare::{compare, CompareOptions};
+use crate::mig::{Geometry, GpuModel};
+use crate::policy::onnx::load_policy;
+use crate::policy::{ClusterView, GpuStatus, PendingJob, RepartitionPolicy, MODEL_COUNT};
+use crate::report::Comparison;
+use crate::sim::{EpochRule, Heuristic, SimConfig};
+use crate::workload::{
+    generate_diurnal, read_trace, DiurnalConfig, SpeedupCurve, TraceFormat, TraceOptions,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct PolicyArgs {
+    /// The learned policy to judge.
+    #[arg(long, default_value = "policies/a100-40gb.onnx")]
+    pub policy: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    pub gpus: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value = "edf")]
+    pub placement: String,
+    /// Also judge on this trace file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    #[arg(long, default_value = "alibaba")]
+    pub trace_format: String,
+    /// Cluster sizes of the latency measurement, comma-separated.
+    #[arg(long, default_value = "8,1000,10000", value_delimiter = ',')]
+    pub latency_gpus: Vec<usize>,
+}
+
+pub fn run(a: &PolicyArgs) -> Result<()> {
+    let spec = format!("policy:{}", a.policy.display());
+    let probe = crate::policy::onnx::load_any_policy(&a.policy)?;
+    let model = probe.metadata().gpu_model;
+    drop(probe);
+    let heuristic: Heuristic = a.placement.parse()?;
+    let cluster = vec![model; a.gpus];
+
+    let dcfg = DiurnalConfig::default();
+    let jobs = generate_diurnal(&dcfg, model, a.gpus, a.seed);
+    let cfg = SimConfig {
+        seed: a.seed,
+        workload_horizon_s: Some(dcfg.horizon_s),
+        start_hour: dcfg.start_hour,
+        epoch: EpochRule::Events(crate::sim::DEFAULT_EPOCH_EVENTS),
+        ..SimConfig::default()
+    };
+    let mut opts = CompareOptions::new(format!("diurnal 24 h workload (seed {})", a.seed), 1.0);
+    opts.extra.push(spec.clone());
+    let c = compare(&cluster, &jobs, &cfg, heuristic, &opts)?;
+    print!("{}", c.table());
+    gates(&c);
+
+    if let Some(path) = &a.trace {
+        let format: TraceFormat = a.trace_format.parse()?;
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let topts = TraceOptions {
+            lenient: true,
+            seed: a.seed,
+            ..TraceOptions::new(model)
+        };
+        let trace = read_trace(format, BufReader::new(file), &topts)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let cfg = SimConfig {
+            seed: a.seed,
+            ..SimConfig::default()
+        };
+        let mut opts = CompareOptions::new(format!("{format} trace {}", path.display()), 1.0);
+        opts.extra.push(spec.clone());
+        println!();
+        let c = compare(&cluster, &trace.jobs, &cfg, heuristic, &opts)?;
+        print!("{}", c.table());
+        gates(&c);
+    }
+
+    println!("\ndecision latency (one batched ONNX Runtime call per epoch, 1 intra-op thread):");
+    println!(
+        "{:>8}  {:>12}  {:>12}  {:>10}",
+        "GPUs", "per epoch", "per GPU", "epochs"
+    );
+    for &n in &a.latency_gpus {
+        let mut policy = load_policy(&a.policy, model)?;
+        let (per_epoch, per_gpu, epochs) = latency(&mut policy, model, n, a.seed)?;
+        println!(
+            "{n:>8}  {:>9.1} us  {:>9.3} us  {epochs:>10}",
+            per_epoch * 1e6,
+            per_gpu * 1e6
+        );
+    }
+    Ok(())
+}
+
+/// The gate lines under a comparison table.
+fn gates(c: &Comparison) {
+    let row = |name: &str| c.rows.iter().find(|r| r.policy == name);
+    let Some(learned) = c.rows.iter().find(|r| r.policy.starts_with("policy:")) else {
+        println!("(learned policy missing from the table)");
+        return;
+    };
+    println!("\ngates ({}):", learned.policy);
+    for base in ["static-best", "twice-daily", "none", "greedy"] {
+        let Some(r) = row(base) else { continue };
+        let target = match base {
+            "static-best" => "  (target <= -18 %, aim -35 %)",
+            "greedy" => "  (target < 0)",
+            _ => "",
+        };
+        match (learned.et, r.et) {
+            (Some(et), Some(b)) => println!(
+                "  ET vs {base:<12} {et:.3} vs {b:.3} = {:+.1} %{target}",
+                (et / b - 1.0) * 100.0
+            ),
+            _ => println!(
+                "  ET vs {base:<12} undefined (the reference run had no tardiness and one of these had some)"
+            ),
+        }
+    }
+    println!("  energy / lower bound   {:.3}", learned.energy_over_bound);
+    let best_other = c
+        .rows
+        .iter()
+        .filter(|r| !r.policy.starts_with("policy:") && r.metrics.unserved == 0)
+        .min_by(|a, b| a.metrics.late_share.total_cmp(&b.metrics.late_share));
+    if let Some(b) = best_other {
+        println!(
+            "  late-job share         {:.1} % vs {:.1} % ({}, the best other policy that ran every job)",
+            learned.metrics.late_share * 100.0,
+            b.metrics.late_share * 100.0,
+            b.policy
+        );
+    }
+    println!(
+        "  jobs never run         {} (learned)",
+        learned.metrics.unserved + learned.metrics.rejected
+    );
+}
+
+/// Mean wall time of `decide` over synthetic views of `n` GPUs: (per epoch,
+/// per GPU, epochs timed).
+fn latency(
+    policy: &mut dyn RepartitionPolicy,
+    model: GpuModel,
+    n: usize,
+    seed: u64,
+) -> Result<(f64, f64, usize)> {
+    let g = Geometry::of(model);
+    let catalog = g.catalog();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut views = Vec::new();
+    for _ in 0..4 {
+        let gpus: Vec<GpuStatus> = (0..n)
+            .map(|_| {
+                let layout = catalog[rng.random_range(0..catalog.len())];
+                let mut st = GpuStatus::new(model, layout);
+                for id in layout.iter() {
+                    if rng.random_bool(0.5) {
+                        st.busy = st.busy.with(id);
+                        st.busy_until[id.0 as usize] = rng.random_range(0.0..7200.0);
+                    }
+                }
+                st
+            })
+            .collect();
+        let pending: Vec<PendingJob> = (0..n / 2)
+            .map(|i| {
+                let p = &model.spec().profiles[rng.random_range(0..model.spec().profiles.len())];
+                let mut shapes = [None; MODEL_COUNT];
+                shapes[model as usize] = Some(p.shape);
+                PendingJob {
+                    id: i as u64,
+                    arrival: 0.0,
+                    deadline: rng.random_range(0.0..7200.0),
+                    work: rng.random_range(10.0..3600.0),
+                    memory_gb: f64::from(p.memory_gb),
+                    min_compute: 1,
+                    speedup: SpeedupCurve::linear(),
+                    shapes,
+                }
+            })
+            .collect();
+        let mut by_profile = [[0u32; 8]; MODEL_COUNT];
+        for j in &pending {
+            if let Some(k) = model
+                .spec()
+                .profiles
+                .iter()
+                .position(|p| Some(p.shape) == j.shape(model))
+            {
+                by_profile[model as usize][k] += 1;
+            }
+        }
+        views.push((gpus, pending, by_profile));
+    }
+    let mut run = |k: usize| {
+        let (gpus, pending, by_profile) = &views[k % views.len()];
+        let view = ClusterView {
+            now: 100.0,
+            hour_of_day: 12.0,
+            gpus,
+            pending,
+            pending_by_profile: by_profile,
+        };
+        std::hint::black_box(policy.decide(&view));
+    };
+    for k in 0..3 {
+        run(k); // warm-up
+    }
+    let epochs = (200_000 / n.max(1)).clamp(5, 2000);
+    let t = Instant::now();
+    for k in 0..epochs {
+        run(k);
+    }
+    let per_epoch = t.elapsed().as_secs_f64() / epochs as f64;
+    Ok((per_epoch, per_epoch / n.max(1) as f64, epochs))
+}

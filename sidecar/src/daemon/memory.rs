@@ -1,0 +1,760 @@
+//! What jobs needed, on this node: the learned memory estimates
+//! ([`crate::workload::MemoryEstimator`], shared with the simulator) and the
+//! out-of-memory ledger that sizes a requeued job's next start.
+//!
+//! Pure bookkeeping plus one file: `<state_dir>/memory.json`, written
+//! atomically ([`atomic_write`]) after every release that taught something
+//! and after every out-of-memory decision. It is a cache of what was
+//! learned, not a record anyone depends on for correctness: a corrupt file
+//! is moved aside (`memory.json.corrupt`) with a warning and the daemon
+//! starts with empty estimates, it never refuses to start over it.
+//!
+//! - **Running jobs** (in memory only): per job id the key (user, job name),
+//!   its instance and the largest memory use sampled so far. Lost on a
+//!   restart (the journal keeps the assignment, the estimator then simply
+//!   learns nothing from that run).
+//! - **Estimates**: per (user, job name), see `workload::memory_estimate`
+//!   for the formula; observations record the instance memory (the
+//!   profile), so "per profile" is part of every observation.
+//! - **OOM ledger**: per job id the profile it last ran out of memory on,
+//!   its failures and the restarts granted; the next allocate of that job id
+//!   (Slurm keeps the id across `scontrol requeue`) asks for at least the
+//!   next larger memory size of the GPU ([`next_larger_memory`]).
+//! - **Events**: the last [`MAX_EVENTS`] out-of-memory decisions, shown by
+//!   `smartmig status`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::fsutil::atomic_write;
+use super::protocol::{EstimateStatus, MemoryStatus, OomEvent, OomJob};
+use crate::mig::ModelSpec;
+use crate::workload::memory_estimate::Outcome;
+use crate::workload::{EstimatorConfig, MemoryEstimator, MemoryKey};
+
+/// File name in the state directory.
+pub const STATE_FILE: &str = "memory.json";
+/// Out-of-memory decisions kept for `smartmig status`.
+pub const MAX_EVENTS: usize = 64;
+/// Jobs kept in the out-of-memory ledger (oldest dropped first).
+pub const MAX_OOM_JOBS: usize = 4096;
+/// Estimates listed in a status reply (most recently updated first).
+pub const MAX_ESTIMATES_SHOWN: usize = 50;
+
+/// Reading or writing the state file failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("memory state {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("memory state {path}: {message}")]
+    Encode { path: PathBuf, message: String },
+}
+
+/// How the memory an allocate asks for was chosen (logged).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sizing {
+    /// The job's `--mig-mem` / `--mig-profile` (or nothing: the smallest profile).
+    Declared,
+    /// A restart after an out-of-memory failure on `after_gb`.
+    OomRestart { after_gb: u32 },
+    /// The learned estimate of the job's (user, name).
+    Estimate,
+}
+
+/// A job holding an instance now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunningJob {
+    pub key: Option<MemoryKey>,
+    /// Largest memory use seen (GB), from the backend's samples.
+    pub peak_gb: Option<f64>,
+}
+
+/// The instance a released job held.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Released {
+    pub gpu: u32,
+    pub profile: String,
+    pub compute: u8,
+    pub memory_gb: u32,
+    /// The next larger memory size (GB) a job of `compute` slices can get on
+    /// that GPU, if any.
+    pub next_memory_gb: Option<u32>,
+}
+
+/// The admin's out-of-memory settings at the time of a release.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OomPolicy {
+    pub requeue: bool,
+    pub max_retries: u32,
+    pub slurm_enabled: bool,
+}
+
+/// One job in the out-of-memory ledger.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomRecord {
+    pub job_id: u64,
+    #[serde(default)]
+    pub key: Option<MemoryKey>,
+    pub gpu: u32,
+    pub failures: u32,
+    pub restarts: u32,
+    pub last_profile: String,
+    pub last_compute: u8,
+    pub last_memory_gb: u32,
+    /// Unix seconds of the last failure.
+    pub at: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    version: u32,
+    estimator: MemoryEstimator<MemoryKey>,
+    #[serde(default)]
+    oom_jobs: Vec<OomRecord>,
+    #[serde(default)]
+    events: Vec<OomEvent>,
+}
+
+/// The serialized estimator, read back to list its keys (the estimator
+/// keeps them private; its JSON form is its documented state format).
+#[derive(Deserialize)]
+struct EstimatorMirror {
+    keys: Vec<MirrorKey>,
+}
+
+#[derive(Deserialize)]
+struct MirrorKey {
+    key: MemoryKey,
+    updated: u64,
+}
+
+/// The node's memory knowledge.
+#[derive(Debug)]
+pub struct MemoryState {
+    path: PathBuf,
+    estimator: MemoryEstimator<MemoryKey>,
+    oom_jobs: BTreeMap<u64, OomRecord>,
+    events: VecDeque<OomEvent>,
+    running: HashMap<u64, RunningJob>,
+}
+
+/// The smallest memory size (GB) above `above_gb` among the profiles of
+/// `model` with at least `slices` compute slices: what a job that ran out
+/// of memory on `above_gb` asks for next (A100-40GB, 1 slice: 5 -> 10 -> 20
+/// -> 40 -> none).
+pub fn next_larger_memory(model: &ModelSpec, slices: u8, above_gb: u32) -> Option<u32> {
+    model
+        .profiles
+        .iter()
+        .filter(|p| p.shape.compute >= slices && p.memory_gb > above_gb)
+        .map(|p| p.memory_gb)
+        .min()
+}
+
+/// The largest memory (GB) a job of `slices` compute slices can get on `model`.
+pub fn largest_memory(model: &ModelSpec, slices: u8) -> Option<u32> {
+    model
+        .profiles
+        .iter()
+        .filter(|p| p.shape.compute >= slices)
+        .map(|p| p.memory_gb)
+        .max()
+}
+
+/// Sets the estimator's configuration through its serialized form, which
+/// validates the values and trims the history to the new bounds.
+fn reconfigure(
+    est: &MemoryEstimator<MemoryKey>,
+    cfg: &EstimatorConfig,
+) -> Result<MemoryEstimator<MemoryKey>, String> {
+    let mut v = serde_json::to_value(est).map_err(|e| e.to_string())?;
+    v["config"] = serde_json::to_value(cfg).map_err(|e| e.to_string())?;
+    serde_json::from_value(v).map_err(|e| e.to_string())
+}
+
+impl MemoryState {
+    /// An empty state that will be saved in `state_dir`.
+    pub fn empty(state_dir: &Path, cfg: &EstimatorConfig) -> Result<MemoryState, String> {
+        Ok(MemoryState {
+            path: state_dir.join(STATE_FILE),
+            estimator: MemoryEstimator::new(cfg.clone()).map_err(|e| e.to_string())?,
+            oom_jobs: BTreeMap::new(),
+            events: VecDeque::new(),
+            running: HashMap::new(),
+        })
+    }
+
+    /// Loads `<state_dir>/memory.json` (empty when missing). A file that
+    /// cannot be parsed is renamed to `memory.json.corrupt` and a warning
+    /// logged: estimates are a cache, never a reason not to start.
+    pub fn open(state_dir: &Path, cfg: &EstimatorConfig) -> Result<MemoryState, String> {
+        let mut st = MemoryState::empty(state_dir, cfg)?;
+        let bytes = match std::fs::read(&st.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(st),
+            Err(e) => {
+                tracing::warn!(path = %st.path.display(), "cannot read the memory estimates ({e}); starting without them");
+                return Ok(st);
+            }
+        };
+        let stored = serde_json::from_slice::<Stored>(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|s| Ok((reconfigure(&s.estimator, cfg)?, s)));
+        match stored {
+            Ok((estimator, s)) => {
+                st.estimator = estimator;
+                st.oom_jobs = s.oom_jobs.into_iter().map(|r| (r.job_id, r)).collect();
+                st.events = s.events.into_iter().collect();
+                st.trim();
+                tracing::info!(
+                    keys = st.estimator.len(),
+                    oom_jobs = st.oom_jobs.len(),
+                    "loaded learned memory estimates"
+                );
+            }
+            Err(e) => {
+                let aside = st.path.with_extension("json.corrupt");
+                let _ = std::fs::rename(&st.path, &aside);
+                tracing::warn!(path = %st.path.display(), aside = %aside.display(),
+                    "memory estimates unreadable ({e}); moved aside, starting without them");
+            }
+        }
+        Ok(st)
+    }
+
+    fn trim(&mut self) {
+        while self.events.len() > MAX_EVENTS {
+            self.events.pop_front();
+        }
+        while self.oom_jobs.len() > MAX_OOM_JOBS {
+            let oldest = self
+                .oom_jobs
+                .values()
+                .min_by_key(|r| (r.at, r.job_id))
+                .map(|r| r.job_id);
+            match oldest {
+                Some(id) => {
+                    self.oom_jobs.remove(&id);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Writes the state atomically.
+    pub fn save(&self) -> Result<(), MemoryError> {
+        let stored = Stored {
+            version: 1,
+            estimator: self.estimator.clone(),
+            oom_jobs: self.oom_jobs.values().cloned().collect(),
+            events: self.events.iter().cloned().collect(),
+        };
+        let bytes = serde_json::to_vec_pretty(&stored).map_err(|e| MemoryError::Encode {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        atomic_write(&self.path, &bytes).map_err(|source| MemoryError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    pub fn estimator(&self) -> &MemoryEstimator<MemoryKey> {
+        &self.estimator
+    }
+
+    pub fn oom_record(&self, job_id: u64) -> Option<&OomRecord> {
+        self.oom_jobs.get(&job_id)
+    }
+
+    /// The memory (GB) an allocate of `job_id` asks for, and why:
+    ///
+    /// 1. a job in the OOM ledger: at least the next larger memory size
+    ///    after the profile it ran out of memory on (its own `--mig-mem`
+    ///    proved too small, so this overrides it upwards); the largest size
+    ///    when there is no larger one;
+    /// 2. a declared need (`--mig-mem`, `--mig-profile`): as declared;
+    /// 3. no declaration, `use_estimate` and a learned estimate for `key`:
+    ///    the estimate (margin included, capped to the GPU);
+    /// 4. otherwise nothing (the smallest profile with K slices).
+    pub fn size_request(
+        &self,
+        model: &ModelSpec,
+        job_id: u64,
+        slices: u8,
+        declared: Option<f64>,
+        key: Option<&MemoryKey>,
+        use_estimate: bool,
+    ) -> (Option<f64>, Sizing) {
+        if let Some(rec) = self.oom_jobs.get(&job_id) {
+            let floor = next_larger_memory(model, slices, rec.last_memory_gb)
+                .or_else(|| largest_memory(model, slices));
+            if let Some(floor) = floor {
+                let gb = declared.unwrap_or(0.0).max(f64::from(floor));
+                return (
+                    Some(gb),
+                    Sizing::OomRestart {
+                        after_gb: rec.last_memory_gb,
+                    },
+                );
+            }
+        }
+        if declared.is_some() {
+            return (declared, Sizing::Declared);
+        }
+        if use_estimate {
+            if let Some(key) = key {
+                let cap = largest_memory(model, slices).map_or(f64::NAN, f64::from);
+                if let Some(gb) = self.estimator.estimate(key, cap) {
+                    return (Some(gb), Sizing::Estimate);
+                }
+            }
+        }
+        (None, Sizing::Declared)
+    }
+
+    /// A job got an instance (not for `existing` replies: the first
+    /// allocate of a job registers it).
+    pub fn on_allocate(&mut self, job_id: u64, key: Option<MemoryKey>) {
+        self.running.insert(job_id, RunningJob { key, peak_gb: None });
+    }
+
+    /// A sample of the memory a job uses now (GB); keeps the largest.
+    /// Jobs not registered (e.g. allocated before a daemon restart) are
+    /// registered without a key.
+    pub fn sample(&mut self, job_id: u64, gb: f64) {
+        if !(gb.is_finite() && gb >= 0.0) {
+            return;
+        }
+        let r = self.running.entry(job_id).or_insert(RunningJob {
+            key: None,
+            peak_gb: None,
+        });
+        r.peak_gb = Some(r.peak_gb.map_or(gb, |p| p.max(gb)));
+    }
+
+    pub fn running(&self, job_id: u64) -> Option<&RunningJob> {
+        self.running.get(&job_id)
+    }
+
+    /// A job released its instance. `released` is what it held (None: it
+    /// held nothing, e.g. a repeated release: nothing is learned twice).
+    ///
+    /// Without `oom`: the job's peak (largest of the samples and the
+    /// caller's `used_gb`) is recorded as a completed run of its key, and
+    /// the job leaves the OOM ledger. With `oom`: the instance's memory is
+    /// recorded as a lower bound of the key's need, the ledger counts the
+    /// failure and the decision is returned (and kept as an event);
+    /// `RequeueScheduled` (`requeue_scheduled`) counts a restart.
+    ///
+    /// Returns `(changed, event)`: whether anything was learned (the state
+    /// should be saved), and the OOM decision.
+    pub fn on_release(
+        &mut self,
+        job_id: u64,
+        released: Option<&Released>,
+        oom: bool,
+        used_gb: Option<f64>,
+        policy: OomPolicy,
+        now: u64,
+    ) -> (bool, Option<OomEvent>) {
+        let running = self.running.remove(&job_id);
+        let Some(inst) = released else {
+            return (false, None);
+        };
+        let key = running.as_ref().and_then(|r| r.key.clone());
+        if !oom {
+            let peak = match (running.and_then(|r| r.peak_gb), used_gb) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            let mut changed = self.oom_jobs.remove(&job_id).is_some();
+            if let (Some(key), Some(peak)) = (key, peak) {
+                match self
+                    .estimator
+                    .record_completion(key.clone(), peak, f64::from(inst.memory_gb))
+                {
+                    Ok(()) => {
+                        tracing::info!(job = job_id, user = %key.user, name = %key.name, peak_gb = peak,
+                            profile = %inst.profile, "learned the memory a job needed");
+                        changed = true;
+                    }
+                    Err(e) => tracing::warn!(job = job_id, "memory sample not recorded: {e}"),
+                }
+            }
+            return (changed, None);
+        }
+        if let Some(key) = &key {
+            if let Err(e) = self
+                .estimator
+                .record_oom(key.clone(), f64::from(inst.memory_gb))
+            {
+                tracing::warn!(job = job_id, "out-of-memory bound not recorded: {e}");
+            }
+        }
+        let rec = self.oom_jobs.entry(job_id).or_insert(OomRecord {
+            job_id,
+            key: key.clone(),
+            gpu: inst.gpu,
+            failures: 0,
+            restarts: 0,
+            last_profile: String::new(),
+            last_compute: inst.compute,
+            last_memory_gb: 0,
+            at: now,
+        });
+        rec.failures += 1;
+        rec.gpu = inst.gpu;
+        rec.last_profile = inst.profile.clone();
+        rec.last_compute = inst.compute;
+        rec.last_memory_gb = rec.last_memory_gb.max(inst.memory_gb);
+        rec.at = now;
+        if key.is_some() {
+            rec.key = key.clone();
+        }
+        let (decision, message) = if !policy.requeue {
+            (
+                "disabled",
+                "not requeued: oom.requeue = false in smartmigd's config".to_string(),
+            )
+        } else if !policy.slurm_enabled {
+            (
+                "slurm_disabled",
+                "not requeued: Slurm queries are disabled (slurm.enabled = false)".to_string(),
+            )
+        } else if rec.restarts >= policy.max_retries {
+            (
+                "retries_exhausted",
+                format!(
+                    "not requeued: {} restart(s) after out-of-memory failures already (oom.max_retries = {})",
+                    rec.restarts, policy.max_retries
+                ),
+            )
+        } else if inst.next_memory_gb.is_none() {
+            (
+                "no_larger_profile",
+                format!(
+                    "not requeued: no profile with more than {} GB for {} slice(s) on GPU {}",
+                    inst.memory_gb, inst.compute, inst.gpu
+                ),
+            )
+        } else {
+            rec.restarts += 1;
+            (
+                "requeue_scheduled",
+                format!(
+                    "requeue {} of {}: next start gets at least {} GB",
+                    rec.restarts,
+                    policy.max_retries,
+                    inst.next_memory_gb.unwrap_or(inst.memory_gb)
+                ),
+            )
+        };
+        let event = OomEvent {
+            at: now,
+            job_id,
+            user: key.as_ref().map(|k| k.user.clone()),
+            job_name: key.as_ref().map(|k| k.name.clone()),
+            gpu: inst.gpu,
+            profile: inst.profile.clone(),
+            memory_gb: inst.memory_gb,
+            failures: rec.failures,
+            decision: decision.into(),
+            next_memory_gb: (decision == "requeue_scheduled")
+                .then_some(inst.next_memory_gb)
+                .flatten(),
+            message,
+        };
+        self.events.push_back(event.clone());
+        self.trim();
+        (true, Some(event))
+    }
+
+    /// The outcome of a scheduled requeue (`requeued` or `requeue_failed`),
+    /// kept as an event.
+    pub fn on_requeue_result(&mut self, job_id: u64, ok: bool, message: String, now: u64) {
+        let base = self
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.job_id == job_id)
+            .cloned();
+        let Some(mut e) = base else {
+            return;
+        };
+        e.at = now;
+        e.decision = if ok { "requeued" } else { "requeue_failed" }.into();
+        e.message = message;
+        self.events.push_back(e);
+        self.trim();
+    }
+
+    /// The `memory` section of a status reply.
+    pub fn status(&self, estimate: bool, oom_requeue: bool, max_retries: u32) -> MemoryStatus {
+        let mut keys: Vec<(u64, MemoryKey)> = serde_json::to_value(&self.estimator)
+            .ok()
+            .and_then(|v| serde_json::from_value::<EstimatorMirror>(v).ok())
+            .map(|m| m.keys.into_iter().map(|k| (k.updated, k.key)).collect())
+            .unwrap_or_default();
+        keys.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let estimates = keys
+            .into_iter()
+            .take(MAX_ESTIMATES_SHOWN)
+            .filter_map(|(_, key)| {
+                let gb = self.estimator.estimate(&key, f64::NAN)?;
+                let (mut runs, mut ooms, mut max_peak) = (0u32, 0u32, None::<f64>);
+                for o in self.estimator.history(&key) {
+                    runs += 1;
+                    match o.outcome {
+                        Outcome::OutOfMemory => ooms += 1,
+                        Outcome::Completed => {
+                            max_peak = Some(max_peak.map_or(o.peak_gb, |m| m.max(o.peak_gb)))
+                        }
+                    }
+                }
+                Some(EstimateStatus {
+                    user: key.user,
+                    job_name: key.name,
+                    estimate_gb: (gb * 100.0).round() / 100.0,
+                    runs,
+                    ooms,
+                    max_peak_gb: max_peak,
+                })
+            })
+            .collect();
+        MemoryStatus {
+            estimate,
+            oom_requeue,
+            max_retries,
+            oom_events: self.events.iter().cloned().collect(),
+            oom_jobs: self
+                .oom_jobs
+                .values()
+                .map(|r| OomJob {
+                    job_id: r.job_id,
+                    restarts: r.restarts,
+                    failures: r.failures,
+                    last_profile: r.last_profile.clone(),
+                    last_memory_gb: r.last_memory_gb,
+                })
+                .collect(),
+            estimates,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::GpuModel;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("smartmig-mem-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn on(requeue: bool, max_retries: u32) -> OomPolicy {
+        OomPolicy {
+            requeue,
+            max_retries,
+            slurm_enabled: true,
+        }
+    }
+
+    fn held(model: GpuModel, name: &str) -> Released {
+        let spec = model.spec();
+        let p = spec
+            .profiles
+            .iter()
+            .find(|p| p.name() == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        Released {
+            gpu: 0,
+            profile: name.into(),
+            compute: p.shape.compute,
+            memory_gb: p.memory_gb,
+            next_memory_gb: next_larger_memory(spec, p.shape.compute, p.memory_gb),
+        }
+    }
+
+    #[test]
+    fn next_larger_memory_walks_the_sizes() {
+        let a = GpuModel::A100_40gb.spec();
+        assert_eq!(next_larger_memory(a, 1, 5), Some(10));
+        assert_eq!(next_larger_memory(a, 1, 10), Some(20));
+        assert_eq!(next_larger_memory(a, 2, 10), Some(20));
+        assert_eq!(next_larger_memory(a, 1, 40), None);
+        assert_eq!(largest_memory(a, 3), Some(40));
+        let h = GpuModel::H100_80gb.spec();
+        assert_eq!(next_larger_memory(h, 1, 10), Some(20));
+    }
+
+    #[test]
+    fn oom_restart_then_estimate_then_completion() {
+        let d = dir("flow");
+        let a = GpuModel::A100_40gb.spec();
+        let mut m = MemoryState::empty(&d, &EstimatorConfig::default()).unwrap();
+        let key = MemoryKey::new("alice", "train.sh");
+        // First start: nothing known, smallest profile.
+        assert_eq!(
+            m.size_request(a, 7, 1, None, Some(&key), true),
+            (None, Sizing::Declared)
+        );
+        m.on_allocate(7, Some(key.clone()));
+        let (changed, ev) =
+            m.on_release(7, Some(&held(GpuModel::A100_40gb, "1g.5gb")), true, None, on(true, 2), 100);
+        assert!(changed);
+        let ev = ev.unwrap();
+        assert_eq!(ev.decision, "requeue_scheduled");
+        assert_eq!(ev.next_memory_gb, Some(10));
+        assert_eq!(ev.user.as_deref(), Some("alice"));
+        // The requeued job (same id) asks for the next larger size, even with a declaration.
+        assert_eq!(
+            m.size_request(a, 7, 1, Some(4.0), Some(&key), true),
+            (Some(10.0), Sizing::OomRestart { after_gb: 5 })
+        );
+        // Another job of the same key gets the learned estimate (5 GB + 1 GB margin).
+        assert_eq!(
+            m.size_request(a, 8, 1, None, Some(&key), true),
+            (Some(6.0), Sizing::Estimate)
+        );
+        // ... but not when estimates are off, and never over a declaration.
+        assert_eq!(
+            m.size_request(a, 8, 1, None, Some(&key), false),
+            (None, Sizing::Declared)
+        );
+        assert_eq!(
+            m.size_request(a, 8, 1, Some(3.0), Some(&key), true),
+            (Some(3.0), Sizing::Declared)
+        );
+        // The restart completes with a sampled peak: learned, ledger cleared.
+        m.on_allocate(7, Some(key.clone()));
+        m.sample(7, 7.5);
+        m.sample(7, 3.0);
+        let (changed, ev) = m.on_release(
+            7,
+            Some(&held(GpuModel::A100_40gb, "1g.10gb")),
+            false,
+            Some(6.0),
+            on(true, 2),
+            200,
+        );
+        assert!(changed && ev.is_none());
+        assert!(m.oom_record(7).is_none());
+        let peaks: Vec<f64> = m.estimator().history(&key).map(|o| o.peak_gb).collect();
+        assert_eq!(peaks, vec![5.0, 7.5]);
+        // Persisted and reloaded.
+        m.on_requeue_result(7, true, "requeued".into(), 150);
+        m.save().unwrap();
+        let back = MemoryState::open(&d, &EstimatorConfig::default()).unwrap();
+        assert_eq!(back.estimator(), m.estimator());
+        let s = back.status(true, true, 2);
+        assert_eq!(s.estimates.len(), 1);
+        assert_eq!(s.estimates[0].runs, 2);
+        assert_eq!(s.estimates[0].ooms, 1);
+        assert_eq!(s.estimates[0].max_peak_gb, Some(7.5));
+        let decisions: Vec<&str> = s.oom_events.iter().map(|e| e.decision.as_str()).collect();
+        assert_eq!(decisions, vec!["requeue_scheduled", "requeued"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn retries_are_bounded_and_policies_respected() {
+        let d = dir("bounded");
+        let mut m = MemoryState::empty(&d, &EstimatorConfig::default()).unwrap();
+        let mut decisions = Vec::new();
+        for name in ["1g.5gb", "1g.10gb", "3g.20gb"] {
+            let (_, ev) = m.on_release(
+                9,
+                Some(&held(GpuModel::A100_40gb, name)),
+                true,
+                None,
+                on(true, 2),
+                1,
+            );
+            decisions.push(ev.unwrap().decision);
+        }
+        assert_eq!(
+            decisions,
+            vec!["requeue_scheduled", "requeue_scheduled", "retries_exhausted"]
+        );
+        assert_eq!(m.oom_record(9).unwrap().failures, 3);
+        let (_, ev) = m.on_release(
+            10,
+            Some(&held(GpuModel::A100_40gb, "7g.40gb")),
+            true,
+            None,
+            on(true, 2),
+            1,
+        );
+        assert_eq!(ev.unwrap().decision, "no_larger_profile");
+        let (_, ev) = m.on_release(
+            11,
+            Some(&held(GpuModel::A100_40gb, "1g.5gb")),
+            true,
+            None,
+            on(false, 2),
+            1,
+        );
+        assert_eq!(ev.unwrap().decision, "disabled");
+        let policy = OomPolicy {
+            slurm_enabled: false,
+            ..on(true, 2)
+        };
+        let (_, ev) = m.on_release(
+            12,
+            Some(&held(GpuModel::A100_40gb, "1g.5gb")),
+            true,
+            None,
+            policy,
+            1,
+        );
+        assert_eq!(ev.unwrap().decision, "slurm_disabled");
+        // A repeated release (nothing held) learns nothing.
+        assert_eq!(m.on_release(12, None, true, None, on(true, 2), 1), (false, None));
+        // A job at the largest size restarts at the largest size.
+        let a = GpuModel::A100_40gb.spec();
+        assert_eq!(
+            m.size_request(a, 10, 7, None, None, true).0,
+            Some(40.0)
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn corrupt_state_is_moved_aside() {
+        let d = dir("corrupt");
+        std::fs::write(d.join(STATE_FILE), b"{not json").unwrap();
+        let m = MemoryState::open(&d, &EstimatorConfig::default()).unwrap();
+        assert!(m.estimator().is_empty());
+        assert!(d.join("memory.json.corrupt").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ledger_and_events_are_bounded() {
+        let d = dir("bounds");
+        let mut m = MemoryState::empty(&d, &EstimatorConfig::default()).unwrap();
+        for job in 0..(MAX_OOM_JOBS as u64 + 10) {
+            m.on_release(
+                job,
+                Some(&held(GpuModel::A100_40gb, "1g.5gb")),
+                true,
+                None,
+                on(true, 2),
+                job,
+            );
+        }
+        assert_eq!(m.oom_jobs.len(), MAX_OOM_JOBS);
+        assert!(m.oom_record(0).is_none());
+        assert_eq!(m.events.len(), MAX_EVENTS);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,225 @@
+//! The out-of-memory marker (`oom_requeue=yes`).
+//!
+//! A job says it ran out of GPU memory by writing anything into the file
+//! `$SMARTMIG_OOM_FILE` (conventionally the error line, e.g. `CUDA out of
+//! memory`) and exiting non-zero. Why a file and not the job's output or
+//! exit code: the epilog, which reports the job's end to the sidecar, sees
+//! neither the job's output (its path and format are the user's) nor its
+//! exit code (22.05 gives it only to `EpilogSlurmctld`), and exit codes
+//! collide with the application's own. A file the plugin prepares is
+//! unambiguous and survives the job.
+//!
+//! Lifecycle, all as root:
+//!
+//! 1. slurmstepd (`init_post_opt` of the batch step): create
+//!    `<oom_dir>/job<ID>` empty, owned by the job's user, mode 0600, in a
+//!    root-owned 0711 directory (users can write their own file but cannot
+//!    list, create, rename or link entries there, so root never follows a
+//!    user's symlink); set `SMARTMIG_OOM_FILE`. Other steps of the job only
+//!    get the variable.
+//! 2. slurmstepd (`task_exit` of the batch step): a batch script that
+//!    exited 0 did not fail, whatever it wrote: the marker is emptied.
+//! 3. slurmd's epilog: a non-empty marker means "out of memory"; the file
+//!    is removed and the release says `oom: true`.
+//!
+//! Every function returns errors as text; the callers log them and never
+//! fail the job or the node over a marker.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The variable that tells the job where its marker is.
+pub const ENV: &str = "SMARTMIG_OOM_FILE";
+
+/// Bytes of a marker read by the epilog (its content is only logged).
+const MAX_READ: u64 = 4096;
+
+/// `<dir>/job<ID>`.
+pub fn marker_path(dir: &Path, job_id: u32) -> PathBuf {
+    dir.join(format!("job{job_id}"))
+}
+
+/// Creates the marker directory (0711) if needed and checks that nobody but
+/// its owner (us, root) can change its entries.
+fn checked_dir(dir: &Path) -> Result<(), String> {
+    match fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
+                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+        }
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Ok(_) => {}
+    }
+    let md = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !md.is_dir() || md.uid() != me || md.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} must be a directory owned by uid {me} that no one else can write \
+             (found uid {}, mode {:o})",
+            dir.display(),
+            md.uid(),
+            md.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Prepares the job's marker (empties it when `fresh`, i.e. at the start of
+/// a run of the batch script) and returns its path.
+pub fn prepare(dir: &Path, job_id: u32, uid: u32, gid: u32, fresh: bool) -> Result<PathBuf, String> {
+    checked_dir(dir)?;
+    let path = marker_path(dir, job_id);
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(fresh)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let md = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !md.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+        .map_err(|e| format!("cannot give {} to uid {uid}: {e}", path.display()))?;
+    file.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+fn open_existing(path: &Path, write: bool) -> Result<Option<File>, String> {
+    match OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => {
+            let md = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+            if md.is_file() {
+                Ok(Some(f))
+            } else {
+                Err(format!("{} is not a regular file", path.display()))
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Empties the marker (the batch script exited 0). A missing marker is fine.
+pub fn clear(dir: &Path, job_id: u32) -> Result<(), String> {
+    let path = marker_path(dir, job_id);
+    if let Some(f) = open_existing(&path, true)? {
+        f.set_len(0)
+            .map_err(|e| format!("cannot empty {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The epilog's reading: `Some(first line)` when the job wrote the marker
+/// (it ran out of memory), `None` otherwise. The file is removed either way.
+pub fn take(dir: &Path, job_id: u32) -> Result<Option<String>, String> {
+    let path = marker_path(dir, job_id);
+    let Some(f) = open_existing(&path, false)? else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    let read = f.take(MAX_READ).read_to_end(&mut bytes);
+    let _ = fs::remove_file(&path);
+    read.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let first = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    Ok(Some(first))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("smartmig-oom-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    fn me() -> (u32, u32) {
+        // SAFETY: no preconditions.
+        unsafe { (libc::geteuid(), libc::getegid()) }
+    }
+
+    #[test]
+    fn marker_lifecycle() {
+        let dir = tmp("life").join("oom");
+        let (uid, gid) = me();
+        let p = prepare(&dir, 42, uid, gid, true).unwrap();
+        assert_eq!(p, dir.join("job42"));
+        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o711);
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // Nothing written: no OOM, and the file is gone.
+        assert_eq!(take(&dir, 42).unwrap(), None);
+        assert!(!p.exists());
+        // Written: OOM with its first line.
+        prepare(&dir, 42, uid, gid, true).unwrap();
+        fs::write(&p, "\n  CUDA out of memory. Tried to allocate 2 GiB\nmore\n").unwrap();
+        assert_eq!(
+            take(&dir, 42).unwrap().as_deref(),
+            Some("CUDA out of memory. Tried to allocate 2 GiB")
+        );
+        assert_eq!(take(&dir, 42).unwrap(), None);
+        // A run that exited 0 has its marker cleared.
+        prepare(&dir, 43, uid, gid, true).unwrap();
+        fs::write(marker_path(&dir, 43), "SMARTMIG_OOM").unwrap();
+        clear(&dir, 43).unwrap();
+        assert_eq!(take(&dir, 43).unwrap(), None);
+        clear(&dir, 44).unwrap();
+        // A later step keeps what the batch step's run wrote.
+        prepare(&dir, 45, uid, gid, true).unwrap();
+        fs::write(marker_path(&dir, 45), "oom").unwrap();
+        prepare(&dir, 45, uid, gid, false).unwrap();
+        assert_eq!(take(&dir, 45).unwrap().as_deref(), Some("oom"));
+        fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn refuses_a_writable_dir_and_symlinks() {
+        let base = tmp("unsafe");
+        let dir = base.join("oom");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let (uid, gid) = me();
+        let err = prepare(&dir, 1, uid, gid, true).unwrap_err();
+        assert!(err.contains("no one else can write"), "{err}");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711)).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", marker_path(&dir, 2)).unwrap();
+        assert!(prepare(&dir, 2, uid, gid, true).is_err());
+        assert!(take(&dir, 2).is_err());
+        fs::remove_dir_all(&base).unwrap();
+    }
+}

@@ -1,0 +1,293 @@
+//! End-to-end: out-of-memory restarts on a bigger slice and learned memory
+//! estimates, through a real Slurm 22.05 (single node, two fake GPUs), the
+//! SPANK plugin with `oom_requeue=yes`, and smartmigd (sim backend, two
+//! A100-40GB) with Slurm queries enabled, so that it requeues jobs with
+//! `scontrol requeue` itself.
+//!
+//! A job reports an out-of-memory failure the documented way: it writes its
+//! `$SMARTMIG_OOM_FILE` and exits non-zero. Jobs run as `nobody`.
+//!
+//! Needs root and a release build of the workspace (`scripts/test` does
+//! both); fails, never skips, when Slurm or smartmigd cannot start.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use smartmig_suite::{artifact, Sidecar, SlurmCluster};
+
+/// Time for a job (including its requeues) to get where a test waits for it.
+const TIMEOUT: Duration = Duration::from_secs(150);
+
+fn plugstack(dir: &Path) -> String {
+    format!(
+        "required {} socket={} timeout=40 oom_requeue=yes oom_dir={}\n",
+        artifact("libsmartmig_spank.so").display(),
+        dir.join("run/smartmigd.sock").display(),
+        dir.join("run/oom").display()
+    )
+}
+
+/// Submits a batch job as `nobody` appending to `out` (a requeued job's
+/// runs share the file).
+fn submit(cluster: &SlurmCluster, out: &Path, name: &str, args: &[&str], body: &str) -> u32 {
+    let name_arg = format!("--job-name={name}");
+    let mut all = vec![
+        "--uid=nobody",
+        "--gid=nogroup",
+        "--open-mode=append",
+        name_arg.as_str(),
+        "-o",
+        out.to_str().expect("utf-8 path"),
+    ];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--wrap", body]);
+    cluster.sbatch(&all)
+}
+
+/// A job body: prints what the run saw; run numbers in `oom_runs` write the
+/// out-of-memory marker and fail; others print DONE. `marker_and_exit0`
+/// writes the marker but exits 0 (not an out-of-memory failure).
+fn body(oom_runs: &[u32], marker_and_exit0: bool) -> String {
+    let cases: Vec<String> = oom_runs.iter().map(|r| r.to_string()).collect();
+    let oom = if cases.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "case \"$R\" in {}) echo 'CUDA out of memory (simulated)' > \"$SMARTMIG_OOM_FILE\"; echo FAILING; exit 1;; esac; ",
+            cases.join("|")
+        )
+    };
+    let fake = if marker_and_exit0 {
+        "echo 'recovered from an OOM by itself' > \"$SMARTMIG_OOM_FILE\"; "
+    } else {
+        ""
+    };
+    format!(
+        "R=${{SLURM_RESTART_COUNT:-0}}; \
+         echo RUN=$R CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE OOMFILE=$SMARTMIG_OOM_FILE; \
+         {oom}{fake}echo DONE=$R"
+    )
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `RUN=n ... PROFILE=p` lines of a job's output, in order.
+fn runs(output: &str) -> Vec<(u32, String)> {
+    output
+        .lines()
+        .filter(|l| l.starts_with("RUN="))
+        .filter_map(|l| {
+            let mut run = None;
+            let mut profile = None;
+            for w in l.split_whitespace() {
+                if let Some(v) = w.strip_prefix("RUN=") {
+                    run = v.parse().ok();
+                }
+                if let Some(v) = w.strip_prefix("PROFILE=") {
+                    profile = Some(v.to_string());
+                }
+            }
+            Some((run?, profile.unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// Waits until `cond` holds on (job output, status), or panics with both
+/// and the logs.
+fn wait_for(
+    cluster: &SlurmCluster,
+    sidecar: &Sidecar,
+    out: &Path,
+    what: &str,
+    cond: impl Fn(&str, &Value) -> bool,
+) -> (String, Value) {
+    let start = Instant::now();
+    loop {
+        let text = read(out);
+        let status = sidecar.status();
+        if cond(&text, &status) {
+            return (text, status);
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "{what}: not reached after {TIMEOUT:?}\n--- output ---\n{text}\n--- status ---\n{status:#}\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn events_of(status: &Value, job: u32) -> Vec<Value> {
+    status["memory"]["oom_events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["job_id"] == Value::from(job))
+        .cloned()
+        .collect()
+}
+
+fn decisions(status: &Value, job: u32) -> Vec<String> {
+    events_of(status, job)
+        .iter()
+        .filter_map(|e| e["decision"].as_str().map(String::from))
+        .collect()
+}
+
+fn estimate_of(status: &Value, name: &str) -> Option<Value> {
+    status["memory"]["estimates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["job_name"] == name && e["user"] == "nobody")
+        .cloned()
+}
+
+/// A job without `--mig-mem` starts on the smallest 1-slice profile
+/// (`1g.5gb`), writes the out-of-memory marker and fails; smartmigd requeues
+/// it and its second run gets the next larger memory size (`1g.10gb`) and
+/// completes. The same job name submitted again starts on `1g.10gb` at once
+/// (learned estimate: 5 GB ran out, so at least 6 GB), and a run that writes
+/// the marker but exits 0 is not requeued. A job that always runs out of
+/// memory is restarted `max_retries` (2) times on ever larger profiles and
+/// then stays FAILED. Every decision is in `smartmig status`.
+#[test]
+fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
+    let t0 = Instant::now();
+    // Slurm holds a requeued job for cred_expire + 1 s (default 121 s) and
+    // then starts it on the next periodic scheduling pass (default every
+    // 60 s): shorten both for this cluster (tests/slurm/cluster.sh).
+    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
+    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    let cluster = SlurmCluster::up_with(|dir| {
+        std::fs::write(dir.join("plugstack.conf"), plugstack(dir)).expect("write plugstack");
+    });
+    let sidecar = Sidecar::start_with_slurm(
+        cluster.dir(),
+        "epoch_s = 2\n[oom]\nrequeue = true\nmax_retries = 2\n",
+    );
+    let jobs = cluster.shared_dir();
+
+    // 1. OOM on 1g.5gb, requeued, completes on 1g.10gb.
+    let out1 = jobs.join("oom1.out");
+    let job1 = submit(&cluster, &out1, "oomtest", &["--gres=shard:1"], &body(&[0], false));
+    let (text, _) = wait_for(&cluster, &sidecar, &out1, "second run of job 1", |t, _| {
+        t.contains("DONE=1")
+    });
+    let state = cluster.wait_job(job1, TIMEOUT);
+    assert_eq!(state, "COMPLETED", "{text}\n{}", cluster.log_tails());
+    let r = runs(&text);
+    assert_eq!(
+        r,
+        vec![(0, "1g.5gb".to_string()), (1, "1g.10gb".to_string())],
+        "job {job1} output:\n{text}"
+    );
+    assert!(text.contains("FAILING"), "{text}");
+    assert!(
+        text.contains("OOMFILE=/"),
+        "the job saw no SMARTMIG_OOM_FILE: {text}"
+    );
+    let (_, status) = wait_for(&cluster, &sidecar, &out1, "requeue of job 1 recorded", |_, s| {
+        decisions(s, job1).contains(&"requeued".to_string())
+    });
+    assert_eq!(
+        decisions(&status, job1),
+        vec!["requeue_scheduled", "requeued"],
+        "{status:#}"
+    );
+    let ev = &events_of(&status, job1)[0];
+    assert_eq!(ev["profile"], "1g.5gb", "{status:#}");
+    assert_eq!(ev["next_memory_gb"], 10, "{status:#}");
+    assert_eq!(ev["job_name"], "oomtest", "{status:#}");
+    let est = estimate_of(&status, "oomtest").unwrap_or_else(|| panic!("no estimate: {status:#}"));
+    assert_eq!(est["estimate_gb"], 6.0, "{status:#}");
+    assert_eq!(est["ooms"], 1, "{status:#}");
+    // The completed restart left the ledger.
+    assert!(
+        !status["memory"]["oom_jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|j| j["job_id"] == Value::from(job1)),
+        "{status:#}"
+    );
+    let table = std::process::Command::new(artifact("smartmig"))
+        .args(["status", "--socket"])
+        .arg(sidecar.socket())
+        .output()
+        .expect("run smartmig status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("OOM restarts") && table.contains("nobody/oomtest"),
+        "{table}"
+    );
+    assert!(table.contains("Memory estimates"), "{table}");
+    eprintln!("OOM restart done after {:?}", t0.elapsed());
+
+    // 2. Same name again: starts on the learned size; a marker with exit 0
+    // is no out-of-memory failure.
+    let out2 = jobs.join("oom2.out");
+    let job2 = submit(&cluster, &out2, "oomtest", &["--gres=shard:1"], &body(&[], true));
+    let state = cluster.wait_job(job2, TIMEOUT);
+    let text = read(&out2);
+    assert_eq!(state, "COMPLETED", "{text}\n{}", cluster.log_tails());
+    assert_eq!(
+        runs(&text),
+        vec![(0, "1g.10gb".to_string())],
+        "job {job2} should start on the learned size:\n{text}"
+    );
+    let status = sidecar.status();
+    assert!(
+        events_of(&status, job2).is_empty(),
+        "exit 0 is no OOM: {status:#}"
+    );
+    eprintln!("estimate reuse done after {:?}", t0.elapsed());
+
+    // 3. Always out of memory: 2 restarts on larger profiles, then FAILED.
+    let out3 = jobs.join("oom3.out");
+    let job3 = submit(
+        &cluster,
+        &out3,
+        "alwaysoom",
+        &["--gres=shard:1"],
+        &body(&[0, 1, 2, 3], false),
+    );
+    let (text, status) = wait_for(&cluster, &sidecar, &out3, "job 3 gives up", |_, s| {
+        decisions(s, job3).contains(&"retries_exhausted".to_string())
+    });
+    let state = cluster.wait_job(job3, TIMEOUT);
+    assert_eq!(state, "FAILED", "{text}\n{}", cluster.log_tails());
+    let text = read(&out3);
+    assert_eq!(
+        runs(&text),
+        vec![
+            (0, "1g.5gb".to_string()),
+            (1, "1g.10gb".to_string()),
+            (2, "3g.20gb".to_string())
+        ],
+        "job {job3} output:\n{text}"
+    );
+    let d = decisions(&status, job3);
+    assert_eq!(
+        d.iter().filter(|x| *x == "requeue_scheduled").count(),
+        2,
+        "{status:#}"
+    );
+    assert_eq!(d.last().map(String::as_str), Some("retries_exhausted"), "{status:#}");
+    // Nothing stays held, the node is fine.
+    assert!(
+        Sidecar::instances(&sidecar.status())
+            .iter()
+            .all(|i| i.get("job_id").is_none_or(Value::is_null)),
+        "an instance is still held"
+    );
+    assert!(
+        cluster.wait_node_state("idle", Duration::from_secs(20)),
+        "node {}",
+        cluster.node_state()
+    );
+    eprintln!("whole test took {:?}", t0.elapsed());
+}
