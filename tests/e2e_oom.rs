@@ -125,7 +125,7 @@ fn events_of(status: &Value, job: u32) -> Vec<Value> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|e| e["job_id"] == Value::from(job))
+        .filter(|e| e["job_id"] == job)
         .cloned()
         .collect()
 }
@@ -173,7 +173,13 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
 
     // 1. OOM on 1g.5gb, requeued, completes on 1g.10gb.
     let out1 = jobs.join("oom1.out");
-    let job1 = submit(&cluster, &out1, "oomtest", &["--gres=shard:1"], &body(&[0], false));
+    let job1 = submit(
+        &cluster,
+        &out1,
+        "oomtest",
+        &["--gres=shard:1"],
+        &body(&[0], false),
+    );
     let (text, _) = wait_for(&cluster, &sidecar, &out1, "second run of job 1", |t, _| {
         t.contains("DONE=1")
     });
@@ -190,9 +196,13 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         text.contains("OOMFILE=/"),
         "the job saw no SMARTMIG_OOM_FILE: {text}"
     );
-    let (_, status) = wait_for(&cluster, &sidecar, &out1, "requeue of job 1 recorded", |_, s| {
-        decisions(s, job1).contains(&"requeued".to_string())
-    });
+    let (_, status) = wait_for(
+        &cluster,
+        &sidecar,
+        &out1,
+        "requeue of job 1 recorded",
+        |_, s| decisions(s, job1).contains(&"requeued".to_string()),
+    );
     assert_eq!(
         decisions(&status, job1),
         vec!["requeue_scheduled", "requeued"],
@@ -211,7 +221,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
             .as_array()
             .into_iter()
             .flatten()
-            .any(|j| j["job_id"] == Value::from(job1)),
+            .any(|j| j["job_id"] == job1),
         "{status:#}"
     );
     let table = std::process::Command::new(artifact("smartmig"))
@@ -230,7 +240,13 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     // 2. Same name again: starts on the learned size; a marker with exit 0
     // is no out-of-memory failure.
     let out2 = jobs.join("oom2.out");
-    let job2 = submit(&cluster, &out2, "oomtest", &["--gres=shard:1"], &body(&[], true));
+    let job2 = submit(
+        &cluster,
+        &out2,
+        "oomtest",
+        &["--gres=shard:1"],
+        &body(&[], true),
+    );
     let state = cluster.wait_job(job2, TIMEOUT);
     let text = read(&out2);
     assert_eq!(state, "COMPLETED", "{text}\n{}", cluster.log_tails());
@@ -276,7 +292,48 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         2,
         "{status:#}"
     );
-    assert_eq!(d.last().map(String::as_str), Some("retries_exhausted"), "{status:#}");
+    assert_eq!(
+        d.last().map(String::as_str),
+        Some("retries_exhausted"),
+        "{status:#}"
+    );
+    // 4. The loop (every 2 s here) asks the real `squeue --json` which jobs
+    // still run and never releases a running job's instance.
+    let out4 = jobs.join("held.out");
+    let go = jobs.join("go4");
+    let job4 = submit(
+        &cluster,
+        &out4,
+        "held",
+        &["--gres=shard:2"],
+        &format!(
+            "echo RUN=0 PROFILE=$SMARTMIG_PROFILE; for i in $(seq 300); do [ -e {} ] && break; sleep 0.1; done",
+            go.display()
+        ),
+    );
+    wait_for(&cluster, &sidecar, &out4, "job 4 started", |t, _| {
+        t.contains("RUN=0")
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    let held_by = |status: &Value| {
+        Sidecar::instances(status)
+            .iter()
+            .any(|i| i["job_id"] == job4)
+    };
+    assert!(
+        held_by(&sidecar.status()),
+        "a running job lost its instance
+{}",
+        cluster.log_tails()
+    );
+    std::fs::write(&go, b"").expect("write go file");
+    assert_eq!(cluster.wait_job(job4, TIMEOUT), "COMPLETED");
+    let log = read(&cluster.dir().join("log/smartmigd.log"));
+    assert!(
+        !log.contains("no longer in Slurm's queue") && !log.contains("cannot ask Slurm"),
+        "{log}"
+    );
+
     // Nothing stays held, the node is fine.
     assert!(
         Sidecar::instances(&sidecar.status())

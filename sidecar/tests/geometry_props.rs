@@ -54,7 +54,11 @@ fn nothing_can_be_added_to_a_maximal_layout() {
         for &l in g.maximal() {
             assert!(g.is_valid(l));
             for id in g.ids().filter(|&id| !l.contains(id)) {
-                assert!(!obeys_hardware_rules(g, l.with(id)), "{m}: {} + {id:?}", g.picture(l));
+                assert!(
+                    !obeys_hardware_rules(g, l.with(id)),
+                    "{m}: {} + {id:?}",
+                    g.picture(l)
+                );
             }
         }
         // Catalog layouts are maximal among the catalog's own profiles (one
@@ -70,8 +74,15 @@ fn nothing_can_be_added_to_a_maximal_layout() {
         for &l in g.catalog() {
             assert!(g.is_valid(l));
             assert!(l.iter().all(is_catalog_shape));
-            for id in g.ids().filter(|&id| !l.contains(id) && is_catalog_shape(id)) {
-                assert!(!obeys_hardware_rules(g, l.with(id)), "{m}: {} + {id:?}", g.picture(l));
+            for id in g
+                .ids()
+                .filter(|&id| !l.contains(id) && is_catalog_shape(id))
+            {
+                assert!(
+                    !obeys_hardware_rules(g, l.with(id)),
+                    "{m}: {} + {id:?}",
+                    g.picture(l)
+                );
             }
         }
     }

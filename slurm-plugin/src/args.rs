@@ -115,8 +115,8 @@ impl PluginArgs {
                         "no" | "false" | "0" => false,
                         _ => {
                             return Err(format!(
-                                "plugstack.conf argument `{word}`: oom_requeue must be `yes` or `no`"
-                            ))
+                            "plugstack.conf argument `{word}`: oom_requeue must be `yes` or `no`"
+                        ))
                         }
                     }
                 }
@@ -175,7 +175,10 @@ mod tests {
         let a = PluginArgs::parse(&["oom_requeue=yes", "oom_dir=/var/spool/smartmig-oom"]).unwrap();
         assert!(a.oom_requeue);
         assert_eq!(a.oom_dir(), PathBuf::from("/var/spool/smartmig-oom"));
-        assert_eq!(PluginArgs::default().oom_dir(), PathBuf::from("/run/smartmig/oom"));
+        assert_eq!(
+            PluginArgs::default().oom_dir(),
+            PathBuf::from("/run/smartmig/oom")
+        );
     }
 
     #[test]

@@ -440,12 +440,13 @@ pub unsafe extern "C" fn slurm_spank_task_exit(
     av: *mut *mut c_char,
 ) -> c_int {
     guarded("slurm_spank_task_exit", 0, || {
-        let oom_file = match &state().outcome {
+        let oom_file = matches!(
+            &state().outcome,
             Outcome::Allocated {
-                oom_file: Some(_), ..
-            } => true,
-            _ => false,
-        };
+                oom_file: Some(_),
+                ..
+            }
+        );
         if !oom_file {
             return 0;
         }
@@ -722,10 +723,19 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
             return fail(format!("job {job_id}: {e}"));
         }
     }
-    let oom_file = if args.oom_requeue {
+    // A job with --mig-profile asked for exactly that profile: a restart on
+    // a larger one would contradict it (and fail the profile check), so it
+    // gets no marker and is never requeued for memory.
+    let oom_file = if args.oom_requeue && wanted.is_none() {
         // SAFETY: `sp` is the callback's handle.
         let gid = unsafe { spank::item_u32(sp, sys::spank_item_S_JOB_GID) }.unwrap_or(uid);
-        match oom::prepare(&args.oom_dir(), job_id, uid, gid, step_id == job::BATCH_STEP) {
+        match oom::prepare(
+            &args.oom_dir(),
+            job_id,
+            uid,
+            gid,
+            step_id == job::BATCH_STEP,
+        ) {
             Ok(path) => {
                 let path = path.to_string_lossy().into_owned();
                 // SAFETY: `sp` is the callback's handle.

@@ -74,7 +74,13 @@ fn checked_dir(dir: &Path) -> Result<(), String> {
 
 /// Prepares the job's marker (empties it when `fresh`, i.e. at the start of
 /// a run of the batch script) and returns its path.
-pub fn prepare(dir: &Path, job_id: u32, uid: u32, gid: u32, fresh: bool) -> Result<PathBuf, String> {
+pub fn prepare(
+    dir: &Path,
+    job_id: u32,
+    uid: u32,
+    gid: u32,
+    fresh: bool,
+) -> Result<PathBuf, String> {
     checked_dir(dir)?;
     let path = marker_path(dir, job_id);
     let file = OpenOptions::new()
@@ -106,7 +112,9 @@ fn open_existing(path: &Path, write: bool) -> Result<Option<File>, String> {
         .open(path)
     {
         Ok(f) => {
-            let md = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+            let md = f
+                .metadata()
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             if md.is_file() {
                 Ok(Some(f))
             } else {
@@ -187,7 +195,11 @@ mod tests {
         assert!(!p.exists());
         // Written: OOM with its first line.
         prepare(&dir, 42, uid, gid, true).unwrap();
-        fs::write(&p, "\n  CUDA out of memory. Tried to allocate 2 GiB\nmore\n").unwrap();
+        fs::write(
+            &p,
+            "\n  CUDA out of memory. Tried to allocate 2 GiB\nmore\n",
+        )
+        .unwrap();
         assert_eq!(
             take(&dir, 42).unwrap().as_deref(),
             Some("CUDA out of memory. Tried to allocate 2 GiB")

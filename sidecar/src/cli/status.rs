@@ -233,7 +233,10 @@ mod tests {
             }),
         };
         let t = render(&s);
-        assert!(t.contains("OOM restarts (requeue on, max 2 per job)"), "{t}");
+        assert!(
+            t.contains("OOM restarts (requeue on, max 2 per job)"),
+            "{t}"
+        );
         assert!(t.contains("alice/train.sh"), "{t}");
         assert!(t.contains("requeued"), "{t}");
         assert!(t.contains("6.0 GB"), "{t}");

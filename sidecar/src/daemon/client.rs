@@ -3,14 +3,16 @@
 //! slurmstepd and must not start a runtime there.
 //!
 //! One request per connection; every step is bounded: connect (done on a
-//! helper thread so a full backlog cannot hang the caller), write and read
-//! timeouts, and a cap on the reply size.
+//! helper thread so a full backlog cannot hang the caller), the write, the
+//! whole reply (one deadline, so a peer that trickles a byte now and then
+//! cannot hold the caller), and the reply size. Error messages quote at
+//! most [`QUOTE_BYTES`] of a bad reply.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -22,6 +24,24 @@ use super::protocol::{
 
 /// Largest reply accepted (a status of 64 GPUs is ~100 KiB).
 pub const MAX_REPLY_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Most bytes of a bad reply quoted in an error message (the message ends
+/// up in a job's output and in slurmd.log).
+pub const QUOTE_BYTES: usize = 200;
+
+/// `reply` trimmed and cut to [`QUOTE_BYTES`] (on a char boundary), with
+/// its full length when cut.
+fn quote(reply: &str) -> String {
+    let t = reply.trim();
+    if t.len() <= QUOTE_BYTES {
+        return t.to_string();
+    }
+    let mut end = QUOTE_BYTES;
+    while !t.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &t[..end], reply.len())
+}
 
 /// What can go wrong talking to the daemon.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +55,9 @@ pub enum ClientError {
     ConnectTimeout { path: PathBuf, ms: u128 },
     #[error("talking to smartmigd: {0}")]
     Io(#[from] std::io::Error),
+    /// No complete reply within the I/O timeout.
+    #[error("no reply from smartmigd within {ms} ms (request timed out)")]
+    Timeout { ms: u128 },
     #[error("smartmigd sent an invalid reply: {0}")]
     Protocol(String),
     /// The daemon answered with an error (see [`ErrorBody::kind`]).
@@ -84,31 +107,69 @@ impl Client {
         }
     }
 
-    /// Sends one raw line (newline added if missing) and returns the raw reply line.
+    /// Sends one raw line (newline added if missing) and returns the raw reply
+    /// line. The write and the whole reply share one deadline of `io_timeout`.
     pub fn raw(&self, line: &str) -> Result<String, ClientError> {
         let mut stream = self.connect()?;
-        stream.set_read_timeout(Some(self.io_timeout))?;
+        let deadline = Instant::now() + self.io_timeout;
+        let ms = self.io_timeout.as_millis();
+        let io = |e: std::io::Error| match e.kind() {
+            IoErrorKind::WouldBlock | IoErrorKind::TimedOut => ClientError::Timeout { ms },
+            _ => ClientError::Io(e),
+        };
         stream.set_write_timeout(Some(self.io_timeout))?;
-        stream.write_all(line.as_bytes())?;
+        let mut out = line.as_bytes().to_vec();
         if !line.ends_with('\n') {
-            stream.write_all(b"\n")?;
+            out.push(b'\n');
         }
-        stream.flush()?;
-        let mut reply = String::new();
-        BufReader::new((&stream).take(MAX_REPLY_BYTES)).read_line(&mut reply)?;
+        stream.write_all(&out).map_err(io)?;
+        stream.flush().map_err(io)?;
+        let mut reply: Vec<u8> = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout { ms });
+            }
+            stream.set_read_timeout(Some(left))?;
+            let n = match stream.read(&mut chunk) {
+                Ok(n) => n,
+                Err(e) if e.kind() == IoErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(e)),
+            };
+            if n == 0 {
+                break;
+            }
+            if let Some(pos) = chunk[..n].iter().position(|&b| b == b'\n') {
+                reply.extend_from_slice(&chunk[..=pos]);
+                break;
+            }
+            reply.extend_from_slice(&chunk[..n]);
+            if reply.len() as u64 > MAX_REPLY_BYTES {
+                return Err(ClientError::Protocol(format!(
+                    "reply longer than {MAX_REPLY_BYTES} bytes, starting `{}`",
+                    String::from_utf8_lossy(&reply[..QUOTE_BYTES])
+                )));
+            }
+        }
         if reply.is_empty() {
             return Err(ClientError::Protocol(
                 "connection closed without a reply".into(),
             ));
         }
-        Ok(reply)
+        String::from_utf8(reply).map_err(|e| {
+            ClientError::Protocol(format!(
+                "reply is not UTF-8: {}",
+                quote(&String::from_utf8_lossy(e.as_bytes()))
+            ))
+        })
     }
 
     /// Sends `request` and returns the reply as JSON, or the daemon's error.
     pub fn request_value(&self, request: &Request) -> Result<Value, ClientError> {
         let reply = self.raw(&request.to_line())?;
         let value: Value = serde_json::from_str(&reply)
-            .map_err(|e| ClientError::Protocol(format!("{e}: {}", reply.trim())))?;
+            .map_err(|e| ClientError::Protocol(format!("{e}: {}", quote(&reply))))?;
         match value.get("ok") {
             Some(Value::Bool(true)) => Ok(value),
             Some(Value::Bool(false)) => {
@@ -117,13 +178,13 @@ impl Client {
                     .cloned()
                     .and_then(|e| serde_json::from_value(e).ok())
                     .ok_or_else(|| {
-                        ClientError::Protocol(format!("error without a body: {}", reply.trim()))
+                        ClientError::Protocol(format!("error without a body: {}", quote(&reply)))
                     })?;
                 Err(ClientError::Daemon(body))
             }
             _ => Err(ClientError::Protocol(format!(
                 "no `ok` field: {}",
-                reply.trim()
+                quote(&reply)
             ))),
         }
     }

@@ -34,7 +34,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -304,6 +304,13 @@ impl Journal {
             .read(true)
             .mode(0o600)
             .open(&log_path)
+            .map_err(|source| JournalError::Io {
+                path: log_path.clone(),
+                source,
+            })?;
+        // `mode` applies only to a new file: tighten one left with looser
+        // permissions (created by hand or by an older version).
+        log.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(|source| JournalError::Io {
                 path: log_path.clone(),
                 source,

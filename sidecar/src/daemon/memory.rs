@@ -321,7 +321,8 @@ impl MemoryState {
     /// A job got an instance (not for `existing` replies: the first
     /// allocate of a job registers it).
     pub fn on_allocate(&mut self, job_id: u64, key: Option<MemoryKey>) {
-        self.running.insert(job_id, RunningJob { key, peak_gb: None });
+        self.running
+            .insert(job_id, RunningJob { key, peak_gb: None });
     }
 
     /// A sample of the memory a job uses now (GB); keeps the largest.
@@ -608,8 +609,14 @@ mod tests {
             (None, Sizing::Declared)
         );
         m.on_allocate(7, Some(key.clone()));
-        let (changed, ev) =
-            m.on_release(7, Some(&held(GpuModel::A100_40gb, "1g.5gb")), true, None, on(true, 2), 100);
+        let (changed, ev) = m.on_release(
+            7,
+            Some(&held(GpuModel::A100_40gb, "1g.5gb")),
+            true,
+            None,
+            on(true, 2),
+            100,
+        );
         assert!(changed);
         let ev = ev.unwrap();
         assert_eq!(ev.decision, "requeue_scheduled");
@@ -683,7 +690,11 @@ mod tests {
         }
         assert_eq!(
             decisions,
-            vec!["requeue_scheduled", "requeue_scheduled", "retries_exhausted"]
+            vec![
+                "requeue_scheduled",
+                "requeue_scheduled",
+                "retries_exhausted"
+            ]
         );
         assert_eq!(m.oom_record(9).unwrap().failures, 3);
         let (_, ev) = m.on_release(
@@ -718,13 +729,13 @@ mod tests {
         );
         assert_eq!(ev.unwrap().decision, "slurm_disabled");
         // A repeated release (nothing held) learns nothing.
-        assert_eq!(m.on_release(12, None, true, None, on(true, 2), 1), (false, None));
+        assert_eq!(
+            m.on_release(12, None, true, None, on(true, 2), 1),
+            (false, None)
+        );
         // A job at the largest size restarts at the largest size.
         let a = GpuModel::A100_40gb.spec();
-        assert_eq!(
-            m.size_request(a, 10, 7, None, None, true).0,
-            Some(40.0)
-        );
+        assert_eq!(m.size_request(a, 10, 7, None, None, true).0, Some(40.0));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -57,7 +57,10 @@ fn is_unavailable(e: &PolicyLoadError) -> bool {
 }
 
 fn fallback(spec: &str, why: &str) -> Built {
-    tracing::warn!(policy = spec, "learned policy unavailable ({why}); running `greedy` instead");
+    tracing::warn!(
+        policy = spec,
+        "learned policy unavailable ({why}); running `greedy` instead"
+    );
     (
         Box::new(Greedy::default()),
         format!("greedy (fallback: {spec} unavailable)"),
@@ -88,10 +91,12 @@ mod tests {
 
     #[test]
     fn learned_policy_for_another_model_is_refused() {
-        let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../policies/a100-40gb.onnx");
+        let shipped =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/a100-40gb.onnx");
         let spec = format!("policy:{}", shipped.display());
-        let err = build(&spec, &[GpuModel::H100_80gb]).err().unwrap_or_default();
+        let err = build(&spec, &[GpuModel::H100_80gb])
+            .err()
+            .unwrap_or_default();
         assert!(err.contains("trained for a100-40gb"), "{err}");
         let err = build(&spec, &[GpuModel::A100_40gb, GpuModel::H100_80gb])
             .err()

@@ -488,10 +488,10 @@ mod tests {
     #[test]
     fn optional_v1_fields_are_additive() {
         // Old clients: no job_name / oom / used_memory_gb.
-        let Request::Allocate(a) = parse_request(
-            br#"{"v":1,"op":"allocate","job_id":7,"uid":0,"gpu":0,"slices":1}"#,
-        )
-        .unwrap() else {
+        let Request::Allocate(a) =
+            parse_request(br#"{"v":1,"op":"allocate","job_id":7,"uid":0,"gpu":0,"slices":1}"#)
+                .unwrap()
+        else {
             panic!("not allocate")
         };
         assert_eq!(a.job_name, None);

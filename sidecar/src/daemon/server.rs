@@ -181,6 +181,9 @@ fn resolve_uid(user: &str) -> Option<u32> {
     }
 }
 
+/// Characters of a job name kept in a memory key.
+const MAX_JOB_NAME_CHARS: usize = 200;
+
 /// The user name of `uid` (the user part of a memory key), or the uid as
 /// text when it has none.
 fn user_name(uid: u32) -> String {
@@ -487,12 +490,17 @@ impl Daemon {
             }
         }
         let cfg = self.config();
+        // The user's name may come from NSS (LDAP, SSSD): a blocking lookup.
+        // Job names are the user's to choose: bounded so keys stay small.
         let key = req
             .job_name
             .as_deref()
             .map(str::trim)
             .filter(|n| !n.is_empty())
-            .map(|n| MemoryKey::new(user_name(req.uid), n));
+            .map(|n| {
+                let name: String = n.chars().take(MAX_JOB_NAME_CHARS).collect();
+                MemoryKey::new(tokio::task::block_in_place(|| user_name(req.uid)), name)
+            });
         let (memory_gb, sizing) = self.memory().size_request(
             slot.model.spec(),
             req.job_id,
@@ -657,7 +665,10 @@ impl Daemon {
     /// backend no longer lists are kept (and logged): a job's assignment is
     /// never dropped behind its back.
     fn backend_failed(&self, gpu: u32, book: &mut GpuBook, e: &BackendError) -> ErrorBody {
-        tracing::warn!(gpu, "backend call failed: {e}; re-reading the GPU's instances");
+        tracing::warn!(
+            gpu,
+            "backend call failed: {e}; re-reading the GPU's instances"
+        );
         match tokio::task::block_in_place(|| self.backend.list(gpu)) {
             Ok(listed) => {
                 let now = unix_now();
@@ -817,11 +828,23 @@ impl Daemon {
                         attempts,
                         "requeued after running out of GPU memory; its next start gets a larger profile"
                     );
-                    (true, format!("scontrol requeue {job_id} succeeded (attempt {attempts})"))
+                    (
+                        true,
+                        format!("scontrol requeue {job_id} succeeded (attempt {attempts})"),
+                    )
                 }
                 Err(e) => {
-                    tracing::error!(job = job_id, attempts, "could not requeue the job after its out-of-memory failure: {e}");
-                    (false, format!("scontrol requeue {job_id} failed after {attempts} attempt(s): {e}"))
+                    tracing::error!(
+                        job = job_id,
+                        attempts,
+                        "could not requeue the job after its out-of-memory failure: {e}"
+                    );
+                    (
+                        false,
+                        format!(
+                            "scontrol requeue {job_id} failed after {attempts} attempt(s): {e}"
+                        ),
+                    )
                 }
             };
             let mut m = memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -864,6 +887,15 @@ impl Daemon {
             return;
         }
         let t0 = unix_now();
+        // Nothing held: nothing to ask Slurm about (spares slurmctld a query).
+        let mut any = false;
+        for slot in &self.slots {
+            let st = slot.state.lock().await;
+            any |= st.book.instances.iter().any(|i| i.job.is_some());
+        }
+        if !any {
+            return;
+        }
         let slurm = self.slurm();
         let live = match tokio::task::block_in_place(|| slurm.live_jobs()) {
             Ok(l) => l,
@@ -957,9 +989,9 @@ impl Daemon {
             });
         }
         let cfg = self.config();
-        let memory = self
-            .memory()
-            .status(cfg.memory.estimate, cfg.oom.requeue, cfg.oom.max_retries);
+        let memory =
+            self.memory()
+                .status(cfg.memory.estimate, cfg.oom.requeue, cfg.oom.max_retries);
         StatusReply {
             node: self.node.clone(),
             version: env!("CARGO_PKG_VERSION").into(),

@@ -82,6 +82,10 @@ pub struct TrainConfig {
     /// per-GPU mix that serves every job) or `twice-daily` (a day and a
     /// night mix).
     pub teacher_base: String,
+    /// Training days (of `gpus[0]` GPUs) the teacher's resting layouts are
+    /// searched on: the search minimises the mean objective over them, so
+    /// the resting layouts fit the workload rather than one day's draw.
+    pub teacher_days: usize,
     pub workload: DiurnalConfig,
     pub imitation: ImitationConfig,
     pub ppo: PpoConfig,
@@ -110,6 +114,10 @@ pub struct PpoConfig {
     pub clip: f64,
     pub entropy: f64,
     pub value_coef: f64,
+    /// Stop an update's epochs early once the mean approximate KL
+    /// divergence from the rollout policy of a minibatch exceeds this
+    /// (0 = never).
+    pub target_kl: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -139,6 +147,7 @@ impl Default for TrainConfig {
             local_weight: 0.25,
             time_budget_s: 540.0,
             teacher_base: "twice-daily".into(),
+            teacher_days: 1,
             workload: DiurnalConfig::default(),
             imitation: ImitationConfig::default(),
             ppo: PpoConfig::default(),
@@ -171,6 +180,7 @@ impl Default for PpoConfig {
             clip: 0.2,
             entropy: 0.003,
             value_coef: 0.5,
+            target_kl: 0.0,
         }
     }
 }
@@ -191,6 +201,9 @@ impl TrainConfig {
         let bad = |m: String| Err(LearnError::Config(m));
         if self.gpus.is_empty() || self.gpus.contains(&0) {
             return bad("gpus must be a non-empty list of positive counts".into());
+        }
+        if self.teacher_days == 0 {
+            return bad("teacher_days must be > 0".into());
         }
         if self.hidden == 0 {
             return bad("hidden must be > 0".into());
@@ -1028,7 +1041,17 @@ pub fn ppo_update(
             let logits = net.masked_logits(&obs, &mask)?;
             let logp_all = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
             let logp = logp_all.gather(&act, 1)?.squeeze(1)?;
-            let ratio = (logp - old_logp)?.exp()?;
+            let log_ratio = (logp - old_logp)?;
+            if p.target_kl > 0.0 {
+                // k3 estimator of KL(old || new): E[(r - 1) - ln r].
+                let kl = ((log_ratio.exp()? - 1.0)? - &log_ratio)?
+                    .mean_all()?
+                    .to_scalar::<f32>()?;
+                if f64::from(kl) > p.target_kl {
+                    return Ok(());
+                }
+            }
+            let ratio = log_ratio.exp()?;
             let s1 = (&ratio * &adv)?;
             let s2 = (ratio.clamp(1.0 - p.clip, 1.0 + p.clip)? * &adv)?;
             let pi_loss = s1.minimum(&s2)?.mean_all()?.neg()?;
@@ -1117,22 +1140,38 @@ pub fn static_best(
     ))
 }
 
-/// The `twice-daily` search of [`crate::policy::search`] on `day`, as the
-/// teacher's day and night resting layouts.
-pub fn twice_daily_base(cfg: &TrainConfig, day: &Day) -> Result<Base, LearnError> {
-    let mut evaluate = |p: &mut dyn RepartitionPolicy| -> Result<f64, LearnError> {
-        let (m, et) = day.evaluate(cfg, p)?;
-        let et = et.unwrap_or(f64::INFINITY);
-        Ok(if m.unserved + m.rejected > 0 {
-            et + 1.0
-        } else {
-            et
-        })
+/// The search objective over `days` (same cluster): mean ET plus 1 per run
+/// that leaves a job unserved.
+fn objective<'a>(
+    cfg: &'a TrainConfig,
+    days: &'a [Day],
+) -> impl FnMut(&mut dyn RepartitionPolicy) -> Result<f64, LearnError> + 'a {
+    move |p: &mut dyn RepartitionPolicy| {
+        let mut sum = 0.0;
+        for day in days {
+            let (m, et) = day.evaluate(cfg, p)?;
+            let et = et.unwrap_or(f64::INFINITY);
+            sum += if m.unserved + m.rejected > 0 {
+                et + 1.0
+            } else {
+                et
+            };
+        }
+        Ok(sum / days.len().max(1) as f64)
+    }
+}
+
+/// The `twice-daily` search of [`crate::policy::search`] on `days` (mean
+/// objective), as the teacher's day and night resting layouts.
+pub fn twice_daily_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError> {
+    let Some(first) = days.first() else {
+        return Ok(Base::default());
     };
+    let mut evaluate = objective(cfg, days);
     let scfg = crate::policy::search::SearchConfig::default();
-    let statics = crate::policy::search::static_best(&day.cluster, &scfg, &mut evaluate)?;
+    let statics = crate::policy::search::static_best(&first.cluster, &scfg, &mut evaluate)?;
     let best = crate::policy::search::twice_daily(
-        &day.cluster,
+        &first.cluster,
         &scfg,
         &statics,
         cfg.workload.start_hour,
@@ -1146,21 +1185,42 @@ pub fn twice_daily_base(cfg: &TrainConfig, day: &Day) -> Result<Base, LearnError
     })
 }
 
-/// The catalog layout with the lowest ET on `day` when every GPU uses it
-/// (jobs it cannot hold are ignored, as ET does).
-pub fn best_uniform(cfg: &TrainConfig, day: &Day) -> Result<Layout, LearnError> {
+/// The teacher's resting layouts searched on `days` (`cfg.teacher_base`).
+pub fn teacher_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError> {
+    let Some(first) = days.first() else {
+        return Ok(Base::default());
+    };
+    Ok(match cfg.teacher_base.as_str() {
+        "uniform" => Base::fixed(vec![best_uniform(cfg, days)?]),
+        "static-best" => {
+            let best = crate::policy::search::static_best(
+                &first.cluster,
+                &crate::policy::search::SearchConfig::default(),
+                &mut objective(cfg, days),
+            )?;
+            Base::fixed(best.policy.layouts().to_vec())
+        }
+        _ => twice_daily_base(cfg, days)?,
+    })
+}
+
+/// The catalog layout with the lowest mean ET on `days` when every GPU uses
+/// it (jobs it cannot hold are ignored, as ET does).
+pub fn best_uniform(cfg: &TrainConfig, days: &[Day]) -> Result<Layout, LearnError> {
     let g = Geometry::of(cfg.gpu_model);
     let mut best = (f64::INFINITY, g.whole_gpu());
     for &l in g.catalog() {
-        let mut p = crate::policy::search::StaticMix::from_indices(
-            "uniform",
-            &day.cluster,
-            &vec![g.catalog_index(l).unwrap_or(0); day.cluster.len()],
-        );
-        if let (_, Some(et)) = day.evaluate(cfg, &mut p)? {
-            if et < best.0 {
-                best = (et, l);
-            }
+        let mut sum = 0.0;
+        for day in days {
+            let mut p = crate::policy::search::StaticMix::from_indices(
+                "uniform",
+                &day.cluster,
+                &vec![g.catalog_index(l).unwrap_or(0); day.cluster.len()],
+            );
+            sum += day.evaluate(cfg, &mut p)?.1.unwrap_or(f64::INFINITY);
+        }
+        if sum < best.0 {
+            best = (sum, l);
         }
     }
     Ok(best.1)
@@ -1245,12 +1305,16 @@ pub fn train(
     let static_best_layout = labels.join("; ");
     // The teacher's resting layout: the best static layout of a training
     // day (never the validation day).
-    let base_day = Day::new(cfg, cfg.gpus[0], cfg.seed.wrapping_mul(1_000_003))?;
-    let base = match cfg.teacher_base.as_str() {
-        "uniform" => Base::fixed(vec![best_uniform(cfg, &base_day)?]),
-        "static-best" => Base::fixed(static_best(cfg, &base_day)?.1),
-        _ => twice_daily_base(cfg, &base_day)?,
-    };
+    // Base days: seed * 1_000_003 (training episodes use the seeds right
+    // after it), then seeds far beyond any episode's.
+    let base_days: Vec<Day> = (0..cfg.teacher_days as u64)
+        .map(|k| {
+            let s = cfg.seed.wrapping_mul(1_000_003);
+            let s = if k == 0 { s } else { s + 500_000 + k };
+            Day::new(cfg, cfg.gpus[0], s)
+        })
+        .collect::<Result<_, _>>()?;
+    let base = teacher_base(cfg, &base_days)?;
     let base = &base;
     let mut teacher_et = Some(0.0);
     for day in &validation {

@@ -123,7 +123,11 @@ impl Geometry {
             .filter(|(_, t)| self.is_valid(current.minus(t.destroy).union(t.create)))
             .min_by_key(|&(id, t)| {
                 let target = current.minus(t.destroy).union(t.create);
-                (t.destroy.len(), std::cmp::Reverse(self.headroom(target)), id)
+                (
+                    t.destroy.len(),
+                    std::cmp::Reverse(self.headroom(target)),
+                    id,
+                )
             })
     }
 }

@@ -1,0 +1,259 @@
+//! smartmigd's memory half of issue 9 and the plugin engineer's two
+//! requests, against a real daemon (sim backend) with fake `squeue` and
+//! `scontrol` scripts standing in for Slurm:
+//!
+//! - an allocate of a job that already holds an instance returns it
+//!   (`existing`) whatever GPU, slices or memory the later step asks;
+//! - an out-of-memory release is requeued through `scontrol requeue` and the
+//!   job's next start gets the next larger memory size; completions teach
+//!   the estimate, which jobs without `--mig-mem` then get; it survives a
+//!   restart;
+//! - retries are bounded;
+//! - the repartitioning loop releases instances of jobs Slurm no longer
+//!   lists, and only those.
+
+mod daemon_common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use daemon_common::{req, TestDaemon};
+use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ReleaseRequest};
+
+/// A daemon whose Slurm commands are scripts in its directory: `squeue`
+/// prints `squeue.json`, `scontrol` appends its arguments to `scontrol.log`.
+fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon {
+    let dir = std::env::temp_dir().join(format!("smartmig-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = |file: &str, body: String| {
+        let p = dir.join(file);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        let mut perms = std::fs::metadata(&p).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&p, perms).unwrap();
+        p
+    };
+    std::fs::write(dir.join("squeue.json"), squeue_json).unwrap();
+    let squeue = script(
+        "squeue",
+        format!("cat {}", dir.join("squeue.json").display()),
+    );
+    let scontrol = script(
+        "scontrol",
+        format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
+    );
+    let config = dir.join("smartmig.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{extra}\n\
+             [slurm]\nenabled = true\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n\
+             [[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n",
+            dir.join("run/smartmig.sock").display(),
+            dir.join("state").display(),
+            squeue.display(),
+            scontrol.display(),
+        ),
+    )
+    .unwrap();
+    let mut d = TestDaemon {
+        socket: dir.join("run/smartmig.sock"),
+        dir,
+        config,
+        child: None,
+    };
+    d.spawn();
+    d
+}
+
+fn named(job_id: u64, gpu: u32, slices: u8, mem: Option<f64>, name: &str) -> AllocateRequest {
+    AllocateRequest {
+        job_name: Some(name.into()),
+        ..req(job_id, gpu, slices, mem)
+    }
+}
+
+fn oom(job_id: u64) -> ReleaseRequest {
+    ReleaseRequest {
+        job_id,
+        oom: true,
+        used_memory_gb: None,
+    }
+}
+
+fn wait_until(d: &TestDaemon, what: &str, cond: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{what}: not within 20 s\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn scontrol_log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("scontrol.log")).unwrap_or_default()
+}
+
+#[test]
+fn a_job_that_holds_an_instance_gets_it_back_whatever_it_asks() {
+    let d = TestDaemon::start("existing-any", "");
+    let c = d.client();
+    let first = c.allocate(req(1, 0, 1, None)).unwrap();
+    assert_eq!(first.profile, "1g.5gb");
+    // A later step asking for another GPU, more slices and more memory.
+    for later in [
+        req(1, 1, 3, Some(15.0)),
+        req(1, 0, 7, None),
+        named(1, 0, 1, Some(40.0), "other"),
+    ] {
+        let again = c.allocate(later).unwrap();
+        assert_eq!(again.action, AllocAction::Existing);
+        assert_eq!(
+            (again.uuid.as_str(), again.gpu, again.profile.as_str()),
+            (first.uuid.as_str(), 0, "1g.5gb")
+        );
+    }
+    assert_eq!(c.release(1).unwrap().released, 1);
+}
+
+#[test]
+fn oom_release_requeues_and_the_restart_gets_more_memory() {
+    let mut d = with_fake_slurm(
+        "oom-requeue",
+        "epoch_s = 3600\n[oom]\nmax_retries = 1\nrequeue_timeout_s = 5\n",
+        r#"{"jobs":[{"job_id":5,"job_state":"RUNNING"},{"job_id":9,"job_state":"RUNNING"}]}"#,
+    );
+    let c = d.client();
+    let a = c.allocate(named(5, 0, 1, None, "train.sh")).unwrap();
+    assert_eq!(a.profile, "1g.5gb");
+    let r = c.release_with(oom(5)).unwrap();
+    assert_eq!(r.released, 1);
+    assert_eq!(r.oom_decision.as_deref(), Some("requeue_scheduled"));
+    wait_until(&d, "scontrol requeue 5", || {
+        scontrol_log(&d.dir).contains("requeue 5")
+    });
+    wait_until(&d, "requeue recorded", || {
+        c.status()
+            .unwrap()
+            .memory
+            .unwrap()
+            .oom_events
+            .iter()
+            .any(|e| e.decision == "requeued")
+    });
+    // The requeued job (same id) without --mig-mem: the next larger size.
+    let b = c.allocate(named(5, 1, 1, None, "train.sh")).unwrap();
+    assert_eq!(b.profile, "1g.10gb", "{}", d.log());
+    // It completes having used 7.5 GB: learned.
+    let r = c
+        .release_with(ReleaseRequest {
+            job_id: 5,
+            oom: false,
+            used_memory_gb: Some(7.5),
+        })
+        .unwrap();
+    assert_eq!((r.released, r.oom_decision), (1, None));
+    let m = c.status().unwrap().memory.unwrap();
+    assert!(m.oom_jobs.is_empty(), "{m:?}");
+    let est = &m.estimates[0];
+    assert_eq!(
+        (est.job_name.as_str(), est.runs, est.ooms),
+        ("train.sh", 2, 1)
+    );
+    // max(7.5 * 1.1, 7.5 + 1) GB.
+    assert!((est.estimate_gb - 8.5).abs() < 1e-9, "{est:?}");
+    // A new job of the same name starts on the learned size; a declared
+    // need still wins over the estimate.
+    assert_eq!(
+        c.allocate(named(6, 0, 1, None, "train.sh"))
+            .unwrap()
+            .profile,
+        "1g.10gb"
+    );
+    assert_eq!(
+        c.allocate(named(7, 0, 1, Some(3.0), "train.sh"))
+            .unwrap()
+            .profile,
+        "1g.5gb"
+    );
+    // Retries are bounded (max_retries = 1).
+    c.allocate(named(9, 1, 1, None, "big.sh")).unwrap();
+    assert_eq!(
+        c.release_with(oom(9)).unwrap().oom_decision.as_deref(),
+        Some("requeue_scheduled")
+    );
+    c.allocate(named(9, 1, 1, None, "big.sh")).unwrap();
+    assert_eq!(
+        c.release_with(oom(9)).unwrap().oom_decision.as_deref(),
+        Some("retries_exhausted")
+    );
+    // A repeated OOM release of a job that holds nothing decides nothing.
+    assert_eq!(c.release_with(oom(9)).unwrap().oom_decision, None);
+    // The estimates survive a restart.
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait(Duration::from_secs(20)).success());
+    d.spawn();
+    let m = d.client().status().unwrap().memory.unwrap();
+    let names: Vec<&str> = m.estimates.iter().map(|e| e.job_name.as_str()).collect();
+    assert!(
+        names.contains(&"train.sh") && names.contains(&"big.sh"),
+        "{m:?}"
+    );
+    assert!(
+        m.oom_events
+            .iter()
+            .any(|e| e.decision == "retries_exhausted"),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn oom_is_not_requeued_when_the_admin_disabled_it() {
+    let d = with_fake_slurm(
+        "oom-off",
+        "epoch_s = 3600\n[oom]\nrequeue = false\n",
+        r#"{"jobs":[]}"#,
+    );
+    let c = d.client();
+    c.allocate(named(3, 0, 1, None, "x")).unwrap();
+    assert_eq!(
+        c.release_with(oom(3)).unwrap().oom_decision.as_deref(),
+        Some("disabled")
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!scontrol_log(&d.dir).contains("requeue"));
+}
+
+#[test]
+fn the_loop_releases_only_jobs_slurm_no_longer_runs() {
+    let d = with_fake_slurm(
+        "reap",
+        "epoch_s = 1\n",
+        r#"{"jobs":[{"job_id":1,"job_state":"RUNNING"},{"job_id":3,"job_state":"COMPLETING"}]}"#,
+    );
+    let c = d.client();
+    for job in [1, 2, 3] {
+        c.allocate(req(job, 0, 1, None)).unwrap();
+    }
+    wait_until(&d, "job 2 released", || {
+        let st = c.status().unwrap();
+        !st.gpus[0].instances.iter().any(|i| i.job_id == Some(2))
+    });
+    let st = c.status().unwrap();
+    let mut held: Vec<u64> = st.gpus[0]
+        .instances
+        .iter()
+        .filter_map(|i| i.job_id)
+        .collect();
+    held.sort_unstable();
+    assert_eq!(held, vec![1, 3], "live jobs must keep their instances");
+    assert!(
+        d.log().contains("job no longer in Slurm's queue"),
+        "{}",
+        d.log()
+    );
+}
