@@ -298,7 +298,10 @@ fn parse_time(s: &str) -> Result<Option<f64>, String> {
     let num = |x: &str| x.parse::<i64>().map_err(|_| bad());
     let (y, mo, da) = (num(d[0])?, num(d[1])?, num(d[2])?);
     let (h, mi, se) = (num(t[0])?, num(t[1])?, num(t[2])?);
-    if !(1..=12).contains(&mo)
+    // Four-digit years only (Slurm prints nothing else): also keeps the
+    // day arithmetic below far from overflow.
+    if !(1..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
         || !(1..=31).contains(&da)
         || !(0..24).contains(&h)
         || !(0..60).contains(&mi)
@@ -373,6 +376,7 @@ mod tests {
         assert_eq!(parse_time("Unknown"), Ok(None));
         assert!(parse_time("2024-13-01T10:00:00").is_err());
         assert!(parse_time("yesterday").is_err());
+        assert!(parse_time("99999999999999999-01-01T00:00:00").is_err());
         assert_eq!(parse_duration("1-02:03:04"), Ok(Some(93_784.0)));
         assert_eq!(parse_duration("02:03:04"), Ok(Some(7_384.0)));
         assert_eq!(parse_duration("03:04"), Ok(Some(184.0)));
