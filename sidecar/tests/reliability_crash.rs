@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, TestDaemon};
+use daemon_common::{req, sim_backend_uuids, TestDaemon};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smartmig::daemon::{Client, ClientError, ErrorKind};
@@ -39,24 +39,10 @@ struct View {
 }
 
 fn sim_instances(d: &TestDaemon) -> BTreeMap<u32, BTreeSet<String>> {
-    let mut out = BTreeMap::new();
-    for g in 0..GPUS {
-        let path = d.dir.join(format!("state/sim/gpu{g}.json"));
-        let set = match std::fs::read(&path) {
-            Ok(bytes) => {
-                let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-                v["instances"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|i| i["uuid"].as_str().unwrap().to_string())
-                    .collect()
-            }
-            Err(_) => BTreeSet::new(),
-        };
-        out.insert(g, set);
-    }
-    out
+    // A GPU whose state file does not exist yet has no instances.
+    (0..GPUS)
+        .map(|g| (g, sim_backend_uuids(d, g).unwrap_or_default()))
+        .collect()
 }
 
 /// A client thread: allocate (K = 1..3) then release, on random jobs of its

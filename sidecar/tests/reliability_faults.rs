@@ -15,7 +15,7 @@ mod daemon_common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, TestDaemon};
+use daemon_common::{req, sim_backend_uuids, TestDaemon};
 use smartmig::daemon::{ClientError, ErrorKind};
 
 fn rss_kib(pid: i32) -> u64 {
@@ -26,17 +26,6 @@ fn rss_kib(pid: i32) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap()
-}
-
-fn backend_uuids(d: &TestDaemon, gpu: u32) -> BTreeSet<String> {
-    let bytes = std::fs::read(d.dir.join(format!("state/sim/gpu{gpu}.json"))).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    v["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["uuid"].as_str().unwrap().to_string())
-        .collect()
 }
 
 #[test]
@@ -93,7 +82,7 @@ fn injected_backend_errors_recover_and_converge() {
         .iter()
         .map(|i| i.uuid.clone())
         .collect();
-    assert_eq!(shown, backend_uuids(&d, 0));
+    assert_eq!(shown, sim_backend_uuids(&d, 0).expect("sim state of GPU 0"));
     assert_eq!(shown, BTreeSet::from([big.uuid.clone()]));
     let journal = smartmig::daemon::journal::replay(&d.dir.join("state/journal")).unwrap();
     let j: Vec<(u64, String)> = journal.gpus[&0]

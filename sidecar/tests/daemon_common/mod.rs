@@ -136,6 +136,22 @@ impl Drop for TestDaemon {
     }
 }
 
+/// UUIDs of the instances the sim backend has persisted for `gpu` (its
+/// state file, read from disk: what a restarted daemon would find).
+pub fn sim_backend_uuids(
+    d: &TestDaemon,
+    gpu: u32,
+) -> std::io::Result<std::collections::BTreeSet<String>> {
+    let bytes = std::fs::read(d.dir.join(format!("state/sim/gpu{gpu}.json")))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("sim state is JSON");
+    Ok(v["instances"]
+        .as_array()
+        .expect("sim state lists instances")
+        .iter()
+        .map(|i| i["uuid"].as_str().expect("instance uuid").to_string())
+        .collect())
+}
+
 pub fn req(job_id: u64, gpu: u32, slices: u8, memory_gb: Option<f64>) -> AllocateRequest {
     AllocateRequest {
         job_id,
