@@ -27,6 +27,8 @@ pub enum Target {
     Policy(super::bench_policy::PolicyArgs),
     /// Allocate+release latency and memory of a real smartmigd (sim backend).
     Daemon(crate::daemon::bench::Args),
+    /// The hindsight rollout oracle: what per-epoch reactivity could gain over static-best.
+    Oracle(super::bench_oracle::OracleArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -67,6 +69,7 @@ pub fn run(a: &Args) -> Result<()> {
         Target::Sim(s) => run_sim(s),
         Target::Policy(p) => super::bench_policy::run(p),
         Target::Daemon(d) => crate::daemon::bench::run(d),
+        Target::Oracle(o) => super::bench_oracle::run(o),
     }
 }
 

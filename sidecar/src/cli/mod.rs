@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 pub mod audit;
 pub mod bench;
+pub mod bench_oracle;
 pub mod bench_policy;
 pub mod bound;
 pub mod compare;

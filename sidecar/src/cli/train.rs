@@ -2,12 +2,15 @@
 //! repartitioning policy on the simulator and writes `policy.onnx` plus its
 //! metadata JSON (see `docs/policy.md`).
 
+use std::fs::File;
+use std::io::BufReader;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::learn::train::{train, Progress, TrainConfig};
+use crate::learn::train::{train, Progress, TrainConfig, TrainingData};
+use crate::workload::{read_trace, TraceFormat, TraceOptions};
 use crate::policy::features::FeatureSpec;
 use crate::policy::onnx::{PolicyMetadata, METADATA_KEY};
 
@@ -28,6 +31,16 @@ pub struct Args {
     /// Override the config's wall-clock budget, s.
     #[arg(long)]
     pub time_budget: Option<f64>,
+    /// Train on windows of this trace instead of generated diurnal days
+    /// (validation on its last windows; see docs/policy.md).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Format of `--trace`: csv, alibaba or sacct.
+    #[arg(long, default_value = "csv", requires = "trace")]
+    pub trace_format: String,
+    /// Length of one episode cut from `--trace`, hours.
+    #[arg(long, default_value_t = 24.0, requires = "trace")]
+    pub trace_window_h: f64,
 }
 
 pub fn run(a: &Args) -> Result<()> {
@@ -52,6 +65,36 @@ pub fn run(a: &Args) -> Result<()> {
         cfg.time_budget_s = t;
     }
     cfg.validate()?;
+    let data = match &a.trace {
+        None => TrainingData::Diurnal,
+        Some(path) => {
+            let format: TraceFormat = a.trace_format.parse()?;
+            let file =
+                File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            // Real traces hold rows out of scope (CPU-only pods, ...): skip
+            // malformed rows rather than refuse the whole file, and say so.
+            let opts = TraceOptions {
+                lenient: true,
+                seed: cfg.seed,
+                ..TraceOptions::new(cfg.gpu_model)
+            };
+            let trace = read_trace(format, BufReader::new(file), &opts)
+                .with_context(|| format!("reading {}", path.display()))?;
+            eprintln!(
+                "{}: {} jobs ({} malformed rows skipped, {} out of scope)",
+                path.display(),
+                trace.jobs.len(),
+                trace.skipped.len(),
+                trace.dropped_total()
+            );
+            TrainingData::from_trace(
+                &cfg,
+                &trace,
+                a.trace_window_h * 3600.0,
+                format!("{format} trace {}", path.display()),
+            )?
+        }
+    };
     let total = (cfg.imitation.episodes + cfg.ppo.iterations) as u64;
     let bar = ProgressBar::new(total);
     bar.set_style(
@@ -60,7 +103,7 @@ pub fn run(a: &Args) -> Result<()> {
             .progress_chars("=> "),
     );
     let mut last_val = String::from("val: -");
-    let (net, report) = train(&cfg, |p| match p {
+    let (net, report) = train(&cfg, &data, |p| match p {
         Progress::Phase { name, .. } => bar.set_prefix(name),
         Progress::Step {
             mean_return,
@@ -96,11 +139,7 @@ pub fn run(a: &Args) -> Result<()> {
     let mut meta = PolicyMetadata::new(&spec, cfg.hidden);
     meta.training = serde_json::json!({
         "config": cfg,
-        "data": format!(
-            "simulated diurnal days (generate_diurnal, seeds from {}), {} GPUs per episode",
-            cfg.seed.wrapping_mul(1_000_003) + 1,
-            cfg.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join("/")
-        ),
+        "data": data.describe(&cfg),
         "seconds": report.seconds,
         "episodes": report.episodes,
         "ppo_iterations": report.ppo_iterations,
@@ -108,13 +147,21 @@ pub fn run(a: &Args) -> Result<()> {
         "smartmig_version": env!("CARGO_PKG_VERSION"),
     });
     meta.validation = serde_json::json!({
-        "days": format!(
-            "{} diurnal days, seeds {}..{}, {} GPUs (means over the days)",
-            report.validation_days,
-            report.validation_seed,
-            report.validation_seed + report.validation_days as u64 - 1,
-            report.validation_gpus
-        ),
+        "days": match &data {
+            TrainingData::Diurnal => format!(
+                "{} diurnal days, seeds {}..{}, {} GPUs (means over the days)",
+                report.validation_days,
+                report.validation_seed,
+                report.validation_seed + report.validation_days as u64 - 1,
+                report.validation_gpus
+            ),
+            TrainingData::Trace { validation, window_s, .. } => format!(
+                "the last {} trace windows of {:.1} h with late jobs, {} GPUs (means over the windows)",
+                validation.len(),
+                window_s / 3600.0,
+                report.validation_gpus
+            ),
+        },
         "reference": "none (whole GPUs) with the same heuristic",
         "et": report.validation_et,
         "teacher_et": report.validation_teacher_et,

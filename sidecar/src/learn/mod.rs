@@ -10,6 +10,7 @@
 
 pub mod export;
 pub mod model;
+pub mod oracle;
 pub mod train;
 
 /// Errors of training and export.

@@ -732,35 +732,59 @@ pub struct Episode {
     pub team_return: f64,
 }
 
-/// A workload day and its `none` reference totals.
+/// A workload day (an episode) and its `none` reference totals.
 pub struct Day {
     pub cluster: Vec<GpuModel>,
     pub jobs: Vec<Job>,
     pub seed: u64,
+    /// End of the arrival window, s (a day, or a trace window).
+    pub horizon_s: f64,
     pub reference: Metrics,
 }
 
 impl Day {
+    /// A diurnal day of `cfg.workload` with this seed.
     pub fn new(cfg: &TrainConfig, gpus: usize, seed: u64) -> Result<Self, LearnError> {
         let jobs = generate_diurnal(&cfg.workload, cfg.gpu_model, gpus, seed);
+        Day::from_jobs(cfg, gpus, jobs, seed, cfg.workload.horizon_s)
+    }
+
+    /// An episode over given jobs (e.g. a trace window of `horizon_s`).
+    pub fn from_jobs(
+        cfg: &TrainConfig,
+        gpus: usize,
+        jobs: Vec<Job>,
+        seed: u64,
+        horizon_s: f64,
+    ) -> Result<Self, LearnError> {
         let cluster = vec![cfg.gpu_model; gpus];
         let mut h = cfg.heuristic()?.build(seed);
         let mut none = crate::policy::NoPartition;
-        let reference = simulate(
-            &cluster,
-            &jobs,
-            h.as_mut(),
-            &mut none,
-            &cfg.sim_config(seed),
-            RunHooks::default(),
-        )?
-        .metrics;
-        Ok(Day {
+        let mut day = Day {
             cluster,
             jobs,
             seed,
-            reference,
-        })
+            horizon_s,
+            reference: Metrics::default(),
+        };
+        day.reference = simulate(
+            &day.cluster,
+            &day.jobs,
+            h.as_mut(),
+            &mut none,
+            &day.sim_config(cfg),
+            RunHooks::default(),
+        )?
+        .metrics;
+        Ok(day)
+    }
+
+    /// The simulator settings of this episode.
+    pub fn sim_config(&self, cfg: &TrainConfig) -> SimConfig {
+        SimConfig {
+            workload_horizon_s: Some(self.horizon_s),
+            ..cfg.sim_config(self.seed)
+        }
     }
 
     /// Runs any policy on this day; returns its metrics and ET vs `none`.
@@ -775,7 +799,7 @@ impl Day {
             &self.jobs,
             h.as_mut(),
             policy,
-            &cfg.sim_config(self.seed),
+            &self.sim_config(cfg),
             RunHooks::default(),
         )?
         .metrics;
@@ -795,7 +819,7 @@ pub fn run_episode(
     rng_seed: u64,
     batch: &mut Batch,
 ) -> Result<Episode, LearnError> {
-    let sim_cfg = cfg.sim_config(day.seed);
+    let sim_cfg = day.sim_config(cfg);
     let ledger = Rc::new(RefCell::new(Ledger::new(&day.cluster, &sim_cfg)));
     let mut rollout = Rollout {
         net,
@@ -1164,25 +1188,37 @@ fn objective<'a>(
 /// The `twice-daily` search of [`crate::policy::search`] on `days` (mean
 /// objective), as the teacher's day and night resting layouts.
 pub fn twice_daily_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError> {
-    let Some(first) = days.first() else {
+    if days.is_empty() {
         return Ok(Base::default());
-    };
-    let mut evaluate = objective(cfg, days);
-    let scfg = crate::policy::search::SearchConfig::default();
-    let statics = crate::policy::search::static_best(&first.cluster, &scfg, &mut evaluate)?;
-    let best = crate::policy::search::twice_daily(
-        &first.cluster,
-        &scfg,
-        &statics,
-        cfg.workload.start_hour,
-        &mut evaluate,
-    )?;
+    }
+    let best = twice_daily_search(cfg, days)?;
     Ok(Base {
         day: best.policy.day().to_vec(),
         night: best.policy.night().to_vec(),
         day_hour: best.policy.day_hour,
         night_hour: best.policy.night_hour,
     })
+}
+
+/// The `twice-daily` search of [`crate::policy::search`] on `days` (mean
+/// objective; `days` must not be empty).
+pub fn twice_daily_search(
+    cfg: &TrainConfig,
+    days: &[Day],
+) -> Result<crate::policy::search::TwiceDailyBest, LearnError> {
+    let first = days
+        .first()
+        .ok_or_else(|| LearnError::Other("twice-daily search needs a day".into()))?;
+    let mut evaluate = objective(cfg, days);
+    let scfg = crate::policy::search::SearchConfig::default();
+    let statics = crate::policy::search::static_best(&first.cluster, &scfg, &mut evaluate)?;
+    crate::policy::search::twice_daily(
+        &first.cluster,
+        &scfg,
+        &statics,
+        cfg.workload.start_hour,
+        &mut evaluate,
+    )
 }
 
 /// The teacher's resting layouts searched on `days` (`cfg.teacher_base`).
@@ -1271,12 +1307,109 @@ impl RepartitionPolicy for CandlePolicy<'_> {
     }
 }
 
+/// Where the training episodes come from.
+#[derive(Clone, Debug, Default)]
+pub enum TrainingData {
+    /// Diurnal days of `cfg.workload`, a new seed per episode; validation on
+    /// `cfg.validation.days` days from `cfg.validation.seed`.
+    #[default]
+    Diurnal,
+    /// Windows of a trace ([`crate::workload::Trace::windows`]): episodes
+    /// cycle through `train`; the checkpoint is chosen on `validation`
+    /// (later windows, never trained on).
+    Trace {
+        /// What the windows are, for the metadata.
+        description: String,
+        window_s: f64,
+        train: Vec<Vec<Job>>,
+        validation: Vec<Vec<Job>>,
+    },
+}
+
+impl TrainingData {
+    /// Splits `trace` into windows of `window_s` for training: windows whose
+    /// `none` run has no tardiness (ET undefined) are left out, the last
+    /// `cfg.validation.days` remaining ones validate, the rest train.
+    /// Fails, naming the numbers, when that leaves no training window.
+    pub fn from_trace(
+        cfg: &TrainConfig,
+        trace: &crate::workload::Trace,
+        window_s: f64,
+        description: String,
+    ) -> Result<Self, LearnError> {
+        if !(window_s.is_finite() && window_s > 0.0) {
+            return Err(LearnError::Config(format!(
+                "trace window {window_s} s is not a positive duration"
+            )));
+        }
+        let windows = trace.windows(window_s);
+        let total = windows.len();
+        let mut usable = Vec::new();
+        for (k, jobs) in windows {
+            let day = Day::from_jobs(cfg, cfg.validation.gpus, jobs, k as u64, window_s)?;
+            if day.reference.mean_tardiness_s > 0.0 {
+                usable.push(day.jobs);
+            }
+        }
+        let v = cfg.validation.days;
+        if usable.len() <= v {
+            return Err(LearnError::Config(format!(
+                "the trace gives {total} windows of {:.1} h, {} with late jobs on whole GPUs \
+                 ({} GPUs); training needs more than validation.days = {v} of them \
+                 (use shorter windows, fewer validation days or fewer GPUs)",
+                window_s / 3600.0,
+                usable.len(),
+                cfg.validation.gpus
+            )));
+        }
+        let validation = usable.split_off(usable.len() - v);
+        Ok(TrainingData::Trace {
+            description: format!(
+                "{description}: {total} windows of {:.1} h, {} used for training, the last {v} \
+                 with late jobs for validation",
+                window_s / 3600.0,
+                usable.len()
+            ),
+            window_s,
+            train: usable,
+            validation,
+        })
+    }
+
+    /// For the metadata.
+    pub fn describe(&self, cfg: &TrainConfig) -> String {
+        match self {
+            TrainingData::Diurnal => format!(
+                "simulated diurnal days (generate_diurnal, seeds from {}), {} GPUs per episode",
+                cfg.seed.wrapping_mul(1_000_003) + 1,
+                cfg.gpus
+                    .iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ),
+            TrainingData::Trace { description, .. } => description.clone(),
+        }
+    }
+}
+
 /// Trains a policy; returns the best network (by validation ET) and a report.
 pub fn train(
     cfg: &TrainConfig,
+    data: &TrainingData,
     mut progress: impl FnMut(Progress),
 ) -> Result<(ActorCritic, TrainReport), LearnError> {
     cfg.validate()?;
+    if let TrainingData::Trace {
+        train, validation, ..
+    } = data
+    {
+        if train.is_empty() || validation.is_empty() {
+            return Err(LearnError::Config(
+                "trace training data needs at least one training and one validation window".into(),
+            ));
+        }
+    }
     let started = Instant::now();
     let spec = FeatureSpec::new(cfg.gpu_model);
     let net = ActorCritic::new(spec.obs_dim, spec.actions, cfg.hidden, cfg.seed)?;
@@ -1291,9 +1424,23 @@ pub fn train(
             ..ParamsAdamW::default()
         },
     )?;
-    let validation: Vec<Day> = (0..cfg.validation.days as u64)
-        .map(|k| Day::new(cfg, cfg.validation.gpus, cfg.validation.seed + k))
-        .collect::<Result<_, _>>()?;
+    let validation: Vec<Day> = match data {
+        TrainingData::Diurnal => (0..cfg.validation.days as u64)
+            .map(|k| Day::new(cfg, cfg.validation.gpus, cfg.validation.seed + k))
+            .collect::<Result<_, _>>()?,
+        TrainingData::Trace {
+            validation,
+            window_s,
+            ..
+        } => validation
+            .iter()
+            .enumerate()
+            .map(|(k, jobs)| {
+                let seed = cfg.validation.seed + k as u64;
+                Day::from_jobs(cfg, cfg.validation.gpus, jobs.clone(), seed, *window_s)
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let mut static_best_et = Some(0.0);
     let mut labels = Vec::new();
     for day in &validation {
@@ -1307,13 +1454,24 @@ pub fn train(
     // day (never the validation day).
     // Base days: seed * 1_000_003 (training episodes use the seeds right
     // after it), then seeds far beyond any episode's.
-    let base_days: Vec<Day> = (0..cfg.teacher_days as u64)
-        .map(|k| {
-            let s = cfg.seed.wrapping_mul(1_000_003);
-            let s = if k == 0 { s } else { s + 500_000 + k };
-            Day::new(cfg, cfg.gpus[0], s)
-        })
-        .collect::<Result<_, _>>()?;
+    // Trace: the first training windows.
+    let base_days: Vec<Day> = match data {
+        TrainingData::Diurnal => (0..cfg.teacher_days as u64)
+            .map(|k| {
+                let s = cfg.seed.wrapping_mul(1_000_003);
+                let s = if k == 0 { s } else { s + 500_000 + k };
+                Day::new(cfg, cfg.gpus[0], s)
+            })
+            .collect::<Result<_, _>>()?,
+        TrainingData::Trace {
+            train, window_s, ..
+        } => train
+            .iter()
+            .take(cfg.teacher_days)
+            .enumerate()
+            .map(|(k, jobs)| Day::from_jobs(cfg, cfg.gpus[0], jobs.clone(), k as u64, *window_s))
+            .collect::<Result<_, _>>()?,
+    };
     let base = teacher_base(cfg, &base_days)?;
     let base = &base;
     let mut teacher_et = Some(0.0);
@@ -1324,9 +1482,21 @@ pub fn train(
     let teacher_et = teacher_et.map(|s| s / validation.len() as f64);
     let over_budget = |started: &Instant| started.elapsed().as_secs_f64() > cfg.time_budget_s;
     let mut episode_seed = cfg.seed.wrapping_mul(1_000_003);
+    let mut episode = 0usize;
     let mut next_day = |k: usize| -> Result<Day, LearnError> {
         episode_seed += 1;
-        Day::new(cfg, cfg.gpus[k % cfg.gpus.len()], episode_seed)
+        let gpus = cfg.gpus[k % cfg.gpus.len()];
+        match data {
+            TrainingData::Diurnal => Day::new(cfg, gpus, episode_seed),
+            TrainingData::Trace {
+                train, window_s, ..
+            } => {
+                // Cycle through the windows in order (deterministic).
+                let jobs = train[episode % train.len()].clone();
+                episode += 1;
+                Day::from_jobs(cfg, gpus, jobs, episode_seed, *window_s)
+            }
+        }
     };
     let mut episodes = 0usize;
 

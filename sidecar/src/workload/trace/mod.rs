@@ -95,6 +95,34 @@ impl Trace {
     pub fn dropped_total(&self) -> usize {
         self.dropped.values().sum()
     }
+
+    /// Cuts the trace into consecutive windows of `window_s` seconds by
+    /// arrival (`[k w, (k + 1) w)`), each rebased to start at 0 (arrivals
+    /// and deadlines shifted, ids renumbered `0..n`), so each window is a
+    /// workload of its own, e.g. a training episode. Windows without jobs
+    /// are left out; the result keeps the window's index `k`.
+    pub fn windows(&self, window_s: f64) -> Vec<(usize, Vec<Job>)> {
+        let mut out: Vec<(usize, Vec<Job>)> = Vec::new();
+        if !(window_s.is_finite() && window_s > 0.0) {
+            return out;
+        }
+        for job in &self.jobs {
+            let k = (job.arrival / window_s).floor().max(0.0) as usize;
+            if out.last().is_none_or(|(last, _)| *last != k) {
+                out.push((k, Vec::new()));
+            }
+            let start = k as f64 * window_s;
+            if let Some((_, jobs)) = out.last_mut() {
+                jobs.push(Job {
+                    id: jobs.len() as u64,
+                    arrival: job.arrival - start,
+                    deadline: job.deadline - start,
+                    ..job.clone()
+                });
+            }
+        }
+        out
+    }
 }
 
 /// Why a trace could not be read.
@@ -329,6 +357,26 @@ pub(crate) fn read_all(mut r: impl Read) -> Result<String, TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_rebase_and_renumber() {
+        let opts = TraceOptions::new(GpuModel::A100_40gb);
+        let csv = "arrival_s,work_s,memory_gb,class,deadline_s\n\
+                   0,10,4,inference,100\n50,10,4,inference,90\n\
+                   250,10,4,inference,400\n260,10,4,inference,300\n";
+        let t = read_trace(TraceFormat::Csv, csv.as_bytes(), &opts).unwrap();
+        let w = t.windows(100.0);
+        // Window 1 ([100, 200)) has no job and is left out.
+        assert_eq!(w.iter().map(|(k, j)| (*k, j.len())).collect::<Vec<_>>(), vec![(0, 2), (2, 2)]);
+        let (_, second) = &w[1];
+        assert_eq!(second[0].id, 0);
+        assert_eq!(second[1].id, 1);
+        assert_eq!(second[0].arrival, 50.0);
+        assert_eq!(second[0].deadline, 200.0);
+        assert_eq!(second[1].deadline, 100.0);
+        assert!(t.windows(0.0).is_empty());
+        assert!(t.windows(f64::NAN).is_empty());
+    }
 
     #[test]
     fn format_names() {
