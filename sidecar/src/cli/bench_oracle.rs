@@ -36,6 +36,11 @@ pub struct OracleArgs {
     /// Start from whole GPUs (as a live policy does) instead of the day's static-best.
     #[arg(long)]
     pub from_whole: bool,
+    /// Print every move of the oracle (epoch, hour, GPU, layout).
+    #[arg(long)]
+    pub moves: bool,
+    #[arg(long)]
+    pub adaptive: bool,
     /// Also write the table as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -64,16 +69,51 @@ pub fn run(a: &OracleArgs) -> Result<()> {
     cfg.validate()?;
     println!(
         "{:>6} {:>8} {:>12} {:>12} {:>8} {:>10} {:>8} {:>12} {:>8}",
-        "seed", "none", "static-best", "twice-daily", "oracle", "vs s-best", "moves", "simulations", "time s"
+        "seed",
+        "none",
+        "static-best",
+        "twice-daily",
+        "oracle",
+        "vs s-best",
+        "moves",
+        "simulations",
+        "time s"
     );
     let mut rows = Vec::new();
+    if a.adaptive {
+        let days: Vec<Day> = (0..8u64)
+            .map(|k| Day::new(&cfg, a.gpus, 7u64.wrapping_mul(1_000_003) + 500_000 + k))
+            .collect::<Result<_, _>>()?;
+        let t0 = Instant::now();
+        let (rule, score) = crate::learn::train::adaptive_search(&cfg, &days)?;
+        println!(
+            "adaptive searched on 8 training days: {rule:?} objective {score:.3} ({:.1} s)",
+            t0.elapsed().as_secs_f64()
+        );
+        for &seed in &a.seeds {
+            let day = Day::new(&cfg, a.gpus, seed)?;
+            let (sb_et, _, _) = static_best(&cfg, &day)?;
+            let (m, et) = day.evaluate(&cfg, &mut rule.clone())?;
+            println!(
+                "seed {seed}: adaptive ET {:?} (static-best {:?}) reconf {}",
+                et, sb_et, m.reconfigurations
+            );
+        }
+        return Ok(());
+    }
     for &seed in &a.seeds {
         let day = Day::new(&cfg, a.gpus, seed)?;
         let (sb_et, layouts, _) = static_best(&cfg, &day)?;
-        let (_, td_et) = day.evaluate(&cfg, &mut twice_daily_search(&cfg, std::slice::from_ref(&day))?.policy)?;
+        let (_, td_et) = day.evaluate(
+            &cfg,
+            &mut twice_daily_search(&cfg, std::slice::from_ref(&day))?.policy,
+        )?;
         let t0 = Instant::now();
         let start = if a.from_whole {
-            day.cluster.iter().map(|m| crate::mig::Geometry::of(*m).whole_gpu()).collect()
+            day.cluster
+                .iter()
+                .map(|m| crate::mig::Geometry::of(*m).whole_gpu())
+                .collect()
         } else {
             layouts
         };
@@ -98,6 +138,19 @@ pub fn run(a: &OracleArgs) -> Result<()> {
             run.simulations,
             seconds
         );
+        if a.moves {
+            let g = crate::mig::Geometry::of(a.model);
+            for (k, ds) in run.decisions.iter().enumerate() {
+                for d in ds {
+                    println!(
+                        "         epoch {k:>4} {:>5.2} h  gpu {:>3} -> {}",
+                        run.hours.get(k).copied().unwrap_or(0.0),
+                        d.gpu,
+                        g.picture(d.target)
+                    );
+                }
+            }
+        }
         rows.push(Row {
             seed,
             gpus: a.gpus,
@@ -111,7 +164,10 @@ pub fn run(a: &OracleArgs) -> Result<()> {
             seconds,
         });
     }
-    let valid: Vec<f64> = rows.iter().filter_map(|r| r.oracle_vs_static_best).collect();
+    let valid: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.oracle_vs_static_best)
+        .collect();
     if !valid.is_empty() {
         println!(
             "mean oracle vs static-best over {} days: {:+.1}%",

@@ -10,9 +10,9 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::learn::train::{train, Progress, TrainConfig, TrainingData};
-use crate::workload::{read_trace, TraceFormat, TraceOptions};
 use crate::policy::features::FeatureSpec;
 use crate::policy::onnx::{PolicyMetadata, METADATA_KEY};
+use crate::workload::{read_trace, TraceFormat, TraceOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -69,8 +69,7 @@ pub fn run(a: &Args) -> Result<()> {
         None => TrainingData::Diurnal,
         Some(path) => {
             let format: TraceFormat = a.trace_format.parse()?;
-            let file =
-                File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
             // Real traces hold rows out of scope (CPU-only pods, ...): skip
             // malformed rows rather than refuse the whole file, and say so.
             let opts = TraceOptions {
@@ -95,7 +94,7 @@ pub fn run(a: &Args) -> Result<()> {
             )?
         }
     };
-    let total = (cfg.imitation.episodes + cfg.ppo.iterations) as u64;
+    let total = (cfg.imitation.episodes + cfg.ppo.iterations + cfg.es.iterations) as u64;
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {prefix} {msg}")

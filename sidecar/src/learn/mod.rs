@@ -8,6 +8,7 @@
 //! `docs/policy.md` documents the formulation and how the shipped policy was
 //! trained.
 
+pub mod es;
 pub mod export;
 pub mod model;
 pub mod oracle;

@@ -30,10 +30,17 @@ struct Replay<'a> {
     candidate: &'a [Decision],
     epoch: usize,
     seen: Option<Vec<GpuStatus>>,
+    /// Hour of day at epoch `at`.
+    seen_hour: f64,
 }
 
 impl<'a> Replay<'a> {
-    fn new(initial: &'a [Layout], plan: &'a [Vec<Decision>], at: usize, candidate: &'a [Decision]) -> Self {
+    fn new(
+        initial: &'a [Layout],
+        plan: &'a [Vec<Decision>],
+        at: usize,
+        candidate: &'a [Decision],
+    ) -> Self {
         Replay {
             initial,
             plan,
@@ -41,6 +48,7 @@ impl<'a> Replay<'a> {
             candidate,
             epoch: 0,
             seen: None,
+            seen_hour: 0.0,
         }
     }
 }
@@ -63,6 +71,7 @@ impl RepartitionPolicy for Replay<'_> {
         self.epoch += 1;
         if k == self.at {
             self.seen = Some(view.gpus.to_vec());
+            self.seen_hour = view.hour_of_day;
             return self.candidate.to_vec();
         }
         // A planned move the GPU no longer accepts (an earlier change made
@@ -84,6 +93,8 @@ impl RepartitionPolicy for Replay<'_> {
 pub struct OracleRun {
     /// Decisions per epoch (most epochs: none).
     pub decisions: Vec<Vec<Decision>>,
+    /// Hour of day of each epoch of `decisions`.
+    pub hours: Vec<f64>,
     /// ET of the base (keep from `initial`) and of the oracle.
     pub base_et: Option<f64>,
     pub et: Option<f64>,
@@ -114,8 +125,11 @@ pub fn rollout(
     max_simulations: usize,
 ) -> Result<OracleRun, LearnError> {
     let mut plan: Vec<Vec<Decision>> = Vec::new();
+    let mut hours: Vec<f64> = Vec::new();
     let mut simulations = 0usize;
-    let base_et = day.evaluate(cfg, &mut Replay::new(initial, &plan, usize::MAX, &[]))?.1;
+    let base_et = day
+        .evaluate(cfg, &mut Replay::new(initial, &plan, usize::MAX, &[]))?
+        .1;
     let mut done = 0;
     let mut last_score = f64::INFINITY;
     while done < passes && simulations < max_simulations {
@@ -128,6 +142,7 @@ pub fn rollout(
             let here_score = score(day, cfg, &mut probe)?;
             simulations += 1;
             // No epoch k: the run ended before it.
+            let hour = probe.seen_hour;
             let Some(gpus) = probe.seen else { break };
             let mut best = (here_score, here.clone());
             let mut candidates: Vec<Vec<Decision>> = Vec::new();
@@ -142,7 +157,8 @@ pub fn rollout(
                     if target == s.layout || !s.accepts(target) {
                         continue;
                     }
-                    let mut c: Vec<Decision> = here.iter().copied().filter(|d| d.gpu != i).collect();
+                    let mut c: Vec<Decision> =
+                        here.iter().copied().filter(|d| d.gpu != i).collect();
                     c.push(Decision { gpu: i, target });
                     if c != here {
                         candidates.push(c);
@@ -161,7 +177,9 @@ pub fn rollout(
             }
             if plan.len() <= k {
                 plan.resize(k + 1, Vec::new());
+                hours.resize(k + 1, 0.0);
             }
+            hours[k] = hour;
             plan[k] = best.1;
             current = best.0;
             k += 1;
@@ -174,6 +192,7 @@ pub fn rollout(
     let (_, et) = day.evaluate(cfg, &mut Replay::new(initial, &plan, usize::MAX, &[]))?;
     Ok(OracleRun {
         decisions: plan,
+        hours,
         base_et,
         et,
         simulations,

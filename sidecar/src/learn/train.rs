@@ -53,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use super::model::ActorCritic;
 use super::LearnError;
 use crate::mig::{Geometry, GpuModel, Layout};
+use crate::policy::adaptive::Adaptive;
 use crate::policy::features::{argmax_masked, Encoder, FeatureSpec};
 use crate::policy::{ClusterView, Decision, RepartitionPolicy};
 use crate::sim::events::{EventSink, Record};
@@ -89,6 +90,7 @@ pub struct TrainConfig {
     pub workload: DiurnalConfig,
     pub imitation: ImitationConfig,
     pub ppo: PpoConfig,
+    pub es: super::es::EsConfig,
     pub validation: ValidationConfig,
 }
 
@@ -151,6 +153,7 @@ impl Default for TrainConfig {
             workload: DiurnalConfig::default(),
             imitation: ImitationConfig::default(),
             ppo: PpoConfig::default(),
+            es: super::es::EsConfig::default(),
             validation: ValidationConfig::default(),
         }
     }
@@ -225,10 +228,10 @@ impl TrainConfig {
         }
         if !matches!(
             self.teacher_base.as_str(),
-            "uniform" | "static-best" | "twice-daily"
+            "uniform" | "static-best" | "twice-daily" | "adaptive"
         ) {
             return bad(format!(
-                "teacher_base `{}` is not `uniform`, `static-best` or `twice-daily`",
+                "teacher_base `{}` is not `uniform`, `static-best`, `twice-daily` or `adaptive`",
                 self.teacher_base
             ));
         }
@@ -396,6 +399,9 @@ pub struct Base {
     /// Hours the day and the night assignments start.
     pub day_hour: f64,
     pub night_hour: f64,
+    /// When set, the resting layouts follow this load-driven rule instead
+    /// of the clock (`teacher_base = "adaptive"`).
+    pub adaptive: Option<Adaptive>,
 }
 
 impl Base {
@@ -406,6 +412,7 @@ impl Base {
             day: layouts,
             day_hour: 0.0,
             night_hour: 0.0,
+            adaptive: None,
         }
     }
 
@@ -475,15 +482,19 @@ impl Teacher {
                 }
             }
         }
+        let adaptive = self.base.adaptive.map(|a| a.targets(view));
         let mut out = Vec::new();
         for (gi, st) in view.gpus.iter().enumerate() {
             if st.model != self.model {
                 continue;
             }
             let rest = || {
-                self.base_of(gi, view.gpus.len(), view.hour_of_day)
-                    .filter(|&b| b != st.layout && st.accepts(b))
-                    .and_then(|b| g.catalog_index(b))
+                match &adaptive {
+                    Some(t) => t.get(gi).copied(),
+                    None => self.base_of(gi, view.gpus.len(), view.hour_of_day),
+                }
+                .filter(|&b| b != st.layout && st.accepts(b))
+                .and_then(|b| g.catalog_index(b))
             };
             if st.in_reconfiguration {
                 out.push((gi, None));
@@ -1197,6 +1208,7 @@ pub fn twice_daily_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnEr
         night: best.policy.night().to_vec(),
         day_hour: best.policy.day_hour,
         night_hour: best.policy.night_hour,
+        adaptive: None,
     })
 }
 
@@ -1221,6 +1233,51 @@ pub fn twice_daily_search(
     )
 }
 
+/// The [`Adaptive`] rule with the lowest mean objective on `days`: a grid
+/// over the best uniform layouts (as split layout), thresholds and gains.
+pub fn adaptive_search(cfg: &TrainConfig, days: &[Day]) -> Result<(Adaptive, f64), LearnError> {
+    let g = Geometry::of(cfg.gpu_model);
+    let mut evaluate = objective(cfg, days);
+    // Split layouts: the best uniform ones that are not the whole GPU.
+    let mut uniform = Vec::new();
+    for (i, &l) in g.catalog().iter().enumerate() {
+        if l == g.whole_gpu() {
+            continue;
+        }
+        let mut p = Adaptive {
+            split: i,
+            threshold: 0.0,
+            gain: 1e9,
+        };
+        uniform.push((evaluate(&mut p)?, i));
+    }
+    uniform.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut best = (
+        f64::INFINITY,
+        Adaptive {
+            split: 0,
+            threshold: 0.0,
+            gain: 0.0,
+        },
+    );
+    for &(_, split) in uniform.iter().take(4) {
+        for threshold in [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0] {
+            for gain in [0.25, 0.5, 1.0, 2.0, 4.0, 1e9] {
+                let mut p = Adaptive {
+                    split,
+                    threshold,
+                    gain,
+                };
+                let sc = evaluate(&mut p)?;
+                if sc < best.0 {
+                    best = (sc, p);
+                }
+            }
+        }
+    }
+    Ok((best.1, best.0))
+}
+
 /// The teacher's resting layouts searched on `days` (`cfg.teacher_base`).
 pub fn teacher_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError> {
     let Some(first) = days.first() else {
@@ -1228,6 +1285,10 @@ pub fn teacher_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError>
     };
     Ok(match cfg.teacher_base.as_str() {
         "uniform" => Base::fixed(vec![best_uniform(cfg, days)?]),
+        "adaptive" => Base {
+            adaptive: Some(adaptive_search(cfg, days)?.0),
+            ..Base::default()
+        },
         "static-best" => {
             let best = crate::policy::search::static_best(
                 &first.cluster,
@@ -1390,6 +1451,32 @@ impl TrainingData {
             ),
             TrainingData::Trace { description, .. } => description.clone(),
         }
+    }
+}
+
+/// The best network seen so far (by validation ET) and where it came from.
+struct Checkpoint {
+    et: Option<f64>,
+    net: ActorCritic,
+    label: String,
+}
+
+impl Checkpoint {
+    /// Keeps a copy of `net` if its validation ET beats the best so far.
+    fn offer(
+        &mut self,
+        et: Option<f64>,
+        net: &ActorCritic,
+        label: impl FnOnce() -> String,
+    ) -> Result<(), LearnError> {
+        if let Some(e) = et {
+            if self.et.is_none_or(|b| e < b) {
+                self.et = Some(e);
+                self.net = net.clone_deep()?;
+                self.label = label();
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1556,12 +1643,15 @@ pub fn train(
         }
         Ok(sum.map(|s| s / validation.len() as f64))
     };
-    let mut best_et = validate(&net)?;
-    let mut best = net.clone_deep()?;
-    let mut chosen = "imitation".to_string();
+    let first = validate(&net)?;
+    let mut best = Checkpoint {
+        et: first,
+        net: net.clone_deep()?,
+        label: "imitation".to_string(),
+    };
     progress(Progress::Validation {
         step: 0,
-        et: best_et,
+        et: first,
         static_best_et,
     });
 
@@ -1612,12 +1702,39 @@ pub fn train(
                 et,
                 static_best_et,
             });
-            if let Some(e) = et {
-                if best_et.is_none_or(|b| e < b) {
-                    best_et = Some(e);
-                    best = net.clone_deep()?;
-                    chosen = format!("ppo:{}", it + 1);
-                }
+            best.offer(et, &net, || format!("ppo:{}", it + 1))?;
+        }
+    }
+    // 3. ES fine-tuning of the best checkpoint so far.
+    if cfg.es.iterations > 0 {
+        progress(Progress::Phase {
+            name: "es",
+            steps: cfg.es.iterations,
+        });
+        let es_net = best.net.clone_deep()?;
+        for it in 0..cfg.es.iterations {
+            if over_budget(&started) {
+                break;
+            }
+            let days: Vec<Day> = (0..cfg.es.days)
+                .map(&mut next_day)
+                .collect::<Result<_, _>>()?;
+            let mean = super::es::step(cfg, &cfg.es, &es_net, &days, rng.random())?;
+            episodes += 2 * cfg.es.pairs * days.len();
+            progress(Progress::Step {
+                phase: "es",
+                step: it + 1,
+                mean_return: -mean,
+                mean_et: Some(mean),
+            });
+            if (it + 1) % cfg.validation.every == 0 || it + 1 == cfg.es.iterations {
+                let et = validate(&es_net)?;
+                progress(Progress::Validation {
+                    step: iterations + it + 1,
+                    et,
+                    static_best_et,
+                });
+                best.offer(et, &es_net, || format!("es:{}", it + 1))?;
             }
         }
     }
@@ -1629,13 +1746,13 @@ pub fn train(
         validation_seed: cfg.validation.seed,
         validation_days: cfg.validation.days,
         validation_gpus: cfg.validation.gpus,
-        validation_et: best_et,
+        validation_et: best.et,
         validation_teacher_et: teacher_et,
         validation_static_best_et: static_best_et,
         validation_static_best_layout: static_best_layout,
-        chosen,
+        chosen: best.label,
     };
-    Ok((best, report))
+    Ok((best.net, report))
 }
 
 impl ActorCritic {

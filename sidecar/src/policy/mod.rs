@@ -26,6 +26,7 @@
 //! job ([`PendingJob`], unordered) and as counts per needed shape
 //! ([`ClusterView::pending_counts`]), which is what mean-field policies use.
 
+pub mod adaptive;
 pub mod features;
 pub mod fixed;
 pub mod greedy;
@@ -192,6 +193,31 @@ pub trait RepartitionPolicy {
     /// Target layouts at a decision epoch. Return nothing to keep every GPU
     /// as it is; only GPUs that should change need a decision.
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision>;
+}
+
+/// The next layout on the way from `status` to `target`, as far as the busy
+/// instances allow: `target` itself when the GPU accepts it; otherwise keep
+/// the busy instances, add the target's instances that fit next to them and
+/// keep the idle instances still in nobody's way. `None` when the GPU is
+/// already there, is being reconfigured, or no step creates an instance of
+/// the target (each step does, so a move takes at most as many steps as the
+/// target has instances).
+pub fn step_toward(status: &GpuStatus, target: Layout) -> Option<Layout> {
+    if status.layout == target || status.in_reconfiguration {
+        return None;
+    }
+    let g = status.geometry;
+    let add = |from: Layout, ids: Layout| {
+        ids.iter()
+            .fold(from, |l, id| if g.fits(l, id) { l.with(id) } else { l })
+    };
+    let next = if status.accepts(target) {
+        target
+    } else {
+        add(add(status.busy, target), status.layout.minus(status.busy))
+    };
+    let creates_target = !next.intersection(target).minus(status.layout).is_empty();
+    (next != status.layout && creates_target && status.accepts(next)).then_some(next)
 }
 
 impl<P: RepartitionPolicy + ?Sized> RepartitionPolicy for Box<P> {

@@ -204,28 +204,8 @@ impl RepartitionPolicy for TwiceDaily {
             let Some(&target) = targets.get(gpu) else {
                 continue;
             };
-            if status.layout == target || status.in_reconfiguration {
-                continue;
-            }
-            let g = status.geometry;
-            // As far as the busy instances allow: keep them, add the
-            // target's instances that fit next to them, keep the idle
-            // instances still in nobody's way; move only if that creates
-            // something of the target (each step does, so a switch takes at
-            // most as many steps as the target has instances).
-            let add = |from: Layout, ids: Layout| {
-                ids.iter()
-                    .fold(from, |l, id| if g.fits(l, id) { l.with(id) } else { l })
-            };
-            let partial = add(add(status.busy, target), status.layout.minus(status.busy));
-            let next = if status.accepts(target) {
-                target
-            } else {
-                partial
-            };
-            let creates_target = !next.intersection(target).minus(status.layout).is_empty();
-            if next != status.layout && creates_target && status.accepts(next) {
-                out.push(Decision { gpu, target: next });
+            if let Some(target) = super::step_toward(status, target) {
+                out.push(Decision { gpu, target });
             }
         }
         out

@@ -367,7 +367,10 @@ mod tests {
         let t = read_trace(TraceFormat::Csv, csv.as_bytes(), &opts).unwrap();
         let w = t.windows(100.0);
         // Window 1 ([100, 200)) has no job and is left out.
-        assert_eq!(w.iter().map(|(k, j)| (*k, j.len())).collect::<Vec<_>>(), vec![(0, 2), (2, 2)]);
+        assert_eq!(
+            w.iter().map(|(k, j)| (*k, j.len())).collect::<Vec<_>>(),
+            vec![(0, 2), (2, 2)]
+        );
         let (_, second) = &w[1];
         assert_eq!(second[0].id, 0);
         assert_eq!(second[1].id, 1);
