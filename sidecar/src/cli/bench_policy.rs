@@ -45,6 +45,10 @@ pub struct PolicyArgs {
     pub trace: Option<PathBuf>,
     #[arg(long, default_value = "alibaba")]
     pub trace_format: String,
+    /// Also run the hindsight rollout oracle on the day (a few seconds at 8
+    /// GPUs) to show what any repartitioning policy could gain there.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub oracle: bool,
     /// Cluster sizes of the latency measurement, comma-separated.
     #[arg(long, default_value = "8,1000,10000", value_delimiter = ',')]
     pub latency_gpus: Vec<usize>,
@@ -72,6 +76,7 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
     let c = compare(&cluster, &jobs, &cfg, heuristic, &opts)?;
     print!("{}", c.table());
     gates(&c);
+    oracle_line(&c, model, heuristic, a)?;
 
     if let Some(path) = &a.trace {
         let format: TraceFormat = a.trace_format.parse()?;
@@ -108,6 +113,50 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
             per_epoch * 1e6,
             per_gpu * 1e6
         );
+    }
+    Ok(())
+}
+
+/// What the target should be read against: the hindsight rollout oracle
+/// (`learn::oracle`) on the same day, the better of its runs from whole
+/// GPUs and from a static-best assignment, next to the table's static-best.
+/// A local search, not a bound: it shows what a few well-timed moves gain
+/// when the day is known.
+fn oracle_line(
+    c: &Comparison,
+    model: GpuModel,
+    heuristic: Heuristic,
+    a: &PolicyArgs,
+) -> Result<()> {
+    if !a.oracle {
+        return Ok(());
+    }
+    let cfg = crate::learn::train::TrainConfig {
+        gpu_model: model,
+        heuristic: heuristic.to_string(),
+        ..Default::default()
+    };
+    let day = crate::learn::train::Day::new(&cfg, a.gpus, a.seed)?;
+    let t0 = Instant::now();
+    let (_, layouts, _) = crate::learn::train::static_best(&cfg, &day)?;
+    let from_whole = crate::learn::train::oracle_plan(&cfg, &day)?;
+    let from_static = crate::learn::oracle::rollout(&cfg, &day, &layouts, 3, usize::MAX)?;
+    let best = [from_whole.et, from_static.et]
+        .into_iter()
+        .flatten()
+        .min_by(f64::total_cmp);
+    let sb = c
+        .rows
+        .iter()
+        .find(|r| r.policy == "static-best")
+        .and_then(|r| r.et);
+    match (best, sb) {
+        (Some(o), Some(s)) => println!(
+            "  ET hindsight oracle   {o:.3} vs {s:.3} = {:+.1} %  (best of its runs from whole GPUs and from static-best; {:.1} s)",
+            (o / s - 1.0) * 100.0,
+            t0.elapsed().as_secs_f64()
+        ),
+        _ => println!("  ET hindsight oracle   undefined on this day"),
     }
     Ok(())
 }
