@@ -39,8 +39,6 @@ pub struct OracleArgs {
     /// Print every move of the oracle (epoch, hour, GPU, layout).
     #[arg(long)]
     pub moves: bool,
-    #[arg(long)]
-    pub adaptive: bool,
     /// Also write the table as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -61,6 +59,15 @@ struct Row {
 }
 
 pub fn run(a: &OracleArgs) -> Result<()> {
+    if a.gpus == 0 {
+        anyhow::bail!("--gpus must be at least 1");
+    }
+    // Named as the command line spells it (the trainer's config would call
+    // it `heuristic`).
+    let _: crate::sim::Heuristic = a
+        .placement
+        .parse()
+        .with_context(|| format!("--placement {}", a.placement))?;
     let cfg = TrainConfig {
         gpu_model: a.model,
         heuristic: a.placement.clone(),
@@ -80,27 +87,6 @@ pub fn run(a: &OracleArgs) -> Result<()> {
         "time s"
     );
     let mut rows = Vec::new();
-    if a.adaptive {
-        let days: Vec<Day> = (0..8u64)
-            .map(|k| Day::new(&cfg, a.gpus, 7u64.wrapping_mul(1_000_003) + 500_000 + k))
-            .collect::<Result<_, _>>()?;
-        let t0 = Instant::now();
-        let (rule, score) = crate::learn::train::adaptive_search(&cfg, &days)?;
-        println!(
-            "adaptive searched on 8 training days: {rule:?} objective {score:.3} ({:.1} s)",
-            t0.elapsed().as_secs_f64()
-        );
-        for &seed in &a.seeds {
-            let day = Day::new(&cfg, a.gpus, seed)?;
-            let (sb_et, _, _) = static_best(&cfg, &day)?;
-            let (m, et) = day.evaluate(&cfg, &mut rule.clone())?;
-            println!(
-                "seed {seed}: adaptive ET {:?} (static-best {:?}) reconf {}",
-                et, sb_et, m.reconfigurations
-            );
-        }
-        return Ok(());
-    }
     for &seed in &a.seeds {
         let day = Day::new(&cfg, a.gpus, seed)?;
         let (sb_et, layouts, _) = static_best(&cfg, &day)?;

@@ -62,10 +62,27 @@ pub fn main() -> ExitCode {
         // choice, not an error worth reporting.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("smartmig: error: {err:#}");
+            eprintln!("smartmig: error: {}", chain_message(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by ": ", skipping a cause whose text
+/// the message already ends with (library errors that wrap a source often
+/// quote it, e.g. `simulation: {0}`, and `{:#}` would print it twice).
+pub fn chain_message(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
@@ -88,4 +105,21 @@ pub fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_message_quotes_each_cause_once() {
+        let inner = crate::sim::SimError::NoGpus;
+        let err = anyhow::Error::new(crate::learn::LearnError::Sim(inner)).context("bench oracle");
+        assert_eq!(
+            chain_message(&err),
+            "bench oracle: simulation: the cluster has no GPUs"
+        );
+        let plain = anyhow::anyhow!("outer").context("ctx");
+        assert_eq!(chain_message(&plain), "ctx: outer");
+    }
 }
