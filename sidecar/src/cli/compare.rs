@@ -19,7 +19,7 @@ use crate::mig::{Geometry, GpuModel};
 use crate::policy::search::{self, SearchConfig};
 use crate::policy::{parse_policy, Greedy, RepartitionPolicy, StaticLayout};
 use crate::report::{plot, series, Comparison, Row};
-use crate::sim::{simulate, Collect, EtScore, Heuristic, Metrics, RunHooks, SimConfig};
+use crate::sim::{simulate, Collect, EtScore, Heuristic, Metrics, RunHooks, SimConfig, SimResult};
 use crate::workload::Job;
 
 /// Default width of the plot bins, s.
@@ -77,16 +77,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn run_plain(&self, policy: &mut dyn RepartitionPolicy) -> Result<Metrics> {
-        let mut h = self.heuristic.build(self.cfg.seed);
-        let r = simulate(
-            self.cluster,
-            self.jobs,
-            h.as_mut(),
-            policy,
-            self.cfg,
-            RunHooks::default(),
-        )?;
-        Ok(r.metrics)
+        Ok(self.run(policy, RunHooks::default())?.metrics)
     }
 
     /// A final run: metrics, the policy's name and the series of its event log.
@@ -94,14 +85,9 @@ impl Ctx<'_> {
         &self,
         policy: &mut dyn RepartitionPolicy,
     ) -> Result<(Metrics, String, series::TimeSeries)> {
-        let mut h = self.heuristic.build(self.cfg.seed);
         let mut log = Collect::default();
-        let r = simulate(
-            self.cluster,
-            self.jobs,
-            h.as_mut(),
+        let r = self.run(
             policy,
-            self.cfg,
             RunHooks {
                 sink: Some(&mut log),
                 progress: None,
@@ -109,6 +95,19 @@ impl Ctx<'_> {
         )?;
         let s = series::from_records(&log.0, self.bin_s)?;
         Ok((r.metrics, r.policy, s))
+    }
+
+    /// One simulation of the compared workload with `policy`.
+    fn run(&self, policy: &mut dyn RepartitionPolicy, hooks: RunHooks<'_>) -> Result<SimResult> {
+        let mut h = self.heuristic.build(self.cfg.seed);
+        Ok(simulate(
+            self.cluster,
+            self.jobs,
+            h.as_mut(),
+            policy,
+            self.cfg,
+            hooks,
+        )?)
     }
 }
 
