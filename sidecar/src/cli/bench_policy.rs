@@ -49,6 +49,9 @@ pub struct PolicyArgs {
     /// GPUs) to show what any repartitioning policy could gain there.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub oracle: bool,
+    /// Also write the tables, the oracle and the latencies as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
     /// Cluster sizes of the latency measurement, comma-separated.
     #[arg(long, default_value = "8,1000,10000", value_delimiter = ',')]
     pub latency_gpus: Vec<usize>,
@@ -76,7 +79,13 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
     let c = compare(&cluster, &jobs, &cfg, heuristic, &opts)?;
     print!("{}", c.table());
     gates(&c);
-    oracle_line(&c, model, heuristic, a)?;
+    let oracle_et = oracle_line(&c, model, heuristic, a)?;
+    let mut report = Report {
+        day: c,
+        oracle_et,
+        trace: None,
+        latency: Vec::new(),
+    };
 
     if let Some(path) = &a.trace {
         let format: TraceFormat = a.trace_format.parse()?;
@@ -98,6 +107,7 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
         let c = compare(&cluster, &trace.jobs, &cfg, heuristic, &opts)?;
         print!("{}", c.table());
         gates(&c);
+        report.trace = Some(c);
     }
 
     println!("\ndecision latency (one batched ONNX Runtime call per epoch, 1 intra-op thread):");
@@ -113,8 +123,37 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
             per_epoch * 1e6,
             per_gpu * 1e6
         );
+        report.latency.push(Latency {
+            gpus: n,
+            per_epoch_us: per_epoch * 1e6,
+            per_gpu_us: per_gpu * 1e6,
+            epochs,
+        });
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// What `--json` writes.
+#[derive(serde::Serialize)]
+struct Report {
+    /// The diurnal day's comparison (every row, the learned one included).
+    day: Comparison,
+    /// ET of the hindsight oracle on the day (best of its two starts).
+    oracle_et: Option<f64>,
+    trace: Option<Comparison>,
+    latency: Vec<Latency>,
+}
+
+#[derive(serde::Serialize)]
+struct Latency {
+    gpus: usize,
+    per_epoch_us: f64,
+    per_gpu_us: f64,
+    epochs: usize,
 }
 
 /// What the target should be read against: the hindsight rollout oracle
@@ -127,9 +166,9 @@ fn oracle_line(
     model: GpuModel,
     heuristic: Heuristic,
     a: &PolicyArgs,
-) -> Result<()> {
+) -> Result<Option<f64>> {
     if !a.oracle {
-        return Ok(());
+        return Ok(None);
     }
     let cfg = crate::learn::train::TrainConfig {
         gpu_model: model,
@@ -158,7 +197,7 @@ fn oracle_line(
         ),
         _ => println!("  ET hindsight oracle   undefined on this day"),
     }
-    Ok(())
+    Ok(best)
 }
 
 /// The gate lines under a comparison table.
