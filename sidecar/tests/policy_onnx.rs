@@ -198,3 +198,47 @@ fn shipped_metadata_json_matches_the_embedded_copy() {
         load_policy(&onnx, model).unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// `smartmig bench policy --json`: the quality-gate benchmark runs end to
+/// end on the shipped policy (a small cluster to keep it short) and writes
+/// every table, the oracle's ET and the latencies.
+#[test]
+fn bench_policy_writes_its_report() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let json = tmp("bench-policy.json");
+    let args = smartmig::cli::bench_policy::PolicyArgs {
+        policy: root.join("policies/a100-40gb.onnx"),
+        gpus: 3,
+        seed: 4,
+        placement: "edf".into(),
+        trace: None,
+        trace_format: "alibaba".into(),
+        oracle: true,
+        json: Some(json.clone()),
+        latency_gpus: vec![8, 64],
+    };
+    smartmig::cli::bench_policy::run(&args).expect("bench policy");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v["day"]["rows"].as_array().expect("rows");
+    for name in ["none", "static-best", "twice-daily", "greedy"] {
+        assert!(rows.iter().any(|r| r["policy"] == name), "{name} missing");
+    }
+    let learned = rows
+        .iter()
+        .find(|r| {
+            r["policy"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("policy:"))
+        })
+        .expect("learned row");
+    assert!(learned["et"].as_f64().is_some_and(f64::is_finite));
+    assert!(v["oracle_et"]
+        .as_f64()
+        .is_some_and(|e| e.is_finite() && e > 0.0));
+    let lat = v["latency"].as_array().unwrap();
+    assert_eq!(lat.len(), 2);
+    assert_eq!(lat[1]["gpus"], 64);
+    assert!(lat[1]["per_gpu_us"].as_f64().unwrap() > 0.0);
+    std::fs::remove_file(&json).ok();
+}
