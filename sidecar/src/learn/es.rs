@@ -75,13 +75,9 @@ pub fn score(cfg: &TrainConfig, net: &ActorCritic, days: &[Day]) -> Result<f64, 
     let mut sum = 0.0;
     for day in days {
         let mut p = CandlePolicy::new(net, cfg.gpu_model);
-        let (m, et) = day.evaluate(cfg, &mut p)?;
-        let et = et.unwrap_or(2.0);
-        sum += if m.unserved + m.rejected > 0 {
-            et + 1.0
-        } else {
-            et
-        };
+        // An undefined ET counts as twice `none`'s, so the candidates stay
+        // comparable on the other days.
+        sum += day.objective(cfg, &mut p)?.or(2.0);
     }
     Ok(sum / days.len().max(1) as f64)
 }

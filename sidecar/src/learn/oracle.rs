@@ -103,15 +103,9 @@ pub struct OracleRun {
     pub passes: usize,
 }
 
-/// The search objective: ET plus 1 if a job never ran (as `static_best`).
+/// The search objective of [`Day::objective`] (as `static_best`).
 fn score(day: &Day, cfg: &TrainConfig, p: &mut Replay<'_>) -> Result<f64, LearnError> {
-    let (m, et) = day.evaluate(cfg, p)?;
-    let et = et.unwrap_or(f64::INFINITY);
-    Ok(if m.unserved + m.rejected > 0 {
-        et + 1.0
-    } else {
-        et
-    })
+    Ok(day.objective(cfg, p)?.or(f64::INFINITY))
 }
 
 /// Runs the rollout oracle on `day` from the assignment `initial`: up to

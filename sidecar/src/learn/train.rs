@@ -790,6 +790,21 @@ impl Day {
         Ok(day)
     }
 
+    /// Scores `policy` on this day for the searches and checkpoint choices:
+    /// ET plus 1 if a job never ran (ET counts only jobs that ran, so a
+    /// layout too small for the biggest jobs would otherwise look good).
+    pub fn objective(
+        &self,
+        cfg: &TrainConfig,
+        policy: &mut dyn RepartitionPolicy,
+    ) -> Result<Objective, LearnError> {
+        let (m, et) = self.evaluate(cfg, policy)?;
+        Ok(Objective {
+            et,
+            starved: m.unserved + m.rejected > 0,
+        })
+    }
+
     /// The simulator settings of this episode.
     pub fn sim_config(&self, cfg: &TrainConfig) -> SimConfig {
         SimConfig {
@@ -816,6 +831,35 @@ impl Day {
         .metrics;
         let et = EtScore::new(&m, &self.reference, "none".into(), 1.0).et;
         Ok((m, et))
+    }
+}
+
+/// A day's objective ([`Day::objective`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Objective {
+    /// ET vs `none`; `None` when undefined (the reference had no tardiness).
+    pub et: Option<f64>,
+    /// Whether a job never ran.
+    pub starved: bool,
+}
+
+impl Objective {
+    /// ET plus 1 if a job never ran; `None` where ET is undefined.
+    pub fn defined(self) -> Option<f64> {
+        self.et.map(|e| self.value(e))
+    }
+
+    /// ET (or `undefined` where it is) plus 1 if a job never ran.
+    pub fn or(self, undefined: f64) -> f64 {
+        self.value(self.et.unwrap_or(undefined))
+    }
+
+    fn value(self, et: f64) -> f64 {
+        if self.starved {
+            et + 1.0
+        } else {
+            et
+        }
     }
 }
 
@@ -1154,13 +1198,7 @@ pub fn static_best(
     day: &Day,
 ) -> Result<(Option<f64>, Vec<Layout>, String), LearnError> {
     let mut evaluate = |p: &mut dyn RepartitionPolicy| -> Result<f64, LearnError> {
-        let (m, et) = day.evaluate(cfg, p)?;
-        let et = et.unwrap_or(f64::INFINITY);
-        Ok(if m.unserved + m.rejected > 0 {
-            et + 1.0
-        } else {
-            et
-        })
+        Ok(day.objective(cfg, p)?.or(f64::INFINITY))
     };
     let best = crate::policy::search::static_best(
         &day.cluster,
@@ -1184,13 +1222,7 @@ fn objective<'a>(
     move |p: &mut dyn RepartitionPolicy| {
         let mut sum = 0.0;
         for day in days {
-            let (m, et) = day.evaluate(cfg, p)?;
-            let et = et.unwrap_or(f64::INFINITY);
-            sum += if m.unserved + m.rejected > 0 {
-                et + 1.0
-            } else {
-                et
-            };
+            sum += day.objective(cfg, p)?.or(f64::INFINITY);
         }
         Ok(sum / days.len().max(1) as f64)
     }
@@ -1642,14 +1674,7 @@ pub fn train(
         let mut sum = Some(0.0);
         for day in &validation {
             let mut p = CandlePolicy::new(net, cfg.gpu_model);
-            let (m, et) = day.evaluate(cfg, &mut p)?;
-            let et = et.map(|e| {
-                if m.unserved + m.rejected > 0 {
-                    e + 1.0
-                } else {
-                    e
-                }
-            });
+            let et = day.objective(cfg, &mut p)?.defined();
             sum = sum.zip(et).map(|(a, b)| a + b);
         }
         Ok(sum.map(|s| s / validation.len() as f64))
