@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::learn::oracle::rollout;
+use crate::learn::oracle::{from_whole, rollout};
 use crate::learn::train::{static_best, twice_daily_search, Day, TrainConfig};
 use crate::mig::GpuModel;
 
@@ -95,15 +95,11 @@ pub fn run(a: &OracleArgs) -> Result<()> {
             &mut twice_daily_search(&cfg, std::slice::from_ref(&day))?.policy,
         )?;
         let t0 = Instant::now();
-        let start = if a.from_whole {
-            day.cluster
-                .iter()
-                .map(|m| crate::mig::Geometry::of(*m).whole_gpu())
-                .collect()
+        let run = if a.from_whole {
+            from_whole(&cfg, &day, a.passes, a.max_simulations)?
         } else {
-            layouts
+            rollout(&cfg, &day, &layouts, a.passes, a.max_simulations)?
         };
-        let run = rollout(&cfg, &day, &start, a.passes, a.max_simulations)?;
         let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
         let rel = match (run.et, sb_et) {
             (Some(o), Some(s)) if s > 0.0 => Some(o / s - 1.0),

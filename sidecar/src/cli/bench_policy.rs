@@ -178,7 +178,7 @@ fn oracle_line(
     let day = crate::learn::train::Day::new(&cfg, a.gpus, a.seed)?;
     let t0 = Instant::now();
     let (_, layouts, _) = crate::learn::train::static_best(&cfg, &day)?;
-    let from_whole = crate::learn::train::oracle_plan(&cfg, &day)?;
+    let from_whole = crate::learn::oracle::from_whole(&cfg, &day, 3, usize::MAX)?;
     let from_static = crate::learn::oracle::rollout(&cfg, &day, &layouts, 3, usize::MAX)?;
     let best = [from_whole.et, from_static.et]
         .into_iter()

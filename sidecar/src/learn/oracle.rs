@@ -59,11 +59,7 @@ impl RepartitionPolicy for Replay<'_> {
     }
 
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
-        self.initial
-            .get(gpu)
-            .copied()
-            .filter(|&l| geometry.is_valid(l))
-            .unwrap_or_else(|| geometry.whole_gpu())
+        crate::policy::layout_or_whole(self.initial, gpu, geometry)
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
@@ -106,6 +102,21 @@ pub struct OracleRun {
 /// The search objective of [`Day::objective`] (as `static_best`).
 fn score(day: &Day, cfg: &TrainConfig, p: &mut Replay<'_>) -> Result<f64, LearnError> {
     Ok(day.objective(cfg, p)?.or(f64::INFINITY))
+}
+
+/// [`rollout`] from whole GPUs, where a live policy starts.
+pub fn from_whole(
+    cfg: &TrainConfig,
+    day: &Day,
+    passes: usize,
+    max_simulations: usize,
+) -> Result<OracleRun, LearnError> {
+    let whole: Vec<Layout> = day
+        .cluster
+        .iter()
+        .map(|m| Geometry::of(*m).whole_gpu())
+        .collect();
+    rollout(cfg, day, &whole, passes, max_simulations)
 }
 
 /// Runs the rollout oracle on `day` from the assignment `initial`: up to
@@ -206,16 +217,15 @@ mod tests {
         cfg.workload.horizon_s = 6.0 * 3600.0;
         cfg.workload.start_hour = 10.0;
         let day = Day::new(&cfg, 3, 5).unwrap();
-        let whole = vec![Geometry::of(cfg.gpu_model).whole_gpu(); 3];
-        let a = rollout(&cfg, &day, &whole, 2, usize::MAX).unwrap();
+        let a = from_whole(&cfg, &day, 2, usize::MAX).unwrap();
         let (base, et) = (a.base_et.unwrap(), a.et.unwrap());
         assert!((base - 1.0).abs() < 1e-12, "keep from whole GPUs is `none`");
         assert!(et <= base + 1e-12, "oracle {et} vs base {base}");
         assert!(a.simulations > 1 && a.passes >= 1);
-        let b = rollout(&cfg, &day, &whole, 2, usize::MAX).unwrap();
+        let b = from_whole(&cfg, &day, 2, usize::MAX).unwrap();
         assert_eq!(a.decisions, b.decisions);
         // A budget of one simulation leaves the base untouched.
-        let c = rollout(&cfg, &day, &whole, 2, 1).unwrap();
+        let c = from_whole(&cfg, &day, 2, 1).unwrap();
         assert!(c.decisions.iter().all(Vec::is_empty));
         assert_eq!(c.et, a.base_et);
     }

@@ -1310,17 +1310,6 @@ pub fn adaptive_search(cfg: &TrainConfig, days: &[Day]) -> Result<(Adaptive, f64
     Ok((best.1, best.0))
 }
 
-/// The hindsight oracle's plan on `day` from whole GPUs (where a live
-/// policy starts), up to three sweeps (as `smartmig bench oracle`).
-pub fn oracle_plan(cfg: &TrainConfig, day: &Day) -> Result<super::oracle::OracleRun, LearnError> {
-    let whole: Vec<Layout> = day
-        .cluster
-        .iter()
-        .map(|m| Geometry::of(*m).whole_gpu())
-        .collect();
-    super::oracle::rollout(cfg, day, &whole, 3, usize::MAX)
-}
-
 /// The teacher's resting layouts searched on `days` (`cfg.teacher_base`).
 pub fn teacher_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError> {
     let Some(first) = days.first() else {

@@ -29,11 +29,6 @@ pub struct Adaptive {
 }
 
 impl Adaptive {
-    fn split_layout(&self, model: GpuModel) -> Layout {
-        let c = Geometry::of(model).catalog();
-        c[self.split.min(c.len() - 1)]
-    }
-
     /// Target layout of every GPU (index = GPU), from the view's load.
     pub fn targets(&self, view: &ClusterView<'_>) -> Vec<Layout> {
         let mut out: Vec<Layout> = view.gpus.iter().map(|s| s.layout).collect();
@@ -54,7 +49,7 @@ impl Adaptive {
             let load = (running as f64 + waiting as f64) / n;
             let share = ((load - self.threshold) * self.gain).clamp(0.0, 1.0);
             let k = (share * n).round() as usize;
-            let split = self.split_layout(model);
+            let split = super::search::catalog_layout(model, self.split);
             let whole = Geometry::of(model).whole_gpu();
             for (rank, &i) in gpus.iter().enumerate() {
                 out[i] = if rank < k { split } else { whole };

@@ -195,6 +195,16 @@ pub trait RepartitionPolicy {
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision>;
 }
 
+/// The layout `layouts[gpu]` if it is valid on `geometry`, else the whole
+/// GPU: how assignment policies choose their initial layouts.
+pub fn layout_or_whole(layouts: &[Layout], gpu: usize, geometry: &'static Geometry) -> Layout {
+    layouts
+        .get(gpu)
+        .copied()
+        .filter(|&l| geometry.is_valid(l))
+        .unwrap_or_else(|| geometry.whole_gpu())
+}
+
 /// The next layout on the way from `status` to `target`, as far as the busy
 /// instances allow: `target` itself when the GPU accepts it; otherwise keep
 /// the busy instances, add the target's instances that fit next to them and

@@ -64,7 +64,7 @@ pub struct StaticMix {
 }
 
 /// Catalog layout `index` of `model` (the last one if out of range).
-fn catalog_layout(model: GpuModel, index: usize) -> Layout {
+pub(crate) fn catalog_layout(model: GpuModel, index: usize) -> Layout {
     let c = Geometry::of(model).catalog();
     c[index.min(c.len() - 1)]
 }
@@ -112,11 +112,7 @@ impl RepartitionPolicy for StaticMix {
     }
 
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
-        self.layouts
-            .get(gpu)
-            .copied()
-            .filter(|&l| geometry.is_valid(l))
-            .unwrap_or_else(|| geometry.whole_gpu())
+        super::layout_or_whole(&self.layouts, gpu, geometry)
     }
 
     fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
@@ -190,11 +186,7 @@ impl RepartitionPolicy for TwiceDaily {
     }
 
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
-        self.phase(self.start_hour)
-            .get(gpu)
-            .copied()
-            .filter(|&l| geometry.is_valid(l))
-            .unwrap_or_else(|| geometry.whole_gpu())
+        super::layout_or_whole(self.phase(self.start_hour), gpu, geometry)
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
