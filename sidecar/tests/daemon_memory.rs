@@ -23,29 +23,24 @@ use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ReleaseRequest};
 /// A daemon whose Slurm commands are scripts in its directory: `squeue`
 /// prints `squeue.json`, `scontrol` appends its arguments to `scontrol.log`.
 fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon {
-    let dir = std::env::temp_dir().join(format!("smartmig-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = |file: &str, body: String| {
-        let p = dir.join(file);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        let mut perms = std::fs::metadata(&p).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-        std::fs::set_permissions(&p, perms).unwrap();
-        p
-    };
-    std::fs::write(dir.join("squeue.json"), squeue_json).unwrap();
-    let squeue = script(
-        "squeue",
-        format!("cat {}", dir.join("squeue.json").display()),
-    );
-    let scontrol = script(
-        "scontrol",
-        format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
-    );
-    let config = dir.join("smartmig.toml");
-    std::fs::write(
-        &config,
+    TestDaemon::start_with(name, |dir| {
+        let script = |file: &str, body: String| {
+            let p = dir.join(file);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            let mut perms = std::fs::metadata(&p).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+            std::fs::set_permissions(&p, perms).unwrap();
+            p
+        };
+        std::fs::write(dir.join("squeue.json"), squeue_json).unwrap();
+        let squeue = script(
+            "squeue",
+            format!("cat {}", dir.join("squeue.json").display()),
+        );
+        let scontrol = script(
+            "scontrol",
+            format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
+        );
         format!(
             "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{extra}\n\
              [slurm]\nenabled = true\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n\
@@ -54,17 +49,8 @@ fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon {
             dir.join("state").display(),
             squeue.display(),
             scontrol.display(),
-        ),
-    )
-    .unwrap();
-    let mut d = TestDaemon {
-        socket: dir.join("run/smartmig.sock"),
-        dir,
-        config,
-        child: None,
-    };
-    d.spawn();
-    d
+        )
+    })
 }
 
 fn named(job_id: u64, gpu: u32, slices: u8, mem: Option<f64>, name: &str) -> AllocateRequest {

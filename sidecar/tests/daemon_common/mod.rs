@@ -29,11 +29,18 @@ pub fn base_config(dir: &std::path::Path, extra: &str) -> String {
 impl TestDaemon {
     /// Writes a config (`extra` goes before the tables) and starts the daemon.
     pub fn start(name: &str, extra: &str) -> TestDaemon {
+        TestDaemon::start_with(name, |dir| base_config(dir, extra))
+    }
+
+    /// Starts the daemon in a fresh directory with the config `config`
+    /// writes there (it may also put helper files into the directory).
+    pub fn start_with(name: &str, config: impl FnOnce(&std::path::Path) -> String) -> TestDaemon {
         let dir = std::env::temp_dir().join(format!("smartmig-it-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        let text = config(&dir);
         let config = dir.join("smartmig.toml");
-        std::fs::write(&config, base_config(&dir, extra)).unwrap();
+        std::fs::write(&config, text).unwrap();
         let mut d = TestDaemon {
             socket: dir.join("run/smartmig.sock"),
             dir,
