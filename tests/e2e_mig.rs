@@ -68,6 +68,20 @@ fn submit(cluster: &SlurmCluster, out: &Path, args: &[&str], body: &str) -> u32 
 }
 
 /// `KEY=value` words of a job's output.
+/// Submits a job whose output goes to `name` in the shared directory and
+/// waits for its end: (job id, final state, output).
+fn run_to_end(
+    cluster: &SlurmCluster,
+    name: &str,
+    args: &[&str],
+    body: &str,
+) -> (u32, String, String) {
+    let out = cluster.shared_dir().join(name);
+    let job = submit(cluster, &out, args, body);
+    let state = cluster.wait_job(job, JOB_TIMEOUT);
+    (job, state, read(&out))
+}
+
 fn fields(output: &str) -> HashMap<String, String> {
     output
         .split_whitespace()
@@ -370,13 +384,9 @@ fn job_that_needs_a_reshape_of_idle_instances_gets_it() {
 fn sidecar_down_fails_the_job_not_the_node() {
     let (cluster, mut sidecar) = cluster_with_sidecar("");
     sidecar.stop();
-    let jobs_dir = cluster.shared_dir();
     let echo = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
 
-    let out = jobs_dir.join("down.out");
-    let job = submit(&cluster, &out, &["--gres=shard:2"], echo);
-    let state = cluster.wait_job(job, JOB_TIMEOUT);
-    let text = read(&out);
+    let (job, state, text) = run_to_end(&cluster, "down.out", &["--gres=shard:2"], echo);
     assert_eq!(state, "FAILED", "{text:?}");
     assert!(
         text.contains(&format!("smartmig: error: job {job}: no MIG instance"))
@@ -394,28 +404,15 @@ fn sidecar_down_fails_the_job_not_the_node() {
         cluster.log_tails()
     );
 
-    let out = jobs_dir.join("cpu.out");
-    let job = submit(&cluster, &out, &[], echo);
-    assert_eq!(
-        cluster.wait_job(job, JOB_TIMEOUT),
-        "COMPLETED",
-        "{}",
-        read(&out)
-    );
-    assert_eq!(read(&out).trim(), "CVD= PROFILE=");
+    let (_, state, text) = run_to_end(&cluster, "cpu.out", &[], echo);
+    assert_eq!(state, "COMPLETED", "{text}");
+    assert_eq!(text.trim(), "CVD= PROFILE=");
 
     // plugstack.conf is re-read by slurmstepd for every job.
     let plug = cluster.dir().join("plugstack.conf");
     std::fs::write(&plug, plugstack(cluster.dir(), "sokcet=/nowhere")).expect("write plugstack");
-    let out = jobs_dir.join("badarg.out");
-    let job = submit(&cluster, &out, &["--gres=shard:1"], echo);
-    assert_eq!(
-        cluster.wait_job(job, JOB_TIMEOUT),
-        "FAILED",
-        "{}",
-        read(&out)
-    );
-    let text = read(&out);
+    let (_, state, text) = run_to_end(&cluster, "badarg.out", &["--gres=shard:1"], echo);
+    assert_eq!(state, "FAILED", "{text}");
     assert!(
         text.contains("unknown plugstack.conf argument `sokcet=/nowhere`"),
         "{text:?}"
@@ -427,15 +424,8 @@ fn sidecar_down_fails_the_job_not_the_node() {
     );
 
     std::fs::write(&plug, plugstack(cluster.dir(), "on_failure=whole-gpu")).expect("write");
-    let out = jobs_dir.join("whole.out");
-    let job = submit(&cluster, &out, &["--gres=shard:2"], echo);
-    assert_eq!(
-        cluster.wait_job(job, JOB_TIMEOUT),
-        "COMPLETED",
-        "{}",
-        read(&out)
-    );
-    let text = read(&out);
+    let (_, state, text) = run_to_end(&cluster, "whole.out", &["--gres=shard:2"], echo);
+    assert_eq!(state, "COMPLETED", "{text}");
     assert!(text.contains("smartmig: warning:"), "{text:?}");
     let f = fields(&text);
     assert!(
@@ -530,59 +520,27 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
 #[test]
 fn mig_profile_is_checked_on_the_node() {
     let (cluster, sidecar) = cluster_with_sidecar("");
-    let jobs_dir = cluster.shared_dir();
     let echo = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
 
-    let out = jobs_dir.join("profile-ok.out");
-    let job = submit(
-        &cluster,
-        &out,
-        &["--gres=shard:2", "--mig-profile=1g.10gb"],
-        echo,
-    );
-    assert_eq!(
-        cluster.wait_job(job, JOB_TIMEOUT),
-        "FAILED",
-        "{}",
-        read(&out)
-    );
+    let args = ["--gres=shard:2", "--mig-profile=1g.10gb"];
+    let (_, state, text) = run_to_end(&cluster, "profile-ok.out", &args, echo);
+    assert_eq!(state, "FAILED", "{text}");
     assert!(
-        read(&out).contains(
+        text.contains(
             "--mig-profile=1g.10gb has 1 compute slices but the job asked for --gres=shard:2"
         ),
-        "{}",
-        read(&out)
+        "{text}"
     );
 
-    let out = jobs_dir.join("profile-model.out");
-    let job = submit(
-        &cluster,
-        &out,
-        &["--gres=shard:3", "--mig-profile=3g.40gb"],
-        echo,
-    );
-    assert_eq!(
-        cluster.wait_job(job, JOB_TIMEOUT),
-        "FAILED",
-        "{}",
-        read(&out)
-    );
-    assert!(read(&out).contains("a100-40gb"), "{}", read(&out));
+    let args = ["--gres=shard:3", "--mig-profile=3g.40gb"];
+    let (_, state, text) = run_to_end(&cluster, "profile-model.out", &args, echo);
+    assert_eq!(state, "FAILED", "{text}");
+    assert!(text.contains("a100-40gb"), "{text}");
 
-    let out = jobs_dir.join("profile-1g10.out");
-    let job = submit(
-        &cluster,
-        &out,
-        &["--gres=shard:1", "--mig-profile=1g.10gb"],
-        echo,
-    );
-    assert_eq!(
-        cluster.wait_job(job, JOB_TIMEOUT),
-        "COMPLETED",
-        "{}",
-        read(&out)
-    );
-    let f = fields(&read(&out));
+    let args = ["--gres=shard:1", "--mig-profile=1g.10gb"];
+    let (_, state, text) = run_to_end(&cluster, "profile-1g10.out", &args, echo);
+    assert_eq!(state, "COMPLETED", "{text}");
+    let f = fields(&text);
     assert_eq!(f.get("PROFILE").map(String::as_str), Some("1g.10gb"));
     assert!(f.get("CVD").is_some_and(|c| c.starts_with("MIG-")));
     assert!(busy(&sidecar.status()).is_empty());
