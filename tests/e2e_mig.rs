@@ -376,8 +376,10 @@ fn job_that_needs_a_reshape_of_idle_instances_gets_it() {
 }
 
 /// Scenario 4 (and the plugstack/`on_failure` contract): with the sidecar
-/// stopped a shard job fails with the reason in its output and the node
-/// stays idle; a job without shards still runs; a bad plugstack argument
+/// stopped and `drain_on_unreachable=no requeue=no` a shard job fails with
+/// the reason in its output and the node stays idle (the default, drain and
+/// requeue, is tested in `e2e_agreement.rs`); a job without shards still
+/// runs; a bad plugstack argument
 /// fails shard jobs (not the node); `on_failure=whole-gpu` runs the job on
 /// the GPU Slurm chose with a warning.
 #[test]
@@ -385,6 +387,9 @@ fn sidecar_down_fails_the_job_not_the_node() {
     let (cluster, mut sidecar) = cluster_with_sidecar("");
     sidecar.stop();
     let echo = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
+    let plug = cluster.dir().join("plugstack.conf");
+    let no_drain = "sidecar_wait=0 drain_on_unreachable=no requeue=no";
+    std::fs::write(&plug, plugstack(cluster.dir(), no_drain)).expect("write plugstack");
 
     let (job, state, text) = run_to_end(&cluster, "down.out", &["--gres=shard:2"], echo);
     assert_eq!(state, "FAILED", "{text:?}");
@@ -409,7 +414,6 @@ fn sidecar_down_fails_the_job_not_the_node() {
     assert_eq!(text.trim(), "CVD= PROFILE=");
 
     // plugstack.conf is re-read by slurmstepd for every job.
-    let plug = cluster.dir().join("plugstack.conf");
     std::fs::write(&plug, plugstack(cluster.dir(), "sokcet=/nowhere")).expect("write plugstack");
     let (_, state, text) = run_to_end(&cluster, "badarg.out", &["--gres=shard:1"], echo);
     assert_eq!(state, "FAILED", "{text}");
@@ -423,7 +427,8 @@ fn sidecar_down_fails_the_job_not_the_node() {
         "slurmstepd did not log the bad argument"
     );
 
-    std::fs::write(&plug, plugstack(cluster.dir(), "on_failure=whole-gpu")).expect("write");
+    let whole = format!("on_failure=whole-gpu {no_drain}");
+    std::fs::write(&plug, plugstack(cluster.dir(), &whole)).expect("write");
     let (_, state, text) = run_to_end(&cluster, "whole.out", &["--gres=shard:2"], echo);
     assert_eq!(state, "COMPLETED", "{text}");
     assert!(text.contains("smartmig: warning:"), "{text:?}");

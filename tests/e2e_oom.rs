@@ -297,6 +297,20 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         Some("retries_exhausted"),
         "{status:#}"
     );
+    // Its third run needed 3g.20gb, more compute slices than the one shard
+    // it asked for: smartmigd raised the request before the restart, so
+    // Slurm billed the three slices the instance really took.
+    let show = cluster
+        .command("scontrol")
+        .args(["show", "job", "-o", &job3.to_string()])
+        .output()
+        .expect("scontrol show job");
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        show.contains("TresPerNode=gres:shard:3"),
+        "job {job3} is not billed the 3 slices it used: {show}\n{}",
+        read(&cluster.dir().join("log/smartmigd.log"))
+    );
     // 4. The loop (every 2 s here) asks the real `squeue --json` which jobs
     // still run and never releases a running job's instance.
     let out4 = jobs.join("held.out");
@@ -330,7 +344,8 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     assert_eq!(cluster.wait_job(job4, TIMEOUT), "COMPLETED");
     let log = read(&cluster.dir().join("log/smartmigd.log"));
     assert!(
-        !log.contains("no longer in Slurm's queue") && !log.contains("cannot ask Slurm"),
+        !log.contains("job ended in Slurm but its release never arrived")
+            && !log.contains("cannot read the Slurm queue"),
         "{log}"
     );
 

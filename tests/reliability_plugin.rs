@@ -3,7 +3,9 @@
 //! socket, and sidecars that answer garbage. In every case the shard job
 //! must end FAILED with a readable reason in its output, within the
 //! plugstack `timeout=` plus a margin (slurmstepd must not hang), and the
-//! node must stay idle (never drained).
+//! node must stay idle (never drained). The plugin runs with
+//! `sidecar_wait=0 drain_on_unreachable=no requeue=no`, the settings under
+//! which a job fails rather than waits.
 //!
 //! The "sidecar" here is a tiny fake in the test process (a std
 //! `UnixListener` on a thread) that does exactly the wrong thing asked of
@@ -29,9 +31,13 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(90);
 /// a dump of whatever the sidecar sent).
 const MAX_OUTPUT_BYTES: usize = 16 * 1024;
 
+/// The plugin with the job-level failure contract only: no wait for an
+/// unreachable sidecar, no drain, no requeue (those defaults are tested in
+/// `e2e_agreement.rs`), so each case ends FAILED with its reason.
 fn plugstack(socket: &Path) -> String {
     format!(
-        "required {} socket={} timeout={PLUGIN_TIMEOUT_S}\n",
+        "required {} socket={} timeout={PLUGIN_TIMEOUT_S} sidecar_wait=0 \
+         drain_on_unreachable=no requeue=no\n",
         artifact("libsmartmig_spank.so").display(),
         socket.display()
     )

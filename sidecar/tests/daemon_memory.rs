@@ -17,41 +17,8 @@ mod daemon_common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, TestDaemon};
+use daemon_common::{req, with_fake_slurm, TestDaemon};
 use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ReleaseRequest};
-
-/// A daemon whose Slurm commands are scripts in its directory: `squeue`
-/// prints `squeue.json`, `scontrol` appends its arguments to `scontrol.log`.
-fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon {
-    TestDaemon::start_with(name, |dir| {
-        let script = |file: &str, body: String| {
-            let p = dir.join(file);
-            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-            let mut perms = std::fs::metadata(&p).unwrap().permissions();
-            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-            std::fs::set_permissions(&p, perms).unwrap();
-            p
-        };
-        std::fs::write(dir.join("squeue.json"), squeue_json).unwrap();
-        let squeue = script(
-            "squeue",
-            format!("cat {}", dir.join("squeue.json").display()),
-        );
-        let scontrol = script(
-            "scontrol",
-            format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
-        );
-        format!(
-            "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{extra}\n\
-             [slurm]\nenabled = true\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n\
-             [[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n",
-            dir.join("run/smartmig.sock").display(),
-            dir.join("state").display(),
-            squeue.display(),
-            scontrol.display(),
-        )
-    })
-}
 
 fn named(job_id: u64, gpu: u32, slices: u8, mem: Option<f64>, name: &str) -> AllocateRequest {
     AllocateRequest {
@@ -65,6 +32,7 @@ fn oom(job_id: u64) -> ReleaseRequest {
         job_id,
         oom: true,
         used_memory_gb: None,
+        from_epilog: false,
     }
 }
 
@@ -111,7 +79,7 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
     let mut d = with_fake_slurm(
         "oom-requeue",
         "epoch_s = 3600\n[oom]\nmax_retries = 1\nrequeue_timeout_s = 5\n",
-        r#"{"jobs":[{"job_id":5,"job_state":"RUNNING"},{"job_id":9,"job_state":"RUNNING"}]}"#,
+        r#"{"jobs":[{"job_id":5,"job_state":"FAILED"},{"job_id":9,"job_state":"FAILED"}]}"#,
     );
     let c = d.client();
     let a = c.allocate(named(5, 0, 1, None, "train.sh")).unwrap();
@@ -140,6 +108,7 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
             job_id: 5,
             oom: false,
             used_memory_gb: Some(7.5),
+            from_epilog: false,
         })
         .unwrap();
     assert_eq!((r.released, r.oom_decision), (1, None));
@@ -197,6 +166,46 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
     );
 }
 
+/// A job that wrote its marker and was then cancelled or hit its time
+/// limit stays ended: only a FAILED job is requeued (before, every job
+/// with a marker was).
+#[test]
+fn oom_marker_of_a_cancelled_or_timed_out_job_is_not_requeued() {
+    let d = with_fake_slurm(
+        "oom-cancelled",
+        "epoch_s = 3600
+[oom]
+requeue_timeout_s = 5
+",
+        r#"{"jobs":[{"job_id":3,"job_state":"CANCELLED"},{"job_id":4,"job_state":"TIMEOUT"}]}"#,
+    );
+    let c = d.client();
+    for job in [3, 4] {
+        c.allocate(named(job, 0, 1, None, "x")).unwrap();
+        assert_eq!(
+            c.release_with(oom(job)).unwrap().oom_decision.as_deref(),
+            Some("requeue_scheduled")
+        );
+    }
+    wait_until(&d, "both decided", || {
+        let m = c.status().unwrap().memory.unwrap();
+        m.oom_events
+            .iter()
+            .filter(|e| e.decision == "not_requeued")
+            .count()
+            == 2
+    });
+    let m = c.status().unwrap().memory.unwrap();
+    assert!(
+        m.oom_events
+            .iter()
+            .any(|e| e.job_id == 3 && e.message.contains("Cancelled, not FAILED")),
+        "{m:?}"
+    );
+    let log = scontrol_log(&d.dir);
+    assert!(!log.contains("requeue"), "{log}");
+}
+
 #[test]
 fn oom_is_not_requeued_when_the_admin_disabled_it() {
     let d = with_fake_slurm(
@@ -238,7 +247,8 @@ fn the_loop_releases_only_jobs_slurm_no_longer_runs() {
     held.sort_unstable();
     assert_eq!(held, vec![1, 3], "live jobs must keep their instances");
     assert!(
-        d.log().contains("job no longer in Slurm's queue"),
+        d.log()
+            .contains("job ended in Slurm but its release never arrived"),
         "{}",
         d.log()
     );

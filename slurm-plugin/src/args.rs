@@ -1,5 +1,7 @@
 //! The plugin's `plugstack.conf` arguments (`socket=PATH timeout=SECONDS
-//! on_failure=fail|whole-gpu oom_requeue=yes|no oom_dir=PATH`).
+//! on_failure=fail|whole-gpu oom_requeue=yes|no oom_dir=PATH
+//! sidecar_wait=SECONDS drain_on_unreachable=yes|no requeue=yes|no
+//! scontrol=PATH`).
 //!
 //! Slurm passes the words after the plugin path to every callback as
 //! `(ac, av)`, in every context, so each callback parses them again (the
@@ -44,6 +46,22 @@ pub struct PluginArgs {
     /// Where the marker files live (`oom_dir=`); default: `oom` next to the
     /// socket (`/run/smartmig/oom`).
     pub oom_dir: Option<PathBuf>,
+    /// How long a step waits for a sidecar that cannot be reached (socket
+    /// missing or refused, daemon restarting) before giving up
+    /// (`sidecar_wait=`, default 15 s): a restart of smartmigd does not
+    /// fail the jobs that start meanwhile.
+    pub sidecar_wait: Duration,
+    /// `drain_on_unreachable=yes` (default): when the sidecar stays
+    /// unreachable, drain the node (reason `smartmig: sidecar
+    /// unreachable`) and requeue the batch job, so a node without its
+    /// sidecar stops taking shard jobs instead of failing them all.
+    pub drain_on_unreachable: bool,
+    /// `requeue=yes` (default): a batch job that gets no instance because
+    /// the sidecar stayed unreachable or found no room in time is requeued
+    /// (`scontrol requeue`) rather than failed.
+    pub requeue: bool,
+    /// The `scontrol` used for that (`scontrol=`, default from PATH).
+    pub scontrol: PathBuf,
 }
 
 impl Default for PluginArgs {
@@ -54,12 +72,31 @@ impl Default for PluginArgs {
             on_failure: OnFailure::Fail,
             oom_requeue: false,
             oom_dir: None,
+            sidecar_wait: DEFAULT_SIDECAR_WAIT,
+            drain_on_unreachable: true,
+            requeue: true,
+            scontrol: PathBuf::from("scontrol"),
         }
     }
 }
 
+/// Default time a step waits for an unreachable sidecar.
+pub const DEFAULT_SIDECAR_WAIT: Duration = Duration::from_secs(15);
+
 /// Valid keys, for error messages.
-const KNOWN_KEYS: &str = "socket, timeout, on_failure, oom_requeue, oom_dir";
+const KNOWN_KEYS: &str = "socket, timeout, on_failure, oom_requeue, oom_dir, sidecar_wait, \
+                          drain_on_unreachable, requeue, scontrol";
+
+/// `yes`/`no` (also `true`/`false`, `1`/`0`).
+fn yes_no(word: &str, key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "yes" | "true" | "1" => Ok(true),
+        "no" | "false" | "0" => Ok(false),
+        _ => Err(format!(
+            "plugstack.conf argument `{word}`: {key} must be `yes` or `no`"
+        )),
+    }
+}
 
 impl PluginArgs {
     /// Parses the plugstack words, e.g. `["socket=/run/s.sock", "timeout=45"]`.
@@ -109,16 +146,29 @@ impl PluginArgs {
                         }
                     }
                 }
-                "oom_requeue" => {
-                    args.oom_requeue = match value {
-                        "yes" | "true" | "1" => true,
-                        "no" | "false" | "0" => false,
-                        _ => {
-                            return Err(format!(
-                            "plugstack.conf argument `{word}`: oom_requeue must be `yes` or `no`"
-                        ))
-                        }
+                "oom_requeue" => args.oom_requeue = yes_no(word, key, value)?,
+                "drain_on_unreachable" => args.drain_on_unreachable = yes_no(word, key, value)?,
+                "requeue" => args.requeue = yes_no(word, key, value)?,
+                "sidecar_wait" => {
+                    let secs: f64 = value.parse().map_err(|_| {
+                        format!(
+                            "plugstack.conf argument `{word}`: sidecar_wait must be a number of seconds"
+                        )
+                    })?;
+                    if !secs.is_finite() || !(0.0..=600.0).contains(&secs) {
+                        return Err(format!(
+                            "plugstack.conf argument `{word}`: sidecar_wait must be in [0, 600] seconds"
+                        ));
                     }
+                    args.sidecar_wait = Duration::from_secs_f64(secs);
+                }
+                "scontrol" => {
+                    if value.is_empty() {
+                        return Err(format!(
+                            "plugstack.conf argument `{word}`: scontrol must name a program"
+                        ));
+                    }
+                    args.scontrol = PathBuf::from(value);
                 }
                 "oom_dir" => {
                     if value.is_empty() || !value.starts_with('/') {
@@ -172,7 +222,19 @@ mod tests {
         assert_eq!(a.on_failure, OnFailure::WholeGpu);
         assert!(!a.oom_requeue);
         assert_eq!(a.oom_dir(), PathBuf::from("/tmp/oom"));
-        let a = PluginArgs::parse(&["oom_requeue=yes", "oom_dir=/var/spool/smartmig-oom"]).unwrap();
+        let a = PluginArgs::parse(&[
+            "oom_requeue=yes",
+            "oom_dir=/var/spool/smartmig-oom",
+            "sidecar_wait=2",
+            "drain_on_unreachable=no",
+            "requeue=no",
+            "scontrol=/usr/bin/scontrol",
+        ])
+        .unwrap();
+        assert_eq!(a.sidecar_wait, Duration::from_secs(2));
+        assert!(!a.drain_on_unreachable && !a.requeue);
+        assert_eq!(a.scontrol, PathBuf::from("/usr/bin/scontrol"));
+        assert!(PluginArgs::default().drain_on_unreachable);
         assert!(a.oom_requeue);
         assert_eq!(a.oom_dir(), PathBuf::from("/var/spool/smartmig-oom"));
         assert_eq!(
@@ -195,6 +257,10 @@ mod tests {
             (vec!["timeout=-3"], "(0, 3600]"),
             (vec!["on_failure=ignore"], "`fail` or `whole-gpu`"),
             (vec!["oom_requeue=maybe"], "`yes` or `no`"),
+            (vec!["drain_on_unreachable=perhaps"], "`yes` or `no`"),
+            (vec!["sidecar_wait=-1"], "[0, 600]"),
+            (vec!["sidecar_wait=x"], "number of seconds"),
+            (vec!["scontrol="], "must name a program"),
             (vec!["oom_dir=oom"], "absolute path"),
         ] {
             let err = PluginArgs::parse(&words).unwrap_err();

@@ -31,12 +31,13 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, MutexGuard};
 
 use smartmig::daemon::client::{Client, ClientError};
-use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ReleaseRequest};
+use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ErrorKind, ReleaseRequest};
 
 pub mod args;
 pub mod job;
 pub mod oom;
 pub mod options;
+pub mod slurmctl;
 pub mod spank;
 
 use args::{OnFailure, PluginArgs};
@@ -552,6 +553,7 @@ pub unsafe extern "C" fn slurm_spank_job_epilog(
             job_id: u64::from(job_id),
             oom,
             used_memory_gb: None,
+            from_epilog: true,
         };
         match client.release_with(request) {
             Ok(r) => log(
@@ -641,10 +643,12 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         "job {job_id}: no MIG instance with {} compute slice(s) on GPU {}",
         gres.shards, gres.gpu
     );
+    // SAFETY (both closures): `sp` is the callback's handle.
+    let job_env = |name: &str| unsafe { spank::getenv(sp, name) };
     let sidecar_failure = |e: ClientError| -> Outcome {
         let reason = format!("{what}: {e}");
         match args.on_failure {
-            OnFailure::Fail => fail(reason),
+            OnFailure::Fail => fail(give_back(&args, &e, reason, job_id, step_id, &job_env)),
             OnFailure::WholeGpu => {
                 let warning = format!(
                     "{reason}; running on GPU {} as Slurm assigned it \
@@ -661,7 +665,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         None => {}
         Some(Err(e)) => return fail(e),
         Some(Ok(name)) => {
-            let status = match client.status() {
+            let status = match patiently(args.sidecar_wait, || client.status()) {
                 Ok(s) => s,
                 Err(e) => return sidecar_failure(e),
             };
@@ -697,8 +701,9 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         deadline: None,
         time_limit_s: None,
         job_name,
+        oom_marker: Some(args.oom_requeue),
     };
-    let reply = match client.allocate(request) {
+    let reply = match patiently(args.sidecar_wait, || client.allocate(request.clone())) {
         Ok(r) => r,
         Err(e) => return sidecar_failure(e),
     };
@@ -779,6 +784,113 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         profile: reply.profile,
         oom_file,
     }
+}
+
+/// Whether `e` means the sidecar is not there (socket missing or refused,
+/// connect timed out, daemon shutting down) rather than a refusal.
+fn is_unreachable(e: &ClientError) -> bool {
+    match e {
+        ClientError::Connect { .. } | ClientError::ConnectTimeout { .. } => true,
+        ClientError::Daemon(body) => body.kind == ErrorKind::ShuttingDown,
+        _ => false,
+    }
+}
+
+/// Calls `f` until it succeeds, fails for another reason than an
+/// unreachable sidecar, or `wait` has passed: a restarting smartmigd
+/// (systemd restarts it within seconds) does not fail the jobs that start
+/// meanwhile.
+fn patiently<T>(
+    wait: std::time::Duration,
+    mut f: impl FnMut() -> Result<T, ClientError>,
+) -> Result<T, ClientError> {
+    let start = std::time::Instant::now();
+    loop {
+        match f() {
+            Err(e) if is_unreachable(&e) && start.elapsed() < wait => {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The job gets no instance. When the sidecar stayed unreachable, drain
+/// the node so Slurm stops sending shard jobs here (smartmigd resumes it
+/// when it is back). When it is unreachable or found no room in time
+/// (Slurm's shard count and the MIG layout disagree, e.g. two 3g
+/// instances strand the seventh slice), requeue a batch job so it runs
+/// later instead of failing. Returns the reason for the job's output,
+/// saying what was done.
+fn give_back(
+    args: &PluginArgs,
+    e: &ClientError,
+    mut text: String,
+    job_id: u32,
+    step_id: u32,
+    job_env: &dyn Fn(&str) -> Option<String>,
+) -> String {
+    let unreachable = is_unreachable(e);
+    let no_fit = matches!(e, ClientError::Daemon(b) if b.kind == ErrorKind::NoFit);
+    let conf = job_env("SLURM_CONF").or_else(|| std::env::var("SLURM_CONF").ok());
+    if unreachable {
+        text.push_str(&format!(
+            " (waited {:.0} s for smartmigd)",
+            args.sidecar_wait.as_secs_f64()
+        ));
+        if args.drain_on_unreachable {
+            match node_name(job_env) {
+                Some(node) => match slurmctl::drain(
+                    &args.scontrol,
+                    conf.as_deref(),
+                    &node,
+                    slurmctl::UNREACHABLE_REASON,
+                ) {
+                    Ok(()) => text.push_str(&format!("; node {node} drained")),
+                    Err(e) => text.push_str(&format!("; could not drain the node: {e}")),
+                },
+                None => text.push_str("; could not drain the node: its Slurm name is unknown"),
+            }
+        }
+    }
+    if (unreachable || no_fit) && args.requeue && step_id == job::BATCH_STEP {
+        let id = match (
+            job_env("SLURM_ARRAY_JOB_ID"),
+            job_env("SLURM_ARRAY_TASK_ID"),
+        ) {
+            (Some(a), Some(t)) => format!("{a}_{t}"),
+            _ => job_id.to_string(),
+        };
+        match slurmctl::requeue(&args.scontrol, conf.as_deref(), &id) {
+            Ok(()) => text.push_str("; job requeued: it starts again later"),
+            Err(e) => text.push_str(&format!("; could not requeue the job: {e}")),
+        }
+    }
+    text
+}
+
+/// The node's Slurm name: slurmd exports `SLURMD_NODENAME` to the
+/// processes it starts (slurmstepd included); else the job's copy; else
+/// the short host name (right unless slurm.conf maps names).
+fn node_name(job_env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    std::env::var("SLURMD_NODENAME")
+        .ok()
+        .or_else(|| job_env("SLURMD_NODENAME"))
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            let mut buf = [0u8; 256];
+            // SAFETY: the buffer is valid for its length; gethostname
+            // NUL-terminates within it on success.
+            let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+            if rc != 0 {
+                return None;
+            }
+            let name = CStr::from_bytes_until_nul(&buf).ok()?.to_str().ok()?;
+            name.split('.')
+                .next()
+                .filter(|n| !n.is_empty())
+                .map(String::from)
+        })
 }
 
 /// A failed outcome, also logged to slurmd.log.

@@ -14,6 +14,10 @@
 # SMARTMIG_SLURM_CRED_EXPIRE=N sets AuthInfo's cred_expire (Slurm holds a
 # requeued job for cred_expire + 1 s; default 120), and
 # SMARTMIG_SLURM_SCHED_EXTRA=k=v,... adds SchedulerParameters.
+# SMARTMIG_SLURM_JOB_SUBMIT=PATH installs PATH as DIR/job_submit.lua (next to
+# slurm.conf, where Slurm's job_submit/lua plugin looks for it) and sets
+# JobSubmitPlugins=lua, e.g. etc/slurm/job_submit.lua; unset: no job_submit
+# plugin.
 #
 # The node is declared like a real smartmig node (see etc/slurm/*.snippet and
 # docs): two GPUs, each one `gpu` GRES with 7 `shard` GRES, backed by fake
@@ -116,6 +120,12 @@ cluster_up() {
     # becomes eligible is otherwise only seen by the next periodic pass).
     local sched_extra=${SMARTMIG_SLURM_SCHED_EXTRA:-}
     [[ $sched_extra =~ ^[a-z_=0-9,]*$ ]] || die "SMARTMIG_SLURM_SCHED_EXTRA: only key=value,... expected"
+    # Optional job_submit/lua script (etc/slurm/job_submit.lua).
+    local job_submit=${SMARTMIG_SLURM_JOB_SUBMIT:-}
+    if [[ -n $job_submit ]]; then
+        [[ -f $job_submit && -r $job_submit ]] ||
+            die "SMARTMIG_SLURM_JOB_SUBMIT=$job_submit: no such readable file"
+    fi
     local ctld_port=${SMARTMIG_SLURMCTLD_PORT:-6917}
     local slurmd_port=${SMARTMIG_SLURMD_PORT:-6918}
     local port
@@ -210,6 +220,15 @@ GresTypes=gpu,shard
 NodeName=$node $hw Gres=gpu:2,shard:14 State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:32
 CONF
+
+    if [[ -n $job_submit ]]; then
+        cp "$job_submit" "$dir/job_submit.lua"
+        chmod 0644 "$dir/job_submit.lua"
+        cat >>"$dir/slurm.conf" <<CONF
+# SMARTMIG_SLURM_JOB_SUBMIT: job_submit/lua with $dir/job_submit.lua
+JobSubmitPlugins=lua
+CONF
+    fi
 
     cat >"$dir/gres.conf" <<CONF
 # One gpu GRES per GPU, and as many shards per GPU as it has MIG compute

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod admin;
 pub mod audit;
 pub mod bench;
 pub mod bench_oracle;
@@ -14,6 +15,7 @@ pub mod compare;
 pub mod layouts;
 pub mod oom;
 pub mod simulate;
+pub mod socket;
 pub mod status;
 pub mod train;
 
@@ -37,6 +39,10 @@ pub enum Command {
     Bench(bench::Args),
     /// Show the local smartmigd's GPUs, instances, jobs and policy.
     Status(status::Args),
+    /// Release a job's MIG instance(s) by hand (root or smartmigd's slurm_user).
+    Release(admin::ReleaseArgs),
+    /// Release the instances of every job Slurm shows ended (root or slurm_user).
+    Reconcile(admin::ReconcileArgs),
     /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
     Bound(bound::Args),
     /// Train the learned repartitioning policy on the simulator (writes ONNX + metadata).
@@ -53,6 +59,8 @@ pub fn main() -> ExitCode {
         Command::Audit(args) => audit::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Release(args) => admin::release(&args),
+        Command::Reconcile(args) => admin::reconcile(&args),
         Command::Train(args) => train::run(&args),
         Command::Bound(args) => bound::run(&args),
     };

@@ -3,26 +3,25 @@
 //! are refused by the daemon's peer-credential check).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::daemon::protocol::{MemoryStatus, StatusReply, DEFAULT_SOCKET};
+use super::socket::SocketArgs;
+use crate::daemon::protocol::{MemoryStatus, StatusReply};
 use crate::daemon::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// smartmigd's socket.
-    #[arg(long, default_value = DEFAULT_SOCKET)]
-    pub socket: PathBuf,
+    #[command(flatten)]
+    pub socket: SocketArgs,
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let client = Client::new(&args.socket).with_io_timeout(Duration::from_secs(10));
+    let client = Client::new(args.socket.socket()?).with_io_timeout(Duration::from_secs(10));
     let status = client.status().context("asking smartmigd for its status")?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
@@ -30,6 +29,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         print!("{}", render(&status));
     }
     Ok(())
+}
+
+/// A Unix time in the local time zone (`TZ`, else /etc/localtime), e.g.
+/// `2026-11-26 06:30:12`; the raw number if it is out of range.
+fn local_time(unix: u64) -> String {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|s| jiff::Timestamp::from_second(s).ok())
+        .map(|t| {
+            t.to_zoned(jiff::tz::TimeZone::system())
+                .strftime("%Y-%m-%d %H:%M:%S")
+                .to_string()
+        })
+        .unwrap_or_else(|| unix.to_string())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn duration(s: u64) -> String {
@@ -52,6 +72,14 @@ pub fn render(s: &StatusReply) -> String {
         s.version,
         duration(s.uptime_s)
     );
+    if s.epilog_missing {
+        let _ = writeln!(
+            out,
+            "\nWARNING: the SPANK plugin's job epilog never ran: instances of ended jobs are freed only\n\
+             when smartmigd sees them gone from squeue. Restart slurmd on this node (slurmd reads\n\
+             plugstack.conf's epilogs at start); see docs/slurm-integration.md."
+        );
+    }
     for g in &s.gpus {
         let energy = g
             .energy_j
@@ -73,8 +101,8 @@ pub fn render(s: &StatusReply) -> String {
         }
         let _ = writeln!(
             out,
-            "  {:<44} {:<9} {:>5} {:>10} {:>6} {:>10}",
-            "UUID", "PROFILE", "START", "JOB", "UID", "BUSY/IDLE"
+            "  {:<44} {:<9} {:>5} {:>10} {:>6} BUSY/IDLE",
+            "UUID", "PROFILE", "START", "JOB", "UID"
         );
         for i in &g.instances {
             let job = i
@@ -83,14 +111,31 @@ pub fn render(s: &StatusReply) -> String {
                 .unwrap_or_else(|| "-".into());
             let uid = i.uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
             let state = match (i.busy_since, i.idle_s) {
-                (Some(since), _) => format!("since {since}"),
+                (Some(since), _) => format!(
+                    "busy since {} ({})",
+                    local_time(since),
+                    duration(unix_now().saturating_sub(since))
+                ),
                 (None, Some(idle)) => format!("idle {}", duration(idle)),
                 _ => "-".into(),
             };
             let _ = writeln!(
                 out,
-                "  {:<44} {:<9} {:>5} {:>10} {:>6} {:>10}",
+                "  {:<44} {:<9} {:>5} {:>10} {:>6} {}",
                 i.uuid, i.profile, i.start, job, uid, state
+            );
+        }
+    }
+    if !s.waiting.is_empty() {
+        let _ = writeln!(out, "\nWaiting for an instance");
+        for w in &s.waiting {
+            let _ = writeln!(
+                out,
+                "  job {:<10} GPU {} {} slice(s), waiting {}",
+                w.job_id,
+                w.gpu,
+                w.slices,
+                duration(w.waiting_s)
             );
         }
     }
@@ -103,12 +148,19 @@ pub fn render(s: &StatusReply) -> String {
 /// The out-of-memory restarts and learned estimates.
 fn render_memory(out: &mut String, m: &MemoryStatus) {
     let onoff = |b: bool| if b { "on" } else { "off" };
-    let _ = writeln!(
-        out,
-        "\nOOM restarts (requeue {}, max {} per job)",
-        onoff(m.oom_requeue),
-        m.max_retries
-    );
+    let restarts = match (m.oom_requeue, m.plugin_oom_requeue) {
+        (false, _) => "off (oom.requeue = false in smartmigd's config)".to_string(),
+        (true, Some(false)) => "off (smartmigd requeues, but the plugin's oom_requeue is off: \
+                                no job reports an out-of-memory failure)"
+            .to_string(),
+        (true, Some(true)) => format!("on, max {} per job", m.max_retries),
+        (true, None) => format!(
+            "on in smartmigd, max {} per job (needs oom_requeue=yes in plugstack.conf; \
+             no job seen yet)",
+            m.max_retries
+        ),
+    };
+    let _ = writeln!(out, "\nOOM restarts: {restarts}");
     if m.oom_events.is_empty() {
         let _ = writeln!(out, "  (none)");
     }
@@ -119,8 +171,15 @@ fn render_memory(out: &mut String, m: &MemoryStatus) {
         };
         let _ = writeln!(
             out,
-            "  {:>10} job {:<8} {:<20} GPU {} {:<9} failures {} {:<18} {}",
-            e.at, e.job_id, who, e.gpu, e.profile, e.failures, e.decision, e.message
+            "  {:<19} job {:<8} {:<20} GPU {} {:<9} failures {} {:<18} {}",
+            local_time(e.at),
+            e.job_id,
+            who,
+            e.gpu,
+            e.profile,
+            e.failures,
+            e.decision,
+            e.message
         );
     }
     let _ = writeln!(
@@ -153,6 +212,7 @@ fn render_memory(out: &mut String, m: &MemoryStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::protocol::WaitingJob;
     use crate::daemon::protocol::{GpuStatus, InstanceStatus};
 
     #[test]
@@ -182,6 +242,13 @@ mod tests {
                 energy_j: Some(1500.0),
             }],
             memory: None,
+            epilog_missing: false,
+            waiting: vec![WaitingJob {
+                job_id: 77,
+                gpu: 1,
+                slices: 2,
+                waiting_s: 12,
+            }],
         };
         let t = render(&s);
         assert!(
@@ -190,6 +257,10 @@ mod tests {
         );
         assert!(t.contains("MIG-1"), "{t}");
         assert!(t.contains("42"), "{t}");
+        assert!(
+            t.contains("job 77         GPU 1 2 slice(s), waiting 12s"),
+            "{t}"
+        );
         assert!(t.contains("up 1m15s"), "{t}");
         assert!(!t.contains("OOM restarts"), "{t}");
     }
@@ -230,11 +301,20 @@ mod tests {
                     ooms: 1,
                     max_peak_gb: None,
                 }],
+                plugin_oom_requeue: Some(false),
             }),
+            epilog_missing: true,
+            waiting: vec![],
         };
         let t = render(&s);
         assert!(
-            t.contains("OOM restarts (requeue on, max 2 per job)"),
+            t.contains(
+                "OOM restarts: off (smartmigd requeues, but the plugin's oom_requeue is off"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("WARNING: the SPANK plugin's job epilog never ran"),
             "{t}"
         );
         assert!(t.contains("alice/train.sh"), "{t}");

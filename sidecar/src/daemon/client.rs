@@ -18,8 +18,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::protocol::{
-    AllocateReply, AllocateRequest, ErrorBody, HealthReply, ReleaseReply, ReleaseRequest, Request,
-    StatusReply,
+    AllocateReply, AllocateRequest, ErrorBody, HealthReply, ReconcileReply, ReleaseReply,
+    ReleaseRequest, Request, StatusReply,
 };
 
 /// Largest reply accepted (a status of 64 GPUs is ~100 KiB).
@@ -205,6 +205,12 @@ impl Client {
     /// A release with the optional fields (`oom`, `used_memory_gb`).
     pub fn release_with(&self, req: ReleaseRequest) -> Result<ReleaseReply, ClientError> {
         self.request(&Request::Release(req))
+    }
+
+    /// Asks the daemon to read Slurm's queue now and release the
+    /// instances of ended jobs.
+    pub fn reconcile(&self) -> Result<ReconcileReply, ClientError> {
+        self.request(&Request::Reconcile)
     }
 
     pub fn status(&self) -> Result<StatusReply, ClientError> {

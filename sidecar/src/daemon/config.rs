@@ -71,6 +71,9 @@ pub struct SlurmConfig {
     pub squeue: String,
     pub sinfo: String,
     pub scontrol: String,
+    /// `slurmd -G` prints the node's GRES as slurmd parsed gres.conf: used
+    /// at start to check that Slurm's GPU i is NVML's GPU i.
+    pub slurmd: String,
     /// Seconds a Slurm command may run before it is killed.
     pub command_timeout_s: u64,
 }
@@ -82,6 +85,7 @@ impl Default for SlurmConfig {
             squeue: "squeue".into(),
             sinfo: "sinfo".into(),
             scontrol: "scontrol".into(),
+            slurmd: "slurmd".into(),
             command_timeout_s: 10,
         }
     }

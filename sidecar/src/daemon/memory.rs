@@ -166,6 +166,24 @@ pub fn largest_memory(model: &ModelSpec, slices: u8) -> Option<u32> {
         .max()
 }
 
+/// The most memory (GB) an instance can have without more compute slices
+/// than `slices` rounds up to (the shards Slurm billed): a learned
+/// estimate never buys a bigger slice than the job pays for.
+pub fn memory_within_shards(model: &ModelSpec, slices: u8) -> Option<u32> {
+    let compute = model
+        .profiles
+        .iter()
+        .map(|p| p.shape.compute)
+        .filter(|&c| c >= slices)
+        .min()?;
+    model
+        .profiles
+        .iter()
+        .filter(|p| p.shape.compute == compute)
+        .map(|p| p.memory_gb)
+        .max()
+}
+
 /// Sets the estimator's configuration through its serialized form, which
 /// validates the values and trims the history to the new bounds.
 fn reconfigure(
@@ -309,7 +327,7 @@ impl MemoryState {
         }
         if use_estimate {
             if let Some(key) = key {
-                let cap = largest_memory(model, slices).map_or(f64::NAN, f64::from);
+                let cap = memory_within_shards(model, slices).map_or(f64::NAN, f64::from);
                 if let Some(gb) = self.estimator.estimate(key, cap) {
                     return (Some(gb), Sizing::Estimate);
                 }
@@ -478,7 +496,9 @@ impl MemoryState {
 
     /// The outcome of a scheduled requeue (`requeued` or `requeue_failed`),
     /// kept as an event.
-    pub fn on_requeue_result(&mut self, job_id: u64, ok: bool, message: String, now: u64) {
+    /// `decision`: `requeued`, `not_requeued` (the job was cancelled or
+    /// timed out) or `requeue_failed`.
+    pub fn on_requeue_result(&mut self, job_id: u64, decision: &str, message: String, now: u64) {
         let base = self
             .events
             .iter()
@@ -489,7 +509,7 @@ impl MemoryState {
             return;
         };
         e.at = now;
-        e.decision = if ok { "requeued" } else { "requeue_failed" }.into();
+        e.decision = decision.into();
         e.message = message;
         self.events.push_back(e);
         self.trim();
@@ -529,6 +549,7 @@ impl MemoryState {
             })
             .collect();
         MemoryStatus {
+            plugin_oom_requeue: None,
             estimate,
             oom_requeue,
             max_retries,
@@ -593,6 +614,9 @@ mod tests {
         assert_eq!(next_larger_memory(a, 2, 10), Some(20));
         assert_eq!(next_larger_memory(a, 1, 40), None);
         assert_eq!(largest_memory(a, 3), Some(40));
+        assert_eq!(memory_within_shards(a, 1), Some(10));
+        assert_eq!(memory_within_shards(a, 3), Some(20));
+        assert_eq!(memory_within_shards(a, 5), Some(40));
         let h = GpuModel::H100_80gb.spec();
         assert_eq!(next_larger_memory(h, 1, 10), Some(20));
     }
@@ -658,7 +682,7 @@ mod tests {
         let peaks: Vec<f64> = m.estimator().history(&key).map(|o| o.peak_gb).collect();
         assert_eq!(peaks, vec![5.0, 7.5]);
         // Persisted and reloaded.
-        m.on_requeue_result(7, true, "requeued".into(), 150);
+        m.on_requeue_result(7, "requeued", "requeued".into(), 150);
         m.save().unwrap();
         let back = MemoryState::open(&d, &EstimatorConfig::default()).unwrap();
         assert_eq!(back.estimator(), m.estimator());

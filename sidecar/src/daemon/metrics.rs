@@ -59,6 +59,8 @@ pub struct Metrics {
     reconfigurations: Family<ReconfLabel, Counter>,
     instances: Family<InstanceLabel, Gauge>,
     energy: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    reaped: Counter,
+    epilog_missing: Gauge,
 }
 
 impl Default for Metrics {
@@ -107,8 +109,22 @@ impl Metrics {
             "Energy used per GPU since the daemon started (modelled on the sim backend, NVML counter on real GPUs)",
             energy.clone(),
         );
+        let reaped = Counter::default();
+        registry.register(
+            "reaped_releases",
+            "Instances freed because Slurm showed the job ended and no release arrived",
+            reaped.clone(),
+        );
+        let epilog_missing = Gauge::default();
+        registry.register(
+            "epilog_missing",
+            "1 when the reaper freed instances and the plugin's job_epilog never sent a release (slurmd needs a restart)",
+            epilog_missing.clone(),
+        );
         Metrics {
             registry,
+            reaped,
+            epilog_missing,
             allocations,
             failures,
             latency,
@@ -144,8 +160,20 @@ impl Metrics {
             .inc();
     }
 
-    /// The OpenMetrics text, with the gauges set from `instances` and `energy`.
-    pub fn render(&self, instances: &[InstanceCount], energy: &[(u32, f64)]) -> String {
+    /// `n` instances freed by the reaper.
+    pub fn reaped(&self, n: u64) {
+        self.reaped.inc_by(n);
+    }
+
+    /// The OpenMetrics text, with the gauges set from `instances`, `energy`
+    /// and whether the plugin's epilog seems not to run.
+    pub fn render(
+        &self,
+        instances: &[InstanceCount],
+        energy: &[(u32, f64)],
+        epilog_missing: bool,
+    ) -> String {
+        self.epilog_missing.set(i64::from(epilog_missing));
         self.instances.clear();
         for i in instances {
             self.instances
@@ -189,6 +217,7 @@ mod tests {
                 count: 1,
             }],
             &[(0, 12.5)],
+            true,
         );
         for needle in [
             "smartmig_allocations_total{result=\"created\"} 1",
@@ -197,6 +226,7 @@ mod tests {
             "smartmig_reconfigurations_total{gpu=\"0\",op=\"create\"} 1",
             "smartmig_instances{gpu=\"0\",profile=\"3g.20gb\",state=\"busy\"} 1",
             "smartmig_energy_joules{gpu=\"0\"} 12.5",
+            "smartmig_epilog_missing 1",
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }

@@ -31,6 +31,9 @@ pub enum Request {
     Status,
     /// Liveness probe (anyone may ask).
     Health,
+    /// Read Slurm's queue now and release the instances of jobs that
+    /// ended without a release (the admin's `smartmig reconcile`).
+    Reconcile,
 }
 
 impl Request {
@@ -41,12 +44,16 @@ impl Request {
             Request::Release(_) => "release",
             Request::Status => "status",
             Request::Health => "health",
+            Request::Reconcile => "reconcile",
         }
     }
 
     /// Whether the op changes state (only root and the Slurm user may).
     pub fn is_write(&self) -> bool {
-        matches!(self, Request::Allocate(_) | Request::Release(_))
+        matches!(
+            self,
+            Request::Allocate(_) | Request::Release(_) | Request::Reconcile
+        )
     }
 
     /// The request as one JSON line (with `v`), newline included.
@@ -89,6 +96,11 @@ pub struct AllocateRequest {
     /// learned memory estimates. Optional (v1 clients omit it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
+    /// Whether the plugin gives jobs an out-of-memory marker (its
+    /// `oom_requeue=`), so status can say whether OOM restarts can happen
+    /// at all. Optional (older plugins omit it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_marker: Option<bool>,
 }
 
 /// `release`: the job ended.
@@ -104,6 +116,10 @@ pub struct ReleaseRequest {
     /// the sim backend; on nvml the daemon samples it itself). Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_memory_gb: Option<f64>,
+    /// Sent by the plugin's job epilog (slurmd), not by an admin or a
+    /// test: the daemon counts these to notice an epilog that never runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_epilog: bool,
 }
 
 impl ReleaseRequest {
@@ -163,6 +179,13 @@ pub struct ReleaseReply {
     pub oom_decision: Option<String>,
 }
 
+/// Reply to `reconcile`: the jobs whose instances were released because
+/// Slurm shows them ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileReply {
+    pub released_jobs: Vec<u64>,
+}
+
 /// Reply to `health`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HealthReply {
@@ -185,6 +208,24 @@ pub struct StatusReply {
     /// from daemons that predate them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStatus>,
+    /// The reaper had to free instances and the plugin's job epilog never
+    /// sent a release: slurmd was not restarted after the plugin was added
+    /// to plugstack.conf (jobs may then wait for or fail on ended jobs'
+    /// instances).
+    #[serde(default)]
+    pub epilog_missing: bool,
+    /// Allocates waiting for room right now, longest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingJob>,
+}
+
+/// A job whose allocate waits for an instance to free up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingJob {
+    pub job_id: u64,
+    pub gpu: u32,
+    pub slices: u8,
+    pub waiting_s: u64,
 }
 
 /// The `memory` section of a status reply.
@@ -201,6 +242,10 @@ pub struct MemoryStatus {
     pub oom_jobs: Vec<OomJob>,
     /// Learned estimates, most recently updated first (bounded).
     pub estimates: Vec<EstimateStatus>,
+    /// The plugin's `oom_requeue` as its last allocate said (`None`: no
+    /// allocate yet, or an older plugin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_oom_requeue: Option<bool>,
 }
 
 /// One out-of-memory decision.
@@ -409,10 +454,12 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ErrorBody> {
     match map.get("op") {
         None => return Err(bad("missing `op`".into())),
         Some(Value::String(op)) => {
-            if !["allocate", "release", "status", "health"].contains(&op.as_str()) {
+            if !["allocate", "release", "status", "health", "reconcile"].contains(&op.as_str()) {
                 return Err(ErrorBody::new(
                     ErrorKind::UnknownOp,
-                    format!("unknown op `{op}` (known: allocate, release, status, health)"),
+                    format!(
+                        "unknown op `{op}` (known: allocate, release, status, health, reconcile)"
+                    ),
                 ));
             }
         }
@@ -508,7 +555,8 @@ mod tests {
             Request::Release(ReleaseRequest {
                 job_id: 7,
                 oom: true,
-                used_memory_gb: Some(4.5)
+                used_memory_gb: Some(4.5),
+                from_epilog: false,
             })
         );
         // A plain release serializes exactly as before.

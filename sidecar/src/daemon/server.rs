@@ -23,10 +23,12 @@ use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing
 use super::metrics::{InstanceCount, Metrics};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
-    ErrorKind, GpuStatus, HealthReply, InstanceStatus, ReleaseReply, ReleaseRequest, Request,
-    StatusReply,
+    ErrorKind, GpuStatus, HealthReply, InstanceStatus, ReconcileReply, ReleaseReply,
+    ReleaseRequest, Request, StatusReply, WaitingJob,
 };
-use super::slurm::{layout_features, merge_features, CommandSlurm, NoSlurm, SlurmClient};
+use super::slurm::{
+    layout_features, merge_features, CommandSlurm, JobState, NoSlurm, QueueSnapshot, SlurmClient,
+};
 use crate::mig::{Geometry, GpuModel, Layout};
 use crate::policy::{
     self, ClusterView, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT,
@@ -51,6 +53,8 @@ pub enum StartError {
     Policy(String),
     #[error("memory estimates: {0}")]
     Memory(String),
+    #[error("Slurm and smartmigd number the GPUs differently: {0}. Slurm numbers the GPUs of gres.conf by device name (/dev/nvidiaN in sorted order), smartmigd by NVML index; they agree when NVML's GPU N is /dev/nvidiaN (`nvidia-smi -q` shows each GPU's Minor Number)")]
+    GpuOrder(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
@@ -72,6 +76,72 @@ fn unix_now_f64() -> f64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+/// Refuses to start when Slurm's GPU i (gres.conf order, from `slurmd -G`)
+/// is another device than the backend's GPU i: every job would get an
+/// instance on a GPU other than the one Slurm gave it. When slurmd cannot
+/// tell (not installed, not root), the check is skipped with a warning.
+fn check_gpu_order(
+    backend: &dyn Backend,
+    slurm: &dyn SlurmClient,
+    node: &str,
+) -> Result<(), StartError> {
+    let gres = match slurm.gres_gpus(node) {
+        Ok(g) if !g.is_empty() => g,
+        Ok(_) => {
+            tracing::warn!(
+                node,
+                "slurmd -G lists no gpu GRES for this node; GPU order not checked"
+            );
+            return Ok(());
+        }
+        Err(e) => {
+            tracing::warn!(node, "cannot check Slurm's GPU order ({e}); make sure gres.conf lists the GPUs in NVML order");
+            return Ok(());
+        }
+    };
+    let ours: Vec<(u32, Option<u32>)> = backend.gpus().iter().map(|g| (g.index, g.minor)).collect();
+    let minor_of = |file: &str| {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let meta = std::fs::metadata(file).ok()?;
+        meta.file_type()
+            .is_char_device()
+            .then(|| libc::minor(meta.rdev() as libc::dev_t))
+    };
+    let mismatches = super::slurm::gpu_order_mismatches(&ours, &gres, minor_of);
+    if mismatches.is_empty() {
+        tracing::info!(
+            node,
+            gpus = gres.len(),
+            "Slurm's GPU order matches the backend's"
+        );
+        Ok(())
+    } else {
+        Err(StartError::GpuOrder(mismatches.join("; ")))
+    }
+}
+
+/// When a running job's instance frees up, as Unix seconds: Slurm's
+/// `end_time` (start + time limit) when the queue lists the job, else the
+/// allocation's own time limit, else never (`INFINITY`).
+fn expected_end(a: &Assignment, queued: Option<&super::slurm::QueuedJob>) -> f64 {
+    if let Some(j) = queued {
+        if j.state == JobState::Running && j.end_time > 0 && j.time_limit_s.is_some() {
+            return j.end_time as f64;
+        }
+    }
+    let limit = a.time_limit_s.map_or(f64::INFINITY, |t| t as f64);
+    a.since as f64 + limit
+}
+
+/// A pending job's work in whole-GPU seconds, estimated as the sacct
+/// reader does: its time limit on K slices, scaled by the default
+/// speed-up of K slices. Unlimited jobs count one hour (Slurm sites
+/// without time limits give the policy nothing better).
+fn pending_work(time_limit_s: Option<u64>, shards: u8, speedup: &SpeedupCurve) -> f64 {
+    let limit = time_limit_s.map_or(3600.0, |t| t as f64);
+    limit * speedup.speed(shards, 7)
 }
 
 /// Energy of one GPU integrated from the workload power model (used when
@@ -142,6 +212,64 @@ pub struct Daemon {
     node: String,
     started: Instant,
     shutdown: watch::Sender<bool>,
+    /// When the queue was last read (`squeue --json`): an allocate that
+    /// finds no room re-reads it at most every [`QUEUE_REFRESH`].
+    queue_read: std::sync::Mutex<Option<Instant>>,
+    /// Releases that came from slurmd's job epilog versus from the reaper,
+    /// to notice a plugin whose epilog never runs.
+    releases: std::sync::Mutex<ReleaseCounts>,
+    /// Allocates waiting for room: job -> (GPU, slices, since), for status.
+    waiting: std::sync::Mutex<HashMap<u64, (u32, u8, Instant)>>,
+    /// The plugin's `oom_requeue`, as the last allocate said.
+    plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
+}
+
+/// Removes a job from [`Daemon::waiting`] when its allocate returns, by
+/// whichever path.
+struct WaitingGuard<'a> {
+    daemon: &'a Daemon,
+    job_id: u64,
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.daemon
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.job_id);
+    }
+}
+
+/// Why an out-of-memory requeue did not happen.
+enum RequeueEnd {
+    /// The job ended otherwise than FAILED (cancelled, timed out): it
+    /// must stay ended.
+    Skipped(String),
+    /// Slurm refused or did not answer within the time allowed.
+    Failed(String),
+}
+
+/// The shortest time between two queue reads made for waiting allocates.
+const QUEUE_REFRESH: Duration = Duration::from_secs(2);
+
+/// Who returned instances since the daemon started.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReleaseCounts {
+    /// Releases sent by the plugin's job epilog.
+    pub epilog: u64,
+    /// Instances the reaper freed because Slurm said the job had ended
+    /// and no release arrived.
+    pub reaped: u64,
+}
+
+impl ReleaseCounts {
+    /// The epilog seems not to run: the reaper had to free instances and
+    /// no epilog release ever arrived (slurmd not restarted after the
+    /// plugin was added to plugstack.conf).
+    pub fn epilog_missing(&self) -> bool {
+        self.reaped > 0 && self.epilog == 0
+    }
 }
 
 fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
@@ -150,6 +278,7 @@ fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
             squeue: config.slurm.squeue.clone(),
             sinfo: config.slurm.sinfo.clone(),
             scontrol: config.slurm.scontrol.clone(),
+            slurmd: config.slurm.slurmd.clone(),
             timeout: Duration::from_secs(config.slurm.command_timeout_s),
         })
     } else {
@@ -269,9 +398,19 @@ impl Daemon {
         let (policy, policy_name) =
             make_policy(&config.policy, &models).map_err(StartError::Policy)?;
         let slurm = slurm_client(&config);
+        let node = config.node_name.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".into())
+        });
+        if config.slurm.enabled {
+            tracing::info!(node = %node, "asking Slurm (slurmd -G, squeue) about this node; smartmigd waits up to slurm.command_timeout_s for each answer");
+            check_gpu_order(backend.as_ref(), slurm.as_ref(), &node)?;
+        }
         // Jobs that ended while the daemon was down give their instances back.
         if config.slurm.enabled {
-            match slurm.live_jobs() {
+            match slurm.queue().map(|q| q.live()) {
                 Ok(live) => {
                     for slot in &mut slots {
                         let st = slot.state.get_mut();
@@ -294,12 +433,6 @@ impl Daemon {
         for slot in &mut slots {
             journal.save(&slot.state.get_mut().book)?;
         }
-        let node = config.node_name.clone().unwrap_or_else(|| {
-            nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_else(|| "localhost".into())
-        });
         let slurm_uid = resolve_uid(&config.slurm_user);
         let (shutdown, _) = watch::channel(false);
         let daemon = Daemon {
@@ -317,6 +450,10 @@ impl Daemon {
             node,
             started: Instant::now(),
             shutdown,
+            queue_read: std::sync::Mutex::new(None),
+            releases: std::sync::Mutex::new(ReleaseCounts::default()),
+            waiting: std::sync::Mutex::new(HashMap::new()),
+            plugin_oom_requeue: std::sync::Mutex::new(None),
         };
         Ok(Arc::new(daemon))
     }
@@ -428,6 +565,7 @@ impl Daemon {
             }
             Request::Release(req) => self.release_request(req).await.map(|r| ok_line(&r)),
             Request::Status => Ok(ok_line(&self.status().await)),
+            Request::Reconcile => self.reconcile().await.map(|r| ok_line(&r)),
             Request::Health => Ok(ok_line(&HealthReply {
                 status: "ok".into(),
                 version: env!("CARGO_PKG_VERSION").into(),
@@ -489,6 +627,12 @@ impl Daemon {
                 return Ok(r);
             }
         }
+        if let Some(marker) = req.oom_marker {
+            *self
+                .plugin_oom_requeue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(marker);
+        }
         let cfg = self.config();
         // The user's name may come from NSS (LDAP, SSSD): a blocking lookup.
         // Job names are the user's to choose: bounded so keys stay small.
@@ -534,6 +678,7 @@ impl Daemon {
         let wait = Duration::from_secs(cfg.allocate_wait_s);
         let deadline = tokio::time::Instant::from_std(start + wait);
         let mut shutdown = self.shutdown.subscribe();
+        let mut _waiting: Option<WaitingGuard<'_>> = None;
         loop {
             let mut st = slot.state.lock().await;
             if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
@@ -548,14 +693,33 @@ impl Daemon {
                 }
                 Err(Refusal::NoFit { reason, .. }) => {
                     if tokio::time::Instant::now() >= deadline {
-                        let msg = format!("{reason}; waited {} s", wait.as_secs());
-                        tracing::warn!(job = req.job_id, gpu = req.gpu, "{msg}");
-                        return Err(ErrorBody::new(ErrorKind::NoFit, msg));
+                        drop(st);
+                        return Err(
+                            self.no_fit(&req, format!("{reason}; waited {} s", wait.as_secs()))
+                        );
                     }
                     let notified = slot.released.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
                     drop(st);
+                    if _waiting.is_none() {
+                        self.waiting
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(req.job_id, (req.gpu, req.slices, start));
+                        _waiting = Some(WaitingGuard {
+                            daemon: self,
+                            job_id: req.job_id,
+                        });
+                    }
+                    // The holders may have ended without a release (no
+                    // epilog): ask Slurm now rather than at the next epoch.
+                    if self.queue_is_stale() {
+                        if let Some(q) = self.read_queue().await {
+                            let _ = self.reap_ended_jobs(&q.0, q.1).await;
+                            continue;
+                        }
+                    }
                     tokio::select! {
                         _ = tokio::time::timeout_at(deadline, notified) => {}
                         _ = shutdown.changed() => {
@@ -712,6 +876,9 @@ impl Daemon {
     /// it, the job is requeued (see [`MemoryState::on_release`]).
     pub async fn release_request(&self, req: ReleaseRequest) -> Result<ReleaseReply, ErrorBody> {
         let job_id = req.job_id;
+        if req.from_epilog {
+            self.release_counts_mut(|c| c.epilog += 1);
+        }
         let now = unix_now();
         let mut released = 0;
         let mut held: Option<Released> = None;
@@ -784,7 +951,17 @@ impl Daemon {
             tracing::warn!(job = job_id, gpu = ev.gpu, profile = %ev.profile, failures = ev.failures,
                 decision = %ev.decision, "job ran out of GPU memory: {}", ev.message);
             if ev.decision == "requeue_scheduled" {
-                self.spawn_requeue(job_id, cfg.oom.requeue_timeout_s);
+                // The restart gets a profile with more memory; when that
+                // one has more compute slices than the job holds, Slurm
+                // must bill them too (never more than the GPU has).
+                let raise_to = held.as_ref().and_then(|h| {
+                    let model = self.slots.get(h.gpu as usize)?.model.spec();
+                    let next = h.next_memory_gb?;
+                    let p =
+                        crate::mig::select_profile(model, h.compute, Some(f64::from(next))).ok()?;
+                    (p.shape.compute > h.compute).then_some(p.shape.compute)
+                });
+                self.spawn_requeue(job_id, cfg.oom.requeue_timeout_s, raise_to);
             }
         }
         Ok(ReleaseReply {
@@ -797,7 +974,11 @@ impl Daemon {
     /// every second for up to `timeout_s` (Slurm refuses it while the job
     /// is still completing, i.e. while its epilog, which sent the release,
     /// runs). Success or failure is logged and kept as an event.
-    fn spawn_requeue(&self, job_id: u64, timeout_s: u64) {
+    ///
+    /// `raise_to`: the compute slices the restart will get when that is
+    /// more than the job's shard request; the request is raised to it
+    /// (`scontrol update JobId=.. Gres=shard:K`) once the job is pending.
+    fn spawn_requeue(&self, job_id: u64, timeout_s: u64, raise_to: Option<u8>) {
         let slurm = self.slurm();
         let memory = self.memory.clone();
         let mut stop = self.shutdown.subscribe();
@@ -806,22 +987,69 @@ impl Daemon {
             let limit = Duration::from_secs(timeout_s);
             let mut attempts = 0u32;
             let outcome = loop {
-                attempts += 1;
+                // Only a job that ended FAILED is requeued: one that was
+                // cancelled or hit its time limit after writing the marker
+                // must stay ended.
                 let s = slurm.clone();
-                let last = match tokio::task::spawn_blocking(move || s.requeue(job_id)).await {
-                    Ok(Ok(())) => break Ok(()),
-                    Ok(Err(e)) => e.to_string(),
-                    Err(e) => format!("requeue task failed: {e}"),
+                let queued = tokio::task::spawn_blocking(move || s.queue())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .and_then(|q| q.job(job_id).cloned());
+                let last = match queued.as_ref().map(|j| j.state) {
+                    Some(JobState::Failed) => {
+                        attempts += 1;
+                        let s = slurm.clone();
+                        let id = queued.as_ref().map_or(job_id.to_string(), |j| j.slurm_id());
+                        match tokio::task::spawn_blocking(move || s.requeue(&id)).await {
+                            Ok(Ok(())) => break Ok(()),
+                            Ok(Err(e)) => e.to_string(),
+                            Err(e) => format!("requeue task failed: {e}"),
+                        }
+                    }
+                    Some(
+                        st @ (JobState::Cancelled
+                        | JobState::Timeout
+                        | JobState::Completed
+                        | JobState::OtherEnded),
+                    ) => {
+                        break Err(RequeueEnd::Skipped(format!(
+                            "the job ended {st:?}, not FAILED: not requeued"
+                        )))
+                    }
+                    Some(st) => format!("the job is still {st:?}"),
+                    None => "the job is not in squeue's answer".to_string(),
                 };
                 if t0.elapsed() >= limit {
-                    break Err(last);
+                    break Err(RequeueEnd::Failed(last));
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = stop.changed() => break Err(format!("smartmigd shut down first (last error: {last})")),
+                    _ = stop.changed() => break Err(RequeueEnd::Failed(format!("smartmigd shut down first (last error: {last})"))),
                 }
             };
-            let (ok, message) = match outcome {
+            let outcome = match (outcome, raise_to) {
+                (Ok(()), Some(k)) => {
+                    let s = slurm.clone();
+                    match tokio::task::spawn_blocking(move || s.set_job_shards(job_id, k)).await {
+                        Ok(Ok(())) => {
+                            tracing::info!(
+                                job = job_id,
+                                shards = k,
+                                "shard request raised for the larger profile"
+                            );
+                            Ok(())
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(job = job_id, shards = k, "requeued, but its shard request could not be raised ({e}); Slurm bills fewer shards than the instance it will get");
+                            Ok(())
+                        }
+                        Err(e) => Err(RequeueEnd::Failed(format!("shard update task failed: {e}"))),
+                    }
+                }
+                (o, _) => o,
+            };
+            let (decision, message) = match outcome {
                 Ok(()) => {
                     tracing::info!(
                         job = job_id,
@@ -829,18 +1057,22 @@ impl Daemon {
                         "requeued after running out of GPU memory; its next start gets a larger profile"
                     );
                     (
-                        true,
+                        "requeued",
                         format!("scontrol requeue {job_id} succeeded (attempt {attempts})"),
                     )
                 }
-                Err(e) => {
+                Err(RequeueEnd::Skipped(why)) => {
+                    tracing::info!(job = job_id, "out-of-memory marker found, but {why}");
+                    ("not_requeued", why)
+                }
+                Err(RequeueEnd::Failed(e)) => {
                     tracing::error!(
                         job = job_id,
                         attempts,
                         "could not requeue the job after its out-of-memory failure: {e}"
                     );
                     (
-                        false,
+                        "requeue_failed",
                         format!(
                             "scontrol requeue {job_id} failed after {attempts} attempt(s): {e}"
                         ),
@@ -848,7 +1080,7 @@ impl Daemon {
                 }
             };
             let mut m = memory.lock().unwrap_or_else(|p| p.into_inner());
-            m.on_requeue_result(job_id, ok, message, unix_now());
+            m.on_requeue_result(job_id, decision, message, unix_now());
             if let Err(e) = m.save() {
                 tracing::error!(job = job_id, "memory estimates not saved: {e}");
             }
@@ -877,33 +1109,51 @@ impl Daemon {
         }
     }
 
-    /// Releases the instances of jobs Slurm no longer knows as live
-    /// (`squeue --json`), e.g. when the epilog's release never arrived.
-    /// Only with Slurm queries enabled; an assignment made in or after the
-    /// second the query started is never touched (its job may not be in the
-    /// answer yet), nor is any job squeue lists. Each release is logged.
-    pub async fn reap_ended_jobs(&self) {
+    /// Whether the queue was read longer than [`QUEUE_REFRESH`] ago.
+    fn queue_is_stale(&self) -> bool {
         if !self.config().slurm.enabled {
-            return;
+            return false;
         }
+        let last = *self.queue_read.lock().unwrap_or_else(|p| p.into_inner());
+        last.is_none_or(|t| t.elapsed() >= QUEUE_REFRESH)
+    }
+
+    /// One `squeue --json` call, with the Unix second it started (an
+    /// assignment made in or after that second may be missing from it).
+    /// `None` (and a warning) when Slurm queries are off or fail.
+    async fn read_queue(&self) -> Option<(QueueSnapshot, u64)> {
+        if !self.config().slurm.enabled {
+            return None;
+        }
+        *self.queue_read.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let t0 = unix_now();
-        // Nothing held: nothing to ask Slurm about (spares slurmctld a query).
-        let mut any = false;
-        for slot in &self.slots {
-            let st = slot.state.lock().await;
-            any |= st.book.instances.iter().any(|i| i.job.is_some());
-        }
-        if !any {
-            return;
-        }
         let slurm = self.slurm();
-        let live = match tokio::task::block_in_place(|| slurm.live_jobs()) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!("cannot ask Slurm which jobs still run ({e}); no instance released");
-                return;
+        match tokio::task::spawn_blocking(move || slurm.queue()).await {
+            Ok(Ok(q)) => Some((q, t0)),
+            Ok(Err(e)) => {
+                tracing::warn!("cannot read the Slurm queue ({e}); no instance released, no pending demand this epoch");
+                None
             }
-        };
+            Err(e) => {
+                tracing::error!("the Slurm queue reader failed: {e}");
+                None
+            }
+        }
+    }
+
+    fn release_counts_mut(&self, f: impl FnOnce(&mut ReleaseCounts)) {
+        f(&mut self.releases.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Releases the instances of jobs that `queue` (read at Unix second
+    /// `t0`) shows ended or no longer lists, e.g. when the epilog's release
+    /// never arrived. An assignment made in or after `t0` is never touched
+    /// (its job may not be in the answer yet). Each release is logged; a
+    /// reaper release while no epilog release was ever seen is an error
+    /// in the log (the plugin's job_epilog does not run).
+    pub async fn reap_ended_jobs(&self, queue: &QueueSnapshot, t0: u64) -> Vec<u64> {
+        let mut released = Vec::new();
+        let live = queue.live();
         let now = unix_now();
         for slot in &self.slots {
             let mut st = slot.state.lock().await;
@@ -921,10 +1171,14 @@ impl Daemon {
             st.tick_energy();
             for &job in &ended {
                 st.book.release(job, now);
+                let state = queue
+                    .job(job)
+                    .map_or("no longer listed".to_string(), |j| format!("{:?}", j.state));
                 tracing::info!(
                     gpu = slot.index,
                     job,
-                    "job no longer in Slurm's queue (its release never arrived); instance released"
+                    state = %state,
+                    "job ended in Slurm but its release never arrived; instance released"
                 );
             }
             if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
@@ -942,8 +1196,54 @@ impl Daemon {
                     m.on_release(job, None, false, None, policy, now);
                 }
             }
+            let mut counts = ReleaseCounts::default();
+            self.release_counts_mut(|c| {
+                c.reaped += ended.len() as u64;
+                counts = *c;
+            });
+            self.metrics.reaped(ended.len() as u64);
+            if counts.epilog_missing() {
+                tracing::error!(
+                    reaped = counts.reaped,
+                    "no release ever came from the SPANK plugin's job_epilog: instances are only freed when \
+                     smartmigd sees the job gone from squeue, so back-to-back jobs may wait or fail. \
+                     Restart slurmd after adding the plugin to plugstack.conf (docs/slurm-integration.md)"
+                );
+            }
             slot.released.notify_waiters();
+            released.extend(ended);
         }
+        released
+    }
+
+    /// The admin's `smartmig reconcile`: read the queue now and release
+    /// what ended jobs still hold.
+    pub async fn reconcile(&self) -> Result<ReconcileReply, ErrorBody> {
+        if !self.config().slurm.enabled {
+            return Err(ErrorBody::new(
+                ErrorKind::InvalidRequest,
+                "Slurm queries are disabled (slurm.enabled = false): nothing to reconcile with; \
+                 release a job's instance with `smartmig release JOBID`",
+            ));
+        }
+        let Some((queue, t0)) = self.read_queue().await else {
+            return Err(ErrorBody::new(
+                ErrorKind::Backend,
+                "cannot read the Slurm queue (see smartmigd's log); nothing released",
+            ));
+        };
+        let mut released_jobs = self.reap_ended_jobs(&queue, t0).await;
+        released_jobs.sort_unstable();
+        tracing::info!(?released_jobs, "reconciled with Slurm's queue on request");
+        Ok(ReconcileReply { released_jobs })
+    }
+
+    /// A job that found no room in time: logged and counted; the plugin
+    /// requeues a batch job (it knows its array task id) instead of
+    /// failing it.
+    fn no_fit(&self, req: &AllocateRequest, reason: String) -> ErrorBody {
+        tracing::warn!(job = req.job_id, gpu = req.gpu, "{reason}");
+        ErrorBody::new(ErrorKind::NoFit, reason)
     }
 
     /// The status reply.
@@ -989,9 +1289,26 @@ impl Daemon {
             });
         }
         let cfg = self.config();
-        let memory =
+        let mut memory =
             self.memory()
                 .status(cfg.memory.estimate, cfg.oom.requeue, cfg.oom.max_retries);
+        memory.plugin_oom_requeue = *self
+            .plugin_oom_requeue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut waiting: Vec<WaitingJob> = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(&job_id, &(gpu, slices, since))| WaitingJob {
+                job_id,
+                gpu,
+                slices,
+                waiting_s: since.elapsed().as_secs(),
+            })
+            .collect();
+        waiting.sort_by(|a, b| b.waiting_s.cmp(&a.waiting_s).then(a.job_id.cmp(&b.job_id)));
         StatusReply {
             node: self.node.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -1000,6 +1317,12 @@ impl Daemon {
             uptime_s: self.started.elapsed().as_secs(),
             gpus,
             memory: Some(memory),
+            epilog_missing: self
+                .releases
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .epilog_missing(),
+            waiting,
         }
     }
 
@@ -1031,7 +1354,12 @@ impl Daemon {
             })
             .collect();
         list.sort_by(|a, b| (a.gpu, &a.profile, a.busy).cmp(&(b.gpu, &b.profile, b.busy)));
-        self.metrics.render(&list, &energy)
+        let epilog_missing = self
+            .releases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .epilog_missing();
+        self.metrics.render(&list, &energy, epilog_missing)
     }
 
     /// Moves `slot` towards `target`, destroying idle instances only. A
@@ -1100,19 +1428,13 @@ impl Daemon {
 
     /// One repartitioning epoch: observe, ask the policy, apply what is safe.
     pub async fn repartition_once(&self) {
-        self.reap_ended_jobs().await;
         let cfg = self.config();
-        let slurm = self.slurm();
-        let pending = if cfg.slurm.enabled {
-            match tokio::task::block_in_place(|| slurm.pending_shards()) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!("cannot read the Slurm queue: {e}");
-                    Vec::new()
-                }
+        let queue = match self.read_queue().await {
+            Some((q, t0)) => {
+                let _ = self.reap_ended_jobs(&q, t0).await;
+                q
             }
-        } else {
-            Vec::new()
+            None => QueueSnapshot::default(),
         };
         let now = unix_now_f64();
         let mut statuses = Vec::new();
@@ -1123,16 +1445,15 @@ impl Daemon {
             let mut until = [0.0; MAX_PLACEMENTS];
             for i in &st.book.instances {
                 if let Some(a) = &i.job {
-                    let limit = a.time_limit_s.map_or(f64::INFINITY, |t| t as f64);
-                    until[i.placement.0 as usize] = a.since as f64 + limit;
+                    until[i.placement.0 as usize] = expected_end(a, queue.job(a.job_id));
                 }
             }
             s.busy_until = until;
             statuses.push(s);
         }
         let mut by_profile = [[0u32; 8]; MODEL_COUNT];
-        let jobs: Vec<PendingJob> = pending
-            .iter()
+        let jobs: Vec<PendingJob> = queue
+            .pending_shards()
             .map(|p| {
                 let mut shapes = [None; MODEL_COUNT];
                 for m in GpuModel::ALL {
@@ -1145,14 +1466,19 @@ impl Daemon {
                         }
                     }
                 }
+                let speedup = SpeedupCurve::default();
                 PendingJob {
                     id: p.job_id,
-                    arrival: now,
-                    deadline: f64::INFINITY,
-                    work: 0.0,
+                    arrival: if p.submit_time > 0 {
+                        p.submit_time as f64
+                    } else {
+                        now
+                    },
+                    deadline: p.deadline.map_or(f64::INFINITY, |d| d as f64),
+                    work: pending_work(p.time_limit_s, p.shards, &speedup),
                     memory_gb: 0.0,
                     min_compute: p.shards,
-                    speedup: SpeedupCurve::default(),
+                    speedup,
                     shapes,
                 }
             })
@@ -1178,6 +1504,35 @@ impl Daemon {
         if cfg.publish_layout && (changed || cfg.slurm.enabled) {
             self.publish_layout().await;
         }
+        if cfg.slurm.enabled {
+            self.resume_if_drained_by_us().await;
+        }
+    }
+
+    /// The plugin drains the node when it cannot reach smartmigd; this
+    /// daemon is up and serving, so it undoes such a drain (and only
+    /// such a drain: an admin's reason is left alone).
+    pub async fn resume_if_drained_by_us(&self) {
+        let slurm = self.slurm();
+        let node = self.node.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let info = slurm.node(&node)?;
+            if !info.drained_by_smartmig() {
+                return Ok(None);
+            }
+            slurm.resume(&node)?;
+            Ok::<_, super::slurm::SlurmError>(Some(info.reason))
+        })
+        .await;
+        match outcome {
+            Ok(Ok(Some(reason))) => tracing::warn!(node = %self.node,
+                "node was drained by smartmig ({reason}); smartmigd is serving again: node resumed"),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(node = %self.node, "cannot check or resume the node's drain state: {e}")
+            }
+            Err(e) => tracing::error!("node state task failed: {e}"),
+        }
     }
 
     /// Publishes each GPU's compute sizes as node features, keeping the admin's.
@@ -1199,7 +1554,7 @@ impl Daemon {
         let slurm = self.slurm();
         let node = self.node.clone();
         let result = tokio::task::block_in_place(|| {
-            let current = slurm.node_features(&node)?;
+            let current = slurm.node(&node)?.features;
             let merged = merge_features(&current, &ours);
             if merged != current {
                 slurm.set_node_features(&node, &merged)?;
@@ -1465,6 +1820,9 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
     }
     tracing::info!(socket = %socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
         policy = %daemon.policy_name(), "smartmigd ready");
+    if daemon.config().slurm.enabled {
+        daemon.resume_if_drained_by_us().await;
+    }
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -1508,4 +1866,62 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
     }
     tracing::info!("smartmigd stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::slurm::QueuedJob;
+
+    fn queued(state: JobState, end_time: u64, limit: Option<u64>) -> QueuedJob {
+        QueuedJob {
+            job_id: 1,
+            state,
+            shards: 3,
+            gpu: Some(0),
+            nodes: "n1".into(),
+            time_limit_s: limit,
+            start_time: 100,
+            end_time,
+            deadline: None,
+            submit_time: 50,
+            array_task: None,
+        }
+    }
+
+    /// A running instance frees up at Slurm's end time (start + time
+    /// limit); without it, at the allocation's own limit; else never.
+    /// Before, every instance looked as if it never ended.
+    #[test]
+    fn running_jobs_end_when_slurm_says() {
+        let a = Assignment {
+            job_id: 1,
+            step: None,
+            uid: 0,
+            since: 100,
+            deadline: None,
+            time_limit_s: None,
+        };
+        let running = queued(JobState::Running, 700, Some(600));
+        assert_eq!(expected_end(&a, Some(&running)), 700.0);
+        let unlimited = queued(JobState::Running, 0, None);
+        assert_eq!(expected_end(&a, Some(&unlimited)), f64::INFINITY);
+        assert_eq!(expected_end(&a, None), f64::INFINITY);
+        let own = Assignment {
+            time_limit_s: Some(60),
+            ..a
+        };
+        assert_eq!(expected_end(&own, None), 160.0);
+    }
+
+    /// A pending job's work is its time limit scaled to a whole GPU; no
+    /// limit counts an hour. Before, pending jobs had zero work.
+    #[test]
+    fn pending_work_comes_from_the_time_limit() {
+        let s = SpeedupCurve::default();
+        assert_eq!(pending_work(Some(600), 7, &s), 600.0);
+        let three = pending_work(Some(600), 3, &s);
+        assert!(three > 0.0 && three < 600.0, "{three}");
+        assert_eq!(pending_work(None, 7, &s), 3600.0);
+    }
 }

@@ -5,8 +5,16 @@
 //! does not exist; `scontrol update nodename=X AvailableFeatures=..
 //! ActiveFeatures=..` replaces the whole list, so the admin's own features
 //! must be read first and kept.
+//!
+//! One `squeue --json` call per epoch ([`SlurmClient::queue`]) feeds the
+//! reaper, the policy's pending demand and the running jobs' end times.
+//! 22.05 ignores `-t`/`-w`/`-j` with `--json` (checked: `squeue --json -t PD`
+//! lists running jobs too), so the answer is the whole queue, about 3.3 KB a
+//! job, and recently ended jobs stay in it for `MinJobAge` (300 s by default)
+//! with their final state.
 
 use std::collections::HashSet;
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,11 +37,123 @@ pub enum SlurmError {
     Parse { cmd: String, message: String },
 }
 
-/// A job waiting for `shards` compute slices on one GPU of some node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PendingShards {
+/// Where a job is in its life, from `squeue --json`'s `job_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Pending,
+    /// Running, suspended, configuring, resizing, signaling, ...: it may
+    /// hold its instance.
+    Running,
+    /// Ending on its node(s): the epilog has not finished yet.
+    Completing,
+    /// Requeued: on its way back to pending.
+    Requeued,
+    Completed,
+    Failed,
+    Cancelled,
+    Timeout,
+    /// Any other final state (NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL,
+    /// DEADLINE, PREEMPTED, ...).
+    OtherEnded,
+}
+
+impl JobState {
+    /// The state of a `job_state` string; several (later Slurm versions
+    /// print an array) are folded with completing and requeued first.
+    fn of(states: &[String]) -> JobState {
+        let has = |s: &str| states.iter().any(|x| x == s);
+        if has("COMPLETING") {
+            return JobState::Completing;
+        }
+        if has("REQUEUED") || has("REQUEUE_FED") || has("REQUEUE_HOLD") {
+            return JobState::Requeued;
+        }
+        match states.first().map(String::as_str) {
+            Some("PENDING") => JobState::Pending,
+            Some(
+                "RUNNING" | "SUSPENDED" | "CONFIGURING" | "RESIZING" | "SIGNALING" | "STAGE_OUT"
+                | "STOPPED",
+            ) => JobState::Running,
+            Some("COMPLETED") => JobState::Completed,
+            Some("FAILED") => JobState::Failed,
+            Some("CANCELLED") => JobState::Cancelled,
+            Some("TIMEOUT") => JobState::Timeout,
+            _ => JobState::OtherEnded,
+        }
+    }
+
+    /// Whether a job in this state may still hold (or soon hold again)
+    /// its instance: anything but a final state.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            JobState::Pending | JobState::Running | JobState::Completing | JobState::Requeued
+        )
+    }
+}
+
+/// One job of `squeue --json`, with what the daemon uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueuedJob {
     pub job_id: u64,
+    pub state: JobState,
+    /// K of its `gres:shard:K` request (0: no shards).
     pub shards: u8,
+    /// The GPU index its shards were taken from (`gres_detail`,
+    /// `shard:3(IDX:0)`), once running.
+    pub gpu: Option<u32>,
+    /// Node list (`""` while pending).
+    pub nodes: String,
+    /// Wall-time limit in seconds (`None`: unlimited).
+    pub time_limit_s: Option<u64>,
+    /// Unix start time (0 while pending).
+    pub start_time: u64,
+    /// Unix end time: start + time limit while running, the real end after.
+    pub end_time: u64,
+    /// Unix `--deadline` (`None`: none).
+    pub deadline: Option<u64>,
+    pub submit_time: u64,
+    /// `(array job id, task id)` of an array task: Slurm reads a bare
+    /// array job id as the whole array, so a task is named `A_T`.
+    pub array_task: Option<(u64, u64)>,
+}
+
+impl QueuedJob {
+    /// How `scontrol` names this job alone (`A_T` for an array task).
+    pub fn slurm_id(&self) -> String {
+        match self.array_task {
+            Some((array, task)) => format!("{array}_{task}"),
+            None => self.job_id.to_string(),
+        }
+    }
+}
+
+/// The whole queue as one `squeue --json` call saw it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueueSnapshot {
+    pub jobs: Vec<QueuedJob>,
+}
+
+impl QueueSnapshot {
+    /// Ids of jobs that are not in a final state.
+    pub fn live(&self) -> HashSet<u64> {
+        self.jobs
+            .iter()
+            .filter(|j| j.state.is_live())
+            .map(|j| j.job_id)
+            .collect()
+    }
+
+    /// Pending jobs with a shard request.
+    pub fn pending_shards(&self) -> impl Iterator<Item = &QueuedJob> {
+        self.jobs
+            .iter()
+            .filter(|j| j.state == JobState::Pending && j.shards > 0)
+    }
+
+    pub fn job(&self, job_id: u64) -> Option<&QueuedJob> {
+        self.jobs.iter().find(|j| j.job_id == job_id)
+    }
 }
 
 /// The node's features (`AvailableFeatures`, `ActiveFeatures`).
@@ -43,38 +163,133 @@ pub struct NodeFeatures {
     pub active: Vec<String>,
 }
 
+/// One `gpu` GRES line of `slurmd -G`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GresGpu {
+    /// Slurm's index: what `CUDA_VISIBLE_DEVICES`/`SLURM_JOB_GPUS` name.
+    pub index: u32,
+    pub file: String,
+}
+
+/// Parses `slurmd -G` (22.05 prints one log line per GRES, e.g.
+/// `slurmd: Gres Name=gpu Type=(null) Count=1 Index=0 ID=7696487
+/// File=/dev/nvidia0 (null)`); only `gpu` lines with an index and a file.
+pub fn parse_gres_gpus(text: &str) -> Vec<GresGpu> {
+    text.lines()
+        .filter(|l| l.contains("Gres Name=gpu "))
+        .filter_map(|l| {
+            let field = |key: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(key))
+                    .map(str::to_string)
+            };
+            Some(GresGpu {
+                index: field("Index=")?.parse().ok()?,
+                file: field("File=")?,
+            })
+        })
+        .collect()
+}
+
+/// Compares Slurm's GPU order with the backend's: Slurm's GPU `index` is
+/// the device file `file` (minor `minor_of(file)`); the backend's GPU of
+/// that index must have that minor number. One line per disagreement;
+/// GPUs whose minor is unknown on either side are not compared.
+pub fn gpu_order_mismatches(
+    backend: &[(u32, Option<u32>)],
+    slurm: &[GresGpu],
+    minor_of: impl Fn(&str) -> Option<u32>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for g in slurm {
+        let Some(file_minor) = minor_of(&g.file) else {
+            continue;
+        };
+        match backend.iter().find(|(i, _)| *i == g.index) {
+            None => out.push(format!(
+                "Slurm's GPU {} ({}) does not exist here (smartmigd sees {} GPU(s))",
+                g.index,
+                g.file,
+                backend.len()
+            )),
+            Some((_, Some(m))) if *m != file_minor => {
+                let owner = backend
+                    .iter()
+                    .find(|(_, bm)| *bm == Some(file_minor))
+                    .map_or("no GPU".to_string(), |(i, _)| format!("GPU {i}"));
+                out.push(format!(
+                    "Slurm's GPU {} is {} (minor {file_minor}), which is smartmigd's {owner}; \
+                     smartmigd's GPU {} is /dev/nvidia{m}",
+                    g.index, g.file, g.index
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// What `sinfo --json` says of one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub features: NodeFeatures,
+    /// DRAIN is among its state flags (draining or drained).
+    pub drain: bool,
+    /// The admin's (or our) reason, `""` when none.
+    pub reason: String,
+}
+
+/// Reasons smartmig drains a node with start with this; only such a
+/// drain is undone by smartmigd.
+pub const DRAIN_REASON_PREFIX: &str = "smartmig:";
+
+impl NodeInfo {
+    /// Drained by smartmig (the plugin found the sidecar unreachable), so
+    /// smartmigd may resume it; an admin's drain is never touched.
+    pub fn drained_by_smartmig(&self) -> bool {
+        self.drain && self.reason.starts_with(DRAIN_REASON_PREFIX)
+    }
+}
+
 /// The Slurm queries the daemon makes.
 pub trait SlurmClient: Send + Sync {
-    /// Ids of jobs that still exist (pending, running, suspended, completing).
-    fn live_jobs(&self) -> Result<HashSet<u64>, SlurmError>;
-    /// Pending jobs asking for `gres:shard:K`.
-    fn pending_shards(&self) -> Result<Vec<PendingShards>, SlurmError>;
-    fn node_features(&self, node: &str) -> Result<NodeFeatures, SlurmError>;
+    /// The whole queue (one `squeue --json`): live jobs, pending shard
+    /// requests, time limits, deadlines and recently ended jobs' states.
+    fn queue(&self) -> Result<QueueSnapshot, SlurmError>;
+    fn node(&self, node: &str) -> Result<NodeInfo, SlurmError>;
     fn set_node_features(&self, node: &str, features: &NodeFeatures) -> Result<(), SlurmError>;
-    /// Requeues a job (`scontrol requeue <id>`): used after an
-    /// out-of-memory failure. Clients that cannot requeue say so.
-    fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
+    /// `scontrol update NodeName=N State=RESUME`.
+    fn resume(&self, node: &str) -> Result<(), SlurmError>;
+    /// The node's `gpu` GRES as slurmd parsed gres.conf (`slurmd -G`):
+    /// Slurm's GPU index and its device file. Clients that cannot tell
+    /// say so (the daemon then skips the check).
+    fn gres_gpus(&self, node: &str) -> Result<Vec<GresGpu>, SlurmError> {
         Err(SlurmError::Failed {
-            cmd: format!("scontrol requeue {job_id}"),
+            cmd: format!("slurmd -G -N {node}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot read gres.conf".into(),
+        })
+    }
+    /// Sets a pending job's shard request (`scontrol update JobId=J
+    /// Gres=shard:K`), so Slurm bills the larger instance a restart gets.
+    fn set_job_shards(&self, job_id: u64, shards: u8) -> Result<(), SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol update JobId={job_id} Gres=shard:{shards}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot update jobs".into(),
+        })
+    }
+    /// Requeues a job (`scontrol requeue <id>`, `id` as
+    /// [`QueuedJob::slurm_id`] names it): used after an out-of-memory
+    /// failure. Clients that cannot requeue say so.
+    fn requeue(&self, job: &str) -> Result<(), SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol requeue {job}"),
             status: "unsupported".into(),
             stderr: "this Slurm client cannot requeue jobs".into(),
         })
     }
 }
-
-/// Job states in which a job may still hold its instance.
-const LIVE_STATES: &[&str] = &[
-    "PENDING",
-    "RUNNING",
-    "SUSPENDED",
-    "CONFIGURING",
-    "COMPLETING",
-    "REQUEUED",
-    "RESIZING",
-    "SIGNALING",
-    "STAGE_OUT",
-    "STOPPED",
-];
 
 /// A job's state strings: 22.05 prints a string, later versions an array.
 fn job_states(job: &Value) -> Vec<String> {
@@ -86,27 +301,6 @@ fn job_states(job: &Value) -> Vec<String> {
             .collect(),
         _ => Vec::new(),
     }
-}
-
-fn job_id(job: &Value) -> Option<u64> {
-    job.get("job_id").and_then(Value::as_u64)
-}
-
-/// Parses `squeue --json`: ids of live jobs.
-pub fn parse_live_jobs(json: &Value) -> Result<HashSet<u64>, String> {
-    let jobs = json
-        .get("jobs")
-        .and_then(Value::as_array)
-        .ok_or("no `jobs` array")?;
-    Ok(jobs
-        .iter()
-        .filter(|j| {
-            job_states(j)
-                .iter()
-                .any(|s| LIVE_STATES.contains(&s.as_str()))
-        })
-        .filter_map(job_id)
-        .collect())
 }
 
 /// `K` of a TRES string such as `gres:shard:3`, `gres/shard:3` or
@@ -126,28 +320,82 @@ pub fn shard_count(tres: &str) -> u8 {
         .unwrap_or(0)
 }
 
-/// Parses `squeue --json`: pending jobs with a shard request.
-pub fn parse_pending_shards(json: &Value) -> Result<Vec<PendingShards>, String> {
+/// The GPU index of a `gres_detail` entry such as `shard:3(IDX:0)` or
+/// `gpu:1(IDX:1),shard:2(IDX:1)`.
+fn gres_gpu(detail: &Value) -> Option<u32> {
+    let entries: Vec<&str> = match detail {
+        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+        Value::String(s) => vec![s.as_str()],
+        _ => return None,
+    };
+    entries.iter().find_map(|e| {
+        let at = e.find("shard")?;
+        let rest = &e[at..];
+        let idx = rest.split("IDX:").nth(1)?;
+        let digits: String = idx.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    })
+}
+
+/// `(array_job_id, array_task_id)` when both are set (22.05 prints 0 and
+/// null, or NO_VAL, for jobs that are not array tasks).
+fn array_task(job: &Value) -> Option<(u64, u64)> {
+    let array = job.get("array_job_id").and_then(Value::as_u64)?;
+    let task = job.get("array_task_id").and_then(Value::as_u64)?;
+    (array > 0 && task < u64::from(u32::MAX - 1)).then_some((array, task))
+}
+
+/// A Unix time field: 0 and absent mean "not set".
+fn time_field(job: &Value, key: &str) -> u64 {
+    job.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Parses `squeue --json` (22.05's v0.0.38 layout; later versions' arrays
+/// for `job_state` are accepted too). Jobs without a numeric `job_id` are
+/// skipped; a missing `jobs` array is an error.
+pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, String> {
     let jobs = json
         .get("jobs")
         .and_then(Value::as_array)
         .ok_or("no `jobs` array")?;
-    Ok(jobs
+    let jobs = jobs
         .iter()
-        .filter(|j| job_states(j).iter().any(|s| s == "PENDING"))
         .filter_map(|j| {
+            let job_id = j.get("job_id").and_then(Value::as_u64)?;
             let shards = ["tres_per_node", "tres_per_job", "tres_per_task"]
                 .iter()
                 .filter_map(|k| j.get(*k).and_then(Value::as_str))
                 .map(shard_count)
                 .max()
                 .unwrap_or(0);
-            (shards > 0).then_some(PendingShards {
-                job_id: job_id(j)?,
+            // Minutes; absent/null is unlimited (22.05 prints null for
+            // INFINITE), as are Slurm's NO_VAL/INFINITE sentinels.
+            let time_limit_s = j
+                .get("time_limit")
+                .and_then(Value::as_u64)
+                .filter(|&m| m > 0 && m < u64::from(u32::MAX - 1))
+                .map(|m| m * 60);
+            let deadline = Some(time_field(j, "deadline")).filter(|&d| d > 0);
+            Some(QueuedJob {
+                job_id,
+                state: JobState::of(&job_states(j)),
                 shards,
+                gpu: j.get("gres_detail").and_then(gres_gpu),
+                nodes: j
+                    .get("nodes")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                time_limit_s,
+                start_time: time_field(j, "start_time"),
+                end_time: time_field(j, "end_time"),
+                deadline,
+                submit_time: time_field(j, "submit_time"),
+                array_task: array_task(j),
             })
         })
-        .collect())
+        .collect();
+    Ok(QueueSnapshot { jobs })
 }
 
 fn split_features(v: Option<&Value>) -> Vec<String> {
@@ -166,8 +414,8 @@ fn split_features(v: Option<&Value>) -> Vec<String> {
     }
 }
 
-/// Parses `sinfo --json` (or `scontrol`-style JSON): the features of `node`.
-pub fn parse_node_features(json: &Value, node: &str) -> Result<NodeFeatures, String> {
+/// Parses `sinfo --json`: the features, drain flag and reason of `node`.
+pub fn parse_node(json: &Value, node: &str) -> Result<NodeInfo, String> {
     let nodes = json
         .get("nodes")
         .and_then(Value::as_array)
@@ -176,9 +424,21 @@ pub fn parse_node_features(json: &Value, node: &str) -> Result<NodeFeatures, Str
         .iter()
         .find(|n| n.get("name").and_then(Value::as_str) == Some(node))
         .ok_or_else(|| format!("node {node} not listed"))?;
-    Ok(NodeFeatures {
-        available: split_features(n.get("features")),
-        active: split_features(n.get("active_features")),
+    let drain = split_features(n.get("state_flags"))
+        .iter()
+        .chain(split_features(n.get("state")).iter())
+        .any(|f| f.eq_ignore_ascii_case("DRAIN") || f.to_ascii_uppercase().starts_with("DRAIN"));
+    Ok(NodeInfo {
+        features: NodeFeatures {
+            available: split_features(n.get("features")),
+            active: split_features(n.get("active_features")),
+        },
+        drain,
+        reason: n
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
     })
 }
 
@@ -220,11 +480,22 @@ pub struct CommandSlurm {
     pub squeue: String,
     pub sinfo: String,
     pub scontrol: String,
+    pub slurmd: String,
     pub timeout: Duration,
 }
 
 impl CommandSlurm {
+    /// Runs `program args` and returns its stdout. Both pipes are drained
+    /// by threads while the child runs: a child whose output outgrows the
+    /// pipe buffer (64 KiB; `squeue --json` with ~20 jobs) would otherwise
+    /// block forever and only the timeout would end it.
     fn run(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
+        self.run_both(program, args).map(|(out, _)| out)
+    }
+
+    /// Like [`CommandSlurm::run`], returning stdout and stderr (slurmd
+    /// prints what it parsed as log lines on stderr).
+    fn run_both(&self, program: &str, args: &[&str]) -> Result<(String, String), SlurmError> {
         let cmd = format!("{program} {}", args.join(" "));
         let mut child = Command::new(program)
             .args(args)
@@ -236,36 +507,64 @@ impl CommandSlurm {
                 cmd: cmd.clone(),
                 source,
             })?;
+        let drain = |pipe: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut p) = pipe {
+                    let _ = p.read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let stdout = drain(
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        );
+        let stderr = drain(
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        );
         let start = Instant::now();
-        loop {
+        let status = loop {
             match child.try_wait() {
-                Ok(Some(_)) => break,
+                Ok(Some(status)) => break status,
                 Ok(None) if start.elapsed() > self.timeout => {
+                    // Killing the child closes its pipes, so the readers end.
                     let _ = child.kill();
                     let _ = child.wait();
+                    let _ = (stdout.join(), stderr.join());
                     return Err(SlurmError::Timeout {
                         cmd,
                         secs: self.timeout.as_secs(),
                     });
                 }
-                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                Err(source) => return Err(SlurmError::Spawn { cmd, source }),
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(source) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(SlurmError::Spawn { cmd, source });
+                }
             }
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|source| SlurmError::Spawn {
-                cmd: cmd.clone(),
-                source,
-            })?;
-        if !out.status.success() {
+        };
+        // A grandchild holding the pipes open would keep a reader blocked;
+        // squeue/sinfo/scontrol start none.
+        let out = stdout.join().unwrap_or_default();
+        let err = stderr.join().unwrap_or_default();
+        if !status.success() {
             return Err(SlurmError::Failed {
                 cmd,
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                status: status.to_string(),
+                stderr: String::from_utf8_lossy(&err).trim().to_string(),
             });
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok((
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        ))
     }
 
     fn json(&self, program: &str, args: &[&str]) -> Result<Value, SlurmError> {
@@ -278,25 +577,17 @@ impl CommandSlurm {
 }
 
 impl SlurmClient for CommandSlurm {
-    fn live_jobs(&self) -> Result<HashSet<u64>, SlurmError> {
+    fn queue(&self) -> Result<QueueSnapshot, SlurmError> {
         let v = self.json(&self.squeue, &["--json"])?;
-        parse_live_jobs(&v).map_err(|message| SlurmError::Parse {
+        parse_queue(&v).map_err(|message| SlurmError::Parse {
             cmd: self.squeue.clone(),
             message,
         })
     }
 
-    fn pending_shards(&self) -> Result<Vec<PendingShards>, SlurmError> {
-        let v = self.json(&self.squeue, &["--json"])?;
-        parse_pending_shards(&v).map_err(|message| SlurmError::Parse {
-            cmd: self.squeue.clone(),
-            message,
-        })
-    }
-
-    fn node_features(&self, node: &str) -> Result<NodeFeatures, SlurmError> {
+    fn node(&self, node: &str) -> Result<NodeInfo, SlurmError> {
         let v = self.json(&self.sinfo, &["--json"])?;
-        parse_node_features(&v, node).map_err(|message| SlurmError::Parse {
+        parse_node(&v, node).map_err(|message| SlurmError::Parse {
             cmd: self.sinfo.clone(),
             message,
         })
@@ -310,8 +601,25 @@ impl SlurmClient for CommandSlurm {
             .map(|_| ())
     }
 
-    fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
-        self.run(&self.scontrol, &["requeue", &job_id.to_string()])
+    fn requeue(&self, job: &str) -> Result<(), SlurmError> {
+        self.run(&self.scontrol, &["requeue", job]).map(|_| ())
+    }
+
+    fn gres_gpus(&self, node: &str) -> Result<Vec<GresGpu>, SlurmError> {
+        let (out, err) = self.run_both(&self.slurmd, &["-G", "-N", node])?;
+        Ok(parse_gres_gpus(&format!("{out}\n{err}")))
+    }
+
+    fn set_job_shards(&self, job_id: u64, shards: u8) -> Result<(), SlurmError> {
+        let job = format!("JobId={job_id}");
+        let gres = format!("Gres=shard:{shards}");
+        self.run(&self.scontrol, &["update", &job, &gres])
+            .map(|_| ())
+    }
+
+    fn resume(&self, node: &str) -> Result<(), SlurmError> {
+        let node_arg = format!("NodeName={node}");
+        self.run(&self.scontrol, &["update", &node_arg, "State=RESUME"])
             .map(|_| ())
     }
 }
@@ -321,25 +629,25 @@ impl SlurmClient for CommandSlurm {
 pub struct NoSlurm;
 
 impl SlurmClient for NoSlurm {
-    fn live_jobs(&self) -> Result<HashSet<u64>, SlurmError> {
+    fn queue(&self) -> Result<QueueSnapshot, SlurmError> {
         Err(SlurmError::Failed {
             cmd: "squeue".into(),
             status: "disabled".into(),
             stderr: "Slurm queries are disabled (slurm.enabled = false)".into(),
         })
     }
-    fn pending_shards(&self) -> Result<Vec<PendingShards>, SlurmError> {
-        Ok(Vec::new())
+    fn node(&self, _node: &str) -> Result<NodeInfo, SlurmError> {
+        Ok(NodeInfo::default())
     }
-    fn node_features(&self, _node: &str) -> Result<NodeFeatures, SlurmError> {
-        Ok(NodeFeatures::default())
+    fn resume(&self, _node: &str) -> Result<(), SlurmError> {
+        Ok(())
     }
     fn set_node_features(&self, _node: &str, _f: &NodeFeatures) -> Result<(), SlurmError> {
         Ok(())
     }
-    fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
+    fn requeue(&self, job: &str) -> Result<(), SlurmError> {
         Err(SlurmError::Failed {
-            cmd: format!("scontrol requeue {job_id}"),
+            cmd: format!("scontrol requeue {job}"),
             status: "disabled".into(),
             stderr: "Slurm queries are disabled (slurm.enabled = false)".into(),
         })
@@ -364,35 +672,121 @@ mod tests {
     #[test]
     fn squeue_json_both_state_formats() {
         let v = json!({"jobs": [
-            {"job_id": 1, "job_state": "RUNNING", "tres_per_node": "gres:shard:3"},
-            {"job_id": 2, "job_state": "PENDING", "tres_per_node": "gres:shard:2"},
+            {"job_id": 1, "job_state": "RUNNING", "tres_per_node": "gres:shard:3",
+             "gres_detail": ["shard:3(IDX:1)"], "time_limit": 5, "start_time": 100,
+             "end_time": 400, "nodes": "n1"},
+            {"job_id": 2, "job_state": "PENDING", "tres_per_node": "gres:shard:2",
+             "deadline": 9000, "time_limit": null},
             {"job_id": 3, "job_state": ["PENDING"], "tres_per_job": "gres/shard:4"},
             {"job_id": 4, "job_state": "COMPLETED"},
-            {"job_id": 5, "job_state": "PENDING"}
+            {"job_id": 5, "job_state": "PENDING"},
+            {"job_id": 6, "job_state": ["FAILED", "COMPLETING"]},
+            {"job_id": 7, "job_state": "CANCELLED", "array_job_id": 5, "array_task_id": 2},
+            {"job_state": "RUNNING"}
         ]});
-        let live = parse_live_jobs(&v).unwrap();
-        assert_eq!(live, HashSet::from([1, 2, 3, 5]));
-        let pending = parse_pending_shards(&v).unwrap();
+        let q = parse_queue(&v).unwrap();
+        assert_eq!(q.jobs.len(), 7, "the job without an id is skipped");
+        assert_eq!(q.live(), HashSet::from([1, 2, 3, 5, 6]));
+        let pending: Vec<(u64, u8)> = q.pending_shards().map(|j| (j.job_id, j.shards)).collect();
+        assert_eq!(pending, vec![(2, 2), (3, 4)]);
+        let one = q.job(1).unwrap();
+        assert_eq!(one.gpu, Some(1));
+        assert_eq!(one.time_limit_s, Some(300));
+        assert_eq!((one.start_time, one.end_time), (100, 400));
+        assert_eq!(q.job(2).unwrap().deadline, Some(9000));
+        assert_eq!(q.job(2).unwrap().time_limit_s, None);
+        assert_eq!(q.job(6).unwrap().state, JobState::Completing);
+        assert_eq!(q.job(7).unwrap().state, JobState::Cancelled);
+        assert_eq!(q.job(7).unwrap().slurm_id(), "5_2");
+        assert_eq!(q.job(1).unwrap().slurm_id(), "1");
+        assert!(parse_queue(&json!({})).is_err());
+    }
+
+    #[test]
+    fn only_our_drains_are_ours_to_undo() {
+        let v = json!({"nodes": [
+            {"name": "n1", "state": "idle", "state_flags": ["DRAIN"], "reason": "smartmig: sidecar unreachable"},
+            {"name": "n2", "state": "idle", "state_flags": ["DRAIN"], "reason": "bad DIMM"},
+            {"name": "n3", "state": "mixed", "state_flags": [], "reason": ""}
+        ]});
+        assert!(parse_node(&v, "n1").unwrap().drained_by_smartmig());
+        let n2 = parse_node(&v, "n2").unwrap();
+        assert!(n2.drain && !n2.drained_by_smartmig());
+        assert!(!parse_node(&v, "n3").unwrap().drain);
+    }
+
+    #[test]
+    fn gpu_order_is_checked_against_slurmd() {
+        let text = "slurmd: Gres Name=shard Type=(null) Count=7 Index=0 ID=1 File=/d/nvidia1 (null)\n\
+                    slurmd: Gres Name=gpu Type=(null) Count=1 Index=0 ID=7 File=/d/nvidia1 (null)\n\
+                    slurmd: Gres Name=gpu Type=(null) Count=1 Index=1 ID=7 File=/d/nvidia0 (null)\n";
+        let gres = parse_gres_gpus(text);
         assert_eq!(
-            pending,
+            gres,
             vec![
-                PendingShards {
-                    job_id: 2,
-                    shards: 2
+                GresGpu {
+                    index: 0,
+                    file: "/d/nvidia1".into()
                 },
-                PendingShards {
-                    job_id: 3,
-                    shards: 4
+                GresGpu {
+                    index: 1,
+                    file: "/d/nvidia0".into()
                 }
             ]
         );
-        assert!(parse_live_jobs(&json!({})).is_err());
+        let minor = |f: &str| f.strip_prefix("/d/nvidia")?.parse().ok();
+        let swapped = gpu_order_mismatches(&[(0, Some(0)), (1, Some(1))], &gres, minor);
+        assert_eq!(swapped.len(), 2, "{swapped:?}");
+        assert!(swapped[0]
+            .contains("Slurm's GPU 0 is /d/nvidia1 (minor 1), which is smartmigd's GPU 1"));
+        assert!(gpu_order_mismatches(&[(0, Some(1)), (1, Some(0))], &gres, minor).is_empty());
+        assert!(gpu_order_mismatches(&[(0, None), (1, None)], &gres, minor).is_empty());
+        let missing = gpu_order_mismatches(&[(0, Some(1))], &gres, minor);
+        assert!(missing[0].contains("does not exist here"), "{missing:?}");
+    }
+
+    #[test]
+    fn gres_detail_names_the_gpu() {
+        assert_eq!(gres_gpu(&json!(["gpu:1(IDX:1),shard:2(IDX:1)"])), Some(1));
+        assert_eq!(gres_gpu(&json!("shard:7(IDX:0)")), Some(0));
+        assert_eq!(gres_gpu(&json!(["gpu:1(IDX:0)"])), None);
+        assert_eq!(gres_gpu(&json!([])), None);
+    }
+
+    /// A child that prints far more than a pipe holds is read while it
+    /// runs: before the fix this ended in the timeout.
+    #[test]
+    fn large_outputs_do_not_block_the_child() {
+        let slurm = CommandSlurm {
+            squeue: "sh".into(),
+            sinfo: "sh".into(),
+            scontrol: "sh".into(),
+            slurmd: "sh".into(),
+            timeout: Duration::from_secs(20),
+        };
+        let out = slurm
+            .run(
+                "sh",
+                &["-c", "head -c 2000000 /dev/zero | tr '\\0' x; echo err >&2"],
+            )
+            .unwrap();
+        assert_eq!(out.len(), 2_000_000);
+        let e = slurm
+            .run("sh", &["-c", "echo oops >&2; exit 3"])
+            .unwrap_err();
+        assert!(e.to_string().contains("oops"), "{e}");
+        let slow = CommandSlurm {
+            timeout: Duration::from_millis(300),
+            ..slurm
+        };
+        let e = slow.run("sleep", &["5"]).unwrap_err();
+        assert!(matches!(e, SlurmError::Timeout { .. }), "{e}");
     }
 
     #[test]
     fn features_keep_the_admins() {
         let v = json!({"nodes": [{"name": "n1", "features": "ib,fast,smartmig_gpu0_7g", "active_features": "ib,smartmig_gpu0_7g"}]});
-        let f = parse_node_features(&v, "n1").unwrap();
+        let f = parse_node(&v, "n1").unwrap().features;
         let ours = layout_features(&[(0, vec![4, 2, 1]), (1, vec![])]);
         assert_eq!(ours, vec!["smartmig_gpu0_4g_2g_1g", "smartmig_gpu1_empty"]);
         let m = merge_features(&f, &ours);
@@ -409,6 +803,6 @@ mod tests {
             m.active,
             vec!["ib", "smartmig_gpu0_4g_2g_1g", "smartmig_gpu1_empty"]
         );
-        assert!(parse_node_features(&v, "n2").is_err());
+        assert!(parse_node(&v, "n2").is_err());
     }
 }

@@ -8,11 +8,15 @@
 //!   the catalog used as the RL action space.
 //! - [`placement`]: queries the daemon and simulator share (candidates,
 //!   fragmentation-aware choice, reachable layouts, transitions, re-shaping).
+//! - `lua_tables` (tests only): checks that the copy of the tables in
+//!   `etc/slurm/job_submit.lua` equals [`models`].
 //!
 //! No IO happens here; everything is deterministic.
 
 pub mod geometry;
 pub mod layout;
+#[cfg(test)]
+mod lua_tables;
 pub mod models;
 pub mod placement;
 pub mod profile;

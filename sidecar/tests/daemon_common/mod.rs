@@ -18,6 +18,39 @@ pub struct TestDaemon {
     pub child: Option<Child>,
 }
 
+/// A daemon whose Slurm commands are scripts in its directory: `squeue`
+/// prints `squeue.json`, `scontrol` appends its arguments to `scontrol.log`.
+pub fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon {
+    TestDaemon::start_with(name, |dir| {
+        let script = |file: &str, body: String| {
+            let p = dir.join(file);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            let mut perms = std::fs::metadata(&p).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+            std::fs::set_permissions(&p, perms).unwrap();
+            p
+        };
+        std::fs::write(dir.join("squeue.json"), squeue_json).unwrap();
+        let squeue = script(
+            "squeue",
+            format!("cat {}", dir.join("squeue.json").display()),
+        );
+        let scontrol = script(
+            "scontrol",
+            format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
+        );
+        format!(
+            "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{extra}\n\
+             [slurm]\nenabled = true\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n\
+             [[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n",
+            dir.join("run/smartmig.sock").display(),
+            dir.join("state").display(),
+            squeue.display(),
+            scontrol.display(),
+        )
+    })
+}
+
 pub fn base_config(dir: &std::path::Path, extra: &str) -> String {
     format!(
         "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nepoch_s = 3600\nlog_level = \"info\"\n{extra}\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n",
@@ -170,5 +203,6 @@ pub fn req(job_id: u64, gpu: u32, slices: u8, memory_gb: Option<f64>) -> Allocat
         deadline: None,
         time_limit_s: Some(3600),
         job_name: None,
+        oom_marker: None,
     }
 }

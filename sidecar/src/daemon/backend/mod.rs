@@ -16,6 +16,9 @@ use crate::mig::{GpuModel, PlacementId};
 pub struct GpuInfo {
     pub index: u32,
     pub model: GpuModel,
+    /// The minor number of its device file (`/dev/nvidia<minor>`): what
+    /// Slurm's gres.conf names. The sim backend's GPU i is minor i.
+    pub minor: Option<u32>,
 }
 
 /// An instance as the hardware reports it.

@@ -89,6 +89,8 @@ pub fn table_profile_ids(model: GpuModel) -> HashMap<Shape, c_uint> {
 struct NvmlGpu {
     index: u32,
     model: GpuModel,
+    /// `nvmlDeviceGetMinorNumber`: the N of /dev/nvidiaN.
+    minor: Option<u32>,
     /// Driver profile ids by shape (queried at start).
     ids: HashMap<Shape, c_uint>,
 }
@@ -181,7 +183,13 @@ impl NvmlBackend {
                 }
             }
             tracing::info!(gpu = index, %name, %model, "NVML GPU in MIG mode");
-            gpus.push(NvmlGpu { index, model, ids });
+            let minor = device.minor_number().ok();
+            gpus.push(NvmlGpu {
+                index,
+                model,
+                minor,
+                ids,
+            });
         }
         Ok(NvmlBackend { nvml, gpus })
     }
@@ -252,6 +260,7 @@ impl Backend for NvmlBackend {
             .map(|g| GpuInfo {
                 index: g.index,
                 model: g.model,
+                minor: g.minor,
             })
             .collect()
     }

@@ -210,6 +210,7 @@ impl Backend for SimBackend {
             .map(|(i, g)| GpuInfo {
                 index: i as u32,
                 model: g.lock().unwrap_or_else(|p| p.into_inner()).model,
+                minor: Some(i as u32),
             })
             .collect()
     }

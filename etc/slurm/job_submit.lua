@@ -1,0 +1,639 @@
+--[[
+smartmig: submit-time checks for shard jobs (Slurm job_submit/lua plugin).
+
+Slurm accounts MIG capacity in `shard` GRES, one per compute slice (7 per
+A100/H100/H200, 4 per A30), while the node's smartmig sidecar builds MIG
+instances. Some counts cannot be built as asked: there is no 5- or 6-slice
+profile (`--gres=shard:5` gets a 7g instance), and `--mig-mem`/`--mig-profile`
+can need a bigger profile than K slices (A100-40GB: `shard:1 --mig-mem=20G`
+gets 3g.20gb). If Slurm billed only K shards, it would place another job on
+the slices the instance really takes, and that job would fail on the node.
+This script makes Slurm bill what MIG will build, and refuses at submit what
+can never run.
+
+For every job with `shard` GRES or smartmig options it:
+  - refuses `shard:0`, more shards than the GPU has compute slices, shards
+    requested per job/socket/task instead of per node, `--mig-mem` or
+    `--mig-profile` without shards, both options together, and a size or
+    profile the partition's GPU model cannot serve;
+  - raises K to the compute size of the profile the sidecar will build
+    (the smallest profile with >= K slices and >= the `--mig-mem` memory, or
+    the `--mig-profile`), rewrites the job's `--gres`, and tells the user once,
+    e.g. "smartmig: shard:5 billed as shard:7 (no 5-slice MIG profile on
+    a100-40gb)".
+Jobs without shards and without smartmig options pass untouched. The same
+checks run on `scontrol update` of a pending job's gres or partition
+(Slurm drops user messages there; the reason is in slurmctld.log).
+
+Install (see docs/slurm-integration.md, "Submit-time checks"):
+  1. copy this file next to slurm.conf as `job_submit.lua`;
+  2. set `JobSubmitPlugins=lua` in slurm.conf and restart slurmctld (later
+     edits of this file are picked up without a restart: slurmctld re-reads
+     it when its modification time changes);
+  3. set the GPU model of your shard nodes below.
+
+Tested with Slurm 22.05 (Debian 12) and Lua 5.1. The smartmig SPANK plugin
+passes `--mig-mem`/`--mig-profile` to slurmctld as
+`_SLURM_SPANK_OPTION_smartmig_mig_mem=VALUE` in the job's spank_job_env
+(sbatch, srun, salloc) and, for batch jobs, in the job environment.
+]]
+
+------------------------------------------------------------------------------
+-- Site settings (edit these)
+------------------------------------------------------------------------------
+
+-- GPU model of the nodes with shard GRES, as a smartmig model id (the same
+-- ids as `[[gpus]] model` in smartmig.toml): a30-24gb, a100-40gb, a100-80gb,
+-- h100-80gb, h100-94gb, h200-141gb. slurmctld does not know a node's GPU
+-- model at submit time, so it is configured here.
+local SMARTMIG_DEFAULT_MODEL = "a100-40gb"
+
+-- Partitions whose nodes have another model than the default, e.g.
+--   ["a30"] = "a30-24gb",
+--   ["h100"] = "h100-80gb",
+-- A job submitted to several partitions (-p a,b) must mean the same shard
+-- count on all of their models, else it is refused.
+local SMARTMIG_PARTITION_MODELS = {
+}
+
+------------------------------------------------------------------------------
+-- MIG tables: must equal sidecar/src/mig/models.rs (media-extension "+me"
+-- profiles left out, as there). `cargo test -p smartmig lua_tables` fails
+-- when they differ and prints the block to paste here. compute and memory
+-- are slices, memory_gb is the GB in the profile name.
+------------------------------------------------------------------------------
+-- BEGIN SMARTMIG MIG TABLES
+local MIG_MODELS = {
+    { id = "a30-24gb", compute_slices = 4, memory_slices = 4, memory_gb = 24, profiles = {
+        { compute = 1, memory = 1, memory_gb = 6, name = "1g.6gb" },
+        { compute = 2, memory = 2, memory_gb = 12, name = "2g.12gb" },
+        { compute = 4, memory = 4, memory_gb = 24, name = "4g.24gb" },
+    } },
+    { id = "a100-40gb", compute_slices = 7, memory_slices = 8, memory_gb = 40, profiles = {
+        { compute = 1, memory = 1, memory_gb = 5, name = "1g.5gb" },
+        { compute = 1, memory = 2, memory_gb = 10, name = "1g.10gb" },
+        { compute = 2, memory = 2, memory_gb = 10, name = "2g.10gb" },
+        { compute = 3, memory = 4, memory_gb = 20, name = "3g.20gb" },
+        { compute = 4, memory = 4, memory_gb = 20, name = "4g.20gb" },
+        { compute = 7, memory = 8, memory_gb = 40, name = "7g.40gb" },
+    } },
+    { id = "a100-80gb", compute_slices = 7, memory_slices = 8, memory_gb = 80, profiles = {
+        { compute = 1, memory = 1, memory_gb = 10, name = "1g.10gb" },
+        { compute = 1, memory = 2, memory_gb = 20, name = "1g.20gb" },
+        { compute = 2, memory = 2, memory_gb = 20, name = "2g.20gb" },
+        { compute = 3, memory = 4, memory_gb = 40, name = "3g.40gb" },
+        { compute = 4, memory = 4, memory_gb = 40, name = "4g.40gb" },
+        { compute = 7, memory = 8, memory_gb = 80, name = "7g.80gb" },
+    } },
+    { id = "h100-80gb", compute_slices = 7, memory_slices = 8, memory_gb = 80, profiles = {
+        { compute = 1, memory = 1, memory_gb = 10, name = "1g.10gb" },
+        { compute = 1, memory = 2, memory_gb = 20, name = "1g.20gb" },
+        { compute = 2, memory = 2, memory_gb = 20, name = "2g.20gb" },
+        { compute = 3, memory = 4, memory_gb = 40, name = "3g.40gb" },
+        { compute = 4, memory = 4, memory_gb = 40, name = "4g.40gb" },
+        { compute = 7, memory = 8, memory_gb = 80, name = "7g.80gb" },
+    } },
+    { id = "h100-94gb", compute_slices = 7, memory_slices = 8, memory_gb = 94, profiles = {
+        { compute = 1, memory = 1, memory_gb = 12, name = "1g.12gb" },
+        { compute = 1, memory = 2, memory_gb = 24, name = "1g.24gb" },
+        { compute = 2, memory = 2, memory_gb = 24, name = "2g.24gb" },
+        { compute = 3, memory = 4, memory_gb = 47, name = "3g.47gb" },
+        { compute = 4, memory = 4, memory_gb = 47, name = "4g.47gb" },
+        { compute = 7, memory = 8, memory_gb = 94, name = "7g.94gb" },
+    } },
+    { id = "h200-141gb", compute_slices = 7, memory_slices = 8, memory_gb = 141, profiles = {
+        { compute = 1, memory = 1, memory_gb = 18, name = "1g.18gb" },
+        { compute = 1, memory = 2, memory_gb = 35, name = "1g.35gb" },
+        { compute = 2, memory = 2, memory_gb = 35, name = "2g.35gb" },
+        { compute = 3, memory = 4, memory_gb = 71, name = "3g.71gb" },
+        { compute = 4, memory = 4, memory_gb = 71, name = "4g.71gb" },
+        { compute = 7, memory = 8, memory_gb = 141, name = "7g.141gb" },
+    } },
+}
+-- END SMARTMIG MIG TABLES
+
+------------------------------------------------------------------------------
+-- Implementation (mirrors slurm-plugin/src/options.rs and
+-- sidecar/src/mig/profile.rs; keep them in step)
+------------------------------------------------------------------------------
+
+local MODEL_BY_ID = {}
+local MODEL_IDS = {}
+for _, m in ipairs(MIG_MODELS) do
+    MODEL_BY_ID[m.id] = m
+    MODEL_IDS[#MODEL_IDS + 1] = m.id
+end
+
+-- A typo in the site settings is reported when slurmctld loads the script
+-- (shard jobs are then refused with a message naming the problem).
+if MODEL_BY_ID[SMARTMIG_DEFAULT_MODEL] == nil then
+    slurm.log_error("smartmig: job_submit.lua: unknown SMARTMIG_DEFAULT_MODEL `%s` (known: %s)",
+        tostring(SMARTMIG_DEFAULT_MODEL), table.concat(MODEL_IDS, ", "))
+end
+for part, id in pairs(SMARTMIG_PARTITION_MODELS) do
+    if MODEL_BY_ID[id] == nil then
+        slurm.log_error("smartmig: job_submit.lua: unknown model `%s` for partition %s in SMARTMIG_PARTITION_MODELS (known: %s)",
+            tostring(id), tostring(part), table.concat(MODEL_IDS, ", "))
+    end
+end
+
+-- The names the SPANK plugin's options get in the job's spank_job_env and
+-- environment: Slurm's SPANK_OPTION_ENV_PREFIX, the plugin name, the option
+-- name with every non-alphanumeric character replaced by '_'.
+local OPTION_PREFIX = "_SLURM_SPANK_OPTION_smartmig_"
+local OPT_MIG_MEM = OPTION_PREFIX .. "mig_mem"
+local OPT_MIG_PROFILE = OPTION_PREFIX .. "mig_profile"
+
+-- Largest --mig-mem accepted (GB), as MAX_MIG_MEM_GB in options.rs.
+local MAX_MIG_MEM_GB = 1024
+local MEM_HINT = "expected a size such as 10G, 15GB, 20480M or 40 (GB)"
+
+local function trim(s)
+    return (string.gsub(s, "^%s*(.-)%s*$", "%1"))
+end
+
+local function split(s, sep_pattern)
+    local out = {}
+    for part in string.gmatch(s, "[^" .. sep_pattern .. "]+") do
+        out[#out + 1] = part
+    end
+    return out
+end
+
+local function profile_names(profiles)
+    local names = {}
+    for _, p in ipairs(profiles) do
+        names[#names + 1] = p.name
+    end
+    return table.concat(names, ", ")
+end
+
+-- GB without a trailing ".0" (20 -> "20", 9.5 -> "9.5").
+local function gb_text(gb)
+    if gb == math.floor(gb) then
+        return string.format("%d", gb)
+    end
+    return string.format("%.3g", gb)
+end
+
+-- --mig-mem value -> GB, or nil and the reason (options.rs parse_mig_mem).
+local function parse_mig_mem(value)
+    local v = trim(value)
+    if v == "" then
+        return nil, "--mig-mem needs a value (" .. MEM_HINT .. ")"
+    end
+    local number, unit = string.match(v, "^([%d%.]*)(.*)$")
+    local n = nil
+    if string.match(number, "^%d*%.?%d*$") and string.match(number, "%d") then
+        n = tonumber(number)
+    end
+    if n == nil then
+        return nil, "--mig-mem=" .. value .. ": not a size (" .. MEM_HINT .. ")"
+    end
+    unit = string.lower(unit)
+    if string.sub(unit, -2) == "ib" then
+        unit = string.sub(unit, 1, -3)
+    elseif string.sub(unit, -1) == "b" then
+        unit = string.sub(unit, 1, -2)
+    end
+    local factors = { [""] = 1, g = 1, k = 1 / (1024 * 1024), m = 1 / 1024, t = 1024 }
+    local factor = factors[unit]
+    if factor == nil then
+        return nil, "--mig-mem=" .. value .. ": unknown unit (" .. MEM_HINT .. ")"
+    end
+    local gb = n * factor
+    if gb ~= gb or gb == math.huge or gb <= 0 then
+        return nil, "--mig-mem=" .. value .. ": must be more than 0 (" .. MEM_HINT .. ")"
+    end
+    if gb > MAX_MIG_MEM_GB then
+        return nil, string.format("--mig-mem=%s: %.0f GB is more than any MIG-capable GPU has",
+            value, gb)
+    end
+    return gb
+end
+
+-- (compute, memory GB) out of a profile name such as `3g.20gb`,
+-- `nvidia_a100_3g.20gb` or `MIG 1g.10gb+me` (profile.rs split_name).
+local function split_name(name)
+    local tokens = {}
+    for token in string.gmatch(string.lower(trim(name)), "[^_:/%-%s]+") do
+        tokens[#tokens + 1] = token
+    end
+    for i = #tokens, 1, -1 do
+        local token = tokens[i]
+        if string.sub(token, -3) == "+me" then
+            token = string.sub(token, 1, -4)
+        end
+        local c, m = string.match(token, "^(%+?%d+)g%.(%+?%d+)gb$")
+        if c then
+            local cn, mn = tonumber(c), tonumber(m)
+            if cn <= 255 and mn <= 4294967295 then
+                return cn, mn
+            end
+        end
+    end
+    return nil
+end
+
+-- The profile a --mig-profile name means on `model`, or nil and the reason
+-- (profile.rs parse_profile: memory may differ by 10 %, at least 1 GB).
+local function parse_profile(model, name)
+    local prefix = "--mig-profile=" .. name .. ": "
+    if trim(name) == "" then
+        return nil, prefix .. "empty profile name"
+    end
+    local compute, memory_gb = split_name(name)
+    if compute == nil then
+        return nil, prefix .. "`" .. name ..
+            "` does not contain a MIG profile of the form `<N>g.<M>gb` (e.g. `3g.20gb`)"
+    end
+    local same = {}
+    for _, p in ipairs(model.profiles) do
+        if p.compute == compute then
+            same[#same + 1] = p
+        end
+    end
+    if #same == 0 then
+        return nil, string.format("%s%s has no profile with %d compute slices (it has %s)",
+            prefix, model.id, compute, profile_names(model.profiles))
+    end
+    local best = nil
+    for _, p in ipairs(same) do
+        if best == nil or math.abs(p.memory_gb - memory_gb) < math.abs(best.memory_gb - memory_gb) then
+            best = p
+        end
+    end
+    local tolerance = math.max(math.floor(best.memory_gb / 10), 1)
+    if math.abs(best.memory_gb - memory_gb) > tolerance then
+        return nil, string.format("%s%s has no %dg profile with about %d GB (it has %s)",
+            prefix, model.id, compute, memory_gb, profile_names(same))
+    end
+    return best
+end
+
+-- The profile the sidecar builds for K slices and `memory_gb` (or nil):
+-- the smallest by (compute, memory) with >= K slices and >= that memory
+-- (profile.rs select_profile). K is already known to be 1..compute_slices.
+local function select_profile(model, slices, memory_gb)
+    local candidates = {}
+    for _, p in ipairs(model.profiles) do
+        if p.compute >= slices then
+            candidates[#candidates + 1] = p
+        end
+    end
+    table.sort(candidates, function(a, b)
+        if a.compute ~= b.compute then
+            return a.compute < b.compute
+        end
+        return a.memory < b.memory
+    end)
+    local need = memory_gb or 0
+    for _, p in ipairs(candidates) do
+        if p.memory_gb >= need then
+            return p
+        end
+    end
+    return nil
+end
+
+-- Shard entries of a TRES string such as "gres:gpu:1,gres:shard:3":
+-- a list of { index, prefix, type, count } (count nil when Slurm's syntax
+-- is not understood here; Slurm then judges it), plus all entries.
+local function find_shards(tres)
+    local entries = split(tres or "", ",")
+    local found = {}
+    for i, raw in ipairs(entries) do
+        local entry = trim(raw)
+        entries[i] = entry
+        local prefix, rest = string.match(entry, "^(gres[:/])shard(.*)$")
+        if prefix == nil then
+            prefix = ""
+            rest = string.match(entry, "^shard(.*)$")
+        end
+        if rest ~= nil and (rest == "" or string.sub(rest, 1, 1) == ":") then
+            local parts = split(string.sub(rest, 2), ":")
+            local gres_type, count = nil, nil
+            if #parts == 0 then
+                count = 1
+            else
+                local last = parts[#parts]
+                local digits, suffix = string.match(last, "^(%d+)([kKmMgG]?)$")
+                if digits then
+                    local mult = ({ [""] = 1, k = 1024, m = 1024 * 1024, g = 1024 * 1024 * 1024 })[string.lower(suffix)]
+                    count = tonumber(digits) * mult
+                    if #parts == 2 then
+                        gres_type = parts[1]
+                    elseif #parts > 2 then
+                        count = nil
+                    end
+                elseif #parts == 1 then
+                    gres_type = last
+                    count = 1
+                end
+            end
+            found[#found + 1] = { index = i, prefix = prefix, type = gres_type, count = count }
+        end
+    end
+    return found, entries
+end
+
+local function shard_text(k)
+    return "shard:" .. string.format("%d", k)
+end
+
+-- The decision for one GPU model: { k = new K, note = message or nil } or
+-- { error = message }.
+local function decide(model, k, mig_mem, mig_profile)
+    if k == 0 then
+        return { error = "--gres=shard:0 asks for no MIG compute slice; ask for at least shard:1" }
+    end
+    if k > model.compute_slices then
+        return { error = string.format(
+            "--gres=shard:%d: a GPU has only %d MIG compute slices (%s); ask for shard:%d for a whole GPU or use --gres=gpu:N",
+            k, model.compute_slices, model.id, model.compute_slices) }
+    end
+    if mig_profile ~= nil then
+        local p, err = parse_profile(model, mig_profile)
+        if p == nil then
+            return { error = err }
+        end
+        if p.compute < k then
+            return { error = string.format(
+                "--mig-profile=%s has %d compute slices but the job asks for shard:%d; use --gres=shard:%d",
+                mig_profile, p.compute, k, p.compute) }
+        end
+        if p.compute > k then
+            return { k = p.compute, note = string.format(
+                "%s with --mig-profile=%s billed as %s (%s has %d compute slices)",
+                shard_text(k), mig_profile, shard_text(p.compute), p.name, p.compute) }
+        end
+        return { k = k }
+    end
+    local memory_gb = nil
+    if mig_mem ~= nil then
+        local gb, err = parse_mig_mem(mig_mem)
+        if gb == nil then
+            return { error = err }
+        end
+        memory_gb = gb
+    end
+    local p = select_profile(model, k, memory_gb)
+    if p == nil then
+        return { error = string.format(
+            "--mig-mem=%s: %s GB is more than any %s profile with %d or more compute slices has (the largest has %d GB)",
+            tostring(mig_mem), gb_text(memory_gb or 0), model.id, k, model.memory_gb) }
+    end
+    if p.compute == k then
+        return { k = k }
+    end
+    if memory_gb ~= nil and select_profile(model, k, nil).compute == k then
+        return { k = p.compute, note = string.format(
+            "%s with --mig-mem=%s billed as %s (%s: %s GB needs %s)",
+            shard_text(k), mig_mem, shard_text(p.compute), model.id, gb_text(memory_gb), p.name) }
+    end
+    return { k = p.compute, note = string.format(
+        "%s billed as %s (no %d-slice MIG profile on %s)",
+        shard_text(k), shard_text(p.compute), k, model.id) }
+end
+
+-- smartmig option values (mig_mem, mig_profile) from a spank_job_env table
+-- (indexed from 0 by Slurm: use pairs) and, for batch jobs, the environment.
+local function option_values(spank_env, environment)
+    local values = {}
+    if type(spank_env) == "table" then
+        for _, kv in pairs(spank_env) do
+            if type(kv) == "string" then
+                local name, value = string.match(kv, "^([^=]+)=(.*)$")
+                if name == OPT_MIG_MEM or name == OPT_MIG_PROFILE then
+                    values[name] = value
+                end
+            end
+        end
+    end
+    if environment ~= nil then
+        for _, name in ipairs({ OPT_MIG_MEM, OPT_MIG_PROFILE }) do
+            if values[name] == nil then
+                local value = environment[name]
+                if type(value) == "string" then
+                    values[name] = value
+                end
+            end
+        end
+    end
+    -- A value of "(null)" means an option given without argument.
+    for name, value in pairs(values) do
+        if value == "(null)" then
+            values[name] = ""
+        end
+    end
+    return values[OPT_MIG_MEM], values[OPT_MIG_PROFILE]
+end
+
+-- The partitions a job names (or the default partition) and their models:
+-- a list of { model = id, partitions = "a,b" } (one per distinct model).
+local function models_for(partition, part_list)
+    local names = {}
+    if partition ~= nil and partition ~= "" then
+        names = split(partition, ",")
+    elseif type(part_list) == "table" then
+        for name, part in pairs(part_list) do
+            if part.flag_default == 1 then
+                names[#names + 1] = name
+            end
+        end
+    end
+    if #names == 0 then
+        names = { "(default partition)" }
+    end
+    local by_model, order = {}, {}
+    for _, name in ipairs(names) do
+        local id = SMARTMIG_PARTITION_MODELS[name] or SMARTMIG_DEFAULT_MODEL
+        if by_model[id] == nil then
+            by_model[id] = {}
+            order[#order + 1] = id
+        end
+        table.insert(by_model[id], name)
+    end
+    local out = {}
+    for _, id in ipairs(order) do
+        out[#out + 1] = { model = id, partitions = table.concat(by_model[id], ",") }
+    end
+    return out
+end
+
+-- The whole check. `job` has tres_per_node, tres_per_job, tres_per_socket,
+-- tres_per_task, partition, mig_mem, mig_profile. Returns nil (pass
+-- untouched), or { error = msg }, or { tres_per_node = new, notes = {...} }.
+local function check(job, part_list)
+    local shards, entries = find_shards(job.tres_per_node)
+    for _, field in ipairs({ "tres_per_job", "tres_per_socket", "tres_per_task" }) do
+        if #find_shards(job[field]) > 0 then
+            return { error = string.format(
+                "shards must be requested per node with --gres=shard:K (one MIG instance per node), not in %s=%s",
+                field, job[field]) }
+        end
+    end
+    if #shards == 0 then
+        if job.mig_profile ~= nil then
+            local hint = "--gres=shard:K"
+            local c = split_name(job.mig_profile)
+            if c ~= nil then
+                hint = "--gres=" .. shard_text(c)
+            end
+            return { error = "--mig-profile needs --gres=shard:K (e.g. " .. hint ..
+                " --mig-profile=" .. job.mig_profile .. "); without shards the job gets no MIG instance" }
+        end
+        if job.mig_mem ~= nil then
+            return { error = "--mig-mem needs --gres=shard:K (K MIG compute slices, e.g. --gres=shard:1 --mig-mem=" ..
+                job.mig_mem .. "); without shards the job gets no MIG instance" }
+        end
+        return nil
+    end
+    if #shards > 1 then
+        return { error = "shards requested more than once in --gres (" .. job.tres_per_node .. "); ask for --gres=shard:K once" }
+    end
+    local shard = shards[1]
+    if shard.count == nil then
+        -- A form this script does not know: Slurm validates it.
+        return nil
+    end
+    if job.mig_mem ~= nil and job.mig_profile ~= nil then
+        return { error = "use either --mig-mem or --mig-profile, not both (a profile fixes the memory)" }
+    end
+    local k = shard.count
+    local decisions = {}
+    for _, entry in ipairs(models_for(job.partition, part_list)) do
+        local model = MODEL_BY_ID[entry.model]
+        if model == nil then
+            slurm.log_error("smartmig: job_submit.lua: unknown GPU model `%s` for partition(s) %s (known: %s); fix SMARTMIG_DEFAULT_MODEL/SMARTMIG_PARTITION_MODELS",
+                tostring(entry.model), entry.partitions, table.concat(MODEL_IDS, ", "))
+            return { error = "job_submit.lua names an unknown GPU model `" .. tostring(entry.model) ..
+                "` for partition(s) " .. entry.partitions .. "; please tell your Slurm administrator" }
+        end
+        local d = decide(model, k, job.mig_mem, job.mig_profile)
+        d.model = model.id
+        d.partitions = entry.partitions
+        if d.error ~= nil then
+            return d
+        end
+        decisions[#decisions + 1] = d
+    end
+    local first = decisions[1]
+    for _, d in ipairs(decisions) do
+        if d.k ~= first.k then
+            local asked = shard_text(k)
+            if job.mig_mem ~= nil then
+                asked = asked .. " with --mig-mem=" .. job.mig_mem
+            elseif job.mig_profile ~= nil then
+                asked = asked .. " with --mig-profile=" .. job.mig_profile
+            end
+            return { error = string.format(
+                "%s means %s on %s (partition %s) but %s on %s (partition %s): submit to partitions with one GPU model",
+                asked, shard_text(first.k), first.model, first.partitions,
+                shard_text(d.k), d.model, d.partitions) }
+        end
+    end
+    if first.k == k then
+        return nil
+    end
+    local entry = shard.prefix .. "shard"
+    if shard.type ~= nil then
+        entry = entry .. ":" .. shard.type
+    end
+    entries[shard.index] = entry .. ":" .. string.format("%d", first.k)
+    return { tres_per_node = table.concat(entries, ","), notes = { first.note } }
+end
+
+local function submit(job_desc, part_list)
+    local environment = nil
+    if job_desc.script ~= nil then
+        -- Only batch jobs carry their environment to slurmctld (reading it
+        -- for others makes Slurm log a complaint).
+        environment = job_desc.environment
+    end
+    local mig_mem, mig_profile = option_values(job_desc.spank_job_env, environment)
+    local job = {
+        tres_per_node = job_desc.tres_per_node,
+        tres_per_job = job_desc.tres_per_job,
+        tres_per_socket = job_desc.tres_per_socket,
+        tres_per_task = job_desc.tres_per_task,
+        partition = job_desc.partition,
+        mig_mem = mig_mem,
+        mig_profile = mig_profile,
+    }
+    local result = check(job, part_list)
+    if result == nil then
+        return slurm.SUCCESS
+    end
+    local who = string.format("uid %s job name %s", tostring(job_desc.user_id), tostring(job_desc.name))
+    if result.error ~= nil then
+        slurm.log_info("smartmig: refused a job of %s: %s", who, result.error)
+        slurm.log_user("smartmig: %s", result.error)
+        return slurm.ERROR
+    end
+    slurm.log_info("smartmig: job of %s: tres_per_node %s -> %s", who, tostring(job.tres_per_node), result.tres_per_node)
+    job_desc.tres_per_node = result.tres_per_node
+    for _, note in ipairs(result.notes) do
+        if note ~= nil then
+            slurm.log_user("smartmig: %s", note)
+        end
+    end
+    return slurm.SUCCESS
+end
+
+local function modify(job_desc, job_rec, part_list)
+    -- Only a change of the shard request or the partition can change what
+    -- MIG builds (the options cannot be changed after submission).
+    if job_desc.tres_per_node == nil and job_desc.partition == nil then
+        return slurm.SUCCESS
+    end
+    local mig_mem, mig_profile = option_values(job_rec.spank_job_env, nil)
+    local job = {
+        tres_per_node = job_desc.tres_per_node or job_rec.tres_per_node,
+        tres_per_job = job_desc.tres_per_job,
+        tres_per_socket = job_desc.tres_per_socket,
+        tres_per_task = job_desc.tres_per_task,
+        partition = job_desc.partition or job_rec.partition,
+        mig_mem = mig_mem,
+        mig_profile = mig_profile,
+    }
+    if #find_shards(job.tres_per_node) == 0 then
+        -- Removing the shards of a job is the user's business.
+        return slurm.SUCCESS
+    end
+    local result = check(job, part_list)
+    if result == nil then
+        return slurm.SUCCESS
+    end
+    if result.error ~= nil then
+        -- Slurm 22.05 discards user messages of job_modify: log it.
+        slurm.log_info("smartmig: refused update of job %s: %s", tostring(job_rec.job_id), result.error)
+        return slurm.ERROR
+    end
+    slurm.log_info("smartmig: update of job %s: tres_per_node %s -> %s (%s)", tostring(job_rec.job_id),
+        tostring(job.tres_per_node), result.tres_per_node, tostring(result.notes[1]))
+    job_desc.tres_per_node = result.tres_per_node
+    return slurm.SUCCESS
+end
+
+-- Entry points called by slurmctld. An internal error lets the job pass
+-- unchanged (as Slurm itself does when a script fails) and is logged.
+function slurm_job_submit(job_desc, part_list, submit_uid)
+    local ok, rc = pcall(submit, job_desc, part_list)
+    if not ok then
+        slurm.log_error("smartmig: job_submit.lua failed, job passed unchecked: %s", tostring(rc))
+        return slurm.SUCCESS
+    end
+    return rc
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    local ok, rc = pcall(modify, job_desc, job_rec, part_list)
+    if not ok then
+        slurm.log_error("smartmig: job_submit.lua failed, update passed unchecked: %s", tostring(rc))
+        return slurm.SUCCESS
+    end
+    return rc
+end
+
+return slurm.SUCCESS

@@ -1,0 +1,413 @@
+//! End-to-end: Slurm and the sidecar agree on a busy node (issue 13).
+//!
+//! Each test drives a real single-node Slurm 22.05 (two fake GPUs of 7
+//! shards), the SPANK plugin and smartmigd (sim backend, Slurm queries on)
+//! into a state that used to break the node:
+//!
+//! - a queue whose `squeue --json` outgrows the 64 KiB pipe buffer, with a
+//!   plugin whose job epilog never runs (slurmd started before the plugin
+//!   was listed): the reaper still frees ended jobs' instances within
+//!   seconds, and the daemon says the epilog is missing;
+//! - smartmigd down: the node is drained (not idle and failing every job),
+//!   the jobs are requeued, and they all complete once smartmigd is back
+//!   and has resumed the node;
+//! - 3+3+1 shards on one GPU (MIG cannot build the 1 next to two 3g
+//!   instances): the third job is requeued, not failed, and completes.
+//!
+//! Needs root and a release build of the workspace (`scripts/test`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use smartmig_suite::{artifact, Sidecar, SlurmCluster};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The plugstack.conf line (sidecar socket in `dir/run`), plus `extra`.
+fn plugstack(dir: &Path, extra: &str) -> String {
+    format!(
+        "required {} socket={} timeout=40 {extra}\n",
+        artifact("libsmartmig_spank.so").display(),
+        dir.join("run/smartmigd.sock").display()
+    )
+}
+
+/// A cluster with a short requeue delay (Slurm holds a job requeued while it runs for
+/// cred_expire + 1 s) and a scheduler that looks at the queue every 2 s.
+fn cluster(plugin_extra: &str) -> SlurmCluster {
+    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
+    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    let extra = plugin_extra.to_string();
+    SlurmCluster::up_with(move |dir| {
+        std::fs::write(dir.join("plugstack.conf"), plugstack(dir, &extra))
+            .expect("write plugstack");
+    })
+}
+
+/// Submits `sbatch --parsable ARGS --wrap BODY` as root into the cluster dir.
+fn submit(cluster: &SlurmCluster, args: &[&str], body: &str) -> u32 {
+    let out = cluster.dir().join("jobs-%j.out");
+    let out = out.to_str().expect("utf-8 path");
+    let mut all = vec!["-o", out];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--wrap", body]);
+    cluster.sbatch(&all)
+}
+
+/// `scontrol show job -o JOB` as `Key=value` pairs of every record (an
+/// array job has one per task).
+fn job_records(cluster: &SlurmCluster, job: u32) -> Vec<BTreeMap<String, String>> {
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "job", "-o", &job.to_string()])
+        .output()
+        .expect("run scontrol");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            line.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+const FINAL: &[&str] = &[
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+];
+
+/// Polls `f` every 200 ms until it returns true or `timeout` passes.
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+/// Instances of a status reply that a job holds.
+fn busy(status: &Value) -> Vec<Value> {
+    Sidecar::instances(status)
+        .into_iter()
+        .filter(|i| i.get("job_id").is_some_and(|j| !j.is_null()))
+        .collect()
+}
+
+fn smartmigd_log(cluster: &SlurmCluster) -> String {
+    std::fs::read_to_string(cluster.dir().join("log/smartmigd.log")).unwrap_or_default()
+}
+
+/// 200 held jobs make `squeue --json` about 650 KB, ten times the pipe
+/// buffer. The plugin is listed only after slurmd started, so its job
+/// epilog never runs: only the reaper can free an ended job's instance.
+/// Before the fix, squeue blocked on its full pipe, every queue read timed
+/// out after 10 s and the second whole-GPU job failed on the first one's
+/// leaked instance.
+#[test]
+fn big_queue_and_no_epilog_still_free_instances() {
+    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
+    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    let cluster = SlurmCluster::up();
+    // Listed now, after slurmd started: steps use it, the epilog does not.
+    std::fs::write(
+        cluster.dir().join("plugstack.conf"),
+        plugstack(cluster.dir(), ""),
+    )
+    .expect("write plugstack");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 20");
+    // 200 held jobs, submitted by one shell to keep it quick.
+    let conf = cluster.slurm_conf();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(
+            "for i in $(seq 200); do sbatch -H -o /dev/null --wrap true >/dev/null || exit 1; done",
+        )
+        .env("SLURM_CONF", &conf)
+        .current_dir(cluster.dir())
+        .output()
+        .expect("submit held jobs");
+    assert!(out.status.success(), "{out:?}");
+    let squeue = cluster
+        .command("squeue")
+        .arg("--json")
+        .output()
+        .expect("squeue --json");
+    assert!(
+        squeue.stdout.len() > 512 * 1024,
+        "expected a large queue, got {} bytes",
+        squeue.stdout.len()
+    );
+
+    // Two whole-GPU jobs in a row on the same GPUs: the second needs the
+    // first one's instances back, which only the reaper can give.
+    for round in 0..2 {
+        let a = submit(&cluster, &["--gres=shard:7"], "sleep 1");
+        let b = submit(&cluster, &["--gres=shard:7"], "sleep 1");
+        for job in [a, b] {
+            let state = cluster.wait_job(job, TIMEOUT);
+            assert_eq!(
+                state,
+                "COMPLETED",
+                "round {round}, job {job}\n{}\n{}",
+                std::fs::read_to_string(cluster.dir().join(format!("jobs-{job}.out")))
+                    .unwrap_or_default(),
+                cluster.log_tails()
+            );
+        }
+        assert!(
+            wait_until(Duration::from_secs(15), || busy(&sidecar.status())
+                .is_empty()),
+            "round {round}: the reaper did not free the ended jobs' instances: {:#}\n{}",
+            sidecar.status(),
+            smartmigd_log(&cluster)
+        );
+    }
+    let log = smartmigd_log(&cluster);
+    assert!(
+        !log.contains("took more than"),
+        "a Slurm query timed out:\n{log}"
+    );
+    assert!(
+        log.contains("no release ever came from the SPANK plugin's job_epilog"),
+        "the missing epilog went unnoticed:\n{log}"
+    );
+    let status = sidecar.status();
+    assert_eq!(status["epilog_missing"], Value::Bool(true), "{status:#}");
+}
+
+/// smartmigd is down when an array of 10 shard jobs arrives: at most one
+/// task may fail, the node is drained with the reason, and once smartmigd
+/// is back it resumes the node and every task completes. Before the fix
+/// all 10 tasks FAILED within seconds while `sinfo` said idle.
+#[test]
+fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
+    let cluster = cluster("sidecar_wait=1");
+    let array = submit(&cluster, &["--array=1-10", "--gres=shard:2"], "sleep 1");
+    assert!(
+        wait_until(Duration::from_secs(60), || cluster.node_state()
+            == "drained"
+            || cluster.node_state() == "draining"),
+        "node not drained: {}\n{}",
+        cluster.node_state(),
+        cluster.log_tails()
+    );
+    let reason = cluster
+        .command("sinfo")
+        .args(["-h", "-R", "-o", "%E"])
+        .output()
+        .expect("sinfo -R");
+    let reason = String::from_utf8_lossy(&reason.stdout).trim().to_string();
+    assert_eq!(reason, "smartmig: sidecar unreachable");
+
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1");
+    let mut last = Vec::new();
+    let done = wait_until(TIMEOUT, || {
+        last = job_records(&cluster, array);
+        last.len() == 10
+            && last.iter().all(|r| {
+                r.get("JobState")
+                    .is_some_and(|s| FINAL.contains(&s.as_str()))
+            })
+    });
+    assert!(
+        done,
+        "array not finished: {last:#?}\n{}\n{}",
+        smartmigd_log(&cluster),
+        cluster.log_tails()
+    );
+    let failed: Vec<_> = last
+        .iter()
+        .filter(|r| r.get("JobState").map(String::as_str) != Some("COMPLETED"))
+        .collect();
+    assert!(
+        failed.len() <= 1,
+        "tasks that did not complete: {failed:#?}"
+    );
+    assert_eq!(cluster.node_state(), "idle");
+    assert!(
+        smartmigd_log(&cluster).contains("node resumed"),
+        "{}",
+        smartmigd_log(&cluster)
+    );
+    drop(sidecar);
+}
+
+/// Two 3-shard jobs on one GPU take both halves of its memory; Slurm still
+/// offers the seventh shard, which no MIG layout can build. The 1-shard job
+/// Slurm puts there is requeued, not failed, and completes once a 3g job
+/// ended. `scontrol show job` counts the restart.
+#[test]
+fn shard_slurm_sees_but_mig_cannot_build_is_requeued_not_failed() {
+    let cluster = cluster("");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 2");
+    let go = cluster.dir().join("go");
+    let held = format!(
+        "for i in $(seq 600); do [ -e {} ] && break; sleep 0.1; done",
+        go.display()
+    );
+    // One whole GPU and two 3g halves of the other.
+    let whole = submit(&cluster, &["--gres=shard:7"], &held);
+    let a = submit(&cluster, &["--gres=shard:3"], &held);
+    let b = submit(&cluster, &["--gres=shard:3"], &held);
+    assert!(
+        wait_until(Duration::from_secs(60), || busy(&sidecar.status()).len()
+            == 3),
+        "three instances expected: {:#}\n{}",
+        sidecar.status(),
+        cluster.log_tails()
+    );
+    let small = submit(&cluster, &["--gres=shard:1"], "echo small ran");
+    // It starts, finds no room, and is requeued (Restarts=1, back to pending).
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            job_records(&cluster, small)
+                .first()
+                .and_then(|r| r.get("Restarts").cloned())
+                .is_some_and(|n| n != "0")
+        }),
+        "the 1-shard job was not requeued: {:#?}\n{}",
+        job_records(&cluster, small),
+        smartmigd_log(&cluster)
+    );
+    assert_ne!(cluster.job_state(small).as_deref(), Some("FAILED"));
+    std::fs::write(&go, b"").expect("write go");
+    for job in [whole, a, b, small] {
+        let state = cluster.wait_job(job, TIMEOUT);
+        assert_eq!(
+            state,
+            "COMPLETED",
+            "job {job}: {:#?}\n{}\n{}",
+            job_records(&cluster, job),
+            smartmigd_log(&cluster),
+            cluster.log_tails()
+        );
+    }
+    let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{small}.out")))
+        .unwrap_or_default();
+    assert!(out.contains("small ran"), "{out}");
+}
+
+/// Slurm numbers GPUs by their device file names (`slurmd -G`: nvidia0 is
+/// index 0 whatever order gres.conf lists them in), smartmigd by NVML index,
+/// whose device is `/dev/nvidia<minor number>`. Here the device named
+/// nvidia0 has minor 1 (as on a node whose NVML order differs from its
+/// device numbering): Slurm's GPU 0 is the sidecar's GPU 1. smartmigd
+/// refuses to start and names the GPUs, instead of giving every job an
+/// instance on a GPU other than the one Slurm assigned. (`slurmd -G` reads
+/// gres.conf afresh, so it is rewritten after the cluster started.)
+#[test]
+fn smartmigd_refuses_a_gres_conf_in_another_gpu_order() {
+    let cluster = cluster("");
+    let gres = cluster.dir().join("gres.conf");
+    let text = std::fs::read_to_string(&gres).expect("read gres.conf");
+    let dev = cluster.dir().join("dev");
+    let crossed = cluster.dir().join("dev-crossed");
+    std::fs::create_dir_all(&crossed).expect("mkdir");
+    for (name, minor) in [("nvidia0", "1"), ("nvidia1", "0")] {
+        let out = std::process::Command::new("mknod")
+            .arg(crossed.join(name))
+            .args(["c", "195", minor])
+            .output()
+            .expect("run mknod");
+        assert!(out.status.success(), "{out:?}");
+    }
+    let swapped = text.replace(
+        &format!("{}/", dev.display()),
+        &format!("{}/", crossed.display()),
+    );
+    assert_ne!(swapped, text, "gres.conf layout changed: {text}");
+    std::fs::write(&gres, swapped).expect("write gres.conf");
+    let dir = cluster.dir().to_path_buf();
+    let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Sidecar::start_with_slurm(&dir, "")
+    }));
+    let message = match started {
+        Ok(_) => panic!("smartmigd started with GPUs in another order than Slurm's"),
+        Err(p) => p.downcast_ref::<String>().cloned().unwrap_or_default(),
+    };
+    assert!(
+        message.contains("Slurm and smartmigd number the GPUs differently")
+            && message.contains("Slurm's GPU 0 is")
+            && message.contains("nvidia0 (minor 1), which is smartmigd's GPU 1"),
+        "{message}"
+    );
+}
+
+/// smartmigd restarts (SIGTERM, then start) while a job waits for room:
+/// the waiting job is listed in status, its step waits for the new daemon
+/// (`sidecar_wait`) instead of failing, and it gets its instance once a
+/// holder ends, without a requeue.
+#[test]
+fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
+    let cluster = cluster("");
+    let mut sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 60");
+    let go = cluster.dir().join("go");
+    std::fs::create_dir_all(&go).expect("mkdir go");
+    let held = format!(
+        "for i in $(seq 900); do [ -e {}/$SLURM_JOB_ID ] && break; sleep 0.1; done",
+        go.display()
+    );
+    let whole = submit(&cluster, &["--gres=shard:7"], &held);
+    let a = submit(&cluster, &["--gres=shard:3"], &held);
+    let b = submit(&cluster, &["--gres=shard:3"], &held);
+    assert!(
+        wait_until(Duration::from_secs(60), || busy(&sidecar.status()).len()
+            == 3),
+        "three instances expected: {:#}",
+        sidecar.status()
+    );
+    let small = submit(&cluster, &["--gres=shard:1"], "echo small ran");
+    let listed = |s: &Value| {
+        s["waiting"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|j| j["job_id"] == small))
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || listed(&sidecar.status())),
+        "job {small} not listed as waiting: {:#}",
+        sidecar.status()
+    );
+    sidecar.stop();
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 60");
+    assert!(
+        wait_until(Duration::from_secs(30), || listed(&sidecar.status())),
+        "job {small} does not wait on the new daemon: {:#}\n{}",
+        sidecar.status(),
+        cluster.log_tails()
+    );
+    std::fs::write(go.join(a.to_string()), b"").expect("write go");
+    assert_eq!(
+        cluster.wait_job(small, TIMEOUT),
+        "COMPLETED",
+        "{:#?}\n{}",
+        job_records(&cluster, small),
+        smartmigd_log(&cluster)
+    );
+    let restarts = job_records(&cluster, small)
+        .first()
+        .and_then(|r| r.get("Restarts").cloned());
+    assert_eq!(
+        restarts.as_deref(),
+        Some("0"),
+        "it was requeued instead of waiting"
+    );
+    for job in [whole, b] {
+        std::fs::write(go.join(job.to_string()), b"").expect("write go");
+    }
+    for job in [whole, a, b] {
+        assert_eq!(cluster.wait_job(job, TIMEOUT), "COMPLETED");
+    }
+}

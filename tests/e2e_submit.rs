@@ -1,0 +1,457 @@
+//! End-to-end: `etc/slurm/job_submit.lua` in a real Slurm 22.05
+//! (job_submit/lua plugin, single node with two fake GPUs of 7 shards), with
+//! the SPANK plugin loaded (its `--mig-mem`/`--mig-profile` reach slurmctld
+//! in the job's spank_job_env) and, for the jobs that run, smartmigd's sim
+//! backend (two A100-40GB).
+//!
+//! Every case here fails without the script: Slurm alone accepts
+//! `shard:0`, `shard:8` (pends forever) and smartmig options without shards,
+//! and bills `shard:5`/`shard:6`/`shard:1 --mig-mem=20G` as asked although
+//! MIG builds a 7g/7g/3g instance, so a second job is placed on the slices
+//! that instance takes and fails on the node.
+//!
+//! Needs root and a release build of the workspace (`scripts/test` does
+//! both); fails, never skips, when Slurm or smartmigd cannot start.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use smartmig_suite::{artifact, describe, repo_root, Sidecar, SlurmCluster};
+
+const JOB_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Installs the script in every cluster of this test binary:
+/// `tests/slurm/cluster.sh` copies `SMARTMIG_SLURM_JOB_SUBMIT` next to
+/// slurm.conf and sets `JobSubmitPlugins=lua`. Set once, before any cluster
+/// starts, by whichever test comes first (every test here wants it).
+fn with_job_submit_script() {
+    static SET: Once = Once::new();
+    SET.call_once(|| {
+        let script = repo_root().join("etc/slurm/job_submit.lua");
+        assert!(script.is_file(), "{} is missing", script.display());
+        std::env::set_var("SMARTMIG_SLURM_JOB_SUBMIT", script);
+    });
+}
+
+/// A cluster with the script and the plugin (`required`, socket in the
+/// cluster directory; slurmd must see it at start for the release epilog).
+fn cluster() -> SlurmCluster {
+    with_job_submit_script();
+    let cluster = SlurmCluster::up_with(|dir| {
+        let line = format!(
+            "required {} socket={} timeout=40\n",
+            artifact("libsmartmig_spank.so").display(),
+            dir.join("run/smartmigd.sock").display()
+        );
+        std::fs::write(dir.join("plugstack.conf"), line).expect("write plugstack.conf");
+    });
+    let conf = std::fs::read_to_string(cluster.slurm_conf()).unwrap_or_default();
+    assert!(
+        conf.lines().any(|l| l == "JobSubmitPlugins=lua")
+            && cluster.dir().join("job_submit.lua").is_file(),
+        "cluster.sh did not install the job_submit script:\n{conf}"
+    );
+    cluster
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `sbatch ARGS` must be refused, with `needle` in what the user sees.
+fn assert_refused(cluster: &SlurmCluster, args: &[&str], needle: &str) {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--hold", "--wrap", "true"]);
+    let out = cluster.try_sbatch(&all);
+    assert!(
+        !out.status.success(),
+        "sbatch {args:?} was accepted: {}",
+        describe(&out)
+    );
+    let seen = text(&out);
+    assert!(
+        seen.contains(&format!("smartmig: {needle}")),
+        "sbatch {args:?}: expected {needle:?} in: {seen}\n{}",
+        cluster.log_tails()
+    );
+}
+
+/// A field of `scontrol show job -o JOB` (e.g. `TresPerNode`).
+fn job_field(cluster: &SlurmCluster, job: u32, key: &str) -> String {
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "job", "-o", &job.to_string()])
+        .output()
+        .expect("run scontrol");
+    let prefix = format!("{key}=");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&prefix))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Submits a held job (it never runs) and checks what Slurm bills and the
+/// note the user got: `note` is `Some(text)` for a rewritten request.
+fn assert_billed(cluster: &SlurmCluster, args: &[&str], tres: &str, note: Option<&str>) -> u32 {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--hold", "--wrap", "true"]);
+    let out = cluster.try_sbatch(&all);
+    assert!(out.status.success(), "sbatch {args:?}: {}", describe(&out));
+    let job: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no job id: {}", describe(&out)));
+    let billed = job_field(cluster, job, "TresPerNode");
+    assert_eq!(billed, tres, "sbatch {args:?}: job {job} billed {billed}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match note {
+        Some(n) => assert!(
+            stderr.contains(&format!("sbatch: smartmig: {n}")),
+            "sbatch {args:?}: expected note {n:?}, stderr: {stderr}"
+        ),
+        None => assert!(
+            !stderr.contains("smartmig"),
+            "sbatch {args:?}: unexpected note: {stderr}"
+        ),
+    }
+    job
+}
+
+/// Refusals at submit (sbatch and srun) and the shard counts Slurm bills,
+/// also after `scontrol update`. No job runs.
+#[test]
+fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
+    let start = Instant::now();
+    let cluster = cluster();
+    assert_refused(
+        &cluster,
+        &["--gres=shard:0"],
+        "--gres=shard:0 asks for no MIG compute slice; ask for at least shard:1",
+    );
+    assert_refused(
+        &cluster,
+        &["--gres=shard:8"],
+        "--gres=shard:8: a GPU has only 7 MIG compute slices (a100-40gb); ask for shard:7 for a whole GPU or use --gres=gpu:N",
+    );
+    assert_refused(
+        &cluster,
+        &["--mig-mem=20G"],
+        "--mig-mem needs --gres=shard:K",
+    );
+    assert_refused(
+        &cluster,
+        &["--mig-profile=3g.20gb"],
+        "--mig-profile needs --gres=shard:K (e.g. --gres=shard:3 --mig-profile=3g.20gb)",
+    );
+    // Options the node's model cannot serve: without the script these are
+    // accepted (the plugin knows no model at submit) and fail on the node.
+    assert_refused(
+        &cluster,
+        &["--gres=shard:3", "--mig-profile=3g.40gb"],
+        "--mig-profile=3g.40gb: a100-40gb has no 3g profile with about 40 GB (it has 3g.20gb)",
+    );
+    assert_refused(
+        &cluster,
+        &["--gres=shard:1", "--mig-mem=50G"],
+        "--mig-mem=50G: 50 GB is more than any a100-40gb profile",
+    );
+    assert_refused(
+        &cluster,
+        &["--gres=shard:5", "--mig-profile=4g.20gb"],
+        "--mig-profile=4g.20gb has 4 compute slices but the job asks for shard:5",
+    );
+    // srun and salloc pass the options in spank_job_env too (no batch
+    // environment): refused before anything runs.
+    let out = cluster
+        .command("timeout")
+        .args(["30", "srun", "--mig-mem=20G", "true"])
+        .output()
+        .expect("run srun");
+    assert!(
+        !out.status.success(),
+        "srun --mig-mem without shards ran: {}",
+        describe(&out)
+    );
+    assert!(
+        text(&out).contains("smartmig: --mig-mem needs --gres=shard:K"),
+        "srun: {}",
+        describe(&out)
+    );
+
+    let mut held = vec![
+        assert_billed(
+            &cluster,
+            &["--gres=shard:5"],
+            "gres:shard:7",
+            Some("shard:5 billed as shard:7 (no 5-slice MIG profile on a100-40gb)"),
+        ),
+        assert_billed(
+            &cluster,
+            &["--gres=shard:6"],
+            "gres:shard:7",
+            Some("shard:6 billed as shard:7"),
+        ),
+        assert_billed(
+            &cluster,
+            &["--gres=shard:1", "--mig-mem=20G"],
+            "gres:shard:3",
+            Some("shard:1 with --mig-mem=20G billed as shard:3 (a100-40gb: 20 GB needs 3g.20gb)"),
+        ),
+        assert_billed(
+            &cluster,
+            &["--gres=shard:1", "--mig-profile=4g.20gb"],
+            "gres:shard:4",
+            Some("shard:1 with --mig-profile=4g.20gb billed as shard:4"),
+        ),
+        // Already what MIG builds: untouched, no note.
+        assert_billed(
+            &cluster,
+            &["--gres=shard:3", "--mig-mem=15G"],
+            "gres:shard:3",
+            None,
+        ),
+        assert_billed(
+            &cluster,
+            &["--gres=shard:1", "--mig-mem=10G"],
+            "gres:shard:1",
+            None,
+        ),
+        // Jobs without shards are not touched.
+        assert_billed(&cluster, &["--gres=gpu:1"], "gres:gpu:1", None),
+    ];
+
+    // scontrol update of a pending job goes through the same checks
+    // (Slurm 22.05 drops user messages there; slurmctld.log has them).
+    let job = assert_billed(&cluster, &["--gres=shard:2"], "gres:shard:2", None);
+    held.push(job);
+    let update = |gres: &str| {
+        cluster
+            .command("scontrol")
+            .args(["update", &format!("jobid={job}"), &format!("gres={gres}")])
+            .output()
+            .expect("run scontrol update")
+    };
+    let out = update("shard:5");
+    assert!(out.status.success(), "scontrol update: {}", describe(&out));
+    assert_eq!(job_field(&cluster, job, "TresPerNode"), "gres:shard:7");
+    let out = update("shard:0");
+    assert!(
+        !out.status.success(),
+        "update to shard:0 accepted: {}",
+        describe(&out)
+    );
+    assert_eq!(job_field(&cluster, job, "TresPerNode"), "gres:shard:7");
+    let log = std::fs::read_to_string(cluster.dir().join("log/slurmctld.log")).unwrap_or_default();
+    assert!(
+        log.contains(&format!(
+            "smartmig: refused update of job {job}: --gres=shard:0"
+        )),
+        "no refusal in slurmctld.log:\n{}",
+        cluster.log_tails()
+    );
+
+    let ids: Vec<String> = held.iter().map(u32::to_string).collect();
+    let out = cluster
+        .command("scancel")
+        .args(&ids)
+        .output()
+        .expect("run scancel");
+    assert!(out.status.success(), "scancel: {}", describe(&out));
+    eprintln!("submit checks done in {:?}", start.elapsed());
+}
+
+// ---------------------------------------------------------------------------
+// Jobs that run: Slurm's placement now matches the instances MIG builds.
+
+/// A job body that prints what the job saw and waits for `DIR/go.all`
+/// (at most ~30 s), so the test can look at two jobs running side by side.
+fn held_job(dir: &Path) -> String {
+    format!(
+        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE GPUS=$SLURM_JOB_GPUS; \
+         for i in $(seq 300); do [ -e {g}/go.all ] && break; sleep 0.1; done; echo END",
+        g = dir.display()
+    )
+}
+
+fn fields(output: &str) -> HashMap<String, String> {
+    output
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Submits a held job as `nobody`; returns (id, output path).
+fn submit(cluster: &SlurmCluster, dir: &Path, name: &str, args: &[&str]) -> (u32, PathBuf) {
+    let out = dir.join(format!("{name}.out"));
+    let body = held_job(dir);
+    let mut all = vec![
+        "--uid=nobody",
+        "--gid=nogroup",
+        "-o",
+        out.to_str().expect("utf-8 path"),
+    ];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--wrap", &body]);
+    (cluster.sbatch(&all), out)
+}
+
+/// Waits until the job's output has its first line (it got its instance or
+/// failed trying), or it ended.
+fn wait_started(cluster: &SlurmCluster, job: u32, out: &Path) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(out).unwrap_or_default();
+        if text.contains("CVD=") {
+            return text;
+        }
+        let state = cluster.job_state(job).unwrap_or_default();
+        assert!(
+            !matches!(state.as_str(), "FAILED" | "CANCELLED" | "COMPLETED"),
+            "job {job} ended {state} before it started: {text:?}\n{}",
+            cluster.log_tails()
+        );
+        assert!(
+            start.elapsed() < JOB_TIMEOUT,
+            "job {job} did not start in {JOB_TIMEOUT:?} (state {state}): {text:?}\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Memory slices of the A100-40GB profiles (sidecar/src/mig/models.rs).
+fn memory_slices(profile: &str) -> u64 {
+    match profile {
+        "1g.5gb" => 1,
+        "1g.10gb" | "2g.10gb" => 2,
+        "3g.20gb" | "4g.20gb" => 4,
+        "7g.40gb" => 8,
+        other => panic!("unexpected profile {other}"),
+    }
+}
+
+/// Runs two jobs side by side: the first must be running on its instance
+/// before the second is submitted. Both must get their instances (no
+/// FAILED), the instances the sidecar reports must be disjoint, and both
+/// jobs must COMPLETE. Returns the two profiles.
+fn side_by_side(
+    cluster: &SlurmCluster,
+    sidecar: &Sidecar,
+    name: &str,
+    first: &[&str],
+    second: &[&str],
+) -> (String, String) {
+    let dir = cluster.shared_dir().join(name);
+    std::fs::create_dir_all(&dir).expect("create job dir");
+    let mut perms = std::fs::metadata(&dir).expect("stat job dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o1777);
+    std::fs::set_permissions(&dir, perms).expect("chmod job dir");
+
+    let (a, a_out) = submit(cluster, &dir, "first", first);
+    let a_text = wait_started(cluster, a, &a_out);
+    let (b, b_out) = submit(cluster, &dir, "second", second);
+    let b_text = wait_started(cluster, b, &b_out);
+    let (fa, fb) = (fields(&a_text), fields(&b_text));
+    for (job, f, args, text) in [(a, &fa, first, &a_text), (b, &fb, second, &b_text)] {
+        let cvd = f.get("CVD").map(String::as_str).unwrap_or("");
+        assert!(
+            cvd.starts_with("MIG-"),
+            "job {job} ({args:?}) got no MIG instance: {text:?}\n{}",
+            cluster.log_tails()
+        );
+    }
+
+    // Both hold their instances now: they must not overlap.
+    let status = sidecar.status();
+    let held: Vec<Value> = Sidecar::instances(&status)
+        .into_iter()
+        .filter(|i| i["job_id"].as_u64().is_some())
+        .collect();
+    let find = |job: u32| -> (u64, u64, u64, String) {
+        let i = held
+            .iter()
+            .find(|i| i["job_id"].as_u64() == Some(u64::from(job)))
+            .unwrap_or_else(|| panic!("job {job} holds no instance: {status:#}"));
+        let profile = i["profile"].as_str().unwrap_or("").to_string();
+        let gpu = i["gpu"].as_u64().unwrap_or(u64::MAX);
+        let start = i["start"].as_u64().unwrap_or(u64::MAX);
+        (gpu, start, start + memory_slices(&profile), profile)
+    };
+    let (ia, ib) = (find(a), find(b));
+    assert!(
+        ia.0 != ib.0 || ia.2 <= ib.1 || ib.2 <= ia.1,
+        "instances of jobs {a} ({ia:?}) and {b} ({ib:?}) overlap: {status:#}"
+    );
+    for (job, f, inst) in [(a, &fa, &ia), (b, &fb, &ib)] {
+        assert_eq!(
+            f.get("PROFILE"),
+            Some(&inst.3),
+            "job {job} saw another profile than the sidecar reports: {status:#}"
+        );
+        assert_eq!(
+            f.get("GPUS").and_then(|g| g.parse::<u64>().ok()),
+            Some(inst.0),
+            "job {job}: Slurm's GPU and the instance's GPU differ: {status:#}"
+        );
+    }
+
+    std::fs::write(dir.join("go.all"), b"").expect("write go file");
+    for (job, out) in [(a, &a_out), (b, &b_out)] {
+        let state = cluster.wait_job(job, JOB_TIMEOUT);
+        assert_eq!(
+            state,
+            "COMPLETED",
+            "job {job}: {:?}\n{}",
+            std::fs::read_to_string(out).unwrap_or_default(),
+            cluster.log_tails()
+        );
+    }
+    (ia.3, ib.3)
+}
+
+/// "5 then 2": `shard:5` is billed as the 7 slices its 7g instance takes,
+/// so Slurm puts a `shard:2` job on the other GPU, where it gets its
+/// instance (without the script Slurm puts it next to the 7g instance and
+/// it fails). Then `shard:1 --mig-mem=20G` (a 3g.20gb instance) next to
+/// `shard:6` (7g): both run, on different GPUs.
+#[test]
+fn rounded_jobs_run_side_by_side_without_failures() {
+    let start = Instant::now();
+    let cluster = cluster();
+    let sidecar = Sidecar::start(cluster.dir(), "allocate_wait_s = 10");
+
+    let (p5, p2) = side_by_side(
+        &cluster,
+        &sidecar,
+        "five-two",
+        &["--gres=shard:5"],
+        &["--gres=shard:2"],
+    );
+    assert_eq!((p5.as_str(), p2.as_str()), ("7g.40gb", "2g.10gb"));
+
+    let (p6, p1) = side_by_side(
+        &cluster,
+        &sidecar,
+        "six-mem",
+        &["--gres=shard:6"],
+        &["--gres=shard:1", "--mig-mem=20G"],
+    );
+    assert_eq!((p6.as_str(), p1.as_str()), ("7g.40gb", "3g.20gb"));
+
+    assert!(
+        cluster.wait_node_state("idle", Duration::from_secs(10)),
+        "node not idle after the jobs: {}",
+        cluster.node_state()
+    );
+    eprintln!("side-by-side jobs done in {:?}", start.elapsed());
+}
