@@ -101,8 +101,29 @@ fn pick_ports() -> (u16, u16) {
     }
 }
 
+/// The `KEY=value` words of a job's output (or of `scontrol show job -o`).
+pub fn fields(output: &str) -> std::collections::HashMap<String, String> {
+    output
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The plugstack.conf line that loads the built plugin for a test cluster
+/// in `dir` (the sidecar's socket is `dir/run/smartmigd.sock`, as
+/// [`Sidecar::start`] makes it), with a 40 s request timeout and `extra`
+/// plugin arguments.
+pub fn plugstack_line(dir: &Path, extra: &str) -> String {
+    format!(
+        "required {} socket={} timeout=40 {extra}\n",
+        artifact("libsmartmig_spank.so").display(),
+        dir.join("run/smartmigd.sock").display()
+    )
+}
+
 /// Job states after which a Slurm job no longer changes.
-const FINAL_JOB_STATES: &[&str] = &[
+pub const FINAL_JOB_STATES: &[&str] = &[
     "COMPLETED",
     "FAILED",
     "CANCELLED",
@@ -217,6 +238,51 @@ impl SlurmCluster {
             .args(args)
             .output()
             .expect("run sbatch")
+    }
+
+    /// Submits `BODY` as user `nobody` (as a real cluster runs the plugin:
+    /// slurmstepd as root, tasks as the user), output to `out`; returns
+    /// the job id.
+    pub fn sbatch_as_nobody(&self, out: &Path, args: &[&str], body: &str) -> u32 {
+        let mut all = vec![
+            "--uid=nobody",
+            "--gid=nogroup",
+            "-o",
+            out.to_str().expect("utf-8 path"),
+        ];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--wrap", body]);
+        self.sbatch(&all)
+    }
+
+    /// Runs `sbatch --parsable ARGS`, asserts that Slurm refused it and
+    /// returns what the user saw (stdout and stderr).
+    pub fn sbatch_refused(&self, args: &[&str]) -> String {
+        let out = self.try_sbatch(args);
+        assert!(
+            !out.status.success(),
+            "sbatch {args:?} was accepted: {}",
+            describe(&out)
+        );
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// `scontrol show job -o JOB` as `Key=value` maps, one per record (an
+    /// array job has one per task); empty when Slurm no longer knows it.
+    pub fn job_records(&self, job: u32) -> Vec<std::collections::HashMap<String, String>> {
+        let out = self
+            .command("scontrol")
+            .args(["show", "job", "-o", &job.to_string()])
+            .output()
+            .expect("run scontrol");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(fields)
+            .collect()
     }
 
     /// The node's state as `sinfo -h -o %T` prints it (`idle`, `mixed`,

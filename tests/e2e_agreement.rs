@@ -16,23 +16,13 @@
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{artifact, Sidecar, SlurmCluster};
+use smartmig_suite::{plugstack_line, Sidecar, SlurmCluster, FINAL_JOB_STATES};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The plugstack.conf line (sidecar socket in `dir/run`), plus `extra`.
-fn plugstack(dir: &Path, extra: &str) -> String {
-    format!(
-        "required {} socket={} timeout=40 {extra}\n",
-        artifact("libsmartmig_spank.so").display(),
-        dir.join("run/smartmigd.sock").display()
-    )
-}
 
 /// A cluster with a short requeue delay (Slurm holds a job requeued while it runs for
 /// cred_expire + 1 s) and a scheduler that looks at the queue every 2 s.
@@ -41,7 +31,7 @@ fn cluster(plugin_extra: &str) -> SlurmCluster {
     std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
     let extra = plugin_extra.to_string();
     SlurmCluster::up_with(move |dir| {
-        std::fs::write(dir.join("plugstack.conf"), plugstack(dir, &extra))
+        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, &extra))
             .expect("write plugstack");
     })
 }
@@ -56,36 +46,6 @@ fn submit(cluster: &SlurmCluster, args: &[&str], body: &str) -> u32 {
     cluster.sbatch(&all)
 }
 
-/// `scontrol show job -o JOB` as `Key=value` pairs of every record (an
-/// array job has one per task).
-fn job_records(cluster: &SlurmCluster, job: u32) -> Vec<BTreeMap<String, String>> {
-    let out = cluster
-        .command("scontrol")
-        .args(["show", "job", "-o", &job.to_string()])
-        .output()
-        .expect("run scontrol");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|line| {
-            line.split_whitespace()
-                .filter_map(|w| w.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
-const FINAL: &[&str] = &[
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-];
-
 /// Polls `f` every 200 ms until it returns true or `timeout` passes.
 fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
@@ -96,6 +56,27 @@ fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(200));
     }
     false
+}
+
+/// Fills the node: a whole-GPU job on one GPU, two 3-shard jobs (3g
+/// instances, the two memory halves) on the other, each running until the
+/// test creates `go/<its job id>`. Returns their ids once all three hold
+/// their instances.
+fn fill_with_held_jobs(cluster: &SlurmCluster, sidecar: &Sidecar, go: &Path) -> [u32; 3] {
+    std::fs::create_dir_all(go).expect("mkdir go");
+    let held = format!(
+        "for i in $(seq 900); do [ -e {}/$SLURM_JOB_ID ] && break; sleep 0.1; done",
+        go.display()
+    );
+    let jobs = [7, 3, 3].map(|k| submit(cluster, &[&format!("--gres=shard:{k}")], &held));
+    assert!(
+        wait_until(Duration::from_secs(60), || busy(&sidecar.status()).len()
+            == 3),
+        "three instances expected: {:#}\n{}",
+        sidecar.status(),
+        cluster.log_tails()
+    );
+    jobs
 }
 
 /// Instances of a status reply that a job holds.
@@ -124,7 +105,7 @@ fn big_queue_and_no_epilog_still_free_instances() {
     // Listed now, after slurmd started: steps use it, the epilog does not.
     std::fs::write(
         cluster.dir().join("plugstack.conf"),
-        plugstack(cluster.dir(), ""),
+        plugstack_line(cluster.dir(), ""),
     )
     .expect("write plugstack");
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 20");
@@ -215,11 +196,11 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1");
     let mut last = Vec::new();
     let done = wait_until(TIMEOUT, || {
-        last = job_records(&cluster, array);
+        last = cluster.job_records(array);
         last.len() == 10
             && last.iter().all(|r| {
                 r.get("JobState")
-                    .is_some_and(|s| FINAL.contains(&s.as_str()))
+                    .is_some_and(|s| FINAL_JOB_STATES.contains(&s.as_str()))
             })
     });
     assert!(
@@ -254,43 +235,32 @@ fn shard_slurm_sees_but_mig_cannot_build_is_requeued_not_failed() {
     let cluster = cluster("");
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 2");
     let go = cluster.dir().join("go");
-    let held = format!(
-        "for i in $(seq 600); do [ -e {} ] && break; sleep 0.1; done",
-        go.display()
-    );
-    // One whole GPU and two 3g halves of the other.
-    let whole = submit(&cluster, &["--gres=shard:7"], &held);
-    let a = submit(&cluster, &["--gres=shard:3"], &held);
-    let b = submit(&cluster, &["--gres=shard:3"], &held);
-    assert!(
-        wait_until(Duration::from_secs(60), || busy(&sidecar.status()).len()
-            == 3),
-        "three instances expected: {:#}\n{}",
-        sidecar.status(),
-        cluster.log_tails()
-    );
+    let [whole, a, b] = fill_with_held_jobs(&cluster, &sidecar, &go);
     let small = submit(&cluster, &["--gres=shard:1"], "echo small ran");
     // It starts, finds no room, and is requeued (Restarts=1, back to pending).
     assert!(
         wait_until(Duration::from_secs(60), || {
-            job_records(&cluster, small)
+            cluster
+                .job_records(small)
                 .first()
                 .and_then(|r| r.get("Restarts").cloned())
                 .is_some_and(|n| n != "0")
         }),
         "the 1-shard job was not requeued: {:#?}\n{}",
-        job_records(&cluster, small),
+        cluster.job_records(small),
         smartmigd_log(&cluster)
     );
     assert_ne!(cluster.job_state(small).as_deref(), Some("FAILED"));
-    std::fs::write(&go, b"").expect("write go");
+    for job in [whole, a, b] {
+        std::fs::write(go.join(job.to_string()), b"").expect("write go");
+    }
     for job in [whole, a, b, small] {
         let state = cluster.wait_job(job, TIMEOUT);
         assert_eq!(
             state,
             "COMPLETED",
             "job {job}: {:#?}\n{}\n{}",
-            job_records(&cluster, job),
+            cluster.job_records(job),
             smartmigd_log(&cluster),
             cluster.log_tails()
         );
@@ -355,20 +325,7 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
     let cluster = cluster("");
     let mut sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 60");
     let go = cluster.dir().join("go");
-    std::fs::create_dir_all(&go).expect("mkdir go");
-    let held = format!(
-        "for i in $(seq 900); do [ -e {}/$SLURM_JOB_ID ] && break; sleep 0.1; done",
-        go.display()
-    );
-    let whole = submit(&cluster, &["--gres=shard:7"], &held);
-    let a = submit(&cluster, &["--gres=shard:3"], &held);
-    let b = submit(&cluster, &["--gres=shard:3"], &held);
-    assert!(
-        wait_until(Duration::from_secs(60), || busy(&sidecar.status()).len()
-            == 3),
-        "three instances expected: {:#}",
-        sidecar.status()
-    );
+    let [whole, a, b] = fill_with_held_jobs(&cluster, &sidecar, &go);
     let small = submit(&cluster, &["--gres=shard:1"], "echo small ran");
     let listed = |s: &Value| {
         s["waiting"]
@@ -393,10 +350,11 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
         cluster.wait_job(small, TIMEOUT),
         "COMPLETED",
         "{:#?}\n{}",
-        job_records(&cluster, small),
+        cluster.job_records(small),
         smartmigd_log(&cluster)
     );
-    let restarts = job_records(&cluster, small)
+    let restarts = cluster
+        .job_records(small)
         .first()
         .and_then(|r| r.get("Restarts").cloned());
     assert_eq!(

@@ -10,25 +10,16 @@
 //! Needs root and a release build of the workspace (`scripts/test` does
 //! both); fails, never skips, when Slurm or smartmigd cannot start.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{artifact, describe, Sidecar, SlurmCluster};
+use smartmig_suite::{artifact, fields, Sidecar, SlurmCluster};
 
 /// Slurm's job timeout for a job to finish once released.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The plugstack.conf line for a cluster directory `dir` (the sidecar's
-/// socket is `dir/run/smartmigd.sock`), plus extra plugin arguments.
-fn plugstack(dir: &Path, extra: &str) -> String {
-    format!(
-        "required {} socket={} timeout=40 {extra}\n",
-        artifact("libsmartmig_spank.so").display(),
-        dir.join("run/smartmigd.sock").display()
-    )
-}
+use smartmig_suite::plugstack_line as plugstack;
 
 /// A cluster whose plugstack.conf lists the plugin before slurmd starts
 /// (slurmd only runs SPANK epilogs of plugins it saw at start), and a
@@ -56,15 +47,7 @@ fn held_job(go: &Path, extra: &str) -> String {
 
 /// Submits a job as `nobody` writing to `out`.
 fn submit(cluster: &SlurmCluster, out: &Path, args: &[&str], body: &str) -> u32 {
-    let mut all = vec![
-        "--uid=nobody",
-        "--gid=nogroup",
-        "-o",
-        out.to_str().expect("utf-8 path"),
-    ];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--wrap", body]);
-    cluster.sbatch(&all)
+    cluster.sbatch_as_nobody(out, args, body)
 }
 
 /// `KEY=value` words of a job's output.
@@ -80,14 +63,6 @@ fn run_to_end(
     let job = submit(cluster, &out, args, body);
     let state = cluster.wait_job(job, JOB_TIMEOUT);
     (job, state, read(&out))
-}
-
-fn fields(output: &str) -> HashMap<String, String> {
-    output
-        .split_whitespace()
-        .filter_map(|w| w.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 fn read(path: &Path) -> String {
@@ -481,13 +456,7 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
     ] {
         let mut all = args.clone();
         all.extend_from_slice(&["--gres=shard:3", "--wrap", "true"]);
-        let out = cluster.try_sbatch(&all);
-        assert!(
-            !out.status.success(),
-            "sbatch {all:?} accepted: {}",
-            describe(&out)
-        );
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = cluster.sbatch_refused(&all);
         assert!(
             err.contains(needle),
             "sbatch {all:?}: stderr lacks {needle:?}:\n{err}"

@@ -20,12 +20,8 @@ use smartmig_suite::{artifact, Sidecar, SlurmCluster};
 const TIMEOUT: Duration = Duration::from_secs(150);
 
 fn plugstack(dir: &Path) -> String {
-    format!(
-        "required {} socket={} timeout=40 oom_requeue=yes oom_dir={}\n",
-        artifact("libsmartmig_spank.so").display(),
-        dir.join("run/smartmigd.sock").display(),
-        dir.join("run/oom").display()
-    )
+    let oom = format!("oom_requeue=yes oom_dir={}", dir.join("run/oom").display());
+    smartmig_suite::plugstack_line(dir, &oom)
 }
 
 /// Submits a batch job as `nobody` appending to `out` (a requeued job's

@@ -13,14 +13,13 @@
 //! Needs root and a release build of the workspace (`scripts/test` does
 //! both); fails, never skips, when Slurm or smartmigd cannot start.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{artifact, describe, repo_root, Sidecar, SlurmCluster};
+use smartmig_suite::{describe, fields, plugstack_line, repo_root, Sidecar, SlurmCluster};
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -42,12 +41,8 @@ fn with_job_submit_script() {
 fn cluster() -> SlurmCluster {
     with_job_submit_script();
     let cluster = SlurmCluster::up_with(|dir| {
-        let line = format!(
-            "required {} socket={} timeout=40\n",
-            artifact("libsmartmig_spank.so").display(),
-            dir.join("run/smartmigd.sock").display()
-        );
-        std::fs::write(dir.join("plugstack.conf"), line).expect("write plugstack.conf");
+        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, ""))
+            .expect("write plugstack.conf");
     });
     let conf = std::fs::read_to_string(cluster.slurm_conf()).unwrap_or_default();
     assert!(
@@ -70,13 +65,7 @@ fn text(out: &Output) -> String {
 fn assert_refused(cluster: &SlurmCluster, args: &[&str], needle: &str) {
     let mut all = args.to_vec();
     all.extend_from_slice(&["--hold", "--wrap", "true"]);
-    let out = cluster.try_sbatch(&all);
-    assert!(
-        !out.status.success(),
-        "sbatch {args:?} was accepted: {}",
-        describe(&out)
-    );
-    let seen = text(&out);
+    let seen = cluster.sbatch_refused(&all);
     assert!(
         seen.contains(&format!("smartmig: {needle}")),
         "sbatch {args:?}: expected {needle:?} in: {seen}\n{}",
@@ -282,27 +271,11 @@ fn held_job(dir: &Path) -> String {
     )
 }
 
-fn fields(output: &str) -> HashMap<String, String> {
-    output
-        .split_whitespace()
-        .filter_map(|w| w.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 /// Submits a held job as `nobody`; returns (id, output path).
 fn submit(cluster: &SlurmCluster, dir: &Path, name: &str, args: &[&str]) -> (u32, PathBuf) {
     let out = dir.join(format!("{name}.out"));
-    let body = held_job(dir);
-    let mut all = vec![
-        "--uid=nobody",
-        "--gid=nogroup",
-        "-o",
-        out.to_str().expect("utf-8 path"),
-    ];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--wrap", &body]);
-    (cluster.sbatch(&all), out)
+    let job = cluster.sbatch_as_nobody(&out, args, &held_job(dir));
+    (job, out)
 }
 
 /// Waits until the job's output has its first line (it got its instance or
