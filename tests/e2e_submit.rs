@@ -302,7 +302,7 @@ fn wait_started(cluster: &SlurmCluster, job: u32, out: &Path) -> String {
     }
 }
 
-/// Memory slices of the A100-40GB profiles (sidecar/src/mig/models.rs).
+/// Memory slices of the A100-40GB profiles (sidecar/mig/src/models.rs).
 fn memory_slices(profile: &str) -> u64 {
     match profile {
         "1g.5gb" => 1,

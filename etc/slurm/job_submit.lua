@@ -57,8 +57,8 @@ local SMARTMIG_PARTITION_MODELS = {
 }
 
 ------------------------------------------------------------------------------
--- MIG tables: must equal sidecar/src/mig/models.rs (media-extension "+me"
--- profiles left out, as there). `cargo test -p smartmig lua_tables` fails
+-- MIG tables: must equal sidecar/mig/src/models.rs (media-extension "+me"
+-- profiles left out, as there). `cargo test -p smartmig-mig lua_tables` fails
 -- when they differ and prints the block to paste here. compute and memory
 -- are slices, memory_gb is the GB in the profile name.
 ------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ local MIG_MODELS = {
 
 ------------------------------------------------------------------------------
 -- Implementation (mirrors slurm-plugin/src/options.rs and
--- sidecar/src/mig/profile.rs; keep them in step)
+-- sidecar/mig/src/profile.rs; keep them in step)
 ------------------------------------------------------------------------------
 
 local MODEL_BY_ID = {}

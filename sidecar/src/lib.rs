@@ -19,7 +19,7 @@ pub mod bound;
 pub mod cli;
 pub mod daemon;
 pub mod learn;
-pub mod mig;
+pub use smartmig_mig as mig;
 pub mod policy;
 pub mod report;
 pub mod sim;

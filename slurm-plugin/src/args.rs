@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use smartmig::daemon::protocol::DEFAULT_SOCKET;
+use smartmig_client::protocol::DEFAULT_SOCKET;
 
 /// Default read/write timeout of one request to the sidecar. Must exceed the
 /// daemon's `allocate_wait_s` (30 s by default) so that a "wait for a

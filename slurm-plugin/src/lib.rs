@@ -30,8 +30,8 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, MutexGuard};
 
-use smartmig::daemon::client::{Client, ClientError};
-use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ErrorKind, ReleaseRequest};
+use smartmig_client::client::{Client, ClientError};
+use smartmig_client::protocol::{AllocAction, AllocateRequest, ErrorKind, ReleaseRequest};
 
 pub mod args;
 pub mod job;

@@ -7,7 +7,7 @@
 //! are known. The GPU model is not known at submit time, so `--mig-profile`
 //! is only checked there for being a profile of *some* known model.
 
-use smartmig::mig::{parse_profile, GpuModel, ProfileParseError, ProfileSpec, MODELS};
+use smartmig_mig::{parse_profile, GpuModel, ProfileParseError, ProfileSpec, MODELS};
 
 /// Largest `--mig-mem` accepted (GB): more than any MIG-capable GPU has, so
 /// a typo such as `--mig-mem=20000G` is refused at submit instead of failing

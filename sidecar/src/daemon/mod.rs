@@ -6,7 +6,7 @@
 //!
 //! | module | role | IO? |
 //! |---|---|---|
-//! | [`protocol`] | wire types (newline-delimited JSON), request parser | no |
+//! | [`protocol`] | wire types (newline-delimited JSON), request parser (crate `smartmig-client`, re-exported) | no |
 //! | [`config`] | TOML config, defaults, validation naming the key | reads the file |
 //! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
 //! | [`backend`] | MIG backends: `sim` (persisted) and `nvml` | yes |
@@ -15,7 +15,7 @@
 //! | [`slurm`] | `squeue`/`sinfo`/`scontrol` behind [`slurm::SlurmClient`] | yes |
 //! | [`metrics`] | Prometheus families | no |
 //! | [`server`] | socket, peer credentials, per-GPU locks, signals, loops | yes |
-//! | [`client`] | synchronous client for the CLI and the SPANK plugin | yes |
+//! | [`client`] | synchronous client for the CLI and the SPANK plugin (crate `smartmig-client`) | yes |
 //! | [`bench`] | latency/RSS benchmark of a running daemon | yes |
 //!
 //! Geometry (profiles, placements, re-shaping) comes from [`crate::mig`] and
@@ -26,16 +26,16 @@
 pub mod allocate;
 pub mod backend;
 pub mod bench;
-pub mod client;
 pub mod config;
 pub mod fsutil;
 pub mod journal;
 pub mod memory;
 pub mod metrics;
 pub mod policy;
-pub mod protocol;
 pub mod server;
 pub mod slurm;
+
+pub use smartmig_client::{client, protocol};
 
 pub use client::{Client, ClientError};
 pub use config::Config;

@@ -76,7 +76,7 @@ fn job_submit_lua_tables_equal_the_rust_tables() {
             .position(|(w, g)| w != g)
             .unwrap_or(want.len().min(got.len()));
         panic!(
-            "the MIG tables in {SCRIPT_PATH} differ from sidecar/src/mig/models.rs \
+            "the MIG tables in {SCRIPT_PATH} differ from sidecar/mig/src/models.rs \
              (first difference at block line {}: script has {:?}, expected {:?}).\n\
              Replace the lines between `{BEGIN}` and `{END}` with:\n{expected}",
             first + 1,

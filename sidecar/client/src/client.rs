@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::protocol::{
+use crate::protocol::{
     AllocateReply, AllocateRequest, ErrorBody, HealthReply, ReconcileReply, ReleaseReply,
     ReleaseRequest, Request, StatusReply,
 };

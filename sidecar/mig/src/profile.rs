@@ -165,7 +165,7 @@ pub fn select_profile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mig::GpuModel;
+    use crate::GpuModel;
 
     fn name_on(model: GpuModel, s: &str) -> Result<String, ProfileParseError> {
         parse_profile(model.spec(), s).map(|p| p.name())

@@ -1,4 +1,7 @@
-//! MIG geometry: the pure, exact model of what the hardware accepts.
+//! `smartmig-mig`: MIG geometry, the pure, exact model of what the hardware
+//! accepts. Imports nothing of smartmig (serde and thiserror only); the
+//! `smartmig` crate re-exports it as `smartmig::mig`, and the SPANK plugin
+//! uses it for profile names.
 //!
 //! - [`models`]: the one table of GPU models and profiles, with sources.
 //! - [`profile`]: profile names in (driver and Slurm variants), profiles out;

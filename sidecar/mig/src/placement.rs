@@ -135,7 +135,7 @@ impl Geometry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mig::GpuModel;
+    use crate::GpuModel;
 
     fn a100() -> &'static Geometry {
         Geometry::of(GpuModel::A100_40gb)

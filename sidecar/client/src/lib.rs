@@ -1,0 +1,16 @@
+//! `smartmig-client`: how anything talks to `smartmigd`.
+//!
+//! - [`protocol`]: the wire types (one JSON object per line each way) and
+//!   the request parser the daemon uses, so both ends agree on every byte.
+//! - [`client`]: the blocking Unix-socket client (connect and I/O
+//!   timeouts, bounded replies) used by the SPANK plugin, `smartmig
+//!   status/release/reconcile` and the tests.
+//!
+//! It depends on serde alone, so the SPANK plugin that slurmstepd loads as
+//! root into every job links no async runtime, no ML or GPU library.
+
+pub mod client;
+pub mod protocol;
+
+pub use client::{Client, ClientError};
+pub use protocol::{ErrorKind, Request};
