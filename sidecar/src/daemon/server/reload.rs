@@ -1,0 +1,64 @@
+//! SIGHUP: re-read the config, apply what may change live, keep the rest.
+
+use super::*;
+
+impl Daemon {
+    /// SIGHUP: re-reads the config; applies what can change live, keeps the
+    /// old config when the new one is invalid.
+    pub async fn reload(&self) {
+        let new = match Config::load(&self.config_path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("SIGHUP: new config rejected, keeping the old one: {e}");
+                return;
+            }
+        };
+        let old = self.config();
+        let models: Vec<GpuModel> = self.slots.iter().map(|s| s.model).collect();
+        let (policy, name) = match make_policy(&new.policy, &models) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("SIGHUP: policy rejected, keeping the old config: {e}");
+                return;
+            }
+        };
+        let restart = old.restart_only_changes(&new);
+        if !restart.is_empty() {
+            tracing::warn!(
+                "SIGHUP: {} changed but need a restart; the old values stay in effect",
+                restart.join(", ")
+            );
+        }
+        let live = old.live_changes(&new);
+        if live.is_empty() {
+            tracing::info!("SIGHUP: configuration reloaded, nothing changed");
+        } else {
+            tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
+        }
+        // Keep the restart-only keys as they are.
+        let mut merged = new.clone();
+        merged.socket = old.socket.clone();
+        merged.state_dir = old.state_dir.clone();
+        merged.backend = old.backend;
+        merged.gpus = old.gpus.clone();
+        merged.sim = old.sim.clone();
+        merged.metrics_listen = old.metrics_listen.clone();
+        merged.log_level = old.log_level.clone();
+        merged.memory.estimator = old.memory.estimator.clone();
+        if old.slurm_user != merged.slurm_user {
+            if let Ok(mut u) = self.slurm_uid.write() {
+                *u = resolve_uid(&merged.slurm_user);
+            }
+        }
+        if let Ok(mut s) = self.slurm.write() {
+            *s = slurm_client(&merged);
+        }
+        *self.policy.lock().await = policy;
+        if let Ok(mut n) = self.policy_name.write() {
+            *n = name;
+        }
+        if let Ok(mut c) = self.config.write() {
+            *c = Arc::new(merged);
+        }
+    }
+}
