@@ -171,7 +171,8 @@ fn big_queue_and_no_epilog_still_free_instances() {
 
 /// smartmigd is down when an array of 10 shard jobs arrives: at most one
 /// task may fail, the node is drained with the reason, and once smartmigd
-/// is back it resumes the node and every task completes. Before the fix
+/// is back it resumes the node, every task completes and the GPUs' layouts
+/// are published as node features. Before the fix
 /// all 10 tasks FAILED within seconds while `sinfo` said idle.
 #[test]
 fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
@@ -193,7 +194,7 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     let reason = String::from_utf8_lossy(&reason.stdout).trim().to_string();
     assert_eq!(reason, "smartmig: sidecar unreachable");
 
-    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\npublish_layout = true");
     let mut last = Vec::new();
     let done = wait_until(TIMEOUT, || {
         last = cluster.job_records(array);
@@ -221,6 +222,18 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     assert!(
         smartmigd_log(&cluster).contains("node resumed"),
         "{}",
+        smartmigd_log(&cluster)
+    );
+    // The same per-epoch sinfo read publishes each GPU's layout.
+    let features = cluster
+        .command("sinfo")
+        .args(["-h", "-o", "%f"])
+        .output()
+        .expect("sinfo -o %f");
+    let features = String::from_utf8_lossy(&features.stdout).to_string();
+    assert!(
+        features.contains("smartmig_gpu0_") && features.contains("smartmig_gpu1_"),
+        "layout not published as node features: {features:?}\n{}",
         smartmigd_log(&cluster)
     );
     drop(sidecar);

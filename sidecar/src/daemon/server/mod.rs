@@ -1182,7 +1182,9 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
     tracing::info!(socket = %socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
         policy = %daemon.policy_name(), "smartmigd ready");
     if daemon.config().slurm.enabled {
-        daemon.resume_if_drained_by_us().await;
+        if let Some(info) = daemon.read_node().await {
+            daemon.resume_if_drained_by_us(&info).await;
+        }
     }
     let mut connections = JoinSet::new();
     loop {

@@ -5,6 +5,7 @@
 //! the restart needs more compute slices).
 
 use super::*;
+use crate::daemon::slurm::NodeInfo;
 
 /// Refuses to start when Slurm's GPU i (by device name, from `slurmd -G`)
 /// is another device than the backend's GPU i: every job would get an
@@ -328,29 +329,39 @@ impl Daemon {
         Ok(ReconcileReply { released_jobs })
     }
 
+    /// What `sinfo --json` says of this node (one call per epoch serves
+    /// both the resume below and the layout features); `None`, logged,
+    /// when Slurm does not answer.
+    pub(super) async fn read_node(&self) -> Option<NodeInfo> {
+        let slurm = self.slurm();
+        let node = self.node.clone();
+        match tokio::task::spawn_blocking(move || slurm.node(&node)).await {
+            Ok(Ok(info)) => Some(info),
+            Ok(Err(e)) => {
+                tracing::warn!(node = %self.node, "cannot read the node's state from Slurm: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::error!("node state task failed: {e}");
+                None
+            }
+        }
+    }
+
     /// The plugin drains the node when it cannot reach smartmigd; this
     /// daemon is up and serving, so it undoes such a drain (and only
     /// such a drain: an admin's reason is left alone).
-    pub async fn resume_if_drained_by_us(&self) {
+    pub async fn resume_if_drained_by_us(&self, info: &NodeInfo) {
+        if !info.drained_by_smartmig() {
+            return;
+        }
         let slurm = self.slurm();
         let node = self.node.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            let info = slurm.node(&node)?;
-            if !info.drained_by_smartmig() {
-                return Ok(None);
-            }
-            slurm.resume(&node)?;
-            Ok::<_, crate::daemon::slurm::SlurmError>(Some(info.reason))
-        })
-        .await;
-        match outcome {
-            Ok(Ok(Some(reason))) => tracing::warn!(node = %self.node,
-                "node was drained by smartmig ({reason}); smartmigd is serving again: node resumed"),
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(node = %self.node, "cannot check or resume the node's drain state: {e}")
-            }
-            Err(e) => tracing::error!("node state task failed: {e}"),
+        match tokio::task::spawn_blocking(move || slurm.resume(&node)).await {
+            Ok(Ok(())) => tracing::warn!(node = %self.node, reason = %info.reason,
+                "node was drained by smartmig; smartmigd is serving again: node resumed"),
+            Ok(Err(e)) => tracing::warn!(node = %self.node, "cannot resume the node: {e}"),
+            Err(e) => tracing::error!("node resume task failed: {e}"),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! features.
 
 use super::*;
+use crate::daemon::slurm::NodeFeatures;
 
 /// When a running job's instance frees up, as Unix seconds: Slurm's
 /// `end_time` (start + time limit) when the queue lists the job, else the
@@ -168,25 +169,28 @@ impl Daemon {
             pending_by_profile: &by_profile,
         };
         let decisions = self.policy.lock().await.decide(&view);
-        let mut changed = false;
         for d in decisions {
             let Some(slot) = self.slots.get(d.gpu) else {
                 tracing::warn!(gpu = d.gpu, "policy decided for a GPU that does not exist");
                 continue;
             };
             let mut st = slot.state.lock().await;
-            changed |= self.apply_target(slot, &mut st, d.target, "policy");
+            self.apply_target(slot, &mut st, d.target, "policy");
         }
-        if cfg.publish_layout && (changed || cfg.slurm.enabled) {
-            self.publish_layout().await;
-        }
+        // Without Slurm queries there is nowhere to publish to, nothing to resume.
         if cfg.slurm.enabled {
-            self.resume_if_drained_by_us().await;
+            if let Some(info) = self.read_node().await {
+                self.resume_if_drained_by_us(&info).await;
+                if cfg.publish_layout {
+                    self.publish_layout(&info.features).await;
+                }
+            }
         }
     }
 
     /// Publishes each GPU's compute sizes as node features, keeping the admin's.
-    pub(super) async fn publish_layout(&self) {
+    /// `current`: the node's features as this epoch's `sinfo` read them.
+    pub(super) async fn publish_layout(&self, current: &NodeFeatures) {
         let mut layouts = Vec::new();
         for slot in &self.slots {
             let st = slot.state.lock().await;
@@ -204,9 +208,8 @@ impl Daemon {
         let slurm = self.slurm();
         let node = self.node.clone();
         let result = tokio::task::block_in_place(|| {
-            let current = slurm.node(&node)?.features;
-            let merged = merge_features(&current, &ours);
-            if merged != current {
+            let merged = merge_features(current, &ours);
+            if merged != *current {
                 slurm.set_node_features(&node, &merged)?;
                 tracing::info!(node = %node, features = %merged.available.join(","), "published layout as node features");
             }
