@@ -18,6 +18,7 @@
 pub mod bound;
 pub mod cli;
 pub mod daemon;
+pub mod eval;
 pub mod learn;
 pub use smartmig_mig as mig;
 pub mod policy;

@@ -86,7 +86,10 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
     assert_eq!(a.profile, "1g.5gb");
     let r = c.release_with(oom(5)).unwrap();
     assert_eq!(r.released, 1);
-    assert_eq!(r.oom_decision.as_deref(), Some("requeue_scheduled"));
+    assert_eq!(
+        r.oom_decision.map(|d| d.as_str()),
+        Some("requeue_scheduled")
+    );
     wait_until(&d, "scontrol requeue 5", || {
         scontrol_log(&d.dir).contains("requeue 5")
     });
@@ -97,7 +100,7 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
             .unwrap()
             .oom_events
             .iter()
-            .any(|e| e.decision == "requeued")
+            .any(|e| e.decision.as_str() == "requeued")
     });
     // The requeued job (same id) without --mig-mem: the next larger size.
     let b = c.allocate(named(5, 1, 1, None, "train.sh")).unwrap();
@@ -138,12 +141,18 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
     // Retries are bounded (max_retries = 1).
     c.allocate(named(9, 1, 1, None, "big.sh")).unwrap();
     assert_eq!(
-        c.release_with(oom(9)).unwrap().oom_decision.as_deref(),
+        c.release_with(oom(9))
+            .unwrap()
+            .oom_decision
+            .map(|d| d.as_str()),
         Some("requeue_scheduled")
     );
     c.allocate(named(9, 1, 1, None, "big.sh")).unwrap();
     assert_eq!(
-        c.release_with(oom(9)).unwrap().oom_decision.as_deref(),
+        c.release_with(oom(9))
+            .unwrap()
+            .oom_decision
+            .map(|d| d.as_str()),
         Some("retries_exhausted")
     );
     // A repeated OOM release of a job that holds nothing decides nothing.
@@ -161,7 +170,7 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
     assert!(
         m.oom_events
             .iter()
-            .any(|e| e.decision == "retries_exhausted"),
+            .any(|e| e.decision.as_str() == "retries_exhausted"),
         "{m:?}"
     );
 }
@@ -183,7 +192,10 @@ requeue_timeout_s = 5
     for job in [3, 4] {
         c.allocate(named(job, 0, 1, None, "x")).unwrap();
         assert_eq!(
-            c.release_with(oom(job)).unwrap().oom_decision.as_deref(),
+            c.release_with(oom(job))
+                .unwrap()
+                .oom_decision
+                .map(|d| d.as_str()),
             Some("requeue_scheduled")
         );
     }
@@ -191,7 +203,7 @@ requeue_timeout_s = 5
         let m = c.status().unwrap().memory.unwrap();
         m.oom_events
             .iter()
-            .filter(|e| e.decision == "not_requeued")
+            .filter(|e| e.decision.as_str() == "not_requeued")
             .count()
             == 2
     });
@@ -216,7 +228,10 @@ fn oom_is_not_requeued_when_the_admin_disabled_it() {
     let c = d.client();
     c.allocate(named(3, 0, 1, None, "x")).unwrap();
     assert_eq!(
-        c.release_with(oom(3)).unwrap().oom_decision.as_deref(),
+        c.release_with(oom(3))
+            .unwrap()
+            .oom_decision
+            .map(|d| d.as_str()),
         Some("disabled")
     );
     std::thread::sleep(Duration::from_millis(300));

@@ -4,7 +4,8 @@
 //! whole comparison is deterministic.
 
 use proptest::prelude::*;
-use smartmig::cli::compare::{compare, search_score, CompareOptions};
+use smartmig::cli::compare::{compare, CompareOptions};
+use smartmig::eval::search_score;
 use smartmig::mig::{Geometry, GpuModel, Layout, Shape};
 use smartmig::policy::search::{static_best, SearchConfig};
 use smartmig::policy::{

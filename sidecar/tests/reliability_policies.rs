@@ -131,6 +131,9 @@ fn check_all_policies(
     let search = SearchConfig {
         top: 3,
         mix_budget: 8,
+        pair_top: 3,
+        mixes: 2,
+        ..SearchConfig::default()
     };
     let mut evaluate = |p: &mut dyn RepartitionPolicy| {
         runs += 1;

@@ -172,11 +172,55 @@ pub struct AllocateReply {
 pub struct ReleaseReply {
     /// Instances returned (0 when the job held none: release is idempotent).
     pub released: u32,
-    /// What the daemon decided about an out-of-memory release (`oom: true`):
-    /// `requeue_scheduled`, `retries_exhausted`, `no_larger_profile`,
-    /// `disabled`, `slurm_disabled`. Absent otherwise.
+    /// What the daemon decided about an out-of-memory release (`oom: true`).
+    /// Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub oom_decision: Option<String>,
+    pub oom_decision: Option<OomDecision>,
+}
+
+/// What the daemon did about a job that ran out of GPU memory (its wire
+/// form is the snake_case name, e.g. `requeue_scheduled`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomDecision {
+    /// The job will be requeued with a profile of more memory.
+    RequeueScheduled,
+    /// Slurm requeued it.
+    Requeued,
+    /// Slurm did not requeue it: it was cancelled or timed out meanwhile.
+    NotRequeued,
+    /// `scontrol requeue` failed.
+    RequeueFailed,
+    /// `oom.max_retries` restarts already.
+    RetriesExhausted,
+    /// No profile has more memory for the job's slices.
+    NoLargerProfile,
+    /// `oom.requeue = false`.
+    Disabled,
+    /// `slurm.enabled = false`.
+    SlurmDisabled,
+}
+
+impl OomDecision {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OomDecision::RequeueScheduled => "requeue_scheduled",
+            OomDecision::Requeued => "requeued",
+            OomDecision::NotRequeued => "not_requeued",
+            OomDecision::RequeueFailed => "requeue_failed",
+            OomDecision::RetriesExhausted => "retries_exhausted",
+            OomDecision::NoLargerProfile => "no_larger_profile",
+            OomDecision::Disabled => "disabled",
+            OomDecision::SlurmDisabled => "slurm_disabled",
+        }
+    }
+}
+
+impl std::fmt::Display for OomDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Reply to `reconcile`: the jobs whose instances were released because
@@ -264,9 +308,7 @@ pub struct OomEvent {
     pub memory_gb: u32,
     /// OOM failures of this job so far (this one included).
     pub failures: u32,
-    /// `requeue_scheduled`, `requeued`, `requeue_failed`, `retries_exhausted`,
-    /// `no_larger_profile`, `disabled`, `slurm_disabled`.
-    pub decision: String,
+    pub decision: OomDecision,
     /// Memory (GB) the next start is given at least.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_memory_gb: Option<u32>,
@@ -566,6 +608,22 @@ mod tests {
             plain,
             serde_json::json!({"v": 1, "op": "release", "job_id": 7})
         );
+        // Out-of-memory decisions travel as their snake_case names.
+        for d in [
+            OomDecision::RequeueScheduled,
+            OomDecision::Requeued,
+            OomDecision::NotRequeued,
+            OomDecision::RequeueFailed,
+            OomDecision::RetriesExhausted,
+            OomDecision::NoLargerProfile,
+            OomDecision::Disabled,
+            OomDecision::SlurmDisabled,
+        ] {
+            assert_eq!(serde_json::to_value(d).unwrap(), Value::from(d.as_str()));
+        }
+        let r: ReleaseReply =
+            serde_json::from_str(r#"{"released":1,"oom_decision":"requeue_scheduled"}"#).unwrap();
+        assert_eq!(r.oom_decision, Some(OomDecision::RequeueScheduled));
         // Old replies (no oom_decision, no memory section) still parse.
         let r: ReleaseReply = serde_json::from_str(r#"{"released":1}"#).unwrap();
         assert_eq!(r.oom_decision, None);

@@ -4,10 +4,14 @@
 //!
 //! The runs, in order: `none` (the ET reference), `static` (an arbitrary
 //! admin layout, catalog index 1: `4444|3333` on the eight-slice models),
-//! `static-best` and `twice-daily` (searched on this very workload, see
-//! `policy::search`), `greedy`, and any extra `--compare-policy` specs
-//! (e.g. the learned `policy:FILE.onnx`). Each final run records its event
-//! log in memory; the plots of `--report DIR` are derived from those logs.
+//! `static-hist` and `twice-daily-hist` (the opponents: searched on
+//! *training days*, other days of the same workload, and applied unchanged;
+//! `eval::baselines`), `greedy`, any extra `--compare-policy` specs (e.g.
+//! the learned `policy:FILE.onnx`), and the hindsight references
+//! `static-hindsight` and `twice-daily-hindsight` (searched on this very
+//! workload, which no admin knows in advance). Each final run records its
+//! event log in memory; the plots of `--report DIR` are derived from those
+//! logs.
 
 use std::path::Path;
 use std::time::Instant;
@@ -15,8 +19,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use crate::bound::{self, BoundGpu};
+use crate::eval::{fit, Day, DaySet};
 use crate::mig::{Geometry, GpuModel};
-use crate::policy::search::{self, SearchConfig};
+use crate::policy::search::SearchConfig;
 use crate::policy::{parse_policy, Greedy, RepartitionPolicy, StaticLayout};
 use crate::report::{plot, series, Comparison, Row};
 use crate::sim::{simulate, Collect, EtScore, Heuristic, Metrics, RunHooks, SimConfig, SimResult};
@@ -37,6 +42,10 @@ pub struct CompareOptions {
     pub extra: Vec<String>,
     /// Width of the plot bins, s.
     pub bin_s: f64,
+    /// Other days of the same workload (never the compared one), on which
+    /// the opponents `static-hist` and `twice-daily-hist` are fitted. Empty:
+    /// those rows are left out.
+    pub training: Vec<Day>,
 }
 
 impl CompareOptions {
@@ -47,24 +56,9 @@ impl CompareOptions {
             search: SearchConfig::default(),
             extra: Vec::new(),
             bin_s: DEFAULT_BIN_S,
+            training: Vec::new(),
         }
     }
-}
-
-/// The objective the searches minimise: ET against the reference run, with
-/// the tardiness normalised by `max(reference mean tardiness, 1 s)` so that
-/// a reference without tardiness still ranks candidates (it equals ET
-/// whenever the reference's mean tardiness is at least 1 s).
-pub fn search_score(run: &Metrics, reference: &Metrics, alpha: f64) -> f64 {
-    let e = if reference.energy_j > 0.0 {
-        run.energy_j / reference.energy_j
-    } else {
-        1.0
-    };
-    let t = run.mean_tardiness_s / reference.mean_tardiness_s.max(1.0);
-    // Jobs that never ran make a run look cheap: count each as very late.
-    let penalty = run.unserved as f64;
-    (e + alpha * t) / (1.0 + alpha) + penalty
 }
 
 struct Ctx<'a> {
@@ -76,10 +70,6 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn run_plain(&self, policy: &mut dyn RepartitionPolicy) -> Result<Metrics> {
-        Ok(self.run(policy, RunHooks::default())?.metrics)
-    }
-
     /// A final run: metrics, the policy's name and the series of its event log.
     fn run_logged(
         &self,
@@ -181,27 +171,38 @@ pub fn compare(
         None,
     );
 
-    // The searched fixed competitors.
-    let mut evaluate = |p: &mut dyn RepartitionPolicy| -> Result<f64> {
-        Ok(search_score(&ctx.run_plain(p)?, &reference, alpha))
-    };
-    let best =
-        search::static_best(cluster, &opts.search, &mut evaluate).context("static-best search")?;
-    let twice = search::twice_daily(cluster, &opts.search, &best, cfg.start_hour, &mut evaluate)
-        .context("twice-daily search")?;
-    let mut sb = best.policy.clone();
-    let (m, name, s) = ctx.run_logged(&mut sb)?;
-    push(&mut rows, "static-best", name, m, s, Some(best.evaluations));
-    let mut td = twice.policy.clone();
-    let (m, name, s) = ctx.run_logged(&mut td)?;
-    push(
-        &mut rows,
-        "twice-daily",
-        name,
-        m,
-        s,
-        Some(twice.evaluations),
-    );
+    // The opponents: fitted on the training days, applied unchanged.
+    let mut baselines = vec!["none".to_string(), "static".to_string()];
+    if !opts.training.is_empty() {
+        let train = DaySet::new(cluster, heuristic, opts.training.clone())?;
+        let fitted = fit(&train, &opts.search, alpha).context("fitting the opponents")?;
+        let days = train
+            .days
+            .iter()
+            .map(|d| d.label.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (m, _, s) = ctx.run_logged(&mut fitted.static_policy())?;
+        push(
+            &mut rows,
+            "static-hist",
+            format!("{} (fitted on {days})", fitted.static_spec(&train)),
+            m,
+            s,
+            Some(fitted.statics.evaluations * train.len()),
+        );
+        let mut td = fitted.twice_policy();
+        let (m, _, s) = ctx.run_logged(&mut td)?;
+        push(
+            &mut rows,
+            "twice-daily-hist",
+            format!("{} (fitted on {days})", td.schedule(cluster)),
+            m,
+            s,
+            Some(fitted.twice.evaluations * train.len()),
+        );
+        baselines.extend(["static-hist".to_string(), "twice-daily-hist".to_string()]);
+    }
 
     let mut greedy = Greedy::default();
     let (m, name, s) = ctx.run_logged(&mut greedy)?;
@@ -224,6 +225,43 @@ pub fn compare(
         push(&mut rows, spec, name, m, s, None);
     }
 
+    // The hindsight references: searched on this very workload.
+    let this_day = DaySet::new(
+        cluster,
+        heuristic,
+        vec![Day {
+            label: "this workload".into(),
+            jobs: jobs.to_vec(),
+            cfg: cfg.clone(),
+        }],
+    )?;
+    let hindsight = fit(&this_day, &opts.search, alpha).context("hindsight searches")?;
+    let (m, _, s) = ctx.run_logged(&mut hindsight.static_policy())?;
+    push(
+        &mut rows,
+        "static-hindsight",
+        format!(
+            "{} (searched on this workload: a reference, not an opponent)",
+            hindsight.static_spec(&this_day)
+        ),
+        m,
+        s,
+        Some(hindsight.statics.evaluations),
+    );
+    let mut td = hindsight.twice_policy();
+    let (m, _, s) = ctx.run_logged(&mut td)?;
+    push(
+        &mut rows,
+        "twice-daily-hindsight",
+        format!(
+            "{} (searched on this workload: a reference, not an opponent)",
+            td.schedule(cluster)
+        ),
+        m,
+        s,
+        Some(hindsight.twice.evaluations),
+    );
+
     let gpus: Vec<BoundGpu> = cluster
         .iter()
         .map(|&m| BoundGpu {
@@ -245,12 +283,7 @@ pub fn compare(
         alpha,
         reconfig_time_s: cfg.reconfig_time_s,
         reference: reference_name,
-        baselines: vec![
-            "none".into(),
-            "static".into(),
-            "static-best".into(),
-            "twice-daily".into(),
-        ],
+        baselines,
         bounds,
         et_lower_bound,
         rows,
@@ -336,6 +369,21 @@ pub fn run_cli(
     };
     let mut opts = CompareOptions::new(label, a.alpha);
     opts.extra.clone_from(&a.compare_policy);
+    if a.workload == "diurnal" {
+        for seed in (1..=a.train_days).map(|k| a.seed.wrapping_add(k)) {
+            let (jobs, horizon) =
+                super::simulate::load_workload_seed(a, cluster[0], cluster.len(), seed)?;
+            opts.training.push(Day {
+                label: format!("seed {seed}"),
+                jobs,
+                cfg: SimConfig {
+                    seed,
+                    workload_horizon_s: horizon,
+                    ..cfg.clone()
+                },
+            });
+        }
+    }
     // The shipped learned policy of each model joins the table when it and
     // ONNX Runtime exist (docs/policy.md).
     if !opts.extra.iter().any(|s| s.starts_with("policy:")) {

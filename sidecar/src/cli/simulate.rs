@@ -77,6 +77,11 @@ pub struct Args {
     /// With --compare: an extra policy to compare (repeatable), e.g. policy:FILE.onnx.
     #[arg(long, value_name = "SPEC", requires = "compare")]
     pub compare_policy: Vec<String>,
+    /// With --compare on a generated workload: the opponents static-hist and
+    /// twice-daily-hist are fitted on this many other days (seeds seed+1 ..
+    /// seed+N), as an admin picks a layout from past days.
+    #[arg(long, default_value_t = 8, requires = "compare")]
+    pub train_days: u64,
     /// Choose instances by the declared memory; a job on a too-small
     /// instance fails out of memory and restarts on a bigger one
     /// (docs/oom-and-memory.md). Off: the true need is known (oracle).
@@ -134,14 +139,24 @@ pub fn parse_cluster(gpus: usize, model: &str, cluster: Option<&str>) -> Result<
 
 /// The jobs and the workload horizon.
 pub fn load_workload(a: &Args, model: GpuModel, gpus: usize) -> Result<(Vec<Job>, Option<f64>)> {
+    load_workload_seed(a, model, gpus, a.seed)
+}
+
+/// [`load_workload`] with another seed (another day of a generated workload).
+pub fn load_workload_seed(
+    a: &Args,
+    model: GpuModel,
+    gpus: usize,
+    seed: u64,
+) -> Result<(Vec<Job>, Option<f64>)> {
     if a.workload == "diurnal" {
         let cfg = DiurnalConfig {
             horizon_s: a.hours * 3600.0,
             ..DiurnalConfig::default()
         };
         cfg.validate().context("diurnal workload")?;
-        let mut jobs = generate_diurnal(&cfg, model, gpus, a.seed);
-        super::oom::apply(&mut jobs, model, &memory_options(a)?, true, a.seed);
+        let mut jobs = generate_diurnal(&cfg, model, gpus, seed);
+        super::oom::apply(&mut jobs, model, &memory_options(a)?, true, seed);
         return Ok((jobs, Some(cfg.horizon_s)));
     }
     let format: TraceFormat = a.trace_format.parse()?;

@@ -288,7 +288,7 @@ mod tests {
                     profile: "1g.5gb".into(),
                     memory_gb: 5,
                     failures: 1,
-                    decision: "requeued".into(),
+                    decision: crate::daemon::protocol::OomDecision::Requeued,
                     next_memory_gb: Some(10),
                     message: "scontrol requeue 42 succeeded".into(),
                 }],

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::fsutil::atomic_write;
-use super::protocol::{EstimateStatus, MemoryStatus, OomEvent, OomJob};
+use super::protocol::{EstimateStatus, MemoryStatus, OomDecision, OomEvent, OomJob};
 use crate::mig::ModelSpec;
 use crate::workload::memory_estimate::Outcome;
 use crate::workload::{EstimatorConfig, MemoryEstimator, MemoryKey};
@@ -438,17 +438,17 @@ impl MemoryState {
         }
         let (decision, message) = if !policy.requeue {
             (
-                "disabled",
+                OomDecision::Disabled,
                 "not requeued: oom.requeue = false in smartmigd's config".to_string(),
             )
         } else if !policy.slurm_enabled {
             (
-                "slurm_disabled",
+                OomDecision::SlurmDisabled,
                 "not requeued: Slurm queries are disabled (slurm.enabled = false)".to_string(),
             )
         } else if rec.restarts >= policy.max_retries {
             (
-                "retries_exhausted",
+                OomDecision::RetriesExhausted,
                 format!(
                     "not requeued: {} restart(s) after out-of-memory failures already (oom.max_retries = {})",
                     rec.restarts, policy.max_retries
@@ -456,7 +456,7 @@ impl MemoryState {
             )
         } else if inst.next_memory_gb.is_none() {
             (
-                "no_larger_profile",
+                OomDecision::NoLargerProfile,
                 format!(
                     "not requeued: no profile with more than {} GB for {} slice(s) on GPU {}",
                     inst.memory_gb, inst.compute, inst.gpu
@@ -465,7 +465,7 @@ impl MemoryState {
         } else {
             rec.restarts += 1;
             (
-                "requeue_scheduled",
+                OomDecision::RequeueScheduled,
                 format!(
                     "requeue {} of {}: next start gets at least {} GB",
                     rec.restarts,
@@ -483,8 +483,8 @@ impl MemoryState {
             profile: inst.profile.clone(),
             memory_gb: inst.memory_gb,
             failures: rec.failures,
-            decision: decision.into(),
-            next_memory_gb: (decision == "requeue_scheduled")
+            decision,
+            next_memory_gb: (decision == OomDecision::RequeueScheduled)
                 .then_some(inst.next_memory_gb)
                 .flatten(),
             message,
@@ -498,7 +498,13 @@ impl MemoryState {
     /// kept as an event.
     /// `decision`: `requeued`, `not_requeued` (the job was cancelled or
     /// timed out) or `requeue_failed`.
-    pub fn on_requeue_result(&mut self, job_id: u64, decision: &str, message: String, now: u64) {
+    pub fn on_requeue_result(
+        &mut self,
+        job_id: u64,
+        decision: OomDecision,
+        message: String,
+        now: u64,
+    ) {
         let base = self
             .events
             .iter()
@@ -509,7 +515,7 @@ impl MemoryState {
             return;
         };
         e.at = now;
-        e.decision = decision.into();
+        e.decision = decision;
         e.message = message;
         self.events.push_back(e);
         self.trim();
@@ -643,7 +649,7 @@ mod tests {
         );
         assert!(changed);
         let ev = ev.unwrap();
-        assert_eq!(ev.decision, "requeue_scheduled");
+        assert_eq!(ev.decision, OomDecision::RequeueScheduled);
         assert_eq!(ev.next_memory_gb, Some(10));
         assert_eq!(ev.user.as_deref(), Some("alice"));
         // The requeued job (same id) asks for the next larger size, even with a declaration.
@@ -682,7 +688,7 @@ mod tests {
         let peaks: Vec<f64> = m.estimator().history(&key).map(|o| o.peak_gb).collect();
         assert_eq!(peaks, vec![5.0, 7.5]);
         // Persisted and reloaded.
-        m.on_requeue_result(7, "requeued", "requeued".into(), 150);
+        m.on_requeue_result(7, OomDecision::Requeued, "requeued".into(), 150);
         m.save().unwrap();
         let back = MemoryState::open(&d, &EstimatorConfig::default()).unwrap();
         assert_eq!(back.estimator(), m.estimator());
@@ -710,7 +716,7 @@ mod tests {
                 on(true, 2),
                 1,
             );
-            decisions.push(ev.unwrap().decision);
+            decisions.push(ev.unwrap().decision.as_str());
         }
         assert_eq!(
             decisions,
@@ -729,7 +735,7 @@ mod tests {
             on(true, 2),
             1,
         );
-        assert_eq!(ev.unwrap().decision, "no_larger_profile");
+        assert_eq!(ev.unwrap().decision, OomDecision::NoLargerProfile);
         let (_, ev) = m.on_release(
             11,
             Some(&held(GpuModel::A100_40gb, "1g.5gb")),
@@ -738,7 +744,7 @@ mod tests {
             on(false, 2),
             1,
         );
-        assert_eq!(ev.unwrap().decision, "disabled");
+        assert_eq!(ev.unwrap().decision, OomDecision::Disabled);
         let policy = OomPolicy {
             slurm_enabled: false,
             ..on(true, 2)
@@ -751,7 +757,7 @@ mod tests {
             policy,
             1,
         );
-        assert_eq!(ev.unwrap().decision, "slurm_disabled");
+        assert_eq!(ev.unwrap().decision, OomDecision::SlurmDisabled);
         // A repeated release (nothing held) learns nothing.
         assert_eq!(
             m.on_release(12, None, true, None, on(true, 2), 1),

@@ -80,9 +80,9 @@ pub struct TrainConfig {
     /// The teacher's resting layouts, searched on a training day:
     /// `uniform` (the best single catalog layout by ET, even if it cannot
     /// hold every job: the teacher re-shapes for those), `static-best` (the
-    /// per-GPU mix that serves every job) or `twice-daily` (a day and a
-    /// night mix).
-    pub teacher_base: String,
+    /// per-GPU mix that serves every job), `twice-daily` (a day and a
+    /// night mix) or `adaptive` (driven by the load, not the clock).
+    pub teacher_base: TeacherBase,
     /// Training days (of `gpus[0]` GPUs) the teacher's resting layouts are
     /// searched on: the search minimises the mean objective over them, so
     /// the resting layouts fit the workload rather than one day's draw.
@@ -148,7 +148,7 @@ impl Default for TrainConfig {
             reconfig_time_s: crate::sim::DEFAULT_RECONFIG_TIME_S,
             local_weight: 0.25,
             time_budget_s: 540.0,
-            teacher_base: "twice-daily".into(),
+            teacher_base: TeacherBase::TwiceDaily,
             teacher_days: 1,
             workload: DiurnalConfig::default(),
             imitation: ImitationConfig::default(),
@@ -225,15 +225,6 @@ impl TrainConfig {
         }
         if self.validation.gpus == 0 || self.validation.every == 0 || self.validation.days == 0 {
             return bad("validation.gpus, .days and .every must be > 0".into());
-        }
-        if !matches!(
-            self.teacher_base.as_str(),
-            "uniform" | "static-best" | "twice-daily" | "adaptive"
-        ) {
-            return bad(format!(
-                "teacher_base `{}` is not `uniform`, `static-best`, `twice-daily` or `adaptive`",
-                self.teacher_base
-            ));
         }
         self.heuristic()?;
         self.workload
@@ -1202,7 +1193,7 @@ pub fn static_best(
     };
     let best = crate::policy::search::static_best(
         &day.cluster,
-        &crate::policy::search::SearchConfig::default(),
+        &crate::policy::search::SearchConfig::coarse(),
         &mut evaluate,
     )?;
     let label = crate::policy::search::describe_assignment(&day.cluster, best.policy.layouts());
@@ -1254,7 +1245,7 @@ pub fn twice_daily_search(
         .first()
         .ok_or_else(|| LearnError::Other("twice-daily search needs a day".into()))?;
     let mut evaluate = objective(cfg, days);
-    let scfg = crate::policy::search::SearchConfig::default();
+    let scfg = crate::policy::search::SearchConfig::coarse();
     let statics = crate::policy::search::static_best(&first.cluster, &scfg, &mut evaluate)?;
     crate::policy::search::twice_daily(
         &first.cluster,
@@ -1310,26 +1301,41 @@ pub fn adaptive_search(cfg: &TrainConfig, days: &[Day]) -> Result<(Adaptive, f64
     Ok((best.1, best.0))
 }
 
+/// Where the teacher's resting layouts come from (`teacher_base` in the
+/// training config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TeacherBase {
+    /// The best single catalog layout on every GPU.
+    Uniform,
+    /// The best per-GPU mix (`policy::search::static_best`).
+    StaticBest,
+    /// A day and a night mix (`policy::search::twice_daily`).
+    TwiceDaily,
+    /// A load-driven rule ([`Adaptive`]) instead of the clock.
+    Adaptive,
+}
+
 /// The teacher's resting layouts searched on `days` (`cfg.teacher_base`).
 pub fn teacher_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError> {
     let Some(first) = days.first() else {
         return Ok(Base::default());
     };
-    Ok(match cfg.teacher_base.as_str() {
-        "uniform" => Base::fixed(vec![best_uniform(cfg, days)?]),
-        "adaptive" => Base {
+    Ok(match cfg.teacher_base {
+        TeacherBase::Uniform => Base::fixed(vec![best_uniform(cfg, days)?]),
+        TeacherBase::Adaptive => Base {
             adaptive: Some(adaptive_search(cfg, days)?.0),
             ..Base::default()
         },
-        "static-best" => {
+        TeacherBase::StaticBest => {
             let best = crate::policy::search::static_best(
                 &first.cluster,
-                &crate::policy::search::SearchConfig::default(),
+                &crate::policy::search::SearchConfig::coarse(),
                 &mut objective(cfg, days),
             )?;
             Base::fixed(best.policy.layouts().to_vec())
         }
-        _ => twice_daily_base(cfg, days)?,
+        TeacherBase::TwiceDaily => twice_daily_base(cfg, days)?,
     })
 }
 

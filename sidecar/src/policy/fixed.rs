@@ -10,7 +10,7 @@ use crate::mig::{Geometry, GpuModel, Layout};
 /// Why a `--policy` value was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyParseError {
-    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)")]
+    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)")]
     Unknown(String),
     #[error("static layout `{given}`: catalog index {index} is out of range for {model} (its catalog has {len} layouts; see `smartmig layouts --catalog --gpu {model}`)")]
     IndexOutOfRange {
@@ -19,6 +19,8 @@ pub enum PolicyParseError {
         len: usize,
         model: GpuModel,
     },
+    #[error("static mix `{given}`: `{part}` is not `N x LAYOUT` with N >= 1 GPUs and LAYOUT a catalog index or a picture (e.g. `static:7x1|1|22|3333+1x0`)")]
+    BadMix { given: String, part: String },
     #[error("static layout `{given}` is not a valid {model} layout picture (e.g. `4444|3333`, `2|2|2|1|.`; see `smartmig layouts --gpu {model}`)")]
     BadPicture { given: String, model: GpuModel },
     #[error(transparent)]
@@ -46,57 +48,102 @@ impl RepartitionPolicy for NoPartition {
     }
 }
 
-/// One layout per GPU model, installed before time 0 and never changed
-/// (today's Slurm practice).
+/// Fixed layouts, installed before time 0 and never changed (today's Slurm
+/// practice): one layout on every GPU (`static:4444|3333`, `static:1`), or
+/// a mix in GPU order (`static:7x1|1|22|3333+1x0`: the first seven GPUs
+/// `1|1|22|3333`, the eighth catalog layout 0, the whole GPU), which is how
+/// the searched baselines print the assignment they chose, so it can be
+/// replayed. GPUs past a mix's count are whole GPUs.
 #[derive(Clone, Debug)]
 pub struct StaticLayout {
     spec: String,
-    layouts: BTreeMap<GpuModel, Layout>,
+    /// `(GPUs, layout per model)` in GPU order; `None` GPUs: all the rest.
+    segments: Vec<(Option<usize>, BTreeMap<GpuModel, Layout>)>,
 }
 
 impl StaticLayout {
-    /// Resolves `spec` (a catalog index such as `3`, or a picture such as
-    /// `4444|3333` as printed by `smartmig layouts`) on every model in
-    /// `models`. A picture must be a valid layout of each model; an index
-    /// refers to each model's own catalog.
+    /// Resolves `spec` on every model in `models`: a catalog index such as
+    /// `3` or a picture such as `4444|3333` (as printed by `smartmig
+    /// layouts`), or a mix `N x SPEC + M x SPEC ...` of those. A picture
+    /// must be a valid layout of each model; an index refers to each
+    /// model's own catalog.
     pub fn parse(spec: &str, models: &[GpuModel]) -> Result<Self, PolicyParseError> {
         let spec = spec.trim();
-        let mut layouts = BTreeMap::new();
-        for &model in models {
-            let g = Geometry::of(model);
-            let layout = if let Ok(index) = spec.parse::<usize>() {
-                *g.catalog()
-                    .get(index)
-                    .ok_or_else(|| PolicyParseError::IndexOutOfRange {
-                        given: spec.to_string(),
-                        index,
-                        len: g.catalog().len(),
-                        model,
-                    })?
-            } else {
-                g.layouts()
-                    .iter()
-                    .copied()
-                    .find(|&l| g.picture(l) == spec)
-                    .ok_or_else(|| PolicyParseError::BadPicture {
-                        given: spec.to_string(),
-                        model,
-                    })?
-            };
-            layouts.insert(model, layout);
+        let mut segments = Vec::new();
+        if spec.contains('x') {
+            for part in spec.split('+') {
+                let bad = || PolicyParseError::BadMix {
+                    given: spec.to_string(),
+                    part: part.trim().to_string(),
+                };
+                let (count, layout) = part.split_once('x').ok_or_else(bad)?;
+                let count: usize = count.trim().parse().map_err(|_| bad())?;
+                if count == 0 {
+                    return Err(bad());
+                }
+                segments.push((Some(count), Self::resolve(layout.trim(), models)?));
+            }
+        } else {
+            segments.push((None, Self::resolve(spec, models)?));
         }
         Ok(StaticLayout {
             spec: spec.to_string(),
-            layouts,
+            segments,
         })
     }
 
-    /// The layout used on `model` (whole GPU for a model not given to `parse`).
+    /// One catalog index or picture on every model.
+    fn resolve(
+        spec: &str,
+        models: &[GpuModel],
+    ) -> Result<BTreeMap<GpuModel, Layout>, PolicyParseError> {
+        let mut layouts = BTreeMap::new();
+        for &model in models {
+            let g = Geometry::of(model);
+            // A picture first: the whole GPU's (`77777777`) is all digits.
+            let picture = g.layouts().iter().copied().find(|&l| g.picture(l) == spec);
+            let layout =
+                match (picture, spec.parse::<usize>()) {
+                    (Some(l), _) => l,
+                    (None, Ok(index)) => *g.catalog().get(index).ok_or_else(|| {
+                        PolicyParseError::IndexOutOfRange {
+                            given: spec.to_string(),
+                            index,
+                            len: g.catalog().len(),
+                            model,
+                        }
+                    })?,
+                    (None, Err(_)) => {
+                        return Err(PolicyParseError::BadPicture {
+                            given: spec.to_string(),
+                            model,
+                        })
+                    }
+                };
+            layouts.insert(model, layout);
+        }
+        Ok(layouts)
+    }
+
+    /// The layout of the first GPUs on `model` (whole GPU for a model not
+    /// given to `parse`).
     pub fn layout(&self, model: GpuModel) -> Layout {
-        self.layouts
-            .get(&model)
-            .copied()
-            .unwrap_or_else(|| Geometry::of(model).whole_gpu())
+        self.layout_of(0, model)
+    }
+
+    /// The layout of GPU `gpu` (of `model`).
+    pub fn layout_of(&self, gpu: usize, model: GpuModel) -> Layout {
+        let mut first = 0;
+        for (count, layouts) in &self.segments {
+            if count.is_none_or(|n| gpu < first + n) {
+                if let Some(&l) = layouts.get(&model) {
+                    return l;
+                }
+                break;
+            }
+            first += count.unwrap_or(0);
+        }
+        Geometry::of(model).whole_gpu()
     }
 }
 
@@ -105,8 +152,8 @@ impl RepartitionPolicy for StaticLayout {
         format!("static:{}", self.spec)
     }
 
-    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
-        self.layout(geometry.model())
+    fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
+        self.layout_of(gpu, geometry.model())
     }
 
     fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
@@ -163,6 +210,8 @@ mod tests {
         let g = Geometry::of(GpuModel::A100_40gb);
         let p = StaticLayout::parse("0", &m).unwrap();
         assert_eq!(p.layout(GpuModel::A100_40gb), g.whole_gpu());
+        let p = StaticLayout::parse("77777777", &m).unwrap();
+        assert_eq!(p.layout(GpuModel::A100_40gb), g.whole_gpu());
         let p = StaticLayout::parse("4444|3333", &m).unwrap();
         assert_eq!(g.picture(p.layout(GpuModel::A100_40gb)), "4444|3333");
         assert!(matches!(
@@ -174,6 +223,21 @@ mod tests {
             Err(PolicyParseError::BadPicture { .. })
         ));
         assert!(parse_policy("none", &m).is_ok());
+        // A mix in GPU order, as the searches print it; the rest whole.
+        let mut p = StaticLayout::parse("2x 1|1|22|3333 + 1x4444|3333", &m).unwrap();
+        let pics: Vec<String> = (0..4).map(|i| g.picture(p.initial_layout(i, g))).collect();
+        assert_eq!(
+            pics,
+            ["1|1|22|3333", "1|1|22|3333", "4444|3333", "77777777"]
+        );
+        for bad in ["0x1", "x1", "2x", "2x4444|4444", "ax1", "2x1+"] {
+            assert!(StaticLayout::parse(bad, &m).is_err(), "{bad}");
+        }
+        let e = parse_policy("static:2x1+zx2", &m)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("`zx2`"), "{e}");
         assert_eq!(parse_policy("static:1", &m).unwrap().name(), "static:1");
         let err = parse_policy("greedy-ish", &m).err().unwrap();
         assert!(err.to_string().contains("unknown policy"), "{err}");

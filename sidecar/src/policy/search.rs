@@ -3,37 +3,45 @@
 //! assignment, switched at two times of day, as admins who drain nodes
 //! twice a day do).
 //!
-//! A dynamic policy is only interesting if it beats the best static
-//! partitioning an admin could have chosen with hindsight, not an arbitrary
-//! one; so both searches optimise the run's own objective on the very
-//! workload they are compared on (an optimistic baseline: the admin would
-//! not know the workload in advance).
-//!
-//! The searches do not simulate themselves: the caller passes an evaluator
-//! (`FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>`, lower is better),
-//! which the CLI implements with the simulator and the ET score against the
-//! `none` reference. So the search is pure, deterministic and testable with
-//! a fake objective, and its cost is a bounded number of evaluations:
+//! The searches optimise whatever objective the caller passes: an evaluator
+//! (`FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>`, lower is
+//! better). [`crate::eval::baselines`] passes the mean ET over *training*
+//! days, which makes the result an opponent an admin could really run
+//! (`static-hist`, `twice-daily-hist`); passing the scored day itself gives
+//! the hindsight references. So the search is pure, deterministic and
+//! testable with a fake objective, and its cost is a bounded number of
+//! evaluations ([`SearchConfig`]):
 //!
 //! - **static-best**: (1) every catalog layout on every GPU (19 runs on the
 //!   eight-slice models; on a mixed cluster the same catalog index on each
-//!   model); (2) coordinate descent over blocks of GPUs: for block sizes
-//!   N/2, N/4, ..., 1 and the blocks at the low and the high end of the GPU
-//!   order (the engine packs load onto the lowest GPUs, so the two ends see
+//!   model); (2) two-layout mixes: for every ordered pair of the best
+//!   `pair_top` uniform layouts (X, Y) and every k in 1..N, k GPUs of X then
+//!   N - k of Y (8 x 7 x 7 = 392 runs on 8 GPUs); (3) coordinate descent
+//!   over blocks of GPUs from the best so far: for block sizes N/2, N/4,
+//!   ..., 1 and the blocks at the low and the high end of the GPU order
+//!   (the engine packs load onto the lowest GPUs, so the two ends see
 //!   different loads), try each of the best `top` layouts of step 1 on the
 //!   block; keep a move only if it strictly improves; repeat until a pass
 //!   improves nothing or the budget is spent. The winner is at least as
-//!   good as every uniform catalog layout by construction.
-//! - **twice-daily**: candidates are the static-best assignment and the
-//!   best `top` uniform layouts of step 1; every ordered (day, night) pair
-//!   of different candidates is tried with the switch at 08:00 and 20:00,
-//!   then the switch hours of the best pair are refined on a 3 x 3 grid
-//!   (day 06/08/10, night 18/20/22). The static-best assignment on both
-//!   phases counts as a candidate (with its known score), so twice-daily is
-//!   never worse than static-best on the search objective. A switch is applied at the first decision epoch after the
+//!   good as every uniform layout and every two-layout split by
+//!   construction. Its name prints the assignment in the replay syntax of
+//!   `static:` (`static:7x 1|1|22|3333 + 1x 77777777`).
+//! - **twice-daily**: candidates are the static-best assignment, the next
+//!   `mixes` best distinct assignments step (1)-(3) evaluated, and the best
+//!   `top` uniform layouts; every ordered (day, night) pair of different
+//!   candidates is tried with the switch at 08:00 and 20:00, then the
+//!   switch hours of the best three pairs are refined on a 5 x 5 grid (day
+//!   04-12 h, night 16-24 h, every 2 h; [`SwitchHours`]). The static-best
+//!   assignment on both phases counts as a candidate (with its known
+//!   score), so twice-daily is never worse than static-best on the search
+//!   objective. A switch is applied at the first decision epoch after the
 //!   switch time; a GPU whose busy instances are in the way moves as far as
 //!   it can (keeps its busy instances, creates the target's instances that
 //!   fit) and completes the move at later epochs, as a rolling drain would.
+//!
+//! [`SearchConfig::coarse`] is the first wave's smaller search (no pair
+//! step, no mixes, the 3 x 3 hour grid for the best pair only), kept for
+//! the trainer's teacher.
 
 use super::{ClusterView, Decision, RepartitionPolicy};
 use crate::mig::{Geometry, GpuModel, Layout};
@@ -45,13 +53,65 @@ pub struct SearchConfig {
     pub top: usize,
     /// Most evaluations of the coordinate-descent step of static-best.
     pub mix_budget: usize,
+    /// Best uniform layouts combined in pairs as "k GPUs of X, the rest
+    /// of Y" for every k (0: no pair step).
+    pub pair_top: usize,
+    /// Best distinct assignments of the static search (besides the winner)
+    /// offered to twice-daily as day or night candidates.
+    pub mixes: usize,
+    /// Switch hours tried for the best twice-daily pairs.
+    pub hours: SwitchHours,
+}
+
+/// The switch-hour grid of the twice-daily search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchHours {
+    /// 3 x 3 around 08:00 / 20:00 (day 06, 08, 10; night 18, 20, 22), for
+    /// the best pair only.
+    Narrow,
+    /// 5 x 5 (day 04-12, night 16-24, every 2 h), for the best three pairs.
+    Wide,
+}
+
+impl SwitchHours {
+    fn grid(self) -> (&'static [f64], &'static [f64], usize) {
+        match self {
+            SwitchHours::Narrow => (&[6.0, 8.0, 10.0], &[18.0, 20.0, 22.0], 1),
+            SwitchHours::Wide => (
+                &[4.0, 6.0, 8.0, 10.0, 12.0],
+                &[16.0, 18.0, 20.0, 22.0, 0.0],
+                3,
+            ),
+        }
+    }
 }
 
 impl Default for SearchConfig {
+    /// The baselines' search: uniform layouts, every two-layout mix of the
+    /// best eight, coordinate descent; twice-daily over the best mixes and
+    /// a wide grid of switch hours.
     fn default() -> Self {
         SearchConfig {
             top: 4,
             mix_budget: 40,
+            pair_top: 8,
+            mixes: 4,
+            hours: SwitchHours::Wide,
+        }
+    }
+}
+
+impl SearchConfig {
+    /// The first wave's smaller search (uniform layouts and coordinate
+    /// descent; twice-daily from static-best and uniform layouts, narrow
+    /// hours), which the trainer's teacher still uses.
+    pub fn coarse() -> Self {
+        SearchConfig {
+            top: 4,
+            mix_budget: 40,
+            pair_top: 0,
+            mixes: 0,
+            hours: SwitchHours::Narrow,
         }
     }
 }
@@ -175,6 +235,17 @@ impl TwiceDaily {
         &self.day
     }
 
+    /// `day 08h 8x 4444|3333 / night 20h 8x 77777777`.
+    pub fn schedule(&self, cluster: &[GpuModel]) -> String {
+        format!(
+            "day {:02}h {} / night {:02}h {}",
+            self.day_hour as u32,
+            describe_assignment(cluster, &self.day),
+            self.night_hour as u32,
+            describe_assignment(cluster, &self.night)
+        )
+    }
+
     pub fn night(&self) -> &[Layout] {
         &self.night
     }
@@ -219,6 +290,8 @@ pub struct StaticBest {
     pub score: f64,
     /// Every uniform catalog layout, best first (catalog index, score).
     pub uniform: Vec<(usize, f64)>,
+    /// Every evaluated assignment (catalog index per GPU), best first.
+    pub ranked: Vec<(Vec<usize>, f64)>,
     pub evaluations: usize,
 }
 
@@ -247,11 +320,12 @@ pub fn static_best<E>(
     evaluate: &mut dyn FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>,
 ) -> Result<StaticBest, E> {
     let n = cluster.len();
-    let mut evaluations = 0;
+    let mut ranked: Vec<(Vec<usize>, f64)> = Vec::new();
     let mut eval = |indices: &[usize]| -> Result<f64, E> {
-        evaluations += 1;
         let mut p = StaticMix::from_indices("static-best", cluster, indices);
-        evaluate(&mut p)
+        let score = evaluate(&mut p)?;
+        ranked.push((indices.to_vec(), score));
+        Ok(score)
     };
 
     // (1) Uniform layouts.
@@ -266,13 +340,35 @@ pub fn static_best<E>(
             policy,
             score: f64::INFINITY,
             uniform,
-            evaluations,
+            ranked: Vec::new(),
+            evaluations: 0,
         });
     };
     let mut best = vec![first; n];
     let mut best_score = first_score;
+    let mut seen: Vec<Vec<usize>> = vec![best.clone()];
 
-    // (2) Coordinate descent over blocks at both ends of the GPU order.
+    // (2) Two-layout mixes: k GPUs of X, then n - k of Y, for every k.
+    let pair: Vec<usize> = uniform.iter().take(cfg.pair_top).map(|u| u.0).collect();
+    for &x in &pair {
+        for &y in &pair {
+            if x == y {
+                continue;
+            }
+            for k in 1..n {
+                let mut trial = vec![x; k];
+                trial.resize(n, y);
+                let score = eval(&trial)?;
+                seen.push(trial.clone());
+                if score < best_score {
+                    best = trial;
+                    best_score = score;
+                }
+            }
+        }
+    }
+
+    // (3) Coordinate descent over blocks at both ends of the GPU order.
     let top: Vec<usize> = uniform.iter().take(cfg.top.max(1)).map(|u| u.0).collect();
     let mut blocks: Vec<usize> = Vec::new();
     let mut s = n / 2;
@@ -283,7 +379,6 @@ pub fn static_best<E>(
         s /= 2;
     }
     let mut spent = 0;
-    let mut seen: Vec<Vec<usize>> = vec![best.clone()];
     'descent: loop {
         let mut improved = false;
         for &size in &blocks {
@@ -314,6 +409,10 @@ pub fn static_best<E>(
             break;
         }
     }
+    let evaluations = ranked.len();
+    // Stable: among equal scores the earlier (simpler) assignment first.
+    ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+    ranked.dedup_by(|a, b| a.0 == b.0);
     let mut policy = StaticMix::from_indices("static-best", cluster, &best);
     policy.label = format!(
         "static-best ({})",
@@ -323,6 +422,7 @@ pub fn static_best<E>(
         policy,
         score: best_score,
         uniform,
+        ranked,
         evaluations,
     })
 }
@@ -337,6 +437,21 @@ pub fn twice_daily<E>(
     evaluate: &mut dyn FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>,
 ) -> Result<TwiceDailyBest, E> {
     let mut candidates: Vec<Vec<Layout>> = vec![statics.policy.layouts().to_vec()];
+    let to_layouts = |indices: &[usize]| -> Vec<Layout> {
+        cluster
+            .iter()
+            .zip(indices)
+            .map(|(&m, &i)| catalog_layout(m, i))
+            .collect()
+    };
+    let mixes = statics
+        .ranked
+        .iter()
+        .map(|(indices, _)| to_layouts(indices))
+        .filter(|l| !candidates.contains(l))
+        .take(cfg.mixes)
+        .collect::<Vec<_>>();
+    candidates.extend(mixes);
     for &(i, _) in statics.uniform.iter().take(cfg.top.max(1)) {
         let l: Vec<Layout> = cluster.iter().map(|&m| catalog_layout(m, i)).collect();
         if !candidates.contains(&l) {
@@ -358,42 +473,47 @@ pub fn twice_daily<E>(
     };
     // The static-best assignment on both phases is a twice-daily schedule
     // too (already evaluated), so the result is never worse than it.
-    let mut best: Option<(f64, usize, usize, f64, f64)> = Some((statics.score, 0, 0, 8.0, 20.0));
-    let better =
-        |best: &Option<(f64, usize, usize, f64, f64)>, s: f64| best.is_none_or(|b| s < b.0);
+    let mut best: (f64, usize, usize, f64, f64) = (statics.score, 0, 0, 8.0, 20.0);
+    let mut pairs: Vec<(f64, usize, usize)> = Vec::new();
     for d in 0..candidates.len() {
         for nt in 0..candidates.len() {
             if d != nt {
                 let s = run(d, nt, 8.0, 20.0)?;
-                if better(&best, s) {
-                    best = Some((s, d, nt, 8.0, 20.0));
+                pairs.push((s, d, nt));
+                if s < best.0 {
+                    best = (s, d, nt, 8.0, 20.0);
                 }
             }
         }
     }
-    if let Some((_, d, nt, _, _)) = best.filter(|b| b.1 != b.2) {
-        for dh in [6.0, 8.0, 10.0] {
-            for nh in [18.0, 20.0, 22.0] {
+    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (day_hours, night_hours, refine) = cfg.hours.grid();
+    let refined: Vec<(usize, usize)> = match cfg.hours {
+        // Only a pair that beat static-best at 08/20.
+        SwitchHours::Narrow => Some((best.1, best.2))
+            .filter(|p| p.0 != p.1)
+            .into_iter()
+            .collect(),
+        SwitchHours::Wide => pairs.iter().take(refine).map(|p| (p.1, p.2)).collect(),
+    };
+    for (d, nt) in refined {
+        for &dh in day_hours {
+            for &nh in night_hours {
                 if (dh, nh) != (8.0, 20.0) {
                     let s = run(d, nt, dh, nh)?;
-                    if better(&best, s) {
-                        best = Some((s, d, nt, dh, nh));
+                    if s < best.0 {
+                        best = (s, d, nt, dh, nh);
                     }
                 }
             }
         }
     }
-    let (score, d, nt, dh, nh) = best.unwrap_or((f64::INFINITY, 0, 0, 8.0, 20.0));
+    let (score, d, nt, dh, nh) = best;
     let (day, night) = (candidates[d].clone(), candidates[nt].clone());
-    let label = format!(
-        "twice-daily (day {:02}h {} / night {:02}h {})",
-        dh as u32,
-        describe_assignment(cluster, &day),
-        nh as u32,
-        describe_assignment(cluster, &night)
-    );
+    let mut policy = TwiceDaily::new("", day, night, dh, nh, start_hour);
+    policy.label = format!("twice-daily ({})", policy.schedule(cluster));
     Ok(TwiceDailyBest {
-        policy: TwiceDaily::new(&label, day, night, dh, nh, start_hour),
+        policy,
         score,
         evaluations,
     })
@@ -426,7 +546,7 @@ mod tests {
     fn static_best_beats_every_uniform_layout_and_finds_mixes() {
         let cluster = vec![M; 4];
         let mut f = objective(vec![3, 3, 5, 5]);
-        let r = static_best(&cluster, &SearchConfig::default(), &mut f).unwrap();
+        let r = static_best(&cluster, &SearchConfig::coarse(), &mut f).unwrap();
         assert_eq!(r.uniform.len(), 19);
         assert!(r.uniform.iter().all(|u| r.score <= u.1));
         let g = Geometry::of(M);
@@ -438,7 +558,7 @@ mod tests {
             .collect();
         assert_eq!(got, vec![3, 3, 5, 5]);
         assert_eq!(r.score, 0.0);
-        assert!(r.evaluations <= 19 + SearchConfig::default().mix_budget);
+        assert!(r.evaluations <= 19 + SearchConfig::coarse().mix_budget);
         assert!(
             r.policy.name().starts_with("static-best (2x "),
             "{}",
@@ -446,8 +566,69 @@ mod tests {
         );
         // Deterministic.
         let mut f2 = objective(vec![3, 3, 5, 5]);
-        let r2 = static_best(&cluster, &SearchConfig::default(), &mut f2).unwrap();
+        let r2 = static_best(&cluster, &SearchConfig::coarse(), &mut f2).unwrap();
         assert_eq!(r2.policy, r.policy);
+    }
+
+    /// "k GPUs of X + the rest of Y" for a k the block descent never tries
+    /// (3 of 4: blocks are halves and single GPUs at the ends): the pair
+    /// step finds it, the coarse search does not.
+    #[test]
+    fn pair_step_finds_every_split_of_two_layouts() {
+        let cluster = vec![M; 4];
+        // Layout 5 is the best uniform one and 9 the second: far from the
+        // target on three GPUs, the pair (9 x3, 5 x1) is exact.
+        let target = vec![9, 9, 9, 5];
+        let cost = |indices: &[usize]| -> f64 {
+            let hit: f64 = indices
+                .iter()
+                .zip(&target)
+                .map(|(a, b)| if a == b { 0.0 } else { 1.0 })
+                .sum();
+            // Uniform layouts other than 5 and 9 are poor.
+            hit + if indices.iter().all(|&i| i != 5 && i != 9) {
+                10.0
+            } else {
+                0.0
+            }
+        };
+        let mut f = |p: &mut dyn RepartitionPolicy| -> Result<f64, ()> {
+            let g = Geometry::of(M);
+            let idx: Vec<usize> = (0..4)
+                .map(|i| g.catalog_index(p.initial_layout(i, g)).unwrap_or(99))
+                .collect();
+            Ok(cost(&idx))
+        };
+        let cfg = SearchConfig {
+            mix_budget: 0,
+            ..SearchConfig::default()
+        };
+        let r = static_best(&cluster, &cfg, &mut f).unwrap();
+        assert_eq!(r.score, 0.0, "{}", r.policy.name());
+        assert!(
+            r.policy.name().contains("3x 3333|1|1|1|. + 1x 3333|22|1|."),
+            "{}",
+            r.policy.name()
+        );
+        // Every evaluation is ranked, best first, without duplicates.
+        assert_eq!(r.ranked[0].1, 0.0);
+        assert!(r
+            .ranked
+            .windows(2)
+            .all(|w| w[0].1 <= w[1].1 && w[0].0 != w[1].0));
+        let coarse = static_best(
+            &cluster,
+            &SearchConfig {
+                mix_budget: 0,
+                ..SearchConfig::coarse()
+            },
+            &mut f,
+        )
+        .unwrap();
+        assert!(coarse.score > 0.0);
+        // The twice-daily search offers the best mixes as candidates.
+        let td = twice_daily(&cluster, &cfg, &r, 0.0, &mut f).unwrap();
+        assert!(td.score <= r.score);
     }
 
     #[test]
@@ -517,10 +698,17 @@ mod tests {
     fn twice_daily_search_is_bounded() {
         let cluster = vec![M; 2];
         let mut f = objective(vec![2, 2]);
-        let sb = static_best(&cluster, &SearchConfig::default(), &mut f).unwrap();
-        let r = twice_daily(&cluster, &SearchConfig::default(), &sb, 0.0, &mut f).unwrap();
+        let coarse = SearchConfig::coarse();
+        let sb = static_best(&cluster, &coarse, &mut f).unwrap();
+        let r = twice_daily(&cluster, &coarse, &sb, 0.0, &mut f).unwrap();
         // At most (top + 1)^2 pairs + 8 refinements.
         assert!(r.evaluations <= 5 * 4 + 8, "{}", r.evaluations);
+        // The wide search: (1 + mixes + top)^2 pairs + 3 x 24 refinements.
+        let wide = SearchConfig::default();
+        let sb = static_best(&cluster, &wide, &mut f).unwrap();
+        let r = twice_daily(&cluster, &wide, &sb, 0.0, &mut f).unwrap();
+        let c = 1 + wide.mixes + wide.top;
+        assert!(r.evaluations <= c * (c - 1) + 3 * 24, "{}", r.evaluations);
         assert!(r.policy.name().starts_with("twice-daily (day "));
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod plot;
 pub mod series;
+pub mod suite;
 
 use std::fmt::Write as _;
 
@@ -165,28 +166,7 @@ impl Comparison {
         l.extend(self.baselines.iter().map(|_| String::new()));
         l.extend(["1.000".to_string(), String::new()]);
         lines.push(l);
-        let cols = lines[0].len();
-        let widths: Vec<usize> = (0..cols)
-            .map(|c| lines.iter().map(|l| l[c].len()).max().unwrap_or(0))
-            .collect();
-        for (i, l) in lines.iter().enumerate() {
-            let mut s = String::new();
-            for (c, cell) in l.iter().enumerate() {
-                if c == 0 {
-                    let _ = write!(s, "{:<w$}", cell, w = widths[c]);
-                } else {
-                    let _ = write!(s, "  {:>w$}", cell, w = widths[c]);
-                }
-            }
-            let _ = writeln!(out, "{}", s.trim_end());
-            if i == 0 {
-                let _ = writeln!(
-                    out,
-                    "{}",
-                    "-".repeat(widths.iter().sum::<usize>() + 2 * (cols - 1))
-                );
-            }
-        }
+        out.push_str(&aligned(&lines));
         let _ = writeln!(
             out,
             "ET = (e + {a} t)/(1 + {a}), e and t relative to the reference run: {}.",
@@ -213,6 +193,41 @@ impl Comparison {
         let _ = writeln!(out, "({:.1} s)", self.elapsed_s);
         out
     }
+}
+
+/// Renders rows of cells as a text table: the first column left-aligned,
+/// the others right-aligned, a rule under the header (the first row).
+pub fn aligned(lines: &[Vec<String>]) -> String {
+    let mut out = String::new();
+    let cols = lines.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l.get(c).map_or(0, |x| x.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for (i, l) in lines.iter().enumerate() {
+        let mut s = String::new();
+        for (c, cell) in l.iter().enumerate() {
+            if c == 0 {
+                let _ = write!(s, "{:<w$}", cell, w = widths[c]);
+            } else {
+                let _ = write!(s, "  {:>w$}", cell, w = widths[c]);
+            }
+        }
+        let _ = writeln!(out, "{}", s.trim_end());
+        if i == 0 {
+            let _ = writeln!(
+                out,
+                "{}",
+                "-".repeat(widths.iter().sum::<usize>() + 2 * cols.saturating_sub(1))
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -164,6 +164,10 @@ struct Engine<'j> {
     now: f64,
     m: Metrics,
     wait_sum: f64,
+    /// Wait of every started job, s (for the 95th percentile).
+    waits: Vec<f32>,
+    /// Sum of the bounded slowdowns of the started jobs.
+    slowdown_sum: f64,
     busy_slice_s: f64,
     in_reconfig: usize,
     running: usize,
@@ -305,6 +309,8 @@ impl<'j> Engine<'j> {
                 ..Metrics::default()
             },
             wait_sum: 0.0,
+            waits: Vec::with_capacity(jobs.len()),
+            slowdown_sum: 0.0,
             busy_slice_s: 0.0,
             in_reconfig: 0,
             running: 0,
@@ -716,7 +722,10 @@ impl<'j> Engine<'j> {
         if end > job.deadline {
             self.m.late_jobs += 1;
         }
-        self.wait_sum += self.now - job.arrival;
+        let wait = self.now - job.arrival;
+        self.wait_sum += wait;
+        self.waits.push(wait as f32);
+        self.slowdown_sum += bounded_slowdown(job.arrival, self.now, end);
         self.busy_slice_s += f64::from(compute) * (end - self.now);
         self.m.last_completion_s = self.m.last_completion_s.max(end);
         let started = self.m.completed + self.running as u64;
@@ -950,6 +959,27 @@ impl<'j> Engine<'j> {
         m.mean_tardiness_s = m.total_tardiness_s / all;
         m.late_share = m.late_jobs as f64 / all;
         m.mean_wait_s = self.wait_sum / ran;
+        m.p95_wait_s = percentile(&mut self.waits, 0.95);
+        m.mean_bounded_slowdown = if m.completed > 0 {
+            self.slowdown_sum / ran
+        } else {
+            0.0
+        };
+        let first_arrival = self
+            .jobs
+            .iter()
+            .map(|j| j.arrival)
+            .fold(f64::INFINITY, f64::min);
+        m.makespan_s = if m.completed > 0 {
+            (m.last_completion_s - first_arrival).max(0.0)
+        } else {
+            0.0
+        };
+        m.jobs_per_hour = if m.makespan_s > 0.0 {
+            m.completed as f64 / (m.makespan_s / 3600.0)
+        } else {
+            0.0
+        };
         let capacity: f64 = self.rt.iter().map(|r| f64::from(r.total)).sum::<f64>() * horizon;
         m.utilisation = if capacity > 0.0 {
             self.busy_slice_s / capacity
@@ -990,6 +1020,26 @@ impl<'j> Engine<'j> {
         }
         Ok(())
     }
+}
+
+/// Threshold of the bounded slowdown, s: jobs shorter than this count as
+/// this long, so a 1 s job that waited 1 s does not dominate the mean
+/// (Feitelson's bounded slowdown, tau = 10 s).
+pub const SLOWDOWN_TAU_S: f64 = 10.0;
+
+/// `max(1, (end - arrival) / max(end - start, tau))`.
+fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
+    ((end - arrival) / (end - start).max(SLOWDOWN_TAU_S)).max(1.0)
+}
+
+/// The `q` quantile (nearest rank) of `v`, reordering it; 0 when empty.
+fn percentile(v: &mut [f32], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    let (_, x, _) = v.select_nth_unstable_by(rank, f32::total_cmp);
+    f64::from(*x)
 }
 
 /// Classes whose profile has at least `k` compute slices and `mem` GB.

@@ -24,6 +24,16 @@ pub struct Metrics {
     pub late_share: f64,
     /// Mean of start - arrival.
     pub mean_wait_s: f64,
+    /// 95th percentile (nearest rank) of start - arrival over the jobs that ran.
+    pub p95_wait_s: f64,
+    /// Mean of `max(1, (end - arrival) / max(end - start, 10 s))` over the
+    /// jobs that ran (bounded slowdown, tau = 10 s).
+    pub mean_bounded_slowdown: f64,
+    /// Last completion - first arrival (0 when nothing ran): the makespan
+    /// of a batch whose jobs all arrive at 0.
+    pub makespan_s: f64,
+    /// Completed jobs per hour of makespan.
+    pub jobs_per_hour: f64,
     /// Busy compute-slice-seconds over available compute-slice-seconds
     /// (all GPUs, `[0, horizon_s]`).
     pub utilisation: f64,

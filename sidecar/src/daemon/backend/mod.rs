@@ -107,4 +107,9 @@ pub trait Backend: Send + Sync {
     fn peak_memory_gb(&self, _gpu: u32, _uuid: &str) -> Option<f64> {
         None
     }
+    /// Whether [`Backend::peak_memory_gb`] can measure anything, so the
+    /// daemon should sample it while jobs run (false: no sampling task).
+    fn measures_memory(&self) -> bool {
+        false
+    }
 }

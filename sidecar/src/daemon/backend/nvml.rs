@@ -250,6 +250,10 @@ impl NvmlBackend {
 }
 
 impl Backend for NvmlBackend {
+    fn measures_memory(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "nvml"
     }

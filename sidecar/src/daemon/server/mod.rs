@@ -31,7 +31,7 @@ use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing
 use super::metrics::{InstanceCount, Metrics};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
-    ErrorKind, GpuStatus, HealthReply, InstanceStatus, ReconcileReply, ReleaseReply,
+    ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, ReconcileReply, ReleaseReply,
     ReleaseRequest, Request, StatusReply, WaitingJob,
 };
 use super::slurm::{
@@ -870,7 +870,7 @@ impl Daemon {
             self.metrics.failure("oom");
             tracing::warn!(job = job_id, gpu = ev.gpu, profile = %ev.profile, failures = ev.failures,
                 decision = %ev.decision, "job ran out of GPU memory: {}", ev.message);
-            if ev.decision == "requeue_scheduled" {
+            if ev.decision == OomDecision::RequeueScheduled {
                 // The restart gets a profile with more memory; when that
                 // one has more compute slices than the job holds, Slurm
                 // must bill them too (never more than the GPU has).
@@ -1166,7 +1166,7 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
         });
     }
     // Memory sampling (backends that measure it; NVML gives current use only).
-    if daemon.backend.name() != "sim" {
+    if daemon.backend.measures_memory() {
         let daemon = daemon.clone();
         let mut stop = daemon.shutdown.subscribe();
         tokio::spawn(async move {

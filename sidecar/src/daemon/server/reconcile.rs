@@ -170,13 +170,13 @@ impl Daemon {
                         "requeued after running out of GPU memory; its next start gets a larger profile"
                     );
                     (
-                        "requeued",
+                        OomDecision::Requeued,
                         format!("scontrol requeue {job_id} succeeded (attempt {attempts})"),
                     )
                 }
                 Err(RequeueEnd::Skipped(why)) => {
                     tracing::info!(job = job_id, "out-of-memory marker found, but {why}");
-                    ("not_requeued", why)
+                    (OomDecision::NotRequeued, why)
                 }
                 Err(RequeueEnd::Failed(e)) => {
                     tracing::error!(
@@ -185,7 +185,7 @@ impl Daemon {
                         "could not requeue the job after its out-of-memory failure: {e}"
                     );
                     (
-                        "requeue_failed",
+                        OomDecision::RequeueFailed,
                         format!(
                             "scontrol requeue {job_id} failed after {attempts} attempt(s): {e}"
                         ),

@@ -1,0 +1,249 @@
+//! Per-day results of a policy and their aggregate over the test days.
+//!
+//! ET needs an exchange rate between joules and tardiness-seconds. Scoring
+//! each day against its own `none` run (the seed-wise ET) makes that rate
+//! swing with the day: one tardiness-second was worth 155 to 2,497 J across
+//! diurnal seeds. Here the rate is fixed per scenario by a [`Reference`]
+//! pooled over the *training* days' `none` runs (mean energy, mean
+//! tardiness): every scored day, and every policy, is converted with the
+//! same rate, which the scored days cannot move.
+
+use serde::Serialize;
+
+use crate::sim::{EtScore, Metrics};
+
+/// The pooled `none` reference of a scenario (the ET exchange rate).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Reference {
+    /// Mean energy of `none` over the training days, J.
+    pub energy_j: f64,
+    /// Mean of `none`'s mean tardiness over the training days, s, floored at
+    /// 1 s (a reference without tardiness would make t undefined).
+    pub tardiness_s: f64,
+}
+
+impl Reference {
+    /// Pools the `none` runs of the training days.
+    pub fn pooled(nones: &[Metrics]) -> Self {
+        let n = nones.len().max(1) as f64;
+        Reference {
+            energy_j: nones.iter().map(|m| m.energy_j).sum::<f64>() / n,
+            tardiness_s: (nones.iter().map(|m| m.mean_tardiness_s).sum::<f64>() / n).max(1.0),
+        }
+    }
+
+    /// `(e + alpha t) / (1 + alpha)` with `e`, `t` relative to this reference.
+    pub fn et(&self, energy_j: f64, tardiness_s: f64, alpha: f64) -> f64 {
+        let e = if self.energy_j > 0.0 {
+            energy_j / self.energy_j
+        } else {
+            1.0
+        };
+        (e + alpha * tardiness_s / self.tardiness_s) / (1.0 + alpha)
+    }
+
+    /// Joules one second of mean tardiness is worth (at `alpha` = 1).
+    pub fn joules_per_tardiness_s(&self) -> f64 {
+        self.energy_j / self.tardiness_s
+    }
+}
+
+/// What a row is in the comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RowKind {
+    /// What a site runs without smartmig: whole GPUs, or a layout chosen
+    /// on past days.
+    Opponent,
+    /// A policy of ours.
+    Candidate,
+    /// Knows the scored day in advance (hindsight): an upper reference.
+    Hindsight,
+    /// A lower bound, not a schedule.
+    Bound,
+}
+
+/// One policy on one test day.
+#[derive(Clone, Debug, Serialize)]
+pub struct DayScore {
+    pub day: String,
+    /// ET with the scenario's pooled reference.
+    pub et: f64,
+    /// ET against this day's own `none` run (the seed-wise ET).
+    pub et_seedwise: Option<f64>,
+    pub energy_j: f64,
+    pub tardiness_s: f64,
+    /// The full metrics (absent for the lower bound).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Metrics>,
+}
+
+impl DayScore {
+    /// A simulated run on `day`, whose own `none` run is `none`.
+    pub fn of_run(
+        day: &str,
+        m: &Metrics,
+        none: &Metrics,
+        reference: &Reference,
+        alpha: f64,
+    ) -> Self {
+        DayScore {
+            day: day.to_string(),
+            et: reference.et(m.energy_j, m.mean_tardiness_s, alpha),
+            et_seedwise: EtScore::new(m, none, String::new(), alpha).et,
+            energy_j: m.energy_j,
+            tardiness_s: m.mean_tardiness_s,
+            metrics: Some(m.clone()),
+        }
+    }
+}
+
+/// One policy over the test days of a scenario: the row of the tables and
+/// of the JSON (`policy`, `et`, `energy_j`, `tardiness_s`, `late_share`,
+/// `mean_wait_s`, ...).
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyRow {
+    /// Short name: `none`, `static-hist`, `learned`, ...
+    pub policy: String,
+    pub kind: RowKind,
+    /// What exactly ran (the layouts a search chose, the model file).
+    pub description: String,
+    /// Mean over the test days of the pooled-reference ET.
+    pub et: f64,
+    /// Mean over the test days of the seed-wise ET (`None` if some day's
+    /// is undefined: its `none` run had no tardiness and this run had some).
+    pub et_seedwise: Option<f64>,
+    /// Mean energy per test day, J.
+    pub energy_j: f64,
+    /// Mean over the test days of the mean tardiness, s.
+    pub tardiness_s: f64,
+    pub late_share: Option<f64>,
+    pub mean_wait_s: Option<f64>,
+    /// Mean over the test days of each day's 95th-percentile wait.
+    pub p95_wait_s: Option<f64>,
+    pub mean_bounded_slowdown: Option<f64>,
+    pub jobs_per_hour: Option<f64>,
+    pub makespan_s: Option<f64>,
+    pub reconfigurations: Option<f64>,
+    /// Jobs that never ran, summed over the test days.
+    pub unserved: Option<u64>,
+    /// The worst test day's `ET / ET(none) - 1` (both pooled-reference).
+    pub worst_day_vs_none: Option<f64>,
+    /// Test days on which this policy's ET is above `none`'s.
+    pub days_worse_than_none: Option<usize>,
+    pub days: Vec<DayScore>,
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
+    let (s, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    (n > 0).then(|| s / n as f64)
+}
+
+impl PolicyRow {
+    /// Aggregates `days` (in the order of `nones`, the `none` row's days).
+    pub fn new(
+        policy: &str,
+        kind: RowKind,
+        description: String,
+        days: Vec<DayScore>,
+        nones: &[DayScore],
+    ) -> Self {
+        let ms: Vec<&Metrics> = days.iter().filter_map(|d| d.metrics.as_ref()).collect();
+        let over = |f: &dyn Fn(&Metrics) -> f64| {
+            if ms.len() == days.len() {
+                mean(ms.iter().map(|m| f(m)))
+            } else {
+                None
+            }
+        };
+        let vs_none: Vec<f64> = days
+            .iter()
+            .zip(nones)
+            .map(|(d, n)| if n.et > 0.0 { d.et / n.et - 1.0 } else { 0.0 })
+            .collect();
+        let comparable = kind != RowKind::Bound && vs_none.len() == days.len();
+        PolicyRow {
+            policy: policy.to_string(),
+            kind,
+            description,
+            et: mean(days.iter().map(|d| d.et)).unwrap_or(f64::NAN),
+            et_seedwise: days
+                .iter()
+                .map(|d| d.et_seedwise)
+                .collect::<Option<Vec<f64>>>()
+                .and_then(|v| mean(v.into_iter())),
+            energy_j: mean(days.iter().map(|d| d.energy_j)).unwrap_or(f64::NAN),
+            tardiness_s: mean(days.iter().map(|d| d.tardiness_s)).unwrap_or(f64::NAN),
+            late_share: over(&|m| m.late_share),
+            mean_wait_s: over(&|m| m.mean_wait_s),
+            p95_wait_s: over(&|m| m.p95_wait_s),
+            mean_bounded_slowdown: over(&|m| m.mean_bounded_slowdown),
+            jobs_per_hour: over(&|m| m.jobs_per_hour),
+            makespan_s: over(&|m| m.makespan_s),
+            reconfigurations: over(&|m| m.reconfigurations as f64),
+            unserved: (ms.len() == days.len())
+                .then(|| ms.iter().map(|m| m.unserved + m.rejected).sum()),
+            worst_day_vs_none: comparable
+                .then(|| vs_none.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+                .filter(|v| v.is_finite()),
+            days_worse_than_none: comparable.then(|| vs_none.iter().filter(|&&v| v > 1e-9).count()),
+            days,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(energy_j: f64, tardiness: f64) -> Metrics {
+        Metrics {
+            energy_j,
+            mean_tardiness_s: tardiness,
+            ..Metrics::default()
+        }
+    }
+
+    #[test]
+    fn pooled_reference_fixes_the_exchange_rate() {
+        let r = Reference::pooled(&[m(100.0, 10.0), m(300.0, 30.0)]);
+        assert_eq!((r.energy_j, r.tardiness_s), (200.0, 20.0));
+        assert_eq!(r.joules_per_tardiness_s(), 10.0);
+        assert_eq!(r.et(200.0, 20.0, 1.0), 1.0);
+        // Two days, each scored against itself, would both give 1.0; with
+        // the pooled rate the busier day counts for more.
+        assert!(r.et(300.0, 30.0, 1.0) > 1.4);
+        // No tardiness anywhere: floored at 1 s, still defined.
+        let z = Reference::pooled(&[m(100.0, 0.0)]);
+        assert_eq!(z.tardiness_s, 1.0);
+        assert!(z.et(100.0, 2.0, 1.0).is_finite());
+    }
+
+    #[test]
+    fn rows_flag_days_worse_than_none() {
+        let r = Reference::pooled(&[m(100.0, 10.0)]);
+        let day = |i: usize, e: f64, t: f64| {
+            DayScore::of_run(&format!("d{i}"), &m(e, t), &m(100.0, 10.0), &r, 1.0)
+        };
+        let nones = vec![day(0, 100.0, 10.0), day(1, 100.0, 10.0)];
+        let row = PolicyRow::new(
+            "p",
+            RowKind::Candidate,
+            String::new(),
+            vec![day(0, 80.0, 5.0), day(1, 120.0, 10.0)],
+            &nones,
+        );
+        assert_eq!(row.days_worse_than_none, Some(1));
+        assert!((row.worst_day_vs_none.unwrap() - 0.1).abs() < 1e-12);
+        assert!((row.energy_j - 100.0).abs() < 1e-9);
+        assert!((row.et - (0.65 + 1.1) / 2.0).abs() < 1e-12);
+        let none = PolicyRow::new(
+            "none",
+            RowKind::Opponent,
+            String::new(),
+            nones.clone(),
+            &nones,
+        );
+        assert_eq!(none.days_worse_than_none, Some(0));
+    }
+}

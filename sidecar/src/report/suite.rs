@@ -1,0 +1,229 @@
+//! Text tables and SVG plots of `smartmig bench suite`
+//! ([`crate::eval::SuiteReport`]).
+//!
+//! | column | meaning |
+//! |---|---|
+//! | ET | mean over the test days of `(e + a t) / (1 + a)`, `e` and `t` relative to `none` pooled over the training days (one exchange rate per scenario) |
+//! | ET/seed | the same with each day scored against its own `none` run |
+//! | energy MJ, tard. s | mean energy per test day, mean of the days' mean tardiness |
+//! | late %, wait s, p95 wait s | share of late jobs, mean and 95th-percentile wait |
+//! | bsld | mean bounded slowdown, tau = 10 s |
+//! | jobs/h, makespan h | completed jobs per hour of makespan; last completion - first arrival |
+//! | worst day | the worst test day's `ET / ET(none) - 1` |
+//! | worse days | test days on which the policy did worse than whole GPUs |
+
+use std::fmt::Write as _;
+
+use plotters::prelude::*;
+
+use super::{aligned, ReportError};
+use crate::eval::{PolicyRow, RowKind, ScenarioResult, SuiteReport};
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or_else(|| "-".to_string(), f)
+}
+
+fn kind(k: RowKind) -> &'static str {
+    match k {
+        RowKind::Opponent => "opponent",
+        RowKind::Candidate => "ours",
+        RowKind::Hindsight => "hindsight",
+        RowKind::Bound => "bound",
+    }
+}
+
+/// `seeds 0-7` for consecutive seeds, else the labels joined.
+fn days(labels: &[String]) -> String {
+    let seeds: Option<Vec<u64>> = labels
+        .iter()
+        .map(|l| l.strip_prefix("seed ").and_then(|n| n.parse().ok()))
+        .collect();
+    match seeds {
+        Some(s) if s.len() > 2 && s.windows(2).all(|w| w[1] == w[0] + 1) => {
+            format!("seeds {}-{}", s[0], s[s.len() - 1])
+        }
+        _ => labels.join(", "),
+    }
+}
+
+/// The table of one scenario.
+pub fn scenario_table(s: &ScenarioResult) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: {} GPUs ({}), {:.0} jobs a test day",
+        s.name,
+        s.gpus,
+        s.models.join(", "),
+        s.jobs_per_day
+    );
+    let _ = writeln!(
+        out,
+        "  training days (opponents fitted here): {}; test days: {}",
+        days(&s.train_days),
+        days(&s.test_days)
+    );
+    let _ = writeln!(
+        out,
+        "  ET exchange rate: 1 s of mean tardiness = {:.0} J (none pooled over the training days: {:.2} MJ, {:.1} s)",
+        s.joules_per_tardiness_s,
+        s.reference.energy_j / 1e6,
+        s.reference.tardiness_s
+    );
+    let mut lines = vec![[
+        "policy",
+        "kind",
+        "ET",
+        "ET/seed",
+        "energy MJ",
+        "tard. s",
+        "late %",
+        "wait s",
+        "p95 wait s",
+        "bsld",
+        "jobs/h",
+        "makespan h",
+        "reconf.",
+        "worst day",
+        "worse days",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect::<Vec<_>>()];
+    for r in &s.rows {
+        lines.push(row_cells(r));
+    }
+    out.push_str(&aligned(&lines));
+    for r in &s.rows {
+        let _ = writeln!(out, "  {}: {}", r.policy, r.description);
+    }
+    let _ = writeln!(
+        out,
+        "  ({} event logs audited; the searches ran {} simulations)",
+        s.audited_logs, s.search_runs
+    );
+    out
+}
+
+fn row_cells(r: &PolicyRow) -> Vec<String> {
+    let worse = r.days_worse_than_none.map_or("-".to_string(), |n| {
+        if n > 0 {
+            format!("{n}/{} WORSE", r.days.len())
+        } else {
+            format!("0/{}", r.days.len())
+        }
+    });
+    vec![
+        r.policy.clone(),
+        kind(r.kind).to_string(),
+        format!("{:.3}", r.et),
+        opt(r.et_seedwise, |x| format!("{x:.3}")),
+        format!("{:.2}", r.energy_j / 1e6),
+        format!("{:.1}", r.tardiness_s),
+        opt(r.late_share, |x| format!("{:.1}", 100.0 * x)),
+        opt(r.mean_wait_s, |x| format!("{x:.0}")),
+        opt(r.p95_wait_s, |x| format!("{x:.0}")),
+        opt(r.mean_bounded_slowdown, |x| format!("{x:.2}")),
+        opt(r.jobs_per_hour, |x| format!("{x:.1}")),
+        opt(r.makespan_s, |x| format!("{:.2}", x / 3600.0)),
+        opt(r.reconfigurations, |x| format!("{x:.0}")),
+        opt(r.worst_day_vs_none, |x| format!("{:+.1}%", 100.0 * x)),
+        worse,
+    ]
+}
+
+/// One line per policy, one column per scenario: the pooled ET, with `!`
+/// when the policy was worse than whole GPUs on some test day.
+pub fn summary_table(r: &SuiteReport) -> String {
+    let mut policies: Vec<String> = Vec::new();
+    for s in &r.scenarios {
+        for row in &s.rows {
+            if !policies.contains(&row.policy) {
+                policies.push(row.policy.clone());
+            }
+        }
+    }
+    let mut header = vec!["policy".to_string()];
+    header.extend(r.scenarios.iter().map(|s| s.name.clone()));
+    header.push("mean".into());
+    let mut lines = vec![header];
+    for p in &policies {
+        let mut l = vec![p.clone()];
+        let mut sum = (0.0, 0usize);
+        for s in &r.scenarios {
+            l.push(match s.row(p) {
+                Some(row) => {
+                    sum = (sum.0 + row.et, sum.1 + 1);
+                    let flag = if row.days_worse_than_none.unwrap_or(0) > 0 {
+                        "!"
+                    } else {
+                        ""
+                    };
+                    format!("{:.3}{flag}", row.et)
+                }
+                None => "-".into(),
+            });
+        }
+        l.push(if sum.1 > 0 {
+            format!("{:.3}", sum.0 / sum.1 as f64)
+        } else {
+            "-".into()
+        });
+        lines.push(l);
+    }
+    let mut out = String::from("Summary: ET per scenario (pooled none reference, lower is better; ! = worse than whole GPUs on some test day)\n");
+    out.push_str(&aligned(&lines));
+    out
+}
+
+/// Horizontal bars of a scenario's ET per policy (`none` = the reference
+/// line at its ET).
+pub fn et_bars(s: &ScenarioResult) -> Result<String, ReportError> {
+    let err = |e: &dyn std::fmt::Debug| ReportError::Plot(format!("{e:?}"));
+    let mut svg = String::new();
+    {
+        let rows: Vec<&PolicyRow> = s.rows.iter().filter(|r| r.et.is_finite()).collect();
+        let n = rows.len().max(1);
+        let root =
+            SVGBackend::with_string(&mut svg, (900, 120 + 40 * n as u32)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let x_max = rows.iter().map(|r| r.et).fold(1.0_f64, f64::max) * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("ET by policy: {}", s.name), ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(180)
+            .build_cartesian_2d(0.0..x_max, (0..n).into_segmented())
+            .map_err(|e| err(&e))?;
+        let names: Vec<String> = rows.iter().map(|r| r.policy.clone()).collect();
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("ET (lower is better; none pooled over the training days = reference)")
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
+                _ => String::new(),
+            })
+            .draw()
+            .map_err(|e| err(&e))?;
+        let color = |k: RowKind| match k {
+            RowKind::Opponent => RGBColor(127, 127, 127),
+            RowKind::Candidate => RGBColor(31, 119, 180),
+            RowKind::Hindsight => RGBColor(255, 187, 120),
+            RowKind::Bound => RGBColor(44, 160, 44),
+        };
+        chart
+            .draw_series(rows.iter().enumerate().map(|(i, r)| {
+                Rectangle::new(
+                    [
+                        (0.0, SegmentValue::Exact(i)),
+                        (r.et, SegmentValue::Exact(i + 1)),
+                    ],
+                    color(r.kind).filled(),
+                )
+            }))
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
+    }
+    Ok(svg)
+}
