@@ -30,8 +30,7 @@ struct Out<'a> {
 
 pub fn run(args: &Args) -> Result<()> {
     let a = &args.workload;
-    let cluster = simulate::parse_cluster(a.gpus, &a.model, a.cluster.as_deref())?;
-    let (jobs, horizon) = simulate::load_workload(a, cluster[0], cluster.len())?;
+    let (cluster, jobs, horizon) = simulate::cluster_and_workload(a)?;
     // Same defaults as the simulator: power per model, horizon = the
     // workload's or the last arrival.
     let cfg = SimConfig::default();

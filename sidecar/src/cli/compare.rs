@@ -365,10 +365,48 @@ pub fn run_cli(
     let label = if a.workload == "diurnal" {
         format!("diurnal {} h workload", a.hours)
     } else {
-        format!("{} trace {}", a.trace_format, a.workload)
+        let window = a
+            .trace_window
+            .as_ref()
+            .map_or(String::new(), |w| format!(", window {w} h"));
+        let load = a
+            .load
+            .map_or(String::new(), |l| format!(", sized for peak load {l}"));
+        format!("{} trace {}{window}{load}", a.trace_format, a.workload)
     };
     let mut opts = CompareOptions::new(label, a.alpha);
     opts.extra.clone_from(&a.compare_policy);
+    if let Some(w) = &a.trace_window {
+        // The windows just before the compared one, as an admin looks back.
+        let (start_h, len_h) = super::oom::parse_pair(w, "--trace-window", None)?;
+        let whole = super::simulate::Args {
+            trace_window: None,
+            ..a.clone()
+        };
+        let (all, _) = super::simulate::load_workload(&whole, cluster[0], cluster.len())?;
+        for k in 1..=a.train_days {
+            let start = (start_h - k as f64 * len_h) * 3600.0;
+            if start < 0.0 {
+                break;
+            }
+            let jobs = crate::workload::window(&all, start, len_h * 3600.0);
+            if !jobs.is_empty() {
+                opts.training.push(Day {
+                    label: format!("hours {:.0}-{:.0}", start / 3600.0, start / 3600.0 + len_h),
+                    jobs,
+                    cfg: SimConfig {
+                        workload_horizon_s: Some(len_h * 3600.0),
+                        ..cfg.clone()
+                    },
+                });
+            }
+        }
+        if opts.training.is_empty() {
+            eprintln!("smartmig: no jobs in the {} windows before --trace-window {w}: static-hist and twice-daily-hist left out", a.train_days);
+        }
+    } else if a.workload != "diurnal" {
+        eprintln!("smartmig: a whole trace has no past days to fit static-hist and twice-daily-hist on; use --trace-window START_H,LEN_H (the windows before it are the training days)");
+    }
     if a.workload == "diurnal" {
         for seed in (1..=a.train_days).map(|k| a.seed.wrapping_add(k)) {
             let (jobs, horizon) =

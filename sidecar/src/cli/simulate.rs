@@ -14,10 +14,11 @@ use crate::sim::{
     simulate_with_reference, EpochRule, EtScore, Heuristic, JsonLines, Metrics, RunHooks, SimConfig,
 };
 use crate::workload::{
-    generate_diurnal, read_trace, DiurnalConfig, Job, TraceFormat, TraceOptions,
+    generate_diurnal, gpus_for_load, peak_demand_load, read_trace, window, DiurnalConfig, Job,
+    TraceFormat, TraceOptions,
 };
 
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct Args {
     /// Number of GPUs (all of `--model`; see `--cluster` for mixed models).
     #[arg(long, default_value_t = 8)]
@@ -38,6 +39,19 @@ pub struct Args {
     /// Skip malformed trace rows instead of failing.
     #[arg(long)]
     pub lenient: bool,
+    /// START_H,LEN_H: replay only the trace's jobs arriving in these hours
+    /// (counted from its first arrival), as a workload starting at 0.
+    #[arg(long, value_name = "START_H,LEN_H")]
+    pub trace_window: Option<String>,
+    /// With a trace: use as many --model GPUs as make the busiest hour's
+    /// offered load L (overrides --gpus), so the load is a choice, not an
+    /// accident of the trace.
+    #[arg(long, value_name = "L", conflicts_with = "cluster")]
+    pub load: Option<f64>,
+    /// LO,HI: deadline = arrival + U(LO, HI) x run time (a trace job's on the
+    /// slices it asked for, else on the whole GPU; a sacct Timelimit wins).
+    #[arg(long, value_name = "LO,HI", default_value = "1,1.5")]
+    pub deadline_factor: String,
     /// Length of the diurnal workload, hours.
     #[arg(long, default_value_t = 24.0)]
     pub hours: f64,
@@ -137,6 +151,24 @@ pub fn parse_cluster(gpus: usize, model: &str, cluster: Option<&str>) -> Result<
     Ok(out)
 }
 
+/// The cluster and its workload (jobs, horizon). With `--load` the GPU
+/// count follows from the trace, so the trace is read first.
+pub fn cluster_and_workload(a: &Args) -> Result<(Vec<GpuModel>, Vec<Job>, Option<f64>)> {
+    let cluster = parse_cluster(a.gpus, &a.model, a.cluster.as_deref())?;
+    let (jobs, horizon) = load_workload(a, cluster[0], cluster.len())?;
+    let Some(target) = a.load else {
+        return Ok((cluster, jobs, horizon));
+    };
+    let model = cluster[0];
+    let n =
+        gpus_for_load(&jobs, model, target, 3600.0).with_context(|| format!("--load {target}"))?;
+    eprintln!(
+        "smartmig: --load {target}: {n} GPUs (peak hour demand {:.2} of the cluster, jobs started on arrival on their most efficient slice)",
+        peak_demand_load(&jobs, model, n, 3600.0)
+    );
+    Ok((vec![model; n], jobs, horizon))
+}
+
 /// The jobs and the workload horizon.
 pub fn load_workload(a: &Args, model: GpuModel, gpus: usize) -> Result<(Vec<Job>, Option<f64>)> {
     load_workload_seed(a, model, gpus, a.seed)
@@ -149,9 +181,14 @@ pub fn load_workload_seed(
     gpus: usize,
     seed: u64,
 ) -> Result<(Vec<Job>, Option<f64>)> {
+    let deadline_factor = super::oom::parse_pair(&a.deadline_factor, "--deadline-factor", None)?;
     if a.workload == "diurnal" {
+        if a.load.is_some() || a.trace_window.is_some() {
+            bail!("--load and --trace-window need a trace (--workload FILE); the diurnal load is set by --gpus and the generator's rates");
+        }
         let cfg = DiurnalConfig {
             horizon_s: a.hours * 3600.0,
+            deadline_factor,
             ..DiurnalConfig::default()
         };
         cfg.validate().context("diurnal workload")?;
@@ -160,22 +197,63 @@ pub fn load_workload_seed(
         return Ok((jobs, Some(cfg.horizon_s)));
     }
     let format: TraceFormat = a.trace_format.parse()?;
-    let file = File::open(&a.workload).with_context(|| format!("opening trace {}", a.workload))?;
     let opts = TraceOptions {
         lenient: a.lenient,
         seed: a.seed,
+        deadline_factor,
         ..TraceOptions::new(model)
     };
+    opts.validate().context("--deadline-factor")?;
+    let file = File::open(&a.workload).with_context(|| format!("opening trace {}", a.workload))?;
     let mut trace = read_trace(format, BufReader::new(file), &opts)
         .with_context(|| format!("reading {} trace {}", format, a.workload))?;
-    super::oom::apply(&mut trace.jobs, model, &memory_options(a)?, false, a.seed);
     for s in trace.skipped.iter().take(5) {
         eprintln!("smartmig: skipped line {}: {}", s.line, s.reason);
     }
     if trace.skipped.len() > 5 {
         eprintln!("smartmig: ... {} rows skipped in all", trace.skipped.len());
     }
-    Ok((trace.jobs, None))
+    let mut horizon = None;
+    if let Some(w) = &a.trace_window {
+        let (jobs, h) = trace_window(&trace.jobs, w)?;
+        trace.jobs = jobs;
+        horizon = Some(h);
+    }
+    super::oom::apply(&mut trace.jobs, model, &memory_options(a)?, false, a.seed);
+    Ok((trace.jobs, horizon))
+}
+
+/// `--trace-window START_H,LEN_H` applied to a trace whose first arrival is
+/// 0: the window's jobs and its horizon (the part of the window the trace
+/// covers, so that no idle time past the trace's end is charged).
+fn trace_window(jobs: &[Job], arg: &str) -> Result<(Vec<Job>, f64)> {
+    let (start_h, len_h) = super::oom::parse_pair(arg, "--trace-window", None)?;
+    if !(start_h.is_finite() && start_h >= 0.0 && len_h.is_finite() && len_h > 0.0) {
+        bail!("--trace-window {arg}: expected START_H >= 0 and LEN_H > 0 hours");
+    }
+    let end_s = jobs.iter().map(|j| j.arrival).fold(0.0, f64::max);
+    let (start_s, len_s) = (start_h * 3600.0, len_h * 3600.0);
+    if start_s > end_s {
+        bail!(
+            "--trace-window {arg}: starts after the trace's last arrival (the trace spans {:.2} h)",
+            end_s / 3600.0
+        );
+    }
+    let out = window(jobs, start_s, len_s);
+    if out.is_empty() {
+        bail!(
+            "--trace-window {arg}: no job arrives in hours [{start_h}, {}) of the trace (it spans {:.2} h)",
+            start_h + len_h,
+            end_s / 3600.0
+        );
+    }
+    eprintln!(
+        "smartmig: --trace-window {arg}: {} of {} jobs (the trace spans {:.2} h)",
+        out.len(),
+        jobs.len(),
+        end_s / 3600.0
+    );
+    Ok((out, len_s.min(end_s - start_s)))
 }
 
 fn memory_options(a: &Args) -> Result<super::oom::MemoryOptions> {
@@ -200,13 +278,12 @@ struct Report<'a> {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let cluster = parse_cluster(a.gpus, &a.model, a.cluster.as_deref())?;
     let heuristic: Heuristic = a.placement.parse()?;
+    let (cluster, jobs, horizon) = cluster_and_workload(a)?;
     let mut models = cluster.clone();
     models.sort();
     models.dedup();
     let mut policy = parse_policy(&a.policy, &models)?;
-    let (jobs, horizon) = load_workload(a, cluster[0], cluster.len())?;
     let cfg = SimConfig {
         reconfig_time_s: a.reconfig_time,
         epoch: match a.epoch_seconds {

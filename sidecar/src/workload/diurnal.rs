@@ -18,6 +18,10 @@ use super::speedup::lerp;
 use super::{CurveDist, Job, JobClass, WorkloadError};
 use crate::mig::GpuModel;
 
+/// Lives in [`super::load`] (it is not specific to this generator); kept
+/// here so that `workload::diurnal::offered_load` still resolves.
+pub use super::load::offered_load;
+
 /// Parameters of [`generate_diurnal`]. Rates are per GPU so one config
 /// scales with the cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,7 +102,12 @@ fn positive(field: &'static str, v: f64) -> Result<(), WorkloadError> {
     }
 }
 
-fn range(field: &'static str, (lo, hi): (f64, f64), min: f64) -> Result<(), WorkloadError> {
+/// `(lo, hi)` finite with `min <= lo <= hi` (also checks the trace readers' deadline factor).
+pub(crate) fn range(
+    field: &'static str,
+    (lo, hi): (f64, f64),
+    min: f64,
+) -> Result<(), WorkloadError> {
     if lo.is_finite() && hi.is_finite() && lo >= min && lo <= hi {
         Ok(())
     } else {
@@ -282,29 +291,6 @@ pub fn generate_diurnal(cfg: &DiurnalConfig, model: GpuModel, gpus: usize, seed:
         });
     }
     jobs
-}
-
-/// Offered load per time bin: for the jobs *arriving* in each bin of
-/// `bin_s` seconds, the GPU-seconds they need on their most efficient
-/// fitting profile ([`Job::most_efficient_profile`], honouring a requested
-/// size), divided by the capacity of the bin (`bin_s x gpus`). A job that
-/// fits no profile counts its whole-GPU work. 1.0 = the arrivals of that bin
-/// alone would keep every GPU busy for the bin even with perfect packing.
-pub fn offered_load(jobs: &[Job], model: GpuModel, gpus: usize, bin_s: f64) -> Vec<f64> {
-    if jobs.is_empty() || gpus == 0 || bin_s.is_nan() || bin_s <= 0.0 {
-        return Vec::new();
-    }
-    let end = jobs.iter().map(|j| j.arrival).fold(0.0_f64, f64::max);
-    let bins = (end / bin_s).floor() as usize + 1;
-    let mut load = vec![0.0; bins];
-    for j in jobs {
-        let area = j.most_efficient_profile(model).map_or(j.work, |(_, a)| a);
-        let b = ((j.arrival.max(0.0) / bin_s) as usize).min(bins - 1);
-        load[b] += area;
-    }
-    let cap = bin_s * gpus as f64;
-    load.iter_mut().for_each(|l| *l /= cap);
-    load
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! - [`speedup`]: [`SpeedupCurve`] (calibrated on MIGProfiler data) and the
 //!   per-class curve distributions [`CurveDist`].
 //! - [`power`]: [`PowerModel`] and the one definition of GPU `load`.
-//! - [`diurnal`]: [`DiurnalConfig`], [`generate_diurnal`], offered-load statistics.
+//! - [`diurnal`]: [`DiurnalConfig`], [`generate_diurnal`].
+//! - [`load`]: [`offered_load`] and the cluster size for a target load.
 //! - [`trace`]: our CSV format, the Alibaba GPU v2023 trace and Slurm `sacct`.
 //! - [`declare`]: under-declared memory and job templates (out-of-memory studies).
 //! - [`memory_estimate`]: learned memory estimates per (user, job name).
@@ -19,19 +20,21 @@
 pub mod declare;
 pub mod diurnal;
 pub mod job;
+pub mod load;
 pub mod memory_estimate;
 pub mod power;
 pub mod speedup;
 pub mod trace;
 
-pub use diurnal::{generate_diurnal, offered_load, DiurnalConfig};
+pub use diurnal::{generate_diurnal, DiurnalConfig};
 pub use job::{default_memory_gb, round_up_to_profile, Job, JobClass};
+pub use load::{demand_load, gpus_for_load, offered_load, peak_demand_load};
 pub use memory_estimate::{EstimatorConfig, MemoryEstimator, MemoryKey};
 pub use power::{gpu_load, PowerModel};
 pub use speedup::{CurveDist, SpeedupCurve};
 pub use trace::{
-    read_alibaba, read_csv, read_sacct, read_trace, write_csv, SkippedRow, Trace, TraceError,
-    TraceFormat, TraceOptions,
+    read_alibaba, read_csv, read_sacct, read_trace, window, write_csv, SkippedRow, Trace,
+    TraceError, TraceFormat, TraceOptions,
 };
 
 /// An invalid parameter of a workload, curve or power model.

@@ -29,13 +29,15 @@
 //!   other QoS (BE, Burstable, Guaranteed) is training;
 //! - work = run time x speed(k): the pod ran on a k-slice-equivalent share,
 //!   so replaying it on a k-slice instance reproduces its recorded run time;
-//! - curve and deadline are sampled (class distribution; U(deadline_factor) x work).
+//! - curve and deadline are sampled: the curve from the class distribution,
+//!   deadline = arrival + U(deadline_factor) x the recorded run time (= the
+//!   run time on k slices), so the pod's own history meets its deadline.
 
 use std::io::Read;
 
 use super::csv::read_table;
 use super::{
-    parse_i64, row_rng, sample_curve, sample_factor, Collector, Trace, TraceError, TraceOptions,
+    parse_i64, row_rng, sample_curve, sample_deadline, Collector, Trace, TraceError, TraceOptions,
 };
 use crate::workload::{round_up_to_profile, Job, JobClass};
 
@@ -52,6 +54,7 @@ struct Cand {
 
 /// Reads an Alibaba GPU v2023 pod list (mapping in the module docs).
 pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> {
+    let mut out = Collector::new(opts)?;
     let table = read_table(r)?;
     let cols = &table.columns;
     let required = [
@@ -79,7 +82,6 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
     );
     let (c_name, c_qos, c_phase) = (cols.get("name"), cols.get("qos"), cols.get("pod_phase"));
 
-    let mut out = Collector::new(opts);
     let mut cands = Vec::new();
     // The trace's end: the last deletion time of any well-formed row.
     let mut trace_end = i64::MIN;
@@ -165,25 +167,21 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
         let k = round_up_to_profile(opts.model, slices).unwrap_or(total);
         let mut rng = row_rng(opts.seed, c.line);
         let speedup = sample_curve(&mut rng, c.class);
-        let work = duration * speedup.speed(k, total);
         let arrival = c.arrival as f64;
-        let deadline = arrival + sample_factor(&mut rng, opts) * work;
-        out.push(
-            c.line,
-            c.id,
-            Job {
-                id: 0,
-                arrival,
-                work,
-                speedup,
-                memory_gb: c.milli as f64 / 1000.0 * f64::from(spec.memory_gb),
-                deadline,
-                class: c.class,
-                requested_slices: Some(k),
-                declared_memory_gb: None,
-                template: None,
-            },
-        );
+        let mut job = Job {
+            id: 0,
+            arrival,
+            work: duration * speedup.speed(k, total),
+            speedup,
+            memory_gb: c.milli as f64 / 1000.0 * f64::from(spec.memory_gb),
+            deadline: arrival,
+            class: c.class,
+            requested_slices: Some(k),
+            declared_memory_gb: None,
+            template: None,
+        };
+        job.deadline = sample_deadline(&mut rng, opts, &job);
+        out.push(c.line, c.id, job);
     }
     Ok(out.finish())
 }
@@ -221,7 +219,12 @@ mod tests {
         assert!((j.memory_gb - 18.4).abs() < 1e-9);
         assert!((j.runtime_on(4, 7) - 14699.0).abs() < 1e-6);
         assert_eq!(j.arrival, 9963454.0);
-        assert!(j.deadline >= j.arrival + j.work && j.deadline <= j.arrival + 1.5 * j.work);
+        // Deadline relative to the recorded run time (on 4g), not the 7g work.
+        let slack = j.deadline - j.arrival;
+        assert!(
+            (14699.0 - 1e-6..=1.5 * 14699.0 + 1e-6).contains(&slack),
+            "{slack}"
+        );
         // pod-0039: 50 milli -> 1 slice; BE -> training; scheduled 1 s after creation.
         let j = by_name("openb-pod-0039");
         assert_eq!((j.requested_slices, j.class), (Some(1), JobClass::Training));
@@ -241,6 +244,40 @@ mod tests {
             .position(|s| s == "openb-pod-0032")
             .unwrap()];
         assert_eq!(j.requested_slices, Some(2));
+    }
+
+    #[test]
+    fn deadlines_follow_the_recorded_run_time() {
+        // Factor exactly 1: the deadline is the pod's own recorded end on its
+        // share (scheduled at once), whatever the sampled curve.
+        let tight = TraceOptions {
+            deadline_factor: (1.0, 1.0),
+            ..opts()
+        };
+        let t = read_alibaba(EXCERPT.as_bytes(), &tight).unwrap();
+        let by_name = |n: &str| &t.jobs[t.source_ids.iter().position(|s| s == n).unwrap()];
+        let j = by_name("openb-pod-0032");
+        assert!((j.deadline - j.arrival - 14699.0).abs() < 1e-6, "{j:?}");
+        let j = by_name("openb-pod-0039");
+        assert!((j.deadline - j.arrival - 7299.0).abs() < 1e-6, "{j:?}");
+        // A training curve is slower on 1g than on 7g: the old rule (x work)
+        // would have set the deadline before the pod's recorded end.
+        assert!(j.work < 0.5 * 7299.0, "{j:?}");
+        for j in &t.jobs {
+            let k = j.requested_slices.unwrap();
+            assert!((j.deadline - j.arrival - j.runtime_on(k, 7)).abs() < 1e-6);
+        }
+        // A factor below 1 would make the trace's own runs late: refused.
+        let e = read_alibaba(
+            EXCERPT.as_bytes(),
+            &TraceOptions {
+                deadline_factor: (0.5, 1.0),
+                ..opts()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("deadline_factor"), "{e}");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!
 //! Required columns: `arrival_s`, `work_s`, `memory_gb`, `class`; optional
 //! (the column may be absent, or a cell empty): `id` (kept as the source id),
-//! `deadline_s` (empty: sampled, arrival + U(deadline_factor) x work),
+//! `deadline_s` (empty: sampled, arrival + U(deadline_factor) x the run time
+//! on `requested_slices`, or x `work_s` without a request),
 //! `requested_slices` (rounded up to a profile size, as Slurm does),
 //! `speedup_beta` and `speedup_saturation` (both empty: sampled from the
 //! class's distribution; one empty: that one is 1.0). Column order is free.
@@ -16,7 +17,7 @@
 use std::io::{Read, Write};
 
 use super::{
-    parse_f64, parse_i64, row_rng, sample_curve, sample_factor, Collector, Columns, Trace,
+    parse_f64, parse_i64, row_rng, sample_curve, sample_deadline, Collector, Columns, Trace,
     TraceError, TraceOptions,
 };
 use crate::workload::{round_up_to_profile, Job, JobClass, SpeedupCurve};
@@ -112,6 +113,7 @@ fn csv_error(e: ::csv::Error) -> TraceError {
 
 /// Reads smartmig's job CSV (format in the module docs).
 pub fn read_csv(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> {
+    let mut out = Collector::new(opts)?;
     let table = read_table(r)?;
     let cols = &table.columns;
     let required = ["arrival_s", "work_s", "memory_gb", "class"];
@@ -135,7 +137,6 @@ pub fn read_csv(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> 
         beta: ix("speedup_beta"),
         saturation: ix("speedup_saturation"),
     };
-    let mut out = Collector::new(opts);
     for (line, fields) in table.rows {
         let parsed = fields.and_then(|f| parse_row(&f, &c, line, opts));
         match parsed {
@@ -225,7 +226,19 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
             }
         }
     };
-    let deadline = match optional(f, c.deadline) {
+    let mut job = Job {
+        id: 0,
+        arrival,
+        work,
+        speedup,
+        memory_gb,
+        deadline: arrival,
+        class,
+        requested_slices,
+        declared_memory_gb: None,
+        template: None,
+    };
+    job.deadline = match optional(f, c.deadline) {
         Some(v) => {
             let d = parse_f64("deadline_s", v)?;
             if d < arrival {
@@ -235,27 +248,13 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
             }
             d
         }
-        None => arrival + sample_factor(&mut rng, opts) * work,
+        None => sample_deadline(&mut rng, opts, &job),
     };
     if memory_gb > f64::from(spec.memory_gb) {
         return Ok(Row::Dropped("memory exceeds the GPU"));
     }
     let id = optional(f, c.id).map_or_else(|| format!("line{line}"), str::to_string);
-    Ok(Row::Job(
-        id,
-        Job {
-            id: 0,
-            arrival,
-            work,
-            speedup,
-            memory_gb,
-            deadline,
-            class,
-            requested_slices,
-            declared_memory_gb: None,
-            template: None,
-        },
-    ))
+    Ok(Row::Job(id, job))
 }
 
 /// Writes jobs in the format [`read_csv`] reads (all columns, `id` = job id).
@@ -337,6 +336,30 @@ serve-8,40,60,4.5,Inference,200,,0.5,
             }
         );
         assert!(t.skipped.is_empty() && t.dropped.is_empty());
+    }
+
+    #[test]
+    fn sampled_deadlines_follow_the_requested_size() {
+        // Linear curves: 1 slice of 7 runs 7 x longer than the whole GPU.
+        let text = "arrival_s,work_s,memory_gb,class,requested_slices,speedup_beta\n\
+                    0,100,4,training,1,1\n\
+                    0,100,4,training,,1\n\
+                    0,100,4,training,3,1\n";
+        let tight = TraceOptions {
+            deadline_factor: (1.0, 1.0),
+            ..opts()
+        };
+        let t = read_csv(text.as_bytes(), &tight).unwrap();
+        let d: Vec<f64> = t.jobs.iter().map(|j| j.deadline).collect();
+        assert!((d[0] - 700.0).abs() < 1e-9, "{d:?}");
+        assert_eq!(d[1], 100.0, "no request: relative to the whole GPU");
+        assert!((d[2] - 700.0 / 3.0).abs() < 1e-9, "{d:?}");
+        let wide = TraceOptions {
+            deadline_factor: (2.0, 3.0),
+            ..opts()
+        };
+        let j = &read_csv(text.as_bytes(), &wide).unwrap().jobs[0];
+        assert!((1400.0..=2100.0).contains(&j.deadline), "{}", j.deadline);
     }
 
     #[test]

@@ -17,7 +17,14 @@
 //!   still running) is not an error: it is counted in [`Trace::dropped`] by reason;
 //! - what a trace does not record (deadlines, speed-up curves) is sampled
 //!   with a `ChaCha8Rng` seeded from `(seed, line)`, so a job's sampled
-//!   values do not change when other rows are skipped or dropped.
+//!   values do not change when other rows are skipped or dropped;
+//! - a sampled deadline is `arrival + U(deadline_factor) x` the job's run
+//!   time on the slices it asked for (its recorded run time), or on the
+//!   whole GPU when it asked for no size (`sample_deadline`): a deadline
+//!   shorter than the job's own recorded run would contradict the trace.
+//!
+//! [`window`] cuts a time window out of a trace (e.g. one day of the
+//! 149-day Alibaba file); `workload::load` sizes the cluster for a load.
 //!
 //! The readers never print; the caller reports the counts.
 
@@ -29,7 +36,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::speedup::lerp;
-use super::{CurveDist, Job, JobClass, SpeedupCurve};
+use super::{CurveDist, Job, JobClass, SpeedupCurve, WorkloadError};
 use crate::mig::GpuModel;
 
 pub mod alibaba;
@@ -50,7 +57,10 @@ pub struct TraceOptions {
     pub lenient: bool,
     /// Seed for the sampled deadlines and speed-up curves.
     pub seed: u64,
-    /// Sampled deadline = arrival + U(deadline_factor) x work (run time on the whole GPU).
+    /// Sampled deadline = arrival + U(deadline_factor) x the run time on the
+    /// requested slices (what the job got in the trace), or on the whole GPU
+    /// without a request. `1 <= low <= high`, so the recorded run, started
+    /// at once, meets its deadline.
     pub deadline_factor: (f64, f64),
 }
 
@@ -63,6 +73,12 @@ impl TraceOptions {
             seed: 0,
             deadline_factor: (1.0, 1.5),
         }
+    }
+
+    /// Checks the deadline factor (finite, `1 <= low <= high`, as for the
+    /// generator); every reader fails with it before sampling anything.
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        super::diurnal::range("deadline_factor", self.deadline_factor, 1.0)
     }
 }
 
@@ -111,17 +127,36 @@ impl Trace {
             if out.last().is_none_or(|(last, _)| *last != k) {
                 out.push((k, Vec::new()));
             }
-            let start = k as f64 * window_s;
             if let Some((_, jobs)) = out.last_mut() {
-                jobs.push(Job {
-                    id: jobs.len() as u64,
-                    arrival: job.arrival - start,
-                    deadline: job.deadline - start,
-                    ..job.clone()
-                });
+                jobs.push(rebased(job, jobs.len(), k as f64 * window_s));
             }
         }
         out
+    }
+}
+
+/// The jobs arriving in `[start_s, start_s + len_s)`, in their order,
+/// rebased so that the window starts at 0 (arrivals and deadlines shifted,
+/// ids renumbered `0..n`): one stretch of a long trace as a workload of its
+/// own. Empty when `len_s` is not > 0 or a bound is not finite.
+pub fn window(jobs: &[Job], start_s: f64, len_s: f64) -> Vec<Job> {
+    if !(start_s.is_finite() && len_s.is_finite() && len_s > 0.0) {
+        return Vec::new();
+    }
+    jobs.iter()
+        .filter(|j| j.arrival >= start_s && j.arrival - start_s < len_s)
+        .enumerate()
+        .map(|(i, j)| rebased(j, i, start_s))
+        .collect()
+}
+
+/// `job` as job `id` of a workload whose clock starts at `start_s`.
+fn rebased(job: &Job, id: usize, start_s: f64) -> Job {
+    Job {
+        id: id as u64,
+        arrival: job.arrival - start_s,
+        deadline: job.deadline - start_s,
+        ..job.clone()
     }
 }
 
@@ -139,6 +174,9 @@ pub enum TraceError {
     /// No header line at all.
     #[error("the trace is empty (no header line)")]
     Empty,
+    /// Invalid [`TraceOptions`].
+    #[error(transparent)]
+    Options(#[from] WorkloadError),
 }
 
 /// The trace formats `smartmig` reads.
@@ -213,10 +251,18 @@ pub(crate) fn row_rng(seed: u64, line: usize) -> ChaCha8Rng {
     rng
 }
 
-/// Draws a deadline factor from `opts`.
-pub(crate) fn sample_factor(rng: &mut ChaCha8Rng, opts: &TraceOptions) -> f64 {
+/// Draws the deadline of a trace job whose other fields are set: arrival +
+/// U(deadline_factor) x its run time on the `requested_slices` it got (the
+/// whole GPU when it asked for no size). Relative to the whole-GPU work, a
+/// job that ran for T on a 30 % share would get a deadline below T, and its
+/// own recorded run would be late.
+pub(crate) fn sample_deadline(rng: &mut ChaCha8Rng, opts: &TraceOptions, job: &Job) -> f64 {
     use rand::Rng;
-    lerp(opts.deadline_factor, rng.random())
+    let total = opts.model.spec().compute_slices;
+    let run = job
+        .requested_slices
+        .map_or(job.work, |k| job.runtime_on(k, total));
+    job.arrival + lerp(opts.deadline_factor, rng.random()) * run
 }
 
 /// Draws a curve of the class.
@@ -233,13 +279,15 @@ pub(crate) struct Collector<'a> {
 }
 
 impl<'a> Collector<'a> {
-    pub(crate) fn new(opts: &'a TraceOptions) -> Self {
-        Collector {
+    /// Fails on invalid options, so that no reader samples with them.
+    pub(crate) fn new(opts: &'a TraceOptions) -> Result<Self, TraceError> {
+        opts.validate()?;
+        Ok(Collector {
             opts,
             rows: Vec::new(),
             skipped: Vec::new(),
             dropped: BTreeMap::new(),
-        }
+        })
     }
 
     /// A malformed row: an error in strict mode, a skip in lenient mode.
@@ -379,6 +427,49 @@ mod tests {
         assert_eq!(second[1].deadline, 100.0);
         assert!(t.windows(0.0).is_empty());
         assert!(t.windows(f64::NAN).is_empty());
+    }
+
+    #[test]
+    fn one_window_rebases_and_renumbers() {
+        let opts = TraceOptions::new(GpuModel::A100_40gb);
+        let csv = "arrival_s,work_s,memory_gb,class,deadline_s\n\
+                   0,10,4,inference,100\n50,10,4,inference,90\n\
+                   250,10,4,inference,400\n260,10,4,inference,300\n\
+                   300,10,4,inference,350\n";
+        let t = read_trace(TraceFormat::Csv, csv.as_bytes(), &opts).unwrap();
+        // [250, 300): the job at 300 is out, the window's start is in.
+        let w = window(&t.jobs, 250.0, 50.0);
+        assert_eq!(w.len(), 2);
+        assert_eq!((w[0].id, w[0].arrival, w[0].deadline), (0, 0.0, 150.0));
+        assert_eq!((w[1].id, w[1].arrival, w[1].deadline), (1, 10.0, 50.0));
+        assert_eq!(w[0].work, t.jobs[2].work);
+        // The same jobs as the matching window of Trace::windows.
+        let ws = t.windows(50.0);
+        assert_eq!(ws.iter().find(|(k, _)| *k == 5).map(|(_, j)| j), Some(&w));
+        assert_eq!(window(&t.jobs, 0.0, 1e9).len(), 5);
+        assert!(window(&t.jobs, 301.0, 100.0).is_empty());
+        assert!(window(&t.jobs, 0.0, 0.0).is_empty());
+        assert!(window(&t.jobs, f64::NAN, 10.0).is_empty());
+        assert!(window(&t.jobs, 0.0, f64::INFINITY).is_empty());
+    }
+
+    #[test]
+    fn deadline_factor_is_validated() {
+        let ok = TraceOptions::new(GpuModel::A100_40gb);
+        ok.validate().unwrap();
+        let csv = "arrival_s,work_s,memory_gb,class\n5,10,4,inference\n";
+        for bad in [(1.5, 1.2), (-1.0, 1.0), (0.5, 1.0), (1.0, f64::NAN)] {
+            let o = TraceOptions {
+                deadline_factor: bad,
+                ..ok
+            };
+            let e = o.validate().unwrap_err().to_string();
+            assert!(e.contains("deadline_factor"), "{e}");
+            for f in TraceFormat::ALL {
+                let e = read_trace(f, csv.as_bytes(), &o).unwrap_err();
+                assert!(matches!(e, TraceError::Options(_)), "{f}: {e}");
+            }
+        }
     }
 
     #[test]

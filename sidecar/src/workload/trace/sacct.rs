@@ -23,9 +23,10 @@
 //! - memory need = the memory of the smallest profile with k compute slices
 //!   (what `--gres=shard:K` without `--mig-mem` gets; `mem=` is host memory);
 //! - deadline = `Submit + Timelimit` when a limit is given (Slurm's time
-//!   limit is the user's own statement of how long the job may take),
-//!   sampled as for the generator when it is `UNLIMITED`, `Partition_Limit`,
-//!   empty or absent;
+//!   limit is the user's own statement of how long the job may take);
+//!   when it is `UNLIMITED`, `Partition_Limit`, empty or absent, sampled as
+//!   `Submit + U(deadline_factor) x` the recorded run time (the run time on
+//!   the k slices the job got, so its own run meets the deadline);
 //! - class: `JobName` containing `train` is training, `infer`/`serv` is
 //!   inference; otherwise whole-GPU jobs are training and sliced jobs
 //!   inference (a heuristic: sacct records no class);
@@ -35,13 +36,14 @@
 use std::io::Read;
 
 use super::{
-    read_all, row_rng, sample_curve, sample_factor, Collector, Columns, Trace, TraceError,
+    read_all, row_rng, sample_curve, sample_deadline, Collector, Columns, Trace, TraceError,
     TraceOptions,
 };
 use crate::workload::{default_memory_gb, round_up_to_profile, Job, JobClass};
 
 /// Reads `sacct --parsable2` output (mapping in the module docs).
 pub fn read_sacct(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> {
+    let mut out = Collector::new(opts)?;
     let text = read_all(r)?;
     let mut lines = text
         .lines()
@@ -82,7 +84,6 @@ pub fn read_sacct(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError
         return Err(cols.missing_error("sacct", &missing));
     }
 
-    let mut out = Collector::new(opts);
     for (line, l) in lines {
         if l.trim().is_empty() {
             continue;
@@ -213,34 +214,31 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
     };
     let mut rng = row_rng(opts.seed, line);
     let speedup = sample_curve(&mut rng, class);
-    let work = run * speedup.speed(k, total);
     let limit = match c.limit {
         Some(i) => parse_duration(f[i]).map_err(|e| format!("column Timelimit: {e}"))?,
         None => None,
     };
-    let deadline = match limit {
+    let mut job = Job {
+        id: 0,
+        arrival: submit,
+        work: run * speedup.speed(k, total),
+        speedup,
+        memory_gb: f64::from(default_memory_gb(opts.model, k).unwrap_or(spec.memory_gb)),
+        deadline: submit,
+        class,
+        requested_slices: Some(k),
+        declared_memory_gb: None,
+        template: None,
+    };
+    job.deadline = match limit {
         Some(l) => submit + l,
-        None => submit + sample_factor(&mut rng, opts) * work,
+        None => sample_deadline(&mut rng, opts, &job),
     };
     let id = [get(c.id_raw), job_id]
         .into_iter()
         .find(|s| !s.is_empty())
         .map_or_else(|| format!("line{line}"), str::to_string);
-    Ok(Row::Job(
-        id,
-        Job {
-            id: 0,
-            arrival: submit,
-            work,
-            speedup,
-            memory_gb: f64::from(default_memory_gb(opts.model, k).unwrap_or(spec.memory_gb)),
-            deadline,
-            class,
-            requested_slices: Some(k),
-            declared_memory_gb: None,
-            template: None,
-        },
-    ))
+    Ok(Row::Job(id, job))
 }
 
 /// GPU counts of a TRES string.
@@ -427,7 +425,8 @@ mod tests {
             ["1001", "1002", "1003", "1010", "1011", "1012"]
         );
         let j = &t.jobs;
-        // 1001: shard:3 for 01:00:00, limit 02:00:00, submitted first.
+        // 1001: shard:3 for 01:00:00, limit 02:00:00, submitted first:
+        // deadline = Submit + Timelimit exactly, not sampled.
         assert_eq!((j[0].arrival, j[0].requested_slices), (0.0, Some(3)));
         assert_eq!(j[0].class, JobClass::Inference);
         assert!((j[0].runtime_on(3, 7) - 3600.0).abs() < 1e-6);
@@ -456,6 +455,37 @@ mod tests {
         assert!(j.windows(2).all(|w| w[0].arrival <= w[1].arrival));
         for job in j {
             job.validate(GpuModel::A100_40gb).unwrap();
+        }
+    }
+
+    #[test]
+    fn deadline_is_the_time_limit_or_sampled_on_the_slices_used() {
+        // Job 1: shard:1 for 10 min with a 30 min limit; job 2: the same
+        // without a limit; job 3: a whole GPU without a limit.
+        let text = "JobID|Submit|Elapsed|Timelimit|AllocTRES\n\
+                    1|2024-03-01T10:00:00|00:10:00|00:30:00|gres/shard=1\n\
+                    2|2024-03-01T10:00:00|00:10:00|UNLIMITED|gres/shard=1\n\
+                    3|2024-03-01T10:00:00|00:10:00||gres/gpu=1\n";
+        for factor in [(1.0, 1.0), (1.0, 1.5), (2.0, 2.5)] {
+            let o = TraceOptions {
+                deadline_factor: factor,
+                ..opts()
+            };
+            let t = read_sacct(text.as_bytes(), &o).unwrap();
+            let [limited, sliced, whole] = &t.jobs[..] else {
+                panic!("{:?}", t.jobs)
+            };
+            assert_eq!(limited.deadline, 1800.0, "the limit wins over the factor");
+            // 1g of 7: the run took 600 s there; the 7g work is shorter.
+            assert!(sliced.work < 600.0);
+            let slack = sliced.deadline - sliced.arrival;
+            assert!(
+                slack >= factor.0 * 600.0 - 1e-6 && slack <= factor.1 * 600.0 + 1e-6,
+                "{factor:?}: {slack}"
+            );
+            assert_eq!(whole.work, 600.0);
+            let slack = whole.deadline - whole.arrival;
+            assert!(slack >= factor.0 * 600.0 && slack <= factor.1 * 600.0);
         }
     }
 
