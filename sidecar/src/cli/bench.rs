@@ -30,8 +30,7 @@ pub enum Target {
     /// The hindsight rollout oracle: what per-epoch reactivity could gain over static-best.
     Oracle(super::bench_oracle::OracleArgs),
     /// Scenarios x test days x policies against causal opponents (docs/evaluation.md).
-    #[cfg(any())]
-    Suite(super::bench_suite::SuiteArgs), // TEMP
+    Suite(super::bench_suite::SuiteArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -73,8 +72,7 @@ pub fn run(a: &Args) -> Result<()> {
         Target::Policy(p) => super::bench_policy::run(p),
         Target::Daemon(d) => crate::daemon::bench::run(d),
         Target::Oracle(o) => super::bench_oracle::run(o),
-        #[cfg(any())]
-        Target::Suite(s) => super::bench_suite::run(s), // TEMP
+        Target::Suite(s) => super::bench_suite::run(s),
     }
 }
 

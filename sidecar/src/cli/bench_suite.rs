@@ -15,13 +15,17 @@ use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::report::suite::{et_bars, scenario_table, summary_table};
 use crate::sim::{Heuristic, SimConfig};
-use crate::workload::{default_scenarios, parse_scenarios, Scenario};
+use crate::workload::{
+    default_scenarios, gpus_for_load, parse_scenarios, read_trace, DeadlineRegime, Scenario,
+    TraceFormat, TraceOptions,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct SuiteArgs {
-    /// GPUs of the simulated cluster.
-    #[arg(long, default_value_t = 8)]
-    pub gpus: usize,
+    /// GPUs of the simulated cluster for the generated scenarios (default
+    /// 16; 8 with --quick).
+    #[arg(long)]
+    pub gpus: Option<usize>,
     #[arg(long, default_value = "a100-40gb")]
     pub model: GpuModel,
     /// Scenarios file (TOML, `[[scenario]]` tables; the built-in list is
@@ -43,7 +47,7 @@ pub struct SuiteArgs {
     pub train_seed: u64,
     #[arg(long, default_value_t = 1000)]
     pub test_seed: u64,
-    /// A small run: 3 training and 2 test days, a smaller search.
+    /// A small run: 8 GPUs, 3 training and 2 test days, a smaller search.
     #[arg(long)]
     pub quick: bool,
     /// Job-placement heuristic.
@@ -66,6 +70,24 @@ pub struct SuiteArgs {
     /// Write one SVG bar chart per scenario into DIR.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
+    /// Also replay windows of this trace (two scenarios: tight and loose
+    /// sampled deadlines): the last `--train-days + --test-days` windows
+    /// with jobs, the earlier ones for training.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Format of `--trace` (csv, alibaba, sacct).
+    #[arg(long, default_value = "alibaba")]
+    pub trace_format: String,
+    /// Window length for `--trace`, hours.
+    #[arg(long, default_value_t = 24.0)]
+    pub window_h: f64,
+    /// Size the `--trace` cluster so the peak hour's demand of the busiest
+    /// training window is this share of it (overrides --gpus for the trace).
+    #[arg(long, default_value_t = 0.8)]
+    pub trace_load: f64,
+    /// Windows with fewer jobs are skipped.
+    #[arg(long, default_value_t = 20)]
+    pub min_window_jobs: usize,
 }
 
 /// The scenarios to run, filtered by `--only`.
@@ -116,8 +138,81 @@ fn day(s: &Scenario, model: GpuModel, gpus: usize, seed: u64) -> Day {
     }
 }
 
+/// The `--trace` scenarios: one per deadline regime, on the last
+/// `train + test` windows that hold jobs (training first, in time order),
+/// on a cluster sized by `--trace-load` from the training windows.
+fn trace_scenarios(
+    a: &SuiteArgs,
+    path: &std::path::Path,
+    train: usize,
+    test: usize,
+) -> Result<Vec<ScenarioDays>> {
+    if !(a.window_h.is_finite() && a.window_h > 0.0) {
+        bail!("--window-h {} is not a number of hours > 0", a.window_h);
+    }
+    let format: TraceFormat = a.trace_format.parse()?;
+    let stem = path
+        .file_stem()
+        .map_or_else(|| "trace".to_string(), |s| s.to_string_lossy().into_owned());
+    let window_s = a.window_h * 3600.0;
+    let mut out = Vec::new();
+    for regime in DeadlineRegime::ALL {
+        let opts = TraceOptions {
+            seed: a.train_seed,
+            deadline_factor: regime.factor(),
+            ..TraceOptions::new(a.model)
+        };
+        let file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let trace = read_trace(format, std::io::BufReader::new(file), &opts)
+            .with_context(|| format!("reading {format} trace {}", path.display()))?;
+        let windows: Vec<(usize, Vec<crate::workload::Job>)> = trace
+            .windows(window_s)
+            .into_iter()
+            .filter(|(_, jobs)| jobs.len() >= a.min_window_jobs)
+            .collect();
+        if windows.len() < train + test {
+            bail!(
+                "{}: {} windows of {} h hold at least {} jobs; --train-days {train} + --test-days {test} need {}",
+                path.display(),
+                windows.len(),
+                a.window_h,
+                a.min_window_jobs,
+                train + test
+            );
+        }
+        let chosen = &windows[windows.len() - train - test..];
+        let mut gpus = 1;
+        for (_, jobs) in &chosen[..train] {
+            gpus = gpus.max(gpus_for_load(jobs, a.model, a.trace_load, 3600.0)?);
+        }
+        let day = |(k, jobs): &(usize, Vec<crate::workload::Job>)| Day {
+            label: format!("window {k}"),
+            jobs: jobs.clone(),
+            cfg: SimConfig {
+                seed: a.train_seed,
+                workload_horizon_s: Some(window_s),
+                ..SimConfig::default()
+            },
+        };
+        eprintln!(
+            "smartmig: {stem}/{regime}: {gpus} GPUs (peak-hour demand {} of the busiest training window), {} h windows",
+            a.trace_load, a.window_h
+        );
+        out.push(ScenarioDays {
+            name: format!("{stem}/{regime}"),
+            cluster: vec![a.model; gpus],
+            train: chosen[..train].iter().map(day).collect(),
+            test: chosen[train..].iter().map(day).collect(),
+            batch: false,
+        });
+    }
+    Ok(out)
+}
+
 pub fn run(a: &SuiteArgs) -> Result<()> {
-    if a.gpus == 0 {
+    let gpus = a.gpus.unwrap_or(if a.quick { 8 } else { 16 });
+    if gpus == 0 {
         bail!("--gpus must be at least 1");
     }
     let heuristic: Heuristic = a.placement.parse()?;
@@ -176,13 +271,13 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     eprintln!(
         "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",
         list.len(),
-        a.gpus,
+        gpus,
         a.model,
         a.train_seed,
         a.test_seed
     );
     let started = Instant::now();
-    let steps_per_scenario = 4 + cfg.candidates.len() as u64 + u64::from(cfg.hindsight);
+    let steps_per_scenario = 5 + cfg.candidates.len() as u64 + u64::from(cfg.hindsight);
     let bar = indicatif::ProgressBar::new(list.len() as u64 * steps_per_scenario);
     if std::io::stderr().is_terminal() {
         bar.set_style(
@@ -192,26 +287,33 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let mut results = Vec::new();
-    let cluster = vec![a.model; a.gpus];
-    for s in &list {
-        let days = ScenarioDays {
+    let cluster = vec![a.model; gpus];
+    let mut all: Vec<ScenarioDays> = list
+        .iter()
+        .map(|s| ScenarioDays {
             name: s.name.clone(),
             cluster: cluster.clone(),
             train: (a.train_seed..train_end)
-                .map(|seed| day(s, a.model, a.gpus, seed))
+                .map(|seed| day(s, a.model, gpus, seed))
                 .collect(),
             test: (a.test_seed..test_end)
-                .map(|seed| day(s, a.model, a.gpus, seed))
+                .map(|seed| day(s, a.model, gpus, seed))
                 .collect(),
             batch: s.is_batch(),
-        };
+        })
+        .collect();
+    if let Some(path) = &a.trace {
+        all.extend(trace_scenarios(a, path, train_days, test_days)?);
+    }
+    bar.set_length(all.len() as u64 * steps_per_scenario);
+    let mut results = Vec::new();
+    for days in &all {
         let mut progress = |step: &str| {
             bar.inc(1);
-            bar.set_message(format!("{}: {step}", s.name));
+            bar.set_message(format!("{}: {step}", days.name));
         };
-        let r = run_scenario(&days, &cfg, &mut progress)?;
-        bar.suspend(|| print!("{}\n", scenario_table(&r)));
+        let r = run_scenario(days, &cfg, &mut progress)?;
+        bar.suspend(|| println!("{}", scenario_table(&r)));
         results.push(r);
     }
     bar.finish_and_clear();

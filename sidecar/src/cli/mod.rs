@@ -10,8 +10,7 @@ pub mod audit;
 pub mod bench;
 pub mod bench_oracle;
 pub mod bench_policy;
-#[cfg(any())]
-pub mod bench_suite; // TEMP
+pub mod bench_suite;
 pub mod bound;
 pub mod compare;
 pub mod layouts;

@@ -18,17 +18,24 @@ pub struct Reference {
     /// Mean energy of `none` over the training days, J.
     pub energy_j: f64,
     /// Mean of `none`'s mean tardiness over the training days, s, floored at
-    /// 1 s (a reference without tardiness would make t undefined).
+    /// `floor_s` (a reference without tardiness would make t undefined).
     pub tardiness_s: f64,
+    /// The floor: 1 % of the training jobs' mean whole-GPU run time, at
+    /// least 1 s (so a day without late jobs under `none` does not make
+    /// one second of tardiness worth a whole day of energy).
+    pub floor_s: f64,
 }
 
 impl Reference {
-    /// Pools the `none` runs of the training days.
-    pub fn pooled(nones: &[Metrics]) -> Self {
+    /// Pools the `none` runs of the training days; `mean_work_s` is the
+    /// training jobs' mean whole-GPU run time (sets the floor).
+    pub fn pooled(nones: &[Metrics], mean_work_s: f64) -> Self {
         let n = nones.len().max(1) as f64;
+        let floor_s = (0.01 * mean_work_s).max(1.0);
         Reference {
             energy_j: nones.iter().map(|m| m.energy_j).sum::<f64>() / n,
-            tardiness_s: (nones.iter().map(|m| m.mean_tardiness_s).sum::<f64>() / n).max(1.0),
+            tardiness_s: (nones.iter().map(|m| m.mean_tardiness_s).sum::<f64>() / n).max(floor_s),
+            floor_s,
         }
     }
 
@@ -206,22 +213,23 @@ mod tests {
 
     #[test]
     fn pooled_reference_fixes_the_exchange_rate() {
-        let r = Reference::pooled(&[m(100.0, 10.0), m(300.0, 30.0)]);
+        let r = Reference::pooled(&[m(100.0, 10.0), m(300.0, 30.0)], 50.0);
         assert_eq!((r.energy_j, r.tardiness_s), (200.0, 20.0));
         assert_eq!(r.joules_per_tardiness_s(), 10.0);
         assert_eq!(r.et(200.0, 20.0, 1.0), 1.0);
         // Two days, each scored against itself, would both give 1.0; with
         // the pooled rate the busier day counts for more.
         assert!(r.et(300.0, 30.0, 1.0) > 1.4);
-        // No tardiness anywhere: floored at 1 s, still defined.
-        let z = Reference::pooled(&[m(100.0, 0.0)]);
-        assert_eq!(z.tardiness_s, 1.0);
+        // No tardiness anywhere: floored at 1 % of the mean job, at least 1 s.
+        let z = Reference::pooled(&[m(100.0, 0.0)], 3000.0);
+        assert_eq!(z.tardiness_s, 30.0);
         assert!(z.et(100.0, 2.0, 1.0).is_finite());
+        assert_eq!(Reference::pooled(&[m(100.0, 0.0)], 5.0).tardiness_s, 1.0);
     }
 
     #[test]
     fn rows_flag_days_worse_than_none() {
-        let r = Reference::pooled(&[m(100.0, 10.0)]);
+        let r = Reference::pooled(&[m(100.0, 10.0)], 0.0);
         let day = |i: usize, e: f64, t: f64| {
             DayScore::of_run(&format!("d{i}"), &m(e, t), &m(100.0, 10.0), &r, 1.0)
         };

@@ -250,7 +250,12 @@ pub fn run_scenario(
     progress("fitting the opponents on the training days");
     let train = DaySet::new(&s.cluster, cfg.heuristic, s.train.clone()).map_err(sim_err)?;
     let fitted = fit(&train, &cfg.search, cfg.alpha).map_err(sim_err)?;
-    let reference = Reference::pooled(&train.references);
+    let (work, jobs) = s
+        .train
+        .iter()
+        .flat_map(|d| &d.jobs)
+        .fold((0.0, 0usize), |(w, n), j| (w + j.work, n + 1));
+    let reference = Reference::pooled(&train.references, work / jobs.max(1) as f64);
     let test = DaySet::new(&s.cluster, cfg.heuristic, s.test.clone()).map_err(sim_err)?;
     let mut models = s.cluster.clone();
     models.sort();

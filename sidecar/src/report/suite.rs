@@ -65,10 +65,15 @@ pub fn scenario_table(s: &ScenarioResult) -> String {
     );
     let _ = writeln!(
         out,
-        "  ET exchange rate: 1 s of mean tardiness = {:.0} J (none pooled over the training days: {:.2} MJ, {:.1} s)",
+        "  ET exchange rate: 1 s of mean tardiness = {:.0} J (none pooled over the training days: {:.2} MJ, {:.1} s{})",
         s.joules_per_tardiness_s,
         s.reference.energy_j / 1e6,
-        s.reference.tardiness_s
+        s.reference.tardiness_s,
+        if s.reference.tardiness_s <= s.reference.floor_s {
+            " = the floor, 1 % of the mean job"
+        } else {
+            ""
+        }
     );
     let mut lines = vec![[
         "policy",

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::speedup::lerp;
 use super::{CurveDist, Job, JobClass, WorkloadError};
-use crate::mig::GpuModel;
+use crate::mig::{GpuModel, ProfileSpec};
 
 /// Lives in [`super::load`] (it is not specific to this generator); kept
 /// here so that `workload::diurnal::offered_load` still resolves.
@@ -90,7 +90,7 @@ impl Default for DiurnalConfig {
     }
 }
 
-fn bad(field: &'static str, msg: String) -> WorkloadError {
+pub(super) fn bad(field: &'static str, msg: String) -> WorkloadError {
     WorkloadError::invalid(field, msg)
 }
 
@@ -102,7 +102,8 @@ fn positive(field: &'static str, v: f64) -> Result<(), WorkloadError> {
     }
 }
 
-/// `(lo, hi)` finite with `min <= lo <= hi` (also checks the trace readers' deadline factor).
+/// `(lo, hi)` finite with `min <= lo <= hi` (also checks the trace
+/// readers' deadline factor and the scenarios' ranges).
 pub(crate) fn range(
     field: &'static str,
     (lo, hi): (f64, f64),
@@ -110,6 +111,11 @@ pub(crate) fn range(
 ) -> Result<(), WorkloadError> {
     if lo.is_finite() && hi.is_finite() && lo >= min && lo <= hi {
         Ok(())
+    } else if min == f64::MIN_POSITIVE {
+        Err(bad(
+            field,
+            format!("({lo}, {hi}) must be finite with 0 < low <= high"),
+        ))
     } else {
         Err(bad(
             field,
@@ -189,6 +195,41 @@ impl DiurnalConfig {
         self.base_rate + (self.peak_rate - self.base_rate) * 0.5 * (1.0 + phase.cos())
     }
 
+    /// The kind of a training job of the background.
+    pub fn training_kind(&self) -> JobKind {
+        JobKind {
+            class: JobClass::Training,
+            work: WorkDist::Lognormal {
+                median_s: self.training_work_median_s,
+                sigma: self.training_work_sigma,
+            },
+            memory_gb: self.training_memory_gb,
+            curve: Some(self.training_curve),
+        }
+    }
+
+    /// The kind of an inference job of the background.
+    pub fn inference_kind(&self) -> JobKind {
+        JobKind {
+            class: JobClass::Inference,
+            work: WorkDist::Exponential {
+                mean_s: self.inference_work_mean_s,
+            },
+            memory_gb: self.inference_memory_gb,
+            curve: Some(self.inference_curve),
+        }
+    }
+
+    /// The kind of a background job: training with probability
+    /// `training_share` (one uniform draw).
+    pub(crate) fn background_kind<R: Rng + ?Sized>(&self, rng: &mut R) -> JobKind {
+        if rng.random::<f64>() < self.training_share {
+            self.training_kind()
+        } else {
+            self.inference_kind()
+        }
+    }
+
     /// Expected number of arrivals on `gpus` GPUs over the horizon (the
     /// integral of the rate, in closed form).
     pub fn expected_jobs(&self, gpus: usize) -> f64 {
@@ -212,61 +253,204 @@ impl DiurnalConfig {
 /// invalid config does not panic but its output is unspecified.
 pub fn generate_diurnal(cfg: &DiurnalConfig, model: GpuModel, gpus: usize, seed: u64) -> Vec<Job> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let spec = model.spec();
-    let total = spec.compute_slices;
-    let gpu_mem = f64::from(spec.memory_gb);
-    let lambda_max = cfg.peak_rate * gpus as f64 / 3600.0; // candidates per s
-    if !(lambda_max.is_finite() && lambda_max > 0.0 && cfg.horizon_s.is_finite()) {
-        return Vec::new();
-    }
-    let expected = cfg.expected_jobs(gpus);
-    let mut jobs = Vec::with_capacity(if expected.is_finite() {
-        (expected * 1.05 + 16.0).min(1e8) as usize
-    } else {
-        0
-    });
-    // Profiles sorted by compute size, for the requested-size rule.
-    let mut by_size: Vec<_> = spec.profiles.iter().collect();
-    by_size.sort_by_key(|p| (p.shape.compute, p.memory_gb));
-    let ln_median = cfg.training_work_median_s.ln();
+    generate_overlaid(cfg, &[], model, gpus, &mut rng)
+}
 
-    let mut t = 0.0_f64;
-    loop {
-        let u: f64 = rng.random();
-        t += -(1.0 - u).ln() / lambda_max;
-        if t >= cfg.horizon_s {
-            break;
-        }
-        let accept: f64 = rng.random();
-        if accept * cfg.peak_rate > cfg.rate_per_gpu_hour(t) {
-            continue;
-        }
-        let class = if rng.random::<f64>() < cfg.training_share {
-            JobClass::Training
-        } else {
-            JobClass::Inference
-        };
-        let (raw_work, curve, mem) = match class {
-            JobClass::Training => {
-                let z: f64 = StandardNormal.sample(&mut rng);
-                let w = (ln_median + cfg.training_work_sigma * z).exp();
-                let c = cfg.training_curve.sample(&mut rng);
-                (w, c, lerp(cfg.training_memory_gb, rng.random()))
+/// How the work of one kind of job (s on the whole GPU) is distributed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "dist", rename_all = "lowercase", deny_unknown_fields)]
+pub enum WorkDist {
+    /// Log-normal with the given median and standard deviation of ln(work):
+    /// training-like, a heavy right tail.
+    Lognormal { median_s: f64, sigma: f64 },
+    /// Exponential with the given mean: inference-like, mostly short.
+    Exponential { mean_s: f64 },
+}
+
+impl WorkDist {
+    /// One draw (one standard normal or one uniform from `rng`).
+    fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
+        match *self {
+            WorkDist::Lognormal { median_s, sigma } => {
+                let z: f64 = StandardNormal.sample(rng);
+                (median_s.ln() + sigma * z).exp()
             }
-            JobClass::Inference => {
+            WorkDist::Exponential { mean_s } => {
                 let u: f64 = rng.random();
-                let w = -cfg.inference_work_mean_s * (1.0 - u).ln();
-                let c = cfg.inference_curve.sample(&mut rng);
-                (w, c, lerp(cfg.inference_memory_gb, rng.random()))
+                -mean_s * (1.0 - u).ln()
             }
-        };
-        let work = raw_work.clamp(cfg.min_work_s, cfg.max_work_s);
-        let memory_gb = mem.min(gpu_mem);
-        let slack = lerp(cfg.deadline_factor, rng.random()) * work;
-        let requested_slices = if rng.random::<f64>() < cfg.requested_share {
+        }
+    }
+
+    fn validate(&self, field: &'static str) -> Result<(), WorkloadError> {
+        match *self {
+            WorkDist::Lognormal { median_s, sigma } => {
+                positive(field, median_s)?;
+                if sigma.is_finite() && sigma >= 0.0 {
+                    Ok(())
+                } else {
+                    Err(bad(field, format!("sigma {sigma} is not >= 0")))
+                }
+            }
+            WorkDist::Exponential { mean_s } => positive(field, mean_s),
+        }
+    }
+}
+
+/// One kind of job: what the diurnal generator draws for a class, and what
+/// a scenario's extra streams (campaigns, night jobs) draw.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobKind {
+    pub class: JobClass,
+    pub work: WorkDist,
+    /// Uniform range of the memory need, GB (capped to the GPU's memory).
+    pub memory_gb: (f64, f64),
+    /// Speed-up curves; absent: the class's ([`CurveDist::TRAINING`] or
+    /// [`CurveDist::INFERENCE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curve: Option<CurveDist>,
+}
+
+impl JobKind {
+    /// The curve distribution, the class's when none is given.
+    pub fn curve_dist(&self) -> CurveDist {
+        self.curve.unwrap_or(match self.class {
+            JobClass::Training => CurveDist::TRAINING,
+            JobClass::Inference => CurveDist::INFERENCE,
+        })
+    }
+
+    /// Checks the work, memory and curve; errors name `work`, `memory_gb`
+    /// or `curve`.
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        self.work.validate("work")?;
+        range("memory_gb", self.memory_gb, f64::MIN_POSITIVE)?;
+        self.curve_dist().validate("curve")
+    }
+}
+
+/// A stream of arrivals on top of the diurnal background: one kind of job
+/// at its own rate (jobs per hour per GPU).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Overlay {
+    pub kind: JobKind,
+    pub shape: RateShape,
+}
+
+/// The rate of an [`Overlay`], jobs per hour per GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum RateShape {
+    /// `peak_rate x (1 + cos(2 pi (hour - peak_hour) / 24)) / 2`: a daily
+    /// wave that is 0 twelve hours from its peak.
+    Wave { peak_rate: f64, peak_hour: f64 },
+    /// `rate` for `t` in `[start_s, end_s)`, else 0.
+    Window { start_s: f64, end_s: f64, rate: f64 },
+}
+
+impl RateShape {
+    fn rate(&self, t: f64, start_hour: f64) -> f64 {
+        match *self {
+            RateShape::Wave {
+                peak_rate,
+                peak_hour,
+            } => {
+                let h = start_hour + t / 3600.0;
+                let phase = 2.0 * std::f64::consts::PI * (h - peak_hour) / 24.0;
+                peak_rate * 0.5 * (1.0 + phase.cos())
+            }
+            RateShape::Window {
+                start_s,
+                end_s,
+                rate,
+            } => {
+                if (start_s..end_s).contains(&t) {
+                    rate
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
+
+/// The most any sum of overlays reaches at one instant (waves at their
+/// peaks; windows at the start of the busiest overlap), the thinning bound.
+fn max_overlay_rate(overlays: &[Overlay]) -> f64 {
+    let waves: f64 = overlays
+        .iter()
+        .map(|o| match o.shape {
+            RateShape::Wave { peak_rate, .. } => peak_rate,
+            RateShape::Window { .. } => 0.0,
+        })
+        .sum();
+    // The sum of windows is piecewise constant and only rises at a start.
+    let windows = overlays
+        .iter()
+        .filter_map(|o| match o.shape {
+            RateShape::Window { start_s, .. } => Some(start_s),
+            RateShape::Wave { .. } => None,
+        })
+        .map(|t| {
+            overlays
+                .iter()
+                .filter(|o| matches!(o.shape, RateShape::Window { .. }))
+                .map(|o| o.shape.rate(t, 0.0))
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max);
+    waves + windows
+}
+
+/// The steps every synthetic job shares, whatever drew its kind: clamp the
+/// work, cap the memory to the GPU, draw the deadline, decide whether it
+/// requests a size.
+pub(crate) struct JobDrawer {
+    /// Profiles sorted by compute size, for the requested-size rule.
+    by_size: Vec<&'static ProfileSpec>,
+    total: u8,
+    gpu_mem: f64,
+    work: (f64, f64),
+    deadline_factor: (f64, f64),
+    requested_share: f64,
+}
+
+impl JobDrawer {
+    /// Work clamp, deadline factor and requested share from `cfg`.
+    pub(crate) fn new(cfg: &DiurnalConfig, model: GpuModel) -> Self {
+        let spec = model.spec();
+        let mut by_size: Vec<_> = spec.profiles.iter().collect();
+        by_size.sort_by_key(|p| (p.shape.compute, p.memory_gb));
+        JobDrawer {
+            by_size,
+            total: spec.compute_slices,
+            gpu_mem: f64::from(spec.memory_gb),
+            work: (cfg.min_work_s, cfg.max_work_s),
+            deadline_factor: cfg.deadline_factor,
+            requested_share: cfg.requested_share,
+        }
+    }
+
+    /// Job `id` of `kind` arriving at `t`. Draws, in this order: work,
+    /// curve, memory, deadline factor, whether it requests a size.
+    pub(crate) fn draw<R: Rng + ?Sized>(
+        &self,
+        rng: &mut R,
+        kind: &JobKind,
+        id: u64,
+        t: f64,
+    ) -> Job {
+        let raw_work = kind.work.sample(rng);
+        let curve = kind.curve_dist().sample(rng);
+        let mem = lerp(kind.memory_gb, rng.random());
+        let work = raw_work.clamp(self.work.0, self.work.1);
+        let memory_gb = mem.min(self.gpu_mem);
+        let slack = lerp(self.deadline_factor, rng.random()) * work;
+        let total = self.total;
+        let requested_slices = if rng.random::<f64>() < self.requested_share {
             // Smallest fitting profile that meets the deadline if started at
             // once; the whole GPU always does (factor >= 1).
-            by_size
+            self.by_size
                 .iter()
                 .find(|p| {
                     memory_gb <= f64::from(p.memory_gb)
@@ -277,18 +461,101 @@ pub fn generate_diurnal(cfg: &DiurnalConfig, model: GpuModel, gpus: usize, seed:
         } else {
             None
         };
-        jobs.push(Job {
-            id: jobs.len() as u64,
+        Job {
+            id,
             arrival: t,
             work,
             speedup: curve,
             memory_gb,
             deadline: t + slack,
-            class,
+            class: kind.class,
             requested_slices,
             declared_memory_gb: None,
             template: None,
-        });
+        }
+    }
+}
+
+/// The diurnal background plus `overlays`, on `gpus` GPUs, drawn from `rng`:
+/// sorted by arrival, ids `0..n`.
+///
+/// One thinned Poisson process at the summed rate; an accepted arrival
+/// belongs to a stream with probability proportional to its rate at that
+/// instant (the superposition of independent Poisson processes). Without
+/// overlays no stream is drawn, so the output is the diurnal generator's.
+/// A background job is training with probability `training_share`.
+pub(crate) fn generate_overlaid(
+    cfg: &DiurnalConfig,
+    overlays: &[Overlay],
+    model: GpuModel,
+    gpus: usize,
+    rng: &mut ChaCha8Rng,
+) -> Vec<Job> {
+    let max_rate = cfg.peak_rate + max_overlay_rate(overlays);
+    let lambda_max = max_rate * gpus as f64 / 3600.0; // candidates per s
+    if !(lambda_max.is_finite() && lambda_max > 0.0 && cfg.horizon_s.is_finite()) {
+        return Vec::new();
+    }
+    let expected = cfg.expected_jobs(gpus) * max_rate / cfg.peak_rate;
+    let mut jobs = Vec::with_capacity(if expected.is_finite() {
+        (expected * 1.05 + 16.0).min(1e8) as usize
+    } else {
+        0
+    });
+    let drawer = JobDrawer::new(cfg, model);
+    let overlay_rate = |t: f64| -> f64 {
+        overlays
+            .iter()
+            .map(|o| o.shape.rate(t, cfg.start_hour))
+            .sum()
+    };
+
+    let mut t = 0.0_f64;
+    loop {
+        let u: f64 = rng.random();
+        t += -(1.0 - u).ln() / lambda_max;
+        if t >= cfg.horizon_s {
+            break;
+        }
+        let base = cfg.rate_per_gpu_hour(t);
+        let extra = if overlays.is_empty() {
+            0.0
+        } else {
+            overlay_rate(t)
+        };
+        let accept: f64 = rng.random();
+        if accept * max_rate > base + extra {
+            continue;
+        }
+        // Where the arrival falls in the stacked rates: below 0 is the
+        // background (always, without overlays: no draw).
+        let mut pick = if overlays.is_empty() {
+            -1.0
+        } else {
+            rng.random::<f64>() * (base + extra) - base
+        };
+        let kind = if pick < 0.0 {
+            cfg.background_kind(rng)
+        } else {
+            // The overlay whose share of the rate holds `pick`; the last
+            // active one if rounding runs past the end.
+            let mut chosen = None;
+            for o in overlays {
+                let r = o.shape.rate(t, cfg.start_hour);
+                if r > 0.0 {
+                    chosen = Some(o.kind);
+                    if pick < r {
+                        break;
+                    }
+                    pick -= r;
+                }
+            }
+            match chosen {
+                Some(k) => k,
+                None => continue, // no stream is active (rate 0): no arrival
+            }
+        };
+        jobs.push(drawer.draw(rng, &kind, jobs.len() as u64, t));
     }
     jobs
 }
@@ -499,6 +766,38 @@ mod tests {
         assert!(generate_diurnal(&cfg, M, 8, 0).is_empty());
         assert!(generate_diurnal(&DiurnalConfig::default(), M, 0, 0).is_empty());
         assert!(offered_load(&[], M, 8, 3600.0).is_empty());
+    }
+
+    /// FNV-1a over the JSON of the jobs (serde_json writes floats
+    /// round-trip, so equal digests mean bit-identical jobs).
+    fn digest(jobs: &[Job]) -> u64 {
+        let text = serde_json::to_string(jobs).unwrap();
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    #[test]
+    fn output_is_frozen() {
+        // Recorded before the generator was split into the shared core
+        // that the scenario families use: a refactoring must not change a
+        // single job of an existing seed (saved experiments replay them).
+        let cases = [
+            (GpuModel::A100_40gb, 8, 42, 580, 0x3b9f_4638_06e4_a004),
+            (GpuModel::A100_40gb, 8, 7, 536, 0x3054_df7d_1c31_f7e0),
+            (GpuModel::H100_80gb, 16, 3, 1111, 0x8acb_20a3_ee2e_20c0),
+            (GpuModel::A30_24gb, 4, 11, 267, 0x0a93_40f3_ec6d_a4e0),
+        ];
+        let got: Vec<_> = cases
+            .iter()
+            .map(|&(model, gpus, seed, _, _)| {
+                let jobs = generate_diurnal(&DiurnalConfig::default(), model, gpus, seed);
+                (jobs.len(), digest(&jobs))
+            })
+            .collect();
+        for (&(model, gpus, seed, n, d), g) in cases.iter().zip(got) {
+            assert_eq!(g, (n, d), "{model} {gpus} {seed}");
+        }
     }
 
     #[test]

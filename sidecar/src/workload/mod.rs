@@ -1,5 +1,5 @@
 //! Workloads: the job model, speed-up curves, the power model, the diurnal
-//! generator and the trace readers.
+//! generator, the scenario families and the trace readers.
 //!
 //! Everything here is pure and deterministic (seeded `ChaCha8Rng`), except
 //! that the trace readers consume an `impl std::io::Read`: the CLI opens the
@@ -9,8 +9,12 @@
 //! - [`speedup`]: [`SpeedupCurve`] (calibrated on MIGProfiler data) and the
 //!   per-class curve distributions [`CurveDist`].
 //! - [`power`]: [`PowerModel`] and the one definition of GPU `load`.
-//! - [`diurnal`]: [`DiurnalConfig`], [`generate_diurnal`].
-//! - [`load`]: [`offered_load`] and the cluster size for a target load.
+//! - [`diurnal`]: [`DiurnalConfig`], [`generate_diurnal`], and the
+//!   arrival/job-drawing core the scenarios share.
+//! - [`scenario`]: [`Scenario`] families whose job mix moves over the day
+//!   (mix shift, campaigns, big night jobs, batch), [`default_scenarios`].
+//! - [`load`]: [`offered_load`], [`demand_load`] and the cluster size for a
+//!   target load.
 //! - [`trace`]: our CSV format, the Alibaba GPU v2023 trace and Slurm `sacct`.
 //! - [`declare`]: under-declared memory and job templates (out-of-memory studies).
 //! - [`memory_estimate`]: learned memory estimates per (user, job name).
@@ -23,14 +27,16 @@ pub mod job;
 pub mod load;
 pub mod memory_estimate;
 pub mod power;
+pub mod scenario;
 pub mod speedup;
 pub mod trace;
 
-pub use diurnal::{generate_diurnal, DiurnalConfig};
+pub use diurnal::{generate_diurnal, DiurnalConfig, JobKind, WorkDist};
 pub use job::{default_memory_gb, round_up_to_profile, Job, JobClass};
 pub use load::{demand_load, gpus_for_load, offered_load, peak_demand_load};
 pub use memory_estimate::{EstimatorConfig, MemoryEstimator, MemoryKey};
 pub use power::{gpu_load, PowerModel};
+pub use scenario::{default_scenarios, parse_scenarios, DeadlineRegime, Family, Scenario};
 pub use speedup::{CurveDist, SpeedupCurve};
 pub use trace::{
     read_alibaba, read_csv, read_sacct, read_trace, window, write_csv, SkippedRow, Trace,
@@ -46,6 +52,14 @@ pub enum WorkloadError {
         field: &'static str,
         message: String,
     },
+    /// A scenarios file (TOML) that does not parse as a whole.
+    #[error("scenarios file: {0}")]
+    ScenarioFile(String),
+    /// One scenario of a scenarios file is wrong; `scenario` is its name
+    /// (or `#N`, its position, when it has none) and the message names the
+    /// field.
+    #[error("scenario {scenario:?}: {message}")]
+    Scenario { scenario: String, message: String },
 }
 
 impl WorkloadError {
