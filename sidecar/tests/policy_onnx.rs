@@ -221,7 +221,14 @@ fn bench_policy_writes_its_report() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = v["day"]["rows"].as_array().expect("rows");
-    for name in ["none", "static-best", "twice-daily", "greedy"] {
+    for name in [
+        "none",
+        "static-hist",
+        "twice-daily-hist",
+        "static-hindsight",
+        "twice-daily-hindsight",
+        "greedy",
+    ] {
         assert!(rows.iter().any(|r| r["policy"] == name), "{name} missing");
     }
     let learned = rows

@@ -172,7 +172,8 @@ pub fn compare(
     );
 
     // The opponents: fitted on the training days, applied unchanged.
-    let mut baselines = vec!["none".to_string(), "static".to_string()];
+    // The `vs` columns: the opponents (the arbitrary `static` is a row only).
+    let mut baselines = vec!["none".to_string()];
     if !opts.training.is_empty() {
         let train = DaySet::new(cluster, heuristic, opts.training.clone())?;
         let fitted = fit(&train, &opts.search, alpha).context("fitting the opponents")?;

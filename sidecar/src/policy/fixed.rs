@@ -25,7 +25,7 @@ pub enum PolicyParseError {
     BadPicture { given: String, model: GpuModel },
     #[error(transparent)]
     Greedy(#[from] super::greedy::GreedyParseError),
-    #[error("`{0}` is searched on the workload it is compared on: run `smartmig simulate --compare` (it reports the layouts the search chose; pass them back as static:<picture>)")]
+    #[error("`{0}` is searched on days of a workload: run `smartmig simulate --compare` or `smartmig bench suite` (they print the assignment the search chose; pass it back as static:<N>x<layout>+...)")]
     NeedsWorkload(String),
     /// A `policy:FILE.onnx` that could not be loaded (the message of
     /// [`super::onnx::PolicyLoadError`], which says why and what to do).
@@ -177,7 +177,15 @@ pub fn parse_policy(
     if let Some(greedy) = super::greedy::Greedy::parse(s) {
         return Ok(Box::new(greedy?));
     }
-    if s == "static-best" || s == "twice-daily" {
+    if matches!(
+        s,
+        "static-best"
+            | "twice-daily"
+            | "static-hist"
+            | "twice-daily-hist"
+            | "static-hindsight"
+            | "twice-daily-hindsight"
+    ) {
         return Err(PolicyParseError::NeedsWorkload(s.to_string()));
     }
     if let Some(path) = s.strip_prefix("policy:") {
