@@ -314,7 +314,7 @@ pub fn run(a: &Args) -> Result<()> {
         );
     }
     if a.compare {
-        return super::compare::run_cli(a, &cluster, &jobs, &cfg, heuristic);
+        return run_compare(a, &cluster, &jobs, &cfg, heuristic);
     }
     let bar = (std::io::stderr().is_terminal() && jobs.len() > 200_000).then(|| {
         let b = indicatif::ProgressBar::new(jobs.len() as u64);
@@ -447,5 +447,108 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
         s.reference,
         a = s.alpha
     )?;
+    Ok(())
+}
+
+/// The `--compare` branch of `smartmig simulate`: runs the comparison on the
+/// workload `simulate` loaded, prints the table (or JSON with `--json`) and
+/// writes the plots with `--report DIR`.
+fn run_compare(
+    a: &Args,
+    cluster: &[GpuModel],
+    jobs: &[Job],
+    cfg: &SimConfig,
+    heuristic: Heuristic,
+) -> Result<()> {
+    use std::io::Write;
+    let label = if a.workload == "diurnal" {
+        format!("diurnal {} h workload", a.hours)
+    } else {
+        let window = a
+            .trace_window
+            .as_ref()
+            .map_or(String::new(), |w| format!(", window {w} h"));
+        let load = a
+            .load
+            .map_or(String::new(), |l| format!(", sized for peak load {l}"));
+        format!("{} trace {}{window}{load}", a.trace_format, a.workload)
+    };
+    let mut opts = super::compare::CompareOptions::new(label, a.alpha);
+    opts.extra.clone_from(&a.compare_policy);
+    if let Some(w) = &a.trace_window {
+        // The windows just before the compared one, as an admin looks back.
+        let (start_h, len_h) = super::oom::parse_pair(w, "--trace-window", None)?;
+        let whole = Args {
+            trace_window: None,
+            ..a.clone()
+        };
+        let (all, _) = load_workload(&whole, cluster[0], cluster.len())?;
+        for k in 1..=a.train_days {
+            let start = (start_h - k as f64 * len_h) * 3600.0;
+            if start < 0.0 {
+                break;
+            }
+            let jobs = crate::workload::window(&all, start, len_h * 3600.0);
+            if !jobs.is_empty() {
+                opts.training.push(crate::eval::Day {
+                    label: format!("hours {:.0}-{:.0}", start / 3600.0, start / 3600.0 + len_h),
+                    jobs,
+                    cfg: SimConfig {
+                        workload_horizon_s: Some(len_h * 3600.0),
+                        ..cfg.clone()
+                    },
+                });
+            }
+        }
+        if opts.training.is_empty() {
+            eprintln!("smartmig: no jobs in the {} windows before --trace-window {w}: static-hist and twice-daily-hist left out", a.train_days);
+        }
+    } else if a.workload != "diurnal" {
+        eprintln!("smartmig: a whole trace has no past days to fit static-hist and twice-daily-hist on; use --trace-window START_H,LEN_H (the windows before it are the training days)");
+    }
+    if a.workload == "diurnal" {
+        for seed in (1..=a.train_days).map(|k| a.seed.wrapping_add(k)) {
+            let (jobs, horizon) = load_workload_seed(a, cluster[0], cluster.len(), seed)?;
+            opts.training.push(crate::eval::Day {
+                label: format!("seed {seed}"),
+                jobs,
+                cfg: SimConfig {
+                    seed,
+                    workload_horizon_s: horizon,
+                    ..cfg.clone()
+                },
+            });
+        }
+    }
+    // The shipped learned policy of each model joins the table when it and
+    // ONNX Runtime exist (docs/policy.md).
+    if !opts.extra.iter().any(|s| s.starts_with("policy:")) {
+        for m in cluster
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            match (
+                crate::policy::onnx::shipped_policy(m),
+                crate::policy::onnx::find_onnxruntime(),
+            ) {
+                (Some(p), Ok(_)) => opts.extra.push(format!("policy:{}", p.display())),
+                (Some(p), Err(e)) => eprintln!("smartmig: not comparing {}: {e}", p.display()),
+                (None, _) => {}
+            }
+        }
+    }
+    let c = super::compare::compare(cluster, jobs, cfg, heuristic, &opts)?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &c)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", c.table())?;
+    }
+    if let Some(dir) = &a.report {
+        let files = super::compare::write_report(&c, dir)?;
+        eprintln!("smartmig: wrote {} files to {}", files.len(), dir.display());
+    }
     Ok(())
 }

@@ -12,18 +12,9 @@ use onnx_rs::ast::{
     TypeValue, ValueInfo,
 };
 
-use super::model::MASK_PENALTY;
-
-/// ONNX IR version written (ONNX 1.13+, understood by every ORT >= 1.14).
-pub const IR_VERSION: i64 = 8;
-/// Default-domain opset written.
-pub const OPSET: i64 = 17;
-
-/// Names of the graph's inputs and outputs.
-pub const INPUT_OBS: &str = "obs";
-pub const INPUT_MASK: &str = "mask";
-pub const OUTPUT_LOGITS: &str = "logits";
-pub const OUTPUT_PROBS: &str = "probs";
+use crate::policy::onnx_contract::{
+    INPUT_MASK, INPUT_OBS, IR_VERSION, MASK_PENALTY, OPSET, OUTPUT_LOGITS, OUTPUT_PROBS,
+};
 
 fn float_input<'a>(name: &'a str, width: usize) -> ValueInfo<'a> {
     ValueInfo {
@@ -168,14 +159,4 @@ pub fn mlp_policy_onnx(
         ..Default::default()
     };
     onnx_rs::encode(&model)
-}
-
-/// The `metadata_props` of an ONNX file (key, value), without running it.
-pub fn read_metadata_props(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
-    let model = onnx_rs::parse(bytes).map_err(|e| e.to_string())?;
-    Ok(model
-        .metadata_props
-        .iter()
-        .map(|e| (e.key.to_string(), e.value.to_string()))
-        .collect())
 }

@@ -17,8 +17,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::learn::LearnError;
 
-/// Penalty added to the logits of masked actions.
-pub const MASK_PENALTY: f32 = 1e9;
+use crate::policy::onnx_contract::MASK_PENALTY;
 
 /// One dense layer, candle layout: `weight` is `[out, in]`.
 #[derive(Clone, Debug)]

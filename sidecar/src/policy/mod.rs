@@ -31,6 +31,7 @@ pub mod features;
 pub mod fixed;
 pub mod greedy;
 pub mod onnx;
+pub mod onnx_contract;
 pub mod search;
 
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape};

@@ -232,7 +232,7 @@ pub fn read_metadata(
         path: path.to_path_buf(),
         source,
     })?;
-    let props = crate::learn::export::read_metadata_props(&bytes).map_err(|reason| {
+    let props = super::onnx_contract::read_metadata_props(&bytes).map_err(|reason| {
         PolicyLoadError::Parse {
             path: path.to_path_buf(),
             reason,
@@ -384,11 +384,11 @@ impl OnnxPolicy {
         let obs_t = TensorRef::from_array_view(([rows, d], obs))?;
         let mask_t = TensorRef::from_array_view(([rows, a], mask))?;
         let out = self.session.run(ort::inputs![
-            crate::learn::export::INPUT_OBS => obs_t,
-            crate::learn::export::INPUT_MASK => mask_t,
+            super::onnx_contract::INPUT_OBS => obs_t,
+            super::onnx_contract::INPUT_MASK => mask_t,
         ])?;
-        let (_, logits) = out[crate::learn::export::OUTPUT_LOGITS].try_extract_tensor::<f32>()?;
-        let (_, probs) = out[crate::learn::export::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
+        let (_, logits) = out[super::onnx_contract::OUTPUT_LOGITS].try_extract_tensor::<f32>()?;
+        let (_, probs) = out[super::onnx_contract::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
         Ok((logits.to_vec(), probs.to_vec()))
     }
 
@@ -400,10 +400,10 @@ impl OnnxPolicy {
         let obs_t = TensorRef::from_array_view(([rows, d], self.encoder.obs.as_slice()))?;
         let mask_t = TensorRef::from_array_view(([rows, a], self.encoder.mask.as_slice()))?;
         let out = self.session.run(ort::inputs![
-            crate::learn::export::INPUT_MASK => mask_t,
-            crate::learn::export::INPUT_OBS => obs_t,
+            super::onnx_contract::INPUT_MASK => mask_t,
+            super::onnx_contract::INPUT_OBS => obs_t,
         ])?;
-        let (_, probs) = out[crate::learn::export::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
+        let (_, probs) = out[super::onnx_contract::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
         self.probs.clear();
         self.probs.extend_from_slice(probs);
         Ok(())
