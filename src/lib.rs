@@ -154,7 +154,9 @@ impl SlurmCluster {
         require_root("the Slurm end-to-end test");
         // A test that panicked while holding the lock has already stopped
         // its cluster in Drop, so a poisoned lock is fine to take.
-        let exclusive = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let exclusive = CLUSTER_LOCK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())

@@ -409,7 +409,7 @@ fn sidecar_down_fails_the_job_not_the_node() {
     assert!(text.contains("smartmig: warning:"), "{text:?}");
     let f = fields(&text);
     assert!(
-        matches!(f.get("CVD").map(String::as_str), Some("0") | Some("1")),
+        matches!(f.get("CVD").map(String::as_str), Some("0" | "1")),
         "whole-gpu keeps Slurm's GPU index: {text:?}"
     );
     assert!(cluster.wait_node_state("idle", Duration::from_secs(20)));

@@ -45,7 +45,10 @@ fn submit(cluster: &SlurmCluster, out: &Path, name: &str, args: &[&str], body: &
 /// out-of-memory marker and fail; others print DONE. `marker_and_exit0`
 /// writes the marker but exits 0 (not an out-of-memory failure).
 fn body(oom_runs: &[u32], marker_and_exit0: bool) -> String {
-    let cases: Vec<String> = oom_runs.iter().map(|r| r.to_string()).collect();
+    let cases: Vec<String> = oom_runs
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect();
     let oom = if cases.is_empty() {
         String::new()
     } else {

@@ -6,9 +6,15 @@
 //!
 //! | module       | what it holds                                                        | IO? |
 //! |--------------|----------------------------------------------------------------------|-----|
-//! | [`mig`]      | GPU models, MIG profiles, layouts, placement and transitions         | no  |
-//! | [`workload`] | jobs, speed-up curves, power model, generators and trace readers     | readers only |
-//! | [`sim`]      | the discrete-event cluster simulator and job-placement heuristics    | no  |
+//! | [`mig`]      | GPU models, MIG profiles, layouts, placement and transitions (crate `smartmig-mig`) | no  |
+//! | [`workload`] | jobs, speed-up curves, power model, generators, scenarios, load, trace readers | readers take `impl Read` |
+//! | [`policy`]   | the repartitioning trait and policies (fixed, greedy, searches, learned via ONNX) | `onnx` loads a model file |
+//! | [`bound`]    | lower bounds on energy and tardiness                                 | no  |
+//! | [`sim`]      | the discrete-event cluster simulator, placement heuristics, event log and audit | no  |
+//! | [`eval`]     | the yardstick: training/test days, causal and hindsight baselines, suite | no  |
+//! | [`report`]   | comparison and suite tables, time series, SVG plots                  | no (returns text) |
+//! | [`learn`]    | the MF-MARL trainer, ES fine-tuning, ONNX export, hindsight oracle   | checkpoints |
+//! | [`daemon`]   | smartmigd: config, allocation, backends, journal, Slurm, the tokio server | yes |
 //! | [`cli`]      | the `smartmig` subcommands (thin wrappers over the modules above)    | yes |
 //!
 //! The simulator, the trainer and the daemon all call the same core, so a

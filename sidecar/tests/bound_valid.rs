@@ -89,7 +89,7 @@ proptest! {
         for i in 0..g.catalog().len() {
             policies.push(Box::new(StaticLayout::parse(&i.to_string(), &[M]).unwrap()));
         }
-        for policy in policies.iter_mut() {
+        for policy in &mut policies {
             for h in Heuristic::ALL {
                 let mut heur = h.build(1);
                 let r = simulate(&cluster, &jobs, heur.as_mut(), policy.as_mut(), &cfg, RunHooks::default()).unwrap();

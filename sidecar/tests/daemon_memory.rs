@@ -87,7 +87,8 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
     let r = c.release_with(oom(5)).unwrap();
     assert_eq!(r.released, 1);
     assert_eq!(
-        r.oom_decision.map(|d| d.as_str()),
+        r.oom_decision
+            .map(smartmig::daemon::protocol::OomDecision::as_str),
         Some("requeue_scheduled")
     );
     wait_until(&d, "scontrol requeue 5", || {
@@ -144,7 +145,7 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
         c.release_with(oom(9))
             .unwrap()
             .oom_decision
-            .map(|d| d.as_str()),
+            .map(smartmig::daemon::protocol::OomDecision::as_str),
         Some("requeue_scheduled")
     );
     c.allocate(named(9, 1, 1, None, "big.sh")).unwrap();
@@ -152,7 +153,7 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
         c.release_with(oom(9))
             .unwrap()
             .oom_decision
-            .map(|d| d.as_str()),
+            .map(smartmig::daemon::protocol::OomDecision::as_str),
         Some("retries_exhausted")
     );
     // A repeated OOM release of a job that holds nothing decides nothing.
@@ -195,7 +196,7 @@ requeue_timeout_s = 5
             c.release_with(oom(job))
                 .unwrap()
                 .oom_decision
-                .map(|d| d.as_str()),
+                .map(smartmig::daemon::protocol::OomDecision::as_str),
             Some("requeue_scheduled")
         );
     }
@@ -231,7 +232,7 @@ fn oom_is_not_requeued_when_the_admin_disabled_it() {
         c.release_with(oom(3))
             .unwrap()
             .oom_decision
-            .map(|d| d.as_str()),
+            .map(smartmig::daemon::protocol::OomDecision::as_str),
         Some("disabled")
     );
     std::thread::sleep(Duration::from_millis(300));

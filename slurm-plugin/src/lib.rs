@@ -173,7 +173,9 @@ static STATE: Mutex<State> = Mutex::new(State {
 /// The state, also after a panic elsewhere poisoned the lock (the state is
 /// plain data and stays consistent).
 fn state() -> MutexGuard<'static, State> {
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
+    STATE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Runs a callback body so that a panic never unwinds into Slurm's C code
@@ -184,7 +186,7 @@ fn guarded(callback: &str, on_panic: c_int, body: impl FnOnce() -> c_int) -> c_i
         Err(payload) => {
             let what = payload
                 .downcast_ref::<&str>()
-                .map(|s| s.to_string())
+                .map(std::string::ToString::to_string)
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
             log(
@@ -199,13 +201,20 @@ fn guarded(callback: &str, on_panic: c_int, body: impl FnOnce() -> c_int) -> c_i
 const OPT_MIG_MEM: c_int = 1;
 const OPT_MIG_PROFILE: c_int = 2;
 
-/// Option callback of `--mig-mem`. In sbatch/srun (`remote == 0`) a bad
+/// The shared body of the option callbacks: reads the argument, checks it
+/// with `check`, keeps the result with `store` (slurmstepd fails the job on
+/// an invalid one in `task_init`). In sbatch/srun (`remote == 0`) a bad
 /// value returns -1, which makes sbatch refuse the job with our message
-/// plus "Invalid --mig-mem argument"; in slurmstepd the value is stored
-/// (and an invalid one fails the job in `task_init`).
-extern "C" fn opt_mig_mem(_val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
-    // A panic refuses the job at submit, but must not fail slurmstepd.
-    guarded("--mig-mem", if remote == 0 { -1 } else { 0 }, || {
+/// plus "Invalid --<option> argument". A panic refuses the job at submit,
+/// but must not fail slurmstepd.
+fn on_option<T>(
+    option: &'static str,
+    optarg: *const c_char,
+    remote: c_int,
+    check: fn(&str) -> Result<T, String>,
+    store: fn(&mut State, Result<T, String>),
+) -> c_int {
+    guarded(option, if remote == 0 { -1 } else { 0 }, || {
         let value = if optarg.is_null() {
             String::new()
         } else {
@@ -214,33 +223,7 @@ extern "C" fn opt_mig_mem(_val: c_int, optarg: *const c_char, remote: c_int) -> 
                 .to_string_lossy()
                 .into_owned()
         };
-        let parsed = options::parse_mig_mem(&value);
-        let rc = match &parsed {
-            Err(e) if remote == 0 => {
-                log(LogLevel::Error, e);
-                -1
-            }
-            _ => 0,
-        };
-        state().mig_mem = Some(parsed);
-        rc
-    })
-}
-
-/// Option callback of `--mig-profile`: syntax (and "some GPU model has
-/// it") at submit; the model and shard-count match are checked in
-/// slurmstepd, where they are known.
-extern "C" fn opt_mig_profile(_val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
-    guarded("--mig-profile", if remote == 0 { -1 } else { 0 }, || {
-        let value = if optarg.is_null() {
-            String::new()
-        } else {
-            // SAFETY: Slurm passes a NUL-terminated option argument.
-            unsafe { CStr::from_ptr(optarg) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        let checked = options::check_profile_syntax(&value).map(|_| value);
+        let checked = check(&value);
         let rc = match &checked {
             Err(e) if remote == 0 => {
                 log(LogLevel::Error, e);
@@ -248,9 +231,35 @@ extern "C" fn opt_mig_profile(_val: c_int, optarg: *const c_char, remote: c_int)
             }
             _ => 0,
         };
-        state().mig_profile = Some(checked);
+        store(&mut state(), checked);
         rc
     })
+}
+
+/// Option callback of `--mig-mem` (GB, with units).
+extern "C" fn opt_mig_mem(_val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
+    on_option(
+        "--mig-mem",
+        optarg,
+        remote,
+        options::parse_mig_mem,
+        |st, v| {
+            st.mig_mem = Some(v);
+        },
+    )
+}
+
+/// Option callback of `--mig-profile`: syntax (and "some GPU model has
+/// it") at submit; the model and shard-count match are checked in
+/// slurmstepd, where they are known.
+extern "C" fn opt_mig_profile(_val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
+    on_option(
+        "--mig-profile",
+        optarg,
+        remote,
+        |v| options::check_profile_syntax(v).map(|_| v.to_string()),
+        |st, v| st.mig_profile = Some(v),
+    )
 }
 
 /// First callback in sbatch/srun/salloc, slurmstepd and slurmd (not in the

@@ -39,7 +39,7 @@ fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
         out.push((
             "--mig-profile (node)",
             format!("{name} with shard:{shards} on {model}"),
-            resolve_profile(model, name, shards).map(|p| p.name().to_string()),
+            resolve_profile(model, name, shards).map(|p| p.name().clone()),
         ));
     }
     for w in [

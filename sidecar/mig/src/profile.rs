@@ -168,7 +168,7 @@ mod tests {
     use crate::GpuModel;
 
     fn name_on(model: GpuModel, s: &str) -> Result<String, ProfileParseError> {
-        parse_profile(model.spec(), s).map(|p| p.name())
+        parse_profile(model.spec(), s).map(super::super::models::ProfileSpec::name)
     }
 
     #[test]
@@ -208,7 +208,7 @@ mod tests {
     #[test]
     fn selection_rounds_up_and_respects_memory() {
         let a40 = GpuModel::A100_40gb.spec();
-        let pick = |k, m| select_profile(a40, k, m).map(|p| p.name());
+        let pick = |k, m| select_profile(a40, k, m).map(super::super::models::ProfileSpec::name);
         assert_eq!(pick(3, Some(15.0)).unwrap(), "3g.20gb");
         assert_eq!(pick(1, None).unwrap(), "1g.5gb");
         assert_eq!(pick(1, Some(8.0)).unwrap(), "1g.10gb");

@@ -43,7 +43,10 @@ pub fn run(args: &Args) -> Result<()> {
         .collect();
     let horizon = horizon.unwrap_or_else(|| jobs.iter().map(|j| j.arrival).fold(0.0, f64::max));
     let b = bound::compute(&jobs, &gpus, horizon)?;
-    let mut models: Vec<String> = cluster.iter().map(|m| m.to_string()).collect();
+    let mut models: Vec<String> = cluster
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect();
     models.dedup();
     let mut out = std::io::stdout().lock();
     if a.json {

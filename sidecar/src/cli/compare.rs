@@ -278,7 +278,10 @@ pub fn compare(
     let mut c = Comparison {
         workload: opts.workload.clone(),
         gpus: cluster.len(),
-        models: models.iter().map(|m| m.to_string()).collect(),
+        models: models
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect(),
         placement: heuristic.to_string(),
         seed: cfg.seed,
         alpha,

@@ -356,7 +356,10 @@ pub fn run(a: &Args) -> Result<()> {
     }
     let report = Report {
         gpus: cluster.len(),
-        models: models.iter().map(|m| m.to_string()).collect(),
+        models: models
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect(),
         placement: &run.placement,
         policy: &run.policy,
         seed: a.seed,
@@ -433,7 +436,7 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
         "{:<22} {:>w$} {:>14}",
         "metric", r.policy, "none (ref)"
     )?;
-    for (name, f) in rows.iter() {
+    for (name, f) in &rows {
         writeln!(out, "{:<22} {:>w$} {:>14}", name, f(r.run), f(r.reference))?;
     }
     let s = r.score;

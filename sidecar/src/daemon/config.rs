@@ -374,32 +374,33 @@ impl Config {
 
     /// Settings whose change needs a restart (SIGHUP keeps the old values).
     pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
-        let mut keys = Vec::new();
-        if self.socket != new.socket {
-            keys.push("socket");
+        self.reloaded(new).1
+    }
+
+    /// What SIGHUP makes of `new` when `self` is running: `new` with every
+    /// restart-only setting (socket, state_dir, backend, gpus, sim,
+    /// metrics_listen, log_level, memory.estimator) kept from `self`, and
+    /// the names of those that differed. The one list of restart-only keys.
+    pub fn reloaded(&self, new: &Config) -> (Config, Vec<&'static str>) {
+        let mut merged = new.clone();
+        let mut kept = Vec::new();
+        macro_rules! keep {
+            ($name:literal, $($field:ident).+) => {
+                if self.$($field).+ != new.$($field).+ {
+                    kept.push($name);
+                    merged.$($field).+ = self.$($field).+.clone();
+                }
+            };
         }
-        if self.state_dir != new.state_dir {
-            keys.push("state_dir");
-        }
-        if self.backend != new.backend {
-            keys.push("backend");
-        }
-        if self.gpus != new.gpus {
-            keys.push("gpus");
-        }
-        if self.sim != new.sim {
-            keys.push("sim");
-        }
-        if self.metrics_listen != new.metrics_listen {
-            keys.push("metrics_listen");
-        }
-        if self.log_level != new.log_level {
-            keys.push("log_level");
-        }
-        if self.memory.estimator != new.memory.estimator {
-            keys.push("memory.estimator");
-        }
-        keys
+        keep!("socket", socket);
+        keep!("state_dir", state_dir);
+        keep!("backend", backend);
+        keep!("gpus", gpus);
+        keep!("sim", sim);
+        keep!("metrics_listen", metrics_listen);
+        keep!("log_level", log_level);
+        keep!("memory.estimator", memory.estimator);
+        (merged, kept)
     }
 
     /// Settings that SIGHUP applies at once, as `key: old -> new`.
@@ -491,5 +492,14 @@ mod tests {
             a.live_changes(&b),
             vec!["policy: \"none\" -> \"static:0\"".to_string()]
         );
+        // The merge keeps every restart-only key and takes the live ones.
+        b.log_level = "debug".into();
+        b.memory.estimator.window += 1;
+        let (merged, kept) = a.reloaded(&b);
+        assert_eq!(kept, vec!["socket", "log_level", "memory.estimator"]);
+        assert_eq!(merged.socket, a.socket);
+        assert_eq!(merged.log_level, a.log_level);
+        assert_eq!(merged.memory.estimator, a.memory.estimator);
+        assert_eq!(merged.policy, "static:0");
     }
 }

@@ -346,7 +346,9 @@ impl Journal {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // Inner is only changed in short sections that cannot panic halfway.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn io_err(&self, source: std::io::Error) -> JournalError {
@@ -444,7 +446,10 @@ impl Journal {
                 });
             }
             if inner.writing {
-                inner = self.done.wait(inner).unwrap_or_else(|p| p.into_inner());
+                inner = self
+                    .done
+                    .wait(inner)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 continue;
             }
             // Become the leader: write everything queued so far.

@@ -540,7 +540,7 @@ impl MemoryState {
                     match o.outcome {
                         Outcome::OutOfMemory => ooms += 1,
                         Outcome::Completed => {
-                            max_peak = Some(max_peak.map_or(o.peak_gb, |m| m.max(o.peak_gb)))
+                            max_peak = Some(max_peak.map_or(o.peak_gb, |m| m.max(o.peak_gb)));
                         }
                     }
                 }

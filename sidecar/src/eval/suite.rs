@@ -399,7 +399,10 @@ pub fn run_scenario(
     Ok(ScenarioResult {
         name: s.name.clone(),
         gpus: s.cluster.len(),
-        models: models.iter().map(|m| m.to_string()).collect(),
+        models: models
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect(),
         batch: s.batch,
         train_days: s.train.iter().map(|d| d.label.clone()).collect(),
         test_days: s.test.iter().map(|d| d.label.clone()).collect(),

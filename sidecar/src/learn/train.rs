@@ -1483,7 +1483,7 @@ impl TrainingData {
                 cfg.seed.wrapping_mul(1_000_003) + 1,
                 cfg.gpus
                     .iter()
-                    .map(|g| g.to_string())
+                    .map(std::string::ToString::to_string)
                     .collect::<Vec<_>>()
                     .join("/")
             ),

@@ -43,6 +43,10 @@ impl RepartitionPolicy for NoPartition {
         "none".to_string()
     }
 
+    fn installs_initial_layout(&self) -> bool {
+        false
+    }
+
     fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
         Vec::new()
     }

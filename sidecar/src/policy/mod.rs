@@ -194,6 +194,13 @@ pub trait RepartitionPolicy {
     /// Target layouts at a decision epoch. Return nothing to keep every GPU
     /// as it is; only GPUs that should change need a decision.
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision>;
+
+    /// Whether the daemon should build [`RepartitionPolicy::initial_layout`]
+    /// on a GPU that has no instance at all (a fresh boot). `none` says no:
+    /// on a node it means "make each job's instance on demand".
+    fn installs_initial_layout(&self) -> bool {
+        true
+    }
 }
 
 /// The layout `layouts[gpu]` if it is valid on `geometry`, else the whole
@@ -240,5 +247,8 @@ impl<P: RepartitionPolicy + ?Sized> RepartitionPolicy for Box<P> {
     }
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
         (**self).decide(view)
+    }
+    fn installs_initial_layout(&self) -> bool {
+        (**self).installs_initial_layout()
     }
 }

@@ -218,11 +218,11 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
     let mean = |v: &mut Vec<f64>| {
         v.iter_mut().zip(&bin_len_s).for_each(|(x, l)| {
             *x = if *l > 0.0 { *x / l } else { 0.0 };
-        })
+        });
     };
     mean(&mut power);
     mean(&mut queue);
-    for (_, v) in layouts.iter_mut() {
+    for (_, v) in &mut layouts {
         mean(v);
     }
     Ok(TimeSeries {

@@ -93,7 +93,7 @@ pub fn scenario_table(s: &ScenarioResult) -> String {
         "worse days",
     ]
     .iter()
-    .map(|x| x.to_string())
+    .map(std::string::ToString::to_string)
     .collect::<Vec<_>>()];
     for r in &s.rows {
         lines.push(row_cells(r));

@@ -422,7 +422,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                     if !g.is_valid(layout) {
                         return Err(violation(time, Some(gpu), format!(
                             "layout after the reconfiguration overlaps or exceeds the compute slices: {}",
-                            g.describe(layout).iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))));
+                            g.describe(layout).iter().map(std::string::ToString::to_string).collect::<Vec<_>>().join(", "))));
                     }
                 }
                 Item::ReconfigReady(seq) => {

@@ -86,7 +86,9 @@ pub fn demand_load(jobs: &[Job], model: GpuModel, gpus: usize, bin_s: f64) -> Ve
         }
     }
     let cap = bin_s * gpus as f64;
-    busy.iter_mut().for_each(|x| *x /= cap);
+    for x in &mut busy {
+        *x /= cap;
+    }
     busy
 }
 

@@ -364,7 +364,7 @@ impl<K: Ord> MemoryEstimator<K> {
             match o.outcome {
                 Outcome::Completed => peaks.push(o.peak_gb),
                 Outcome::OutOfMemory => {
-                    oom_floor = Some(oom_floor.map_or(o.instance_gb, |f| f.max(o.instance_gb)))
+                    oom_floor = Some(oom_floor.map_or(o.instance_gb, |f| f.max(o.instance_gb)));
                 }
             }
         }

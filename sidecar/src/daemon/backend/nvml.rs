@@ -178,7 +178,7 @@ impl NvmlBackend {
                         ids.insert(p.shape, info.id);
                     }
                     Err(e) => {
-                        tracing::warn!(gpu = index, profile = %p.name(), "profile not offered by the driver: {e}")
+                        tracing::warn!(gpu = index, profile = %p.name(), "profile not offered by the driver: {e}");
                     }
                 }
             }
@@ -303,7 +303,7 @@ impl Backend for NvmlBackend {
                 Some(placement) => out.push(BackendInstance { placement, uuid }),
                 None => {
                     tracing::warn!(gpu, %uuid, profile = gi_info.profileId, start = gi_info.placement.start,
-                    "instance with a profile smartmig does not schedule (e.g. +me); left alone")
+                    "instance with a profile smartmig does not schedule (e.g. +me); left alone");
                 }
             }
         }

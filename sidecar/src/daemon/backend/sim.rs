@@ -143,7 +143,9 @@ impl SimBackend {
         })?;
         // A panic while holding the lock cannot leave a half-written state
         // (state changes are single pushes/removes), so poisoning is ignored.
-        Ok(slot.lock().unwrap_or_else(|p| p.into_inner()))
+        Ok(slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     fn save(&self, index: u32, gpu: &SimGpu) -> Result<(), BackendError> {
@@ -173,7 +175,10 @@ impl SimBackend {
 
     /// Consumes one matching injected failure, if any.
     fn injected(&self, op: &str, gpu: u32, what: &str) -> Option<BackendError> {
-        let mut list = self.inject.lock().unwrap_or_else(|p| p.into_inner());
+        let mut list = self
+            .inject
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let pos = list
             .iter()
             .position(|e| e.op == op && e.gpu.is_none_or(|g| g == gpu) && e.times > 0)?;
@@ -209,7 +214,10 @@ impl Backend for SimBackend {
             .enumerate()
             .map(|(i, g)| GpuInfo {
                 index: i as u32,
-                model: g.lock().unwrap_or_else(|p| p.into_inner()).model,
+                model: g
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .model,
                 minor: Some(i as u32),
             })
             .collect()

@@ -187,7 +187,7 @@ impl Drop for WaitingGuard<'_> {
         self.daemon
             .waiting
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&self.job_id);
     }
 }
@@ -402,7 +402,9 @@ impl Daemon {
     /// The memory state, also after a panic elsewhere poisoned the lock
     /// (every update leaves it consistent).
     fn memory(&self) -> std::sync::MutexGuard<'_, MemoryState> {
-        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+        self.memory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn authorized(&self, uid: u32) -> bool {
@@ -418,7 +420,7 @@ impl Daemon {
     /// all (a fresh boot). `none` leaves GPUs empty: instances are then made
     /// on demand, which is what `none` means for a sidecar.
     pub async fn install_initial_layouts(&self) {
-        if self.policy_name().starts_with("none") {
+        if !self.policy.lock().await.installs_initial_layout() {
             return;
         }
         for slot in &self.slots {
@@ -551,7 +553,7 @@ impl Daemon {
             *self
                 .plugin_oom_requeue
                 .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some(marker);
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(marker);
         }
         let cfg = self.config();
         // The user's name may come from NSS (LDAP, SSSD): a blocking lookup.
@@ -625,7 +627,7 @@ impl Daemon {
                     if _waiting.is_none() {
                         self.waiting
                             .lock()
-                            .unwrap_or_else(|p| p.into_inner())
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(req.job_id, (req.gpu, req.slices, start));
                         _waiting = Some(WaitingGuard {
                             daemon: self,
@@ -969,11 +971,11 @@ impl Daemon {
         memory.plugin_oom_requeue = *self
             .plugin_oom_requeue
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut waiting: Vec<WaitingJob> = self
             .waiting
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .map(|(&job_id, &(gpu, slices, since))| WaitingJob {
                 job_id,
@@ -994,7 +996,7 @@ impl Daemon {
             epilog_missing: self
                 .releases
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .epilog_missing(),
             waiting,
         }
@@ -1031,7 +1033,7 @@ impl Daemon {
         let epilog_missing = self
             .releases
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .epilog_missing();
         self.metrics.render(&list, &energy, epilog_missing)
     }

@@ -113,7 +113,9 @@ impl Daemon {
                     Some(JobState::Failed) => {
                         attempts += 1;
                         let s = slurm.clone();
-                        let id = queued.as_ref().map_or(job_id.to_string(), |j| j.slurm_id());
+                        let id = queued
+                            .as_ref()
+                            .map_or(job_id.to_string(), super::super::slurm::QueuedJob::slurm_id);
                         match tokio::task::spawn_blocking(move || s.requeue(&id)).await {
                             Ok(Ok(())) => break Ok(()),
                             Ok(Err(e)) => e.to_string(),
@@ -192,7 +194,9 @@ impl Daemon {
                     )
                 }
             };
-            let mut m = memory.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = memory
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             m.on_requeue_result(job_id, decision, message, unix_now());
             if let Err(e) = m.save() {
                 tracing::error!(job = job_id, "memory estimates not saved: {e}");
@@ -205,7 +209,10 @@ impl Daemon {
         if !self.config().slurm.enabled {
             return false;
         }
-        let last = *self.queue_read.lock().unwrap_or_else(|p| p.into_inner());
+        let last = *self
+            .queue_read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         last.is_none_or(|t| t.elapsed() >= QUEUE_REFRESH)
     }
 
@@ -216,7 +223,10 @@ impl Daemon {
         if !self.config().slurm.enabled {
             return None;
         }
-        *self.queue_read.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self
+            .queue_read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
         let t0 = unix_now();
         let slurm = self.slurm();
         match tokio::task::spawn_blocking(move || slurm.queue()).await {
@@ -233,7 +243,10 @@ impl Daemon {
     }
 
     pub(super) fn release_counts_mut(&self, f: impl FnOnce(&mut ReleaseCounts)) {
-        f(&mut self.releases.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut self
+            .releases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner));
     }
 
     /// Releases the instances of jobs that `queue` (read at Unix second

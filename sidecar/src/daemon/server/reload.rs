@@ -22,7 +22,8 @@ impl Daemon {
                 return;
             }
         };
-        let restart = old.restart_only_changes(&new);
+        // Keep the restart-only keys as they are.
+        let (merged, restart) = old.reloaded(&new);
         if !restart.is_empty() {
             tracing::warn!(
                 "SIGHUP: {} changed but need a restart; the old values stay in effect",
@@ -35,16 +36,6 @@ impl Daemon {
         } else {
             tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
         }
-        // Keep the restart-only keys as they are.
-        let mut merged = new.clone();
-        merged.socket = old.socket.clone();
-        merged.state_dir = old.state_dir.clone();
-        merged.backend = old.backend;
-        merged.gpus = old.gpus.clone();
-        merged.sim = old.sim.clone();
-        merged.metrics_listen = old.metrics_listen.clone();
-        merged.log_level = old.log_level.clone();
-        merged.memory.estimator = old.memory.estimator.clone();
         if old.slurm_user != merged.slurm_user {
             if let Ok(mut u) = self.slurm_uid.write() {
                 *u = resolve_uid(&merged.slurm_user);

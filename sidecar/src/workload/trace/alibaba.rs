@@ -57,29 +57,16 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
     let mut out = Collector::new(opts)?;
     let table = read_table(r)?;
     let cols = &table.columns;
-    let required = [
-        "num_gpu",
-        "gpu_milli",
-        "creation_time",
-        "deletion_time",
-        "scheduled_time",
-    ];
-    let missing: Vec<String> = required
-        .iter()
-        .filter(|c| cols.get(c).is_none())
-        .map(|c| c.to_string())
-        .collect();
-    if !missing.is_empty() {
-        return Err(cols.missing_error("alibaba", &missing));
-    }
-    let col = |n: &str| cols.get(n).unwrap_or(0);
-    let (c_num, c_milli, c_create, c_delete, c_sched) = (
-        col("num_gpu"),
-        col("gpu_milli"),
-        col("creation_time"),
-        col("deletion_time"),
-        col("scheduled_time"),
-    );
+    let [c_num, c_milli, c_create, c_delete, c_sched] = cols.require(
+        "alibaba",
+        [
+            "num_gpu",
+            "gpu_milli",
+            "creation_time",
+            "deletion_time",
+            "scheduled_time",
+        ],
+    )?;
     let (c_name, c_qos, c_phase) = (cols.get("name"), cols.get("qos"), cols.get("pod_phase"));
 
     let mut cands = Vec::new();

@@ -116,22 +116,15 @@ pub fn read_csv(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> 
     let mut out = Collector::new(opts)?;
     let table = read_table(r)?;
     let cols = &table.columns;
-    let required = ["arrival_s", "work_s", "memory_gb", "class"];
-    let missing: Vec<String> = required
-        .iter()
-        .filter(|c| cols.get(c).is_none())
-        .map(|c| c.to_string())
-        .collect();
-    if !missing.is_empty() {
-        return Err(cols.missing_error("csv", &missing));
-    }
+    let [arrival, work, memory, class] =
+        cols.require("csv", ["arrival_s", "work_s", "memory_gb", "class"])?;
     let ix = |n: &str| cols.get(n);
     let c = CsvCols {
         id: ix("id"),
-        arrival: ix("arrival_s").unwrap_or(0),
-        work: ix("work_s").unwrap_or(0),
-        memory: ix("memory_gb").unwrap_or(0),
-        class: ix("class").unwrap_or(0),
+        arrival,
+        work,
+        memory,
+        class,
         deadline: ix("deadline_s"),
         requested: ix("requested_slices"),
         beta: ix("speedup_beta"),

@@ -355,6 +355,24 @@ impl Columns {
         self.names.iter().position(|n| n.eq_ignore_ascii_case(name))
     }
 
+    /// The index of each of `names`, or an error naming every one the
+    /// header lacks (one message for all of them).
+    pub(crate) fn require<const N: usize>(
+        &self,
+        format: &str,
+        names: [&str; N],
+    ) -> Result<[usize; N], TraceError> {
+        let missing: Vec<String> = names
+            .iter()
+            .filter(|c| self.get(c).is_none())
+            .map(std::string::ToString::to_string)
+            .collect();
+        if !missing.is_empty() {
+            return Err(self.missing_error(format, &missing));
+        }
+        Ok(names.map(|n| self.get(n).unwrap_or(0)))
+    }
+
     /// Error naming every missing requirement. Each requirement is a list of
     /// alternatives, any of which satisfies it (e.g. `Elapsed` or `Start`+`End`
     /// is expressed by the caller).
