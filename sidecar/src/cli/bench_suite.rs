@@ -126,16 +126,12 @@ fn scenarios(a: &SuiteArgs) -> Result<Vec<Scenario>> {
 
 /// One generated day of `s`.
 fn day(s: &Scenario, model: GpuModel, gpus: usize, seed: u64) -> Day {
-    Day {
-        label: format!("seed {seed}"),
-        jobs: s.generate(model, gpus, seed),
-        cfg: SimConfig {
-            seed,
-            workload_horizon_s: Some(s.horizon_s()),
-            start_hour: s.start_hour(),
-            ..SimConfig::default()
-        },
-    }
+    Day::generated(
+        s.generate(model, gpus, seed),
+        seed,
+        s.horizon_s(),
+        s.start_hour(),
+    )
 }
 
 /// The `--trace` scenarios: one per deadline regime, on the last

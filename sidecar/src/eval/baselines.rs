@@ -60,37 +60,16 @@ pub fn fit(days: &DaySet, cfg: &SearchConfig, alpha: f64) -> Result<Fitted, SimE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::Day;
-    use crate::mig::GpuModel;
-    use crate::sim::{Heuristic, SimConfig};
-    use crate::workload::{generate_diurnal, DiurnalConfig};
+    use crate::eval::testing::{quick_search as quick, M};
+    use crate::sim::Heuristic;
 
-    const M: GpuModel = GpuModel::A100_40gb;
-
-    fn day(seed: u64) -> Day {
-        let w = DiurnalConfig {
-            horizon_s: 6.0 * 3600.0,
-            start_hour: 10.0,
-            ..DiurnalConfig::default()
-        };
-        Day {
-            label: format!("seed {seed}"),
-            jobs: generate_diurnal(&w, M, 4, seed),
-            cfg: SimConfig {
-                seed,
-                workload_horizon_s: Some(w.horizon_s),
-                start_hour: w.start_hour,
-                ..SimConfig::default()
-            },
-        }
-    }
-
-    fn quick() -> SearchConfig {
-        SearchConfig {
-            pair_top: 3,
-            mixes: 1,
-            ..SearchConfig::coarse()
-        }
+    fn day(seed: u64) -> crate::eval::Day {
+        crate::eval::testing::day(
+            seed,
+            6.0,
+            10.0,
+            crate::workload::DiurnalConfig::default().peak_rate,
+        )
     }
 
     #[test]

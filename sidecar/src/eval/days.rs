@@ -18,6 +18,24 @@ pub struct Day {
     pub cfg: SimConfig,
 }
 
+impl Day {
+    /// A generated day: `jobs` drawn with `seed` in an arrival window of
+    /// `horizon_s` seconds that starts at `start_hour` o'clock, with the
+    /// default epochs and reconfiguration time; labelled `seed N`.
+    pub fn generated(jobs: Vec<Job>, seed: u64, horizon_s: f64, start_hour: f64) -> Self {
+        Day {
+            label: format!("seed {seed}"),
+            jobs,
+            cfg: SimConfig {
+                seed,
+                workload_horizon_s: Some(horizon_s),
+                start_hour,
+                ..SimConfig::default()
+            },
+        }
+    }
+}
+
 /// Days on one cluster with one placement heuristic, each with its `none`
 /// run (the reference every score is taken against).
 #[derive(Clone, Debug)]

@@ -25,3 +25,39 @@ pub use baselines::{fit, Fitted};
 pub use days::{search_score, Day, DaySet};
 pub use score::{DayScore, PolicyRow, Reference, RowKind};
 pub use suite::{run_scenario, ScenarioDays, ScenarioResult, SuiteConfig, SuiteReport};
+
+/// Small generated days and a small search for the unit tests of `eval`.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Day;
+    use crate::mig::GpuModel;
+    use crate::policy::search::SearchConfig;
+    use crate::workload::{generate_diurnal, DiurnalConfig};
+
+    pub const M: GpuModel = GpuModel::A100_40gb;
+
+    /// A diurnal day of `hours` from `start_hour` on 4 GPUs, peak rate `rate`.
+    pub fn day(seed: u64, hours: f64, start_hour: f64, rate: f64) -> Day {
+        let w = DiurnalConfig {
+            horizon_s: hours * 3600.0,
+            start_hour,
+            peak_rate: rate,
+            ..DiurnalConfig::default()
+        };
+        Day::generated(
+            generate_diurnal(&w, M, 4, seed),
+            seed,
+            w.horizon_s,
+            start_hour,
+        )
+    }
+
+    /// The coarse search plus a small pair step and one mix.
+    pub fn quick_search() -> SearchConfig {
+        SearchConfig {
+            pair_top: 3,
+            mixes: 1,
+            ..SearchConfig::coarse()
+        }
+    }
+}
