@@ -103,24 +103,18 @@ fn scenarios(a: &SuiteArgs) -> Result<Vec<Scenario>> {
     if a.only.is_empty() {
         return Ok(all);
     }
-    let keep: Vec<Scenario> = all
-        .iter()
-        .filter(|s| {
-            a.only
-                .iter()
-                .any(|o| s.name == *o || s.name.split('/').next() == Some(o.as_str()))
-        })
-        .cloned()
-        .collect();
+    // A name matches itself and its family (`mix-shift` for `mix-shift/tight`).
+    let selects = |s: &Scenario, o: &str| s.name == o || s.name.split('/').next() == Some(o);
     for o in &a.only {
-        if !all
-            .iter()
-            .any(|s| s.name == *o || s.name.split('/').next() == Some(o.as_str()))
-        {
+        if !all.iter().any(|s| selects(s, o)) {
             let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
             bail!("--only: no scenario `{o}` (known: {})", names.join(", "));
         }
     }
+    let keep = all
+        .into_iter()
+        .filter(|s| a.only.iter().any(|o| selects(s, o)))
+        .collect();
     Ok(keep)
 }
 

@@ -206,19 +206,8 @@ pub fn compare(
     }
 
     let mut greedy = Greedy::default();
-    let (m, name, s) = ctx.run_logged(&mut greedy)?;
-    push(
-        &mut rows,
-        "greedy",
-        format!(
-            "{name}: demand-driven (nos-style), starts from catalog layout {}, batching window {} s",
-            greedy.config().initial,
-            greedy.config().window_s
-        ),
-        m,
-        s,
-        None,
-    );
+    let (m, _, s) = ctx.run_logged(&mut greedy)?;
+    push(&mut rows, "greedy", greedy.describe(), m, s, None);
 
     for spec in &opts.extra {
         let mut p = parse_policy(spec, &models).with_context(|| format!("policy `{spec}`"))?;

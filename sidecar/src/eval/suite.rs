@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::bound::{self, BoundGpu};
 use crate::mig::GpuModel;
 use crate::policy::search::SearchConfig;
-use crate::policy::{parse_policy, Greedy, NoPartition, PolicyParseError, RepartitionPolicy};
+use crate::policy::{parse_policy, NoPartition, PolicyParseError, RepartitionPolicy};
 use crate::sim::{audit, AuditError, Collect, Heuristic, Metrics, SimError};
 
 use super::baselines::{fit, Fitted};
@@ -307,16 +307,7 @@ pub fn run_scenario(
             spec: spec.clone(),
             source,
         };
-        let description = if spec == "greedy" {
-            let g = Greedy::default();
-            format!(
-                "demand-driven (nos-style), starts from catalog layout {}, batching window {} s",
-                g.config().initial,
-                g.config().window_s
-            )
-        } else {
-            parse_policy(spec, &models).map_err(policy_err)?.name()
-        };
+        let description = parse_policy(spec, &models).map_err(policy_err)?.describe();
         rows.push(
             sc.row(name, RowKind::Candidate, description, &nones, &mut |_| {
                 parse_policy(spec, &models).map_err(policy_err)

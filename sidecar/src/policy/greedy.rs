@@ -249,6 +249,15 @@ impl RepartitionPolicy for Greedy {
         }
     }
 
+    fn describe(&self) -> String {
+        format!(
+            "{}: demand-driven (nos-style), starts from catalog layout {}, batching window {} s",
+            self.name(),
+            self.cfg.initial,
+            self.cfg.window_s
+        )
+    }
+
     fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
         let c = geometry.catalog();
         c[self.cfg.initial.min(c.len() - 1)]

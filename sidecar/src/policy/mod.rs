@@ -184,6 +184,12 @@ pub trait RepartitionPolicy {
     /// Name for reports and event logs, e.g. `static:4444|3333`.
     fn name(&self) -> String;
 
+    /// One line for the reports' legends: what the policy does and with
+    /// which settings. Default: its name.
+    fn describe(&self) -> String {
+        self.name()
+    }
+
     /// Layout of `gpu` at time 0, before the first job (installed by the
     /// admin, so it costs no reconfiguration). Default: the whole GPU.
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
@@ -241,6 +247,9 @@ pub fn step_toward(status: &GpuStatus, target: Layout) -> Option<Layout> {
 impl<P: RepartitionPolicy + ?Sized> RepartitionPolicy for Box<P> {
     fn name(&self) -> String {
         (**self).name()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
     }
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
         (**self).initial_layout(gpu, geometry)

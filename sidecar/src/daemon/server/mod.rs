@@ -677,14 +677,10 @@ impl Daemon {
         let backend = &self.backend;
         let (uuid, action) = match plan {
             Plan::Reuse { uuid } => (uuid, AllocAction::Reused),
-            Plan::Create { placement } => {
-                let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
-                    .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
-                self.metrics.reconfiguration(gpu, "create");
-                tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
-                st.book.add_instance(placement, uuid.clone(), now);
-                (uuid, AllocAction::Created)
-            }
+            Plan::Create { placement } => (
+                self.create_instance(gpu, st, placement, now)?,
+                AllocAction::Created,
+            ),
             Plan::Reshape { destroy, placement } => {
                 for victim in &destroy {
                     let busy = st.book.find_uuid(victim).is_some_and(|i| i.job.is_some());
@@ -695,12 +691,10 @@ impl Daemon {
                     tracing::info!(gpu, uuid = %victim, "destroyed idle instance to re-shape");
                     st.book.remove_instance(victim);
                 }
-                let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
-                    .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
-                self.metrics.reconfiguration(gpu, "create");
-                tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
-                st.book.add_instance(placement, uuid.clone(), now);
-                (uuid, AllocAction::Reshaped)
+                (
+                    self.create_instance(gpu, st, placement, now)?,
+                    AllocAction::Reshaped,
+                )
             }
         };
         st.tick_energy();
@@ -750,6 +744,24 @@ impl Daemon {
     /// planning against instances that do (not) exist. Busy instances the
     /// backend no longer lists are kept (and logged): a job's assignment is
     /// never dropped behind its back.
+    /// Creates the instance at `placement` for an allocation and books it
+    /// (still without a job); returns its uuid.
+    fn create_instance(
+        &self,
+        gpu: u32,
+        st: &mut GpuState,
+        placement: crate::mig::PlacementId,
+        now: u64,
+    ) -> Result<String, ErrorBody> {
+        let backend = &self.backend;
+        let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
+            .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
+        self.metrics.reconfiguration(gpu, "create");
+        tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
+        st.book.add_instance(placement, uuid.clone(), now);
+        Ok(uuid)
+    }
+
     fn backend_failed(&self, gpu: u32, book: &mut GpuBook, e: &BackendError) -> ErrorBody {
         tracing::warn!(
             gpu,
