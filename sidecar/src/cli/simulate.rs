@@ -44,8 +44,9 @@ pub struct Args {
     #[arg(long, value_name = "START_H,LEN_H")]
     pub trace_window: Option<String>,
     /// With a trace: use as many --model GPUs as make the busiest hour's
-    /// offered load L (overrides --gpus), so the load is a choice, not an
-    /// accident of the trace.
+    /// demand L (the share of GPUs busy if every job started on arrival on
+    /// its most efficient slice; overrides --gpus), so the load is a
+    /// choice, not an accident of the trace.
     #[arg(long, value_name = "L", conflicts_with = "cluster")]
     pub load: Option<f64>,
     /// LO,HI: deadline = arrival + U(LO, HI) x run time (a trace job's on the
