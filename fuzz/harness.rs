@@ -6,10 +6,10 @@
 //! A check "fails" by panicking; libFuzzer reports the panic as a crash.
 #![allow(dead_code)]
 
-use smartmig::daemon::config::Config;
-use smartmig::daemon::protocol::{error_line, parse_request, ErrorKind};
-use smartmig::mig::GpuModel;
-use smartmig::workload::trace::{read_trace, Trace, TraceFormat, TraceOptions};
+use smartmig_client::protocol::{error_line, parse_request, ErrorKind};
+use smartmig_core::workload::trace::{read_trace, Trace, TraceFormat, TraceOptions};
+use smartmig_daemon::config::Config;
+use smartmig_mig::GpuModel;
 
 /// The socket message decoder: never panics; a parsed request survives a
 /// serialise/parse round trip; an error is one well-formed reply line.

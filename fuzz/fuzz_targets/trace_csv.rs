@@ -6,6 +6,6 @@
 mod harness;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::trace(
-    smartmig::workload::trace::TraceFormat::Csv,
+    smartmig_core::workload::trace::TraceFormat::Csv,
     data
 ));

@@ -1,7 +1,7 @@
 //! `smartmig bench daemon` as a test: a small smoke run always, the full run
 //! (1/16/256 clients) with `--ignored`.
 
-use smartmig::daemon::bench::{bench, table, Args};
+use smartmig::cli::bench_daemon::{bench, table, Args};
 
 fn args(clients: Vec<usize>, pairs: usize) -> Args {
     Args {

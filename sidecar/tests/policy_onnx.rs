@@ -15,7 +15,7 @@ use smartmig::learn::model::ActorCritic;
 use smartmig::mig::{Geometry, GpuModel};
 use smartmig::policy::features::{Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
 use smartmig::policy::onnx::{load_policy, PolicyLoadError, PolicyMetadata, METADATA_KEY};
-use smartmig::policy::{ClusterView, GpuStatus, RepartitionPolicy, MODEL_COUNT};
+use smartmig::policy::{ClusterView, GpuStatus, PendingByProfile, RepartitionPolicy};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("smartmig-policy-onnx-{}", std::process::id()));
@@ -133,7 +133,7 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
 
 /// A small busy cluster: some GPUs partitioned and running, one
 /// reconfiguring, a queue of jobs.
-fn scenario() -> (Vec<GpuStatus>, [[u32; 8]; MODEL_COUNT]) {
+fn scenario() -> (Vec<GpuStatus>, PendingByProfile) {
     let g = Geometry::of(GpuModel::A100_40gb);
     let mut gpus = Vec::new();
     for i in 0..12 {
@@ -150,7 +150,7 @@ fn scenario() -> (Vec<GpuStatus>, [[u32; 8]; MODEL_COUNT]) {
         }
         gpus.push(st);
     }
-    let mut by_profile = [[0u32; 8]; MODEL_COUNT];
+    let mut by_profile = PendingByProfile::default();
     by_profile[GpuModel::A100_40gb as usize][0] = 5;
     by_profile[GpuModel::A100_40gb as usize][3] = 2;
     (gpus, by_profile)

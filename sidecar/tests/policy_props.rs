@@ -9,8 +9,8 @@ use smartmig::eval::search_score;
 use smartmig::mig::{Geometry, GpuModel, Layout, Shape};
 use smartmig::policy::search::{static_best, SearchConfig};
 use smartmig::policy::{
-    ClusterView, Decision, GpuStatus, Greedy, GreedyConfig, NoPartition, PendingJob,
-    RepartitionPolicy, TwiceDaily, MODEL_COUNT,
+    ClusterView, Decision, GpuStatus, Greedy, GreedyConfig, NoPartition, PendingByProfile,
+    PendingJob, RepartitionPolicy, TwiceDaily, MODEL_COUNT,
 };
 use smartmig::sim::{simulate, Heuristic, RunHooks, SimConfig};
 use smartmig::workload::{generate_diurnal, DiurnalConfig, SpeedupCurve};
@@ -89,7 +89,7 @@ proptest! {
         window in prop_oneof![Just(0.0), Just(60.0)],
         day in 0usize..19, night in 0usize..19,
     ) {
-        let counts = [[0u32; 8]; MODEL_COUNT];
+        let counts = PendingByProfile::default();
         let view = ClusterView { now, hour_of_day: hour, gpus: &gpus, pending: &pending, pending_by_profile: &counts };
         let mut greedy = Greedy::new(GreedyConfig { window_s: window, ..GreedyConfig::default() });
         check(&gpus, &greedy.decide(&view))?;
@@ -142,7 +142,7 @@ fn served(layout: Layout, pending: &[PendingJob]) -> usize {
 #[test]
 fn greedy_serves_the_most_pending_shapes() {
     let g = Geometry::of(M);
-    let counts = [[0u32; 8]; MODEL_COUNT];
+    let counts = PendingByProfile::default();
     // (memory GB and requested slices of each job, most served, expected picture)
     type Case<'a> = (&'a [(f64, u8)], usize, Option<&'a str>);
     let cases: [Case; 6] = [

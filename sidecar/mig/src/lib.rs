@@ -26,6 +26,6 @@ pub mod profile;
 
 pub use geometry::{Geometry, Headroom, LayoutError};
 pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
-pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MODELS};
+pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MAX_PROFILES, MODELS};
 pub use placement::Transition;
 pub use profile::{parse_profile, select_profile, ProfileParseError, SelectError};

@@ -97,6 +97,10 @@ pub struct ModelSpec {
     pub profiles: &'static [ProfileSpec],
 }
 
+/// Most MIG profiles any model has (`ModelSpec::profiles`): the width of
+/// per-profile tables such as the policy's waiting-job counts.
+pub const MAX_PROFILES: usize = 8;
+
 const fn p(
     compute: u8,
     memory: u8,
@@ -305,6 +309,18 @@ impl ModelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_model_has_more_profiles_than_the_tables_hold() {
+        for m in &MODELS {
+            assert!(
+                m.profiles.len() <= MAX_PROFILES,
+                "{} has {} profiles",
+                m.id,
+                m.profiles.len()
+            );
+        }
+    }
 
     #[test]
     fn table_rows_match_their_enum() {

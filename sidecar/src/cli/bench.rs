@@ -26,7 +26,7 @@ pub enum Target {
     /// Quality gates and decision latency of the learned policy.
     Policy(super::bench_policy::PolicyArgs),
     /// Allocate+release latency and memory of a real smartmigd (sim backend).
-    Daemon(crate::daemon::bench::Args),
+    Daemon(super::bench_daemon::Args),
     /// The hindsight rollout oracle: what per-epoch reactivity could gain over static-best.
     Oracle(super::bench_oracle::OracleArgs),
     /// Scenarios x test days x policies against causal opponents (docs/evaluation.md).
@@ -70,7 +70,7 @@ pub fn run(a: &Args) -> Result<()> {
     match &a.target {
         Target::Sim(s) => run_sim(s),
         Target::Policy(p) => super::bench_policy::run(p),
-        Target::Daemon(d) => crate::daemon::bench::run(d),
+        Target::Daemon(d) => super::bench_daemon::run(d),
         Target::Oracle(o) => super::bench_oracle::run(o),
         Target::Suite(s) => super::bench_suite::run(s),
     }

@@ -24,7 +24,9 @@ use rand_chacha::ChaCha8Rng;
 use super::compare::{compare, CompareOptions};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::onnx::load_policy;
-use crate::policy::{ClusterView, GpuStatus, PendingJob, RepartitionPolicy, MODEL_COUNT};
+use crate::policy::{
+    ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MODEL_COUNT,
+};
 use crate::report::Comparison;
 use crate::sim::{EpochRule, Heuristic, SimConfig};
 use crate::workload::{
@@ -307,7 +309,7 @@ fn latency(
                 }
             })
             .collect();
-        let mut by_profile = [[0u32; 8]; MODEL_COUNT];
+        let mut by_profile = PendingByProfile::default();
         for j in &pending {
             if let Some(k) = model
                 .spec()

@@ -29,7 +29,7 @@ pub struct SuiteArgs {
     #[arg(long, default_value = "a100-40gb")]
     pub model: GpuModel,
     /// Scenarios file (TOML, `[[scenario]]` tables; the built-in list is
-    /// `sidecar/src/workload/scenarios.toml`).
+    /// `sidecar/core/src/workload/scenarios.toml`).
     #[arg(long, value_name = "FILE")]
     pub scenarios: Option<PathBuf>,
     /// Only these scenarios (comma-separated names, or a family name such as

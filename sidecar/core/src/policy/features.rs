@@ -1,0 +1,345 @@
+//! The observation encoding of the learned policy: pure, versioned, shared by
+//! the trainer (candle) and the runtime policy (ONNX Runtime).
+//!
+//! The policy is *mean-field multi-agent*: every GPU of one model is an agent
+//! with the same parameters; an agent sees its own GPU, a summary of the
+//! queue, the time of day and the *mean field* (the distribution of layouts
+//! over the GPUs of its model and the cluster-wide demand and supply). The
+//! vector has a fixed size per GPU model ([`FeatureSpec::obs_dim`]), so the
+//! cost of a decision per GPU does not grow with the number of GPUs or jobs
+//! (the queue is read once per epoch, not once per GPU).
+//!
+//! Any change to what a slot means must bump [`FEATURE_SPEC_VERSION`]:
+//! a shipped `.onnx` records the version it was trained with and
+//! [`super::onnx::load_policy`] refuses a mismatch.
+//!
+//! ## Version 1 layout (per GPU; `C` catalog layouts, `N` placements, `P` profiles)
+//!
+//! | slots | meaning |
+//! |---|---|
+//! | `C + 1` | current layout, one-hot over the catalog; last slot: not a catalog layout |
+//! | `3 N` | per placement: exists, busy, remaining run time `1 - exp(-r / 1800 s)` |
+//! | 3 | in reconfiguration; busy compute / total; compute not in any instance / total |
+//! | `2 P` | local supply per profile: idle ready instances, busy instances (count / 4) |
+//! | `4 P` | cluster demand per profile (smallest fitting shape), per GPU of the model, squashed `x / (1 + x)`: waiting jobs, waiting jobs at risk (late even if started now on that shape), idle ready instances, uncovered demand `max(0, waiting - idle)` |
+//! | `C + 1` | mean field: share of the model's GPUs in each catalog layout (+ other) |
+//! | 2 | mean field: mean busy compute share; share of GPUs in reconfiguration |
+//! | 2 | time of day: `sin`, `cos` of `2 pi h / 24` |
+//! | 2 | rank of this GPU among its model's GPUs, and among those that are entirely idle (quantiles in [0, 1]); lets identical agents break symmetry the way the engine packs jobs (lowest GPU first) |
+//! | 2 | all waiting jobs per GPU, squashed; their mean overdue time `1 - exp(-o / 3600 s)` |
+//!
+//! ## Actions
+//!
+//! `C + 1` actions: catalog layout `a` for `a < C`, and `C` = keep the
+//! current layout. The mask ([`Encoder::encode`]) allows a catalog layout only
+//! when the GPU accepts it now (not reconfiguring, keeps every busy
+//! instance: [`crate::mig::Geometry::reachable`]); "keep" is always allowed,
+//! so the mask is never empty even when busy instances of a non-catalog
+//! profile rule out every catalog layout.
+
+use std::f64::consts::PI;
+
+use super::{ClusterView, Decision, GpuStatus};
+use crate::mig::{Geometry, GpuModel, Layout};
+
+/// Version of the observation layout above. Bump on any change of meaning.
+pub const FEATURE_SPEC_VERSION: u32 = 1;
+
+/// Time constant of the remaining-run-time feature, s.
+const REMAINING_SCALE_S: f64 = 1800.0;
+/// Time constant of the overdue feature, s.
+const OVERDUE_SCALE_S: f64 = 3600.0;
+
+/// Sizes of the observation and action spaces of one GPU model.
+#[derive(Clone, Copy, Debug)]
+pub struct FeatureSpec {
+    pub model: GpuModel,
+    pub geometry: &'static Geometry,
+    /// The action space: catalog layouts, then "keep".
+    pub catalog: &'static [Layout],
+    pub placements: usize,
+    pub profiles: usize,
+    pub obs_dim: usize,
+    pub actions: usize,
+}
+
+impl FeatureSpec {
+    pub fn new(model: GpuModel) -> Self {
+        let geometry = Geometry::of(model);
+        let catalog = geometry.catalog();
+        let c = catalog.len();
+        let n = geometry.ids().count();
+        let p = model.spec().profiles.len();
+        let obs_dim = (c + 1) + 3 * n + 3 + 2 * p + 4 * p + (c + 1) + 2 + 2 + 2 + 2;
+        FeatureSpec {
+            model,
+            geometry,
+            catalog,
+            placements: n,
+            profiles: p,
+            obs_dim,
+            actions: c + 1,
+        }
+    }
+
+    /// Index of the "keep the current layout" action.
+    pub fn keep_action(&self) -> usize {
+        self.catalog.len()
+    }
+
+    /// The decision action `action` means for `gpu`, if any (none for
+    /// "keep", for the current layout, or for an action the GPU refuses).
+    pub fn decode(&self, gpu: usize, status: &GpuStatus, action: usize) -> Option<Decision> {
+        let target = *self.catalog.get(action)?;
+        (target != status.layout && status.accepts(target)).then_some(Decision { gpu, target })
+    }
+}
+
+fn squash(x: f64) -> f32 {
+    (x / (1.0 + x)) as f32
+}
+
+/// Encodes views into observation and mask matrices (row-major, one row per
+/// GPU of the spec's model), reusing its buffers across epochs.
+#[derive(Clone, Debug)]
+pub struct Encoder {
+    spec: FeatureSpec,
+    /// GPU numbers of the rows of the last encoding.
+    pub gpus: Vec<usize>,
+    pub obs: Vec<f32>,
+    pub mask: Vec<f32>,
+}
+
+impl Encoder {
+    pub fn new(model: GpuModel) -> Self {
+        Encoder {
+            spec: FeatureSpec::new(model),
+            gpus: Vec::new(),
+            obs: Vec::new(),
+            mask: Vec::new(),
+        }
+    }
+
+    pub fn spec(&self) -> &FeatureSpec {
+        &self.spec
+    }
+
+    /// Encodes every GPU of the spec's model in `view` (GPUs of other models
+    /// are skipped). Afterwards `gpus[i]` is the GPU of row `i` of `obs`
+    /// (`obs_dim` wide) and `mask` (`actions` wide, 1.0 = allowed).
+    pub fn encode(&mut self, view: &ClusterView<'_>) {
+        let s = self.spec;
+        let (c, n, p) = (s.catalog.len(), s.placements, s.profiles);
+        let profiles = s.model.spec().profiles;
+        let total = f64::from(s.model.spec().compute_slices);
+        self.gpus.clear();
+        self.gpus.extend(
+            view.gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| g.model == s.model)
+                .map(|(i, _)| i),
+        );
+        let rows = self.gpus.len();
+        self.obs.clear();
+        self.obs.resize(rows * s.obs_dim, 0.0);
+        self.mask.clear();
+        self.mask.resize(rows * s.actions, 0.0);
+        if rows == 0 {
+            return;
+        }
+        let gcount = rows as f64;
+
+        // --- shared part, computed once per epoch ---------------------------
+        let mut idle_supply = vec![0u32; p];
+        let mut hist = vec![0u32; c + 1];
+        let mut busy_share = 0.0;
+        let mut reconfiguring = 0u32;
+        let mut idle_rank = vec![0u32; rows];
+        let mut idle_gpus = 0u32;
+        for (row, &gi) in self.gpus.iter().enumerate() {
+            let g = &view.gpus[gi];
+            for id in g.idle().iter() {
+                if let Some(k) = profile_index(s.geometry, id, profiles) {
+                    idle_supply[k] += 1;
+                }
+            }
+            hist[s.geometry.catalog_index(g.layout).unwrap_or(c)] += 1;
+            busy_share += f64::from(s.geometry.compute_used(g.busy)) / total;
+            reconfiguring += u32::from(g.in_reconfiguration);
+            idle_rank[row] = idle_gpus;
+            if g.busy.is_empty() && !g.in_reconfiguration {
+                idle_gpus += 1;
+            }
+        }
+        let mut waiting = vec![0u32; p];
+        let mut at_risk = vec![0u32; p];
+        let mut overdue = 0.0;
+        let mut waiting_model = 0u32;
+        for job in view.pending {
+            let Some(shape) = job.shape(s.model) else {
+                continue;
+            };
+            let Some(k) = profiles.iter().position(|q| q.shape == shape) else {
+                continue;
+            };
+            waiting_model += 1;
+            waiting[k] += 1;
+            let speed = job
+                .speedup
+                .speed(shape.compute, s.model.spec().compute_slices);
+            if speed <= 0.0 || view.now + job.work / speed > job.deadline {
+                at_risk[k] += 1;
+            }
+            overdue += (view.now - job.deadline).max(0.0);
+        }
+        let mean_overdue = if waiting_model > 0 {
+            overdue / f64::from(waiting_model)
+        } else {
+            0.0
+        };
+        let (sin_h, cos_h) = (2.0 * PI * view.hour_of_day / 24.0).sin_cos();
+
+        // --- per GPU ----------------------------------------------------------
+        for (row, &gi) in self.gpus.iter().enumerate() {
+            let g = &view.gpus[gi];
+            let o = &mut self.obs[row * s.obs_dim..(row + 1) * s.obs_dim];
+            let mut at = 0;
+            o[s.geometry.catalog_index(g.layout).unwrap_or(c)] = 1.0;
+            at += c + 1;
+            for id in s.geometry.ids() {
+                // Placement ids are 0..n (Geometry::ids).
+                let base = at + 3 * id.0 as usize;
+                o[base] = f32::from(u8::from(g.layout.contains(id)));
+                o[base + 1] = f32::from(u8::from(g.busy.contains(id)));
+                o[base + 2] = (1.0 - (-g.remaining(id, view.now) / REMAINING_SCALE_S).exp()) as f32;
+            }
+            at += 3 * n;
+            o[at] = f32::from(u8::from(g.in_reconfiguration));
+            o[at + 1] = (f64::from(s.geometry.compute_used(g.busy)) / total) as f32;
+            o[at + 2] = (1.0 - f64::from(s.geometry.compute_used(g.layout)) / total) as f32;
+            at += 3;
+            for id in g.idle().iter() {
+                if let Some(k) = profile_index(s.geometry, id, profiles) {
+                    o[at + k] += 0.25;
+                }
+            }
+            for id in g.busy.iter() {
+                if let Some(k) = profile_index(s.geometry, id, profiles) {
+                    o[at + p + k] += 0.25;
+                }
+            }
+            at += 2 * p;
+            for k in 0..p {
+                o[at + k] = squash(f64::from(waiting[k]) / gcount);
+                o[at + p + k] = squash(f64::from(at_risk[k]) / gcount);
+                o[at + 2 * p + k] = squash(f64::from(idle_supply[k]) / gcount);
+                o[at + 3 * p + k] =
+                    squash(f64::from(waiting[k].saturating_sub(idle_supply[k])) / gcount);
+            }
+            at += 4 * p;
+            for (k, &h) in hist.iter().enumerate() {
+                o[at + k] = (f64::from(h) / gcount) as f32;
+            }
+            at += c + 1;
+            o[at] = (busy_share / gcount) as f32;
+            o[at + 1] = (f64::from(reconfiguring) / gcount) as f32;
+            o[at + 2] = sin_h as f32;
+            o[at + 3] = cos_h as f32;
+            o[at + 4] = (row as f64 / gcount) as f32;
+            o[at + 5] = (f64::from(idle_rank[row]) / gcount) as f32;
+            o[at + 6] = squash(f64::from(waiting_model) / gcount);
+            o[at + 7] = (1.0 - (-mean_overdue / OVERDUE_SCALE_S).exp()) as f32;
+            debug_assert_eq!(at + 8, s.obs_dim);
+
+            let m = &mut self.mask[row * s.actions..(row + 1) * s.actions];
+            if !g.in_reconfiguration {
+                for (a, &target) in s.catalog.iter().enumerate() {
+                    if target.contains_all(g.busy) && g.accepts(target) {
+                        m[a] = 1.0;
+                    }
+                }
+            }
+            m[c] = 1.0;
+        }
+    }
+
+    /// Number of allowed actions of row `row` (1 = only "keep": no choice).
+    pub fn choices(&self, row: usize) -> usize {
+        let a = self.spec.actions;
+        self.mask[row * a..(row + 1) * a]
+            .iter()
+            .filter(|&&m| m > 0.5)
+            .count()
+    }
+}
+
+/// Index in `profiles` of the profile of placement `id`.
+fn profile_index(
+    geometry: &Geometry,
+    id: crate::mig::PlacementId,
+    profiles: &[crate::mig::ProfileSpec],
+) -> Option<usize> {
+    let shape = geometry.placement(id).shape();
+    profiles.iter().position(|q| q.shape == shape)
+}
+
+/// Index of the largest allowed probability (ties: the lowest index; the
+/// "keep" action when nothing is allowed, which cannot happen with masks
+/// from [`Encoder::encode`]).
+pub fn argmax_masked(probs: &[f32], mask: &[f32]) -> usize {
+    let mut best = probs.len().saturating_sub(1);
+    let mut best_p = f32::NEG_INFINITY;
+    for (a, (&pr, &m)) in probs.iter().zip(mask).enumerate() {
+        if m > 0.5 && pr > best_p {
+            best = a;
+            best_p = pr;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{GpuStatus, PendingByProfile};
+
+    #[test]
+    fn sizes_and_masks() {
+        let spec = FeatureSpec::new(GpuModel::A100_40gb);
+        assert_eq!(spec.catalog.len(), 19);
+        assert_eq!(spec.actions, 20);
+        let g = Geometry::of(GpuModel::A100_40gb);
+        let mut gpus = vec![GpuStatus::new(GpuModel::A100_40gb, g.whole_gpu()); 3];
+        // GPU 1 runs a job on its whole-GPU instance: only "keep" and the
+        // whole-GPU layout remain.
+        gpus[1].busy = g.whole_gpu();
+        gpus[1].busy_until[g.whole_gpu().iter().next().unwrap().0 as usize] = 100.0;
+        gpus[2].in_reconfiguration = true;
+        let pending_by_profile = PendingByProfile::default();
+        let view = ClusterView {
+            now: 10.0,
+            hour_of_day: 6.0,
+            gpus: &gpus,
+            pending: &[],
+            pending_by_profile: &pending_by_profile,
+        };
+        let mut e = Encoder::new(GpuModel::A100_40gb);
+        e.encode(&view);
+        assert_eq!(e.obs.len(), 3 * spec.obs_dim);
+        assert_eq!(e.choices(0), spec.actions);
+        assert_eq!(e.choices(1), 2);
+        assert_eq!(e.choices(2), 1);
+        assert!(e.obs.iter().all(|x| x.is_finite()));
+        // Decoding the whole-GPU action on a whole GPU is a no-op.
+        assert_eq!(spec.decode(0, &gpus[0], 0), None);
+        assert!(spec.decode(0, &gpus[0], 5).is_some());
+        assert_eq!(spec.decode(0, &gpus[0], spec.keep_action()), None);
+    }
+
+    #[test]
+    fn argmax_respects_mask() {
+        assert_eq!(argmax_masked(&[0.9, 0.1, 0.0], &[0.0, 1.0, 1.0]), 1);
+        assert_eq!(argmax_masked(&[0.5, 0.5], &[1.0, 1.0]), 0);
+    }
+}

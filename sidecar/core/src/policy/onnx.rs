@@ -1,0 +1,452 @@
+//! The learned repartitioning policy, evaluated through ONNX Runtime.
+//!
+//! A policy file is an ONNX graph written by `smartmig train`
+//! (crate `smartmig-learn`) with its metadata ([`PolicyMetadata`]) embedded in the
+//! model's `metadata_props` under [`METADATA_KEY`]; a copy of the same JSON
+//! is written next to it (`policy.json`) for humans. The embedded copy is the
+//! one checked: it cannot get separated from the weights.
+//!
+//! [`load_policy`] is what the daemon calls: it refuses a policy made for
+//! another GPU model, another feature-spec version or another catalog, with
+//! a message that says which and what to do, *before* touching ONNX Runtime.
+//!
+//! ## Finding ONNX Runtime
+//!
+//! `ort` is built with `load-dynamic`: the library is opened at run time,
+//! once per process, from the first of
+//!
+//! 1. `ORT_DYLIB_PATH`, if set and not empty (must exist);
+//! 2. `.ort/libonnxruntime.so.1.31.1` in the directory of the executable or
+//!    any of its ancestors (a checkout's `target/release/smartmig` finds the
+//!    checkout's `.ort/`);
+//! 3. the same under the source checkout this binary was built from
+//!    (`CARGO_MANIFEST_DIR/../..`), for tests and `cargo run`.
+//!
+//! Otherwise: "ONNX Runtime not found: run scripts/fetch-onnxruntime or set
+//! ORT_DYLIB_PATH".
+//!
+//! ## Evaluation
+//!
+//! At each epoch the GPUs of the policy's model are encoded into one
+//! `[n, D]` batch ([`super::features::Encoder`]) and run through one session
+//! call; each GPU takes its most probable allowed action (deterministic).
+//! GPUs of other models keep their layouts.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::Session;
+use ort::value::TensorRef;
+use serde::{Deserialize, Serialize};
+
+use super::features::{argmax_masked, Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
+use super::{ClusterView, Decision, RepartitionPolicy};
+use crate::mig::{Geometry, GpuModel};
+
+/// Key of the policy metadata in the ONNX `metadata_props`.
+pub const METADATA_KEY: &str = "smartmig.policy";
+/// Value of [`PolicyMetadata::format`].
+pub const METADATA_FORMAT: &str = "smartmig-policy/1";
+/// ONNX Runtime version the fetch script installs and the policy is tested with.
+pub const ORT_VERSION: &str = "1.31.1";
+/// File name of the runtime library under `.ort/`.
+pub const ORT_LIB_NAME: &str = "libonnxruntime.so.1.31.1";
+
+/// What a policy file says about itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PolicyMetadata {
+    /// [`METADATA_FORMAT`].
+    pub format: String,
+    pub gpu_model: GpuModel,
+    /// [`FEATURE_SPEC_VERSION`] the policy was trained with.
+    pub feature_spec_version: u32,
+    pub obs_dim: usize,
+    pub actions: usize,
+    /// The action space: catalog layouts as pictures (`smartmig layouts`),
+    /// then `keep`.
+    pub catalog: Vec<String>,
+    pub hidden: usize,
+    /// How it was trained (config, seed, data, duration): free form.
+    #[serde(default)]
+    pub training: serde_json::Value,
+    /// Validation numbers measured at the end of training: free form.
+    #[serde(default)]
+    pub validation: serde_json::Value,
+}
+
+impl PolicyMetadata {
+    /// Metadata for a network over `spec`.
+    pub fn new(spec: &FeatureSpec, hidden: usize) -> Self {
+        PolicyMetadata {
+            format: METADATA_FORMAT.to_string(),
+            gpu_model: spec.model,
+            feature_spec_version: FEATURE_SPEC_VERSION,
+            obs_dim: spec.obs_dim,
+            actions: spec.actions,
+            catalog: catalog_pictures(spec.model),
+            hidden,
+            training: serde_json::Value::Null,
+            validation: serde_json::Value::Null,
+        }
+    }
+}
+
+/// The action space of `model` as stored in metadata.
+pub fn catalog_pictures(model: GpuModel) -> Vec<String> {
+    let g = Geometry::of(model);
+    g.catalog()
+        .iter()
+        .map(|&l| g.picture(l))
+        .chain(std::iter::once("keep".to_string()))
+        .collect()
+}
+
+/// Why a policy could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyLoadError {
+    #[error("ONNX Runtime not found: run scripts/fetch-onnxruntime or set ORT_DYLIB_PATH (looked for {})", list(.searched))]
+    RuntimeNotFound { searched: Vec<PathBuf> },
+    #[error("ONNX Runtime not found: ORT_DYLIB_PATH={} does not exist (run scripts/fetch-onnxruntime or fix ORT_DYLIB_PATH)", .0.display())]
+    RuntimeEnvMissing(PathBuf),
+    #[error("loading ONNX Runtime from {}: {reason}", path.display())]
+    RuntimeLoad { path: PathBuf, reason: String },
+    #[error("reading policy {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("policy {} is not a valid ONNX file: {reason}", path.display())]
+    Parse { path: PathBuf, reason: String },
+    #[error("policy {} has no smartmig metadata (`{METADATA_KEY}`); was it written by `smartmig train`?", path.display())]
+    MissingMetadata { path: PathBuf },
+    #[error("policy {}: bad metadata: {reason}", path.display())]
+    BadMetadata { path: PathBuf, reason: String },
+    #[error("policy {} was trained for {found}, but this GPU is {expected}: use a policy trained for {expected} (`smartmig train --config` with gpu_model = \"{expected}\")", path.display())]
+    ModelMismatch {
+        path: PathBuf,
+        found: GpuModel,
+        expected: GpuModel,
+    },
+    #[error("policy {} uses feature spec version {found}, this smartmig encodes version {expected}: retrain it with this version (`smartmig train`)", path.display())]
+    FeatureSpecMismatch {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("policy {} does not match the {model} action/observation space of this smartmig ({what}): retrain it", path.display())]
+    SpaceMismatch {
+        path: PathBuf,
+        model: GpuModel,
+        what: String,
+    },
+    #[error("policy {}: ONNX Runtime refused the model: {reason}", path.display())]
+    Session { path: PathBuf, reason: String },
+}
+
+fn list(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where the ONNX Runtime library is, following the order in the module docs.
+pub fn find_onnxruntime() -> Result<PathBuf, PolicyLoadError> {
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.exists() {
+            Ok(p)
+        } else {
+            Err(PolicyLoadError::RuntimeEnvMissing(p))
+        };
+    }
+    let mut searched = Vec::new();
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    if let Some(repo) = source_checkout() {
+        roots.push(repo.to_path_buf());
+    }
+    for root in roots {
+        let candidate = root.join(".ort").join(ORT_LIB_NAME);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        if !searched.contains(&candidate) {
+            searched.push(candidate);
+        }
+    }
+    Err(PolicyLoadError::RuntimeNotFound { searched })
+}
+
+/// The root of the source checkout this crate was built from
+/// (`sidecar/core/../..`), for tests and `cargo run`.
+fn source_checkout() -> Option<&'static Path> {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2)
+}
+
+/// The shipped policy for `model` (`policies/<model id>.onnx`), looked up
+/// in the working directory, then above the executable, then in the source
+/// checkout; `None` when there is none.
+pub fn shipped_policy(model: GpuModel) -> Option<PathBuf> {
+    let rel = Path::new("policies").join(format!("{}.onnx", model.id()));
+    let mut roots: Vec<PathBuf> = vec![PathBuf::from(".")];
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    if let Some(repo) = source_checkout() {
+        roots.push(repo.to_path_buf());
+    }
+    roots
+        .into_iter()
+        .map(|r| r.join(&rel))
+        .find(|p| p.is_file())
+}
+
+/// The process-wide ONNX Runtime environment (the library is loaded once;
+/// a failure is remembered and reported again).
+pub fn ort_environment() -> Result<ort::environment::Environment, PolicyLoadError> {
+    static ENV: OnceLock<Result<ort::environment::Environment, (PathBuf, String)>> =
+        OnceLock::new();
+    let path = find_onnxruntime()?;
+    let result = ENV.get_or_init(|| {
+        let builder = ort::init_from(&path).map_err(|e| (path.clone(), e.to_string()))?;
+        builder
+            .with_name("smartmig")
+            .build()
+            .map_err(|e| (path.clone(), e.to_string()))
+    });
+    match result {
+        Ok(env) => Ok(env.clone()),
+        Err((path, reason)) => Err(PolicyLoadError::RuntimeLoad {
+            path: path.clone(),
+            reason: reason.clone(),
+        }),
+    }
+}
+
+/// Reads and checks the embedded metadata of a policy file without loading
+/// ONNX Runtime. `expected`: the GPU model it must be for (`None`: any).
+pub fn read_metadata(
+    path: &Path,
+    expected: Option<GpuModel>,
+) -> Result<(PolicyMetadata, Vec<u8>), PolicyLoadError> {
+    let bytes = std::fs::read(path).map_err(|source| PolicyLoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let props = super::onnx_contract::read_metadata_props(&bytes).map_err(|reason| {
+        PolicyLoadError::Parse {
+            path: path.to_path_buf(),
+            reason,
+        }
+    })?;
+    let json = props
+        .iter()
+        .find(|(k, _)| k == METADATA_KEY)
+        .map(|(_, v)| v)
+        .ok_or_else(|| PolicyLoadError::MissingMetadata {
+            path: path.to_path_buf(),
+        })?;
+    let meta: PolicyMetadata =
+        serde_json::from_str(json).map_err(|e| PolicyLoadError::BadMetadata {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    check_metadata(path, &meta, expected)?;
+    Ok((meta, bytes))
+}
+
+/// The checks of [`load_policy`], on already-read metadata.
+pub fn check_metadata(
+    path: &Path,
+    meta: &PolicyMetadata,
+    expected: Option<GpuModel>,
+) -> Result<(), PolicyLoadError> {
+    let path = path.to_path_buf();
+    if meta.format != METADATA_FORMAT {
+        return Err(PolicyLoadError::BadMetadata {
+            path,
+            reason: format!("format `{}`, expected `{METADATA_FORMAT}`", meta.format),
+        });
+    }
+    if let Some(expected) = expected {
+        if meta.gpu_model != expected {
+            return Err(PolicyLoadError::ModelMismatch {
+                path,
+                found: meta.gpu_model,
+                expected,
+            });
+        }
+    }
+    if meta.feature_spec_version != FEATURE_SPEC_VERSION {
+        return Err(PolicyLoadError::FeatureSpecMismatch {
+            path,
+            found: meta.feature_spec_version,
+            expected: FEATURE_SPEC_VERSION,
+        });
+    }
+    let spec = FeatureSpec::new(meta.gpu_model);
+    let mismatch = |what: String| PolicyLoadError::SpaceMismatch {
+        path: path.clone(),
+        model: meta.gpu_model,
+        what,
+    };
+    if meta.obs_dim != spec.obs_dim || meta.actions != spec.actions {
+        return Err(mismatch(format!(
+            "policy has {} features and {} actions, expected {} and {}",
+            meta.obs_dim, meta.actions, spec.obs_dim, spec.actions
+        )));
+    }
+    if meta.catalog != catalog_pictures(meta.gpu_model) {
+        return Err(mismatch("the layout catalog differs".to_string()));
+    }
+    Ok(())
+}
+
+/// Loads a policy for GPUs of model `expected_model`, refusing one trained
+/// for another model or feature spec (the daemon's entry point).
+pub fn load_policy(path: &Path, expected_model: GpuModel) -> Result<OnnxPolicy, PolicyLoadError> {
+    let (meta, bytes) = read_metadata(path, Some(expected_model))?;
+    OnnxPolicy::from_bytes(path, meta, &bytes)
+}
+
+/// Loads a policy for whatever model its metadata names (the simulator's
+/// `policy:FILE.onnx`; GPUs of other models keep their layouts).
+pub fn load_any_policy(path: &Path) -> Result<OnnxPolicy, PolicyLoadError> {
+    let (meta, bytes) = read_metadata(path, None)?;
+    OnnxPolicy::from_bytes(path, meta, &bytes)
+}
+
+/// A trained policy running in ONNX Runtime. See the module docs.
+pub struct OnnxPolicy {
+    name: String,
+    meta: PolicyMetadata,
+    session: Session,
+    encoder: Encoder,
+    /// Output buffer of the last run (probabilities, row-major).
+    probs: Vec<f32>,
+    /// Inference failures (the policy then keeps every layout).
+    pub failures: u64,
+}
+
+impl std::fmt::Debug for OnnxPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxPolicy")
+            .field("name", &self.name)
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OnnxPolicy {
+    fn from_bytes(
+        path: &Path,
+        meta: PolicyMetadata,
+        bytes: &[u8],
+    ) -> Result<Self, PolicyLoadError> {
+        let env = ort_environment()?;
+        let session_err = |reason: String| PolicyLoadError::Session {
+            path: path.to_path_buf(),
+            reason,
+        };
+        // One intra-op thread: the graph is tiny, thread hand-offs would
+        // dominate, and the daemon must not compete with jobs for cores.
+        let session = Session::builder(&env)
+            .map_err(|e| session_err(e.to_string()))?
+            .with_optimization_level(GraphOptimizationLevel::All)
+            .map_err(|e| session_err(e.to_string()))?
+            .with_intra_threads(1)
+            .map_err(|e| session_err(e.to_string()))?
+            .commit_from_memory(bytes)
+            .map_err(|e| session_err(e.to_string()))?;
+        Ok(OnnxPolicy {
+            name: format!("policy:{}", path.display()),
+            encoder: Encoder::new(meta.gpu_model),
+            meta,
+            session,
+            probs: Vec::new(),
+            failures: 0,
+        })
+    }
+
+    pub fn metadata(&self) -> &PolicyMetadata {
+        &self.meta
+    }
+
+    /// Runs the network on row-major `obs [rows, D]` and `mask [rows, A]`;
+    /// returns (masked logits, probabilities), row-major.
+    pub fn infer(
+        &mut self,
+        obs: &[f32],
+        mask: &[f32],
+        rows: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), ort::Error> {
+        let d = self.meta.obs_dim;
+        let a = self.meta.actions;
+        let obs_t = TensorRef::from_array_view(([rows, d], obs))?;
+        let mask_t = TensorRef::from_array_view(([rows, a], mask))?;
+        let out = self.session.run(ort::inputs![
+            super::onnx_contract::INPUT_OBS => obs_t,
+            super::onnx_contract::INPUT_MASK => mask_t,
+        ])?;
+        let (_, logits) = out[super::onnx_contract::OUTPUT_LOGITS].try_extract_tensor::<f32>()?;
+        let (_, probs) = out[super::onnx_contract::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
+        Ok((logits.to_vec(), probs.to_vec()))
+    }
+
+    /// One batched session run over the encoded GPUs; fills `self.probs`.
+    fn run_encoded(&mut self) -> Result<(), ort::Error> {
+        let rows = self.encoder.gpus.len();
+        let d = self.meta.obs_dim;
+        let a = self.meta.actions;
+        let obs_t = TensorRef::from_array_view(([rows, d], self.encoder.obs.as_slice()))?;
+        let mask_t = TensorRef::from_array_view(([rows, a], self.encoder.mask.as_slice()))?;
+        let out = self.session.run(ort::inputs![
+            super::onnx_contract::INPUT_MASK => mask_t,
+            super::onnx_contract::INPUT_OBS => obs_t,
+        ])?;
+        let (_, probs) = out[super::onnx_contract::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
+        self.probs.clear();
+        self.probs.extend_from_slice(probs);
+        Ok(())
+    }
+}
+
+impl RepartitionPolicy for OnnxPolicy {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
+        self.encoder.encode(view);
+        let rows = self.encoder.gpus.len();
+        // Nothing to decide when no GPU has a choice besides "keep".
+        if rows == 0 || (0..rows).all(|r| self.encoder.choices(r) <= 1) {
+            return Vec::new();
+        }
+        if let Err(e) = self.run_encoded() {
+            self.failures += 1;
+            if self.failures == 1 {
+                tracing::warn!(policy = %self.name, error = %e, "policy inference failed; keeping every layout");
+            }
+            return Vec::new();
+        }
+        let a = self.meta.actions;
+        let spec = *self.encoder.spec();
+        let mut decisions = Vec::new();
+        for (row, &gpu) in self.encoder.gpus.iter().enumerate() {
+            let action = argmax_masked(
+                &self.probs[row * a..(row + 1) * a],
+                &self.encoder.mask[row * a..(row + 1) * a],
+            );
+            if let Some(d) = spec.decode(gpu, &view.gpus[gpu], action) {
+                decisions.push(d);
+            }
+        }
+        decisions
+    }
+}

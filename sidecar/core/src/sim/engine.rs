@@ -1,0 +1,1103 @@
+//! The discrete-event engine. See the module docs of [`crate::sim`] for the
+//! semantics; this file is about doing it fast:
+//!
+//! - arrivals are read in order from the (sorted) job list, never queued;
+//!   the [`BinaryHeap`] holds only completions, reconfiguration ends and
+//!   epoch ticks, so it stays as small as the number of busy instances;
+//! - waiting jobs are indexed by *fit mask* (the set of instance classes
+//!   that can hold them; a handful of distinct masks exist) and, inside a
+//!   bucket, by heuristic priority; free instances by class. Starting a job
+//!   costs O(buckets + log n), never a scan of the queue;
+//! - the policy view and the per-GPU state are the same structures, updated
+//!   in place; nothing is allocated per event unless an event log is kept.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+use super::events::{
+    EventSink, GpuHeader, Header, JobRecord, ModelPower, OomHeader, OomRecord, ReconfigRecord,
+    Record, SummaryRecord, UnservedRecord, EVENTS_VERSION,
+};
+use super::heuristics::{Candidate, PlacementHeuristic};
+use super::metrics::Metrics;
+use super::{EpochRule, OomConfig, SimConfig, SimError};
+use crate::mig::{Geometry, GpuModel, Layout, PlacementId, ProfileSpec, Shape};
+use crate::policy::{
+    ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
+    MODEL_COUNT,
+};
+use crate::workload::{Job, JobClass, MemoryEstimator, PowerModel};
+
+/// Total order on times (all finite here).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct T(f64);
+impl Eq for T {}
+impl PartialOrd for T {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for T {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+const EV_COMPLETION: u8 = 0;
+const EV_RECONFIG_DONE: u8 = 1;
+const EV_TICK: u8 = 2;
+const NONE: u32 = u32::MAX;
+/// Classes per model slot in the class index (a model has at most 8 profiles).
+const CLASS_STRIDE: usize = 8;
+
+/// A heap entry: (time, kind, sequence number, gpu, placement).
+type Ev = Reverse<(T, u8, u64, u32, u8)>;
+
+/// One (model, profile) pair present in the cluster.
+struct Class {
+    model: GpuModel,
+    profile: &'static ProfileSpec,
+    total: u8,
+    profile_index: usize,
+}
+
+struct Bucket {
+    mask: u64,
+    heap: BinaryHeap<Reverse<(T, u32)>>,
+}
+
+/// Engine-side state of one GPU (the policy-visible part is in `status`).
+struct GpuRt {
+    slot: usize,
+    total: u8,
+    active: u32,
+    energy: f64,
+    last: f64,
+    job_on: [u32; MAX_PLACEMENTS],
+}
+
+/// Key of the simulator's memory estimates: (class, template), template
+/// `u32::MAX` when the job has none (one key per class then).
+type SimKey = (u8, u32);
+
+fn sim_key(j: &Job) -> SimKey {
+    let class = match j.class {
+        JobClass::Training => 0,
+        JobClass::Inference => 1,
+    };
+    (class, j.template.unwrap_or(u32::MAX))
+}
+
+/// State of the out-of-memory mode ([`SimConfig::oom`]).
+struct OomState {
+    cfg: OomConfig,
+    /// OOM failures so far, per job index.
+    failures: Vec<u32>,
+    /// Memory the scheduler asks for, per job index (declaration, estimate,
+    /// raised after each failure).
+    asked: Vec<f64>,
+    estimator: Option<MemoryEstimator<SimKey>>,
+    /// Largest profile memory in the cluster (cap of the estimates).
+    cap_gb: f64,
+}
+
+/// The result of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimResult {
+    pub metrics: Metrics,
+    pub placement: String,
+    pub policy: String,
+}
+
+/// Options that do not change the outcome.
+#[derive(Default)]
+pub struct RunHooks<'a> {
+    /// Receives every record of the event log.
+    pub sink: Option<&'a mut dyn EventSink>,
+    /// Called with the number of jobs started so far, every 65 536 starts.
+    pub progress: Option<&'a mut dyn FnMut(u64)>,
+}
+
+/// Simulates `jobs` on the GPUs of `cluster` (one entry per GPU).
+///
+/// Jobs may come in any order (they are processed by arrival, then id).
+/// Errors: an empty cluster, an invalid job or configuration, or a failing
+/// event sink. Deterministic: same inputs, same result and same records.
+pub fn simulate(
+    cluster: &[GpuModel],
+    jobs: &[Job],
+    heuristic: &mut dyn PlacementHeuristic,
+    policy: &mut dyn RepartitionPolicy,
+    cfg: &SimConfig,
+    hooks: RunHooks<'_>,
+) -> Result<SimResult, SimError> {
+    cfg.validate()?;
+    if cluster.is_empty() {
+        return Err(SimError::NoGpus);
+    }
+    let mut engine = Engine::new(cluster, jobs, cfg, policy)?;
+    engine.run(heuristic, policy, hooks)
+}
+
+struct Engine<'j> {
+    cfg: SimConfig,
+    jobs: &'j [Job],
+    order: Vec<u32>,
+    models: Vec<GpuModel>,
+    powers: Vec<PowerModel>,
+    classes: Vec<Option<Class>>,
+    fit_mask: Vec<u64>,
+    /// Jobs that fit no class: (job index, reason).
+    rejected: Vec<(u32, String)>,
+    status: Vec<GpuStatus>,
+    rt: Vec<GpuRt>,
+    free: Vec<BTreeSet<(u32, u8)>>,
+    free_mask: u64,
+    buckets: Vec<Bucket>,
+    bucket_of: HashMap<u64, usize>,
+    pending: Vec<PendingJob>,
+    /// Job index of each entry of `pending`.
+    pending_idx: Vec<u32>,
+    pending_pos: Vec<u32>,
+    pending_by_profile: PendingByProfile,
+    heap: BinaryHeap<Ev>,
+    seq: u64,
+    now: f64,
+    m: Metrics,
+    wait_sum: f64,
+    /// Wait of every started job, s (for the 95th percentile).
+    waits: Vec<f32>,
+    /// Sum of the bounded slowdowns of the started jobs.
+    slowdown_sum: f64,
+    busy_slice_s: f64,
+    in_reconfig: usize,
+    running: usize,
+    cand_buf: Vec<Candidate>,
+    oom: Option<OomState>,
+}
+
+impl<'j> Engine<'j> {
+    fn new(
+        cluster: &[GpuModel],
+        jobs: &'j [Job],
+        cfg: &SimConfig,
+        policy: &mut dyn RepartitionPolicy,
+    ) -> Result<Self, SimError> {
+        if jobs.len() >= NONE as usize {
+            return Err(SimError::TooManyJobs(jobs.len()));
+        }
+        let mut models: Vec<GpuModel> = cluster.to_vec();
+        models.sort();
+        models.dedup();
+        let mut powers = Vec::with_capacity(models.len());
+        for &model in &models {
+            let p = cfg.power_for(model);
+            p.validate()
+                .map_err(|e| SimError::Power { model, source: e })?;
+            powers.push(p);
+        }
+        let mut classes: Vec<Option<Class>> = Vec::new();
+        for (slot, &model) in models.iter().enumerate() {
+            let spec = model.spec();
+            classes.resize_with((slot + 1) * CLASS_STRIDE, || None);
+            for (pi, profile) in spec.profiles.iter().enumerate() {
+                classes[slot * CLASS_STRIDE + pi] = Some(Class {
+                    model,
+                    profile,
+                    total: spec.compute_slices,
+                    profile_index: pi,
+                });
+            }
+        }
+        let mut order: Vec<u32> = (0..jobs.len() as u32).collect();
+        for j in jobs {
+            check_job(j)?;
+        }
+        order.sort_by(|&a, &b| {
+            let (ja, jb) = (&jobs[a as usize], &jobs[b as usize]);
+            ja.arrival.total_cmp(&jb.arrival).then(ja.id.cmp(&jb.id))
+        });
+        let mut fit_mask = vec![0u64; jobs.len()];
+        let mut rejected = Vec::new();
+        let oom_on = cfg.oom.is_some();
+        for (i, j) in jobs.iter().enumerate() {
+            let k = j.requested_slices.unwrap_or(1).max(1);
+            // In the OOM mode the scheduler only knows the declaration.
+            let mem = if oom_on {
+                j.declared_memory_gb.unwrap_or(j.memory_gb)
+            } else {
+                j.memory_gb
+            };
+            let mask = mask_for(&classes, mem, k);
+            fit_mask[i] = mask;
+            if mask == 0 {
+                rejected.push((
+                    i as u32,
+                    format!(
+                        "fits no instance of any GPU in the cluster (needs {k} compute slices and {mem} GB)"
+                    ),
+                ));
+            }
+        }
+        let oom = cfg.oom.as_ref().map(|o| OomState {
+            cfg: o.clone(),
+            failures: vec![0; jobs.len()],
+            asked: vec![0.0; jobs.len()],
+            estimator: o
+                .estimate
+                .clone()
+                .and_then(|e| MemoryEstimator::new(e).ok()),
+            cap_gb: classes
+                .iter()
+                .flatten()
+                .map(|c| f64::from(c.profile.memory_gb))
+                .fold(0.0, f64::max),
+        });
+        let mut status = Vec::with_capacity(cluster.len());
+        let mut rt = Vec::with_capacity(cluster.len());
+        let mut free = Vec::new();
+        free.resize_with(classes.len(), BTreeSet::new);
+        let mut free_mask = 0u64;
+        for (gi, &model) in cluster.iter().enumerate() {
+            let g = Geometry::of(model);
+            let layout = policy.initial_layout(gi, g);
+            if !g.is_valid(layout) {
+                return Err(SimError::InvalidInitialLayout {
+                    gpu: gi,
+                    policy: policy.name(),
+                });
+            }
+            let slot = models.iter().position(|&m| m == model).unwrap_or(0);
+            for id in layout.iter() {
+                let c = class_of(g, slot, id);
+                free[c].insert((gi as u32, id.0));
+                free_mask |= 1 << c;
+            }
+            status.push(GpuStatus::new(model, layout));
+            rt.push(GpuRt {
+                slot,
+                total: model.spec().compute_slices,
+                active: 0,
+                energy: 0.0,
+                last: 0.0,
+                job_on: [NONE; MAX_PLACEMENTS],
+            });
+        }
+        Ok(Engine {
+            cfg: cfg.clone(),
+            jobs,
+            order,
+            models,
+            powers,
+            classes,
+            fit_mask,
+            rejected,
+            status,
+            rt,
+            free,
+            free_mask,
+            buckets: Vec::new(),
+            bucket_of: HashMap::new(),
+            pending: Vec::new(),
+            pending_idx: Vec::new(),
+            pending_pos: vec![NONE; jobs.len()],
+            pending_by_profile: PendingByProfile::default(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            m: Metrics {
+                jobs: jobs.len() as u64,
+                ..Metrics::default()
+            },
+            wait_sum: 0.0,
+            waits: Vec::with_capacity(jobs.len()),
+            slowdown_sum: 0.0,
+            busy_slice_s: 0.0,
+            in_reconfig: 0,
+            running: 0,
+            cand_buf: Vec::with_capacity(64),
+            oom,
+        })
+    }
+
+    fn push(&mut self, t: f64, kind: u8, gpu: u32, pid: u8) {
+        self.seq += 1;
+        self.heap.push(Reverse((T(t), kind, self.seq, gpu, pid)));
+    }
+
+    fn header(&self, heuristic: &dyn PlacementHeuristic, policy: &str) -> Header {
+        Header {
+            version: EVENTS_VERSION,
+            seed: self.cfg.seed,
+            placement: heuristic.name().to_string(),
+            policy: policy.to_string(),
+            reconfig_time_s: self.cfg.reconfig_time_s,
+            workload_horizon_s: self.workload_horizon(),
+            gpus: self
+                .status
+                .iter()
+                .map(|s| GpuHeader {
+                    model: s.model,
+                    compute_slices: s.model.spec().compute_slices,
+                    initial: s.geometry.describe(s.layout),
+                })
+                .collect(),
+            power: self
+                .models
+                .iter()
+                .zip(&self.powers)
+                .map(|(&model, &power)| ModelPower { model, power })
+                .collect(),
+            oom: self.oom.as_ref().map(|o| OomHeader {
+                fail_fraction: o.cfg.fail_fraction,
+                max_retries: o.cfg.max_retries,
+            }),
+        }
+    }
+
+    fn workload_horizon(&self) -> f64 {
+        self.cfg.workload_horizon_s.unwrap_or_else(|| {
+            self.order
+                .last()
+                .map_or(0.0, |&i| self.jobs[i as usize].arrival)
+        })
+    }
+
+    fn run(
+        &mut self,
+        heuristic: &mut dyn PlacementHeuristic,
+        policy: &mut dyn RepartitionPolicy,
+        mut hooks: RunHooks<'_>,
+    ) -> Result<SimResult, SimError> {
+        let policy_name = policy.name();
+        if let Some(sink) = hooks.sink.as_deref_mut() {
+            sink.record(&Record::Header(self.header(heuristic, &policy_name)))?;
+        }
+        if let EpochRule::Seconds(s) = self.cfg.epoch {
+            self.push(s, EV_TICK, 0, 0);
+        }
+        let mut next_arrival = 0usize;
+        let mut since_epoch = 0u32;
+        let mut quiet_epochs = 0u32;
+        let mut started_at_quiet = u64::MAX;
+        loop {
+            let th = self.heap.peek().map(|Reverse((t, ..))| t.0);
+            let ta = self
+                .order
+                .get(next_arrival)
+                .map(|&i| self.jobs[i as usize].arrival);
+            let now = match (th, ta) {
+                (None, None) => {
+                    // Quiet: nothing runs or arrives. Give the policy a chance
+                    // to unblock waiting jobs; stop when it does not (or keeps
+                    // reshaping without starting anything).
+                    if self.pending.is_empty() {
+                        break;
+                    }
+                    let progress = self.m.completed + self.m.oom_failures + self.running as u64;
+                    if started_at_quiet == progress {
+                        quiet_epochs += 1;
+                    } else {
+                        quiet_epochs = 0;
+                        started_at_quiet = progress;
+                    }
+                    if quiet_epochs >= 8 || self.epoch(policy, &mut hooks)? == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (Some(a), Some(b)) => a.min(b),
+            };
+            self.now = now;
+            let mut epoch_due = false;
+            while let Some(&Reverse((T(t), kind, _, gpu, pid))) = self.heap.peek() {
+                if t != now {
+                    break;
+                }
+                self.heap.pop();
+                self.m.events += 1;
+                match kind {
+                    EV_COMPLETION => {
+                        self.complete(gpu as usize, PlacementId(pid), heuristic);
+                        since_epoch += 1;
+                    }
+                    EV_RECONFIG_DONE => self.reconfig_done(gpu as usize),
+                    _ => {
+                        epoch_due = true;
+                        if let EpochRule::Seconds(s) = self.cfg.epoch {
+                            let active = next_arrival < self.order.len()
+                                || self.running > 0
+                                || self.in_reconfig > 0;
+                            if active {
+                                self.push(now + s, EV_TICK, 0, 0);
+                            }
+                        }
+                    }
+                }
+            }
+            while let Some(&i) = self.order.get(next_arrival) {
+                if self.jobs[i as usize].arrival != now {
+                    break;
+                }
+                next_arrival += 1;
+                self.m.events += 1;
+                since_epoch += 1;
+                self.arrive(i, heuristic);
+            }
+            self.dispatch(heuristic, &mut hooks)?;
+            if let EpochRule::Events(e) = self.cfg.epoch {
+                if since_epoch >= e {
+                    epoch_due = true;
+                }
+            }
+            if epoch_due {
+                since_epoch = 0;
+                self.epoch(policy, &mut hooks)?;
+            }
+        }
+        self.finish(&mut hooks)?;
+        Ok(SimResult {
+            metrics: self.m.clone(),
+            placement: heuristic.name().to_string(),
+            policy: policy_name,
+        })
+    }
+
+    fn arrive(&mut self, i: u32, heuristic: &dyn PlacementHeuristic) {
+        let mask = self.fit_mask[i as usize];
+        if mask == 0 {
+            return; // rejected at load
+        }
+        if self.oom.is_some() {
+            let asked = self.asked_memory(i);
+            let k = self.jobs[i as usize].requested_slices.unwrap_or(1).max(1);
+            if let Some(o) = self.oom.as_mut() {
+                o.asked[i as usize] = asked;
+            }
+            let mask = mask_for(&self.classes, asked, k);
+            self.fit_mask[i as usize] = mask;
+            if mask == 0 {
+                let reason = format!(
+                    "fits no instance of any GPU in the cluster (needs {k} compute slices and {asked} GB)"
+                );
+                self.rejected.push((i, reason));
+                return;
+            }
+        }
+        self.enqueue(i, heuristic);
+    }
+
+    /// What the scheduler asks for in the OOM mode: the declaration; for a
+    /// job that declared nothing, the learned estimate if any, else 0 (any
+    /// instance; best-fit heuristics then take the smallest).
+    fn asked_memory(&self, i: u32) -> f64 {
+        let j = &self.jobs[i as usize];
+        match j.declared_memory_gb {
+            None => j.memory_gb,
+            Some(d) if d > 0.0 => d,
+            Some(_) => self
+                .oom
+                .as_ref()
+                .and_then(|o| {
+                    o.estimator
+                        .as_ref()
+                        .and_then(|e| e.estimate(&sim_key(j), o.cap_gb))
+                })
+                .unwrap_or(0.0),
+        }
+    }
+
+    /// The job as the scheduler sees it: in the OOM mode its memory is what
+    /// was asked, not the true need (a copy; no allocation).
+    fn seen_job(&self, i: u32) -> std::borrow::Cow<'j, Job> {
+        let jobs: &'j [Job] = self.jobs;
+        let j = &jobs[i as usize];
+        match &self.oom {
+            Some(o) => std::borrow::Cow::Owned(Job {
+                memory_gb: o.asked[i as usize],
+                ..j.clone()
+            }),
+            None => std::borrow::Cow::Borrowed(j),
+        }
+    }
+
+    /// Puts job `i` in the waiting queue with its current fit mask.
+    fn enqueue(&mut self, i: u32, heuristic: &dyn PlacementHeuristic) {
+        let mask = self.fit_mask[i as usize];
+        let job = self.seen_job(i);
+        let job = job.as_ref();
+        let b = match self.bucket_of.get(&mask) {
+            Some(&b) => b,
+            None => {
+                self.buckets.push(Bucket {
+                    mask,
+                    heap: BinaryHeap::new(),
+                });
+                self.bucket_of.insert(mask, self.buckets.len() - 1);
+                self.buckets.len() - 1
+            }
+        };
+        self.buckets[b]
+            .heap
+            .push(Reverse((T(heuristic.priority(job)), i)));
+        let (id, arrival, deadline, work, memory_gb, min_compute, speedup) = (
+            job.id,
+            job.arrival,
+            job.deadline,
+            job.work,
+            job.memory_gb,
+            job.requested_slices.unwrap_or(1).max(1),
+            job.speedup,
+        );
+        // Policy-visible summary: smallest fitting shape per model present.
+        let mut shapes: [Option<Shape>; MODEL_COUNT] = [None; MODEL_COUNT];
+        let mut best: [Option<(Shape, usize)>; MODEL_COUNT] = [None; MODEL_COUNT];
+        let mut bits = mask;
+        while bits != 0 {
+            let c = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if let Some(cl) = &self.classes[c] {
+                let slot = &mut best[cl.model as usize];
+                if slot.is_none_or(|(s, _)| cl.profile.shape < s) {
+                    *slot = Some((cl.profile.shape, cl.profile_index));
+                }
+            }
+        }
+        for (mi, b) in best.iter().enumerate() {
+            if let Some((s, pi)) = b {
+                shapes[mi] = Some(*s);
+                self.pending_by_profile[mi][*pi] += 1;
+            }
+        }
+        self.pending_pos[i as usize] = self.pending.len() as u32;
+        self.pending_idx.push(i);
+        self.pending.push(PendingJob {
+            id,
+            arrival,
+            deadline,
+            work,
+            memory_gb,
+            min_compute,
+            speedup,
+            shapes,
+        });
+    }
+
+    fn dispatch(
+        &mut self,
+        heuristic: &mut dyn PlacementHeuristic,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<(), SimError> {
+        while self.free_mask != 0 && !self.pending.is_empty() {
+            let mut best: Option<(T, u32, usize)> = None;
+            for (bi, b) in self.buckets.iter().enumerate() {
+                if b.mask & self.free_mask == 0 {
+                    continue;
+                }
+                if let Some(&Reverse((k, i))) = b.heap.peek() {
+                    if best.is_none_or(|(bk, bj, _)| (k, i) < (bk, bj)) {
+                        best = Some((k, i, bi));
+                    }
+                }
+            }
+            let Some((_, i, bi)) = best else { break };
+            self.buckets[bi].heap.pop();
+            let mut bits = self.buckets[bi].mask & self.free_mask;
+            self.cand_buf.clear();
+            while bits != 0 {
+                let c = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(cl) = &self.classes[c] {
+                    self.cand_buf.push(Candidate {
+                        class: c as u16,
+                        model: cl.model,
+                        compute: cl.profile.shape.compute,
+                        total_compute: cl.total,
+                        memory_gb: cl.profile.memory_gb,
+                        free: self.free[c].len() as u32,
+                    });
+                }
+            }
+            let job = self.seen_job(i);
+            let pick = heuristic.choose(job.as_ref(), &self.cand_buf);
+            let c = self.cand_buf[pick.candidate.min(self.cand_buf.len() - 1)].class as usize;
+            let hint = pick.gpu_hint % self.status.len() as u32;
+            let set = &self.free[c];
+            let (gpu, pid) = set
+                .range((hint, 0)..)
+                .next()
+                .or_else(|| set.iter().next())
+                .copied()
+                .ok_or(SimError::Internal("free class without instance"))?;
+            self.start(i, gpu as usize, PlacementId(pid), c, hooks)?;
+        }
+        Ok(())
+    }
+
+    fn take_free(&mut self, c: usize, gpu: usize, pid: PlacementId) {
+        self.free[c].remove(&(gpu as u32, pid.0));
+        if self.free[c].is_empty() {
+            self.free_mask &= !(1 << c);
+        }
+    }
+
+    fn put_free(&mut self, c: usize, gpu: usize, pid: PlacementId) {
+        self.free[c].insert((gpu as u32, pid.0));
+        self.free_mask |= 1 << c;
+    }
+
+    fn charge(&mut self, gpu: usize) {
+        let r = &mut self.rt[gpu];
+        let load = f64::from(r.active) / f64::from(r.total);
+        r.energy += self.powers[r.slot].power_w(load) * (self.now - r.last);
+        r.last = self.now;
+    }
+
+    fn start(
+        &mut self,
+        i: u32,
+        gpu: usize,
+        pid: PlacementId,
+        class: usize,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<(), SimError> {
+        let jobs: &'j [Job] = self.jobs;
+        let job = &jobs[i as usize];
+        self.take_free(class, gpu, pid);
+        self.remove_pending_at(i);
+        let total = self.rt[gpu].total;
+        let placement = *self.status[gpu].geometry.placement(pid);
+        let compute = placement.compute();
+        let speed = job.speed(compute, total);
+        let end = self.now + job.work / speed;
+        self.charge(gpu);
+        self.rt[gpu].active += u32::from(compute);
+        self.rt[gpu].job_on[pid.0 as usize] = i;
+        let st = &mut self.status[gpu];
+        st.busy = st.busy.with(pid);
+        // The scheduler expects the full run even if it will fail.
+        st.busy_until[pid.0 as usize] = end;
+        self.running += 1;
+        if let Some(o) = &self.oom {
+            if f64::from(placement.profile.memory_gb) < job.memory_gb {
+                // Out of memory part-way: the run ends early, nothing is
+                // settled but the burnt time; `complete` requeues the job.
+                let fail = self.now + o.cfg.fail_fraction * (job.work / speed);
+                let (attempt, asked) = (o.failures[i as usize] + 1, o.asked[i as usize]);
+                self.push(fail, EV_COMPLETION, gpu as u32, pid.0);
+                self.busy_slice_s += f64::from(compute) * (fail - self.now);
+                self.m.oom_lost_gpu_s += f64::from(compute) / f64::from(total) * (fail - self.now);
+                self.m.last_completion_s = self.m.last_completion_s.max(fail);
+                if let Some(sink) = hooks.sink.as_deref_mut() {
+                    let d = placement.describe();
+                    sink.record(&Record::Oom(OomRecord {
+                        id: job.id,
+                        arrival: job.arrival,
+                        deadline: job.deadline,
+                        work: job.work,
+                        memory_gb: job.memory_gb,
+                        asked_memory_gb: asked,
+                        requested_slices: job.requested_slices,
+                        speedup: job.speedup,
+                        gpu,
+                        profile: d.profile,
+                        compute,
+                        memory_slices: d.memory_slices,
+                        start_slot: d.start,
+                        instance_memory_gb: placement.profile.memory_gb,
+                        speed,
+                        start: self.now,
+                        fail,
+                        attempt,
+                    }))?;
+                }
+                return Ok(());
+            }
+        }
+        self.push(end, EV_COMPLETION, gpu as u32, pid.0);
+        // Metrics are settled at start: without preemption the end is known.
+        let tardiness = (end - job.deadline).max(0.0);
+        self.m.total_tardiness_s += tardiness;
+        if end > job.deadline {
+            self.m.late_jobs += 1;
+        }
+        let wait = self.now - job.arrival;
+        self.wait_sum += wait;
+        self.waits.push(wait as f32);
+        self.slowdown_sum += bounded_slowdown(job.arrival, self.now, end);
+        self.busy_slice_s += f64::from(compute) * (end - self.now);
+        self.m.last_completion_s = self.m.last_completion_s.max(end);
+        let started = self.m.completed + self.running as u64;
+        if let Some(sink) = hooks.sink.as_deref_mut() {
+            let d = placement.describe();
+            sink.record(&Record::Job(JobRecord {
+                id: job.id,
+                arrival: job.arrival,
+                deadline: job.deadline,
+                work: job.work,
+                memory_gb: job.memory_gb,
+                requested_slices: job.requested_slices,
+                speedup: job.speedup,
+                gpu,
+                profile: d.profile,
+                compute,
+                memory_slices: d.memory_slices,
+                start_slot: d.start,
+                instance_memory_gb: placement.profile.memory_gb,
+                speed,
+                start: self.now,
+                end,
+            }))?;
+        }
+        if started.is_multiple_of(65_536) {
+            if let Some(p) = hooks.progress.as_deref_mut() {
+                p(started);
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_pending_at(&mut self, i: u32) {
+        let pos = self.pending_pos[i as usize] as usize;
+        let p = self.pending.swap_remove(pos);
+        self.pending_pos[i as usize] = NONE;
+        self.pending_idx.swap_remove(pos);
+        if let Some(&moved) = self.pending_idx.get(pos) {
+            self.pending_pos[moved as usize] = pos as u32;
+        }
+        for (mi, s) in p.shapes.iter().enumerate() {
+            if let Some(shape) = s {
+                let profiles = GpuModel::ALL[mi].spec().profiles;
+                if let Some(pi) = profiles.iter().position(|x| x.shape == *shape) {
+                    self.pending_by_profile[mi][pi] -= 1;
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, gpu: usize, pid: PlacementId, heuristic: &dyn PlacementHeuristic) {
+        self.charge(gpu);
+        let g = self.status[gpu].geometry;
+        let placement = g.placement(pid);
+        let compute = placement.compute();
+        let i = self.rt[gpu].job_on[pid.0 as usize];
+        self.rt[gpu].active -= u32::from(compute);
+        self.rt[gpu].job_on[pid.0 as usize] = NONE;
+        let st = &mut self.status[gpu];
+        st.busy = st.busy.without(pid);
+        self.running -= 1;
+        let c = class_of(g, self.rt[gpu].slot, pid);
+        self.put_free(c, gpu, pid);
+        if self.oom.is_some() {
+            self.oom_outcome(i, placement.profile.memory_gb, heuristic);
+        } else {
+            self.m.completed += 1;
+        }
+    }
+
+    /// The end of a run in the OOM mode: a completion teaches the estimator
+    /// the job's peak; a failure teaches it a lower bound and requeues the
+    /// job asking for the next larger memory size in the cluster (the
+    /// placement and repartitioning paths then find or make such an
+    /// instance), or gives it up after `max_retries` restarts.
+    fn oom_outcome(&mut self, i: u32, instance_gb: u32, heuristic: &dyn PlacementHeuristic) {
+        let jobs: &'j [Job] = self.jobs;
+        let job = &jobs[i as usize];
+        let Some(o) = self.oom.as_mut() else { return };
+        let key = sim_key(job);
+        let inst = f64::from(instance_gb);
+        if inst >= job.memory_gb {
+            self.m.completed += 1;
+            if let Some(e) = o.estimator.as_mut() {
+                // Values are finite (checked at load), so this cannot fail.
+                let _ = e.record_completion(key, job.memory_gb, inst);
+            }
+            return;
+        }
+        self.m.oom_failures += 1;
+        o.failures[i as usize] += 1;
+        if let Some(e) = o.estimator.as_mut() {
+            let _ = e.record_oom(key, inst);
+        }
+        let failures = o.failures[i as usize];
+        // The next larger memory size present in the cluster (by GB, so in
+        // a mixed cluster another model's profile may serve it).
+        let next = self
+            .classes
+            .iter()
+            .flatten()
+            .map(|c| c.profile.memory_gb)
+            .filter(|&m| m > instance_gb)
+            .min();
+        let k = job.requested_slices.unwrap_or(1).max(1);
+        let reason = match next {
+            _ if failures > o.cfg.max_retries => Some(format!(
+                "out of memory {failures} times (last on {instance_gb} GB; needs {} GB), more than {} restarts",
+                job.memory_gb, o.cfg.max_retries
+            )),
+            None => Some(format!(
+                "out of memory on the largest instance ({instance_gb} GB; needs {} GB)",
+                job.memory_gb
+            )),
+            Some(m) => {
+                let asked = o.asked[i as usize].max(f64::from(m));
+                o.asked[i as usize] = asked;
+                let mask = mask_for(&self.classes, asked, k);
+                self.fit_mask[i as usize] = mask;
+                (mask == 0).then(|| format!("no instance with {asked} GB after out of memory"))
+            }
+        };
+        match reason {
+            Some(r) => {
+                self.m.oom_rejected += 1;
+                self.rejected.push((i, r));
+            }
+            None => self.enqueue(i, heuristic),
+        }
+    }
+
+    fn reconfig_done(&mut self, gpu: usize) {
+        let st = &mut self.status[gpu];
+        let created = st.reconfiguring;
+        st.reconfiguring = Layout::EMPTY;
+        st.in_reconfiguration = false;
+        self.in_reconfig -= 1;
+        let g = st.geometry;
+        let slot = self.rt[gpu].slot;
+        for id in created.iter() {
+            self.put_free(class_of(g, slot, id), gpu, id);
+        }
+    }
+
+    /// A decision epoch: asks the policy, applies what is acceptable.
+    /// Returns the number of applied reconfigurations.
+    fn epoch(
+        &mut self,
+        policy: &mut dyn RepartitionPolicy,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<u64, SimError> {
+        self.m.epochs += 1;
+        let view = ClusterView {
+            now: self.now,
+            hour_of_day: (self.cfg.start_hour + self.now / 3600.0).rem_euclid(24.0),
+            gpus: &self.status,
+            pending: &self.pending,
+            pending_by_profile: &self.pending_by_profile,
+        };
+        let decisions = policy.decide(&view);
+        let mut applied = 0;
+        for d in decisions {
+            let Some(st) = self.status.get(d.gpu) else {
+                self.m.rejected_decisions += 1;
+                continue;
+            };
+            if d.target == st.layout {
+                continue;
+            }
+            if !st.accepts(d.target) {
+                self.m.rejected_decisions += 1;
+                continue;
+            }
+            let g = st.geometry;
+            let tr = g.transition(st.layout, d.target);
+            let slot = self.rt[d.gpu].slot;
+            for id in tr.destroy.iter() {
+                self.take_free(class_of(g, slot, id), d.gpu, id);
+            }
+            let ready = self.now + self.cfg.reconfig_time_s;
+            let st = &mut self.status[d.gpu];
+            st.layout = d.target;
+            st.reconfiguring = tr.create;
+            st.in_reconfiguration = true;
+            st.reconfig_until = ready;
+            self.in_reconfig += 1;
+            self.push(ready, EV_RECONFIG_DONE, d.gpu as u32, 0);
+            self.m.reconfigurations += 1;
+            applied += 1;
+            if let Some(s) = hooks.sink.as_deref_mut() {
+                s.record(&Record::Reconfig(ReconfigRecord {
+                    time: self.now,
+                    gpu: d.gpu,
+                    destroyed: g.describe(tr.destroy),
+                    created: g.describe(tr.create),
+                    duration: self.cfg.reconfig_time_s,
+                    ready,
+                }))?;
+            }
+        }
+        Ok(applied)
+    }
+
+    fn finish(&mut self, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
+        let horizon = self.workload_horizon().max(self.m.last_completion_s);
+        self.now = horizon;
+        let mut energy = 0.0;
+        for gpu in 0..self.rt.len() {
+            self.charge(gpu);
+            energy += self.rt[gpu].energy;
+        }
+        let m = &mut self.m;
+        m.horizon_s = horizon;
+        m.energy_j = energy;
+        m.energy_mj = energy / 1e6;
+        m.rejected = self.rejected.len() as u64;
+        m.unserved = self.pending.len() as u64;
+        // A job that never ran is late, and at least `horizon - deadline`
+        // late: counting it so keeps a policy that starves jobs from
+        // looking better than one that serves them late.
+        let never_ran =
+            self.rejected.iter().map(|&(i, _)| i).chain(
+                (0..self.jobs.len() as u32).filter(|&i| self.pending_pos[i as usize] != NONE),
+            );
+        for i in never_ran {
+            m.total_tardiness_s += (horizon - self.jobs[i as usize].deadline).max(0.0);
+            m.late_jobs += 1;
+        }
+        let ran = m.completed.max(1) as f64;
+        let all = (m.completed + m.unserved + m.rejected).max(1) as f64;
+        m.mean_tardiness_s = m.total_tardiness_s / all;
+        m.late_share = m.late_jobs as f64 / all;
+        m.mean_wait_s = self.wait_sum / ran;
+        m.p95_wait_s = percentile(&mut self.waits, 0.95);
+        m.mean_bounded_slowdown = if m.completed > 0 {
+            self.slowdown_sum / ran
+        } else {
+            0.0
+        };
+        let first_arrival = self
+            .jobs
+            .iter()
+            .map(|j| j.arrival)
+            .fold(f64::INFINITY, f64::min);
+        m.makespan_s = if m.completed > 0 {
+            (m.last_completion_s - first_arrival).max(0.0)
+        } else {
+            0.0
+        };
+        m.jobs_per_hour = if m.makespan_s > 0.0 {
+            m.completed as f64 / (m.makespan_s / 3600.0)
+        } else {
+            0.0
+        };
+        let capacity: f64 = self.rt.iter().map(|r| f64::from(r.total)).sum::<f64>() * horizon;
+        m.utilisation = if capacity > 0.0 {
+            self.busy_slice_s / capacity
+        } else {
+            0.0
+        };
+        if let Some(s) = hooks.sink.as_deref_mut() {
+            let mut left: Vec<(u32, String)> = self.rejected.clone();
+            let waiting = "still waiting when nothing else could happen: no instance that fits it was free and the policy made none";
+            left.extend(
+                (0..self.jobs.len() as u32)
+                    .filter(|&i| self.pending_pos[i as usize] != NONE)
+                    .map(|i| (i, waiting.to_string())),
+            );
+            left.sort_by_key(|&(i, _)| self.jobs[i as usize].id);
+            for (i, reason) in left {
+                let j = &self.jobs[i as usize];
+                s.record(&Record::Unserved(UnservedRecord {
+                    id: j.id,
+                    arrival: j.arrival,
+                    deadline: j.deadline,
+                    work: j.work,
+                    memory_gb: j.memory_gb,
+                    requested_slices: j.requested_slices,
+                    reason,
+                }))?;
+            }
+            s.record(&Record::Summary(SummaryRecord {
+                horizon_s: horizon,
+                energy_j: energy,
+                total_tardiness_s: self.m.total_tardiness_s,
+                completed: self.m.completed,
+                unserved: self.m.unserved + self.m.rejected,
+                reconfigurations: self.m.reconfigurations,
+                rejected_decisions: self.m.rejected_decisions,
+                oom_failures: self.m.oom_failures,
+            }))?;
+        }
+        Ok(())
+    }
+}
+
+/// Threshold of the bounded slowdown, s: jobs shorter than this count as
+/// this long, so a 1 s job that waited 1 s does not dominate the mean
+/// (Feitelson's bounded slowdown, tau = 10 s).
+pub const SLOWDOWN_TAU_S: f64 = 10.0;
+
+/// `max(1, (end - arrival) / max(end - start, tau))`.
+fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
+    ((end - arrival) / (end - start).max(SLOWDOWN_TAU_S)).max(1.0)
+}
+
+/// The `q` quantile (nearest rank) of `v`, reordering it; 0 when empty.
+fn percentile(v: &mut [f32], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    let (_, x, _) = v.select_nth_unstable_by(rank, f32::total_cmp);
+    f64::from(*x)
+}
+
+/// Classes whose profile has at least `k` compute slices and `mem` GB.
+fn mask_for(classes: &[Option<Class>], mem: f64, k: u8) -> u64 {
+    let mut mask = 0u64;
+    for (c, class) in classes.iter().enumerate() {
+        if let Some(cl) = class {
+            if cl.profile.shape.compute >= k && f64::from(cl.profile.memory_gb) >= mem {
+                mask |= 1 << c;
+            }
+        }
+    }
+    mask
+}
+
+fn class_of(g: &Geometry, slot: usize, id: PlacementId) -> usize {
+    let shape = g.placement(id).shape();
+    let pi = g
+        .spec
+        .profiles
+        .iter()
+        .position(|p| p.shape == shape)
+        .unwrap_or(0);
+    slot * CLASS_STRIDE + pi
+}
+
+fn check_job(j: &Job) -> Result<(), SimError> {
+    let bad = |what: &str| SimError::InvalidJob {
+        id: j.id,
+        reason: what.to_string(),
+    };
+    if !(j.arrival.is_finite() && j.arrival >= 0.0) {
+        return Err(bad(&format!(
+            "arrival {} is not a finite time >= 0",
+            j.arrival
+        )));
+    }
+    if !j.deadline.is_finite() {
+        return Err(bad(&format!("deadline {} is not finite", j.deadline)));
+    }
+    if !(j.work.is_finite() && j.work > 0.0) {
+        return Err(bad(&format!("work {} is not a finite value > 0", j.work)));
+    }
+    if !(j.memory_gb.is_finite() && j.memory_gb >= 0.0) {
+        return Err(bad(&format!(
+            "memory need {} GB is not finite and >= 0",
+            j.memory_gb
+        )));
+    }
+    if let Some(d) = j.declared_memory_gb {
+        if !(d.is_finite() && d >= 0.0) {
+            return Err(bad(&format!(
+                "declared memory {d} GB is not finite and >= 0"
+            )));
+        }
+    }
+    j.speedup
+        .validate()
+        .map_err(|e| bad(&format!("speed-up curve: {e}")))
+}

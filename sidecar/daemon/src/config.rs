@@ -1,0 +1,505 @@
+//! smartmigd's TOML configuration: parsing, defaults and validation.
+//!
+//! Parsing is strict (`deny_unknown_fields`): a misspelt key is an error, not
+//! a silently ignored setting on a production node. Validation errors name
+//! the key as written in the file (`gpus[1].model: ...`) so an admin can fix
+//! it without reading code. `etc/smartmig.toml` lists every key with its
+//! default; `docs/daemon.md` explains them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::mig::GpuModel;
+
+use super::protocol::{DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_SOCKET};
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A value that parsed but makes no sense; `key` is spelt as in the file.
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Which MIG backend drives the GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// Simulated GPUs (`[[gpus]]`), same geometry rules as the hardware.
+    Sim,
+    /// Real GPUs through NVML.
+    Nvml,
+}
+
+/// One group of simulated GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuGroup {
+    /// Model id, e.g. `a100-40gb` (see `smartmig layouts --help`).
+    pub model: String,
+    /// How many GPUs of this model (default 1).
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Slurm queries (`squeue`, `sinfo`, `scontrol`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmConfig {
+    /// Query Slurm at all (false for tests and nodes without Slurm).
+    pub enabled: bool,
+    pub squeue: String,
+    pub sinfo: String,
+    pub scontrol: String,
+    /// `slurmd -G` prints the node's GRES as slurmd parsed gres.conf: used
+    /// at start to check that Slurm's GPU i is NVML's GPU i.
+    pub slurmd: String,
+    /// Seconds a Slurm command may run before it is killed.
+    pub command_timeout_s: u64,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        SlurmConfig {
+            enabled: true,
+            squeue: "squeue".into(),
+            sinfo: "sinfo".into(),
+            scontrol: "scontrol".into(),
+            slurmd: "slurmd".into(),
+            command_timeout_s: 10,
+        }
+    }
+}
+
+/// One injected backend failure (sim backend only), for fault tests.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectError {
+    /// `create` or `destroy`.
+    pub op: String,
+    /// Only on this GPU (default: any).
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// `in_use`, `insufficient_resources`, `not_supported`, `no_permission`,
+    /// `timeout` (a create still happens, then reports the timeout) or `other`.
+    pub error: String,
+    /// How many times to fail before succeeding again (default 1).
+    #[serde(default = "one")]
+    pub times: u32,
+}
+
+/// Settings of the simulated backend.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Sleep this long for each create/destroy, like a real reconfiguration
+    /// (NVML creates take ~0.1-1 s; default 0 so tests are fast).
+    pub reconfigure_delay_ms: u64,
+    /// Seed for deterministic instance UUIDs (default: random v4 UUIDs).
+    pub seed: Option<u64>,
+    /// Failures to inject, consumed in order.
+    pub inject_errors: Vec<InjectError>,
+}
+
+/// Learned memory estimates (`[memory]`, docs/oom-and-memory.md "On a
+/// Slurm node").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Learn what jobs (per user and job name) needed and give jobs without
+    /// `--mig-mem` the learned estimate instead of the smallest profile.
+    pub estimate: bool,
+    /// Seconds between samples of the instances' framebuffer use (nvml
+    /// backend: NVML reports current use, not a peak, so the daemon keeps
+    /// the largest sample of each job).
+    pub sample_s: u64,
+    /// The estimator (window, quantile, margins, key bound), see
+    /// `workload::memory_estimate`.
+    pub estimator: crate::workload::EstimatorConfig,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            estimate: true,
+            sample_s: 5,
+            estimator: crate::workload::EstimatorConfig::default(),
+        }
+    }
+}
+
+/// Out-of-memory restarts (`[oom]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OomConfig {
+    /// Requeue a job whose release reports an out-of-memory failure (the
+    /// plugin reports it only with `oom_requeue=yes`); needs `slurm.enabled`.
+    pub requeue: bool,
+    /// Restarts per job after out-of-memory failures (then it stays failed).
+    pub max_retries: u32,
+    /// Seconds the daemon keeps trying `scontrol requeue` (the job must
+    /// first leave COMPLETING).
+    pub requeue_timeout_s: u64,
+}
+
+impl Default for OomConfig {
+    fn default() -> Self {
+        OomConfig {
+            requeue: true,
+            max_retries: 2,
+            requeue_timeout_s: 60,
+        }
+    }
+}
+
+/// The configuration file as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    /// The user slurmstepd runs the SPANK plugin as; it (and root) may allocate/release.
+    pub slurm_user: String,
+    /// This node's Slurm name (default: the host name).
+    pub node_name: Option<String>,
+    pub backend: BackendKind,
+    /// Simulated GPUs (sim backend); ignored by the nvml backend.
+    pub gpus: Vec<GpuGroup>,
+    pub sim: SimConfig,
+    pub allocate_wait_s: u64,
+    pub request_timeout_s: u64,
+    pub max_message_bytes: usize,
+    /// Seconds between repartitioning decisions.
+    pub epoch_s: u64,
+    /// `none`, `static:<catalog index or picture>` (see `crate::policy`);
+    /// `greedy`/`onnx` are accepted but run as `none` until they exist.
+    pub policy: String,
+    /// Publish each GPU's layout as Slurm node features.
+    pub publish_layout: bool,
+    /// `host:port` of the Prometheus endpoint (absent: no metrics server).
+    pub metrics_listen: Option<String>,
+    pub slurm: SlurmConfig,
+    /// Learned memory estimates.
+    pub memory: MemoryConfig,
+    /// Out-of-memory restarts.
+    pub oom: OomConfig,
+    /// `tracing` filter (e.g. `info`, `smartmig=debug`); `RUST_LOG` overrides it.
+    pub log_level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            state_dir: PathBuf::from("/var/lib/smartmig"),
+            slurm_user: "slurm".into(),
+            node_name: None,
+            backend: BackendKind::Sim,
+            gpus: Vec::new(),
+            sim: SimConfig::default(),
+            allocate_wait_s: 30,
+            request_timeout_s: 10,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            epoch_s: 60,
+            policy: "none".into(),
+            publish_layout: false,
+            metrics_listen: None,
+            slurm: SlurmConfig::default(),
+            memory: MemoryConfig::default(),
+            oom: OomConfig::default(),
+            log_level: "info".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<config>"),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value; the first problem is reported with its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.socket.is_absolute() {
+            return Err(invalid("socket", "must be an absolute path"));
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(invalid("state_dir", "must be an absolute path"));
+        }
+        if self.slurm_user.trim().is_empty() {
+            return Err(invalid("slurm_user", "must not be empty"));
+        }
+        self.sim_gpus()?;
+        if self.backend == BackendKind::Sim && self.gpus.is_empty() {
+            return Err(invalid(
+                "gpus",
+                "the sim backend needs at least one [[gpus]] entry (model, count)",
+            ));
+        }
+        if self.request_timeout_s == 0 {
+            return Err(invalid("request_timeout_s", "must be at least 1"));
+        }
+        if !(256..=16 * 1024 * 1024).contains(&self.max_message_bytes) {
+            return Err(invalid(
+                "max_message_bytes",
+                format!("{} is outside 256..=16777216", self.max_message_bytes),
+            ));
+        }
+        if self.epoch_s == 0 {
+            return Err(invalid("epoch_s", "must be at least 1"));
+        }
+        self.check_policy()?;
+        if let Some(listen) = &self.metrics_listen {
+            listen.parse::<SocketAddr>().map_err(|e| {
+                invalid(
+                    "metrics_listen",
+                    format!("\"{listen}\" is not host:port ({e})"),
+                )
+            })?;
+        }
+        if self.slurm.command_timeout_s == 0 {
+            return Err(invalid("slurm.command_timeout_s", "must be at least 1"));
+        }
+        for (i, inject) in self.sim.inject_errors.iter().enumerate() {
+            if !["create", "destroy"].contains(&inject.op.as_str()) {
+                return Err(invalid(
+                    format!("sim.inject_errors[{i}].op"),
+                    format!("\"{}\" is not create or destroy", inject.op),
+                ));
+            }
+            if super::backend::BackendError::injected(&inject.error, "x").is_none() {
+                return Err(invalid(
+                    format!("sim.inject_errors[{i}].error"),
+                    format!("unknown error \"{}\" (known: in_use, insufficient_resources, not_supported, no_permission, timeout, other)", inject.error),
+                ));
+            }
+        }
+        if self.memory.sample_s == 0 {
+            return Err(invalid("memory.sample_s", "must be at least 1"));
+        }
+        self.memory
+            .estimator
+            .validate()
+            .map_err(|e| invalid("memory.estimator", e.to_string()))?;
+        if self.oom.max_retries > 16 {
+            return Err(invalid(
+                "oom.max_retries",
+                format!("{} is outside 0..=16", self.oom.max_retries),
+            ));
+        }
+        if self.oom.requeue_timeout_s == 0 {
+            return Err(invalid("oom.requeue_timeout_s", "must be at least 1"));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log_level)
+            .map_err(|e| invalid("log_level", format!("\"{}\": {e}", self.log_level)))?;
+        Ok(())
+    }
+
+    /// Any policy the daemon can run (see [`super::policy_choice::build`]), checked
+    /// against the sim GPUs.
+    fn check_policy(&self) -> Result<(), ConfigError> {
+        let p = self.policy.trim();
+        let models = if self.backend == BackendKind::Sim {
+            let mut m = self.sim_gpus()?;
+            m.dedup();
+            m
+        } else {
+            Vec::new()
+        };
+        super::policy_choice::build(p, &models)
+            .map(|_| ())
+            .map_err(|e| invalid("policy", e))
+    }
+
+    /// The simulated GPUs in index order.
+    pub fn sim_gpus(&self) -> Result<Vec<GpuModel>, ConfigError> {
+        let mut out = Vec::new();
+        for (i, group) in self.gpus.iter().enumerate() {
+            let model: GpuModel = group.model.parse().map_err(|e: crate::mig::UnknownModel| {
+                invalid(
+                    format!("gpus[{i}].model"),
+                    format!("unknown GPU model \"{}\" (known: {})", e.given, e.known),
+                )
+            })?;
+            if group.count == 0 || group.count > 64 {
+                return Err(invalid(
+                    format!("gpus[{i}].count"),
+                    format!("{} is outside 1..=64", group.count),
+                ));
+            }
+            out.extend(std::iter::repeat_n(model, group.count as usize));
+        }
+        Ok(out)
+    }
+
+    /// Settings whose change needs a restart (SIGHUP keeps the old values).
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        self.reloaded(new).1
+    }
+
+    /// What SIGHUP makes of `new` when `self` is running: `new` with every
+    /// restart-only setting (socket, state_dir, backend, gpus, sim,
+    /// metrics_listen, log_level, memory.estimator) kept from `self`, and
+    /// the names of those that differed. The one list of restart-only keys.
+    pub fn reloaded(&self, new: &Config) -> (Config, Vec<&'static str>) {
+        let mut merged = new.clone();
+        let mut kept = Vec::new();
+        macro_rules! keep {
+            ($name:literal, $($field:ident).+) => {
+                if self.$($field).+ != new.$($field).+ {
+                    kept.push($name);
+                    merged.$($field).+ = self.$($field).+.clone();
+                }
+            };
+        }
+        keep!("socket", socket);
+        keep!("state_dir", state_dir);
+        keep!("backend", backend);
+        keep!("gpus", gpus);
+        keep!("sim", sim);
+        keep!("metrics_listen", metrics_listen);
+        keep!("log_level", log_level);
+        keep!("memory.estimator", memory.estimator);
+        (merged, kept)
+    }
+
+    /// Settings that SIGHUP applies at once, as `key: old -> new`.
+    pub fn live_changes(&self, new: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        macro_rules! diff {
+            ($($field:ident).+) => {
+                if self.$($field).+ != new.$($field).+ {
+                    out.push(format!(
+                        "{}: {:?} -> {:?}",
+                        stringify!($($field).+),
+                        self.$($field).+,
+                        new.$($field).+
+                    ));
+                }
+            };
+        }
+        diff!(slurm_user);
+        diff!(node_name);
+        diff!(allocate_wait_s);
+        diff!(request_timeout_s);
+        diff!(max_message_bytes);
+        diff!(epoch_s);
+        diff!(policy);
+        diff!(publish_layout);
+        diff!(slurm);
+        diff!(memory);
+        diff!(oom);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n";
+
+    #[test]
+    fn defaults_are_documented_values() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.socket, PathBuf::from("/run/smartmig/smartmig.sock"));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/smartmig"));
+        assert_eq!(c.slurm_user, "slurm");
+        assert_eq!(c.allocate_wait_s, 30);
+        assert_eq!(c.max_message_bytes, 65536);
+        assert!(!c.publish_layout);
+        assert_eq!(c.sim_gpus().unwrap(), vec![GpuModel::A100_40gb; 2]);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let text = format!("{MINIMAL}[[gpus]]\nmodel = \"a100\"\n");
+        let err = Config::parse(&text).unwrap_err().to_string();
+        assert!(
+            err.starts_with("gpus[1].model: unknown GPU model \"a100\""),
+            "{err}"
+        );
+        let err = Config::parse(&format!("policy = \"magic\"\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("policy: unknown policy"), "{err}");
+        let err = Config::parse(&format!("metrics_listen = \"localhost\"\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("metrics_listen:"), "{err}");
+        let err = Config::parse(&format!("sokcet = \"/x\"\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `sokcet`"), "{err}");
+        let err = Config::parse("backend = \"sim\"").unwrap_err().to_string();
+        assert!(err.starts_with("gpus:"), "{err}");
+        let err = Config::parse(&format!(
+            "{MINIMAL}[[sim.inject_errors]]\nop = \"create\"\nerror = \"boom\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("sim.inject_errors[0].error"), "{err}");
+    }
+
+    #[test]
+    fn reload_diffs() {
+        let a = Config::parse(MINIMAL).unwrap();
+        let mut b = a.clone();
+        b.policy = "static:0".into();
+        b.socket = PathBuf::from("/tmp/other.sock");
+        assert_eq!(a.restart_only_changes(&b), vec!["socket"]);
+        assert_eq!(
+            a.live_changes(&b),
+            vec!["policy: \"none\" -> \"static:0\"".to_string()]
+        );
+        // The merge keeps every restart-only key and takes the live ones.
+        b.log_level = "debug".into();
+        b.memory.estimator.window += 1;
+        let (merged, kept) = a.reloaded(&b);
+        assert_eq!(kept, vec!["socket", "log_level", "memory.estimator"]);
+        assert_eq!(merged.socket, a.socket);
+        assert_eq!(merged.log_level, a.log_level);
+        assert_eq!(merged.memory.estimator, a.memory.estimator);
+        assert_eq!(merged.policy, "static:0");
+    }
+}

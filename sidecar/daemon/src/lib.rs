@@ -1,0 +1,45 @@
+//! `smartmigd`, the per-node sidecar daemon: it owns the node's MIG layout,
+//! turns "K slices on GPU i" requests from the SPANK plugin into MIG
+//! instances, and re-shapes idle instances with a repartitioning policy.
+//!
+//! Functional core, imperative shell:
+//!
+//! | module | role | IO? |
+//! |---|---|---|
+//! | [`protocol`] | wire types (newline-delimited JSON), request parser (crate `smartmig-client`, re-exported) | no |
+//! | [`config`] | TOML config, defaults, validation naming the key | reads the file |
+//! | [`policy_choice`] | which repartitioning policy runs, from the config (shared by validation and the server) | loads a policy file |
+//! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
+//! | [`backend`] | MIG backends: `sim` (persisted) and `nvml` | yes |
+//! | [`journal`] | durable job -> instance assignments | yes |
+//! | [`memory`] | learned memory estimates, out-of-memory ledger | `memory.json` |
+//! | [`slurm`] | `squeue`/`sinfo`/`scontrol` behind [`slurm::SlurmClient`] | yes |
+//! | [`metrics`] | Prometheus families | no |
+//! | [`server`] | socket, peer credentials, per-GPU locks, signals, loops | yes |
+//! | [`client`] | synchronous client for the CLI and the SPANK plugin (crate `smartmig-client`) | yes |
+//!
+//! Geometry (profiles, placements, re-shaping) comes from `smartmig-mig` and
+//! policies from `smartmig-core`: the daemon decides exactly as the
+//! simulator does. `docs/daemon.md` is the operator's guide and
+//! `docs/protocol.md` the wire reference.
+
+pub mod allocate;
+pub mod backend;
+pub mod config;
+pub mod fsutil;
+pub mod journal;
+pub mod memory;
+pub mod metrics;
+pub mod policy_choice;
+pub mod server;
+pub mod slurm;
+
+pub use smartmig_client::{client, protocol};
+
+// The core crates under the names the modules use (`crate::policy::...` is the core's).
+use smartmig_core::{policy, workload};
+use smartmig_mig as mig;
+
+pub use client::{Client, ClientError};
+pub use config::Config;
+pub use protocol::{ErrorKind, Request};

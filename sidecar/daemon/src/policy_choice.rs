@@ -1,0 +1,106 @@
+//! Which repartitioning policy the daemon runs, from the config's `policy`.
+//!
+//! Shared by config validation (`--check-config`, SIGHUP) and the server, so
+//! both accept and refuse exactly the same specs. Every name of
+//! [`crate::policy::parse_policy`] is accepted. A learned policy
+//! (`policy:FILE.onnx`) is checked against the node's GPU model and this
+//! build's feature spec: a mismatch is refused (the daemon will not run a
+//! policy trained for something else), while a missing file or a missing ONNX
+//! Runtime falls back to `greedy` with a warning, so a node whose runtime was
+//! not installed still repartitions sensibly.
+
+use crate::mig::GpuModel;
+use crate::policy::onnx::{load_policy, PolicyLoadError};
+use crate::policy::{self, greedy::Greedy, RepartitionPolicy};
+
+/// A policy ready to run, with the name shown in status and logs.
+pub type Built = (Box<dyn RepartitionPolicy + Send>, String);
+
+/// Builds the policy named by `spec` for a node with GPUs of `models`
+/// (empty: not known yet, e.g. NVML before start-up).
+pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, String> {
+    let s = spec.trim();
+    let mut distinct = models.to_vec();
+    distinct.sort();
+    distinct.dedup();
+    if let Some(path) = s.strip_prefix("policy:") {
+        let model = match distinct.as_slice() {
+            [] => return Ok(fallback(s, "the node's GPU model is not known yet")),
+            [one] => *one,
+            many => {
+                return Err(format!(
+                    "`{s}`: a learned policy serves one GPU model, but this node has {}",
+                    many.iter().map(|m| m.id()).collect::<Vec<_>>().join(", ")
+                ))
+            }
+        };
+        return match load_policy(std::path::Path::new(path), model) {
+            Ok(p) => Ok((Box::new(p), s.to_string())),
+            Err(e) if is_unavailable(&e) => Ok(fallback(s, &e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
+    }
+    let p = policy::parse_policy(s, &distinct).map_err(|e| e.to_string())?;
+    let name = p.name();
+    Ok((p, name))
+}
+
+/// Errors that mean "the learned policy cannot run here", not "it is wrong".
+fn is_unavailable(e: &PolicyLoadError) -> bool {
+    matches!(
+        e,
+        PolicyLoadError::RuntimeNotFound { .. }
+            | PolicyLoadError::RuntimeEnvMissing(_)
+            | PolicyLoadError::RuntimeLoad { .. }
+            | PolicyLoadError::Io { .. }
+    )
+}
+
+fn fallback(spec: &str, why: &str) -> Built {
+    tracing::warn!(
+        policy = spec,
+        "learned policy unavailable ({why}); running `greedy` instead"
+    );
+    (
+        Box::new(Greedy::default()),
+        format!("greedy (fallback: {spec} unavailable)"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_names_and_errors() {
+        let a100 = [GpuModel::A100_40gb, GpuModel::A100_40gb];
+        assert!(build("none", &a100).is_ok());
+        assert!(build("greedy", &a100).is_ok());
+        assert!(build("static:0", &a100).is_ok());
+        let err = build("magic", &a100).err().unwrap_or_default();
+        assert!(err.starts_with("unknown policy"), "{err}");
+    }
+
+    #[test]
+    fn missing_learned_policy_falls_back_to_greedy() {
+        let (p, name) = build("policy:/nonexistent/p.onnx", &[GpuModel::A100_40gb])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(name.starts_with("greedy (fallback"), "{name}");
+        assert!(p.name().starts_with("greedy"), "{}", p.name());
+    }
+
+    #[test]
+    fn learned_policy_for_another_model_is_refused() {
+        let shipped =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/a100-40gb.onnx");
+        let spec = format!("policy:{}", shipped.display());
+        let err = build(&spec, &[GpuModel::H100_80gb])
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("trained for a100-40gb"), "{err}");
+        let err = build(&spec, &[GpuModel::A100_40gb, GpuModel::H100_80gb])
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("one GPU model"), "{err}");
+    }
+}

@@ -1,0 +1,1246 @@
+//! The imperative shell: the Unix socket, peer credentials, per-GPU
+//! serialisation, the backend calls, the journal, signals and the loops.
+//! Decisions come from [`super::allocate`] and [`crate::policy`]; this
+//! module only executes them. Its parts:
+//!
+//! - this file: start-up, the socket, allocate/release/status, `run`;
+//! - [`reconcile`]: agreement with Slurm (queue reads, reaper, resume,
+//!   GPU order, out-of-memory requeue);
+//! - [`view`]: the policy's view of the node, applying its targets,
+//!   publishing the layout;
+//! - [`reload`], SIGHUP;
+//! - [`http`]: the Prometheus endpoint.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::sync::{watch, Mutex, Notify};
+use tokio::task::JoinSet;
+
+use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
+use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
+use super::config::{BackendKind, Config};
+use super::fsutil::ensure_dir;
+use super::journal::Journal;
+use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
+use super::metrics::{InstanceCount, Metrics};
+use super::protocol::{
+    error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
+    ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, ReconcileReply, ReleaseReply,
+    ReleaseRequest, Request, StatusReply, WaitingJob,
+};
+use super::slurm::{
+    layout_features, merge_features, CommandSlurm, JobState, NoSlurm, QueueSnapshot, SlurmClient,
+};
+use crate::mig::{Geometry, GpuModel, Layout};
+use crate::policy::{
+    self, ClusterView, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT,
+};
+use crate::workload::{gpu_load, MemoryKey, PowerModel, SpeedupCurve};
+
+mod http;
+mod reconcile;
+mod reload;
+mod view;
+
+use http::serve_metrics;
+use reconcile::check_gpu_order;
+pub use reconcile::ReleaseCounts;
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Journal(#[from] super::journal::JournalError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("another smartmigd is already listening on {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("policy: {0}")]
+    Policy(String),
+    #[error("memory estimates: {0}")]
+    Memory(String),
+    #[error("Slurm and smartmigd number the GPUs differently: {0}. Slurm numbers the GPUs of gres.conf by device name (/dev/nvidiaN in sorted order), smartmigd by NVML index; they agree when NVML's GPU N is /dev/nvidiaN (`nvidia-smi -q` shows each GPU's Minor Number)")]
+    GpuOrder(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |source| StartError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn unix_now_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Energy of one GPU integrated from the workload power model (used when
+/// the backend has no energy counter, i.e. on the sim backend).
+struct EnergyMeter {
+    power: PowerModel,
+    last: f64,
+    joules: f64,
+}
+
+impl EnergyMeter {
+    /// Accounts the time since the last call at `load` (the load that held
+    /// during that time: call before every busy/idle change).
+    fn advance(&mut self, load: f64) -> f64 {
+        let now = unix_now_f64();
+        if now > self.last {
+            self.joules += self.power.energy_j(load, now - self.last);
+        }
+        self.last = now;
+        self.joules
+    }
+}
+
+struct GpuState {
+    book: GpuBook,
+    energy: EnergyMeter,
+}
+
+impl GpuState {
+    fn load(&self) -> f64 {
+        let g = self.book.geometry;
+        gpu_load(
+            self.book.busy().iter().map(|id| g.placement(id).compute()),
+            g.spec.compute_slices,
+        )
+    }
+
+    fn tick_energy(&mut self) -> f64 {
+        let load = self.load();
+        self.energy.advance(load)
+    }
+}
+
+/// One GPU: its state behind an async mutex (requests for one GPU are
+/// serialised; GPUs are independent), and a wake-up for waiting allocates.
+struct GpuSlot {
+    index: u32,
+    model: GpuModel,
+    state: Mutex<GpuState>,
+    released: Notify,
+}
+
+/// The running daemon.
+pub struct Daemon {
+    config: RwLock<Arc<Config>>,
+    config_path: PathBuf,
+    backend: Arc<dyn Backend>,
+    slots: Vec<GpuSlot>,
+    journal: Journal,
+    metrics: Metrics,
+    slurm: RwLock<Arc<dyn SlurmClient>>,
+    policy: Mutex<Box<dyn RepartitionPolicy + Send>>,
+    policy_name: RwLock<String>,
+    slurm_uid: RwLock<Option<u32>>,
+    /// Learned memory estimates and the out-of-memory ledger (short,
+    /// synchronous critical sections; never held across an await).
+    memory: Arc<std::sync::Mutex<MemoryState>>,
+    node: String,
+    started: Instant,
+    shutdown: watch::Sender<bool>,
+    /// When the queue was last read (`squeue --json`): an allocate that
+    /// finds no room re-reads it at most every [`QUEUE_REFRESH`].
+    queue_read: std::sync::Mutex<Option<Instant>>,
+    /// Releases that came from slurmd's job epilog versus from the reaper,
+    /// to notice a plugin whose epilog never runs.
+    releases: std::sync::Mutex<ReleaseCounts>,
+    /// Allocates waiting for room: job -> (GPU, slices, since), for status.
+    waiting: std::sync::Mutex<HashMap<u64, (u32, u8, Instant)>>,
+    /// The plugin's `oom_requeue`, as the last allocate said.
+    plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
+}
+
+/// Removes a job from [`Daemon::waiting`] when its allocate returns, by
+/// whichever path.
+struct WaitingGuard<'a> {
+    daemon: &'a Daemon,
+    job_id: u64,
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.daemon
+            .waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.job_id);
+    }
+}
+
+fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
+    if config.slurm.enabled {
+        Arc::new(CommandSlurm {
+            squeue: config.slurm.squeue.clone(),
+            sinfo: config.slurm.sinfo.clone(),
+            scontrol: config.slurm.scontrol.clone(),
+            slurmd: config.slurm.slurmd.clone(),
+            timeout: Duration::from_secs(config.slurm.command_timeout_s),
+        })
+    } else {
+        Arc::new(NoSlurm)
+    }
+}
+
+/// The uid allowed to write besides root, from a user name or a number.
+fn resolve_uid(user: &str) -> Option<u32> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Some(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Some(u.uid.as_raw()),
+        Ok(None) => {
+            tracing::warn!(
+                slurm_user = user,
+                "slurm_user does not exist; only root may allocate/release"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(
+                slurm_user = user,
+                "cannot look up slurm_user ({e}); only root may allocate/release"
+            );
+            None
+        }
+    }
+}
+
+/// Characters of a job name kept in a memory key.
+const MAX_JOB_NAME_CHARS: usize = 200;
+
+/// The user name of `uid` (the user part of a memory key), or the uid as
+/// text when it has none.
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => u.name,
+        _ => uid.to_string(),
+    }
+}
+
+/// Builds the policy named in the config (see [`super::policy_choice::build`]).
+fn make_policy(
+    spec: &str,
+    models: &[GpuModel],
+) -> Result<(Box<dyn RepartitionPolicy + Send>, String), String> {
+    super::policy_choice::build(spec, models)
+}
+
+fn backend_error(e: &BackendError) -> ErrorBody {
+    ErrorBody::new(ErrorKind::Backend, e.to_string())
+}
+
+impl Daemon {
+    /// Opens the backend and journal, rebuilds the books and reconciles
+    /// journal <-> backend <-> Slurm. Nothing is served yet.
+    pub fn start(config: Config, config_path: PathBuf) -> Result<Arc<Daemon>, StartError> {
+        ensure_dir(&config.state_dir, 0o700).map_err(io_err(&config.state_dir))?;
+        let backend: Arc<dyn Backend> = match config.backend {
+            BackendKind::Sim => {
+                let models = config
+                    .sim_gpus()
+                    .map_err(|e| StartError::Policy(e.to_string()))?;
+                Arc::new(SimBackend::open(
+                    &config.state_dir,
+                    &models,
+                    config.sim.clone(),
+                )?)
+            }
+            BackendKind::Nvml => Arc::new(NvmlBackend::open()?),
+        };
+        let journal = Journal::open(&config.state_dir)?;
+        let memory = MemoryState::open(&config.state_dir, &config.memory.estimator)
+            .map_err(StartError::Memory)?;
+        let now = unix_now();
+        let mut slots = Vec::new();
+        for gpu in backend.gpus() {
+            let geometry = Geometry::of(gpu.model);
+            let mut book = GpuBook::new(gpu.index, geometry, now);
+            for inst in backend.list(gpu.index)? {
+                if geometry.fits(book.layout(), inst.placement) {
+                    book.add_instance(inst.placement, inst.uuid, now);
+                } else {
+                    tracing::warn!(gpu = gpu.index, uuid = %inst.uuid, "instance overlaps another; ignored");
+                }
+            }
+            for entry in journal.load(gpu.index)? {
+                let job = entry.assignment.job_id;
+                match book.find_uuid(&entry.uuid) {
+                    Some(i) if i.job.is_none() && book.find_job(job).is_none() => {
+                        book.assign(&entry.uuid, entry.assignment);
+                    }
+                    Some(_) => tracing::warn!(gpu = gpu.index, job, uuid = %entry.uuid,
+                        "journal assigns an instance twice; keeping the first assignment"),
+                    None => tracing::warn!(gpu = gpu.index, job, uuid = %entry.uuid,
+                        "journaled instance no longer exists (reboot or manual change); dropping the assignment"),
+                }
+            }
+            let power = PowerModel::default_for(gpu.model);
+            slots.push(GpuSlot {
+                index: gpu.index,
+                model: gpu.model,
+                state: Mutex::new(GpuState {
+                    book,
+                    energy: EnergyMeter {
+                        power,
+                        last: unix_now_f64(),
+                        joules: 0.0,
+                    },
+                }),
+                released: Notify::new(),
+            });
+        }
+        let models: Vec<GpuModel> = slots.iter().map(|s| s.model).collect();
+        let (policy, policy_name) =
+            make_policy(&config.policy, &models).map_err(StartError::Policy)?;
+        let slurm = slurm_client(&config);
+        let node = config.node_name.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".into())
+        });
+        if config.slurm.enabled {
+            tracing::info!(node = %node, "asking Slurm (slurmd -G, squeue) about this node; smartmigd waits up to slurm.command_timeout_s for each answer");
+            check_gpu_order(backend.as_ref(), slurm.as_ref(), &node)?;
+        }
+        // Jobs that ended while the daemon was down give their instances back.
+        if config.slurm.enabled {
+            match slurm.queue().map(|q| q.live()) {
+                Ok(live) => {
+                    for slot in &mut slots {
+                        let st = slot.state.get_mut();
+                        let ended: Vec<u64> = st
+                            .book
+                            .instances
+                            .iter()
+                            .filter_map(|i| i.job.as_ref().map(|a| a.job_id))
+                            .filter(|j| !live.contains(j))
+                            .collect();
+                        for job in ended {
+                            st.book.release(job, now);
+                            tracing::info!(gpu = slot.index, job, "job ended while smartmigd was down; instance released");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("cannot ask Slurm which jobs still run ({e}); keeping every journaled assignment"),
+            }
+        }
+        for slot in &mut slots {
+            journal.save(&slot.state.get_mut().book)?;
+        }
+        let slurm_uid = resolve_uid(&config.slurm_user);
+        let (shutdown, _) = watch::channel(false);
+        let daemon = Daemon {
+            config: RwLock::new(Arc::new(config)),
+            config_path,
+            backend,
+            slots,
+            journal,
+            metrics: Metrics::new(),
+            slurm: RwLock::new(slurm),
+            policy: Mutex::new(policy),
+            policy_name: RwLock::new(policy_name),
+            slurm_uid: RwLock::new(slurm_uid),
+            memory: Arc::new(std::sync::Mutex::new(memory)),
+            node,
+            started: Instant::now(),
+            shutdown,
+            queue_read: std::sync::Mutex::new(None),
+            releases: std::sync::Mutex::new(ReleaseCounts::default()),
+            waiting: std::sync::Mutex::new(HashMap::new()),
+            plugin_oom_requeue: std::sync::Mutex::new(None),
+        };
+        Ok(Arc::new(daemon))
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn slurm(&self) -> Arc<dyn SlurmClient> {
+        self.slurm
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn policy_name(&self) -> String {
+        self.policy_name
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// The memory state, also after a panic elsewhere poisoned the lock
+    /// (every update leaves it consistent).
+    fn memory(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        self.memory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn authorized(&self, uid: u32) -> bool {
+        uid == 0
+            || self
+                .slurm_uid
+                .read()
+                .map(|u| *u == Some(uid))
+                .unwrap_or(false)
+    }
+
+    /// Installs the policy's initial layout on GPUs that have no instance at
+    /// all (a fresh boot). `none` leaves GPUs empty: instances are then made
+    /// on demand, which is what `none` means for a sidecar.
+    pub async fn install_initial_layouts(&self) {
+        if !self.policy.lock().await.installs_initial_layout() {
+            return;
+        }
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            if !st.book.instances.is_empty() {
+                continue;
+            }
+            let target = {
+                let mut p = self.policy.lock().await;
+                p.initial_layout(slot.index as usize, st.book.geometry)
+            };
+            self.apply_target(slot, &mut st, target, "initial layout");
+        }
+    }
+
+    /// Handles one request line from a peer with `uid`; returns the reply
+    /// line and whether to close the connection.
+    pub async fn handle_line(&self, line: &[u8], uid: u32, pid: Option<i32>) -> (String, bool) {
+        let request = match parse_request(line) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(uid, ?pid, kind = %e.kind, "bad request: {}", e.message);
+                self.metrics.failure(e.kind.as_str());
+                return (error_line(&e), true);
+            }
+        };
+        if request.is_write() && !self.authorized(uid) {
+            let cfg = self.config();
+            tracing::warn!(
+                uid,
+                ?pid,
+                op = request.op(),
+                "refused: only root and slurm_user `{}` may {}",
+                cfg.slurm_user,
+                request.op()
+            );
+            self.metrics.failure(ErrorKind::Unauthorized.as_str());
+            let e = ErrorBody::new(
+                ErrorKind::Unauthorized,
+                format!(
+                    "uid {uid} may not {}: only root and the Slurm user ({}) may allocate or release",
+                    request.op(),
+                    cfg.slurm_user
+                ),
+            );
+            return (error_line(&e), true);
+        }
+        let reply = match request {
+            Request::Allocate(req) => {
+                let t0 = Instant::now();
+                let r = self.allocate(req).await;
+                let result = match &r {
+                    Ok(a) => match a.action {
+                        AllocAction::Existing => "existing",
+                        AllocAction::Reused => "reused",
+                        AllocAction::Created => "created",
+                        AllocAction::Reshaped => "reshaped",
+                    },
+                    Err(e) if e.kind == ErrorKind::NoFit => "no_fit",
+                    Err(_) => "error",
+                };
+                self.metrics.allocation(result, t0.elapsed().as_secs_f64());
+                r.map(|a| ok_line(&a))
+            }
+            Request::Release(req) => self.release_request(req).await.map(|r| ok_line(&r)),
+            Request::Status => Ok(ok_line(&self.status().await)),
+            Request::Reconcile => self.reconcile().await.map(|r| ok_line(&r)),
+            Request::Health => Ok(ok_line(&HealthReply {
+                status: "ok".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                backend: self.backend.name().into(),
+                uptime_s: self.started.elapsed().as_secs(),
+            })),
+        };
+        match reply {
+            Ok(line) => (line, false),
+            Err(e) => {
+                self.metrics.failure(e.kind.as_str());
+                (error_line(&e), false)
+            }
+        }
+    }
+
+    fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
+        let inst = book.find_job(job_id)?;
+        let p = book.geometry.placement(inst.placement);
+        Some(AllocateReply {
+            uuid: inst.uuid.clone(),
+            gpu: book.index,
+            profile: p.profile.name(),
+            start: p.start,
+            compute: p.compute(),
+            memory_gb: p.profile.memory_gb,
+            reused: true,
+            action: AllocAction::Existing,
+            waited_ms: 0,
+        })
+    }
+
+    /// Serves an allocate: idempotent per job, serialised per GPU, waiting
+    /// up to `allocate_wait_s` for a release when nothing fits.
+    pub async fn allocate(&self, req: AllocateRequest) -> Result<AllocateReply, ErrorBody> {
+        let start = Instant::now();
+        let Some(slot) = self.slots.get(req.gpu as usize) else {
+            return Err(ErrorBody::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "no GPU {} on this node (it has {} GPUs)",
+                    req.gpu,
+                    self.slots.len()
+                ),
+            ));
+        };
+        // Another step of a job that already holds an instance (on any GPU).
+        for other in &self.slots {
+            let st = other.state.lock().await;
+            if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
+                if other.index != req.gpu {
+                    tracing::warn!(
+                        job = req.job_id,
+                        asked = req.gpu,
+                        holds = other.index,
+                        "job already holds an instance on another GPU; returning it"
+                    );
+                }
+                return Ok(r);
+            }
+        }
+        if let Some(marker) = req.oom_marker {
+            *self
+                .plugin_oom_requeue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(marker);
+        }
+        let cfg = self.config();
+        // The user's name may come from NSS (LDAP, SSSD): a blocking lookup.
+        // Job names are the user's to choose: bounded so keys stay small.
+        let key = req
+            .job_name
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(|n| {
+                let name: String = n.chars().take(MAX_JOB_NAME_CHARS).collect();
+                MemoryKey::new(tokio::task::block_in_place(|| user_name(req.uid)), name)
+            });
+        let (memory_gb, sizing) = self.memory().size_request(
+            slot.model.spec(),
+            req.job_id,
+            req.slices,
+            req.memory_gb,
+            key.as_ref(),
+            cfg.memory.estimate,
+        );
+        match &sizing {
+            Sizing::Declared => {}
+            Sizing::OomRestart { after_gb } => tracing::info!(
+                job = req.job_id,
+                gpu = req.gpu,
+                declared_gb = ?req.memory_gb,
+                "restart after running out of memory on a {after_gb} GB instance: asking for at least {} GB",
+                memory_gb.unwrap_or(0.0)
+            ),
+            Sizing::Estimate => tracing::info!(
+                job = req.job_id,
+                gpu = req.gpu,
+                user = key.as_ref().map_or("", |k| k.user.as_str()),
+                name = key.as_ref().map_or("", |k| k.name.as_str()),
+                "no --mig-mem: using the learned estimate of {:.2} GB",
+                memory_gb.unwrap_or(0.0)
+            ),
+        }
+        let need = Need {
+            slices: req.slices,
+            memory_gb,
+        };
+        let wait = Duration::from_secs(cfg.allocate_wait_s);
+        let deadline = tokio::time::Instant::from_std(start + wait);
+        let mut shutdown = self.shutdown.subscribe();
+        let mut _waiting: Option<WaitingGuard<'_>> = None;
+        loop {
+            let mut st = slot.state.lock().await;
+            if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
+                return Ok(r);
+            }
+            match st.book.plan(need) {
+                Err(Refusal::Select(e)) => {
+                    return Err(ErrorBody::new(
+                        ErrorKind::InvalidRequest,
+                        format!("GPU {}: {e}", req.gpu),
+                    ))
+                }
+                Err(Refusal::NoFit { reason, .. }) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        drop(st);
+                        return Err(
+                            self.no_fit(&req, format!("{reason}; waited {} s", wait.as_secs()))
+                        );
+                    }
+                    let notified = slot.released.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    drop(st);
+                    if _waiting.is_none() {
+                        self.waiting
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(req.job_id, (req.gpu, req.slices, start));
+                        _waiting = Some(WaitingGuard {
+                            daemon: self,
+                            job_id: req.job_id,
+                        });
+                    }
+                    // The holders may have ended without a release (no
+                    // epilog): ask Slurm now rather than at the next epoch.
+                    if self.queue_is_stale() {
+                        if let Some(q) = self.read_queue().await {
+                            let _ = self.reap_ended_jobs(&q.0, q.1).await;
+                            continue;
+                        }
+                    }
+                    tokio::select! {
+                        _ = tokio::time::timeout_at(deadline, notified) => {}
+                        _ = shutdown.changed() => {
+                            return Err(ErrorBody::new(ErrorKind::ShuttingDown, "smartmigd is shutting down"));
+                        }
+                    }
+                }
+                Ok((profile, plan)) => {
+                    let waited_ms = start.elapsed().as_millis() as u64;
+                    let reply = self.execute(slot, &mut st, &req, profile, plan, waited_ms);
+                    if reply.is_ok() {
+                        self.memory().on_allocate(req.job_id, key);
+                    }
+                    return reply;
+                }
+            }
+        }
+    }
+
+    /// Runs a plan against the backend, records it in the book and the
+    /// journal (durably) and builds the reply.
+    fn execute(
+        &self,
+        slot: &GpuSlot,
+        st: &mut GpuState,
+        req: &AllocateRequest,
+        profile: &'static crate::mig::ProfileSpec,
+        plan: Plan,
+        waited_ms: u64,
+    ) -> Result<AllocateReply, ErrorBody> {
+        let gpu = slot.index;
+        let now = unix_now();
+        let backend = &self.backend;
+        let (uuid, action) = match plan {
+            Plan::Reuse { uuid } => (uuid, AllocAction::Reused),
+            Plan::Create { placement } => (
+                self.create_instance(gpu, st, placement, now)?,
+                AllocAction::Created,
+            ),
+            Plan::Reshape { destroy, placement } => {
+                for victim in &destroy {
+                    let busy = st.book.find_uuid(victim).is_some_and(|i| i.job.is_some());
+                    assert!(!busy, "plan destroys busy instance {victim}");
+                    tokio::task::block_in_place(|| backend.destroy(gpu, victim))
+                        .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
+                    self.metrics.reconfiguration(gpu, "destroy");
+                    tracing::info!(gpu, uuid = %victim, "destroyed idle instance to re-shape");
+                    st.book.remove_instance(victim);
+                }
+                (
+                    self.create_instance(gpu, st, placement, now)?,
+                    AllocAction::Reshaped,
+                )
+            }
+        };
+        st.tick_energy();
+        st.book.assign(
+            &uuid,
+            Assignment {
+                job_id: req.job_id,
+                step: req.step,
+                uid: req.uid,
+                since: now,
+                deadline: req.deadline,
+                time_limit_s: req.time_limit_s,
+            },
+        );
+        if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
+            st.book.release(req.job_id, now);
+            tracing::error!(gpu, job = req.job_id, "{e}");
+            return Err(ErrorBody::new(
+                ErrorKind::Backend,
+                format!("cannot record the allocation: {e}"),
+            ));
+        }
+        let inst = st.book.find_uuid(&uuid).map(|i| i.placement);
+        let start_slot = inst
+            .map(|p| st.book.geometry.placement(p).start)
+            .unwrap_or(0);
+        let p = inst
+            .map(|p| st.book.geometry.placement(p).profile)
+            .unwrap_or(profile);
+        tracing::info!(gpu, job = req.job_id, uid = req.uid, %uuid, profile = %p.name(), start = start_slot, ?action, "allocated");
+        Ok(AllocateReply {
+            uuid,
+            gpu,
+            profile: p.name(),
+            start: start_slot,
+            compute: p.shape.compute,
+            memory_gb: p.memory_gb,
+            reused: matches!(action, AllocAction::Reused),
+            action,
+            waited_ms,
+        })
+    }
+
+    /// After a failed backend call the GPU's real state is uncertain (a
+    /// timed-out create may have happened): re-read the backend's instances
+    /// and make the book match them, so that the daemon converges instead of
+    /// planning against instances that do (not) exist. Busy instances the
+    /// backend no longer lists are kept (and logged): a job's assignment is
+    /// never dropped behind its back.
+    /// Creates the instance at `placement` for an allocation and books it
+    /// (still without a job); returns its uuid.
+    fn create_instance(
+        &self,
+        gpu: u32,
+        st: &mut GpuState,
+        placement: crate::mig::PlacementId,
+        now: u64,
+    ) -> Result<String, ErrorBody> {
+        let backend = &self.backend;
+        let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))
+            .map_err(|e| self.backend_failed(gpu, &mut st.book, &e))?;
+        self.metrics.reconfiguration(gpu, "create");
+        tracing::info!(gpu, %uuid, instance = %st.book.geometry.placement(placement).describe(), "created instance");
+        st.book.add_instance(placement, uuid.clone(), now);
+        Ok(uuid)
+    }
+
+    fn backend_failed(&self, gpu: u32, book: &mut GpuBook, e: &BackendError) -> ErrorBody {
+        tracing::warn!(
+            gpu,
+            "backend call failed: {e}; re-reading the GPU's instances"
+        );
+        match tokio::task::block_in_place(|| self.backend.list(gpu)) {
+            Ok(listed) => {
+                let now = unix_now();
+                let gone: Vec<String> = book
+                    .instances
+                    .iter()
+                    .filter(|i| !listed.iter().any(|l| l.uuid == i.uuid))
+                    .map(|i| i.uuid.clone())
+                    .collect();
+                for uuid in gone {
+                    if book.find_uuid(&uuid).is_some_and(|i| i.job.is_none()) {
+                        book.remove_instance(&uuid);
+                        tracing::warn!(gpu, %uuid, "idle instance vanished from the backend; forgotten");
+                    } else {
+                        tracing::error!(gpu, %uuid, "busy instance vanished from the backend; assignment kept");
+                    }
+                }
+                for l in listed {
+                    if book.find_uuid(&l.uuid).is_none() {
+                        if book.geometry.fits(book.layout(), l.placement) {
+                            tracing::warn!(gpu, uuid = %l.uuid, "backend has an instance the daemon did not know (e.g. a timed-out create); adopted as idle");
+                            book.add_instance(l.placement, l.uuid, now);
+                        } else {
+                            tracing::error!(gpu, uuid = %l.uuid, "backend instance overlaps known ones; ignored");
+                        }
+                    }
+                }
+            }
+            Err(le) => tracing::error!(gpu, "cannot re-read the GPU's instances: {le}"),
+        }
+        backend_error(e)
+    }
+
+    /// Releases every instance of `job_id` (idempotent), wakes waiting allocates.
+    pub async fn release(&self, job_id: u64) -> Result<ReleaseReply, ErrorBody> {
+        self.release_request(ReleaseRequest::new(job_id)).await
+    }
+
+    /// A release with its optional fields: the job's memory use is learned,
+    /// an out-of-memory end (`oom`) is recorded and, when the admin allows
+    /// it, the job is requeued (see [`MemoryState::on_release`]).
+    pub async fn release_request(&self, req: ReleaseRequest) -> Result<ReleaseReply, ErrorBody> {
+        let job_id = req.job_id;
+        if req.from_epilog {
+            self.release_counts_mut(|c| c.epilog += 1);
+        }
+        let now = unix_now();
+        let mut released = 0;
+        let mut held: Option<Released> = None;
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            let Some(inst) = st.book.find_job(job_id) else {
+                continue;
+            };
+            let g = st.book.geometry;
+            let p = g.placement(inst.placement);
+            let uuid = inst.uuid.clone();
+            held = Some(Released {
+                gpu: slot.index,
+                profile: p.profile.name(),
+                compute: p.compute(),
+                memory_gb: p.profile.memory_gb,
+                next_memory_gb: next_larger_memory(
+                    slot.model.spec(),
+                    p.compute(),
+                    p.profile.memory_gb,
+                ),
+            });
+            if let Some(gb) =
+                tokio::task::block_in_place(|| self.backend.peak_memory_gb(slot.index, &uuid))
+            {
+                self.memory().sample(job_id, gb);
+            }
+            st.tick_energy();
+            let n = st.book.release(job_id, now);
+            released += n;
+            if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
+                // The release happened; on restart Slurm reconciliation drops it again.
+                tracing::error!(gpu = slot.index, job = job_id, "release not journaled: {e}");
+            }
+            drop(st);
+            tracing::info!(gpu = slot.index, job = job_id, "released");
+            slot.released.notify_waiters();
+        }
+        let cfg = self.config();
+        let policy = OomPolicy {
+            requeue: cfg.oom.requeue,
+            max_retries: cfg.oom.max_retries,
+            slurm_enabled: cfg.slurm.enabled,
+        };
+        let event = {
+            let mut m = self.memory();
+            let (changed, event) = m.on_release(
+                job_id,
+                held.as_ref(),
+                req.oom,
+                req.used_memory_gb,
+                policy,
+                now,
+            );
+            if changed {
+                if let Err(e) = tokio::task::block_in_place(|| m.save()) {
+                    tracing::error!(job = job_id, "memory estimates not saved: {e}");
+                }
+            }
+            event
+        };
+        if req.oom && held.is_none() {
+            tracing::info!(
+                job = job_id,
+                "out-of-memory release of a job that holds no instance (a repeated release?); ignored"
+            );
+        }
+        if let Some(ev) = &event {
+            self.metrics.failure("oom");
+            tracing::warn!(job = job_id, gpu = ev.gpu, profile = %ev.profile, failures = ev.failures,
+                decision = %ev.decision, "job ran out of GPU memory: {}", ev.message);
+            if ev.decision == OomDecision::RequeueScheduled {
+                // The restart gets a profile with more memory; when that
+                // one has more compute slices than the job holds, Slurm
+                // must bill them too (never more than the GPU has).
+                let raise_to = held.as_ref().and_then(|h| {
+                    let model = self.slots.get(h.gpu as usize)?.model.spec();
+                    let next = h.next_memory_gb?;
+                    let p =
+                        crate::mig::select_profile(model, h.compute, Some(f64::from(next))).ok()?;
+                    (p.shape.compute > h.compute).then_some(p.shape.compute)
+                });
+                self.spawn_requeue(job_id, cfg.oom.requeue_timeout_s, raise_to);
+            }
+        }
+        Ok(ReleaseReply {
+            released,
+            oom_decision: event.map(|e| e.decision),
+        })
+    }
+
+    /// Samples the memory every busy instance uses now (backends that can
+    /// tell: nvml); the largest sample of a job is its peak.
+    pub async fn sample_memory(&self) {
+        for slot in &self.slots {
+            let busy: Vec<(u64, String)> = {
+                let st = slot.state.lock().await;
+                st.book
+                    .instances
+                    .iter()
+                    .filter_map(|i| Some((i.job.as_ref()?.job_id, i.uuid.clone())))
+                    .collect()
+            };
+            for (job, uuid) in busy {
+                if let Some(gb) =
+                    tokio::task::block_in_place(|| self.backend.peak_memory_gb(slot.index, &uuid))
+                {
+                    self.memory().sample(job, gb);
+                }
+            }
+        }
+    }
+
+    /// A job that found no room in time: logged and counted; the plugin
+    /// requeues a batch job (it knows its array task id) instead of
+    /// failing it.
+    fn no_fit(&self, req: &AllocateRequest, reason: String) -> ErrorBody {
+        tracing::warn!(job = req.job_id, gpu = req.gpu, "{reason}");
+        ErrorBody::new(ErrorKind::NoFit, reason)
+    }
+
+    /// The status reply.
+    pub async fn status(&self) -> StatusReply {
+        let now = unix_now();
+        let mut gpus = Vec::new();
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            let modelled = st.tick_energy();
+            let b = &st.book;
+            let g = b.geometry;
+            let layout = b.layout();
+            let busy_any = !b.busy().is_empty();
+            let instances = b
+                .instances
+                .iter()
+                .map(|i| {
+                    let p = g.placement(i.placement);
+                    InstanceStatus {
+                        uuid: i.uuid.clone(),
+                        profile: p.profile.name(),
+                        start: p.start,
+                        compute: p.compute(),
+                        job_id: i.job.as_ref().map(|a| a.job_id),
+                        uid: i.job.as_ref().map(|a| a.uid),
+                        busy_since: i.job.as_ref().map(|a| a.since),
+                        idle_s: i.job.is_none().then(|| now.saturating_sub(i.idle_since)),
+                    }
+                })
+                .collect();
+            gpus.push(GpuStatus {
+                index: slot.index,
+                model: slot.model.id().into(),
+                picture: g.picture(layout),
+                layout: g.name(layout),
+                instances,
+                idle_s: if busy_any {
+                    0
+                } else {
+                    now.saturating_sub(b.idle_since)
+                },
+                energy_j: Some(self.backend.energy_j(slot.index).unwrap_or(modelled)),
+            });
+        }
+        let cfg = self.config();
+        let mut memory =
+            self.memory()
+                .status(cfg.memory.estimate, cfg.oom.requeue, cfg.oom.max_retries);
+        memory.plugin_oom_requeue = *self
+            .plugin_oom_requeue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut waiting: Vec<WaitingJob> = self
+            .waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(&job_id, &(gpu, slices, since))| WaitingJob {
+                job_id,
+                gpu,
+                slices,
+                waiting_s: since.elapsed().as_secs(),
+            })
+            .collect();
+        waiting.sort_by(|a, b| b.waiting_s.cmp(&a.waiting_s).then(a.job_id.cmp(&b.job_id)));
+        StatusReply {
+            node: self.node.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            backend: self.backend.name().into(),
+            policy: self.policy_name(),
+            uptime_s: self.started.elapsed().as_secs(),
+            gpus,
+            memory: Some(memory),
+            epilog_missing: self
+                .releases
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .epilog_missing(),
+            waiting,
+        }
+    }
+
+    /// The Prometheus text.
+    pub async fn metrics_text(&self) -> String {
+        let mut counts: HashMap<(u32, String, bool), i64> = HashMap::new();
+        let mut energy = Vec::new();
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            let modelled = st.tick_energy();
+            for i in &st.book.instances {
+                let name = st.book.geometry.placement(i.placement).profile.name();
+                *counts
+                    .entry((slot.index, name, i.job.is_some()))
+                    .or_default() += 1;
+            }
+            energy.push((
+                slot.index,
+                self.backend.energy_j(slot.index).unwrap_or(modelled),
+            ));
+        }
+        let mut list: Vec<InstanceCount> = counts
+            .into_iter()
+            .map(|((gpu, profile, busy), count)| InstanceCount {
+                gpu,
+                profile,
+                busy,
+                count,
+            })
+            .collect();
+        list.sort_by(|a, b| (a.gpu, &a.profile, a.busy).cmp(&(b.gpu, &b.profile, b.busy)));
+        let epilog_missing = self
+            .releases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .epilog_missing();
+        self.metrics.render(&list, &energy, epilog_missing)
+    }
+}
+
+/// Binds the socket: parent dir created 0755 if missing, a stale socket
+/// file removed (a live one means another daemon: refuse), mode 0666
+/// (status is public; writes are checked with SO_PEERCRED).
+fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            ensure_dir(dir, 0o755).map_err(io_err(dir))?;
+        }
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(StartError::AlreadyRunning(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io_err(path))?;
+    }
+    let listener = UnixListener::bind(path).map_err(io_err(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(io_err(path))?;
+    Ok(listener)
+}
+
+/// Serves one connection: requests one per line until EOF, an error, a
+/// timeout or shutdown.
+async fn serve_connection(daemon: Arc<Daemon>, stream: UnixStream) {
+    let (uid, pid) = match stream.peer_cred() {
+        Ok(c) => (c.uid(), c.pid()),
+        Err(e) => {
+            tracing::warn!("cannot read peer credentials ({e}); closing");
+            return;
+        }
+    };
+    let mut shutdown = daemon.shutdown.subscribe();
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = BufReader::new(rd);
+    loop {
+        let cfg = daemon.config();
+        let max = cfg.max_message_bytes;
+        let mut buf = Vec::new();
+        let read = async {
+            let mut limited = (&mut reader).take(max as u64 + 1);
+            limited.read_until(b'\n', &mut buf).await
+        };
+        let res = tokio::select! {
+            r = tokio::time::timeout(Duration::from_secs(cfg.request_timeout_s), read) => r,
+            _ = shutdown.changed() => break,
+        };
+        let (reply, close) = match res {
+            Err(_) => {
+                if buf.is_empty() {
+                    // An idle keep-alive connection: just close it.
+                    break;
+                }
+                daemon.metrics.failure(ErrorKind::Timeout.as_str());
+                let e = ErrorBody::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "no complete request line within {} s",
+                        cfg.request_timeout_s
+                    ),
+                );
+                (error_line(&e), true)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(uid, "read error: {e}");
+                break;
+            }
+            Ok(Ok(0)) => break,
+            Ok(Ok(_)) => {
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                    if buf.last() == Some(&b'\r') {
+                        buf.pop();
+                    }
+                } else if buf.len() > max {
+                    tracing::warn!(uid, ?pid, max, "request line too large; closing");
+                    daemon.metrics.failure(ErrorKind::TooLarge.as_str());
+                    let e = ErrorBody::new(
+                        ErrorKind::TooLarge,
+                        format!("request line longer than max_message_bytes ({max})"),
+                    );
+                    let line = error_line(&e);
+                    let _ = wr.write_all(line.as_bytes()).await;
+                    break;
+                }
+                if buf.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                daemon.handle_line(&buf, uid, pid).await
+            }
+        };
+        if wr.write_all(reply.as_bytes()).await.is_err() || close {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let socket = config.socket.clone();
+    let metrics_listen = config.metrics_listen.clone();
+    let daemon = Daemon::start(config, config_path)?;
+    daemon.install_initial_layouts().await;
+    let mut term = signal(SignalKind::terminate()).map_err(io_err(Path::new("SIGTERM")))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io_err(Path::new("SIGINT")))?;
+    let mut hup = signal(SignalKind::hangup()).map_err(io_err(Path::new("SIGHUP")))?;
+    let listener = bind_socket(&socket)?;
+    if let Some(addr) = metrics_listen {
+        let l = TcpListener::bind(&addr)
+            .await
+            .map_err(io_err(Path::new(&addr)))?;
+        tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+        tokio::spawn(serve_metrics(daemon.clone(), l));
+    }
+    // The repartitioning loop.
+    {
+        let daemon = daemon.clone();
+        let mut stop = daemon.shutdown.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let epoch = Duration::from_secs(daemon.config().epoch_s);
+                tokio::select! {
+                    _ = tokio::time::sleep(epoch) => daemon.repartition_once().await,
+                    _ = stop.changed() => break,
+                }
+            }
+        });
+    }
+    // Memory sampling (backends that measure it; NVML gives current use only).
+    if daemon.backend.measures_memory() {
+        let daemon = daemon.clone();
+        let mut stop = daemon.shutdown.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let period = Duration::from_secs(daemon.config().memory.sample_s);
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => daemon.sample_memory().await,
+                    _ = stop.changed() => break,
+                }
+            }
+        });
+    }
+    tracing::info!(socket = %socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
+        policy = %daemon.policy_name(), "smartmigd ready");
+    if daemon.config().slurm.enabled {
+        if let Some(info) = daemon.read_node().await {
+            daemon.resume_if_drained_by_us(&info).await;
+        }
+    }
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_connection(daemon.clone(), stream));
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = hup.recv() => daemon.reload().await,
+        }
+    }
+    // Stop accepting, let in-flight requests finish, remove the socket.
+    drop(listener);
+    let _ = std::fs::remove_file(&socket);
+    let _ = daemon.shutdown.send(true);
+    let grace = Duration::from_secs(daemon.config().request_timeout_s + 5);
+    let drained = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "in-flight requests did not finish within {} s; aborting them",
+            grace.as_secs()
+        );
+        connections.abort_all();
+    }
+    // Every change was journaled as it happened; write once more for good measure.
+    for slot in &daemon.slots {
+        let st = slot.state.lock().await;
+        if let Err(e) = daemon.journal.save(&st.book) {
+            tracing::error!(gpu = slot.index, "final journal write failed: {e}");
+        }
+    }
+    tracing::info!("smartmigd stopped");
+    Ok(())
+}

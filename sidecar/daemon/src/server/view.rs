@@ -1,0 +1,277 @@
+//! The policy's view of the node and what comes of it: each epoch builds a
+//! `ClusterView` (busy instances with Slurm's end times, pending shard jobs
+//! with time limits and deadlines), asks the policy, applies the targets
+//! that destroy no busy instance, and publishes the layout as node
+//! features.
+
+use super::*;
+use crate::slurm::NodeFeatures;
+
+/// When a running job's instance frees up, as Unix seconds: Slurm's
+/// `end_time` (start + time limit) when the queue lists the job, else the
+/// allocation's own time limit, else never (`INFINITY`).
+pub(super) fn expected_end(a: &Assignment, queued: Option<&crate::slurm::QueuedJob>) -> f64 {
+    if let Some(j) = queued {
+        if j.state == JobState::Running && j.end_time > 0 && j.time_limit_s.is_some() {
+            return j.end_time as f64;
+        }
+    }
+    let limit = a.time_limit_s.map_or(f64::INFINITY, |t| t as f64);
+    a.since as f64 + limit
+}
+
+/// A pending job's work in whole-GPU seconds, estimated as the sacct
+/// reader does: its time limit on K slices, scaled by the default
+/// speed-up of K slices. Unlimited jobs count one hour (Slurm sites
+/// without time limits give the policy nothing better).
+pub(super) fn pending_work(time_limit_s: Option<u64>, shards: u8, speedup: &SpeedupCurve) -> f64 {
+    let limit = time_limit_s.map_or(3600.0, |t| t as f64);
+    limit * speedup.speed(shards, 7)
+}
+
+impl Daemon {
+    /// Moves `slot` towards `target`, destroying idle instances only. A
+    /// target that would destroy a busy instance is refused (and logged).
+    pub(super) fn apply_target(
+        &self,
+        slot: &GpuSlot,
+        st: &mut GpuState,
+        target: Layout,
+        why: &str,
+    ) -> bool {
+        let g = st.book.geometry;
+        let current = st.book.layout();
+        let busy = st.book.busy();
+        if !g.is_valid(target) {
+            tracing::warn!(gpu = slot.index, why, "target layout is invalid; ignored");
+            return false;
+        }
+        let t = g.transition(current, target);
+        if t.is_noop() {
+            return false;
+        }
+        if t.touches(busy) {
+            tracing::info!(gpu = slot.index, why, from = %g.picture(current), to = %g.picture(target),
+                "target would destroy a busy instance; deferred");
+            return false;
+        }
+        tracing::info!(gpu = slot.index, why, from = %g.picture(current), to = %g.picture(target), "repartitioning");
+        let victims: Vec<String> = st
+            .book
+            .instances
+            .iter()
+            .filter(|i| t.destroy.contains(i.placement))
+            .map(|i| i.uuid.clone())
+            .collect();
+        for uuid in victims {
+            match tokio::task::block_in_place(|| self.backend.destroy(slot.index, &uuid)) {
+                Ok(()) => {
+                    self.metrics.reconfiguration(slot.index, "destroy");
+                    tracing::info!(gpu = slot.index, %uuid, "destroyed idle instance");
+                    st.book.remove_instance(&uuid);
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = slot.index, %uuid, "destroy failed: {e}");
+                    self.backend_failed(slot.index, &mut st.book, &e);
+                    return false;
+                }
+            }
+        }
+        let now = unix_now();
+        for id in t.create.iter() {
+            match tokio::task::block_in_place(|| self.backend.create(slot.index, id)) {
+                Ok(uuid) => {
+                    self.metrics.reconfiguration(slot.index, "create");
+                    tracing::info!(gpu = slot.index, %uuid, instance = %g.placement(id).describe(), "created instance");
+                    st.book.add_instance(id, uuid, now);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        gpu = slot.index,
+                        "create {} failed: {e}",
+                        g.placement(id).describe()
+                    );
+                    self.backend_failed(slot.index, &mut st.book, &e);
+                    return false;
+                }
+            }
+        }
+        slot.released.notify_waiters();
+        true
+    }
+
+    /// One repartitioning epoch: observe, ask the policy, apply what is safe.
+    pub async fn repartition_once(&self) {
+        let cfg = self.config();
+        let queue = match self.read_queue().await {
+            Some((q, t0)) => {
+                let _ = self.reap_ended_jobs(&q, t0).await;
+                q
+            }
+            None => QueueSnapshot::default(),
+        };
+        let now = unix_now_f64();
+        let mut statuses = Vec::new();
+        for slot in &self.slots {
+            let st = slot.state.lock().await;
+            let mut s = policy::GpuStatus::new(slot.model, st.book.layout());
+            s.busy = st.book.busy();
+            let mut until = [0.0; MAX_PLACEMENTS];
+            for i in &st.book.instances {
+                if let Some(a) = &i.job {
+                    until[i.placement.0 as usize] = expected_end(a, queue.job(a.job_id));
+                }
+            }
+            s.busy_until = until;
+            statuses.push(s);
+        }
+        let mut by_profile = PendingByProfile::default();
+        let jobs: Vec<PendingJob> = queue
+            .pending_shards()
+            .map(|p| {
+                let mut shapes = [None; MODEL_COUNT];
+                for m in GpuModel::ALL {
+                    if let Ok(prof) = crate::mig::select_profile(m.spec(), p.shards, None) {
+                        shapes[m as usize] = Some(prof.shape);
+                        if let Some(ix) =
+                            m.spec().profiles.iter().position(|q| q.shape == prof.shape)
+                        {
+                            by_profile[m as usize][ix] += 1;
+                        }
+                    }
+                }
+                let speedup = SpeedupCurve::default();
+                PendingJob {
+                    id: p.job_id,
+                    arrival: if p.submit_time > 0 {
+                        p.submit_time as f64
+                    } else {
+                        now
+                    },
+                    deadline: p.deadline.map_or(f64::INFINITY, |d| d as f64),
+                    work: pending_work(p.time_limit_s, p.shards, &speedup),
+                    memory_gb: 0.0,
+                    min_compute: p.shards,
+                    speedup,
+                    shapes,
+                }
+            })
+            .collect();
+        let hour = (now.rem_euclid(86_400.0)) / 3600.0;
+        let view = ClusterView {
+            now,
+            hour_of_day: hour,
+            gpus: &statuses,
+            pending: &jobs,
+            pending_by_profile: &by_profile,
+        };
+        let decisions = self.policy.lock().await.decide(&view);
+        for d in decisions {
+            let Some(slot) = self.slots.get(d.gpu) else {
+                tracing::warn!(gpu = d.gpu, "policy decided for a GPU that does not exist");
+                continue;
+            };
+            let mut st = slot.state.lock().await;
+            self.apply_target(slot, &mut st, d.target, "policy");
+        }
+        // Without Slurm queries there is nowhere to publish to, nothing to resume.
+        if cfg.slurm.enabled {
+            if let Some(info) = self.read_node().await {
+                self.resume_if_drained_by_us(&info).await;
+                if cfg.publish_layout {
+                    self.publish_layout(&info.features).await;
+                }
+            }
+        }
+    }
+
+    /// Publishes each GPU's compute sizes as node features, keeping the admin's.
+    /// `current`: the node's features as this epoch's `sinfo` read them.
+    pub(super) async fn publish_layout(&self, current: &NodeFeatures) {
+        let mut layouts = Vec::new();
+        for slot in &self.slots {
+            let st = slot.state.lock().await;
+            let g = st.book.geometry;
+            let mut sizes: Vec<u8> = st
+                .book
+                .layout()
+                .iter()
+                .map(|id| g.placement(id).compute())
+                .collect();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            layouts.push((slot.index, sizes));
+        }
+        let ours = layout_features(&layouts);
+        let slurm = self.slurm();
+        let node = self.node.clone();
+        let result = tokio::task::block_in_place(|| {
+            let merged = merge_features(current, &ours);
+            if merged != *current {
+                slurm.set_node_features(&node, &merged)?;
+                tracing::info!(node = %node, features = %merged.available.join(","), "published layout as node features");
+            }
+            Ok::<_, crate::slurm::SlurmError>(())
+        });
+        if let Err(e) = result {
+            tracing::warn!("cannot publish the layout to Slurm: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slurm::QueuedJob;
+
+    fn queued(state: JobState, end_time: u64, limit: Option<u64>) -> QueuedJob {
+        QueuedJob {
+            job_id: 1,
+            state,
+            shards: 3,
+            gpu: Some(0),
+            nodes: "n1".into(),
+            time_limit_s: limit,
+            start_time: 100,
+            end_time,
+            deadline: None,
+            submit_time: 50,
+            array_task: None,
+        }
+    }
+
+    /// A running instance frees up at Slurm's end time (start + time
+    /// limit); without it, at the allocation's own limit; else never.
+    /// Before, every instance looked as if it never ended.
+    #[test]
+    fn running_jobs_end_when_slurm_says() {
+        let a = Assignment {
+            job_id: 1,
+            step: None,
+            uid: 0,
+            since: 100,
+            deadline: None,
+            time_limit_s: None,
+        };
+        let running = queued(JobState::Running, 700, Some(600));
+        assert_eq!(expected_end(&a, Some(&running)), 700.0);
+        let unlimited = queued(JobState::Running, 0, None);
+        assert_eq!(expected_end(&a, Some(&unlimited)), f64::INFINITY);
+        assert_eq!(expected_end(&a, None), f64::INFINITY);
+        let own = Assignment {
+            time_limit_s: Some(60),
+            ..a
+        };
+        assert_eq!(expected_end(&own, None), 160.0);
+    }
+
+    /// A pending job's work is its time limit scaled to a whole GPU; no
+    /// limit counts an hour. Before, pending jobs had zero work.
+    #[test]
+    fn pending_work_comes_from_the_time_limit() {
+        let s = SpeedupCurve::default();
+        assert_eq!(pending_work(Some(600), 7, &s), 600.0);
+        let three = pending_work(Some(600), 3, &s);
+        assert!(three > 0.0 && three < 600.0, "{three}");
+        assert_eq!(pending_work(None, 7, &s), 3600.0);
+    }
+}

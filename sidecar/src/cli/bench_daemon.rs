@@ -1,0 +1,268 @@
+//! `smartmig bench daemon`: allocate+release latency of a real smartmigd
+//! (sim backend) under 1, 16 and 256 concurrent clients, and its memory.
+//!
+//! The daemon runs as a child process on a temporary socket; clients are
+//! threads using the same synchronous [`Client`] as the SPANK plugin, each
+//! connection carrying one request, as in production. Enough simulated GPUs
+//! are configured that every client can hold a 1g instance at once, so the
+//! numbers measure the daemon, not waiting for capacity.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::daemon::client::{Client, ClientError};
+use crate::daemon::protocol::AllocateRequest;
+
+/// Arguments of `smartmig bench daemon`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Concurrent client counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+    pub clients: Vec<usize>,
+    /// Allocate+release pairs per measurement (split among the clients).
+    #[arg(long, default_value_t = 4096)]
+    pub pairs: usize,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "bench-daemon.json")]
+    pub json: PathBuf,
+    /// The smartmigd binary (default: next to this executable).
+    #[arg(long)]
+    pub smartmigd: Option<PathBuf>,
+}
+
+/// Latency of one measurement, in microseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub clients: usize,
+    pub pairs: usize,
+    pub pair_p50_us: f64,
+    pub pair_p99_us: f64,
+    pub allocate_p50_us: f64,
+    pub allocate_p99_us: f64,
+    pub release_p99_us: f64,
+    pub pairs_per_s: f64,
+    pub rss_after_kib: u64,
+}
+
+/// The whole result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub gpus: usize,
+    pub rss_idle_kib: u64,
+    pub rss_peak_kib: u64,
+    pub rows: Vec<Row>,
+}
+
+/// Bench failures.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("smartmigd did not come up: {0}")]
+    Start(String),
+    #[error("request failed: {0}")]
+    Client(#[from] ClientError),
+}
+
+fn rss_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+struct Child_ {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Child_ {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_daemon(exe: &Path, gpus: usize) -> Result<(Child_, Client), BenchError> {
+    let dir = std::env::temp_dir().join(format!("smartmig-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let socket = dir.join("smartmig.sock");
+    let config = format!(
+        "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 5\nlog_level = \"warn\"\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = {gpus}\n",
+        socket.display(),
+        dir.join("state").display()
+    );
+    let path = dir.join("smartmig.toml");
+    std::fs::write(&path, config)?;
+    let child = Command::new(exe)
+        .arg("--config")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let guard = Child_ { child, dir };
+    let client = Client::new(&socket).with_io_timeout(Duration::from_secs(30));
+    let t0 = Instant::now();
+    loop {
+        match client.health() {
+            Ok(_) => break,
+            Err(e) if t0.elapsed() > Duration::from_secs(20) => {
+                return Err(BenchError::Start(e.to_string()))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    Ok((guard, client))
+}
+
+/// Runs the benchmark and returns the report (also printed and written as JSON).
+pub fn bench(args: &Args) -> Result<Report, BenchError> {
+    let exe = match &args.smartmigd {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("smartmigd"),
+    };
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1).max(1);
+    let gpus = max_clients.div_ceil(7).clamp(1, 64);
+    let (daemon, client) = start_daemon(&exe, gpus)?;
+    let pid = daemon.child.id();
+    let rss_idle = rss_kib(pid, "VmRSS:");
+    let mut rows = Vec::new();
+    let mut next_job = 1u64;
+    for &clients in &args.clients {
+        let clients = clients.max(1);
+        let per = (args.pairs / clients).max(1);
+        let barrier = Arc::new(Barrier::new(clients));
+        let t0 = Instant::now();
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let client = client.clone();
+                let barrier = barrier.clone();
+                let base = next_job + (c * per) as u64;
+                let gpu = (c % gpus) as u32;
+                std::thread::spawn(move || -> Result<Vec<(f64, f64)>, ClientError> {
+                    barrier.wait();
+                    let mut lat = Vec::with_capacity(per);
+                    for k in 0..per as u64 {
+                        let job_id = base + k;
+                        let a = Instant::now();
+                        client.allocate(AllocateRequest {
+                            job_id,
+                            step: None,
+                            uid: 0,
+                            gpu,
+                            slices: 1,
+                            memory_gb: None,
+                            deadline: None,
+                            time_limit_s: None,
+                            job_name: None,
+                            oom_marker: None,
+                        })?;
+                        let alloc = a.elapsed().as_secs_f64();
+                        client.release(job_id)?;
+                        lat.push((alloc, a.elapsed().as_secs_f64()));
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            match h.join() {
+                Ok(r) => all.extend(r?),
+                Err(_) => return Err(BenchError::Start("a client thread panicked".into())),
+            }
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        next_job += (clients * per) as u64 + 1;
+        let mut pair: Vec<f64> = all.iter().map(|x| x.1 * 1e6).collect();
+        let mut alloc: Vec<f64> = all.iter().map(|x| x.0 * 1e6).collect();
+        let mut rel: Vec<f64> = all.iter().map(|x| (x.1 - x.0) * 1e6).collect();
+        for v in [&mut pair, &mut alloc, &mut rel] {
+            v.sort_by(f64::total_cmp);
+        }
+        rows.push(Row {
+            clients,
+            pairs: all.len(),
+            pair_p50_us: percentile(&pair, 0.5),
+            pair_p99_us: percentile(&pair, 0.99),
+            allocate_p50_us: percentile(&alloc, 0.5),
+            allocate_p99_us: percentile(&alloc, 0.99),
+            release_p99_us: percentile(&rel, 0.99),
+            pairs_per_s: all.len() as f64 / wall,
+            rss_after_kib: rss_kib(pid, "VmRSS:"),
+        });
+    }
+    let report = Report {
+        gpus,
+        rss_idle_kib: rss_idle,
+        rss_peak_kib: rss_kib(pid, "VmHWM:"),
+        rows,
+    };
+    drop(daemon);
+    Ok(report)
+}
+
+/// Prints the table.
+pub fn table(r: &Report) -> String {
+    let mut s = format!(
+        "smartmigd sim backend, {} x A100-40GB, K=1 allocate+release over a Unix socket\n\
+         RSS idle {} KiB, peak {} KiB\n\
+         {:>7} {:>7} {:>11} {:>11} {:>12} {:>12} {:>12} {:>10} {:>10}\n",
+        r.gpus,
+        r.rss_idle_kib,
+        r.rss_peak_kib,
+        "clients",
+        "pairs",
+        "pair p50us",
+        "pair p99us",
+        "alloc p50us",
+        "alloc p99us",
+        "rel p99us",
+        "pairs/s",
+        "RSS KiB"
+    );
+    for x in &r.rows {
+        s.push_str(&format!(
+            "{:>7} {:>7} {:>11.0} {:>11.0} {:>12.0} {:>12.0} {:>12.0} {:>10.0} {:>10}\n",
+            x.clients,
+            x.pairs,
+            x.pair_p50_us,
+            x.pair_p99_us,
+            x.allocate_p50_us,
+            x.allocate_p99_us,
+            x.release_p99_us,
+            x.pairs_per_s,
+            x.rss_after_kib
+        ));
+    }
+    s
+}
+
+/// Entry point for the CLI: runs, prints the table, writes the JSON.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let report = bench(args)?;
+    print!("{}", table(&report));
+    std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?)?;
+    println!("wrote {}", args.json.display());
+    Ok(())
+}
