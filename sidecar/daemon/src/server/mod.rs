@@ -29,6 +29,7 @@ use super::fsutil::ensure_dir;
 use super::journal::Journal;
 use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
+use super::policy_choice::{build as build_policy, Built};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
     ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, ReconcileReply, ReleaseReply,
@@ -147,16 +148,13 @@ struct GpuSlot {
 
 /// The running daemon.
 pub struct Daemon {
-    config: RwLock<Arc<Config>>,
+    /// Everything SIGHUP may change, swapped as one snapshot.
+    live: RwLock<Arc<Live>>,
     config_path: PathBuf,
     backend: Arc<dyn Backend>,
     slots: Vec<GpuSlot>,
     journal: Journal,
     metrics: Metrics,
-    slurm: RwLock<Arc<dyn SlurmClient>>,
-    policy: Mutex<Box<dyn RepartitionPolicy + Send>>,
-    policy_name: RwLock<String>,
-    slurm_uid: RwLock<Option<u32>>,
     /// Learned memory estimates and the out-of-memory ledger (short,
     /// synchronous critical sections; never held across an await).
     memory: Arc<std::sync::Mutex<MemoryState>>,
@@ -173,6 +171,34 @@ pub struct Daemon {
     waiting: std::sync::Mutex<HashMap<u64, (u32, u8, Instant)>>,
     /// The plugin's `oom_requeue`, as the last allocate said.
     plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
+}
+
+/// The settings in effect, and what is built from them: one immutable
+/// snapshot that SIGHUP replaces whole ([`Daemon::live`]), so a request or
+/// an epoch that took it sees the old settings or the new ones, never a mix
+/// (say the new Slurm commands with the old policy).
+struct Live {
+    config: Arc<Config>,
+    slurm: Arc<dyn SlurmClient>,
+    /// The uid of `slurm_user` (allowed to write besides root).
+    slurm_uid: Option<u32>,
+    /// The policy has state of its own (learned, greedy's batching window),
+    /// so it sits behind its own lock; a new one comes with a new snapshot.
+    policy: Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>,
+    policy_name: String,
+}
+
+impl Live {
+    fn new(config: Config, policy: Built) -> Live {
+        let (policy, policy_name) = policy;
+        Live {
+            slurm: slurm_client(&config),
+            slurm_uid: resolve_uid(&config.slurm_user),
+            config: Arc::new(config),
+            policy: Arc::new(Mutex::new(policy)),
+            policy_name,
+        }
+    }
 }
 
 /// Removes a job from [`Daemon::waiting`] when its allocate returns, by
@@ -242,14 +268,6 @@ fn user_name(uid: u32) -> String {
     }
 }
 
-/// Builds the policy named in the config (see [`super::policy_choice::build`]).
-fn make_policy(
-    spec: &str,
-    models: &[GpuModel],
-) -> Result<(Box<dyn RepartitionPolicy + Send>, String), String> {
-    super::policy_choice::build(spec, models)
-}
-
 fn backend_error(e: &BackendError) -> ErrorBody {
     ErrorBody::new(ErrorKind::Backend, e.to_string())
 }
@@ -315,9 +333,9 @@ impl Daemon {
             });
         }
         let models: Vec<GpuModel> = slots.iter().map(|s| s.model).collect();
-        let (policy, policy_name) =
-            make_policy(&config.policy, &models).map_err(StartError::Policy)?;
-        let slurm = slurm_client(&config);
+        let policy = build_policy(&config.policy, &models).map_err(StartError::Policy)?;
+        let live = Live::new(config, policy);
+        let (config, slurm) = (live.config.clone(), live.slurm.clone());
         let node = config.node_name.clone().unwrap_or_else(|| {
             nix::unistd::gethostname()
                 .ok()
@@ -353,19 +371,14 @@ impl Daemon {
         for slot in &mut slots {
             journal.save(&slot.state.get_mut().book)?;
         }
-        let slurm_uid = resolve_uid(&config.slurm_user);
         let (shutdown, _) = watch::channel(false);
         let daemon = Daemon {
-            config: RwLock::new(Arc::new(config)),
+            live: RwLock::new(Arc::new(live)),
             config_path,
             backend,
             slots,
             journal,
             metrics: Metrics::new(),
-            slurm: RwLock::new(slurm),
-            policy: Mutex::new(policy),
-            policy_name: RwLock::new(policy_name),
-            slurm_uid: RwLock::new(slurm_uid),
             memory: Arc::new(std::sync::Mutex::new(memory)),
             node,
             started: Instant::now(),
@@ -378,25 +391,30 @@ impl Daemon {
         Ok(Arc::new(daemon))
     }
 
-    pub fn config(&self) -> Arc<Config> {
-        self.config
+    /// The settings in effect: one snapshot, consistent in itself. Take it
+    /// once per request or epoch and read everything from it.
+    fn live(&self) -> Arc<Live> {
+        self.live
             .read()
-            .map(|c| c.clone())
+            .map(|l| l.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.live().config.clone()
     }
 
     fn slurm(&self) -> Arc<dyn SlurmClient> {
-        self.slurm
-            .read()
-            .map(|c| c.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+        self.live().slurm.clone()
     }
 
     fn policy_name(&self) -> String {
-        self.policy_name
-            .read()
-            .map(|c| c.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+        self.live().policy_name.clone()
+    }
+
+    /// The policy in effect (a SIGHUP installs a new one, with its snapshot).
+    fn policy(&self) -> Arc<Mutex<Box<dyn RepartitionPolicy + Send>>> {
+        self.live().policy.clone()
     }
 
     /// The memory state, also after a panic elsewhere poisoned the lock
@@ -408,19 +426,15 @@ impl Daemon {
     }
 
     fn authorized(&self, uid: u32) -> bool {
-        uid == 0
-            || self
-                .slurm_uid
-                .read()
-                .map(|u| *u == Some(uid))
-                .unwrap_or(false)
+        uid == 0 || self.live().slurm_uid == Some(uid)
     }
 
     /// Installs the policy's initial layout on GPUs that have no instance at
     /// all (a fresh boot). `none` leaves GPUs empty: instances are then made
     /// on demand, which is what `none` means for a sidecar.
     pub async fn install_initial_layouts(&self) {
-        if !self.policy.lock().await.installs_initial_layout() {
+        let policy = self.policy();
+        if !policy.lock().await.installs_initial_layout() {
             return;
         }
         for slot in &self.slots {
@@ -429,7 +443,7 @@ impl Daemon {
                 continue;
             }
             let target = {
-                let mut p = self.policy.lock().await;
+                let mut p = policy.lock().await;
                 p.initial_layout(slot.index as usize, st.book.geometry)
             };
             self.apply_target(slot, &mut st, target, "initial layout");

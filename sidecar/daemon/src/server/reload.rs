@@ -3,8 +3,8 @@
 use super::*;
 
 impl Daemon {
-    /// SIGHUP: re-reads the config; applies what can change live, keeps the
-    /// old config when the new one is invalid.
+    /// SIGHUP: re-reads the config; applies what can change live as one new
+    /// [`Live`] snapshot, keeps the old one when the new config is invalid.
     pub async fn reload(&self) {
         let new = match Config::load(&self.config_path) {
             Ok(c) => c,
@@ -15,7 +15,7 @@ impl Daemon {
         };
         let old = self.config();
         let models: Vec<GpuModel> = self.slots.iter().map(|s| s.model).collect();
-        let (policy, name) = match make_policy(&new.policy, &models) {
+        let policy = match build_policy(&new.policy, &models) {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!("SIGHUP: policy rejected, keeping the old config: {e}");
@@ -36,20 +36,11 @@ impl Daemon {
         } else {
             tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
         }
-        if old.slurm_user != merged.slurm_user {
-            if let Ok(mut u) = self.slurm_uid.write() {
-                *u = resolve_uid(&merged.slurm_user);
-            }
-        }
-        if let Ok(mut s) = self.slurm.write() {
-            *s = slurm_client(&merged);
-        }
-        *self.policy.lock().await = policy;
-        if let Ok(mut n) = self.policy_name.write() {
-            *n = name;
-        }
-        if let Ok(mut c) = self.config.write() {
-            *c = Arc::new(merged);
+        // One swap: readers see the old snapshot or the new one, never a mix.
+        let snapshot = Arc::new(Live::new(merged, policy));
+        match self.live.write() {
+            Ok(mut l) => *l = snapshot,
+            Err(p) => *p.into_inner() = snapshot,
         }
     }
 }

@@ -102,7 +102,9 @@ impl Daemon {
 
     /// One repartitioning epoch: observe, ask the policy, apply what is safe.
     pub async fn repartition_once(&self) {
-        let cfg = self.config();
+        // One snapshot for the epoch: a SIGHUP during it takes effect next epoch.
+        let live = self.live();
+        let cfg = &live.config;
         let queue = match self.read_queue().await {
             Some((q, t0)) => {
                 let _ = self.reap_ended_jobs(&q, t0).await;
@@ -165,7 +167,7 @@ impl Daemon {
             pending: &jobs,
             pending_by_profile: &by_profile,
         };
-        let decisions = self.policy.lock().await.decide(&view);
+        let decisions = live.policy.lock().await.decide(&view);
         for d in decisions {
             let Some(slot) = self.slots.get(d.gpu) else {
                 tracing::warn!(gpu = d.gpu, "policy decided for a GPU that does not exist");
