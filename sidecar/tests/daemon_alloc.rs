@@ -6,7 +6,7 @@ mod daemon_common;
 use std::time::{Duration, Instant};
 
 use daemon_common::{req, TestDaemon};
-use smartmig::daemon::protocol::AllocAction;
+use smartmig::daemon::protocol::{AllocAction, AllocateRequest};
 use smartmig::daemon::{ClientError, ErrorKind};
 
 #[test]
@@ -31,6 +31,55 @@ fn profile_follows_slices_and_memory() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// `--mig-profile` travels in the allocate: the daemon resolves it on the
+/// GPU's model and builds exactly that profile, or refuses naming why, with
+/// no status round trip before.
+#[test]
+fn a_requested_profile_is_built_exactly_or_refused() {
+    let d = TestDaemon::start("exact-profile", "");
+    let c = d.client();
+    let with = |job, slices, name: &str| AllocateRequest {
+        profile: Some(name.into()),
+        ..req(job, 0, slices, None)
+    };
+    // Without the name, one slice and no memory is the smallest 1g.
+    assert_eq!(c.allocate(req(1, 1, 1, None)).unwrap().profile, "1g.5gb");
+    let a = c.allocate(with(2, 1, "1g.10gb")).unwrap();
+    assert_eq!((a.profile.as_str(), a.memory_gb), ("1g.10gb", 10));
+    // Any --mig-mem beside it is ignored: the profile says the memory.
+    let b = c
+        .allocate(AllocateRequest {
+            memory_gb: Some(1.0),
+            ..with(3, 3, "nvidia_a100_3g.20gb")
+        })
+        .unwrap();
+    assert_eq!(b.profile, "3g.20gb");
+    for (bad, says) in [
+        (with(4, 2, "1g.10gb"), "use --gres=shard:1"),
+        (
+            with(4, 3, "3g.40gb"),
+            "a100-40gb has no 3g profile with about 40 GB",
+        ),
+        (with(4, 1, "banana"), "--mig-profile=banana"),
+    ] {
+        match c.allocate(bad) {
+            Err(ClientError::Daemon(e)) => {
+                assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e}");
+                assert!(e.message.contains(says), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // A refusal changed nothing: job 4 holds no instance.
+    let status = c.status().unwrap();
+    let jobs: Vec<u64> = status
+        .gpus
+        .iter()
+        .flat_map(|g| g.instances.iter().filter_map(|i| i.job_id))
+        .collect();
+    assert!(!jobs.contains(&4), "{jobs:?}");
 }
 
 #[test]

@@ -31,7 +31,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, MutexGuard};
 
 use smartmig_client::client::{Client, ClientError};
-use smartmig_client::protocol::{AllocAction, AllocateRequest, ErrorKind, ReleaseRequest};
+use smartmig_client::protocol::{AllocateRequest, ErrorKind, ReleaseRequest};
 
 pub mod args;
 pub mod job;
@@ -642,7 +642,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
             ))
         }
     };
-    let mut memory_gb = match mig_mem {
+    let memory_gb = match mig_mem {
         None => None,
         Some(Ok(gb)) => Some(gb),
         Some(Err(e)) => return fail(e),
@@ -669,35 +669,13 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
             }
         }
     };
-    let mut wanted = None;
-    match mig_profile {
-        None => {}
+    // `--mig-profile`: smartmigd resolves it on the GPU's model and hands
+    // out exactly that profile or refuses, in the allocate itself.
+    let profile = match mig_profile {
+        None => None,
         Some(Err(e)) => return fail(e),
-        Some(Ok(name)) => {
-            let status = match patiently(args.sidecar_wait, || client.status()) {
-                Ok(s) => s,
-                Err(e) => return sidecar_failure(e),
-            };
-            let Some(model) = status
-                .gpus
-                .iter()
-                .find(|g| g.index == gres.gpu)
-                .map(|g| g.model.clone())
-            else {
-                return fail(format!(
-                    "{what}: the sidecar does not manage GPU {}",
-                    gres.gpu
-                ));
-            };
-            match options::resolve_profile(&model, &name, gres.shards) {
-                Ok(p) => {
-                    memory_gb = Some(f64::from(p.memory_gb));
-                    wanted = Some(p);
-                }
-                Err(e) => return fail(e),
-            }
-        }
-    }
+        Some(Ok(name)) => Some(name),
+    };
     // SAFETY: `sp` is the callback's handle.
     let job_name = unsafe { spank::getenv(sp, "SLURM_JOB_NAME") }.filter(|n| !n.trim().is_empty());
     let request = AllocateRequest {
@@ -711,23 +689,17 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         time_limit_s: None,
         job_name,
         oom_marker: Some(args.oom_requeue),
+        profile: profile.clone(),
     };
     let reply = match patiently(args.sidecar_wait, || client.allocate(request.clone())) {
         Ok(r) => r,
+        // A profile the GPU cannot build is the job's own error: it fails,
+        // whatever `on_failure` says (a whole GPU would hide it).
+        Err(ClientError::Daemon(b)) if b.kind == ErrorKind::InvalidRequest && profile.is_some() => {
+            return fail(format!("{what}: {}", b.message))
+        }
         Err(e) => return sidecar_failure(e),
     };
-    if let Some(p) = wanted {
-        if reply.compute != p.shape.compute || reply.memory_gb != p.memory_gb {
-            if reply.action != AllocAction::Existing {
-                let _ = client.release(u64::from(job_id));
-            }
-            return fail(format!(
-                "{what}: --mig-profile={} asked, but the sidecar offers {}",
-                p.name(),
-                reply.profile
-            ));
-        }
-    }
     for (name, value) in [
         ("CUDA_VISIBLE_DEVICES", reply.uuid.as_str()),
         ("SMARTMIG_PROFILE", reply.profile.as_str()),
@@ -740,7 +712,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
     // A job with --mig-profile asked for exactly that profile: a restart on
     // a larger one would contradict it (and fail the profile check), so it
     // gets no marker and is never requeued for memory.
-    let oom_file = if args.oom_requeue && wanted.is_none() {
+    let oom_file = if args.oom_requeue && profile.is_none() {
         // SAFETY: `sp` is the callback's handle.
         let gid = unsafe { spank::item_u32(sp, sys::spank_item_S_JOB_GID) }.unwrap_or(uid);
         match oom::prepare(

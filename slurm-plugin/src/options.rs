@@ -1,13 +1,15 @@
 //! The job options the plugin adds to sbatch/srun/salloc: `--mig-mem=SIZE`
 //! and `--mig-profile=NAME`.
 //!
-//! Both are validated twice: at submit (the allocator context, where a bad
-//! value makes sbatch refuse the job with the message below) and again in
-//! slurmstepd (the remote context) where the GPU model and the shard count
-//! are known. The GPU model is not known at submit time, so `--mig-profile`
-//! is only checked there for being a profile of *some* known model.
+//! Both are validated at submit (the allocator context, where a bad value
+//! makes sbatch refuse the job with the message below). The GPU model is not
+//! known there, so `--mig-profile` is only checked for being a profile of
+//! *some* known model; on the node the plugin passes the name in the
+//! allocate request and smartmigd resolves it on the GPU's model
+//! (`smartmig_mig::requested_profile`), refusing a profile the model lacks
+//! or whose compute slices differ from the shard count.
 
-use smartmig_mig::{parse_profile, GpuModel, ProfileParseError, ProfileSpec, MODELS};
+use smartmig_mig::{parse_profile, ProfileParseError, MODELS};
 
 /// Largest `--mig-mem` accepted (GB): more than any MIG-capable GPU has, so
 /// a typo such as `--mig-mem=20000G` is refused at submit instead of failing
@@ -81,31 +83,6 @@ pub fn check_profile_syntax(name: &str) -> Result<u8, String> {
     })
 }
 
-/// Resolves `--mig-profile` on the job's GPU model (remote context) and
-/// checks that it agrees with the job's shard count: a 3g profile needs
-/// `--gres=shard:3`, because Slurm accounts the GPU's capacity in shards.
-pub fn resolve_profile(
-    model: &str,
-    name: &str,
-    shards: u8,
-) -> Result<&'static ProfileSpec, String> {
-    let model: GpuModel = model
-        .parse()
-        .ok()
-        .or_else(|| GpuModel::from_nvml_name(model))
-        .ok_or_else(|| format!("the sidecar reports an unknown GPU model `{model}`"))?;
-    let profile =
-        parse_profile(model.spec(), name).map_err(|e| format!("--mig-profile={name}: {e}"))?;
-    if profile.shape.compute != shards {
-        return Err(format!(
-            "--mig-profile={name} has {} compute slices but the job asked for \
-             --gres=shard:{shards}; use --gres=shard:{}",
-            profile.shape.compute, profile.shape.compute
-        ));
-    }
-    Ok(profile)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,20 +125,5 @@ mod tests {
         assert!(check_profile_syntax("5g.30gb")
             .unwrap_err()
             .contains("no MIG-capable GPU model"));
-    }
-
-    #[test]
-    fn profile_must_match_model_and_shards() {
-        let p = resolve_profile("a100-40gb", "3g.20gb", 3).unwrap();
-        assert_eq!(p.name(), "3g.20gb");
-        assert!(resolve_profile("a100-40gb", "3g.40gb", 3)
-            .unwrap_err()
-            .contains("a100-40gb"));
-        assert!(resolve_profile("a100-40gb", "3g.20gb", 2)
-            .unwrap_err()
-            .contains("--gres=shard:3"));
-        assert!(resolve_profile("tpu-v9", "3g.20gb", 3)
-            .unwrap_err()
-            .contains("unknown GPU model"));
     }
 }

@@ -7,8 +7,9 @@
 //! `cargo test --release -p smartmig-spank --test bad_options -- --nocapture`
 //! prints the table that docs/reliability.md shows.
 
+use smartmig_mig::{requested_profile, GpuModel};
 use smartmig_spank::args::PluginArgs;
-use smartmig_spank::options::{check_profile_syntax, parse_mig_mem, resolve_profile};
+use smartmig_spank::options::{check_profile_syntax, parse_mig_mem};
 
 const HINT: &str = "expected a size such as 10G, 15GB, 20480M or 40 (GB)";
 
@@ -31,15 +32,18 @@ fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
             check_profile_syntax(v).map(|k| format!("{k} slices")),
         ));
     }
+    // On the node smartmigd resolves the name on its GPU's model (the
+    // plugin passes it in the allocate); the same function, from smartmig-mig.
     for (model, name, shards) in [
-        ("a100-40gb", "3g.40gb", 3u8),
-        ("a100-40gb", "3g.20gb", 2),
-        ("tpu-v9", "3g.20gb", 3),
+        (GpuModel::A100_40gb, "3g.40gb", 3u8),
+        (GpuModel::A100_40gb, "3g.20gb", 2),
     ] {
         out.push((
             "--mig-profile (node)",
             format!("{name} with shard:{shards} on {model}"),
-            resolve_profile(model, name, shards).map(|p| p.name().clone()),
+            requested_profile(model.spec(), name, shards)
+                .map(smartmig_mig::ProfileSpec::name)
+                .map_err(|e| e.to_string()),
         ));
     }
     for w in [

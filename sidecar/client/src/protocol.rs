@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use smartmig_mig::GpuModel;
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -101,6 +102,13 @@ pub struct AllocateRequest {
     /// at all. Optional (older plugins omit it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_marker: Option<bool>,
+    /// The exact MIG profile the job asked for (`--mig-profile`, e.g.
+    /// `3g.20gb`): smartmigd resolves it on the GPU's model, refuses it
+    /// (`invalid_request`) when that model has no such profile or its
+    /// compute slices differ from `slices`, and then hands out exactly that
+    /// profile (`memory_gb` is ignored). Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// `release`: the job ended.
@@ -344,7 +352,8 @@ pub struct EstimateStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuStatus {
     pub index: u32,
-    pub model: String,
+    /// On the wire, the model's id (`a100-40gb`).
+    pub model: GpuModel,
     /// Memory-slot picture (`4444|22|1|.`), see `Geometry::picture`.
     pub picture: String,
     /// Layout name (`4g.20gb+2g.10gb+1g.5gb`).

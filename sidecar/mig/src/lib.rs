@@ -28,4 +28,7 @@ pub use geometry::{Geometry, Headroom, LayoutError};
 pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
 pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MAX_PROFILES, MODELS};
 pub use placement::Transition;
-pub use profile::{parse_profile, select_profile, ProfileParseError, SelectError};
+pub use profile::{
+    parse_profile, requested_profile, select_profile, ProfileParseError, RequestedProfileError,
+    SelectError,
+};

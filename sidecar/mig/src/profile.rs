@@ -55,6 +55,48 @@ pub enum SelectError {
     BadMemory(f64),
 }
 
+/// Why a job's exact profile (`--mig-profile`) cannot be served on a model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestedProfileError {
+    #[error("--mig-profile={name}: {reason}")]
+    Unknown {
+        name: String,
+        reason: ProfileParseError,
+    },
+    #[error(
+        "--mig-profile={name} has {compute} compute slices but the job asked for \
+         --gres=shard:{shards}; use --gres=shard:{compute}"
+    )]
+    ShardMismatch {
+        name: String,
+        compute: u8,
+        shards: u8,
+    },
+}
+
+/// The profile a job asked for by name (`--mig-profile`), on `model`, for a
+/// job billed `shards` compute slices: the name must be one of the model's
+/// profiles and its compute slices must equal the shards (Slurm bills the
+/// shards, MIG builds the profile).
+pub fn requested_profile(
+    model: &'static ModelSpec,
+    name: &str,
+    shards: u8,
+) -> Result<&'static ProfileSpec, RequestedProfileError> {
+    let profile = parse_profile(model, name).map_err(|reason| RequestedProfileError::Unknown {
+        name: name.to_string(),
+        reason,
+    })?;
+    if profile.shape.compute != shards {
+        return Err(RequestedProfileError::ShardMismatch {
+            name: name.to_string(),
+            compute: profile.shape.compute,
+            shards,
+        });
+    }
+    Ok(profile)
+}
+
 /// Pulls `(compute, memory_gb, media_extension)` out of a name such as
 /// `nvidia_a100_3g.20gb`, `MIG 1g.10gb+me` or `3g.39gb`.
 fn split_name(name: &str) -> Option<(u8, u32)> {
@@ -165,6 +207,29 @@ pub fn select_profile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_requested_profile_must_exist_and_match_the_shards() {
+        let a100 = crate::GpuModel::A100_40gb.spec();
+        assert_eq!(
+            requested_profile(a100, "3g.20gb", 3).unwrap().name(),
+            "3g.20gb"
+        );
+        assert_eq!(
+            requested_profile(a100, "nvidia_a100_1g.10gb", 1)
+                .unwrap()
+                .name(),
+            "1g.10gb"
+        );
+        let e = requested_profile(a100, "3g.40gb", 3)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--mig-profile=3g.40gb: "), "{e}");
+        let e = requested_profile(a100, "3g.20gb", 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use --gres=shard:3"), "{e}");
+    }
     use crate::GpuModel;
 
     fn name_on(model: GpuModel, s: &str) -> Result<String, ProfileParseError> {

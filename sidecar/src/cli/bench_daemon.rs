@@ -176,6 +176,7 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
                             time_limit_s: None,
                             job_name: None,
                             oom_marker: None,
+                            profile: None,
                         })?;
                         let alloc = a.elapsed().as_secs_f64();
                         client.release(job_id)?;

@@ -225,7 +225,7 @@ mod tests {
             uptime_s: 75,
             gpus: vec![GpuStatus {
                 index: 0,
-                model: "a100-40gb".into(),
+                model: crate::mig::GpuModel::A100_40gb,
                 picture: "3333|....".into(),
                 layout: "3g.20gb".into(),
                 instances: vec![InstanceStatus {

@@ -204,5 +204,6 @@ pub fn req(job_id: u64, gpu: u32, slices: u8, memory_gb: Option<f64>) -> Allocat
         time_limit_s: Some(3600),
         job_name: None,
         oom_marker: None,
+        profile: None,
     }
 }

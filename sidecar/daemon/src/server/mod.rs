@@ -569,6 +569,16 @@ impl Daemon {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(marker);
         }
+        // `--mig-profile`: exactly that profile, or a refusal naming why.
+        let exact = req
+            .profile
+            .as_deref()
+            .map(|name| crate::mig::requested_profile(slot.model.spec(), name, req.slices))
+            .transpose()
+            .map_err(|e| {
+                ErrorBody::new(ErrorKind::InvalidRequest, format!("GPU {}: {e}", req.gpu))
+            })?;
+        let declared_gb = exact.map_or(req.memory_gb, |p| Some(f64::from(p.memory_gb)));
         let cfg = self.config();
         // The user's name may come from NSS (LDAP, SSSD): a blocking lookup.
         // Job names are the user's to choose: bounded so keys stay small.
@@ -585,7 +595,7 @@ impl Daemon {
             slot.model.spec(),
             req.job_id,
             req.slices,
-            req.memory_gb,
+            declared_gb,
             key.as_ref(),
             cfg.memory.estimate,
         );
@@ -594,7 +604,7 @@ impl Daemon {
             Sizing::OomRestart { after_gb } => tracing::info!(
                 job = req.job_id,
                 gpu = req.gpu,
-                declared_gb = ?req.memory_gb,
+                declared_gb = ?declared_gb,
                 "restart after running out of memory on a {after_gb} GB instance: asking for at least {} GB",
                 memory_gb.unwrap_or(0.0)
             ),
@@ -662,6 +672,19 @@ impl Daemon {
                             return Err(ErrorBody::new(ErrorKind::ShuttingDown, "smartmigd is shutting down"));
                         }
                     }
+                }
+                Ok((profile, _)) if exact.is_some_and(|p| p != profile) => {
+                    // Only an out-of-memory restart asks for more than the
+                    // profile, and the plugin gives such jobs no marker.
+                    return Err(ErrorBody::new(
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "GPU {}: --mig-profile={} asked, but this run needs {}",
+                            req.gpu,
+                            req.profile.as_deref().unwrap_or_default(),
+                            profile.name()
+                        ),
+                    ));
                 }
                 Ok((profile, plan)) => {
                     let waited_ms = start.elapsed().as_millis() as u64;
@@ -978,7 +1001,7 @@ impl Daemon {
                 .collect();
             gpus.push(GpuStatus {
                 index: slot.index,
-                model: slot.model.id().into(),
+                model: slot.model,
                 picture: g.picture(layout),
                 layout: g.name(layout),
                 instances,
