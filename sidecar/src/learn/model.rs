@@ -15,8 +15,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::learn::LearnError;
-
+use super::LearnError;
 use crate::policy::onnx_contract::MASK_PENALTY;
 
 /// One dense layer, candle layout: `weight` is `[out, in]`.
@@ -123,6 +122,26 @@ impl ActorCritic {
             hidden,
             actor: Mlp::new(&mut rng, obs_dim, hidden, actions, 0.1)?,
             critic: Mlp::new(&mut rng, obs_dim, hidden, 1, 1.0)?,
+        })
+    }
+
+    /// A copy with its own parameters (candle `Var`s are shared handles, so
+    /// `clone` would alias the weights being trained).
+    pub fn clone_deep(&self) -> Result<Self, LearnError> {
+        let copy = |m: &Mlp| -> Result<Mlp, LearnError> {
+            let mut layers = m.layers.clone();
+            for l in &mut layers {
+                l.weight = Var::from_tensor(&l.weight.as_tensor().copy()?)?;
+                l.bias = Var::from_tensor(&l.bias.as_tensor().copy()?)?;
+            }
+            Ok(Mlp { layers })
+        };
+        Ok(ActorCritic {
+            obs_dim: self.obs_dim,
+            actions: self.actions,
+            hidden: self.hidden,
+            actor: copy(&self.actor)?,
+            critic: copy(&self.critic)?,
         })
     }
 
