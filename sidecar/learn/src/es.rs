@@ -14,39 +14,13 @@ use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use serde::{Deserialize, Serialize};
 
+pub use super::config::EsConfig;
+use super::config::TrainConfig;
+use super::data::Day;
 use super::model::ActorCritic;
-use super::train::{CandlePolicy, Day, TrainConfig};
+use super::rollout::CandlePolicy;
 use super::LearnError;
-
-/// ES hyper-parameters (`[es]` in the training config).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EsConfig {
-    /// Iterations (0 = no ES phase).
-    pub iterations: usize,
-    /// Antithetic pairs per iteration.
-    pub pairs: usize,
-    /// Noise scale, in weight units.
-    pub sigma: f64,
-    /// Step size.
-    pub lr: f64,
-    /// Training days each iteration's candidates are scored on.
-    pub days: usize,
-}
-
-impl Default for EsConfig {
-    fn default() -> Self {
-        EsConfig {
-            iterations: 0,
-            pairs: 8,
-            sigma: 0.01,
-            lr: 0.01,
-            days: 4,
-        }
-    }
-}
 
 /// The actor's parameters as one flat vector, and back.
 fn get(net: &ActorCritic) -> Result<Vec<f32>, LearnError> {
@@ -173,26 +147,15 @@ pub fn step(
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{day, net, tiny};
     use super::*;
-
-    fn tiny() -> TrainConfig {
-        let mut cfg = TrainConfig {
-            gpus: vec![3],
-            hidden: 8,
-            ..TrainConfig::default()
-        };
-        cfg.workload.horizon_s = 3.0 * 3600.0;
-        cfg.workload.start_hour = 12.0;
-        cfg
-    }
 
     /// Flattening round-trips, a step moves the weights, and a step is
     /// deterministic given its seed.
     #[test]
     fn step_moves_the_weights_deterministically() {
         let cfg = tiny();
-        let spec = crate::policy::features::FeatureSpec::new(cfg.gpu_model);
-        let days = vec![Day::new(&cfg, 3, 1).unwrap(), Day::new(&cfg, 3, 2).unwrap()];
+        let days = vec![day(&cfg, 1), day(&cfg, 2)];
         let es = EsConfig {
             iterations: 1,
             pairs: 3,
@@ -200,8 +163,8 @@ mod tests {
             lr: 0.5,
             days: 2,
         };
-        let a = ActorCritic::new(spec.obs_dim, spec.actions, 8, 3).unwrap();
-        let b = ActorCritic::new(spec.obs_dim, spec.actions, 8, 3).unwrap();
+        let a = net(&cfg, 3);
+        let b = net(&cfg, 3);
         let before = get(&a).unwrap();
         set(&a, &before).unwrap();
         assert_eq!(get(&a).unwrap(), before);

@@ -4,8 +4,22 @@
 //! multi-agent actor-critic) on the simulator, and exporting it to ONNX.
 //!
 //! - [`model`]: the shared-parameter actor-critic MLP (candle, CPU).
+//! - [`config`]: the training configuration (`etc/train.toml`).
+//! - [`data`]: the days episodes run on (diurnal days or trace windows).
+//! - `reward`: energy and tardiness per decision epoch from the event log.
+//! - [`teacher`]: the imitation teacher and the layout searches it rests on.
+//! - [`rollout`]: episodes on the simulator, GAE, the deterministic policy.
+//! - [`ppo`]: the imitation and PPO updates.
+//! - [`es`]: evolution-strategies fine-tuning of the actor.
+//! - `checkpoint`: the best network by validation.
+//! - [`train`]: the whole run (imitation, PPO, ES, checkpoint choice).
 //! - [`export`]: the actor as an ONNX graph (onnx-rs), with its metadata.
-//! - [`train`]: the environment loop, imitation warm start and PPO.
+//! - [`oracle`]: the hindsight rollout oracle (`smartmig bench oracle`).
+//!
+//! The trainer's modules are layered: `config` -> `data` -> `teacher` ->
+//! `rollout` (with `reward`) -> `ppo`/`es` -> `train`, each importing only
+//! modules before it; no module here imports `train`, whose re-exports keep
+//! the paths callers used before the split (`learn::train::TrainConfig`, ...).
 //!
 //! `docs/policy.md` documents the formulation and how the shipped policy was
 //! trained.
@@ -14,10 +28,19 @@
 use smartmig_core::{policy, sim, workload};
 use smartmig_mig as mig;
 
+mod checkpoint;
+pub mod config;
+pub mod data;
 pub mod es;
 pub mod export;
 pub mod model;
 pub mod oracle;
+pub mod ppo;
+mod reward;
+pub mod rollout;
+pub mod teacher;
+#[cfg(test)]
+mod testing;
 pub mod train;
 
 /// Errors of training and export.

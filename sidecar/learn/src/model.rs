@@ -126,6 +126,26 @@ impl ActorCritic {
         })
     }
 
+    /// A copy with its own parameters (candle `Var`s are shared handles, so
+    /// `clone` would alias the weights being trained).
+    pub fn clone_deep(&self) -> Result<Self, LearnError> {
+        let copy = |m: &Mlp| -> Result<Mlp, LearnError> {
+            let mut layers = m.layers.clone();
+            for l in &mut layers {
+                l.weight = Var::from_tensor(&l.weight.as_tensor().copy()?)?;
+                l.bias = Var::from_tensor(&l.bias.as_tensor().copy()?)?;
+            }
+            Ok(Mlp { layers })
+        };
+        Ok(ActorCritic {
+            obs_dim: self.obs_dim,
+            actions: self.actions,
+            hidden: self.hidden,
+            actor: copy(&self.actor)?,
+            critic: copy(&self.critic)?,
+        })
+    }
+
     pub fn actor_vars(&self) -> Vec<Var> {
         self.actor.vars()
     }

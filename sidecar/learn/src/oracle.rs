@@ -16,7 +16,8 @@
 //! simulation per candidate per epoch (`smartmig bench oracle` prints its
 //! cost).
 
-use super::train::{Day, TrainConfig};
+use super::config::TrainConfig;
+use super::data::Day;
 use super::LearnError;
 use crate::mig::{Geometry, Layout};
 use crate::policy::{ClusterView, Decision, GpuStatus, RepartitionPolicy};

@@ -11,7 +11,7 @@
 //! moves as far as its busy instances allow ([`super::step_toward`]), as
 //! `twice-daily` does. The rule reacts to the load it sees rather than to
 //! the clock, so a light afternoon stays whole and a busy night is split;
-//! its parameters are searched on training days (`learn::train`) and it is
+//! its parameters are searched on training days (`learn::teacher`) and it is
 //! the resting rule of the trainer's teacher.
 
 use super::{step_toward, ClusterView, Decision, RepartitionPolicy};
