@@ -87,14 +87,56 @@ pub const DEFAULT_SIDECAR_WAIT: Duration = Duration::from_secs(15);
 const KNOWN_KEYS: &str = "socket, timeout, on_failure, oom_requeue, oom_dir, sidecar_wait, \
                           drain_on_unreachable, requeue, scontrol";
 
+/// A plugstack.conf word the plugin refuses. The text names the word and
+/// what is wrong with it, because it ends up in slurmd.log and in the failed
+/// job's output.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    #[error("plugstack.conf argument `{word}` is not KEY=VALUE (known keys: {KNOWN_KEYS})")]
+    NotKeyValue { word: String },
+    #[error("unknown plugstack.conf argument `{word}` (known keys: {KNOWN_KEYS})")]
+    UnknownKey { word: String },
+    /// A known key with a value it does not take.
+    #[error("plugstack.conf argument `{word}`: {key} {wanted}")]
+    BadValue {
+        word: String,
+        key: &'static str,
+        wanted: Wanted,
+    },
+}
+
+/// What a key's value must be (the end of [`ArgsError::BadValue`]'s text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Wanted {
+    #[error("must be an absolute path")]
+    AbsolutePath,
+    #[error("must be a number of seconds")]
+    Seconds,
+    /// A number of seconds outside this range.
+    #[error("must be in {0} seconds")]
+    SecondsIn(&'static str),
+    #[error("must be `fail` or `whole-gpu`")]
+    OnFailure,
+    #[error("must be `yes` or `no`")]
+    YesNo,
+    #[error("must name a program")]
+    Program,
+}
+
 /// `yes`/`no` (also `true`/`false`, `1`/`0`).
-fn yes_no(word: &str, key: &str, value: &str) -> Result<bool, String> {
+fn yes_no(word: &str, key: &'static str, value: &str) -> Result<bool, ArgsError> {
     match value {
         "yes" | "true" | "1" => Ok(true),
         "no" | "false" | "0" => Ok(false),
-        _ => Err(format!(
-            "plugstack.conf argument `{word}`: {key} must be `yes` or `no`"
-        )),
+        _ => Err(bad_value(word, key, Wanted::YesNo)),
+    }
+}
+
+fn bad_value(word: &str, key: &'static str, wanted: Wanted) -> ArgsError {
+    ArgsError::BadValue {
+        word: word.to_string(),
+        key,
+        wanted,
     }
 }
 
@@ -103,34 +145,29 @@ impl PluginArgs {
     ///
     /// The error names the offending word and lists the valid keys, because
     /// it ends up in slurmd.log and in the failed job's output.
-    pub fn parse<S: AsRef<str>>(words: &[S]) -> Result<PluginArgs, String> {
+    pub fn parse<S: AsRef<str>>(words: &[S]) -> Result<PluginArgs, ArgsError> {
         let mut args = PluginArgs::default();
         for word in words {
             let word = word.as_ref();
             let Some((key, value)) = word.split_once('=') else {
-                return Err(format!(
-                    "plugstack.conf argument `{word}` is not KEY=VALUE (known keys: {KNOWN_KEYS})"
-                ));
+                return Err(ArgsError::NotKeyValue {
+                    word: word.to_string(),
+                });
             };
+            let bad = |key, wanted| Err(bad_value(word, key, wanted));
             match key {
                 "socket" => {
                     if value.is_empty() || !value.starts_with('/') {
-                        return Err(format!(
-                            "plugstack.conf argument `{word}`: socket must be an absolute path"
-                        ));
+                        return bad("socket", Wanted::AbsolutePath);
                     }
                     args.socket = PathBuf::from(value);
                 }
                 "timeout" => {
-                    let secs: f64 = value.parse().map_err(|_| {
-                        format!(
-                            "plugstack.conf argument `{word}`: timeout must be a number of seconds"
-                        )
-                    })?;
+                    let Ok(secs) = value.parse::<f64>() else {
+                        return bad("timeout", Wanted::Seconds);
+                    };
                     if !secs.is_finite() || secs <= 0.0 || secs > 3600.0 {
-                        return Err(format!(
-                            "plugstack.conf argument `{word}`: timeout must be in (0, 3600] seconds"
-                        ));
+                        return bad("timeout", Wanted::SecondsIn("(0, 3600]"));
                     }
                     args.timeout = Duration::from_secs_f64(secs);
                 }
@@ -138,50 +175,39 @@ impl PluginArgs {
                     args.on_failure = match value {
                         "fail" => OnFailure::Fail,
                         "whole-gpu" | "whole_gpu" => OnFailure::WholeGpu,
-                        _ => {
-                            return Err(format!(
-                                "plugstack.conf argument `{word}`: on_failure must be \
-                                 `fail` or `whole-gpu`"
-                            ))
-                        }
+                        _ => return bad("on_failure", Wanted::OnFailure),
                     }
                 }
-                "oom_requeue" => args.oom_requeue = yes_no(word, key, value)?,
-                "drain_on_unreachable" => args.drain_on_unreachable = yes_no(word, key, value)?,
-                "requeue" => args.requeue = yes_no(word, key, value)?,
+                "oom_requeue" => args.oom_requeue = yes_no(word, "oom_requeue", value)?,
+                "drain_on_unreachable" => {
+                    args.drain_on_unreachable = yes_no(word, "drain_on_unreachable", value)?;
+                }
+                "requeue" => args.requeue = yes_no(word, "requeue", value)?,
                 "sidecar_wait" => {
-                    let secs: f64 = value.parse().map_err(|_| {
-                        format!(
-                            "plugstack.conf argument `{word}`: sidecar_wait must be a number of seconds"
-                        )
-                    })?;
+                    let Ok(secs) = value.parse::<f64>() else {
+                        return bad("sidecar_wait", Wanted::Seconds);
+                    };
                     if !secs.is_finite() || !(0.0..=600.0).contains(&secs) {
-                        return Err(format!(
-                            "plugstack.conf argument `{word}`: sidecar_wait must be in [0, 600] seconds"
-                        ));
+                        return bad("sidecar_wait", Wanted::SecondsIn("[0, 600]"));
                     }
                     args.sidecar_wait = Duration::from_secs_f64(secs);
                 }
                 "scontrol" => {
                     if value.is_empty() {
-                        return Err(format!(
-                            "plugstack.conf argument `{word}`: scontrol must name a program"
-                        ));
+                        return bad("scontrol", Wanted::Program);
                     }
                     args.scontrol = PathBuf::from(value);
                 }
                 "oom_dir" => {
                     if value.is_empty() || !value.starts_with('/') {
-                        return Err(format!(
-                            "plugstack.conf argument `{word}`: oom_dir must be an absolute path"
-                        ));
+                        return bad("oom_dir", Wanted::AbsolutePath);
                     }
                     args.oom_dir = Some(PathBuf::from(value));
                 }
                 _ => {
-                    return Err(format!(
-                        "unknown plugstack.conf argument `{word}` (known keys: {KNOWN_KEYS})"
-                    ))
+                    return Err(ArgsError::UnknownKey {
+                        word: word.to_string(),
+                    })
                 }
             }
         }
@@ -263,8 +289,22 @@ mod tests {
             (vec!["scontrol="], "must name a program"),
             (vec!["oom_dir=oom"], "absolute path"),
         ] {
-            let err = PluginArgs::parse(&words).unwrap_err();
+            let err = PluginArgs::parse(&words).unwrap_err().to_string();
             assert!(err.contains(needle), "{words:?}: {err}");
         }
+        assert_eq!(
+            PluginArgs::parse(&["timeout=0"]),
+            Err(ArgsError::BadValue {
+                word: "timeout=0".into(),
+                key: "timeout",
+                wanted: Wanted::SecondsIn("(0, 3600]"),
+            })
+        );
+        assert_eq!(
+            PluginArgs::parse(&["socket"]),
+            Err(ArgsError::NotKeyValue {
+                word: "socket".into()
+            })
+        );
     }
 }

@@ -27,6 +27,37 @@ pub struct StepGres {
     pub gpu_source: &'static str,
 }
 
+/// Why the step's shard variables make no sense (the step has shards, but
+/// no one GPU index and count can be read from them). `variable` is the
+/// variable the GPU index was read from.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StepGresError {
+    #[error("SLURM_SHARDS_ON_NODE=`{raw}` is not a number")]
+    ShardsNotANumber { raw: String },
+    #[error("SLURM_SHARDS_ON_NODE={shards}: more shards than any GPU has")]
+    TooManyShards { shards: u32 },
+    /// `first` is the step's own GPU variable (`SLURM_JOB_GPUS` or
+    /// `SLURM_STEP_GPUS`).
+    #[error(
+        "the step has {shards} shard(s) but neither {first} nor \
+         CUDA_VISIBLE_DEVICES says which GPU they are on"
+    )]
+    NoGpu { shards: u8, first: &'static str },
+    #[error(
+        "{variable}={value}: the step's shards are on several GPUs; a shard job gets \
+         its shards from one GPU (do not combine --gres=shard with --gres=gpu)"
+    )]
+    SeveralGpus {
+        variable: &'static str,
+        value: String,
+    },
+    #[error("{variable}=`{value}` is not a GPU index (was CUDA_VISIBLE_DEVICES already changed?)")]
+    NotAGpuIndex {
+        variable: &'static str,
+        value: String,
+    },
+}
+
 /// Reads the step's shard count and GPU index.
 ///
 /// `Ok(None)`: the step has no shards, and the plugin must leave it alone.
@@ -41,19 +72,17 @@ pub struct StepGres {
 pub fn step_gres(
     step: u32,
     lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Option<StepGres>, String> {
+) -> Result<Option<StepGres>, StepGresError> {
     let Some(raw) = lookup("SLURM_SHARDS_ON_NODE") else {
         return Ok(None);
     };
-    let shards: u32 = raw
-        .trim()
-        .parse()
-        .map_err(|_| format!("SLURM_SHARDS_ON_NODE=`{raw}` is not a number"))?;
+    let Ok(shards) = raw.trim().parse::<u32>() else {
+        return Err(StepGresError::ShardsNotANumber { raw });
+    };
     if shards == 0 {
         return Ok(None);
     }
-    let shards = u8::try_from(shards)
-        .map_err(|_| format!("SLURM_SHARDS_ON_NODE={shards}: more shards than any GPU has"))?;
+    let shards = u8::try_from(shards).map_err(|_| StepGresError::TooManyShards { shards })?;
     let first = if step == BATCH_STEP {
         "SLURM_JOB_GPUS"
     } else {
@@ -66,22 +95,20 @@ pub fn step_gres(
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| (name, v))
         })
-        .ok_or_else(|| {
-            format!(
-                "the step has {shards} shard(s) but neither {first} nor \
-                 CUDA_VISIBLE_DEVICES says which GPU they are on"
-            )
-        })?;
-    let value = value.trim();
+        .ok_or(StepGresError::NoGpu { shards, first })?;
+    let value = value.trim().to_string();
     if value.contains(',') {
-        return Err(format!(
-            "{source}={value}: the step's shards are on several GPUs; a shard job gets \
-             its shards from one GPU (do not combine --gres=shard with --gres=gpu)"
-        ));
+        return Err(StepGresError::SeveralGpus {
+            variable: source,
+            value,
+        });
     }
-    let gpu: u32 = value.parse().map_err(|_| {
-        format!("{source}=`{value}` is not a GPU index (was CUDA_VISIBLE_DEVICES already changed?)")
-    })?;
+    let Ok(gpu) = value.parse::<u32>() else {
+        return Err(StepGresError::NotAGpuIndex {
+            variable: source,
+            value,
+        });
+    };
     Ok(Some(StepGres {
         gpu,
         shards,
@@ -156,23 +183,57 @@ mod tests {
 
     #[test]
     fn nonsense_is_an_error_not_a_guess() {
-        for pairs in [
-            vec![("SLURM_SHARDS_ON_NODE", "x")],
-            vec![("SLURM_SHARDS_ON_NODE", "3")],
-            vec![
-                ("SLURM_SHARDS_ON_NODE", "3"),
-                ("CUDA_VISIBLE_DEVICES", "0,1"),
-            ],
-            vec![
-                ("SLURM_SHARDS_ON_NODE", "3"),
-                ("CUDA_VISIBLE_DEVICES", "MIG-abc"),
-            ],
-            vec![
-                ("SLURM_SHARDS_ON_NODE", "300"),
-                ("CUDA_VISIBLE_DEVICES", "0"),
-            ],
+        for (pairs, want) in [
+            (
+                vec![("SLURM_SHARDS_ON_NODE", "x")],
+                StepGresError::ShardsNotANumber { raw: "x".into() },
+            ),
+            (
+                vec![("SLURM_SHARDS_ON_NODE", "3")],
+                StepGresError::NoGpu {
+                    shards: 3,
+                    first: "SLURM_JOB_GPUS",
+                },
+            ),
+            (
+                vec![
+                    ("SLURM_SHARDS_ON_NODE", "3"),
+                    ("CUDA_VISIBLE_DEVICES", "0,1"),
+                ],
+                StepGresError::SeveralGpus {
+                    variable: "CUDA_VISIBLE_DEVICES",
+                    value: "0,1".into(),
+                },
+            ),
+            (
+                vec![
+                    ("SLURM_SHARDS_ON_NODE", "3"),
+                    ("CUDA_VISIBLE_DEVICES", "MIG-abc"),
+                ],
+                StepGresError::NotAGpuIndex {
+                    variable: "CUDA_VISIBLE_DEVICES",
+                    value: "MIG-abc".into(),
+                },
+            ),
+            (
+                vec![
+                    ("SLURM_SHARDS_ON_NODE", "300"),
+                    ("CUDA_VISIBLE_DEVICES", "0"),
+                ],
+                StepGresError::TooManyShards { shards: 300 },
+            ),
         ] {
-            assert!(step_gres(BATCH_STEP, env(&pairs)).is_err(), "{pairs:?}");
+            assert_eq!(step_gres(BATCH_STEP, env(&pairs)), Err(want), "{pairs:?}");
         }
+        let e = step_gres(
+            BATCH_STEP,
+            env(&[("SLURM_SHARDS_ON_NODE", "2"), ("SLURM_JOB_GPUS", "x")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "SLURM_JOB_GPUS=`x` is not a GPU index (was CUDA_VISIBLE_DEVICES already changed?)"
+        );
     }
 }

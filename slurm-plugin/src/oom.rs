@@ -22,8 +22,8 @@
 //! 3. slurmd's epilog: a non-empty marker means "out of memory"; the file
 //!    is removed and the release says `oom: true`.
 //!
-//! Every function returns errors as text; the callers log them and never
-//! fail the job or the node over a marker.
+//! Every function returns an [`OomMarkerError`]; the callers log it and
+//! never fail the job or the node over a marker.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
@@ -36,6 +36,69 @@ pub const ENV: &str = "SMARTMIG_OOM_FILE";
 /// Bytes of a marker read by the epilog (its content is only logged).
 const MAX_READ: u64 = 4096;
 
+/// Why a marker (or its directory) could not be prepared, cleared or read.
+/// Every variant names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum OomMarkerError {
+    #[error("cannot create {}: {source}", .path.display())]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set the mode of {}: {source}", .path.display())]
+    SetMode {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot give {} to uid {uid}: {source}", .path.display())]
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        source: std::io::Error,
+    },
+    #[error("cannot empty {}: {source}", .path.display())]
+    Empty {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Opening or inspecting the path failed.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The directory could be changed by someone else than `owner` (us).
+    #[error(
+        "{} must be a directory owned by uid {owner} that no one else can write \
+         (found uid {uid}, mode {mode:o})",
+        .path.display()
+    )]
+    UnsafeDir {
+        path: PathBuf,
+        owner: u32,
+        uid: u32,
+        mode: u32,
+    },
+    /// A symlink, directory, FIFO... where the marker should be.
+    #[error("{} is not a regular file", .path.display())]
+    NotAFile { path: PathBuf },
+}
+
+/// `OomMarkerError::$variant` for `path`, for `map_err`.
+macro_rules! at {
+    ($variant:ident, $path:expr) => {
+        |source| OomMarkerError::$variant {
+            path: $path.to_path_buf(),
+            source,
+        }
+    };
+}
+
 /// `<dir>/job<ID>`.
 pub fn marker_path(dir: &Path, job_id: u32) -> PathBuf {
     dir.join(format!("job{job_id}"))
@@ -43,31 +106,30 @@ pub fn marker_path(dir: &Path, job_id: u32) -> PathBuf {
 
 /// Creates the marker directory (0711) if needed and checks that nobody but
 /// its owner (us, root) can change its entries.
-fn checked_dir(dir: &Path) -> Result<(), String> {
+fn checked_dir(dir: &Path) -> Result<(), OomMarkerError> {
     match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o711)
                 .create(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                .map_err(at!(Create, dir))?;
             fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
-                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+                .map_err(at!(SetMode, dir))?;
         }
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Err(e) => return Err(at!(Io, dir)(e)),
         Ok(_) => {}
     }
-    let md = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let md = fs::symlink_metadata(dir).map_err(at!(Io, dir))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if !md.is_dir() || md.uid() != me || md.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{} must be a directory owned by uid {me} that no one else can write \
-             (found uid {}, mode {:o})",
-            dir.display(),
-            md.uid(),
-            md.mode() & 0o7777
-        ));
+        return Err(OomMarkerError::UnsafeDir {
+            path: dir.to_path_buf(),
+            owner: me,
+            uid: md.uid(),
+            mode: md.mode() & 0o7777,
+        });
     }
     Ok(())
 }
@@ -80,7 +142,7 @@ pub fn prepare(
     uid: u32,
     gid: u32,
     fresh: bool,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, OomMarkerError> {
     checked_dir(dir)?;
     let path = marker_path(dir, job_id);
     let file = OpenOptions::new()
@@ -90,21 +152,24 @@ pub fn prepare(
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    let md = file
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(at!(Create, path))?;
+    let md = file.metadata().map_err(at!(Io, path))?;
     if !md.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
+        return Err(OomMarkerError::NotAFile { path });
     }
-    std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-        .map_err(|e| format!("cannot give {} to uid {uid}: {e}", path.display()))?;
+    std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(|source| {
+        OomMarkerError::Chown {
+            path: path.clone(),
+            uid,
+            source,
+        }
+    })?;
     file.set_permissions(fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
+        .map_err(at!(SetMode, path))?;
     Ok(path)
 }
 
-fn open_existing(path: &Path, write: bool) -> Result<Option<File>, String> {
+fn open_existing(path: &Path, write: bool) -> Result<Option<File>, OomMarkerError> {
     match OpenOptions::new()
         .read(!write)
         .write(write)
@@ -112,33 +177,32 @@ fn open_existing(path: &Path, write: bool) -> Result<Option<File>, String> {
         .open(path)
     {
         Ok(f) => {
-            let md = f
-                .metadata()
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let md = f.metadata().map_err(at!(Io, path))?;
             if md.is_file() {
                 Ok(Some(f))
             } else {
-                Err(format!("{} is not a regular file", path.display()))
+                Err(OomMarkerError::NotAFile {
+                    path: path.to_path_buf(),
+                })
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(at!(Io, path)(e)),
     }
 }
 
 /// Empties the marker (the batch script exited 0). A missing marker is fine.
-pub fn clear(dir: &Path, job_id: u32) -> Result<(), String> {
+pub fn clear(dir: &Path, job_id: u32) -> Result<(), OomMarkerError> {
     let path = marker_path(dir, job_id);
     if let Some(f) = open_existing(&path, true)? {
-        f.set_len(0)
-            .map_err(|e| format!("cannot empty {}: {e}", path.display()))?;
+        f.set_len(0).map_err(at!(Empty, path))?;
     }
     Ok(())
 }
 
 /// The epilog's reading: `Some(first line)` when the job wrote the marker
 /// (it ran out of memory), `None` otherwise. The file is removed either way.
-pub fn take(dir: &Path, job_id: u32) -> Result<Option<String>, String> {
+pub fn take(dir: &Path, job_id: u32) -> Result<Option<String>, OomMarkerError> {
     let path = marker_path(dir, job_id);
     let Some(f) = open_existing(&path, false)? else {
         return Ok(None);
@@ -146,7 +210,7 @@ pub fn take(dir: &Path, job_id: u32) -> Result<Option<String>, String> {
     let mut bytes = Vec::new();
     let read = f.take(MAX_READ).read_to_end(&mut bytes);
     let _ = fs::remove_file(&path);
-    read.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    read.map_err(at!(Read, path))?;
     let text = String::from_utf8_lossy(&bytes);
     if text.trim().is_empty() {
         return Ok(None);
@@ -227,7 +291,8 @@ mod tests {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
         let (uid, gid) = me();
         let err = prepare(&dir, 1, uid, gid, true).unwrap_err();
-        assert!(err.contains("no one else can write"), "{err}");
+        assert!(matches!(err, OomMarkerError::UnsafeDir { .. }), "{err:?}");
+        assert!(err.to_string().contains("no one else can write"), "{err}");
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o711)).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", marker_path(&dir, 2)).unwrap();
         assert!(prepare(&dir, 2, uid, gid, true).is_err());

@@ -11,6 +11,45 @@
 
 use smartmig_mig::{parse_profile, ProfileParseError, MODELS};
 
+/// The accepted forms, repeated in every `--mig-mem` refusal.
+const MIG_MEM_HINT: &str = "expected a size such as 10G, 15GB, 20480M or 40 (GB)";
+
+/// Why a `--mig-mem` value is refused (`value` as the user wrote it).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum MigMemError {
+    #[error("--mig-mem needs a value ({MIG_MEM_HINT})")]
+    Empty,
+    #[error("--mig-mem={value}: not a size ({MIG_MEM_HINT})")]
+    NotASize { value: String },
+    #[error("--mig-mem={value}: unknown unit ({MIG_MEM_HINT})")]
+    UnknownUnit { value: String },
+    #[error("--mig-mem={value}: must be more than 0 ({MIG_MEM_HINT})")]
+    NotPositive { value: String },
+    #[error("--mig-mem={value}: {gb:.0} GB is more than any MIG-capable GPU has")]
+    TooLarge { value: String, gb: f64 },
+}
+
+/// Why a `--mig-profile` value is refused at submit (on the node smartmigd
+/// checks it: `smartmig_mig::RequestedProfileError`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MigProfileError {
+    /// Not a profile name.
+    #[error("--mig-profile={name}: {source}")]
+    Parse {
+        name: String,
+        source: ProfileParseError,
+    },
+    /// Well-formed, but no known GPU model has it (submit).
+    #[error(
+        "--mig-profile={name}: no MIG-capable GPU model has this profile \
+         (e.g. A100-40GB: 1g.5gb 1g.10gb 2g.10gb 3g.20gb 4g.20gb 7g.40gb)"
+    )]
+    NoModelHasIt { name: String },
+    /// This build knows no GPU model at all.
+    #[error("--mig-profile={name}: no GPU models known")]
+    NoModels { name: String },
+}
+
 /// Largest `--mig-mem` accepted (GB): more than any MIG-capable GPU has, so
 /// a typo such as `--mig-mem=20000G` is refused at submit instead of failing
 /// later with "no profile fits".
@@ -23,19 +62,19 @@ pub const MAX_MIG_MEM_GB: f64 = 1024.0;
 /// (optionally followed by `B`, `iB`), case-insensitive; a bare number means
 /// GB, because GPU memory is always discussed in GB (unlike `--mem`, whose
 /// default unit is MB). `M` is 1/1024 GB, like Slurm's `--mem` units.
-pub fn parse_mig_mem(value: &str) -> Result<f64, String> {
+pub fn parse_mig_mem(value: &str) -> Result<f64, MigMemError> {
     let v = value.trim();
-    let hint = "expected a size such as 10G, 15GB, 20480M or 40 (GB)";
     if v.is_empty() {
-        return Err(format!("--mig-mem needs a value ({hint})"));
+        return Err(MigMemError::Empty);
     }
     let split = v
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(v.len());
     let (number, unit) = v.split_at(split);
-    let n: f64 = number
-        .parse()
-        .map_err(|_| format!("--mig-mem={value}: not a size ({hint})"))?;
+    let value = value.to_string();
+    let Ok(n) = number.parse::<f64>() else {
+        return Err(MigMemError::NotASize { value });
+    };
     let unit = unit.to_ascii_lowercase();
     let unit = unit
         .strip_suffix("ib")
@@ -46,16 +85,14 @@ pub fn parse_mig_mem(value: &str) -> Result<f64, String> {
         "k" => 1.0 / (1024.0 * 1024.0),
         "m" => 1.0 / 1024.0,
         "t" => 1024.0,
-        _ => return Err(format!("--mig-mem={value}: unknown unit ({hint})")),
+        _ => return Err(MigMemError::UnknownUnit { value }),
     };
     let gb = n * factor;
     if !gb.is_finite() || gb <= 0.0 {
-        return Err(format!("--mig-mem={value}: must be more than 0 ({hint})"));
+        return Err(MigMemError::NotPositive { value });
     }
     if gb > MAX_MIG_MEM_GB {
-        return Err(format!(
-            "--mig-mem={value}: {gb:.0} GB is more than any MIG-capable GPU has"
-        ));
+        return Err(MigMemError::TooLarge { value, gb });
     }
     Ok(gb)
 }
@@ -63,23 +100,24 @@ pub fn parse_mig_mem(value: &str) -> Result<f64, String> {
 /// Checks a `--mig-profile` value without knowing the GPU model (submit
 /// time): it must name a profile of at least one known model. Returns its
 /// compute-slice count.
-pub fn check_profile_syntax(name: &str) -> Result<u8, String> {
+pub fn check_profile_syntax(name: &str) -> Result<u8, MigProfileError> {
     let mut last_err = None;
     for model in &MODELS {
         match parse_profile(model, name) {
             Ok(p) => return Ok(p.shape.compute),
             Err(e @ (ProfileParseError::Empty | ProfileParseError::NoProfile(_))) => {
-                return Err(format!("--mig-profile={name}: {e}"))
+                return Err(MigProfileError::Parse {
+                    name: name.to_string(),
+                    source: e,
+                })
             }
             Err(e) => last_err = Some(e),
         }
     }
+    let name = name.to_string();
     Err(match last_err {
-        Some(_) => format!(
-            "--mig-profile={name}: no MIG-capable GPU model has this profile \
-             (e.g. A100-40GB: 1g.5gb 1g.10gb 2g.10gb 3g.20gb 4g.20gb 7g.40gb)"
-        ),
-        None => format!("--mig-profile={name}: no GPU models known"),
+        Some(_) => MigProfileError::NoModelHasIt { name },
+        None => MigProfileError::NoModels { name },
     })
 }
 
@@ -109,7 +147,7 @@ mod tests {
             ("5000G", "more than any MIG-capable GPU"),
             ("1.2.3G", "not a size"),
         ] {
-            let err = parse_mig_mem(v).unwrap_err();
+            let err = parse_mig_mem(v).unwrap_err().to_string();
             assert!(err.contains(needle), "{v:?}: {err}");
         }
     }
@@ -121,9 +159,13 @@ mod tests {
         assert_eq!(check_profile_syntax("nvidia_a100_1g.5gb").unwrap(), 1);
         assert!(check_profile_syntax("three")
             .unwrap_err()
+            .to_string()
             .contains("<N>g.<M>gb"));
-        assert!(check_profile_syntax("5g.30gb")
-            .unwrap_err()
-            .contains("no MIG-capable GPU model"));
+        assert_eq!(
+            check_profile_syntax("5g.30gb"),
+            Err(MigProfileError::NoModelHasIt {
+                name: "5g.30gb".into()
+            })
+        );
     }
 }

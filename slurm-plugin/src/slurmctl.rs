@@ -6,7 +6,7 @@
 //! (`docs/slurm-integration.md`, "What can go wrong").
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// The drain reason; smartmigd resumes only nodes drained with a reason
@@ -16,9 +16,31 @@ pub const UNREACHABLE_REASON: &str = "smartmig: sidecar unreachable";
 /// How long one `scontrol` may take (slurmctld down must not hang the step).
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why an `scontrol` command did not succeed; `command` is the command line
+/// as run.
+#[derive(Debug, thiserror::Error)]
+pub enum ScontrolError {
+    /// It could not be started or waited for.
+    #[error("`{command}`: {source}")]
+    Io {
+        command: String,
+        source: std::io::Error,
+    },
+    /// It ran longer than the limit and was killed.
+    #[error("`{command}` took more than {secs} s")]
+    Timeout { command: String, secs: u64 },
+    /// It exited unsuccessfully; `stderr` is what it printed, trimmed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed {
+        command: String,
+        status: ExitStatus,
+        stderr: String,
+    },
+}
+
 /// Runs `scontrol ARGS` with `SLURM_CONF` from the job (test clusters and
 /// sites with a non-default path); the error carries its stderr.
-fn scontrol(program: &Path, slurm_conf: Option<&str>, args: &[&str]) -> Result<(), String> {
+fn scontrol(program: &Path, slurm_conf: Option<&str>, args: &[&str]) -> Result<(), ScontrolError> {
     let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -27,8 +49,12 @@ fn scontrol(program: &Path, slurm_conf: Option<&str>, args: &[&str]) -> Result<(
     if let Some(conf) = slurm_conf {
         cmd.env("SLURM_CONF", conf);
     }
-    let shown = format!("{} {}", program.display(), args.join(" "));
-    let mut child = cmd.spawn().map_err(|e| format!("`{shown}`: {e}"))?;
+    let command = format!("{} {}", program.display(), args.join(" "));
+    let io = |source| ScontrolError::Io {
+        command: command.clone(),
+        source,
+    };
+    let mut child = cmd.spawn().map_err(io)?;
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -36,13 +62,13 @@ fn scontrol(program: &Path, slurm_conf: Option<&str>, args: &[&str]) -> Result<(
             Ok(None) if start.elapsed() > SCONTROL_TIMEOUT => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "`{shown}` took more than {} s",
-                    SCONTROL_TIMEOUT.as_secs()
-                ));
+                return Err(ScontrolError::Timeout {
+                    command,
+                    secs: SCONTROL_TIMEOUT.as_secs(),
+                });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("`{shown}`: {e}")),
+            Err(e) => return Err(io(e)),
         }
     };
     if status.success() {
@@ -53,7 +79,11 @@ fn scontrol(program: &Path, slurm_conf: Option<&str>, args: &[&str]) -> Result<(
     if let Some(mut e) = child.stderr.take() {
         let _ = std::io::Read::read_to_string(&mut e, &mut err);
     }
-    Err(format!("`{shown}` failed ({status}): {}", err.trim()))
+    Err(ScontrolError::Failed {
+        command,
+        status,
+        stderr: err.trim().to_string(),
+    })
 }
 
 /// `scontrol update NodeName=NODE State=DRAIN Reason=REASON`.
@@ -62,7 +92,7 @@ pub fn drain(
     slurm_conf: Option<&str>,
     node: &str,
     reason: &str,
-) -> Result<(), String> {
+) -> Result<(), ScontrolError> {
     scontrol(
         program,
         slurm_conf,
@@ -79,7 +109,7 @@ pub fn drain(
 /// means the whole array): accepted while the job runs (the plugin is in
 /// its first step), it goes back to pending and starts again elsewhere or
 /// once the node is resumed.
-pub fn requeue(program: &Path, slurm_conf: Option<&str>, job: &str) -> Result<(), String> {
+pub fn requeue(program: &Path, slurm_conf: Option<&str>, job: &str) -> Result<(), ScontrolError> {
     scontrol(program, slurm_conf, &["requeue", job])
 }
 
@@ -90,8 +120,12 @@ mod tests {
     #[test]
     fn failures_carry_the_command_and_its_stderr() {
         let e = scontrol(Path::new("sh"), None, &["-c", "echo nope >&2; exit 4"]).unwrap_err();
+        assert!(matches!(e, ScontrolError::Failed { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("nope") && e.contains("sh -c"), "{e}");
         let e = requeue(Path::new("/nonexistent/scontrol"), None, "5_2").unwrap_err();
+        assert!(matches!(e, ScontrolError::Io { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("/nonexistent/scontrol requeue 5_2"), "{e}");
         scontrol(Path::new("true"), Some("/x/slurm.conf"), &[]).unwrap();
     }

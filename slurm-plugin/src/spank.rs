@@ -8,6 +8,27 @@ use std::ffi::{c_char, c_int, CStr, CString};
 
 use crate::sys;
 
+/// A SPANK call that failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpankError {
+    /// A variable name with a NUL byte cannot be passed to C.
+    #[error("{name}: NUL in name")]
+    NulInName { name: String },
+    /// A value with a NUL byte cannot be passed to C.
+    #[error("{name}: NUL in value")]
+    NulInValue { name: String },
+    #[error("spank_setenv({name}) failed with SPANK error {code}")]
+    Setenv {
+        name: String,
+        code: sys::spank_err_t,
+    },
+    #[error("spank_option_register(--{option}) failed with SPANK error {code}")]
+    RegisterOption {
+        option: String,
+        code: sys::spank_err_t,
+    },
+}
+
 /// The SPANK context the plugin runs in (`spank_context()`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Context {
@@ -106,19 +127,26 @@ pub unsafe fn getenv(sp: sys::spank_t, name: &str) -> Option<String> {
 }
 
 /// Sets a variable in the job step's environment (`spank_setenv`, remote
-/// context only). Returns the SPANK error code on failure.
+/// context only). A failure carries the SPANK error code.
 ///
 /// # Safety
 /// `sp` must be the handle of the current callback.
-pub unsafe fn setenv(sp: sys::spank_t, name: &str, value: &str) -> Result<(), String> {
-    let cname = CString::new(name).map_err(|_| format!("{name}: NUL in name"))?;
-    let cvalue = CString::new(value).map_err(|_| format!("{name}: NUL in value"))?;
+pub unsafe fn setenv(sp: sys::spank_t, name: &str, value: &str) -> Result<(), SpankError> {
+    let cname = CString::new(name).map_err(|_| SpankError::NulInName {
+        name: name.to_string(),
+    })?;
+    let cvalue = CString::new(value).map_err(|_| SpankError::NulInValue {
+        name: name.to_string(),
+    })?;
     // SAFETY: both strings are NUL-terminated and outlive the call.
     let rc = unsafe { sys::spank_setenv(sp, cname.as_ptr(), cvalue.as_ptr(), 1) };
     if rc == sys::ESPANK_SUCCESS as sys::spank_err_t {
         Ok(())
     } else {
-        Err(format!("spank_setenv({name}) failed with SPANK error {rc}"))
+        Err(SpankError::Setenv {
+            name: name.to_string(),
+            code: rc,
+        })
     }
 }
 
@@ -137,7 +165,7 @@ pub unsafe fn register_option(
     usage: &'static CStr,
     val: c_int,
     cb: sys::spank_opt_cb_f,
-) -> Result<(), String> {
+) -> Result<(), SpankError> {
     let opt = Box::leak(Box::new(sys::spank_option {
         name: name.as_ptr().cast_mut(),
         arginfo: arginfo.as_ptr().cast_mut(),
@@ -151,9 +179,9 @@ pub unsafe fn register_option(
     if rc == sys::ESPANK_SUCCESS as sys::spank_err_t {
         Ok(())
     } else {
-        Err(format!(
-            "spank_option_register(--{}) failed with SPANK error {rc}",
-            name.to_string_lossy()
-        ))
+        Err(SpankError::RegisterOption {
+            option: name.to_string_lossy().into_owned(),
+            code: rc,
+        })
     }
 }

@@ -13,7 +13,7 @@ use smartmig_spank::options::{check_profile_syntax, parse_mig_mem};
 
 const HINT: &str = "expected a size such as 10G, 15GB, 20480M or 40 (GB)";
 
-/// (area, case, what the parser returned).
+/// (area, case, what the parser returned, the error as the user reads it).
 fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
     let mut out = Vec::new();
     for v in [
@@ -22,14 +22,18 @@ fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
         out.push((
             "--mig-mem (submit)",
             format!("--mig-mem={v}"),
-            parse_mig_mem(v).map(|g| format!("{g} GB")),
+            parse_mig_mem(v)
+                .map(|g| format!("{g} GB"))
+                .map_err(|e| e.to_string()),
         ));
     }
     for v in ["", "three", "5g.30gb", "3g", "9g.80gb"] {
         out.push((
             "--mig-profile (submit)",
             format!("--mig-profile={v}"),
-            check_profile_syntax(v).map(|k| format!("{k} slices")),
+            check_profile_syntax(v)
+                .map(|k| format!("{k} slices"))
+                .map_err(|e| e.to_string()),
         ));
     }
     // On the node smartmigd resolves the name on its GPU's model (the
@@ -63,7 +67,9 @@ fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
         out.push((
             "plugstack.conf",
             format!("`{w}`"),
-            PluginArgs::parse(&[w]).map(|a| format!("{a:?}")),
+            PluginArgs::parse(&[w])
+                .map(|a| format!("{a:?}"))
+                .map_err(|e| e.to_string()),
         ));
     }
     out

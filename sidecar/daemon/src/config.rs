@@ -28,6 +28,9 @@ pub enum ConfigError {
     /// A value that parsed but makes no sense; `key` is spelt as in the file.
     #[error("{key}: {message}")]
     Invalid { key: String, message: String },
+    /// `policy` names a policy the daemon will not run.
+    #[error("policy: {0}")]
+    Policy(#[source] super::policy_choice::PolicyChoiceError),
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -348,7 +351,7 @@ impl Config {
         };
         super::policy_choice::build(p, &models)
             .map(|_| ())
-            .map_err(|e| invalid("policy", e))
+            .map_err(ConfigError::Policy)
     }
 
     /// The simulated GPUs in index order.

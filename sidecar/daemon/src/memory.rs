@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::fsutil::atomic_write;
 use super::protocol::{EstimateStatus, MemoryStatus, OomDecision, OomEvent, OomJob};
 use crate::mig::ModelSpec;
-use crate::workload::memory_estimate::Outcome;
+use crate::workload::memory_estimate::{EstimateError, Outcome};
 use crate::workload::{EstimatorConfig, MemoryEstimator, MemoryKey};
 
 /// File name in the state directory.
@@ -189,18 +189,19 @@ pub fn memory_within_shards(model: &ModelSpec, slices: u8) -> Option<u32> {
 fn reconfigure(
     est: &MemoryEstimator<MemoryKey>,
     cfg: &EstimatorConfig,
-) -> Result<MemoryEstimator<MemoryKey>, String> {
-    let mut v = serde_json::to_value(est).map_err(|e| e.to_string())?;
-    v["config"] = serde_json::to_value(cfg).map_err(|e| e.to_string())?;
-    serde_json::from_value(v).map_err(|e| e.to_string())
+) -> Result<MemoryEstimator<MemoryKey>, serde_json::Error> {
+    let mut v = serde_json::to_value(est)?;
+    v["config"] = serde_json::to_value(cfg)?;
+    serde_json::from_value(v)
 }
 
 impl MemoryState {
-    /// An empty state that will be saved in `state_dir`.
-    pub fn empty(state_dir: &Path, cfg: &EstimatorConfig) -> Result<MemoryState, String> {
+    /// An empty state that will be saved in `state_dir`; fails only when
+    /// `cfg` is invalid.
+    pub fn empty(state_dir: &Path, cfg: &EstimatorConfig) -> Result<MemoryState, EstimateError> {
         Ok(MemoryState {
             path: state_dir.join(STATE_FILE),
-            estimator: MemoryEstimator::new(cfg.clone()).map_err(|e| e.to_string())?,
+            estimator: MemoryEstimator::new(cfg.clone())?,
             oom_jobs: BTreeMap::new(),
             events: VecDeque::new(),
             running: HashMap::new(),
@@ -209,8 +210,9 @@ impl MemoryState {
 
     /// Loads `<state_dir>/memory.json` (empty when missing). A file that
     /// cannot be parsed is renamed to `memory.json.corrupt` and a warning
-    /// logged: estimates are a cache, never a reason not to start.
-    pub fn open(state_dir: &Path, cfg: &EstimatorConfig) -> Result<MemoryState, String> {
+    /// logged: estimates are a cache, never a reason not to start. Fails
+    /// only when `cfg` is invalid.
+    pub fn open(state_dir: &Path, cfg: &EstimatorConfig) -> Result<MemoryState, EstimateError> {
         let mut st = MemoryState::empty(state_dir, cfg)?;
         let bytes = match std::fs::read(&st.path) {
             Ok(b) => b,
@@ -221,7 +223,6 @@ impl MemoryState {
             }
         };
         let stored = serde_json::from_slice::<Stored>(&bytes)
-            .map_err(|e| e.to_string())
             .and_then(|s| Ok((reconfigure(&s.estimator, cfg)?, s)));
         match stored {
             Ok((estimator, s)) => {

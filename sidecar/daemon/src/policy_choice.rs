@@ -11,14 +11,33 @@
 
 use crate::mig::GpuModel;
 use crate::policy::onnx::{load_policy, PolicyLoadError};
-use crate::policy::{self, greedy::Greedy, RepartitionPolicy};
+use crate::policy::{self, greedy::Greedy, PolicyParseError, RepartitionPolicy};
 
 /// A policy ready to run, with the name shown in status and logs.
 pub type Built = (Box<dyn RepartitionPolicy + Send>, String);
 
+/// Why the daemon will not run the policy its config names.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyChoiceError {
+    /// `policy:FILE.onnx` on a node whose GPUs are of several models.
+    #[error("`{spec}`: a learned policy serves one GPU model, but this node has {}", model_ids(.models))]
+    SeveralModels { spec: String, models: Vec<GpuModel> },
+    /// The learned policy exists but is wrong for this node or build
+    /// (another GPU model, another feature spec, not an ONNX file, ...).
+    #[error(transparent)]
+    Learned(#[from] PolicyLoadError),
+    /// Not a built-in policy name (or a bad `static:`/`greedy:` spec).
+    #[error(transparent)]
+    Builtin(#[from] PolicyParseError),
+}
+
+fn model_ids(models: &[GpuModel]) -> String {
+    models.iter().map(|m| m.id()).collect::<Vec<_>>().join(", ")
+}
+
 /// Builds the policy named by `spec` for a node with GPUs of `models`
 /// (empty: not known yet, e.g. NVML before start-up).
-pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, String> {
+pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError> {
     let s = spec.trim();
     let mut distinct = models.to_vec();
     distinct.sort();
@@ -28,19 +47,19 @@ pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, String> {
             [] => return Ok(fallback(s, "the node's GPU model is not known yet")),
             [one] => *one,
             many => {
-                return Err(format!(
-                    "`{s}`: a learned policy serves one GPU model, but this node has {}",
-                    many.iter().map(|m| m.id()).collect::<Vec<_>>().join(", ")
-                ))
+                return Err(PolicyChoiceError::SeveralModels {
+                    spec: s.to_string(),
+                    models: many.to_vec(),
+                })
             }
         };
         return match load_policy(std::path::Path::new(path), model) {
             Ok(p) => Ok((Box::new(p), s.to_string())),
             Err(e) if is_unavailable(&e) => Ok(fallback(s, &e.to_string())),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         };
     }
-    let p = policy::parse_policy(s, &distinct).map_err(|e| e.to_string())?;
+    let p = policy::parse_policy(s, &distinct)?;
     let name = p.name();
     Ok((p, name))
 }
@@ -77,7 +96,12 @@ mod tests {
         assert!(build("none", &a100).is_ok());
         assert!(build("greedy", &a100).is_ok());
         assert!(build("static:0", &a100).is_ok());
-        let err = build("magic", &a100).err().unwrap_or_default();
+        let err = build("magic", &a100).err();
+        assert!(
+            matches!(err, Some(PolicyChoiceError::Builtin(_))),
+            "{err:?}"
+        );
+        let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(err.starts_with("unknown policy"), "{err}");
     }
 
@@ -94,12 +118,21 @@ mod tests {
         let shipped =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/a100-40gb.onnx");
         let spec = format!("policy:{}", shipped.display());
-        let err = build(&spec, &[GpuModel::H100_80gb])
-            .err()
-            .unwrap_or_default();
+        let err = build(&spec, &[GpuModel::H100_80gb]).err();
+        assert!(
+            matches!(
+                err,
+                Some(PolicyChoiceError::Learned(
+                    PolicyLoadError::ModelMismatch { .. }
+                ))
+            ),
+            "{err:?}"
+        );
+        let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("trained for a100-40gb"), "{err}");
         let err = build(&spec, &[GpuModel::A100_40gb, GpuModel::H100_80gb])
             .err()
+            .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("one GPU model"), "{err}");
     }

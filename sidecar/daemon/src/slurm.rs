@@ -33,8 +33,25 @@ pub enum SlurmError {
     },
     #[error("`{cmd}` took more than {secs} s")]
     Timeout { cmd: String, secs: u64 },
-    #[error("`{cmd}` printed unexpected JSON: {message}")]
-    Parse { cmd: String, message: String },
+    #[error("`{cmd}` printed unexpected JSON: {source}")]
+    Json {
+        cmd: String,
+        source: serde_json::Error,
+    },
+    #[error("`{cmd}` printed unexpected JSON: {source}")]
+    Parse { cmd: String, source: ParseError },
+}
+
+/// What `squeue --json` or `sinfo --json` printed that [`parse_queue`] or
+/// [`parse_node`] cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// The top-level array (`jobs`, `nodes`) is missing or not an array.
+    #[error("no `{0}` array")]
+    MissingArray(&'static str),
+    /// `sinfo` does not list the node.
+    #[error("node {0} not listed")]
+    NodeNotListed(String),
 }
 
 /// Where a job is in its life, from `squeue --json`'s `job_state`.
@@ -353,11 +370,11 @@ fn time_field(job: &Value, key: &str) -> u64 {
 /// Parses `squeue --json` (22.05's v0.0.38 layout; later versions' arrays
 /// for `job_state` are accepted too). Jobs without a numeric `job_id` are
 /// skipped; a missing `jobs` array is an error.
-pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, String> {
+pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
     let jobs = json
         .get("jobs")
         .and_then(Value::as_array)
-        .ok_or("no `jobs` array")?;
+        .ok_or(ParseError::MissingArray("jobs"))?;
     let jobs = jobs
         .iter()
         .filter_map(|j| {
@@ -415,15 +432,15 @@ fn split_features(v: Option<&Value>) -> Vec<String> {
 }
 
 /// Parses `sinfo --json`: the features, drain flag and reason of `node`.
-pub fn parse_node(json: &Value, node: &str) -> Result<NodeInfo, String> {
+pub fn parse_node(json: &Value, node: &str) -> Result<NodeInfo, ParseError> {
     let nodes = json
         .get("nodes")
         .and_then(Value::as_array)
-        .ok_or("no `nodes` array")?;
+        .ok_or(ParseError::MissingArray("nodes"))?;
     let n = nodes
         .iter()
         .find(|n| n.get("name").and_then(Value::as_str) == Some(node))
-        .ok_or_else(|| format!("node {node} not listed"))?;
+        .ok_or_else(|| ParseError::NodeNotListed(node.to_string()))?;
     let drain = split_features(n.get("state_flags"))
         .iter()
         .chain(split_features(n.get("state")).iter())
@@ -569,9 +586,9 @@ impl CommandSlurm {
 
     fn json(&self, program: &str, args: &[&str]) -> Result<Value, SlurmError> {
         let text = self.run(program, args)?;
-        serde_json::from_str(&text).map_err(|e| SlurmError::Parse {
+        serde_json::from_str(&text).map_err(|source| SlurmError::Json {
             cmd: program.to_string(),
-            message: e.to_string(),
+            source,
         })
     }
 }
@@ -579,17 +596,17 @@ impl CommandSlurm {
 impl SlurmClient for CommandSlurm {
     fn queue(&self) -> Result<QueueSnapshot, SlurmError> {
         let v = self.json(&self.squeue, &["--json"])?;
-        parse_queue(&v).map_err(|message| SlurmError::Parse {
+        parse_queue(&v).map_err(|source| SlurmError::Parse {
             cmd: self.squeue.clone(),
-            message,
+            source,
         })
     }
 
     fn node(&self, node: &str) -> Result<NodeInfo, SlurmError> {
         let v = self.json(&self.sinfo, &["--json"])?;
-        parse_node(&v, node).map_err(|message| SlurmError::Parse {
+        parse_node(&v, node).map_err(|source| SlurmError::Parse {
             cmd: self.sinfo.clone(),
-            message,
+            source,
         })
     }
 
@@ -699,7 +716,9 @@ mod tests {
         assert_eq!(q.job(7).unwrap().state, JobState::Cancelled);
         assert_eq!(q.job(7).unwrap().slurm_id(), "5_2");
         assert_eq!(q.job(1).unwrap().slurm_id(), "1");
-        assert!(parse_queue(&json!({})).is_err());
+        let e = parse_queue(&json!({})).err();
+        assert_eq!(e, Some(ParseError::MissingArray("jobs")));
+        assert_eq!(e.map(|e| e.to_string()).as_deref(), Some("no `jobs` array"));
     }
 
     #[test]
@@ -803,6 +822,15 @@ mod tests {
             m.active,
             vec!["ib", "smartmig_gpu0_4g_2g_1g", "smartmig_gpu1_empty"]
         );
-        assert!(parse_node(&v, "n2").is_err());
+        let e = parse_node(&v, "n2").err();
+        assert_eq!(e, Some(ParseError::NodeNotListed("n2".into())));
+        assert_eq!(
+            e.map(|e| e.to_string()).as_deref(),
+            Some("node n2 not listed")
+        );
+        assert_eq!(
+            parse_node(&json!({}), "n1").err(),
+            Some(ParseError::MissingArray("nodes"))
+        );
     }
 }

@@ -238,12 +238,11 @@ pub fn read_metadata(
         path: path.to_path_buf(),
         source,
     })?;
-    let props = super::onnx_contract::read_metadata_props(&bytes).map_err(|reason| {
-        PolicyLoadError::Parse {
+    let props =
+        super::onnx_contract::read_metadata_props(&bytes).map_err(|e| PolicyLoadError::Parse {
             path: path.to_path_buf(),
-            reason,
-        }
-    })?;
+            reason: e.to_string(),
+        })?;
     let json = props
         .iter()
         .find(|(k, _)| k == METADATA_KEY)

@@ -20,8 +20,8 @@ pub const OUTPUT_PROBS: &str = "probs";
 pub const MASK_PENALTY: f32 = 1e9;
 
 /// The `metadata_props` of an ONNX file (key, value), without running it.
-pub fn read_metadata_props(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
-    let model = onnx_rs::parse(bytes).map_err(|e| e.to_string())?;
+pub fn read_metadata_props(bytes: &[u8]) -> Result<Vec<(String, String)>, onnx_rs::Error> {
+    let model = onnx_rs::parse(bytes)?;
     Ok(model
         .metadata_props
         .iter()

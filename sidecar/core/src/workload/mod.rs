@@ -39,8 +39,8 @@ pub use power::{gpu_load, PowerModel};
 pub use scenario::{default_scenarios, parse_scenarios, DeadlineRegime, Family, Scenario};
 pub use speedup::{CurveDist, SpeedupCurve};
 pub use trace::{
-    read_alibaba, read_csv, read_sacct, read_trace, window, write_csv, SkippedRow, Trace,
-    TraceError, TraceFormat, TraceOptions,
+    read_alibaba, read_csv, read_sacct, read_trace, window, write_csv, FieldProblem, RowError,
+    SkippedRow, Trace, TraceError, TraceFormat, TraceOptions,
 };
 
 /// An invalid parameter of a workload, curve or power model.

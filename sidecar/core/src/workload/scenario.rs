@@ -503,13 +503,19 @@ fn parse_one(label: &str, mut t: toml::Table) -> Result<Vec<Scenario>, WorkloadE
             base_t.insert(key.clone(), v);
         }
     }
-    let base: DiurnalConfig = typed(base_t).map_err(err)?;
-    let family_of = |e: String| {
-        if e.starts_with("unknown field") && !e.contains(" in [") {
+    let base: DiurnalConfig = typed(base_t).map_err(|e| err(e.to_string()))?;
+    // An unknown key of the family's own table may be a misspelt diurnal
+    // parameter (those share the table); one in a sub-table is not.
+    let family_of = |e: TableError| match &e {
+        TableError::Whole { message }
+        | TableError::Line {
+            message,
+            table: None,
+            ..
+        } if message.starts_with("unknown field") => {
             err(format!("{e}; or any parameter of the diurnal generator"))
-        } else {
-            err(e)
         }
+        _ => err(e.to_string()),
     };
     let family = match family_name.as_str() {
         "diurnal" => match t.keys().next() {
@@ -545,18 +551,42 @@ fn parse_one(label: &str, mut t: toml::Table) -> Result<Vec<Scenario>, WorkloadE
         .collect()
 }
 
+/// Why a scenario's (sub)table does not deserialize: serde's message and
+/// the line of the table (as TOML text) it points at.
+#[derive(Debug, thiserror::Error)]
+enum TableError {
+    /// The table cannot be written back as TOML text (it was read from
+    /// TOML, so this is not expected).
+    #[error(transparent)]
+    Encode(#[from] toml::ser::Error),
+    /// No line to show (a missing field: its span is the whole table's).
+    #[error("{message}")]
+    Whole { message: String },
+    /// On a sub-table's header line (`header` is `[...]`).
+    #[error("{message}, in {header}")]
+    Header { message: String, header: String },
+    /// On a `key = value` line, of a sub-table (`table`, its header) or
+    /// of the scenario's own table (`None`).
+    #[error("{message}, at `{line}`{}", .table.as_ref().map(|h| format!(" in {h}")).unwrap_or_default())]
+    Line {
+        message: String,
+        line: String,
+        table: Option<String>,
+    },
+}
+
 /// Deserializes a scenario's (sub)table. Through TOML text rather than
 /// `Value::try_into`, because only the text deserializer reports where an
 /// error is: the message then quotes the offending line (which names the
 /// field) and the table header above it.
-fn typed<T: serde::de::DeserializeOwned>(t: toml::Table) -> Result<T, String> {
-    let text = toml::to_string(&t).map_err(|e| e.to_string())?;
+fn typed<T: serde::de::DeserializeOwned>(t: toml::Table) -> Result<T, TableError> {
+    let text = toml::to_string(&t)?;
     toml::from_str(&text).map_err(|e| {
-        let msg = e.message().trim();
+        let message = e.message().trim().to_string();
         // A missing field has no line of its own (the span is the table's).
-        let span = e.span().filter(|_| !msg.starts_with("missing field"));
+        let span = e.span().filter(|_| !message.starts_with("missing field"));
         let Some(before) = span.and_then(|sp| text.get(..sp.start)) else {
-            return msg.to_string();
+            return TableError::Whole { message };
         };
         let start = before.rfind('\n').map_or(0, |i| i + 1);
         let line = text[start..].lines().next().unwrap_or("").trim();
@@ -565,10 +595,16 @@ fn typed<T: serde::de::DeserializeOwned>(t: toml::Table) -> Result<T, String> {
             .rev()
             .find(|l| l.trim_start().starts_with('['));
         match header {
-            _ if line.starts_with('[') => format!("{msg}, in {line}"),
-            Some(h) => format!("{msg}, at `{line}` in {}", h.trim()),
-            None if line.is_empty() => msg.to_string(),
-            None => format!("{msg}, at `{line}`"),
+            _ if line.starts_with('[') => TableError::Header {
+                message,
+                header: line.to_string(),
+            },
+            None if line.is_empty() => TableError::Whole { message },
+            table => TableError::Line {
+                message,
+                line: line.to_string(),
+                table: table.map(|h| h.trim().to_string()),
+            },
         }
     })
 }

@@ -24,12 +24,12 @@ use tokio::task::JoinSet;
 
 use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
-use super::config::{BackendKind, Config};
+use super::config::{BackendKind, Config, ConfigError};
 use super::fsutil::ensure_dir;
 use super::journal::Journal;
 use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
-use super::policy_choice::{build as build_policy, Built};
+use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
     ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, ReconcileReply, ReleaseReply,
@@ -42,6 +42,7 @@ use crate::mig::{Geometry, GpuModel, Layout};
 use crate::policy::{
     self, ClusterView, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT,
 };
+use crate::workload::memory_estimate::EstimateError;
 use crate::workload::{gpu_load, MemoryKey, PowerModel, SpeedupCurve};
 
 mod http;
@@ -67,10 +68,17 @@ pub enum StartError {
     },
     #[error("another smartmigd is already listening on {0}")]
     AlreadyRunning(PathBuf),
+    // The wrapped errors are quoted, not `#[source]`: smartmigd prints the
+    // chain with `{:#}`, which would repeat them.
+    /// The configuration was not validated ([`Config::validate`]) and is
+    /// invalid.
+    #[error("invalid configuration: {0}")]
+    Config(ConfigError),
     #[error("policy: {0}")]
-    Policy(String),
+    Policy(PolicyChoiceError),
+    /// `[memory.estimator]` is invalid.
     #[error("memory estimates: {0}")]
-    Memory(String),
+    Memory(EstimateError),
     #[error("Slurm and smartmigd number the GPUs differently: {0}. Slurm numbers the GPUs of gres.conf by device name (/dev/nvidiaN in sorted order), smartmigd by NVML index; they agree when NVML's GPU N is /dev/nvidiaN (`nvidia-smi -q` shows each GPU's Minor Number)")]
     GpuOrder(String),
 }
@@ -279,9 +287,7 @@ impl Daemon {
         ensure_dir(&config.state_dir, 0o700).map_err(io_err(&config.state_dir))?;
         let backend: Arc<dyn Backend> = match config.backend {
             BackendKind::Sim => {
-                let models = config
-                    .sim_gpus()
-                    .map_err(|e| StartError::Policy(e.to_string()))?;
+                let models = config.sim_gpus().map_err(StartError::Config)?;
                 Arc::new(SimBackend::open(
                     &config.state_dir,
                     &models,

@@ -37,7 +37,8 @@ use std::io::Read;
 
 use super::csv::read_table;
 use super::{
-    parse_i64, row_rng, sample_curve, sample_deadline, Collector, Trace, TraceError, TraceOptions,
+    parse_i64, row_rng, sample_curve, sample_deadline, Collector, FieldProblem, RowError, Trace,
+    TraceError, TraceOptions,
 };
 use crate::workload::{round_up_to_profile, Job, JobClass};
 
@@ -73,14 +74,14 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
     // The trace's end: the last deletion time of any well-formed row.
     let mut trace_end = i64::MIN;
     for (line, fields) in table.rows {
-        let parsed = fields.and_then(|f| -> Result<Option<Cand>, String> {
+        let parsed = fields.and_then(|f| -> Result<Option<Cand>, RowError> {
             let num = parse_i64("num_gpu", &f[c_num])?;
             let milli = parse_i64("gpu_milli", &f[c_milli])?;
             let arrival = parse_i64("creation_time", &f[c_create])?;
             let end = parse_i64("deletion_time", &f[c_delete])?;
             trace_end = trace_end.max(end);
             if num < 0 {
-                return Err(format!("column num_gpu: {num} is negative"));
+                return Err(RowError::field("num_gpu", FieldProblem::Negative(num)));
             }
             if num == 0 {
                 out.drop_row("cpu-only (num_gpu = 0)");
@@ -91,7 +92,10 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
                 return Ok(None);
             }
             if !(1..=1000).contains(&milli) {
-                return Err(format!("column gpu_milli: {milli} is not in 1..=1000"));
+                return Err(RowError::field(
+                    "gpu_milli",
+                    FieldProblem::MilliOutOfRange(milli),
+                ));
             }
             if f[c_sched].is_empty() {
                 out.drop_row("never scheduled");
@@ -99,13 +103,23 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
             }
             let start = parse_i64("scheduled_time", &f[c_sched])?;
             if end < start {
-                return Err(format!(
-                    "column deletion_time: {end} is before scheduled_time {start}"
+                return Err(RowError::field(
+                    "deletion_time",
+                    FieldProblem::Before {
+                        value: end.to_string(),
+                        earlier: "scheduled_time",
+                        earlier_value: Some(start.to_string()),
+                    },
                 ));
             }
             if start < arrival {
-                return Err(format!(
-                    "column scheduled_time: {start} is before creation_time {arrival}"
+                return Err(RowError::field(
+                    "scheduled_time",
+                    FieldProblem::Before {
+                        value: start.to_string(),
+                        earlier: "creation_time",
+                        earlier_value: Some(arrival.to_string()),
+                    },
                 ));
             }
             let qos = c_qos.map_or("", |i| f[i].as_str());
@@ -133,7 +147,7 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
         match parsed {
             Ok(Some(c)) => cands.push(c),
             Ok(None) => {}
-            Err(msg) => out.bad_row(line, msg)?,
+            Err(e) => out.bad_row(line, e)?,
         }
     }
 

@@ -17,8 +17,8 @@
 use std::io::{Read, Write};
 
 use super::{
-    parse_f64, parse_i64, row_rng, sample_curve, sample_deadline, Collector, Columns, Trace,
-    TraceError, TraceOptions,
+    parse_f64, parse_i64, row_rng, sample_curve, sample_deadline, Collector, Columns, FieldProblem,
+    RowError, Trace, TraceError, TraceOptions,
 };
 use crate::workload::{round_up_to_profile, Job, JobClass, SpeedupCurve};
 
@@ -38,7 +38,7 @@ pub const CSV_COLUMNS: [&str; 9] = [
 /// A parsed CSV table: header and `(line, fields)` records, or a row error.
 pub(crate) struct Table {
     pub(crate) columns: Columns,
-    pub(crate) rows: Vec<(usize, Result<Vec<String>, String>)>,
+    pub(crate) rows: Vec<(usize, Result<Vec<String>, RowError>)>,
 }
 
 /// Reads a comma-separated table with a header line (RFC 4180 quoting,
@@ -71,18 +71,17 @@ pub(crate) fn read_table(r: impl Read) -> Result<Table, TraceError> {
                     continue;
                 }
                 let fields = if rec.len() != columns.len() {
-                    Err(format!(
-                        "expected {} fields (as in the header), found {}",
-                        columns.len(),
-                        rec.len()
-                    ))
+                    Err(RowError::FieldCount {
+                        expected: columns.len(),
+                        found: rec.len(),
+                    })
                 } else {
                     rec.iter()
                         .enumerate()
                         .map(|(i, f)| {
                             std::str::from_utf8(f)
                                 .map(str::to_string)
-                                .map_err(|_| format!("column {}: not valid UTF-8", names[i]))
+                                .map_err(|_| RowError::field(&names[i], FieldProblem::NotUtf8))
                         })
                         .collect()
                 };
@@ -92,7 +91,7 @@ pub(crate) fn read_table(r: impl Read) -> Result<Table, TraceError> {
                 ::csv::ErrorKind::Io(_) => return Err(csv_error(e)),
                 _ => {
                     let line = e.position().map_or(0, |p| p.line() as usize);
-                    rows.push((line, Err(e.to_string())));
+                    rows.push((line, Err(RowError::Csv(e.to_string()))));
                 }
             },
         }
@@ -106,7 +105,7 @@ fn csv_error(e: ::csv::Error) -> TraceError {
         ::csv::ErrorKind::Io(io) => TraceError::Io(io),
         other => TraceError::Row {
             line,
-            message: format!("{other:?}"),
+            error: RowError::Csv(format!("{other:?}")),
         },
     }
 }
@@ -135,7 +134,7 @@ pub fn read_csv(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> 
         match parsed {
             Ok(Row::Job(id, job)) => out.push(line, id, job),
             Ok(Row::Dropped(reason)) => out.drop_row(reason),
-            Err(msg) => out.bad_row(line, msg)?,
+            Err(e) => out.bad_row(line, e)?,
         }
     }
     Ok(out.finish())
@@ -162,23 +161,26 @@ fn optional(f: &[String], i: Option<usize>) -> Option<&str> {
     i.map(|i| f[i].as_str()).filter(|s| !s.is_empty())
 }
 
-fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Result<Row, String> {
+fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Result<Row, RowError> {
     let spec = opts.model.spec();
     let arrival = parse_f64("arrival_s", &f[c.arrival])?;
     let work = parse_f64("work_s", &f[c.work])?;
     if work <= 0.0 {
-        return Err(format!("column work_s: {} is not > 0", f[c.work]));
+        return Err(RowError::field(
+            "work_s",
+            FieldProblem::NotPositive(f[c.work].clone()),
+        ));
     }
     let memory_gb = parse_f64("memory_gb", &f[c.memory])?;
     if memory_gb <= 0.0 {
-        return Err(format!("column memory_gb: {} is not > 0", f[c.memory]));
+        return Err(RowError::field(
+            "memory_gb",
+            FieldProblem::NotPositive(f[c.memory].clone()),
+        ));
     }
-    let class: JobClass = f[c.class].parse().map_err(|_| {
-        format!(
-            "column class: {:?} is not `training` or `inference`",
-            f[c.class]
-        )
-    })?;
+    let class: JobClass = f[c.class]
+        .parse()
+        .map_err(|_| RowError::field("class", FieldProblem::NotAClass(f[c.class].clone())))?;
     let requested_slices = match optional(f, c.requested) {
         None => None,
         Some(v) => {
@@ -188,9 +190,13 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
                 .filter(|&k| k >= 1)
                 .and_then(|k| round_up_to_profile(opts.model, k))
                 .ok_or_else(|| {
-                    format!(
-                        "column requested_slices: {k} is not in 1..={} for {}",
-                        spec.compute_slices, opts.model
+                    RowError::field(
+                        "requested_slices",
+                        FieldProblem::SlicesOutOfRange {
+                            value: k,
+                            max: spec.compute_slices,
+                            model: opts.model,
+                        },
                     )
                 })?;
             Some(k)
@@ -210,7 +216,7 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
                 if v > 0.0 && v <= 1.0 {
                     Ok(v)
                 } else {
-                    Err(format!("column {col}: {v} is not in (0, 1]"))
+                    Err(RowError::field(col, FieldProblem::NotAFraction(v)))
                 }
             };
             SpeedupCurve {
@@ -235,8 +241,13 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
         Some(v) => {
             let d = parse_f64("deadline_s", v)?;
             if d < arrival {
-                return Err(format!(
-                    "column deadline_s: {d} is before arrival_s {arrival}"
+                return Err(RowError::field(
+                    "deadline_s",
+                    FieldProblem::Before {
+                        value: d.to_string(),
+                        earlier: "arrival_s",
+                        earlier_value: Some(arrival.to_string()),
+                    },
                 ));
             }
             d

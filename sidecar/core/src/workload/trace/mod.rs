@@ -163,9 +163,14 @@ fn rebased(job: &Job, id: usize, start_s: f64) -> Job {
 /// Why a trace could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    /// A malformed row (strict mode).
-    #[error("line {line}: {message}")]
-    Row { line: usize, message: String },
+    /// A malformed row (strict mode); `line` is the physical line, the
+    /// header being line 1.
+    #[error("line {line}: {error}")]
+    Row {
+        line: usize,
+        #[source]
+        error: RowError,
+    },
     /// The header lacks required columns (the message names all of them).
     #[error("{0}")]
     Header(String),
@@ -177,6 +182,96 @@ pub enum TraceError {
     /// Invalid [`TraceOptions`].
     #[error(transparent)]
     Options(#[from] WorkloadError),
+}
+
+/// What is wrong with one row of a trace. [`TraceError::Row`] (strict
+/// mode) adds the line; [`SkippedRow::reason`] (lenient mode) is this text.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RowError {
+    /// The row does not have one field per header column.
+    #[error("expected {expected} fields (as in the header), found {found}")]
+    FieldCount { expected: usize, found: usize },
+    /// The text is not UTF-8 from this line on (the sacct reader).
+    #[error("the text is not valid UTF-8")]
+    NotUtf8,
+    /// A row the CSV parser rejects, in the parser's own words.
+    #[error("{0}")]
+    Csv(String),
+    /// One field is malformed or contradicts another; `column` is its
+    /// header name.
+    #[error("column {column}: {problem}")]
+    Field {
+        column: String,
+        problem: FieldProblem,
+    },
+}
+
+impl RowError {
+    pub(crate) fn field(column: &str, problem: FieldProblem) -> Self {
+        RowError::Field {
+            column: column.to_string(),
+            problem,
+        }
+    }
+}
+
+/// What is wrong with one field; the text as written in the file is quoted
+/// (`"soon" is not a number`), a parsed number is not (`0 is not > 0`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum FieldProblem {
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error("{0:?} is not an integer")]
+    NotAnInteger(String),
+    #[error("not valid UTF-8")]
+    NotUtf8,
+    /// A number that must be positive, as written.
+    #[error("{0} is not > 0")]
+    NotPositive(String),
+    #[error("{0:?} is not `training` or `inference`")]
+    NotAClass(String),
+    /// `requested_slices` outside what the GPU model has.
+    #[error("{value} is not in 1..={max} for {model}")]
+    SlicesOutOfRange {
+        value: i64,
+        max: u8,
+        model: GpuModel,
+    },
+    /// A speed-up parameter outside (0, 1].
+    #[error("{0} is not in (0, 1]")]
+    NotAFraction(f64),
+    /// Alibaba's `gpu_milli` outside 1..=1000.
+    #[error("{0} is not in 1..=1000")]
+    MilliOutOfRange(i64),
+    #[error("{0} is negative")]
+    Negative(i64),
+    /// A time (`value`, as the message shows it) before the time it must
+    /// follow: the column `earlier`, with its value where the message
+    /// shows it.
+    #[error("{value} is before {earlier}{}", .earlier_value.as_ref().map(|v| format!(" {v}")).unwrap_or_default())]
+    Before {
+        value: String,
+        earlier: &'static str,
+        earlier_value: Option<String>,
+    },
+    /// A Slurm time that does not parse.
+    #[error("{0:?} is not a time like 2024-03-01T10:00:00")]
+    NotATime(String),
+    /// A Slurm time that is required but unset (`Unknown`, empty).
+    #[error("{0:?} is not a time")]
+    NoTime(String),
+    /// A Slurm duration that does not parse.
+    #[error("{0:?} is not a duration like [DD-]HH:MM:SS")]
+    NotADuration(String),
+    /// A Slurm duration that is required but unset (`UNLIMITED`, empty).
+    #[error("{0:?} is not a duration")]
+    NoDuration(String),
+    /// A TRES entry without `=`.
+    #[error("{0:?} is not key=value")]
+    NotKeyValue(String),
+    /// A TRES GPU or shard count that is not an integer.
+    #[error("{key} value {value:?} is not an integer")]
+    NotACount { key: String, value: String },
 }
 
 /// The trace formats `smartmig` reads.
@@ -291,15 +386,15 @@ impl<'a> Collector<'a> {
     }
 
     /// A malformed row: an error in strict mode, a skip in lenient mode.
-    pub(crate) fn bad_row(&mut self, line: usize, message: String) -> Result<(), TraceError> {
+    pub(crate) fn bad_row(&mut self, line: usize, error: RowError) -> Result<(), TraceError> {
         if self.opts.lenient {
             self.skipped.push(SkippedRow {
                 line,
-                reason: message,
+                reason: error.to_string(),
             });
             Ok(())
         } else {
-            Err(TraceError::Row { line, message })
+            Err(TraceError::Row { line, error })
         }
     }
 
@@ -390,17 +485,20 @@ impl Columns {
 }
 
 /// `column C: "v" is not a number` style parse helpers.
-pub(crate) fn parse_f64(col: &str, v: &str) -> Result<f64, String> {
+pub(crate) fn parse_f64(col: &str, v: &str) -> Result<f64, RowError> {
     match v.trim().parse::<f64>() {
         Ok(x) if x.is_finite() => Ok(x),
-        _ => Err(format!("column {col}: {v:?} is not a number")),
+        _ => Err(RowError::field(
+            col,
+            FieldProblem::NotANumber(v.to_string()),
+        )),
     }
 }
 
-pub(crate) fn parse_i64(col: &str, v: &str) -> Result<i64, String> {
+pub(crate) fn parse_i64(col: &str, v: &str) -> Result<i64, RowError> {
     v.trim()
         .parse::<i64>()
-        .map_err(|_| format!("column {col}: {v:?} is not an integer"))
+        .map_err(|_| RowError::field(col, FieldProblem::NotAnInteger(v.to_string())))
 }
 
 /// Reads the whole input as text lines; `\r\n` endings are accepted.
@@ -415,7 +513,7 @@ pub(crate) fn read_all(mut r: impl Read) -> Result<String, TraceError> {
             + 1;
         TraceError::Row {
             line,
-            message: "the text is not valid UTF-8".to_string(),
+            error: RowError::NotUtf8,
         }
     })
 }

@@ -36,8 +36,8 @@
 use std::io::Read;
 
 use super::{
-    read_all, row_rng, sample_curve, sample_deadline, Collector, Columns, Trace, TraceError,
-    TraceOptions,
+    read_all, row_rng, sample_curve, sample_deadline, Collector, Columns, FieldProblem, RowError,
+    Trace, TraceError, TraceOptions,
 };
 use crate::workload::{default_memory_gb, round_up_to_profile, Job, JobClass};
 
@@ -92,18 +92,17 @@ pub fn read_sacct(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError
         if f.len() != cols.len() {
             out.bad_row(
                 line,
-                format!(
-                    "expected {} fields (as in the header), found {}",
-                    cols.len(),
-                    f.len()
-                ),
+                RowError::FieldCount {
+                    expected: cols.len(),
+                    found: f.len(),
+                },
             )?;
             continue;
         }
         match parse_row(&f, &c, line, opts) {
             Ok(Row::Job(id, job)) => out.push(line, id, job),
             Ok(Row::Dropped(reason)) => out.drop_row(reason),
-            Err(msg) => out.bad_row(line, msg)?,
+            Err(e) => out.bad_row(line, e)?,
         }
     }
     Ok(out.finish())
@@ -128,7 +127,7 @@ enum Row {
     Dropped(&'static str),
 }
 
-fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Result<Row, String> {
+fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Result<Row, RowError> {
     let get = |i: Option<usize>| i.map_or("", |i| f[i]);
     let job_id = get(c.id);
     if job_id.contains('.') {
@@ -145,33 +144,40 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
     ) {
         return Ok(Row::Dropped("not finished"));
     }
-    let submit = match parse_time(get(c.submit)) {
-        Ok(Some(t)) => t,
-        Ok(None) => return Err(format!("column Submit: {:?} is not a time", get(c.submit))),
-        Err(e) => return Err(format!("column Submit: {e}")),
-    };
+    let in_column = |column: &'static str| move |p| RowError::field(column, p);
+    let submit = parse_time(get(c.submit))
+        .map_err(in_column("Submit"))?
+        .ok_or_else(|| {
+            RowError::field("Submit", FieldProblem::NoTime(get(c.submit).to_string()))
+        })?;
     let start = match c.start {
-        Some(i) => match parse_time(f[i]) {
-            Ok(None) => return Ok(Row::Dropped("never started")),
-            Ok(Some(t)) => Some(t),
-            Err(e) => return Err(format!("column Start: {e}")),
+        Some(i) => match parse_time(f[i]).map_err(in_column("Start"))? {
+            None => return Ok(Row::Dropped("never started")),
+            Some(t) => Some(t),
         },
         None => None,
     };
     let run = match c.elapsed {
         Some(i) => parse_duration(f[i])
-            .map_err(|e| format!("column Elapsed: {e}"))?
-            .ok_or_else(|| format!("column Elapsed: {:?} is not a duration", f[i]))?,
+            .map_err(in_column("Elapsed"))?
+            .ok_or_else(|| {
+                RowError::field("Elapsed", FieldProblem::NoDuration(f[i].to_string()))
+            })?,
         None => {
             let end = c.end.map(|i| f[i]).unwrap_or("");
-            let end = match parse_time(end) {
-                Ok(Some(t)) => t,
-                Ok(None) => return Ok(Row::Dropped("not finished")),
-                Err(e) => return Err(format!("column End: {e}")),
+            let Some(end) = parse_time(end).map_err(in_column("End"))? else {
+                return Ok(Row::Dropped("not finished"));
             };
             let start = start.unwrap_or(submit);
             if end < start {
-                return Err(format!("column End: {end} is before Start"));
+                return Err(RowError::field(
+                    "End",
+                    FieldProblem::Before {
+                        value: end.to_string(),
+                        earlier: "Start",
+                        earlier_value: None,
+                    },
+                ));
             }
             end - start
         }
@@ -183,7 +189,7 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
         (Some(a), None) => ("AllocTRES", a),
         (None, None) => ("ReqTRES", ""),
     };
-    let g = parse_tres(tres).map_err(|e| format!("column {tres_col}: {e}"))?;
+    let g = parse_tres(tres).map_err(in_column(tres_col))?;
     let spec = opts.model.spec();
     let total = spec.compute_slices;
     let k = if g.shards > 0 {
@@ -215,7 +221,7 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
     let mut rng = row_rng(opts.seed, line);
     let speedup = sample_curve(&mut rng, class);
     let limit = match c.limit {
-        Some(i) => parse_duration(f[i]).map_err(|e| format!("column Timelimit: {e}"))?,
+        Some(i) => parse_duration(f[i]).map_err(in_column("Timelimit"))?,
         None => None,
     };
     let mut job = Job {
@@ -250,18 +256,21 @@ struct Gres {
 
 /// `billing=1,cpu=4,gres/shard=3,mem=16G,node=1` -> shards 3. Untyped totals
 /// win over typed entries (`gres/gpu=2,gres/gpu:a100=2` is 2 GPUs, not 4).
-fn parse_tres(s: &str) -> Result<Gres, String> {
+fn parse_tres(s: &str) -> Result<Gres, FieldProblem> {
     let (mut gpu, mut gpu_typed, mut shard, mut shard_typed) = (None, 0u64, None, 0u64);
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (key, value) = item
             .split_once('=')
-            .ok_or_else(|| format!("{item:?} is not key=value"))?;
+            .ok_or_else(|| FieldProblem::NotKeyValue(item.to_string()))?;
         let key = key.trim().to_ascii_lowercase();
         let count = || {
             value
                 .trim()
                 .parse::<u64>()
-                .map_err(|_| format!("{key} value {value:?} is not an integer"))
+                .map_err(|_| FieldProblem::NotACount {
+                    key: key.clone(),
+                    value: value.to_string(),
+                })
         };
         if key == "gres/gpu" {
             gpu = Some(count()?);
@@ -281,12 +290,12 @@ fn parse_tres(s: &str) -> Result<Gres, String> {
 
 /// Slurm time `YYYY-MM-DDTHH:MM:SS` as seconds since 1970 (no zone).
 /// `Unknown`, `None` and empty mean "no time" (`Ok(None)`).
-fn parse_time(s: &str) -> Result<Option<f64>, String> {
+fn parse_time(s: &str) -> Result<Option<f64>, FieldProblem> {
     let s = s.trim();
     if s.is_empty() || s.eq_ignore_ascii_case("Unknown") || s.eq_ignore_ascii_case("None") {
         return Ok(None);
     }
-    let bad = || format!("{s:?} is not a time like 2024-03-01T10:00:00");
+    let bad = || FieldProblem::NotATime(s.to_string());
     let (date, time) = s.split_once('T').ok_or_else(bad)?;
     let d: Vec<&str> = date.split('-').collect();
     let t: Vec<&str> = time.split(':').collect();
@@ -325,7 +334,7 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 /// Slurm durations: `[DD-]HH:MM:SS`, `[DD-]HH:MM`, `DD-HH`, `MM:SS`, `MM`,
 /// with optional fractional seconds. `UNLIMITED`, `Partition_Limit`,
 /// `INVALID`, empty: no limit (`Ok(None)`).
-fn parse_duration(s: &str) -> Result<Option<f64>, String> {
+fn parse_duration(s: &str) -> Result<Option<f64>, FieldProblem> {
     let s = s.trim();
     if s.is_empty()
         || ["UNLIMITED", "Partition_Limit", "INVALID", "NONE"]
@@ -334,7 +343,7 @@ fn parse_duration(s: &str) -> Result<Option<f64>, String> {
     {
         return Ok(None);
     }
-    let bad = || format!("{s:?} is not a duration like [DD-]HH:MM:SS");
+    let bad = || FieldProblem::NotADuration(s.to_string());
     let (days, rest) = match s.split_once('-') {
         Some((d, r)) => (Some(d.parse::<u64>().map_err(|_| bad())?), r),
         None => (None, s),
@@ -405,10 +414,19 @@ mod tests {
             Ok(Gres { gpus: 1, shards: 0 })
         );
         assert_eq!(parse_tres(""), Ok(Gres::default()));
-        assert!(parse_tres("gres/shard=x")
-            .unwrap_err()
-            .contains("\"x\" is not an integer"));
-        assert!(parse_tres("cpu").is_err());
+        let e = parse_tres("gres/shard=x").unwrap_err();
+        assert_eq!(
+            e,
+            FieldProblem::NotACount {
+                key: "gres/shard".into(),
+                value: "x".into()
+            }
+        );
+        assert!(e.to_string().contains("\"x\" is not an integer"), "{e}");
+        assert_eq!(
+            parse_tres("cpu"),
+            Err(FieldProblem::NotKeyValue("cpu".into()))
+        );
     }
 
     #[test]
@@ -513,6 +531,20 @@ mod tests {
         assert!(
             e.starts_with("line 3: column Elapsed: \"ten minutes\""),
             "{e}"
+        );
+        let e = read_sacct(text.as_bytes(), &opts()).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                TraceError::Row {
+                    line: 3,
+                    error: RowError::Field {
+                        column,
+                        problem: FieldProblem::NotADuration(v),
+                    },
+                } if column == "Elapsed" && v == "ten minutes"
+            ),
+            "{e:?}"
         );
         let t = read_sacct(
             text.as_bytes(),
