@@ -86,8 +86,8 @@ fn hand_computed_restart() {
         })
         .collect();
     assert_eq!(oom.len(), 1);
-    assert_eq!(oom[0].profile, "1g.5gb");
-    assert_eq!((oom[0].start, oom[0].attempt), (0.0, 1));
+    assert_eq!(oom[0].run.profile, "1g.5gb");
+    assert_eq!((oom[0].run.start, oom[0].attempt), (0.0, 1));
     assert!((oom[0].fail - 210.0).abs() < 1e-9);
     let ran = recs
         .iter()
@@ -96,8 +96,8 @@ fn hand_computed_restart() {
             _ => None,
         })
         .unwrap();
-    assert_eq!(ran.profile, "2g.10gb");
-    assert!((ran.start - 210.0).abs() < 1e-9 && (ran.end - 560.0).abs() < 1e-9);
+    assert_eq!(ran.run.profile, "2g.10gb");
+    assert!((ran.run.start - 210.0).abs() < 1e-9 && (ran.end - 560.0).abs() < 1e-9);
     let rep = audit(&recs).unwrap();
     assert_eq!(rep.oom_failures, 1);
     assert!((rep.energy_j - e).abs() < 1e-6);
@@ -288,7 +288,7 @@ proptest! {
         let mut per_job = std::collections::HashMap::new();
         for r in &recs {
             if let Record::Oom(o) = r {
-                *per_job.entry(o.id).or_insert(0u32) += 1;
+                *per_job.entry(o.run.id).or_insert(0u32) += 1;
             }
         }
         prop_assert!(per_job.values().all(|&n| n <= retries + 1));

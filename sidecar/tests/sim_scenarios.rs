@@ -67,7 +67,13 @@ fn placements(records: &[Record]) -> Vec<(u64, usize, String, f64, f64)> {
     let mut v: Vec<_> = records
         .iter()
         .filter_map(|r| match r {
-            Record::Job(j) => Some((j.id, j.gpu, j.profile.clone(), j.start, j.end)),
+            Record::Job(j) => Some((
+                j.run.id,
+                j.run.gpu,
+                j.run.profile.clone(),
+                j.run.start,
+                j.end,
+            )),
             _ => None,
         })
         .collect();

@@ -117,11 +117,11 @@ impl EventSink for LedgerSink {
     fn record(&mut self, record: &Record) -> std::io::Result<()> {
         match record {
             Record::Job(j) => self.0.borrow_mut().started.push(Started {
-                gpu: j.gpu,
-                compute: j.compute,
-                start: j.start,
+                gpu: j.run.gpu,
+                compute: j.run.compute,
+                start: j.run.start,
                 end: j.end,
-                tardiness: (j.end - j.deadline).max(0.0),
+                tardiness: (j.end - j.run.deadline).max(0.0),
             }),
             Record::Unserved(u) => self.0.borrow_mut().unserved.push(u.deadline),
             _ => {}
@@ -133,7 +133,7 @@ impl EventSink for LedgerSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::events::{JobRecord, UnservedRecord};
+    use crate::sim::events::{JobRecord, Run, UnservedRecord};
     use crate::workload::SpeedupCurve;
 
     const M: GpuModel = GpuModel::A100_40gb;
@@ -157,21 +157,23 @@ mod tests {
 
     fn job(gpu: usize, compute: u8, start: f64, end: f64, deadline: f64) -> Record {
         Record::Job(JobRecord {
-            id: 0,
-            arrival: 0.0,
-            deadline,
-            work: end - start,
-            memory_gb: 1.0,
-            requested_slices: None,
-            speedup: SpeedupCurve::default(),
-            gpu,
-            profile: String::new(),
-            compute,
-            memory_slices: 1,
-            start_slot: 0,
-            instance_memory_gb: 5,
-            speed: 1.0,
-            start,
+            run: Run {
+                id: 0,
+                arrival: 0.0,
+                deadline,
+                work: end - start,
+                memory_gb: 1.0,
+                requested_slices: None,
+                speedup: SpeedupCurve::default(),
+                gpu,
+                profile: String::new(),
+                compute,
+                memory_slices: 1,
+                start_slot: 0,
+                instance_memory_gb: 5,
+                speed: 1.0,
+                start,
+            },
             end,
         })
     }

@@ -122,12 +122,12 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
     for r in records {
         match r {
             Record::Job(j) => {
-                let g = changes.get_mut(j.gpu).ok_or_else(|| {
-                    ReportError::Invalid(format!("job {} on unknown GPU {}", j.id, j.gpu))
+                let g = changes.get_mut(j.run.gpu).ok_or_else(|| {
+                    ReportError::Invalid(format!("job {} on unknown GPU {}", j.run.id, j.run.gpu))
                 })?;
-                g.push((j.start, i32::from(j.compute)));
-                g.push((j.end, -i32::from(j.compute)));
-                spread(&mut queue, bin_s, j.arrival, j.start, 1.0);
+                g.push((j.run.start, i32::from(j.run.compute)));
+                g.push((j.end, -i32::from(j.run.compute)));
+                spread(&mut queue, bin_s, j.run.arrival, j.run.start, 1.0);
             }
             Record::Unserved(u) if !u.reason.starts_with("fits no instance") => {
                 spread(&mut queue, bin_s, u.arrival, horizon, 1.0);

@@ -210,76 +210,77 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                 timeline[r.gpu].push((r.ready, 1, seq, 1, Item::ReconfigReady(seq)));
             }
             Record::Job(j) => {
-                if j.gpu >= n {
+                if j.run.gpu >= n {
                     return Err(violation(
-                        j.start,
+                        j.run.start,
                         None,
-                        format!("job {} on GPU {} of {n}", j.id, j.gpu),
+                        format!("job {} on GPU {} of {n}", j.run.id, j.run.gpu),
                     ));
                 }
-                if !seen.insert(j.id) {
+                if !seen.insert(j.run.id) {
                     return Err(violation(
-                        j.start,
-                        Some(j.gpu),
-                        format!("job {} ran twice", j.id),
+                        j.run.start,
+                        Some(j.run.gpu),
+                        format!("job {} ran twice", j.run.id),
                     ));
                 }
                 check_job(j, header, &geos)?;
-                ran.insert(j.id, (j.start, j.instance_memory_gb));
+                ran.insert(j.run.id, (j.run.start, j.run.instance_memory_gb));
                 jobs += 1;
-                let t = (j.end - j.deadline).max(0.0);
+                let t = (j.end - j.run.deadline).max(0.0);
                 tardiness += t;
-                if j.end > j.deadline {
+                if j.end > j.run.deadline {
                     late += 1;
                 }
                 last_end = last_end.max(j.end);
-                timeline[j.gpu].push((j.end, 0, seq, 0, Item::End(j)));
-                timeline[j.gpu].push((j.start, 2, seq, 0, Item::Start(j)));
+                timeline[j.run.gpu].push((j.end, 0, seq, 0, Item::End(j)));
+                timeline[j.run.gpu].push((j.run.start, 2, seq, 0, Item::Start(j)));
             }
             Record::Oom(o) => {
                 let run = &oom_runs[next_oom];
                 next_oom += 1;
-                if o.gpu >= n {
+                if o.run.gpu >= n {
                     return Err(violation(
-                        o.start,
+                        o.run.start,
                         None,
-                        format!("job {} on GPU {} of {n}", o.id, o.gpu),
+                        format!("job {} on GPU {} of {n}", o.run.id, o.run.gpu),
                     ));
                 }
                 let Some(h) = &header.oom else {
                     return Err(violation(
-                        o.start,
-                        Some(o.gpu),
+                        o.run.start,
+                        Some(o.run.gpu),
                         format!(
                             "job {}: out-of-memory record but the header has no oom mode",
-                            o.id
+                            o.run.id
                         ),
                     ));
                 };
-                if f64::from(o.instance_memory_gb) >= o.memory_gb {
+                if f64::from(o.run.instance_memory_gb) >= o.run.memory_gb {
                     return Err(violation(
-                        o.start,
-                        Some(o.gpu),
+                        o.run.start,
+                        Some(o.run.gpu),
                         format!(
                             "job {} ran out of memory on {} GB but needs only {} GB",
-                            o.id, o.instance_memory_gb, o.memory_gb
+                            o.run.id, o.run.instance_memory_gb, o.run.memory_gb
                         ),
                     ));
                 }
                 // The failing run: checked as a job that needs only what the
                 // instance has and whose work is the failed share.
                 let mut as_job = run.clone();
-                as_job.memory_gb = f64::from(o.instance_memory_gb);
-                as_job.work = o.work * h.fail_fraction;
+                as_job.run.memory_gb = f64::from(o.run.instance_memory_gb);
+                as_job.run.work = o.run.work * h.fail_fraction;
                 check_job(&as_job, header, &geos)?;
                 oom_failures += 1;
-                failed
-                    .entry(o.id)
-                    .or_default()
-                    .push((o.start, o.fail, o.instance_memory_gb));
+                failed.entry(o.run.id).or_default().push((
+                    o.run.start,
+                    o.fail,
+                    o.run.instance_memory_gb,
+                ));
                 last_end = last_end.max(o.fail);
-                timeline[o.gpu].push((o.fail, 0, seq, 0, Item::End(run)));
-                timeline[o.gpu].push((o.start, 2, seq, 0, Item::Start(run)));
+                timeline[o.run.gpu].push((o.fail, 0, seq, 0, Item::End(run)));
+                timeline[o.run.gpu].push((o.run.start, 2, seq, 0, Item::Start(run)));
             }
             Record::Unserved(u) => {
                 if !seen.insert(u.id) {
@@ -438,57 +439,57 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                 }
                 Item::Start(j) => {
                     let d = crate::mig::InstanceDesc {
-                        profile: j.profile.clone(),
-                        compute: j.compute,
-                        memory_slices: j.memory_slices,
-                        start: j.start_slot,
+                        profile: j.run.profile.clone(),
+                        compute: j.run.compute,
+                        memory_slices: j.run.memory_slices,
+                        start: j.run.start_slot,
                     };
                     let id = pid(gpu, time, &d)?;
                     if !layout.contains(id) {
                         return Err(violation(
                             time,
                             Some(gpu),
-                            format!("job {} starts on {d}, which does not exist", j.id),
+                            format!("job {} starts on {d}, which does not exist", j.run.id),
                         ));
                     }
                     if !ready.contains(id) {
                         return Err(violation(
                             time,
                             Some(gpu),
-                            format!("job {} starts on {d}, still being created", j.id),
+                            format!("job {} starts on {d}, still being created", j.run.id),
                         ));
                     }
                     if let Some(other) = running[id.0 as usize] {
                         return Err(violation(
                             time,
                             Some(gpu),
-                            format!("job {} starts on {d}, busy with job {other}", j.id),
+                            format!("job {} starts on {d}, busy with job {other}", j.run.id),
                         ));
                     }
-                    running[id.0 as usize] = Some(j.id);
+                    running[id.0 as usize] = Some(j.run.id);
                     e += power.power_w(f64::from(active) / f64::from(total)) * (time - last);
                     last = time;
-                    active += u32::from(j.compute);
+                    active += u32::from(j.run.compute);
                 }
                 Item::End(j) => {
                     let d = crate::mig::InstanceDesc {
-                        profile: j.profile.clone(),
-                        compute: j.compute,
-                        memory_slices: j.memory_slices,
-                        start: j.start_slot,
+                        profile: j.run.profile.clone(),
+                        compute: j.run.compute,
+                        memory_slices: j.run.memory_slices,
+                        start: j.run.start_slot,
                     };
                     let id = pid(gpu, time, &d)?;
-                    if running[id.0 as usize] != Some(j.id) {
+                    if running[id.0 as usize] != Some(j.run.id) {
                         return Err(violation(
                             time,
                             Some(gpu),
-                            format!("job {} ends on {d}, where it was not running", j.id),
+                            format!("job {} ends on {d}, where it was not running", j.run.id),
                         ));
                     }
                     running[id.0 as usize] = None;
                     e += power.power_w(f64::from(active) / f64::from(total)) * (time - last);
                     last = time;
-                    active -= u32::from(j.compute);
+                    active -= u32::from(j.run.compute);
                 }
             }
         }
@@ -526,111 +527,103 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
 /// A failed run as a job record that ends at the failure.
 fn oom_as_run(o: &OomRecord) -> JobRecord {
     JobRecord {
-        id: o.id,
-        arrival: o.arrival,
-        deadline: o.deadline,
-        work: o.work,
-        memory_gb: o.memory_gb,
-        requested_slices: o.requested_slices,
-        speedup: o.speedup,
-        gpu: o.gpu,
-        profile: o.profile.clone(),
-        compute: o.compute,
-        memory_slices: o.memory_slices,
-        start_slot: o.start_slot,
-        instance_memory_gb: o.instance_memory_gb,
-        speed: o.speed,
-        start: o.start,
+        run: o.run.clone(),
         end: o.fail,
     }
 }
 
 fn check_job(j: &JobRecord, header: &Header, geos: &[&'static Geometry]) -> Result<(), AuditError> {
-    let gpu = Some(j.gpu);
-    let g = geos[j.gpu];
+    let gpu = Some(j.run.gpu);
+    let g = geos[j.run.gpu];
     let total = g.spec.compute_slices;
-    if j.start < j.arrival {
+    if j.run.start < j.run.arrival {
         return Err(violation(
-            j.start,
+            j.run.start,
             gpu,
-            format!("job {} starts before it arrives ({})", j.id, j.arrival),
+            format!(
+                "job {} starts before it arrives ({})",
+                j.run.id, j.run.arrival
+            ),
         ));
     }
-    let Some(profile) = g.spec.profile(Shape::new(j.compute, j.memory_slices)) else {
+    let Some(profile) = g
+        .spec
+        .profile(Shape::new(j.run.compute, j.run.memory_slices))
+    else {
         return Err(violation(
-            j.start,
+            j.run.start,
             gpu,
             format!(
                 "job {}: no {}g/{}-slice profile",
-                j.id, j.compute, j.memory_slices
+                j.run.id, j.run.compute, j.run.memory_slices
             ),
         ));
     };
-    if profile.memory_gb != j.instance_memory_gb {
+    if profile.memory_gb != j.run.instance_memory_gb {
         return Err(violation(
-            j.start,
+            j.run.start,
             gpu,
             format!(
                 "job {}: {} has {} GB, the log says {}",
-                j.id,
+                j.run.id,
                 profile.name(),
                 profile.memory_gb,
-                j.instance_memory_gb
+                j.run.instance_memory_gb
             ),
         ));
     }
-    if j.memory_gb > f64::from(profile.memory_gb) {
+    if j.run.memory_gb > f64::from(profile.memory_gb) {
         return Err(violation(
-            j.start,
+            j.run.start,
             gpu,
             format!(
                 "job {} needs {} GB but {} has {}",
-                j.id,
-                j.memory_gb,
+                j.run.id,
+                j.run.memory_gb,
                 profile.name(),
                 profile.memory_gb
             ),
         ));
     }
-    if let Some(k) = j.requested_slices {
-        if j.compute < k {
+    if let Some(k) = j.run.requested_slices {
+        if j.run.compute < k {
             return Err(violation(
-                j.start,
+                j.run.start,
                 gpu,
                 format!(
                     "job {} requested {k} compute slices but ran on {}",
-                    j.id, j.compute
+                    j.run.id, j.run.compute
                 ),
             ));
         }
     }
-    if j.speedup.validate().is_err() {
+    if j.run.speedup.validate().is_err() {
         return Err(violation(
-            j.start,
+            j.run.start,
             gpu,
-            format!("job {}: invalid speed-up curve", j.id),
+            format!("job {}: invalid speed-up curve", j.run.id),
         ));
     }
-    let speed = j.speedup.speed(j.compute, total);
-    if !close(speed, j.speed, 1e-12) {
+    let speed = j.run.speedup.speed(j.run.compute, total);
+    if !close(speed, j.run.speed, 1e-12) {
         return Err(violation(
-            j.start,
+            j.run.start,
             gpu,
             format!(
                 "job {}: speed {} but its curve gives {speed} on {}g",
-                j.id, j.speed, j.compute
+                j.run.id, j.run.speed, j.run.compute
             ),
         ));
     }
-    if !close(j.end, j.start + j.work / speed, 1e-12) || j.end < j.start {
+    if !close(j.end, j.run.start + j.run.work / speed, 1e-12) || j.end < j.run.start {
         return Err(violation(
-            j.start,
+            j.run.start,
             gpu,
             format!(
                 "job {}: runs {} s but work/speed = {} s",
-                j.id,
-                j.end - j.start,
-                j.work / speed
+                j.run.id,
+                j.end - j.run.start,
+                j.run.work / speed
             ),
         ));
     }

@@ -16,12 +16,12 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use super::events::{
     EventSink, GpuHeader, Header, JobRecord, ModelPower, OomHeader, OomRecord, ReconfigRecord,
-    Record, SummaryRecord, UnservedRecord, EVENTS_VERSION,
+    Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::{Candidate, PlacementHeuristic};
 use super::metrics::Metrics;
 use super::{EpochRule, OomConfig, SimConfig, SimError};
-use crate::mig::{Geometry, GpuModel, Layout, PlacementId, ProfileSpec, Shape};
+use crate::mig::{Geometry, GpuModel, Layout, Placement, PlacementId, ProfileSpec, Shape};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -691,24 +691,10 @@ impl<'j> Engine<'j> {
                 self.m.oom_lost_gpu_s += f64::from(compute) / f64::from(total) * (fail - self.now);
                 self.m.last_completion_s = self.m.last_completion_s.max(fail);
                 if let Some(sink) = hooks.sink.as_deref_mut() {
-                    let d = placement.describe();
+                    let run = run_record(job, gpu, &placement, speed, self.now);
                     sink.record(&Record::Oom(OomRecord {
-                        id: job.id,
-                        arrival: job.arrival,
-                        deadline: job.deadline,
-                        work: job.work,
-                        memory_gb: job.memory_gb,
+                        run,
                         asked_memory_gb: asked,
-                        requested_slices: job.requested_slices,
-                        speedup: job.speedup,
-                        gpu,
-                        profile: d.profile,
-                        compute,
-                        memory_slices: d.memory_slices,
-                        start_slot: d.start,
-                        instance_memory_gb: placement.profile.memory_gb,
-                        speed,
-                        start: self.now,
                         fail,
                         attempt,
                     }))?;
@@ -731,25 +717,8 @@ impl<'j> Engine<'j> {
         self.m.last_completion_s = self.m.last_completion_s.max(end);
         let started = self.m.completed + self.running as u64;
         if let Some(sink) = hooks.sink.as_deref_mut() {
-            let d = placement.describe();
-            sink.record(&Record::Job(JobRecord {
-                id: job.id,
-                arrival: job.arrival,
-                deadline: job.deadline,
-                work: job.work,
-                memory_gb: job.memory_gb,
-                requested_slices: job.requested_slices,
-                speedup: job.speedup,
-                gpu,
-                profile: d.profile,
-                compute,
-                memory_slices: d.memory_slices,
-                start_slot: d.start,
-                instance_memory_gb: placement.profile.memory_gb,
-                speed,
-                start: self.now,
-                end,
-            }))?;
+            let run = run_record(job, gpu, &placement, speed, self.now);
+            sink.record(&Record::Job(JobRecord { run, end }))?;
         }
         if started.is_multiple_of(65_536) {
             if let Some(p) = hooks.progress.as_deref_mut() {
@@ -1029,6 +998,28 @@ impl<'j> Engine<'j> {
 pub const SLOWDOWN_TAU_S: f64 = 10.0;
 
 /// `max(1, (end - arrival) / max(end - start, tau))`.
+/// The part of a job's log record that finished and failed runs share.
+fn run_record(job: &Job, gpu: usize, placement: &Placement, speed: f64, start: f64) -> Run {
+    let d = placement.describe();
+    Run {
+        id: job.id,
+        arrival: job.arrival,
+        deadline: job.deadline,
+        work: job.work,
+        memory_gb: job.memory_gb,
+        requested_slices: job.requested_slices,
+        speedup: job.speedup,
+        gpu,
+        profile: d.profile,
+        compute: placement.compute(),
+        memory_slices: d.memory_slices,
+        start_slot: d.start,
+        instance_memory_gb: placement.profile.memory_gb,
+        speed,
+        start,
+    }
+}
+
 fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
     ((end - arrival) / (end - start).max(SLOWDOWN_TAU_S)).max(1.0)
 }

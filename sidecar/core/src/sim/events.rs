@@ -93,14 +93,17 @@ pub struct ReconfigRecord {
     pub ready: f64,
 }
 
-/// One job that ran: its parameters, where and when.
+/// What every run says, finished or failed: the job's parameters and the
+/// instance it ran on, from when. Flattened into [`JobRecord`] and
+/// [`OomRecord`], so the log's lines keep one flat object each.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct JobRecord {
+pub struct Run {
     pub id: u64,
     pub arrival: f64,
     pub deadline: f64,
     /// Seconds on a whole GPU.
     pub work: f64,
+    /// The job's true memory need, GB.
     pub memory_gb: f64,
     pub requested_slices: Option<u8>,
     pub speedup: SpeedupCurve,
@@ -112,9 +115,17 @@ pub struct JobRecord {
     pub start_slot: u8,
     /// Memory of the instance's profile, GB.
     pub instance_memory_gb: u32,
-    /// `speedup` evaluated on the instance: `end - start = work / speed`.
+    /// `speedup` evaluated on the instance: a full run lasts `work / speed`.
     pub speed: f64,
     pub start: f64,
+}
+
+/// One job that ran: its parameters, where and when
+/// (`end - start = work / speed`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    #[serde(flatten)]
+    pub run: Run,
     pub end: f64,
 }
 
@@ -125,24 +136,10 @@ pub struct JobRecord {
 /// [`UnservedRecord`] follows). `attempt` counts from 1.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OomRecord {
-    pub id: u64,
-    pub arrival: f64,
-    pub deadline: f64,
-    pub work: f64,
-    /// True need, GB.
-    pub memory_gb: f64,
+    #[serde(flatten)]
+    pub run: Run,
     /// What the scheduler went by: the declaration or the estimate, GB.
     pub asked_memory_gb: f64,
-    pub requested_slices: Option<u8>,
-    pub speedup: SpeedupCurve,
-    pub gpu: usize,
-    pub profile: String,
-    pub compute: u8,
-    pub memory_slices: u8,
-    pub start_slot: u8,
-    pub instance_memory_gb: u32,
-    pub speed: f64,
-    pub start: f64,
     pub fail: f64,
     pub attempt: u32,
 }
