@@ -81,7 +81,7 @@ fn message_cases() -> Vec<Case> {
         m("unknown op", r#"{"v":1,"op":"format_disk"}"#, "unknown_op: unknown op `format_disk` (known: allocate, release, status, health, reconcile)"),
         m("op not a string", r#"{"v":1,"op":7}"#, "bad_request: `op` must be a string"),
         m("job_id wrong type", r#"{"v":1,"op":"allocate","job_id":"x","uid":0,"gpu":0,"slices":1}"#, "bad_request: invalid request: invalid type: string \"x\", expected u64"),
-        m("unknown field", r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0,"slices":1,"colour":"red"}"#, "bad_request: invalid request: unknown field `colour`, expected one of `job_id`, `step`, `uid`, `gpu`, `slices`, `memory_gb`, `deadline`, `time_limit_s`, `job_name`, `oom_marker`"),
+        m("unknown field", r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0,"slices":1,"colour":"red"}"#, "bad_request: invalid request: unknown field `colour`, expected one of `job_id`, `step`, `uid`, `gpu`, `slices`, `memory_gb`, `deadline`, `time_limit_s`, `job_name`, `oom_marker`, `profile`"),
         m("slices out of u8 range", r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0,"slices":300}"#, "bad_request: invalid request: invalid value: integer `300`, expected u8"),
         m("missing field", r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0}"#, "bad_request: invalid request: missing field `slices`"),
         m("truncated JSON", r#"{"v":1,"op":"allo"#, "bad_request: not valid JSON: EOF while parsing a string at line 1 column 17"),
