@@ -249,3 +249,44 @@ fn bench_policy_writes_its_report() {
     assert!(lat[1]["per_gpu_us"].as_f64().unwrap() > 0.0);
     std::fs::remove_file(&json).ok();
 }
+
+/// The guard ("do no harm") in the spec: a budget of one reconfiguration
+/// per GPU per day holds on a whole simulated day where the unguarded
+/// policy moves more, `min_confidence=1` stops nearly every move, and a
+/// bad override is refused naming the key.
+#[test]
+fn the_guard_bounds_reconfigurations() {
+    use smartmig::policy::fixed::parse_policy;
+    use smartmig::sim::{simulate, Heuristic, RunHooks, SimConfig};
+    use smartmig::workload::{generate_diurnal, DiurnalConfig};
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/a100-40gb.onnx");
+    let cluster = vec![GpuModel::A100_40gb; 8];
+    let wl = DiurnalConfig::default();
+    let jobs = generate_diurnal(&wl, GpuModel::A100_40gb, cluster.len(), 0);
+    let reconfigurations = |query: &str| {
+        let spec = format!("policy:{}{query}", path.display());
+        let mut p = parse_policy(&spec, &cluster).unwrap_or_else(|e| panic!("{e}"));
+        let mut h = Heuristic::Edf.build(0);
+        let cfg = SimConfig {
+            workload_horizon_s: Some(wl.horizon_s),
+            start_hour: wl.start_hour,
+            ..SimConfig::default()
+        };
+        simulate(&cluster, &jobs, h.as_mut(), p.as_mut(), &cfg, RunHooks::default())
+            .unwrap()
+            .metrics
+            .reconfigurations
+    };
+    let free = reconfigurations("");
+    let budget = reconfigurations("?max_reconfigurations_per_day=1");
+    // The day lasts a little over 24 h: at most two moves per GPU.
+    assert!(budget <= 2 * cluster.len() as u64, "{budget} with a budget of 1/day");
+    assert!(free > budget, "unguarded {free} vs guarded {budget}: the test cannot fail");
+    assert!(reconfigurations("?min_confidence=1") < free);
+    let err = parse_policy(&format!("policy:{}?colour=red", path.display()), &cluster)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("unknown guard `colour`"), "{err}");
+}

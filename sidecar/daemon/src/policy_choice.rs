@@ -10,7 +10,7 @@
 //! not installed still repartitions sensibly.
 
 use crate::mig::GpuModel;
-use crate::policy::onnx::{load_policy, PolicyLoadError};
+use crate::policy::onnx::{load_policy, LearnedSpec, PolicyLoadError};
 use crate::policy::{self, greedy::Greedy, PolicyParseError, RepartitionPolicy};
 
 /// A policy ready to run, with the name shown in status and logs.
@@ -26,6 +26,9 @@ pub enum PolicyChoiceError {
     /// (another GPU model, another feature spec, not an ONNX file, ...).
     #[error(transparent)]
     Learned(#[from] PolicyLoadError),
+    /// A bad `?key=value` guard override after the file name.
+    #[error("`{spec}`: {reason}")]
+    Guard { spec: String, reason: String },
     /// Not a built-in policy name (or a bad `static:`/`greedy:` spec).
     #[error(transparent)]
     Builtin(#[from] PolicyParseError),
@@ -53,8 +56,20 @@ pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError
                 })
             }
         };
-        return match load_policy(std::path::Path::new(path), model) {
-            Ok(p) => Ok((Box::new(p), s.to_string())),
+        let learned = LearnedSpec::parse(path);
+        return match load_policy(learned.path, model) {
+            Ok(mut p) => {
+                if let Some(query) = learned.guard {
+                    let guard = p.metadata().guard.with_overrides(query).map_err(|reason| {
+                        PolicyChoiceError::Guard {
+                            spec: s.to_string(),
+                            reason,
+                        }
+                    })?;
+                    p.set_guard(guard);
+                }
+                Ok((Box::new(p), s.to_string()))
+            }
             Err(e) if is_unavailable(&e) => Ok(fallback(s, &e.to_string())),
             Err(e) => Err(e.into()),
         };

@@ -8,7 +8,7 @@ use super::LearnError;
 use crate::mig::GpuModel;
 use crate::policy::RepartitionPolicy;
 use crate::sim::{simulate, EtScore, Metrics, RunHooks, SimConfig};
-use crate::workload::{generate_diurnal, Job};
+use crate::workload::{generate_diurnal, Job, Scenario};
 
 /// A workload day (an episode) and its `none` reference totals.
 pub struct Day {
@@ -17,6 +17,8 @@ pub struct Day {
     pub seed: u64,
     /// End of the arrival window, s (a day, or a trace window).
     pub horizon_s: f64,
+    /// Hour of day at time 0 (the policy sees the time of day).
+    pub start_hour: f64,
     pub reference: Metrics,
 }
 
@@ -27,6 +29,24 @@ impl Day {
         Day::from_jobs(cfg, gpus, jobs, seed, cfg.workload.horizon_s)
     }
 
+    /// A day of `scenario` (one of the yardstick's families) with this seed.
+    pub fn scenario(
+        cfg: &TrainConfig,
+        scenario: &Scenario,
+        gpus: usize,
+        seed: u64,
+    ) -> Result<Self, LearnError> {
+        let jobs = scenario.generate(cfg.gpu_model, gpus, seed);
+        Day::with_clock(
+            cfg,
+            gpus,
+            jobs,
+            seed,
+            scenario.horizon_s(),
+            scenario.start_hour(),
+        )
+    }
+
     /// An episode over given jobs (e.g. a trace window of `horizon_s`).
     pub fn from_jobs(
         cfg: &TrainConfig,
@@ -34,6 +54,17 @@ impl Day {
         jobs: Vec<Job>,
         seed: u64,
         horizon_s: f64,
+    ) -> Result<Self, LearnError> {
+        Day::with_clock(cfg, gpus, jobs, seed, horizon_s, cfg.workload.start_hour)
+    }
+
+    fn with_clock(
+        cfg: &TrainConfig,
+        gpus: usize,
+        jobs: Vec<Job>,
+        seed: u64,
+        horizon_s: f64,
+        start_hour: f64,
     ) -> Result<Self, LearnError> {
         let cluster = vec![cfg.gpu_model; gpus];
         let mut h = cfg.heuristic()?.build(seed);
@@ -43,6 +74,7 @@ impl Day {
             jobs,
             seed,
             horizon_s,
+            start_hour,
             reference: Metrics::default(),
         };
         day.reference = simulate(
@@ -76,6 +108,7 @@ impl Day {
     pub fn sim_config(&self, cfg: &TrainConfig) -> SimConfig {
         SimConfig {
             workload_horizon_s: Some(self.horizon_s),
+            start_hour: self.start_hour,
             ..cfg.sim_config(self.seed)
         }
     }
@@ -140,6 +173,11 @@ pub enum TrainingData {
     /// Windows of a trace ([`crate::workload::Trace::windows`]): episodes
     /// cycle through `train`; the checkpoint is chosen on `validation`
     /// (later windows, never trained on).
+    /// Days of the yardstick's scenario families (`workload::scenario`):
+    /// episodes cycle through the scenarios, a new seed per episode (seeds
+    /// the suite never scores: its test days are 1000-1003); validation on
+    /// `cfg.validation.days` days, cycling through them too.
+    Scenarios(Vec<Scenario>),
     Trace {
         /// What the windows are, for the metadata.
         description: String,
@@ -201,15 +239,20 @@ impl TrainingData {
 
     /// For the metadata.
     pub fn describe(&self, cfg: &TrainConfig) -> String {
+        let sizes = cfg
+            .gpus
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("/");
+        let first = cfg.seed.wrapping_mul(1_000_003) + 1;
         match self {
             TrainingData::Diurnal => format!(
-                "simulated diurnal days (generate_diurnal, seeds from {}), {} GPUs per episode",
-                cfg.seed.wrapping_mul(1_000_003) + 1,
-                cfg.gpus
-                    .iter()
-                    .map(std::string::ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("/")
+                "simulated diurnal days (generate_diurnal, seeds from {first}), {sizes} GPUs per episode"
+            ),
+            TrainingData::Scenarios(list) => format!(
+                "simulated days of the scenarios {} in turn (seeds from {first}), {sizes} GPUs per episode",
+                list.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
             ),
             TrainingData::Trace { description, .. } => description.clone(),
         }

@@ -97,7 +97,24 @@ impl Mlp {
     }
 }
 
+/// GPUs per node for the node-level mean action (the critic's input): the
+/// simulator numbers GPUs across the cluster, and nodes of 8 GPUs (DGX/HGX)
+/// are what A100/H100 clusters are built of.
+pub const NODE_GPUS: usize = 8;
+
+/// The width of the critic's input: the agent's observation, then the mean
+/// action of the *other* GPUs of its node and of the cluster (one share per
+/// action each), so the value is `V(o_i, ā_node, ā_cluster)`.
+pub const fn critic_dim(obs_dim: usize, actions: usize) -> usize {
+    obs_dim + 2 * actions
+}
+
 /// The actor (policy) and critic (value) networks of one GPU model.
+///
+/// The actor sees the agent's observation only (it is what runs in the
+/// daemon, one row per GPU); the critic is mean-field: it also sees the mean
+/// action of the other agents ([`critic_dim`]), as in mean-field
+/// actor-critic (Yang et al., 2018). It is used in training only.
 #[derive(Clone, Debug)]
 pub struct ActorCritic {
     pub obs_dim: usize,
@@ -122,7 +139,7 @@ impl ActorCritic {
             actions,
             hidden,
             actor: Mlp::new(&mut rng, obs_dim, hidden, actions, 0.1)?,
-            critic: Mlp::new(&mut rng, obs_dim, hidden, 1, 1.0)?,
+            critic: Mlp::new(&mut rng, critic_dim(obs_dim, actions), hidden, 1, 1.0)?,
         })
     }
 
@@ -161,9 +178,9 @@ impl ActorCritic {
         Ok((logits + penalty)?)
     }
 
-    /// Values `[n]`.
-    pub fn values(&self, obs: &Tensor) -> Result<Tensor, LearnError> {
-        Ok(self.critic.forward(obs)?.squeeze(1)?)
+    /// Values `[n]` for critic inputs `[n, critic_dim]` (observation and mean actions).
+    pub fn values(&self, critic_in: &Tensor) -> Result<Tensor, LearnError> {
+        Ok(self.critic.forward(critic_in)?.squeeze(1)?)
     }
 
     /// (masked logits, probabilities) for row-major slices: the reference the

@@ -9,21 +9,18 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::config::PpoConfig;
-use super::model::ActorCritic;
+use super::model::{critic_dim, ActorCritic};
 use super::rollout::Batch;
 use super::LearnError;
 
-/// The rows `idx` of `batch` as tensors: observations `[n, d]`, masks
-/// `[n, a]`, actions `[n, 1]`, and log-probabilities, advantages and
-/// returns `[n]`.
-fn tensors(
-    batch: &Batch,
-    idx: &[usize],
-    d: usize,
-    a: usize,
-) -> Result<(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor), LearnError> {
+/// The rows `idx` of `batch` as tensors: observations `[n, d]`, critic
+/// inputs `[n, critic_dim]`, masks `[n, a]`, actions `[n, 1]`, and
+/// log-probabilities, advantages and returns `[n]`.
+fn tensors(batch: &Batch, idx: &[usize], d: usize, a: usize) -> Result<Tensors, LearnError> {
     let n = idx.len();
+    let c = critic_dim(d, a);
     let mut obs = Vec::with_capacity(n * d);
+    let mut critic_in = Vec::with_capacity(n * c);
     let mut mask = Vec::with_capacity(n * a);
     let mut act = Vec::with_capacity(n);
     let mut logp = Vec::with_capacity(n);
@@ -31,6 +28,7 @@ fn tensors(
     let mut ret = Vec::with_capacity(n);
     for &i in idx {
         obs.extend_from_slice(&batch.obs[i * d..(i + 1) * d]);
+        critic_in.extend_from_slice(&batch.critic_in[i * c..(i + 1) * c]);
         mask.extend_from_slice(&batch.mask[i * a..(i + 1) * a]);
         act.push(batch.actions[i]);
         logp.push(batch.logp[i]);
@@ -38,14 +36,26 @@ fn tensors(
         ret.push(batch.returns[i]);
     }
     let dev = &Device::Cpu;
-    Ok((
-        Tensor::from_vec(obs, (n, d), dev)?,
-        Tensor::from_vec(mask, (n, a), dev)?,
-        Tensor::from_vec(act, (n, 1), dev)?,
-        Tensor::from_vec(logp, n, dev)?,
-        Tensor::from_vec(adv, n, dev)?,
-        Tensor::from_vec(ret, n, dev)?,
-    ))
+    Ok(Tensors {
+        obs: Tensor::from_vec(obs, (n, d), dev)?,
+        critic_in: Tensor::from_vec(critic_in, (n, c), dev)?,
+        mask: Tensor::from_vec(mask, (n, a), dev)?,
+        actions: Tensor::from_vec(act, (n, 1), dev)?,
+        logp: Tensor::from_vec(logp, n, dev)?,
+        advantages: Tensor::from_vec(adv, n, dev)?,
+        returns: Tensor::from_vec(ret, n, dev)?,
+    })
+}
+
+/// One minibatch as tensors.
+struct Tensors {
+    obs: Tensor,
+    critic_in: Tensor,
+    mask: Tensor,
+    actions: Tensor,
+    logp: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
 }
 
 /// A seeded random permutation of `0..n` (Fisher-Yates).
@@ -72,12 +82,12 @@ pub fn imitation_update(
     for _ in 0..epochs {
         let idx = shuffled(batch.len(), rng);
         for chunk in idx.chunks(minibatch) {
-            let (obs, mask, act, _, _, ret) = tensors(batch, chunk, d, a)?;
-            let logits = net.masked_logits(&obs, &mask)?;
+            let t = tensors(batch, chunk, d, a)?;
+            let logits = net.masked_logits(&t.obs, &t.mask)?;
             let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-            let ce = logp.gather(&act, 1)?.squeeze(1)?.mean_all()?.neg()?;
-            let v = net.values(&obs)?;
-            let vloss = (v - ret)?.sqr()?.mean_all()?;
+            let ce = logp.gather(&t.actions, 1)?.squeeze(1)?.mean_all()?.neg()?;
+            let v = net.values(&t.critic_in)?;
+            let vloss = (v - t.returns)?.sqr()?.mean_all()?;
             let loss = (ce.clone() + (vloss * 0.5)?)?;
             opt.backward_step(&loss)?;
             last = ce.to_scalar::<f32>()?;
@@ -99,11 +109,12 @@ pub fn ppo_update(
     for _ in 0..p.epochs {
         let idx = shuffled(batch.len(), rng);
         for chunk in idx.chunks(p.minibatch) {
-            let (obs, mask, act, old_logp, adv, ret) = tensors(batch, chunk, d, a)?;
-            let logits = net.masked_logits(&obs, &mask)?;
+            let t = tensors(batch, chunk, d, a)?;
+            let adv = &t.advantages;
+            let logits = net.masked_logits(&t.obs, &t.mask)?;
             let logp_all = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-            let logp = logp_all.gather(&act, 1)?.squeeze(1)?;
-            let log_ratio = (logp - old_logp)?;
+            let logp = logp_all.gather(&t.actions, 1)?.squeeze(1)?;
+            let log_ratio = (logp - &t.logp)?;
             if p.target_kl > 0.0 {
                 // k3 estimator of KL(old || new): E[(r - 1) - ln r].
                 let kl = ((log_ratio.exp()? - 1.0)? - &log_ratio)?
@@ -114,15 +125,15 @@ pub fn ppo_update(
                 }
             }
             let ratio = log_ratio.exp()?;
-            let s1 = (&ratio * &adv)?;
-            let s2 = (ratio.clamp(1.0 - p.clip, 1.0 + p.clip)? * &adv)?;
+            let s1 = (&ratio * adv)?;
+            let s2 = (ratio.clamp(1.0 - p.clip, 1.0 + p.clip)? * adv)?;
             let pi_loss = s1.minimum(&s2)?.mean_all()?.neg()?;
             let probs = logp_all.exp()?;
             // Masked actions have probability 0 and log-probability -1e9:
             // their product is 0, so they add nothing to the entropy.
             let entropy = (probs * logp_all)?.sum(D::Minus1)?.mean_all()?.neg()?;
-            let v = net.values(&obs)?;
-            let vloss = (v - ret)?.sqr()?.mean_all()?;
+            let v = net.values(&t.critic_in)?;
+            let vloss = (v - &t.returns)?.sqr()?.mean_all()?;
             let loss = ((pi_loss + (vloss * p.value_coef)?)? - (entropy * p.entropy)?)?;
             opt.backward_step(&loss)?;
         }
@@ -178,8 +189,12 @@ mod tests {
         let logp = (0..n)
             .map(|i| probs[i * net.actions + actions[i] as usize].ln())
             .collect();
+        let critic_in = (0..n * critic_dim(net.obs_dim, net.actions))
+            .map(|_| rng.random::<f32>())
+            .collect();
         Batch {
             obs,
+            critic_in,
             mask,
             actions,
             logp,
@@ -243,15 +258,22 @@ mod tests {
         let n = net(&cfg, 1);
         let mut b = batch(&n, 3, |i| i as u32);
         b.advantages = vec![0.5, 1.5, 2.5];
-        let (obs, mask, act, logp, adv, ret) = tensors(&b, &[2, 0], n.obs_dim, n.actions).unwrap();
-        assert_eq!(obs.dims(), [2, n.obs_dim]);
-        assert_eq!(mask.dims(), [2, n.actions]);
-        assert_eq!(act.flatten_all().unwrap().to_vec1::<u32>().unwrap(), [2, 0]);
-        assert_eq!(adv.to_vec1::<f32>().unwrap(), [2.5, 0.5]);
-        assert_eq!(logp.to_vec1::<f32>().unwrap(), [b.logp[2], b.logp[0]]);
-        assert_eq!(ret.dims(), [2]);
-        let row = obs.get(1).unwrap().to_vec1::<f32>().unwrap();
+        let t = tensors(&b, &[2, 0], n.obs_dim, n.actions).unwrap();
+        let c = critic_dim(n.obs_dim, n.actions);
+        assert_eq!(t.obs.dims(), [2, n.obs_dim]);
+        assert_eq!(t.critic_in.dims(), [2, c]);
+        assert_eq!(t.mask.dims(), [2, n.actions]);
+        assert_eq!(
+            t.actions.flatten_all().unwrap().to_vec1::<u32>().unwrap(),
+            [2, 0]
+        );
+        assert_eq!(t.advantages.to_vec1::<f32>().unwrap(), [2.5, 0.5]);
+        assert_eq!(t.logp.to_vec1::<f32>().unwrap(), [b.logp[2], b.logp[0]]);
+        assert_eq!(t.returns.dims(), [2]);
+        let row = t.obs.get(1).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(row, b.obs[..n.obs_dim]);
+        let row = t.critic_in.get(0).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(row, b.critic_in[2 * c..3 * c]);
     }
 
     /// Behaviour cloning makes the labelled actions much more likely.

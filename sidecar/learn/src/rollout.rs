@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::config::TrainConfig;
 use super::data::Day;
-use super::model::ActorCritic;
+use super::model::{critic_dim, ActorCritic, NODE_GPUS};
 use super::reward::{Ledger, LedgerSink};
 use super::teacher::{Base, Teacher};
 use super::LearnError;
@@ -56,6 +56,7 @@ struct Rollout<'m> {
     rng: ChaCha8Rng,
     ledger: Rc<RefCell<Ledger>>,
     obs: Vec<f32>,
+    critic_in: Vec<f32>,
     mask: Vec<f32>,
     steps: Vec<Step>,
     /// Per epoch: team energy, team tardiness, per-GPU energy, per-GPU tardiness.
@@ -89,23 +90,19 @@ impl RepartitionPolicy for Rollout<'_> {
             mask.extend_from_slice(&self.encoder.mask[r * a..(r + 1) * a]);
         }
         let teacher_actions = (self.mode == Mode::Teacher).then(|| self.teacher.choose(view));
-        let (probs, values) = match self.net.act(&obs, &mask, acting.len()).and_then(|(_, p)| {
-            let o = Tensor::from_slice(&obs, (acting.len(), d), &Device::Cpu)?;
-            let v = self.net.values(&o)?.to_vec1::<f32>()?;
-            Ok((p, v))
-        }) {
-            Ok(x) => x,
+        let probs = match self.net.act(&obs, &mask, acting.len()) {
+            Ok((_, p)) => p,
             Err(e) => {
                 self.error.get_or_insert(e);
                 return Vec::new();
             }
         };
-        let mut decisions = Vec::new();
+        let mut chosen = Vec::with_capacity(acting.len());
         for (i, &r) in acting.iter().enumerate() {
             let gpu = self.encoder.gpus[r];
             let p = &probs[i * a..(i + 1) * a];
             let m = &mask[i * a..(i + 1) * a];
-            let action = match self.mode {
+            chosen.push(match self.mode {
                 Mode::Greedy => argmax_masked(p, m),
                 Mode::Sample => sample(&mut self.rng, p, m),
                 Mode::Teacher => teacher_actions
@@ -114,9 +111,37 @@ impl RepartitionPolicy for Rollout<'_> {
                     .and_then(|&(_, act)| act)
                     .filter(|&act| m[act] > 0.5)
                     .unwrap_or(spec.keep_action()),
+            });
+        }
+        // The mean-field critic's input: each agent's observation with the
+        // mean action of the others (GPUs that cannot act "keep").
+        let mut actions = vec![spec.keep_action(); rows];
+        for (&r, &act) in acting.iter().zip(&chosen) {
+            actions[r] = act;
+        }
+        let gpus = self.encoder.gpus.clone();
+        let critic_in = mean_field_inputs(&obs, d, a, &acting, &actions, &gpus);
+        let values =
+            match Tensor::from_slice(&critic_in, (acting.len(), critic_dim(d, a)), &Device::Cpu)
+                .map_err(LearnError::from)
+                .and_then(|t| Ok(self.net.values(&t)?.to_vec1::<f32>()?))
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                    return Vec::new();
+                }
             };
+        let cd = critic_dim(d, a);
+        let mut decisions = Vec::new();
+        for (i, &r) in acting.iter().enumerate() {
+            let gpu = self.encoder.gpus[r];
+            let action = chosen[i];
+            let p = &probs[i * a..(i + 1) * a];
+            self.critic_in
+                .extend_from_slice(&critic_in[i * cd..(i + 1) * cd]);
             self.obs.extend_from_slice(&obs[i * d..(i + 1) * d]);
-            self.mask.extend_from_slice(m);
+            self.mask.extend_from_slice(&mask[i * a..(i + 1) * a]);
             self.steps.push(Step {
                 gpu,
                 epoch,
@@ -130,6 +155,50 @@ impl RepartitionPolicy for Rollout<'_> {
         }
         decisions
     }
+}
+
+/// Critic inputs for the `acting` rows: each row's observation (`obs`, one
+/// row of `d` per acting agent), then the mean one-hot action of the *other*
+/// GPUs of its node ([`NODE_GPUS`], by GPU number) and of all GPUs of the
+/// model (`actions[r]` for every encoded row `r`, whose GPU is `gpus[r]`).
+/// A GPU alone in its node or cluster sees zeros there.
+pub(crate) fn mean_field_inputs(
+    obs: &[f32],
+    d: usize,
+    a: usize,
+    acting: &[usize],
+    actions: &[usize],
+    gpus: &[usize],
+) -> Vec<f32> {
+    let mut cluster = vec![0.0f32; a];
+    let mut nodes: std::collections::HashMap<usize, (Vec<f32>, f32)> =
+        std::collections::HashMap::new();
+    for (r, &act) in actions.iter().enumerate() {
+        cluster[act] += 1.0;
+        let node = nodes
+            .entry(gpus[r] / NODE_GPUS)
+            .or_insert_with(|| (vec![0.0; a], 0.0));
+        node.0[act] += 1.0;
+        node.1 += 1.0;
+    }
+    let n = actions.len() as f32;
+    let mut out = Vec::with_capacity(acting.len() * critic_dim(d, a));
+    for (i, &r) in acting.iter().enumerate() {
+        out.extend_from_slice(&obs[i * d..(i + 1) * d]);
+        let own = actions[r];
+        let (node, count) = &nodes[&(gpus[r] / NODE_GPUS)];
+        for (sums, others) in [(node, count - 1.0), (&cluster, n - 1.0)] {
+            out.extend((0..a).map(|k| {
+                let s = sums[k] - if k == own { 1.0 } else { 0.0 };
+                if others > 0.0 {
+                    s / others
+                } else {
+                    0.0
+                }
+            }));
+        }
+    }
+    out
 }
 
 fn sample(rng: &mut ChaCha8Rng, probs: &[f32], mask: &[f32]) -> usize {
@@ -157,6 +226,8 @@ fn sample(rng: &mut ChaCha8Rng, probs: &[f32], mask: &[f32]) -> usize {
 #[derive(Default, Debug)]
 pub struct Batch {
     pub obs: Vec<f32>,
+    /// The critic's inputs, one row of `critic_dim` per transition.
+    pub critic_in: Vec<f32>,
     pub mask: Vec<f32>,
     pub actions: Vec<u32>,
     pub logp: Vec<f32>,
@@ -204,6 +275,7 @@ pub fn run_episode(
         rng: ChaCha8Rng::seed_from_u64(rng_seed),
         ledger: Rc::clone(&ledger),
         obs: Vec::new(),
+        critic_in: Vec::new(),
         mask: Vec::new(),
         steps: Vec::new(),
         epoch_e: Vec::new(),
@@ -246,6 +318,7 @@ pub fn run_episode(
     );
     let team_return = rewards.team_return();
     batch.obs.extend_from_slice(&rollout.obs);
+    batch.critic_in.extend_from_slice(&rollout.critic_in);
     batch.mask.extend_from_slice(&rollout.mask);
     for (i, s) in rollout.steps.iter().enumerate() {
         batch.actions.push(s.action);
@@ -460,6 +533,25 @@ mod tests {
     /// Masked actions are never drawn, allowed ones at their renormalised
     /// probabilities, the same seed draws the same, and with nothing
     /// allowed the last action ("keep") comes out.
+    /// The critic sees each agent's observation, then the mean action of the
+    /// other GPUs of its node and of the cluster (zeros when alone).
+    #[test]
+    fn mean_field_inputs_leave_the_agent_out() {
+        // GPUs 0, 1, 2 share node 0, GPU 8 is alone in node 1; 3 actions.
+        let gpus = [0, 1, 2, 8];
+        let actions = [0, 1, 1, 2];
+        let got = mean_field_inputs(&[10.0, 20.0], 1, 3, &[0, 3], &actions, &gpus);
+        let third = 1.0 / 3.0;
+        let want = [
+            [10.0, 0.0, 1.0, 0.0, 0.0, 2.0 * third, third],
+            [20.0, 0.0, 0.0, 0.0, third, 2.0 * third, 0.0],
+        ];
+        assert_eq!(got.len(), 2 * critic_dim(1, 3));
+        for (g, w) in got.iter().zip(want.iter().flatten()) {
+            assert!((g - w).abs() < 1e-6, "{got:?}");
+        }
+    }
+
     #[test]
     fn sample_follows_the_masked_probabilities() {
         let probs = [0.5, 0.1, 0.3, 0.1];

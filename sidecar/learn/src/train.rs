@@ -180,6 +180,11 @@ pub fn train(
 
 /// Trace data must hold a training and a validation window.
 fn check_windows(data: &TrainingData) -> Result<(), LearnError> {
+    if matches!(data, TrainingData::Scenarios(list) if list.is_empty()) {
+        return Err(LearnError::Config(
+            "scenario training data needs at least one scenario".into(),
+        ));
+    }
     if let TrainingData::Trace {
         train, validation, ..
     } = data
@@ -199,6 +204,12 @@ fn validation_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, L
     match data {
         TrainingData::Diurnal => (0..cfg.validation.days as u64)
             .map(|k| Day::new(cfg, cfg.validation.gpus, cfg.validation.seed + k))
+            .collect(),
+        TrainingData::Scenarios(list) => (0..cfg.validation.days)
+            .map(|k| {
+                let seed = cfg.validation.seed + k as u64;
+                Day::scenario(cfg, &list[k % list.len()], cfg.validation.gpus, seed)
+            })
             .collect(),
         TrainingData::Trace {
             validation,
@@ -235,13 +246,25 @@ fn static_best_on(
 /// a validation day). Diurnal: seed `seed * 1_000_003` (training episodes
 /// use the seeds right after it), then seeds far beyond any episode's.
 /// Trace: the first training windows.
+/// The seed of the `k`-th day the teacher's resting layouts are searched on.
+fn base_seed(cfg: &TrainConfig, k: u64) -> u64 {
+    let s = cfg.seed.wrapping_mul(1_000_003);
+    if k == 0 {
+        s
+    } else {
+        s + 500_000 + k
+    }
+}
+
 fn base_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, LearnError> {
     match data {
         TrainingData::Diurnal => (0..cfg.teacher_days as u64)
+            .map(|k| Day::new(cfg, cfg.gpus[0], base_seed(cfg, k)))
+            .collect(),
+        TrainingData::Scenarios(list) => (0..cfg.teacher_days)
             .map(|k| {
-                let s = cfg.seed.wrapping_mul(1_000_003);
-                let s = if k == 0 { s } else { s + 500_000 + k };
-                Day::new(cfg, cfg.gpus[0], s)
+                let s = &list[k % list.len()];
+                Day::scenario(cfg, s, cfg.gpus[0], base_seed(cfg, k as u64))
             })
             .collect(),
         TrainingData::Trace {
@@ -277,7 +300,7 @@ struct EpisodeDays<'a> {
     cfg: &'a TrainConfig,
     data: &'a TrainingData,
     seed: u64,
-    /// Trace windows handed out so far.
+    /// Trace windows (or scenario days) handed out so far.
     windows: usize,
 }
 
@@ -298,6 +321,12 @@ impl<'a> EpisodeDays<'a> {
         let gpus = cfg.gpus[k % cfg.gpus.len()];
         match self.data {
             TrainingData::Diurnal => Day::new(cfg, gpus, self.seed),
+            TrainingData::Scenarios(list) => {
+                // Cycle through the scenarios in order (deterministic).
+                let s = &list[self.windows % list.len()];
+                self.windows += 1;
+                Day::scenario(cfg, s, gpus, self.seed)
+            }
             TrainingData::Trace {
                 train, window_s, ..
             } => {

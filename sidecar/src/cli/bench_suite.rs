@@ -16,8 +16,8 @@ use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::report::suite::{et_bars, scenario_table, summary_table};
 use crate::sim::{Heuristic, SimConfig};
 use crate::workload::{
-    default_scenarios, gpus_for_load, parse_scenarios, read_trace, DeadlineRegime, Scenario,
-    TraceFormat, TraceOptions,
+    default_scenarios, gpus_for_load, parse_scenarios, read_trace, select_scenarios,
+    DeadlineRegime, Scenario, TraceFormat, TraceOptions,
 };
 
 #[derive(Debug, clap::Args)]
@@ -100,22 +100,7 @@ fn scenarios(a: &SuiteArgs) -> Result<Vec<Scenario>> {
         }
         None => default_scenarios(),
     };
-    if a.only.is_empty() {
-        return Ok(all);
-    }
-    // A name matches itself and its family (`mix-shift` for `mix-shift/tight`).
-    let selects = |s: &Scenario, o: &str| s.name == o || s.name.split('/').next() == Some(o);
-    for o in &a.only {
-        if !all.iter().any(|s| selects(s, o)) {
-            let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
-            bail!("--only: no scenario `{o}` (known: {})", names.join(", "));
-        }
-    }
-    let keep = all
-        .into_iter()
-        .filter(|s| a.only.iter().any(|o| selects(s, o)))
-        .collect();
-    Ok(keep)
+    select_scenarios(all, &a.only).context("--only")
 }
 
 /// One generated day of `s`.

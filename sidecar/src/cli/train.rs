@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::learn::train::{train, Progress, TrainConfig, TrainingData};
 use crate::policy::features::FeatureSpec;
 use crate::policy::onnx::{PolicyMetadata, METADATA_KEY};
-use crate::workload::{read_trace, TraceFormat, TraceOptions};
+use crate::workload::{default_scenarios, read_trace, select_scenarios, TraceFormat, TraceOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -41,6 +41,12 @@ pub struct Args {
     /// Length of one episode cut from `--trace`, hours.
     #[arg(long, default_value_t = 24.0, requires = "trace")]
     pub trace_window_h: f64,
+    /// Train on days of the yardstick's scenarios instead of diurnal days:
+    /// `all`, or comma-separated scenario or family names (`mix-shift`
+    /// selects both deadline regimes; `smartmig bench suite` lists them).
+    /// Training and validation seeds never meet the suite's test days.
+    #[arg(long, value_delimiter = ',', conflicts_with = "trace")]
+    pub scenarios: Vec<String>,
 }
 
 pub fn run(a: &Args) -> Result<()> {
@@ -66,7 +72,18 @@ pub fn run(a: &Args) -> Result<()> {
     }
     cfg.validate()?;
     let data = match &a.trace {
-        None => TrainingData::Diurnal,
+        None if a.scenarios.is_empty() => TrainingData::Diurnal,
+        None => {
+            let only: Vec<String> = a
+                .scenarios
+                .iter()
+                .filter(|s| *s != "all")
+                .cloned()
+                .collect();
+            TrainingData::Scenarios(
+                select_scenarios(default_scenarios(), &only).context("--scenarios")?,
+            )
+        }
         Some(path) => {
             let format: TraceFormat = a.trace_format.parse()?;
             let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -150,6 +167,14 @@ pub fn run(a: &Args) -> Result<()> {
             TrainingData::Diurnal => format!(
                 "{} diurnal days, seeds {}..{}, {} GPUs (means over the days)",
                 report.validation_days,
+                report.validation_seed,
+                report.validation_seed + report.validation_days as u64 - 1,
+                report.validation_gpus
+            ),
+            TrainingData::Scenarios(list) => format!(
+                "{} scenario days ({} in turn), seeds {}..{}, {} GPUs (means over the days)",
+                report.validation_days,
+                list.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "),
                 report.validation_seed,
                 report.validation_seed + report.validation_days as u64 - 1,
                 report.validation_gpus

@@ -199,8 +199,17 @@ pub fn parse_policy(
             spec: s.to_string(),
             reason,
         };
-        let policy = super::onnx::load_any_policy(std::path::Path::new(path))
-            .map_err(|e| learned_err(e.to_string()))?;
+        let learned = super::onnx::LearnedSpec::parse(path);
+        let mut policy =
+            super::onnx::load_any_policy(learned.path).map_err(|e| learned_err(e.to_string()))?;
+        if let Some(query) = learned.guard {
+            let guard = policy
+                .metadata()
+                .guard
+                .with_overrides(query)
+                .map_err(learned_err)?;
+            policy.set_guard(guard);
+        }
         let model = policy.metadata().gpu_model;
         if !models.is_empty() && !models.contains(&model) {
             return Err(learned_err(format!(

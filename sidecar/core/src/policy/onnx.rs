@@ -73,6 +73,86 @@ pub struct PolicyMetadata {
     /// Validation numbers measured at the end of training: free form.
     #[serde(default)]
     pub validation: serde_json::Value,
+    /// Run-time limits that keep the policy from doing harm where it is
+    /// unsure (absent in older files: no limits).
+    #[serde(default)]
+    pub guard: Guard,
+}
+
+/// Run-time limits on a learned policy ("do no harm"): a GPU moves only
+/// when the network is sure enough, and never more often than a budget.
+/// Stored in the policy's metadata; `policy:FILE.onnx?min_confidence=0.6`
+/// overrides them for one run ([`LearnedSpec`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Guard {
+    /// A GPU follows the network's most probable action only when that
+    /// action has at least this probability; below, it keeps its layout.
+    /// 0 = always follow.
+    #[serde(default)]
+    pub min_confidence: f32,
+    /// At most this many reconfigurations of one GPU in any 24 h (a
+    /// sliding window); further moves wait. 0 = no limit.
+    #[serde(default)]
+    pub max_reconfigurations_per_day: u32,
+}
+
+impl Guard {
+    /// Applies `key=value` pairs separated by `&` (the part of a
+    /// `policy:FILE.onnx?...` spec after `?`).
+    pub fn with_overrides(mut self, query: &str) -> Result<Guard, String> {
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("`{pair}` is not key=value"))?;
+            match key {
+                "min_confidence" => {
+                    self.min_confidence = value
+                        .parse::<f32>()
+                        .ok()
+                        .filter(|c| (0.0..=1.0).contains(c))
+                        .ok_or_else(|| format!("min_confidence={value}: not a number in 0..=1"))?;
+                }
+                "max_reconfigurations_per_day" => {
+                    self.max_reconfigurations_per_day = value.parse().map_err(|_| {
+                        format!("max_reconfigurations_per_day={value}: not a whole number")
+                    })?;
+                }
+                other => {
+                    return Err(format!(
+                    "unknown guard `{other}` (known: min_confidence, max_reconfigurations_per_day)"
+                ))
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    fn is_set(self) -> bool {
+        self.min_confidence > 0.0 || self.max_reconfigurations_per_day > 0
+    }
+}
+
+/// The text after `policy:`: a file, and optionally `?key=value&...`
+/// guard overrides (`policy:p.onnx?max_reconfigurations_per_day=12`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LearnedSpec<'a> {
+    pub path: &'a Path,
+    pub guard: Option<&'a str>,
+}
+
+impl<'a> LearnedSpec<'a> {
+    pub fn parse(after_prefix: &'a str) -> LearnedSpec<'a> {
+        match after_prefix.rsplit_once('?') {
+            Some((path, query)) => LearnedSpec {
+                path: Path::new(path),
+                guard: Some(query),
+            },
+            None => LearnedSpec {
+                path: Path::new(after_prefix),
+                guard: None,
+            },
+        }
+    }
 }
 
 impl PolicyMetadata {
@@ -88,6 +168,7 @@ impl PolicyMetadata {
             hidden,
             training: serde_json::Value::Null,
             validation: serde_json::Value::Null,
+            guard: Guard::default(),
         }
     }
 }
@@ -328,6 +409,10 @@ pub struct OnnxPolicy {
     encoder: Encoder,
     /// Output buffer of the last run (probabilities, row-major).
     probs: Vec<f32>,
+    /// [`Guard::max_reconfigurations_per_day`] at work.
+    budget: MoveBudget,
+    /// Moves the guard held back: (low confidence, over budget).
+    pub held: (u64, u64),
     /// Inference failures (the policy then keeps every layout).
     pub failures: u64,
 }
@@ -368,12 +453,40 @@ impl OnnxPolicy {
             meta,
             session,
             probs: Vec::new(),
+            budget: MoveBudget::default(),
+            held: (0, 0),
             failures: 0,
         })
     }
 
     pub fn metadata(&self) -> &PolicyMetadata {
         &self.meta
+    }
+
+    /// Replaces the guard of the metadata (`?key=value` overrides).
+    pub fn set_guard(&mut self, guard: Guard) {
+        self.meta.guard = guard;
+        if guard.is_set() {
+            self.name = format!(
+                "{} (guard: min_confidence {}, max {} reconfigurations/GPU/day)",
+                self.name, guard.min_confidence, guard.max_reconfigurations_per_day
+            );
+        }
+    }
+
+    /// Whether the guard lets `gpu` move at `now`, given the probability of
+    /// the move; records the move when it does.
+    fn guard_allows(&mut self, gpu: usize, now: f64, confidence: f32) -> bool {
+        let g = self.meta.guard;
+        if confidence < g.min_confidence {
+            self.held.0 += 1;
+            return false;
+        }
+        if !self.budget.allows(gpu, now, g.max_reconfigurations_per_day) {
+            self.held.1 += 1;
+            return false;
+        }
+        true
     }
 
     /// Runs the network on row-major `obs [rows, D]` and `mask [rows, A]`;
@@ -415,6 +528,35 @@ impl OnnxPolicy {
     }
 }
 
+/// Per GPU, the times of its moves in the last 24 h: a sliding-window
+/// budget of reconfigurations.
+#[derive(Debug, Default)]
+struct MoveBudget {
+    recent: Vec<std::collections::VecDeque<f64>>,
+}
+
+impl MoveBudget {
+    /// Whether `gpu` may move at `now` with at most `per_day` moves in any
+    /// 24 h (0 = no limit); records the move when it may.
+    fn allows(&mut self, gpu: usize, now: f64, per_day: u32) -> bool {
+        if per_day == 0 {
+            return true;
+        }
+        if self.recent.len() <= gpu {
+            self.recent.resize_with(gpu + 1, Default::default);
+        }
+        let recent = &mut self.recent[gpu];
+        while recent.front().is_some_and(|&t| t <= now - 86_400.0) {
+            recent.pop_front();
+        }
+        if recent.len() >= per_day as usize {
+            return false;
+        }
+        recent.push_back(now);
+        true
+    }
+}
+
 impl RepartitionPolicy for OnnxPolicy {
     fn name(&self) -> String {
         self.name.clone()
@@ -437,15 +579,57 @@ impl RepartitionPolicy for OnnxPolicy {
         let a = self.meta.actions;
         let spec = *self.encoder.spec();
         let mut decisions = Vec::new();
-        for (row, &gpu) in self.encoder.gpus.iter().enumerate() {
-            let action = argmax_masked(
-                &self.probs[row * a..(row + 1) * a],
-                &self.encoder.mask[row * a..(row + 1) * a],
-            );
+        for row in 0..self.encoder.gpus.len() {
+            let gpu = self.encoder.gpus[row];
+            let probs = &self.probs[row * a..(row + 1) * a];
+            let action = argmax_masked(probs, &self.encoder.mask[row * a..(row + 1) * a]);
             if let Some(d) = spec.decode(gpu, &view.gpus[gpu], action) {
-                decisions.push(d);
+                if self.guard_allows(gpu, view.now, probs[action]) {
+                    decisions.push(d);
+                }
             }
         }
         decisions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_overrides_parse_and_refuse_nonsense() {
+        let g = Guard::default()
+            .with_overrides("min_confidence=0.6&max_reconfigurations_per_day=12")
+            .unwrap();
+        assert!((g.min_confidence - 0.6).abs() < 1e-6);
+        assert_eq!(g.max_reconfigurations_per_day, 12);
+        for (bad, says) in [
+            ("min_confidence=2", "not a number in 0..=1"),
+            ("max_reconfigurations_per_day=-1", "not a whole number"),
+            ("colour=red", "unknown guard `colour`"),
+            ("min_confidence", "not key=value"),
+        ] {
+            let e = Guard::default().with_overrides(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let s = LearnedSpec::parse("dir/p.onnx?min_confidence=0.5");
+        assert_eq!(s.path, Path::new("dir/p.onnx"));
+        assert_eq!(s.guard, Some("min_confidence=0.5"));
+        assert_eq!(LearnedSpec::parse("p.onnx").guard, None);
+    }
+
+    #[test]
+    fn the_move_budget_is_a_sliding_day_per_gpu() {
+        let mut b = MoveBudget::default();
+        assert!(b.allows(3, 0.0, 2) && b.allows(3, 10.0, 2));
+        assert!(!b.allows(3, 20.0, 2), "a third move within a day");
+        assert!(b.allows(0, 20.0, 2), "another GPU has its own budget");
+        assert!(b.allows(3, 86_400.5, 2), "the first move left the window");
+        assert!(!b.allows(3, 86_401.0, 2));
+        assert!(
+            (0..100).all(|k| b.allows(1, f64::from(k), 0)),
+            "0 = no limit"
+        );
     }
 }

@@ -36,7 +36,9 @@ pub use job::{default_memory_gb, round_up_to_profile, Job, JobClass};
 pub use load::{demand_load, gpus_for_load, offered_load, peak_demand_load};
 pub use memory_estimate::{EstimatorConfig, MemoryEstimator, MemoryKey};
 pub use power::{gpu_load, PowerModel};
-pub use scenario::{default_scenarios, parse_scenarios, DeadlineRegime, Family, Scenario};
+pub use scenario::{
+    default_scenarios, parse_scenarios, select_scenarios, DeadlineRegime, Family, Scenario,
+};
 pub use speedup::{CurveDist, SpeedupCurve};
 pub use trace::{
     read_alibaba, read_csv, read_sacct, read_trace, window, write_csv, FieldProblem, RowError,
@@ -60,6 +62,8 @@ pub enum WorkloadError {
     /// field.
     #[error("scenario {scenario:?}: {message}")]
     Scenario { scenario: String, message: String },
+    #[error("no scenario `{asked}` (known: {known})")]
+    NoSuchScenario { asked: String, known: String },
 }
 
 impl WorkloadError {

@@ -383,6 +383,32 @@ fn nest(prefix: &'static str, e: WorkloadError) -> WorkloadError {
     }
 }
 
+/// The scenarios of `all` that `only` names (all of them when `only` is
+/// empty), in `all`'s order. A name selects itself and, as a family name,
+/// both its deadline regimes (`mix-shift` selects `mix-shift/tight` and
+/// `mix-shift/loose`). A name that selects nothing is an error listing the
+/// known ones.
+pub fn select_scenarios(
+    all: Vec<Scenario>,
+    only: &[String],
+) -> Result<Vec<Scenario>, WorkloadError> {
+    if only.is_empty() {
+        return Ok(all);
+    }
+    let selects = |s: &Scenario, o: &str| s.name == o || s.name.split('/').next() == Some(o);
+    if let Some(o) = only.iter().find(|o| !all.iter().any(|s| selects(s, o))) {
+        let known: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        return Err(WorkloadError::NoSuchScenario {
+            asked: o.clone(),
+            known: known.join(", "),
+        });
+    }
+    Ok(all
+        .into_iter()
+        .filter(|s| only.iter().any(|o| selects(s, o)))
+        .collect())
+}
+
 /// The default suite: every family x both deadline regimes (10 scenarios,
 /// named `<family>/<regime>`), parsed from the shipped `scenarios.toml`.
 pub fn default_scenarios() -> Vec<Scenario> {
