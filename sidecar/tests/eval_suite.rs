@@ -34,11 +34,18 @@ fn quick_suite_writes_audited_json_and_plots() {
         json.to_str().unwrap(),
         "--report",
         plots.to_str().unwrap(),
+        "--gates",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("Summary: ET per scenario"), "{stdout}");
+    // --gates: one table per policy of ours, naming the best causal opponent.
+    assert!(stdout.contains("Gates of greedy"), "{stdout}");
+    assert!(
+        stdout.contains("worst test day over all scenarios vs the better of none and static-hist"),
+        "{stdout}"
+    );
     assert!(stdout.contains("worse days"), "{stdout}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

@@ -273,16 +273,29 @@ fn the_guard_bounds_reconfigurations() {
             start_hour: wl.start_hour,
             ..SimConfig::default()
         };
-        simulate(&cluster, &jobs, h.as_mut(), p.as_mut(), &cfg, RunHooks::default())
-            .unwrap()
-            .metrics
-            .reconfigurations
+        simulate(
+            &cluster,
+            &jobs,
+            h.as_mut(),
+            p.as_mut(),
+            &cfg,
+            RunHooks::default(),
+        )
+        .unwrap()
+        .metrics
+        .reconfigurations
     };
     let free = reconfigurations("");
     let budget = reconfigurations("?max_reconfigurations_per_day=1");
     // The day lasts a little over 24 h: at most two moves per GPU.
-    assert!(budget <= 2 * cluster.len() as u64, "{budget} with a budget of 1/day");
-    assert!(free > budget, "unguarded {free} vs guarded {budget}: the test cannot fail");
+    assert!(
+        budget <= 2 * cluster.len() as u64,
+        "{budget} with a budget of 1/day"
+    );
+    assert!(
+        free > budget,
+        "unguarded {free} vs guarded {budget}: the test cannot fail"
+    );
     assert!(reconfigurations("?min_confidence=1") < free);
     let err = parse_policy(&format!("policy:{}?colour=red", path.display()), &cluster)
         .err()

@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use crate::eval::{run_scenario, Day, ScenarioDays, SuiteConfig, SuiteReport};
+use crate::eval::{gate_rows, run_scenario, Day, RowKind, ScenarioDays, SuiteConfig, SuiteReport};
 use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
-use crate::report::suite::{et_bars, scenario_table, summary_table};
+use crate::report::suite::{et_bars, gates_table, scenario_table, summary_table};
 use crate::sim::{Heuristic, SimConfig};
 use crate::workload::{
     default_scenarios, gpus_for_load, parse_scenarios, read_trace, select_scenarios,
@@ -61,6 +61,11 @@ pub struct SuiteArgs {
     /// it and ONNX Runtime exist.
     #[arg(long, value_name = "SPEC")]
     pub policy: Vec<String>,
+    /// Also print, for each of our policies, the gate table: ET against the
+    /// best causal opponent, the worst test day against the better of
+    /// `none` and `static-hist`, reconfigurations per GPU per day.
+    #[arg(long)]
+    pub gates: bool,
     /// Leave out the hindsight references (searched on each test day).
     #[arg(long)]
     pub no_hindsight: bool,
@@ -300,6 +305,18 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{}", summary_table(&report))?;
+    if a.gates {
+        let mut ours: Vec<&str> = Vec::new();
+        for row in report.scenarios.iter().flat_map(|s| &s.rows) {
+            if row.kind == RowKind::Candidate && !ours.contains(&row.policy.as_str()) {
+                ours.push(&row.policy);
+            }
+        }
+        for p in ours {
+            writeln!(out)?;
+            write!(out, "{}", gates_table(p, &gate_rows(&report.scenarios, p)))?;
+        }
+    }
     writeln!(out, "({:.0} s)", report.elapsed_s)?;
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)

@@ -18,11 +18,13 @@
 
 pub mod baselines;
 pub mod days;
+pub mod gates;
 pub mod score;
 pub mod suite;
 
 pub use baselines::{fit, Fitted};
 pub use days::{search_score, Day, DaySet};
+pub use gates::{gate_rows, GateRow};
 pub use score::{DayScore, PolicyRow, Reference, RowKind};
 pub use suite::{run_scenario, ScenarioDays, ScenarioResult, SuiteConfig, SuiteReport};
 

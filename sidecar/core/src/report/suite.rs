@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use plotters::prelude::*;
 
 use super::{aligned, ReportError};
-use crate::eval::{PolicyRow, RowKind, ScenarioResult, SuiteReport};
+use crate::eval::{GateRow, PolicyRow, RowKind, ScenarioResult, SuiteReport};
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "-".to_string(), f)
@@ -178,6 +178,43 @@ pub fn summary_table(r: &SuiteReport) -> String {
     }
     let mut out = String::from("Summary: ET per scenario (pooled none reference, lower is better; ! = worse than whole GPUs on some test day)\n");
     out.push_str(&aligned(&lines));
+    out
+}
+
+/// The gate measures of one policy ([`crate::eval::gates`]): ET against
+/// the best causal opponent, the worst test day against the better of
+/// `none` and `static-hist` on that day, reconfigurations per GPU per day.
+pub fn gates_table(policy: &str, rows: &[GateRow]) -> String {
+    let pct = |v: f64| format!("{v:+.1}%");
+    let mut lines = vec![vec![
+        "scenario".to_string(),
+        "ET".into(),
+        "best causal opponent".into(),
+        "vs best".into(),
+        "worst day vs min(none, static-hist)".into(),
+        "reconf./GPU/day".into(),
+    ]];
+    for r in rows {
+        lines.push(vec![
+            r.scenario.clone(),
+            format!("{:.3}", r.et),
+            format!("{} {:.3}", r.best_opponent, r.best_opponent_et),
+            pct(r.vs_best_pct),
+            opt(r.worst_day_vs_safe_pct, pct),
+            opt(r.reconfigurations_per_gpu_day, |v| format!("{v:.1}")),
+        ]);
+    }
+    let worst = rows
+        .iter()
+        .filter_map(|r| r.worst_day_vs_safe_pct)
+        .reduce(f64::max);
+    let mut out = format!("Gates of {policy} (docs/policy.md, issue 16)\n");
+    out.push_str(&aligned(&lines));
+    let _ = writeln!(
+        out,
+        "worst test day over all scenarios vs the better of none and static-hist: {}",
+        opt(worst, pct)
+    );
     out
 }
 

@@ -1,0 +1,155 @@
+//! The "win" and "do no harm" measures of a candidate policy over a suite
+//! (issue 16's gates), from the rows the suite already holds: per scenario,
+//! its ET against the best causal opponent, its worst test day against the
+//! *safe* choice of that day (the better of whole GPUs and the causal
+//! static layout), and its reconfigurations per GPU per simulated day.
+
+use serde::Serialize;
+
+use super::{RowKind, ScenarioResult};
+
+/// The row of the opponent that "do no harm" is measured against besides
+/// `none`.
+pub const SAFE_STATIC: &str = "static-hist";
+
+/// One scenario's gate measures for one policy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GateRow {
+    pub scenario: String,
+    pub et: f64,
+    /// The causal opponent with the lowest mean ET (never `none`'s tie:
+    /// `none` is an opponent too, and counts).
+    pub best_opponent: String,
+    pub best_opponent_et: f64,
+    /// `et / best_opponent_et - 1`, in percent.
+    pub vs_best_pct: f64,
+    /// The worst test day's `ET / min(ET none, ET static-hist) - 1`, in
+    /// percent (`None` without those rows).
+    pub worst_day_vs_safe_pct: Option<f64>,
+    /// Reconfigurations per GPU per simulated 24 h, over the test days.
+    pub reconfigurations_per_gpu_day: Option<f64>,
+}
+
+/// The gate rows of `policy` in every scenario that has it.
+pub fn gate_rows(scenarios: &[ScenarioResult], policy: &str) -> Vec<GateRow> {
+    scenarios
+        .iter()
+        .filter_map(|s| {
+            let p = s.row(policy)?;
+            let best = s
+                .rows
+                .iter()
+                .filter(|r| r.kind == RowKind::Opponent)
+                .min_by(|a, b| a.et.total_cmp(&b.et))?;
+            let worst_day_vs_safe_pct = match (s.row("none"), s.row(SAFE_STATIC)) {
+                (Some(none), Some(st)) => p
+                    .days
+                    .iter()
+                    .zip(&none.days)
+                    .zip(&st.days)
+                    .map(|((d, n), t)| (d.et / n.et.min(t.et) - 1.0) * 100.0)
+                    .reduce(f64::max),
+                _ => None,
+            };
+            let (moves, seconds) = p.days.iter().try_fold((0.0, 0.0), |(m, h), d| {
+                let metrics = d.metrics.as_ref()?;
+                Some((m + metrics.reconfigurations as f64, h + metrics.horizon_s))
+            })?;
+            let reconfigurations_per_gpu_day =
+                (seconds > 0.0 && s.gpus > 0).then(|| moves / s.gpus as f64 / (seconds / 86_400.0));
+            Some(GateRow {
+                scenario: s.name.clone(),
+                et: p.et,
+                best_opponent: best.policy.clone(),
+                best_opponent_et: best.et,
+                vs_best_pct: (p.et / best.et - 1.0) * 100.0,
+                worst_day_vs_safe_pct,
+                reconfigurations_per_gpu_day,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::{DayScore, PolicyRow, Reference};
+    use crate::sim::Metrics;
+
+    fn row(policy: &str, kind: RowKind, days: &[f64], reconf: u64) -> PolicyRow {
+        let days: Vec<DayScore> = days
+            .iter()
+            .enumerate()
+            .map(|(k, &et)| DayScore {
+                day: format!("seed {k}"),
+                et,
+                et_seedwise: None,
+                energy_j: 0.0,
+                tardiness_s: 0.0,
+                metrics: Some(Metrics {
+                    reconfigurations: reconf,
+                    horizon_s: 86_400.0,
+                    ..Metrics::default()
+                }),
+            })
+            .collect();
+        PolicyRow {
+            policy: policy.into(),
+            kind,
+            description: String::new(),
+            et: days.iter().map(|d| d.et).sum::<f64>() / days.len() as f64,
+            et_seedwise: None,
+            energy_j: 0.0,
+            tardiness_s: 0.0,
+            late_share: None,
+            mean_wait_s: None,
+            p95_wait_s: None,
+            mean_bounded_slowdown: None,
+            jobs_per_hour: None,
+            makespan_s: None,
+            reconfigurations: None,
+            unserved: None,
+            worst_day_vs_none: None,
+            days_worse_than_none: None,
+            days,
+        }
+    }
+
+    #[test]
+    fn gates_compare_with_the_best_opponent_and_the_safe_choice_per_day() {
+        let s = ScenarioResult {
+            name: "mix".into(),
+            gpus: 4,
+            rows: vec![
+                row("none", RowKind::Opponent, &[1.0, 1.0], 0),
+                row("static-hist", RowKind::Opponent, &[0.5, 1.2], 0),
+                row("twice-daily-hist", RowKind::Opponent, &[0.6, 0.8], 8),
+                row("ours", RowKind::Candidate, &[0.55, 0.9], 16),
+                row("hindsight", RowKind::Hindsight, &[0.1, 0.1], 0),
+            ],
+            models: Vec::new(),
+            batch: false,
+            train_days: Vec::new(),
+            test_days: Vec::new(),
+            jobs_per_day: 0.0,
+            reference: Reference {
+                energy_j: 1.0,
+                tardiness_s: 1.0,
+                floor_s: 1.0,
+            },
+            joules_per_tardiness_s: 1.0,
+            audited_logs: 0,
+            search_runs: 0,
+        };
+        let g = &gate_rows(std::slice::from_ref(&s), "ours")[0];
+        // Best opponent: twice-daily (0.70 mean) beats static (0.85) and none;
+        // the hindsight row is no opponent.
+        assert_eq!(g.best_opponent, "twice-daily-hist");
+        assert!((g.vs_best_pct - (0.725 / 0.7 - 1.0) * 100.0).abs() < 1e-9);
+        // Day 0: 0.55 vs min(1.0, 0.5) = +10 %; day 1: 0.9 vs 1.0 = -10 %.
+        assert!((g.worst_day_vs_safe_pct.unwrap() - 10.0).abs() < 1e-9);
+        // 16 moves a day on 4 GPUs.
+        assert!((g.reconfigurations_per_gpu_day.unwrap() - 4.0).abs() < 1e-9);
+        assert!(gate_rows(&[s], "absent").is_empty());
+    }
+}
