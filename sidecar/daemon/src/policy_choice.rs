@@ -60,13 +60,11 @@ pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError
         return match load_policy(learned.path, model) {
             Ok(mut p) => {
                 if let Some(query) = learned.guard {
-                    let guard = p.metadata().guard.with_overrides(query).map_err(|reason| {
-                        PolicyChoiceError::Guard {
+                    p.override_guard(query)
+                        .map_err(|reason| PolicyChoiceError::Guard {
                             spec: s.to_string(),
                             reason,
-                        }
-                    })?;
-                    p.set_guard(guard);
+                        })?;
                 }
                 Ok((Box::new(p), s.to_string()))
             }

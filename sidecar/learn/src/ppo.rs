@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::config::PpoConfig;
 use super::model::{critic_dim, ActorCritic};
-use super::rollout::Batch;
+use super::rollout::{critic_inputs, Batch};
 use super::LearnError;
 
 /// The rows `idx` of `batch` as tensors: observations `[n, d]`, critic
@@ -18,9 +18,8 @@ use super::LearnError;
 /// log-probabilities, advantages and returns `[n]`.
 fn tensors(batch: &Batch, idx: &[usize], d: usize, a: usize) -> Result<Tensors, LearnError> {
     let n = idx.len();
-    let c = critic_dim(d, a);
     let mut obs = Vec::with_capacity(n * d);
-    let mut critic_in = Vec::with_capacity(n * c);
+    let mut mean_actions = Vec::with_capacity(n * 2 * a);
     let mut mask = Vec::with_capacity(n * a);
     let mut act = Vec::with_capacity(n);
     let mut logp = Vec::with_capacity(n);
@@ -28,17 +27,18 @@ fn tensors(batch: &Batch, idx: &[usize], d: usize, a: usize) -> Result<Tensors, 
     let mut ret = Vec::with_capacity(n);
     for &i in idx {
         obs.extend_from_slice(&batch.obs[i * d..(i + 1) * d]);
-        critic_in.extend_from_slice(&batch.critic_in[i * c..(i + 1) * c]);
+        mean_actions.extend_from_slice(&batch.mean_actions[i * 2 * a..(i + 1) * 2 * a]);
         mask.extend_from_slice(&batch.mask[i * a..(i + 1) * a]);
         act.push(batch.actions[i]);
         logp.push(batch.logp[i]);
         adv.push(batch.advantages[i]);
         ret.push(batch.returns[i]);
     }
+    let critic_in = critic_inputs(&obs, &mean_actions, d, a);
     let dev = &Device::Cpu;
     Ok(Tensors {
         obs: Tensor::from_vec(obs, (n, d), dev)?,
-        critic_in: Tensor::from_vec(critic_in, (n, c), dev)?,
+        critic_in: Tensor::from_vec(critic_in, (n, critic_dim(d, a)), dev)?,
         mask: Tensor::from_vec(mask, (n, a), dev)?,
         actions: Tensor::from_vec(act, (n, 1), dev)?,
         logp: Tensor::from_vec(logp, n, dev)?,
@@ -189,12 +189,12 @@ mod tests {
         let logp = (0..n)
             .map(|i| probs[i * net.actions + actions[i] as usize].ln())
             .collect();
-        let critic_in = (0..n * critic_dim(net.obs_dim, net.actions))
+        let mean_actions = (0..n * 2 * net.actions)
             .map(|_| rng.random::<f32>())
             .collect();
         Batch {
             obs,
-            critic_in,
+            mean_actions,
             mask,
             actions,
             logp,
@@ -272,8 +272,11 @@ mod tests {
         assert_eq!(t.returns.dims(), [2]);
         let row = t.obs.get(1).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(row, b.obs[..n.obs_dim]);
+        // The critic's row: the observation, then the mean actions.
         let row = t.critic_in.get(0).unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(row, b.critic_in[2 * c..3 * c]);
+        let m = 2 * n.actions;
+        assert_eq!(row[..n.obs_dim], b.obs[2 * n.obs_dim..3 * n.obs_dim]);
+        assert_eq!(row[n.obs_dim..], b.mean_actions[2 * m..3 * m]);
     }
 
     /// Behaviour cloning makes the labelled actions much more likely.

@@ -56,7 +56,8 @@ struct Rollout<'m> {
     rng: ChaCha8Rng,
     ledger: Rc<RefCell<Ledger>>,
     obs: Vec<f32>,
-    critic_in: Vec<f32>,
+    /// [`mean_actions`] of each step, `2 * A` per step.
+    mean_actions: Vec<f32>,
     mask: Vec<f32>,
     steps: Vec<Step>,
     /// Per epoch: team energy, team tardiness, per-GPU energy, per-GPU tardiness.
@@ -119,8 +120,8 @@ impl RepartitionPolicy for Rollout<'_> {
         for (&r, &act) in acting.iter().zip(&chosen) {
             actions[r] = act;
         }
-        let gpus = self.encoder.gpus.clone();
-        let critic_in = mean_field_inputs(&obs, d, a, &acting, &actions, &gpus);
+        let mf = mean_actions(a, &acting, &actions, &self.encoder.gpus);
+        let critic_in = critic_inputs(&obs, &mf, d, a);
         let values =
             match Tensor::from_slice(&critic_in, (acting.len(), critic_dim(d, a)), &Device::Cpu)
                 .map_err(LearnError::from)
@@ -132,14 +133,12 @@ impl RepartitionPolicy for Rollout<'_> {
                     return Vec::new();
                 }
             };
-        let cd = critic_dim(d, a);
+        self.mean_actions.extend_from_slice(&mf);
         let mut decisions = Vec::new();
         for (i, &r) in acting.iter().enumerate() {
             let gpu = self.encoder.gpus[r];
             let action = chosen[i];
             let p = &probs[i * a..(i + 1) * a];
-            self.critic_in
-                .extend_from_slice(&critic_in[i * cd..(i + 1) * cd]);
             self.obs.extend_from_slice(&obs[i * d..(i + 1) * d]);
             self.mask.extend_from_slice(&mask[i * a..(i + 1) * a]);
             self.steps.push(Step {
@@ -157,36 +156,32 @@ impl RepartitionPolicy for Rollout<'_> {
     }
 }
 
-/// Critic inputs for the `acting` rows: each row's observation (`obs`, one
-/// row of `d` per acting agent), then the mean one-hot action of the *other*
-/// GPUs of its node ([`NODE_GPUS`], by GPU number) and of all GPUs of the
-/// model (`actions[r]` for every encoded row `r`, whose GPU is `gpus[r]`).
+/// The mean-field part of the critic's input for the `acting` rows: the
+/// mean one-hot action of the *other* GPUs of the row's node
+/// ([`NODE_GPUS`], by GPU number), then of all GPUs of the model (`2 * a`
+/// per row; `actions[r]` for every encoded row `r`, whose GPU is `gpus[r]`).
 /// A GPU alone in its node or cluster sees zeros there.
-pub(crate) fn mean_field_inputs(
-    obs: &[f32],
-    d: usize,
+pub(crate) fn mean_actions(
     a: usize,
     acting: &[usize],
     actions: &[usize],
     gpus: &[usize],
 ) -> Vec<f32> {
+    let node_of = |r: usize| gpus[r] / NODE_GPUS;
+    let node_count = gpus.iter().max().map_or(0, |g| g / NODE_GPUS + 1);
     let mut cluster = vec![0.0f32; a];
-    let mut nodes: std::collections::HashMap<usize, (Vec<f32>, f32)> =
-        std::collections::HashMap::new();
+    let mut nodes = vec![(vec![0.0f32; a], 0.0f32); node_count];
     for (r, &act) in actions.iter().enumerate() {
         cluster[act] += 1.0;
-        let node = nodes
-            .entry(gpus[r] / NODE_GPUS)
-            .or_insert_with(|| (vec![0.0; a], 0.0));
+        let node = &mut nodes[node_of(r)];
         node.0[act] += 1.0;
         node.1 += 1.0;
     }
     let n = actions.len() as f32;
-    let mut out = Vec::with_capacity(acting.len() * critic_dim(d, a));
-    for (i, &r) in acting.iter().enumerate() {
-        out.extend_from_slice(&obs[i * d..(i + 1) * d]);
+    let mut out = Vec::with_capacity(acting.len() * 2 * a);
+    for &r in acting {
         let own = actions[r];
-        let (node, count) = &nodes[&(gpus[r] / NODE_GPUS)];
+        let (node, count) = &nodes[node_of(r)];
         for (sums, others) in [(node, count - 1.0), (&cluster, n - 1.0)] {
             out.extend((0..a).map(|k| {
                 let s = sums[k] - if k == own { 1.0 } else { 0.0 };
@@ -197,6 +192,17 @@ pub(crate) fn mean_field_inputs(
                 }
             }));
         }
+    }
+    out
+}
+
+/// The critic's input rows: each observation row (`d` wide) followed by its
+/// row of [`mean_actions`] (`2 * a` wide).
+pub(crate) fn critic_inputs(obs: &[f32], mean_actions: &[f32], d: usize, a: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(obs.len() + mean_actions.len());
+    for (o, m) in obs.chunks_exact(d).zip(mean_actions.chunks_exact(2 * a)) {
+        out.extend_from_slice(o);
+        out.extend_from_slice(m);
     }
     out
 }
@@ -226,8 +232,9 @@ fn sample(rng: &mut ChaCha8Rng, probs: &[f32], mask: &[f32]) -> usize {
 #[derive(Default, Debug)]
 pub struct Batch {
     pub obs: Vec<f32>,
-    /// The critic's inputs, one row of `critic_dim` per transition.
-    pub critic_in: Vec<f32>,
+    /// The mean-field part of the critic's input ([`mean_actions`]), one
+    /// row of `2 * A` per transition (the rest is `obs`).
+    pub mean_actions: Vec<f32>,
     pub mask: Vec<f32>,
     pub actions: Vec<u32>,
     pub logp: Vec<f32>,
@@ -275,7 +282,7 @@ pub fn run_episode(
         rng: ChaCha8Rng::seed_from_u64(rng_seed),
         ledger: Rc::clone(&ledger),
         obs: Vec::new(),
-        critic_in: Vec::new(),
+        mean_actions: Vec::new(),
         mask: Vec::new(),
         steps: Vec::new(),
         epoch_e: Vec::new(),
@@ -318,7 +325,7 @@ pub fn run_episode(
     );
     let team_return = rewards.team_return();
     batch.obs.extend_from_slice(&rollout.obs);
-    batch.critic_in.extend_from_slice(&rollout.critic_in);
+    batch.mean_actions.extend_from_slice(&rollout.mean_actions);
     batch.mask.extend_from_slice(&rollout.mask);
     for (i, s) in rollout.steps.iter().enumerate() {
         batch.actions.push(s.action);
@@ -530,28 +537,35 @@ mod tests {
         (a - b).abs() < 1e-9
     }
 
-    /// Masked actions are never drawn, allowed ones at their renormalised
-    /// probabilities, the same seed draws the same, and with nothing
-    /// allowed the last action ("keep") comes out.
     /// The critic sees each agent's observation, then the mean action of the
     /// other GPUs of its node and of the cluster (zeros when alone).
     #[test]
-    fn mean_field_inputs_leave_the_agent_out() {
+    fn mean_actions_leave_the_agent_out() {
         // GPUs 0, 1, 2 share node 0, GPU 8 is alone in node 1; 3 actions.
         let gpus = [0, 1, 2, 8];
         let actions = [0, 1, 1, 2];
-        let got = mean_field_inputs(&[10.0, 20.0], 1, 3, &[0, 3], &actions, &gpus);
+        let got = mean_actions(3, &[0, 3], &actions, &gpus);
         let third = 1.0 / 3.0;
         let want = [
-            [10.0, 0.0, 1.0, 0.0, 0.0, 2.0 * third, third],
-            [20.0, 0.0, 0.0, 0.0, third, 2.0 * third, 0.0],
+            [0.0, 1.0, 0.0, 0.0, 2.0 * third, third],
+            [0.0, 0.0, 0.0, third, 2.0 * third, 0.0],
         ];
-        assert_eq!(got.len(), 2 * critic_dim(1, 3));
+        assert_eq!(got.len(), 2 * 6);
         for (g, w) in got.iter().zip(want.iter().flatten()) {
             assert!((g - w).abs() < 1e-6, "{got:?}");
         }
+        // The critic's rows: each observation, then its mean actions.
+        let rows = critic_inputs(&[10.0, 20.0], &got, 1, 3);
+        assert_eq!(rows.len(), 2 * critic_dim(1, 3));
+        assert_eq!(rows[0], 10.0);
+        assert_eq!(rows[1..7], got[..6]);
+        assert_eq!(rows[7], 20.0);
+        assert_eq!(rows[8..], got[6..]);
     }
 
+    /// Masked actions are never drawn, allowed ones at their renormalised
+    /// probabilities, the same seed draws the same, and with nothing
+    /// allowed the last action ("keep") comes out.
     #[test]
     fn sample_follows_the_masked_probabilities() {
         let probs = [0.5, 0.1, 0.3, 0.1];

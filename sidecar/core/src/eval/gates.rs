@@ -17,8 +17,8 @@ pub const SAFE_STATIC: &str = "static-hist";
 pub struct GateRow {
     pub scenario: String,
     pub et: f64,
-    /// The causal opponent with the lowest mean ET (never `none`'s tie:
-    /// `none` is an opponent too, and counts).
+    /// The causal opponent with the lowest mean ET (`none` is an opponent
+    /// too, and counts).
     pub best_opponent: String,
     pub best_opponent_et: f64,
     /// `et / best_opponent_et - 1`, in percent.

@@ -411,8 +411,6 @@ pub struct OnnxPolicy {
     probs: Vec<f32>,
     /// [`Guard::max_reconfigurations_per_day`] at work.
     budget: MoveBudget,
-    /// Moves the guard held back: (low confidence, over budget).
-    pub held: (u64, u64),
     /// Inference failures (the policy then keeps every layout).
     pub failures: u64,
 }
@@ -454,7 +452,6 @@ impl OnnxPolicy {
             session,
             probs: Vec::new(),
             budget: MoveBudget::default(),
-            held: (0, 0),
             failures: 0,
         })
     }
@@ -463,8 +460,11 @@ impl OnnxPolicy {
         &self.meta
     }
 
-    /// Replaces the guard of the metadata (`?key=value` overrides).
-    pub fn set_guard(&mut self, guard: Guard) {
+    /// Applies a spec's `?key=value&...` guard overrides ([`LearnedSpec`])
+    /// on top of the metadata's guard; the one place the simulator's and
+    /// the daemon's `policy:FILE.onnx?...` specs go through.
+    pub fn override_guard(&mut self, query: &str) -> Result<(), String> {
+        let guard = self.meta.guard.with_overrides(query)?;
         self.meta.guard = guard;
         if guard.is_set() {
             self.name = format!(
@@ -472,21 +472,15 @@ impl OnnxPolicy {
                 self.name, guard.min_confidence, guard.max_reconfigurations_per_day
             );
         }
+        Ok(())
     }
 
     /// Whether the guard lets `gpu` move at `now`, given the probability of
     /// the move; records the move when it does.
     fn guard_allows(&mut self, gpu: usize, now: f64, confidence: f32) -> bool {
         let g = self.meta.guard;
-        if confidence < g.min_confidence {
-            self.held.0 += 1;
-            return false;
-        }
-        if !self.budget.allows(gpu, now, g.max_reconfigurations_per_day) {
-            self.held.1 += 1;
-            return false;
-        }
-        true
+        confidence >= g.min_confidence
+            && self.budget.allows(gpu, now, g.max_reconfigurations_per_day)
     }
 
     /// Runs the network on row-major `obs [rows, D]` and `mask [rows, A]`;
