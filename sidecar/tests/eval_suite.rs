@@ -97,6 +97,8 @@ fn quick_suite_writes_audited_json_and_plots() {
             }
             assert!(r["et"].as_f64().unwrap() > 0.0);
         }
+        // No learned policy here (no ONNX Runtime): no do-no-harm choice.
+        assert_eq!(s["fallbacks"].as_array().map(Vec::len), Some(0));
         // Every simulated row on every test day was audited.
         let simulated = rows.iter().filter(|r| r["kind"] != "bound").count() as u64;
         assert_eq!(

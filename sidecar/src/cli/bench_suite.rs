@@ -248,6 +248,14 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
             (None, _) => eprintln!("smartmig: no shipped learned policy for {}", a.model),
         }
     }
+    // Do no harm: every learned policy is also scored as it would run on a
+    // site that checks it against its past days first (eval::fallback).
+    cfg.fallback_for = cfg
+        .candidates
+        .iter()
+        .filter(|(_, spec)| spec.starts_with("policy:"))
+        .map(|(name, _)| name.clone())
+        .collect();
     eprintln!(
         "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",
         list.len(),
@@ -257,7 +265,8 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         a.test_seed
     );
     let started = Instant::now();
-    let steps_per_scenario = 5 + cfg.candidates.len() as u64 + u64::from(cfg.hindsight);
+    let steps_per_scenario =
+        5 + (cfg.candidates.len() + cfg.fallback_for.len()) as u64 + u64::from(cfg.hindsight);
     let bar = indicatif::ProgressBar::new(list.len() as u64 * steps_per_scenario);
     if std::io::stderr().is_terminal() {
         bar.set_style(

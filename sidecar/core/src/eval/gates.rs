@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::{RowKind, ScenarioResult};
+use super::{PolicyRow, RowKind, ScenarioResult};
 
 /// The row of the opponent that "do no harm" is measured against besides
 /// `none`.
@@ -23,11 +23,29 @@ pub struct GateRow {
     pub best_opponent_et: f64,
     /// `et / best_opponent_et - 1`, in percent.
     pub vs_best_pct: f64,
+    /// The lowest mean ET of a hindsight reference (fitted on each test
+    /// day itself): about the most a layout schedule could reach there.
+    pub best_hindsight_et: Option<f64>,
     /// The worst test day's `ET / min(ET none, ET static-hist) - 1`, in
     /// percent (`None` without those rows).
     pub worst_day_vs_safe_pct: Option<f64>,
+    /// The same measure for every causal opponent: the best of them is
+    /// how near the gate a layout chosen on past days comes.
+    pub opponents_worst_day_vs_safe_pct: Vec<(String, f64)>,
     /// Reconfigurations per GPU per simulated 24 h, over the test days.
     pub reconfigurations_per_gpu_day: Option<f64>,
+}
+
+/// The worst test day of `row` against the better of `none` and the safe
+/// static layout on that day, in percent.
+fn worst_day_vs_safe(s: &ScenarioResult, row: &PolicyRow) -> Option<f64> {
+    let (none, st) = (s.row("none")?, s.row(SAFE_STATIC)?);
+    row.days
+        .iter()
+        .zip(&none.days)
+        .zip(&st.days)
+        .map(|((d, n), t)| (d.et / n.et.min(t.et) - 1.0) * 100.0)
+        .reduce(f64::max)
 }
 
 /// The gate rows of `policy` in every scenario that has it.
@@ -41,16 +59,19 @@ pub fn gate_rows(scenarios: &[ScenarioResult], policy: &str) -> Vec<GateRow> {
                 .iter()
                 .filter(|r| r.kind == RowKind::Opponent)
                 .min_by(|a, b| a.et.total_cmp(&b.et))?;
-            let worst_day_vs_safe_pct = match (s.row("none"), s.row(SAFE_STATIC)) {
-                (Some(none), Some(st)) => p
-                    .days
-                    .iter()
-                    .zip(&none.days)
-                    .zip(&st.days)
-                    .map(|((d, n), t)| (d.et / n.et.min(t.et) - 1.0) * 100.0)
-                    .reduce(f64::max),
-                _ => None,
-            };
+            let worst_day_vs_safe_pct = worst_day_vs_safe(s, p);
+            let best_hindsight_et = s
+                .rows
+                .iter()
+                .filter(|r| r.kind == RowKind::Hindsight)
+                .map(|r| r.et)
+                .reduce(f64::min);
+            let opponents_worst_day_vs_safe_pct = s
+                .rows
+                .iter()
+                .filter(|r| r.kind == RowKind::Opponent)
+                .filter_map(|r| Some((r.policy.clone(), worst_day_vs_safe(s, r)?)))
+                .collect();
             let (moves, seconds) = p.days.iter().try_fold((0.0, 0.0), |(m, h), d| {
                 let metrics = d.metrics.as_ref()?;
                 Some((m + metrics.reconfigurations as f64, h + metrics.horizon_s))
@@ -63,7 +84,9 @@ pub fn gate_rows(scenarios: &[ScenarioResult], policy: &str) -> Vec<GateRow> {
                 best_opponent: best.policy.clone(),
                 best_opponent_et: best.et,
                 vs_best_pct: (p.et / best.et - 1.0) * 100.0,
+                best_hindsight_et,
                 worst_day_vs_safe_pct,
+                opponents_worst_day_vs_safe_pct,
                 reconfigurations_per_gpu_day,
             })
         })
@@ -140,6 +163,7 @@ mod tests {
             joules_per_tardiness_s: 1.0,
             audited_logs: 0,
             search_runs: 0,
+            fallbacks: Vec::new(),
         };
         let g = &gate_rows(std::slice::from_ref(&s), "ours")[0];
         // Best opponent: twice-daily (0.70 mean) beats static (0.85) and none;
@@ -148,8 +172,20 @@ mod tests {
         assert!((g.vs_best_pct - (0.725 / 0.7 - 1.0) * 100.0).abs() < 1e-9);
         // Day 0: 0.55 vs min(1.0, 0.5) = +10 %; day 1: 0.9 vs 1.0 = -10 %.
         assert!((g.worst_day_vs_safe_pct.unwrap() - 10.0).abs() < 1e-9);
+        // The opponents on the same measure: none +100 % (day 0),
+        // static-hist +20 % (day 1: 1.2 vs 1.0), twice-daily +20 % (day 0).
+        let opp: Vec<(&str, i64)> = g
+            .opponents_worst_day_vs_safe_pct
+            .iter()
+            .map(|(p, v)| (p.as_str(), v.round() as i64))
+            .collect();
+        assert_eq!(
+            opp,
+            [("none", 100), ("static-hist", 20), ("twice-daily-hist", 20)]
+        );
         // 16 moves a day on 4 GPUs.
         assert!((g.reconfigurations_per_gpu_day.unwrap() - 4.0).abs() < 1e-9);
+        assert_eq!(g.best_hindsight_et, Some(0.1));
         assert!(gate_rows(&[s], "absent").is_empty());
     }
 }

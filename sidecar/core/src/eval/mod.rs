@@ -10,6 +10,8 @@
 //! - [`score`]: per-day results and their aggregate (energy and tardiness
 //!   on their own, ET with an exchange rate fixed by the training days, the
 //!   worst day, standard HPC metrics).
+//! - [`fallback`]: do no harm: a policy of ours runs where it beat the
+//!   opponents on past days, else the best of them does.
 //! - [`suite`]: scenarios x test days x policies, the engine of
 //!   `smartmig bench suite`.
 //!
@@ -18,12 +20,14 @@
 
 pub mod baselines;
 pub mod days;
+pub mod fallback;
 pub mod gates;
 pub mod score;
 pub mod suite;
 
 pub use baselines::{fit, Fitted};
 pub use days::{search_score, Day, DaySet};
+pub use fallback::{FallbackChoice, HistoryScore};
 pub use gates::{gate_rows, GateRow};
 pub use score::{DayScore, PolicyRow, Reference, RowKind};
 pub use suite::{run_scenario, ScenarioDays, ScenarioResult, SuiteConfig, SuiteReport};

@@ -16,6 +16,7 @@ use crate::sim::{audit, AuditError, Collect, Heuristic, Metrics, SimError};
 
 use super::baselines::{fit, Fitted};
 use super::days::{Day, DaySet};
+use super::fallback::{cross_validate, FallbackChoice, FallbackError};
 use super::score::{DayScore, PolicyRow, Reference, RowKind};
 
 /// Why a scenario could not be scored.
@@ -68,6 +69,10 @@ pub struct SuiteConfig {
     pub hindsight: bool,
     /// Audit every run's event log.
     pub audit: bool,
+    /// Candidates (by row name) also scored as `<name>+fallback`: the
+    /// candidate where it beat `none` and the static layout on the
+    /// training days, else the better of those ([`super::fallback`]).
+    pub fallback_for: Vec<String>,
 }
 
 impl Default for SuiteConfig {
@@ -79,6 +84,7 @@ impl Default for SuiteConfig {
             candidates: vec![("greedy".into(), "greedy".into())],
             hindsight: true,
             audit: true,
+            fallback_for: Vec::new(),
         }
     }
 }
@@ -116,6 +122,8 @@ pub struct ScenarioResult {
     pub audited_logs: usize,
     /// Simulations the searches ran (each over all days of their set).
     pub search_runs: usize,
+    /// The do-no-harm choices behind the `<name>+fallback` rows.
+    pub fallbacks: Vec<FallbackChoice>,
 }
 
 impl ScenarioResult {
@@ -314,6 +322,44 @@ pub fn run_scenario(
             })?,
         );
     }
+    let mut fallbacks = Vec::new();
+    for (name, spec) in cfg
+        .candidates
+        .iter()
+        .filter(|(name, _)| cfg.fallback_for.contains(name))
+    {
+        let row = format!("{name}+fallback");
+        progress(&row);
+        let policy_err = |source| SuiteError::Policy {
+            scenario: s.name.clone(),
+            spec: spec.clone(),
+            source,
+        };
+        let choice = cross_validate(
+            &train,
+            &cfg.search,
+            &reference,
+            cfg.alpha,
+            name,
+            &mut || parse_policy(spec, &models),
+        )
+        .map_err(|e| match e {
+            FallbackError::Sim(e) => sim_err(e),
+            FallbackError::Policy(e) => policy_err(e),
+        })?;
+        rows.push(sc.row(
+            &row,
+            RowKind::Candidate,
+            format!("{} on the training days", choice.describe()),
+            &nones,
+            &mut |_| match choice.chosen.as_str() {
+                "none" => Ok(Box::new(NoPartition)),
+                "static-hist" => Ok(Box::new(sp.clone())),
+                _ => parse_policy(spec, &models).map_err(policy_err),
+            },
+        )?);
+        fallbacks.push(choice);
+    }
     if cfg.hindsight {
         progress("hindsight references");
         let mut per_day: Vec<Fitted> = Vec::new();
@@ -403,6 +449,7 @@ pub fn run_scenario(
         rows,
         audited_logs: sc.audited,
         search_runs,
+        fallbacks,
     })
 }
 
@@ -504,5 +551,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("training day"), "{e}");
+    }
+
+    /// The `+fallback` row runs, on every test day, exactly the policy its
+    /// choice names: the candidate's runs or the chosen fallback's.
+    #[test]
+    fn the_fallback_row_runs_what_it_chose() {
+        let mut s = scenario(vec![day(7, 4.6), day(8, 4.6)]);
+        s.train.extend([day(3, 4.6), day(4, 4.6)]);
+        let cfg = SuiteConfig {
+            hindsight: false,
+            fallback_for: vec!["greedy".into()],
+            ..cfg()
+        };
+        let r = run_scenario(&s, &cfg, &mut |_| {}).unwrap();
+        assert_eq!(r.fallbacks.len(), 1);
+        let choice = &r.fallbacks[0];
+        let names: Vec<&str> = choice.history.iter().map(|h| h.policy.as_str()).collect();
+        assert_eq!(names, ["greedy", "none", "static-hist"]);
+        assert!(choice.history.iter().all(|h| h.days.len() == 4));
+        let row = r.row("greedy+fallback").unwrap();
+        assert!(row
+            .description
+            .starts_with(&format!("chose {}", choice.chosen)));
+        let ran = r.row(&choice.chosen).unwrap();
+        for (a, b) in row.days.iter().zip(&ran.days) {
+            assert_eq!(a.et, b.et, "{}", choice.chosen);
+        }
     }
 }

@@ -191,7 +191,9 @@ pub fn gates_table(policy: &str, rows: &[GateRow]) -> String {
         "ET".into(),
         "best causal opponent".into(),
         "vs best".into(),
+        "hindsight best".into(),
         "worst day vs min(none, static-hist)".into(),
+        "same, best causal opponent".into(),
         "reconf./GPU/day".into(),
     ]];
     for r in rows {
@@ -200,7 +202,12 @@ pub fn gates_table(policy: &str, rows: &[GateRow]) -> String {
             format!("{:.3}", r.et),
             format!("{} {:.3}", r.best_opponent, r.best_opponent_et),
             pct(r.vs_best_pct),
+            opt(r.best_hindsight_et, |v| format!("{v:.3}")),
             opt(r.worst_day_vs_safe_pct, pct),
+            r.opponents_worst_day_vs_safe_pct
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or_else(|| "-".into(), |(p, v)| format!("{} {p}", pct(*v))),
             opt(r.reconfigurations_per_gpu_day, |v| format!("{v:.1}")),
         ]);
     }

@@ -1,0 +1,277 @@
+//! Do no harm: a policy of ours runs only where, on the site's *past*
+//! days, it beat what the site would run without it.
+//!
+//! A learned policy can be confidently wrong on a workload unlike its
+//! training days (a batch queue, a day whose deadlines are loose), and the
+//! confidence of its network does not show it. What does show it is the
+//! site's own history: replayed on past days, the policy either beat the
+//! layouts an admin would fall back to (whole GPUs, or the static layout
+//! fitted on those days) or it did not. [`choose`] keeps the candidate
+//! only when it did by more than the day-to-day noise; otherwise the
+//! better of the two runs instead.
+//!
+//! Both fallbacks are settings smartmigd runs (`policy = "none"` or
+//! `"static:..."`); a twice-daily schedule is an opponent of the yardstick
+//! but no daemon setting, so it is no fallback. The choice is causal (past
+//! days only); `smartmig bench suite` scores it as `<name>+fallback`, and
+//! a site makes the same choice by running the suite on its own trace
+//! (`docs/policy.md`, "Do no harm").
+//!
+//! [`cross_validate`] never judges a fitted layout on a day it was fitted
+//! on: scored in-sample (the first version), the fitted layouts beat the
+//! learned policy on every scenario's training days, including campaigns,
+//! where it wins by 24 % on the test days.
+
+use serde::Serialize;
+
+use crate::policy::search::{static_best, SearchConfig};
+use crate::policy::{NoPartition, PolicyParseError, RepartitionPolicy};
+use crate::sim::{Metrics, SimError};
+
+use super::days::DaySet;
+use super::score::Reference;
+
+/// Why the past days could not be scored.
+#[derive(Debug, thiserror::Error)]
+pub enum FallbackError {
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error(transparent)]
+    Policy(#[from] PolicyParseError),
+}
+
+/// A contender's scores on the past days (lower is better; see
+/// [`cross_validate`]), in the order of the days.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HistoryScore {
+    pub policy: String,
+    /// The mean of `days`.
+    pub objective: f64,
+    pub days: Vec<f64>,
+}
+
+impl HistoryScore {
+    pub fn new(policy: &str, days: Vec<f64>) -> Self {
+        let objective = days.iter().sum::<f64>() / days.len().max(1) as f64;
+        HistoryScore {
+            policy: policy.to_string(),
+            objective,
+            days,
+        }
+    }
+}
+
+/// What [`choose`] decided, with the scores it decided on.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FallbackChoice {
+    /// The name of the policy that runs: the candidate's or a fallback's.
+    pub chosen: String,
+    /// The candidate first, then the fallbacks, in the order given.
+    pub history: Vec<HistoryScore>,
+    /// The candidate's mean per-day lead over the best fallback (positive:
+    /// the candidate scored lower) and its standard error.
+    pub lead: f64,
+    pub lead_se: f64,
+}
+
+impl FallbackChoice {
+    /// Whether the candidate itself runs.
+    pub fn keeps_candidate(&self) -> bool {
+        self.history
+            .first()
+            .is_some_and(|c| c.policy == self.chosen)
+    }
+
+    /// `chose static-hist (past days: learned 0.812, none 1.000, ...; lead -0.010 +- 0.020)`.
+    pub fn describe(&self) -> String {
+        let scores: Vec<String> = self
+            .history
+            .iter()
+            .map(|h| format!("{} {:.3}", h.policy, h.objective))
+            .collect();
+        format!(
+            "chose {} (past days: {}; lead {:+.3} +- {:.3})",
+            self.chosen,
+            scores.join(", "),
+            self.lead,
+            self.lead_se
+        )
+    }
+}
+
+/// Mean and standard error of the paired differences `b - a`.
+fn paired_lead(a: &[f64], b: &[f64]) -> (f64, f64) {
+    let d: Vec<f64> = b.iter().zip(a).map(|(b, a)| b - a).collect();
+    let n = d.len() as f64;
+    if d.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let mean = d.iter().sum::<f64>() / n;
+    if d.len() < 2 {
+        return (mean, f64::INFINITY);
+    }
+    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, (var / n).sqrt())
+}
+
+/// The one-standard-error rule: the candidate runs only if, against the
+/// fallback with the lowest mean, its mean per-day lead exceeds one
+/// standard error of the paired differences (a lead within the day-to-day
+/// noise of the past days is no evidence; Breiman et al. 1984, Hastie et
+/// al., ESL 7.10). A NaN never wins; with one past day the standard error
+/// is unknown and the fallback runs. Otherwise the best fallback runs (the
+/// first on ties). With no fallbacks the candidate runs.
+pub fn choose(candidate: HistoryScore, fallbacks: Vec<HistoryScore>) -> FallbackChoice {
+    let best_fallback = fallbacks.iter().filter(|f| !f.objective.is_nan()).fold(
+        None::<&HistoryScore>,
+        |best, f| match best {
+            Some(b) if b.objective <= f.objective => Some(b),
+            _ => Some(f),
+        },
+    );
+    let (lead, lead_se) = best_fallback.map_or((f64::NAN, f64::NAN), |f| {
+        paired_lead(&candidate.days, &f.days)
+    });
+    // A NaN lead (a NaN day) or standard error is no evidence either.
+    let convincing = lead > lead_se && !candidate.objective.is_nan();
+    let chosen = match best_fallback {
+        Some(f) if !convincing => f.policy.clone(),
+        _ => candidate.policy.clone(),
+    };
+    let mut history = vec![candidate];
+    history.extend(fallbacks);
+    FallbackChoice {
+        chosen,
+        history,
+        lead,
+        lead_se,
+    }
+}
+
+/// The score of one past day: ET with the scenario's pooled reference,
+/// plus 1 per job that never ran (as the searches count it).
+fn day_score(m: &Metrics, reference: &Reference, alpha: f64) -> f64 {
+    reference.et(m.energy_j, m.mean_tardiness_s, alpha) + m.unserved as f64
+}
+
+/// Scores the candidate and the fallbacks (`none`, `static-hist`) on the
+/// past days `history` by two-fold cross-validation, and [`choose`]s. The
+/// static layout is fitted on the first half of the days and scored on
+/// the second, then the other way round; the candidate (a fresh one per day, from `candidate`) and
+/// `none` run every day once. Each score is the mean over all days of
+/// [`day_score`]. With a single past day there is nothing to hold out:
+/// the layout is fitted and scored on it (in-sample, which favours
+/// falling back).
+pub fn cross_validate(
+    history: &DaySet,
+    search: &SearchConfig,
+    reference: &Reference,
+    alpha: f64,
+    candidate_name: &str,
+    candidate: &mut dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError>,
+) -> Result<FallbackChoice, FallbackError> {
+    let n = history.len();
+    let score = |i: usize, p: &mut dyn RepartitionPolicy| -> Result<f64, SimError> {
+        Ok(day_score(
+            &history.run(i, p, None)?.metrics,
+            reference,
+            alpha,
+        ))
+    };
+    let (mut ours, mut none) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut statics = vec![f64::NAN; n];
+    for i in 0..n {
+        ours.push(score(i, candidate()?.as_mut())?);
+        none.push(score(i, &mut NoPartition)?);
+    }
+    let half = n / 2;
+    let folds: Vec<(Vec<usize>, Vec<usize>)> = if n < 2 {
+        vec![((0..n).collect(), (0..n).collect())]
+    } else {
+        vec![
+            ((0..half).collect(), (half..n).collect()),
+            ((half..n).collect(), (0..half).collect()),
+        ]
+    };
+    for (fit_on, score_on) in folds {
+        let subset = DaySet {
+            cluster: history.cluster.clone(),
+            heuristic: history.heuristic,
+            days: fit_on.iter().map(|&i| history.days[i].clone()).collect(),
+            references: fit_on
+                .iter()
+                .map(|&i| history.references[i].clone())
+                .collect(),
+        };
+        let mut evaluate = |p: &mut dyn RepartitionPolicy| subset.objective(p, alpha);
+        let fitted = static_best(&subset.cluster, search, &mut evaluate)?;
+        for &i in &score_on {
+            statics[i] = score(i, &mut fitted.policy.clone())?;
+        }
+    }
+    Ok(choose(
+        HistoryScore::new(candidate_name, ours),
+        vec![
+            HistoryScore::new("none", none),
+            HistoryScore::new("static-hist", statics),
+        ],
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(policy: &str, days: &[f64]) -> HistoryScore {
+        HistoryScore::new(policy, days.to_vec())
+    }
+
+    #[test]
+    fn the_candidate_runs_only_when_its_lead_exceeds_the_noise() {
+        let fallbacks = || {
+            vec![
+                s("none", &[1.0, 1.0, 1.0]),
+                s("static-hist", &[0.8, 0.7, 0.9]),
+                s("twice", &[0.8, 0.8, 0.8]),
+            ]
+        };
+        // A steady lead of 0.05 a day over static-hist (the first of the
+        // two best fallbacks): zero spread, it runs.
+        let c = choose(s("learned", &[0.75, 0.65, 0.85]), fallbacks());
+        assert_eq!(c.chosen, "learned");
+        assert!(c.keeps_candidate());
+        assert!((c.lead - 0.05).abs() < 1e-12 && c.lead_se < 1e-12);
+        // The same mean lead, but won on one day and lost on two: noise.
+        let c = choose(s("learned", &[0.5, 0.75, 0.95]), fallbacks());
+        assert_eq!(c.chosen, "static-hist");
+        assert!(!c.keeps_candidate());
+        // A tie is not a win.
+        let c = choose(s("learned", &[0.8, 0.7, 0.9]), fallbacks());
+        assert_eq!(c.chosen, "static-hist");
+        let c = choose(s("learned", &[1.3, 1.3, 1.3]), fallbacks());
+        assert_eq!(c.chosen, "static-hist");
+        assert_eq!(c.history.len(), 4);
+        assert!(
+            c.describe()
+                .starts_with("chose static-hist (past days: learned 1.300, none 1.000"),
+            "{}",
+            c.describe()
+        );
+    }
+
+    #[test]
+    fn nan_never_wins_one_day_is_no_evidence_and_no_fallback_keeps_the_candidate() {
+        let c = choose(s("learned", &[f64::NAN, 0.1]), vec![s("none", &[1.0, 1.0])]);
+        assert_eq!(c.chosen, "none");
+        let c = choose(
+            s("learned", &[0.5, 0.5]),
+            vec![s("none", &[f64::NAN, 1.0]), s("static-hist", &[0.6, 0.7])],
+        );
+        assert_eq!(c.chosen, "learned");
+        assert_eq!(
+            choose(s("learned", &[0.1]), vec![s("none", &[1.0])]).chosen,
+            "none"
+        );
+        assert_eq!(choose(s("learned", &[2.0]), vec![]).chosen, "learned");
+    }
+}
