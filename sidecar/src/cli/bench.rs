@@ -38,15 +38,18 @@ pub struct SimArgs {
     /// Cluster sizes, comma-separated.
     #[arg(long, default_value = "8,100,1000", value_delimiter = ',')]
     pub gpus: Vec<usize>,
-    /// Jobs per run (the diurnal workload is stretched over as many days as needed).
-    #[arg(long, default_value_t = 200_000)]
-    pub jobs: usize,
+    /// Jobs per run, comma-separated (the diurnal workload is stretched
+    /// over as many days as needed); with several, a last table puts the
+    /// jobs/s of each size side by side.
+    #[arg(long, default_value = "200000", value_delimiter = ',')]
+    pub jobs: Vec<usize>,
     #[arg(long, default_value = "a100-40gb")]
     pub model: GpuModel,
     #[arg(long, default_value = "edf")]
     pub placement: String,
+    /// Repartitioning policy (repeatable).
     #[arg(long, default_value = "static:4444|3333")]
-    pub policy: String,
+    pub policy: Vec<String>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Also write the table as JSON here.
@@ -54,8 +57,11 @@ pub struct SimArgs {
     pub json: Option<PathBuf>,
 }
 
+/// One run: its speed and, so that a faster simulator can be checked to
+/// give the same results, what it computed.
 #[derive(Serialize)]
 struct Row {
+    policy: String,
     gpus: usize,
     jobs: usize,
     events: u64,
@@ -64,6 +70,9 @@ struct Row {
     jobs_per_s: f64,
     completed: u64,
     unserved: u64,
+    energy_j: f64,
+    mean_tardiness_s: f64,
+    reconfigurations: u64,
 }
 
 pub fn run(a: &Args) -> Result<()> {
@@ -78,69 +87,129 @@ pub fn run(a: &Args) -> Result<()> {
 
 fn run_sim(a: &SimArgs) -> Result<()> {
     let heuristic: Heuristic = a.placement.parse()?;
+    if a.jobs.is_empty() || a.jobs.contains(&0) {
+        anyhow::bail!("--jobs: give one or more job counts, each at least 1");
+    }
     let mut rows = Vec::new();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "diurnal workload on {}, placement {}, policy {}",
-        a.model, heuristic, a.policy
+        "diurnal workload on {}, placement {}",
+        a.model, heuristic
     )?;
+    let w = a.policy.iter().map(String::len).max().unwrap_or(0).max(6);
     writeln!(
         out,
-        "{:>6} {:>10} {:>11} {:>9} {:>9} {:>12}",
-        "GPUs", "jobs", "events", "gen s", "sim s", "jobs/s"
+        "{:<w$} {:>6} {:>10} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10} {:>8}",
+        "policy",
+        "GPUs",
+        "jobs",
+        "events",
+        "gen s",
+        "sim s",
+        "jobs/s",
+        "energy MJ",
+        "tard. s",
+        "reconf."
     )?;
-    for &gpus in &a.gpus {
-        let day = DiurnalConfig::default();
-        let per_day = day.expected_jobs(gpus).max(1.0);
-        let cfg = DiurnalConfig {
-            // 2 % extra so that truncating to `jobs` rarely runs short.
-            horizon_s: day.horizon_s * (a.jobs as f64 * 1.02 / per_day).max(0.01),
-            ..day
-        };
-        cfg.validate().context("diurnal workload")?;
-        let t0 = Instant::now();
-        let mut jobs = generate_diurnal(&cfg, a.model, gpus, a.seed);
-        jobs.truncate(a.jobs);
-        let generate_s = t0.elapsed().as_secs_f64();
-        let cluster = vec![a.model; gpus];
-        let mut policy = parse_policy(&a.policy, &[a.model])?;
-        let mut h = heuristic.build(a.seed);
-        let sim_cfg = SimConfig {
-            seed: a.seed,
-            workload_horizon_s: jobs.last().map(|j| j.arrival),
-            ..SimConfig::default()
-        };
-        let t1 = Instant::now();
-        let r = simulate(
-            &cluster,
-            &jobs,
-            h.as_mut(),
-            policy.as_mut(),
-            &sim_cfg,
-            RunHooks::default(),
-        )?;
-        let simulate_s = t1.elapsed().as_secs_f64();
-        let row = Row {
-            gpus,
-            jobs: jobs.len(),
-            events: r.metrics.events,
-            generate_s,
-            simulate_s,
-            jobs_per_s: jobs.len() as f64 / simulate_s.max(1e-9),
-            completed: r.metrics.completed,
-            unserved: r.metrics.unserved + r.metrics.rejected,
-        };
-        writeln!(
-            out,
-            "{:>6} {:>10} {:>11} {:>9.2} {:>9.2} {:>12.0}",
-            row.gpus, row.jobs, row.events, row.generate_s, row.simulate_s, row.jobs_per_s
-        )?;
-        rows.push(row);
+    for spec in &a.policy {
+        for &gpus in &a.gpus {
+            for &jobs in &a.jobs {
+                let row = sim_row(a, heuristic, spec, gpus, jobs)?;
+                writeln!(
+                    out,
+                    "{:<w$} {:>6} {:>10} {:>11} {:>9.2} {:>9.2} {:>12.0} {:>12.3} {:>10.2} {:>8}",
+                    row.policy,
+                    row.gpus,
+                    row.jobs,
+                    row.events,
+                    row.generate_s,
+                    row.simulate_s,
+                    row.jobs_per_s,
+                    row.energy_j / 1e6,
+                    row.mean_tardiness_s,
+                    row.reconfigurations
+                )?;
+                rows.push(row);
+            }
+        }
+    }
+    if a.jobs.len() > 1 {
+        writeln!(out)?;
+        write!(out, "{:<w$} {:>6}", "jobs/s", "GPUs")?;
+        for jobs in &a.jobs {
+            write!(out, " {:>12}", format!("at {jobs}"))?;
+        }
+        writeln!(out, " {:>10}", "last/first")?;
+        for chunk in rows.chunks(a.jobs.len()) {
+            write!(out, "{:<w$} {:>6}", chunk[0].policy, chunk[0].gpus)?;
+            for r in chunk {
+                write!(out, " {:>12.0}", r.jobs_per_s)?;
+            }
+            let ratio = chunk[chunk.len() - 1].jobs_per_s / chunk[0].jobs_per_s;
+            writeln!(out, " {ratio:>10.2}")?;
+        }
     }
     if let Some(p) = &a.json {
         let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
         serde_json::to_writer_pretty(f, &rows)?;
     }
     Ok(())
+}
+
+/// Generates `jobs` diurnal jobs for `gpus` GPUs and simulates them once.
+fn sim_row(a: &SimArgs, heuristic: Heuristic, spec: &str, gpus: usize, jobs: usize) -> Result<Row> {
+    let day = DiurnalConfig::default();
+    let per_day = day.expected_jobs(gpus).max(1.0);
+    // Days of the diurnal workload for `jobs`, 2 % extra; a run that
+    // still comes up short (a partial day is lighter than the mean) is
+    // regenerated over a longer span, so every row has `jobs` jobs.
+    let mut days = (jobs as f64 * 1.02 / per_day).max(0.01);
+    let t0 = Instant::now();
+    let mut workload = loop {
+        let cfg = DiurnalConfig {
+            horizon_s: day.horizon_s * days,
+            ..day
+        };
+        cfg.validate().context("diurnal workload")?;
+        let w = generate_diurnal(&cfg, a.model, gpus, a.seed);
+        if w.len() >= jobs {
+            break w;
+        }
+        days *= 1.5;
+    };
+    workload.truncate(jobs);
+    let generate_s = t0.elapsed().as_secs_f64();
+    let cluster = vec![a.model; gpus];
+    let mut policy = parse_policy(spec, &[a.model])?;
+    let mut h = heuristic.build(a.seed);
+    let sim_cfg = SimConfig {
+        seed: a.seed,
+        workload_horizon_s: workload.last().map(|j| j.arrival),
+        ..SimConfig::default()
+    };
+    let t1 = Instant::now();
+    let r = simulate(
+        &cluster,
+        &workload,
+        h.as_mut(),
+        policy.as_mut(),
+        &sim_cfg,
+        RunHooks::default(),
+    )?;
+    let simulate_s = t1.elapsed().as_secs_f64();
+    Ok(Row {
+        policy: spec.to_string(),
+        gpus,
+        jobs: workload.len(),
+        events: r.metrics.events,
+        generate_s,
+        simulate_s,
+        jobs_per_s: workload.len() as f64 / simulate_s.max(1e-9),
+        completed: r.metrics.completed,
+        unserved: r.metrics.unserved + r.metrics.rejected,
+        energy_j: r.metrics.energy_j,
+        mean_tardiness_s: r.metrics.mean_tardiness_s,
+        reconfigurations: r.metrics.reconfigurations,
+    })
 }

@@ -39,7 +39,11 @@
 //! layout that destroys a busy instance (tests: `policy_props`).
 
 use super::{ClusterView, Decision, GpuStatus, PendingJob, RepartitionPolicy};
-use crate::mig::{Geometry, GpuModel, Layout};
+use rustc_hash::FxHashMap;
+
+use crate::mig::{Geometry, GpuModel, Layout, MAX_PROFILES};
+
+use super::MAX_PLACEMENTS;
 
 /// Tunables of [`Greedy`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -169,14 +173,22 @@ impl Greedy {
 fn demanded_compute(job: &PendingJob, model: GpuModel, start: f64) -> Option<u8> {
     let spec = model.spec();
     let total = spec.compute_slices;
-    let mut fitting: Vec<u8> = spec
-        .profiles
-        .iter()
-        .filter(|p| f64::from(p.memory_gb) >= job.memory_gb && p.shape.compute >= job.min_compute)
-        .map(|p| p.shape.compute)
-        .collect();
+    // The distinct compute sizes of the profiles that fit, ascending (no
+    // allocation: this runs for every waiting job at every epoch).
+    let mut fitting = [0u8; MAX_PROFILES];
+    let mut n = 0;
+    for p in spec.profiles {
+        let k = p.shape.compute;
+        if f64::from(p.memory_gb) >= job.memory_gb
+            && k >= job.min_compute
+            && !fitting[..n].contains(&k)
+        {
+            fitting[n] = k;
+            n += 1;
+        }
+    }
+    let fitting = &mut fitting[..n];
     fitting.sort_unstable();
-    fitting.dedup();
     let runtime = |k: u8| job.work / job.speedup.speed(k, total);
     fitting
         .iter()
@@ -195,41 +207,70 @@ fn demanded_compute(job: &PendingJob, model: GpuModel, start: f64) -> Option<u8>
         })
 }
 
-fn serves(slot: Slot, job: &PendingJob, compute: u8) -> bool {
-    slot.compute >= compute && f64::from(slot.memory_gb) >= job.memory_gb
+fn serves(slot: Slot, compute: u8, memory_gb: f64) -> bool {
+    slot.compute >= compute && f64::from(slot.memory_gb) >= memory_gb
 }
 
 /// Greedy matching: jobs in the given (urgency) order each take the
-/// smallest slot that serves them. Returns the matched flags of `jobs`.
-fn match_jobs(slots: &[Slot], jobs: &[(usize, u8)], pending: &[PendingJob]) -> Vec<bool> {
-    let mut used = vec![false; slots.len()];
-    jobs.iter()
-        .map(|&(j, k)| {
-            let pick = slots
-                .iter()
-                .enumerate()
-                .filter(|(i, s)| !used[*i] && serves(**s, &pending[j], k))
-                .min_by_key(|(i, s)| (s.compute, s.memory_gb, *i))
-                .map(|(i, _)| i);
-            if let Some(i) = pick {
-                used[i] = true;
-            }
-            pick.is_some()
-        })
-        .collect()
+/// smallest free slot that serves them (ties: the first). Calls `served`
+/// with each matched job and returns how many were matched.
+fn match_jobs(slots: &Slots, jobs: &[(usize, u8, f64)], mut served: impl FnMut(usize)) -> usize {
+    let slots = slots.as_slice();
+    let all = if slots.len() >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << slots.len()) - 1
+    };
+    let mut used = 0u32;
+    let mut matched = 0;
+    for &(j, k, memory_gb) in jobs {
+        if used == all {
+            break;
+        }
+        let pick = slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| used & (1 << i) == 0 && serves(**s, k, memory_gb))
+            .min_by_key(|(i, s)| (s.compute, s.memory_gb, *i))
+            .map(|(i, _)| i);
+        if let Some(i) = pick {
+            used |= 1 << i;
+            matched += 1;
+            served(j);
+        }
+    }
+    matched
 }
 
-fn slots_of(geometry: &Geometry, layout: Layout) -> Vec<Slot> {
-    layout
-        .iter()
-        .map(|id| {
+/// The free instances of a layout as slots, on the stack.
+struct Slots {
+    slots: [Slot; MAX_PLACEMENTS],
+    len: usize,
+}
+
+impl Slots {
+    fn of(geometry: &Geometry, layout: Layout) -> Self {
+        let mut out = Slots {
+            slots: [Slot {
+                compute: 0,
+                memory_gb: 0,
+            }; MAX_PLACEMENTS],
+            len: 0,
+        };
+        for id in layout.iter() {
             let p = geometry.placement(id);
-            Slot {
+            out.slots[out.len] = Slot {
                 compute: p.compute(),
                 memory_gb: p.profile.memory_gb,
-            }
-        })
-        .collect()
+            };
+            out.len += 1;
+        }
+        out
+    }
+
+    fn as_slice(&self) -> &[Slot] {
+        &self.slots[..self.len]
+    }
 }
 
 impl RepartitionPolicy for Greedy {
@@ -300,22 +341,43 @@ impl RepartitionPolicy for Greedy {
         demand.sort_by(|a, b| a.urgency.total_cmp(&b.urgency).then(a.id.cmp(&b.id)));
         demand.truncate(self.cfg.max_demand);
 
+        // What each demanded job needs on each model, computed once.
+        let demanded: Vec<usize> = demand.iter().map(|d| d.job).collect();
+        let mut needs = Needs::default();
+        // Positions in `demanded` of the jobs not served yet, by urgency.
+        let mut open: Vec<usize> = (0..demanded.len()).collect();
+        let mut jobs: Vec<(usize, u8, f64)> = Vec::new();
+        // Removes from `open` the jobs the free instances `free` of `gpu` serve.
+        let serve = |needs: &mut Needs,
+                     gpu: &GpuStatus,
+                     free: Layout,
+                     open: &mut Vec<usize>,
+                     jobs: &mut Vec<_>| {
+            needs.jobs(gpu.model, &demanded, view.pending, start, open, jobs);
+            let mut served = Vec::new();
+            match_jobs(&Slots::of(gpu.geometry, free), jobs, |d| served.push(d));
+            open.retain(|d| !served.contains(d));
+        };
         // Instances being created serve the jobs that fit them.
-        let mut open: Vec<usize> = demand.iter().map(|d| d.job).collect();
         for gpu in view.gpus {
             if gpu.reconfiguring.is_empty() || open.is_empty() {
                 continue;
             }
-            open = remaining_after(
+            serve(
+                &mut needs,
                 gpu,
                 gpu.reconfiguring.minus(gpu.busy),
-                &open,
-                view.pending,
-                start,
+                &mut open,
+                &mut jobs,
             );
         }
 
         let mut decisions = Vec::new();
+        // A GPU's choice depends only on its model, layout and busy
+        // instances while `open` is unchanged: GPUs in the same state that
+        // serve nothing (the common case when the demand cannot be served)
+        // are decided once.
+        let mut idle_choices: FxHashMap<(GpuModel, Layout, Layout), Layout> = FxHashMap::default();
         for (index, gpu) in view.gpus.iter().enumerate() {
             if open.is_empty() {
                 break;
@@ -323,81 +385,127 @@ impl RepartitionPolicy for Greedy {
             if gpu.in_reconfiguration {
                 continue;
             }
-            let geometry = gpu.geometry;
-            let current = gpu.layout;
-            let busy = gpu.busy;
-            let jobs: Vec<(usize, u8)> = open
-                .iter()
-                .filter_map(|&j| {
-                    demanded_compute(&view.pending[j], gpu.model, start).map(|k| (j, k))
-                })
-                .collect();
-            if jobs.is_empty() {
+            let key = (gpu.model, gpu.layout, gpu.busy);
+            if let Some(&target) = idle_choices.get(&key) {
+                if target != gpu.layout {
+                    decisions.push(Decision { gpu: index, target });
+                }
                 continue;
             }
-            let score = |layout: Layout| -> usize {
-                match_jobs(&slots_of(geometry, layout.minus(busy)), &jobs, view.pending)
-                    .iter()
-                    .filter(|&&m| m)
-                    .count()
-            };
-            let current_score = score(current);
-            let mut best = (current_score, 0usize, current);
-            let candidates: Vec<Layout> = {
-                let all = self.candidates_of(geometry);
-                geometry.reachable(busy, all).collect()
-            };
-            for target in candidates {
-                if target == current {
-                    continue;
-                }
-                let s = score(target);
-                let t = geometry.transition(current, target);
-                let changes = t.destroy.len() + t.create.len();
-                // Strictly more served, or as many with fewer changes
-                // (never better than staying put: current has 0 changes).
-                if s > best.0 || (s == best.0 && s > current_score && changes < best.1) {
-                    best = (s, changes, target);
-                }
-            }
-            let (_, _, target) = best;
-            if target != current && gpu.accepts(target) {
+            let (target, served) = self.choose(
+                gpu,
+                &mut needs,
+                &demanded,
+                view.pending,
+                start,
+                &open,
+                &mut jobs,
+            );
+            if target != gpu.layout {
                 decisions.push(Decision { gpu: index, target });
             }
-            let chosen = if target != current && gpu.accepts(target) {
-                target
+            if served > 0 {
+                serve(
+                    &mut needs,
+                    gpu,
+                    target.minus(gpu.busy),
+                    &mut open,
+                    &mut jobs,
+                );
+                idle_choices.clear();
             } else {
-                current
-            };
-            open = remaining_after(gpu, chosen.minus(busy), &open, view.pending, start);
+                idle_choices.insert(key, target);
+            }
         }
         decisions
     }
 }
 
-/// The jobs of `open` that the free instances `free` of `gpu` do not serve.
-fn remaining_after(
-    gpu: &GpuStatus,
-    free: Layout,
-    open: &[usize],
-    pending: &[PendingJob],
-    start: f64,
-) -> Vec<usize> {
-    let jobs: Vec<(usize, u8)> = open
-        .iter()
-        .filter_map(|&j| demanded_compute(&pending[j], gpu.model, start).map(|k| (j, k)))
-        .collect();
-    let matched = match_jobs(&slots_of(gpu.geometry, free), &jobs, pending);
-    let served: Vec<usize> = jobs
-        .iter()
-        .zip(&matched)
-        .filter(|(_, &m)| m)
-        .map(|((j, _), _)| *j)
-        .collect();
-    open.iter()
-        .copied()
-        .filter(|j| !served.contains(j))
-        .collect()
+impl Greedy {
+    /// The layout GPU `gpu` moves to (its current one if no candidate
+    /// serves strictly more of the open demand, or if the GPU refuses the
+    /// move) and how many open jobs that layout's free instances serve.
+    #[allow(clippy::too_many_arguments)]
+    fn choose(
+        &mut self,
+        gpu: &GpuStatus,
+        needs: &mut Needs,
+        demanded: &[usize],
+        pending: &[PendingJob],
+        start: f64,
+        open: &[usize],
+        jobs: &mut Vec<(usize, u8, f64)>,
+    ) -> (Layout, usize) {
+        let geometry = gpu.geometry;
+        let current = gpu.layout;
+        let busy = gpu.busy;
+        needs.jobs(gpu.model, demanded, pending, start, open, jobs);
+        if jobs.is_empty() {
+            return (current, 0);
+        }
+        let score =
+            |layout: Layout| match_jobs(&Slots::of(geometry, layout.minus(busy)), jobs, |_| {});
+        let current_score = score(current);
+        let mut best = (current_score, 0usize, current);
+        for target in geometry.reachable(busy, self.candidates_of(geometry)) {
+            if target == current {
+                continue;
+            }
+            let s = score(target);
+            let t = geometry.transition(current, target);
+            let changes = t.destroy.len() + t.create.len();
+            // Strictly more served, or as many with fewer changes
+            // (never better than staying put: current has 0 changes).
+            if s > best.0 || (s == best.0 && s > current_score && changes < best.1) {
+                best = (s, changes, target);
+            }
+        }
+        let (s, _, target) = best;
+        if target != current && gpu.accepts(target) {
+            (target, s)
+        } else {
+            (current, current_score)
+        }
+    }
+}
+
+/// What each demanded job needs (its [`demanded_compute`]) on each model
+/// of the cluster, computed on first use within one decision.
+#[derive(Default)]
+struct Needs {
+    per_model: Vec<(GpuModel, Vec<Option<u8>>)>,
+}
+
+impl Needs {
+    /// Fills `jobs` with `(position, size, memory)` of the `open` jobs
+    /// that some instance of `model` can serve, in `open`'s order.
+    fn jobs(
+        &mut self,
+        model: GpuModel,
+        demanded: &[usize],
+        pending: &[PendingJob],
+        start: f64,
+        open: &[usize],
+        jobs: &mut Vec<(usize, u8, f64)>,
+    ) {
+        let i = match self.per_model.iter().position(|(m, _)| *m == model) {
+            Some(i) => i,
+            None => {
+                let sizes = demanded
+                    .iter()
+                    .map(|&j| demanded_compute(&pending[j], model, start))
+                    .collect();
+                self.per_model.push((model, sizes));
+                self.per_model.len() - 1
+            }
+        };
+        let sizes = &self.per_model[i].1;
+        jobs.clear();
+        jobs.extend(
+            open.iter()
+                .filter_map(|&d| sizes[d].map(|k| (d, k, pending[demanded[d]].memory_gb))),
+        );
+    }
 }
 
 #[cfg(test)]
