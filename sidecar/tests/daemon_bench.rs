@@ -9,6 +9,7 @@ fn args(clients: Vec<usize>, pairs: usize) -> Args {
         pairs,
         json: std::env::temp_dir().join("bench-daemon.json"),
         smartmigd: Some(env!("CARGO_BIN_EXE_smartmigd").into()),
+        journal_dir: None,
     }
 }
 
@@ -18,6 +19,25 @@ fn bench_smoke() {
     assert_eq!(r.rows.len(), 2);
     assert!(r.rows.iter().all(|x| x.pair_p99_us > 0.0));
     assert!(r.rss_idle_kib > 0);
+    assert!(r.journal.contains("fdatasync"), "{}", r.journal);
+}
+
+/// With `--journal-dir` on a tmpfs the daemon runs and the report says how
+/// the journal was written.
+#[test]
+fn bench_smoke_with_the_journal_on_tmpfs() {
+    let dir = std::path::PathBuf::from(format!(
+        "/dev/shm/smartmig-bench-test-{}",
+        std::process::id()
+    ));
+    let a = Args {
+        journal_dir: Some(dir.join("journal")),
+        ..args(vec![2], 20)
+    };
+    let r = bench(&a).unwrap();
+    assert!(r.journal.contains("on tmpfs"), "{}", r.journal);
+    assert!(r.rows[0].pair_p99_us > 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -116,6 +116,28 @@ fn client_loop(
 
 #[test]
 fn sigkill_at_random_points_loses_nothing() {
+    crash_rounds("crash", None);
+}
+
+/// The same with `journal_dir` on a tmpfs, where the journal is written
+/// without fsync (issue 17): a SIGKILL must lose nothing there either.
+#[test]
+fn sigkill_loses_nothing_with_the_journal_on_tmpfs() {
+    let dir = std::path::PathBuf::from(format!("/dev/shm/smartmig-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("/dev/shm must exist and be writable for this test");
+    assert_eq!(
+        smartmig::daemon::journal::Durability::of(&dir),
+        smartmig::daemon::journal::Durability::Memory,
+        "/dev/shm is not a tmpfs on this machine: this test needs one"
+    );
+    crash_rounds("crash-tmpfs", Some(dir.join("journal")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 100 rounds (module docs) with the journal in `journal` (default:
+/// `<state_dir>/journal`).
+fn crash_rounds(name: &str, journal: Option<std::path::PathBuf>) {
     let seed: u64 = std::env::var("SMARTMIG_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -127,7 +149,12 @@ fn sigkill_at_random_points_loses_nothing() {
     println!("crash test seed {seed} ({rounds} rounds); replay with SMARTMIG_CRASH_SEED={seed}");
     let t0 = Instant::now();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut d = TestDaemon::start("crash", "[sim]\nseed = 11\n");
+    let extra = match &journal {
+        Some(dir) => format!("journal_dir = \"{}\"\n[sim]\nseed = 11\n", dir.display()),
+        None => "[sim]\nseed = 11\n".to_string(),
+    };
+    let mut d = TestDaemon::start(name, &extra);
+    let journal_dir = journal.unwrap_or_else(|| d.dir.join("state/journal"));
     let view = Arc::new(Mutex::new(View::default()));
     let next_job = Arc::new(Mutex::new(0u64));
     let mut acked_total = 0usize;
@@ -149,7 +176,7 @@ fn sigkill_at_random_points_loses_nothing() {
             h.join().expect("a client thread failed (see above)");
         }
         // 1. On disk, before the restart: journal vs clients' view vs backend.
-        let journal = smartmig::daemon::journal::replay(&d.dir.join("state/journal"))
+        let journal = smartmig::daemon::journal::replay(&journal_dir)
             .unwrap_or_else(|e| panic!("round {round}: journal unreadable: {e}"));
         let backend = sim_instances(&d);
         let mut journaled: BTreeMap<u64, (u32, String)> = BTreeMap::new();

@@ -181,6 +181,11 @@ impl Default for OomConfig {
 pub struct Config {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
+    /// Where the assignment journal lives (default `<state_dir>/journal`).
+    /// On a tmpfs (`/run`) it is written without fsync: it must survive a
+    /// crash of smartmigd, not a reboot, which MIG instances and their jobs
+    /// do not survive either (docs/daemon.md, "The journal").
+    pub journal_dir: Option<PathBuf>,
     /// The user slurmstepd runs the SPANK plugin as; it (and root) may allocate/release.
     pub slurm_user: String,
     /// This node's Slurm name (default: the host name).
@@ -215,6 +220,7 @@ impl Default for Config {
         Config {
             socket: PathBuf::from(DEFAULT_SOCKET),
             state_dir: PathBuf::from("/var/lib/smartmig"),
+            journal_dir: None,
             slurm_user: "slurm".into(),
             node_name: None,
             backend: BackendKind::Sim,
@@ -268,6 +274,9 @@ impl Config {
         }
         if !self.state_dir.is_absolute() {
             return Err(invalid("state_dir", "must be an absolute path"));
+        }
+        if self.journal_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+            return Err(invalid("journal_dir", "must be an absolute path"));
         }
         if self.slurm_user.trim().is_empty() {
             return Err(invalid("slurm_user", "must not be empty"));
@@ -375,13 +384,20 @@ impl Config {
         Ok(out)
     }
 
+    /// The journal's directory: `journal_dir`, or `<state_dir>/journal`.
+    pub fn journal_dir(&self) -> PathBuf {
+        self.journal_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("journal"))
+    }
+
     /// Settings whose change needs a restart (SIGHUP keeps the old values).
     pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
         self.reloaded(new).1
     }
 
     /// What SIGHUP makes of `new` when `self` is running: `new` with every
-    /// restart-only setting (socket, state_dir, backend, gpus, sim,
+    /// restart-only setting (socket, state_dir, journal_dir, backend, gpus, sim,
     /// metrics_listen, log_level, memory.estimator) kept from `self`, and
     /// the names of those that differed. The one list of restart-only keys.
     pub fn reloaded(&self, new: &Config) -> (Config, Vec<&'static str>) {
@@ -397,6 +413,7 @@ impl Config {
         }
         keep!("socket", socket);
         keep!("state_dir", state_dir);
+        keep!("journal_dir", journal_dir);
         keep!("backend", backend);
         keep!("gpus", gpus);
         keep!("sim", sim);
@@ -452,6 +469,19 @@ mod tests {
         assert_eq!(c.max_message_bytes, 65536);
         assert!(!c.publish_layout);
         assert_eq!(c.sim_gpus().unwrap(), vec![GpuModel::A100_40gb; 2]);
+        assert_eq!(c.journal_dir(), PathBuf::from("/var/lib/smartmig/journal"));
+        let c = Config::parse(&format!("journal_dir = \"/run/j\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.journal_dir(), PathBuf::from("/run/j"));
+        // A relative journal_dir is refused by name; changing it needs a restart.
+        let err = Config::parse(&format!("journal_dir = \"j\"\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("journal_dir: must be an absolute path"),
+            "{err}"
+        );
+        let d = Config::parse(MINIMAL).unwrap();
+        assert_eq!(d.restart_only_changes(&c), ["journal_dir"]);
     }
 
     #[test]

@@ -6,10 +6,13 @@
 //! GPU wins" and needs no ordering across GPUs. A record is one line,
 //! `<crc32 of the JSON, 8 hex digits> <JSON>\n`.
 //!
-//! Durability: [`Journal::save`] returns only after its record is on disk
+//! Durability: [`Journal::save`] returns only after its record is written
 //! (`write` + `fdatasync`), and the daemon replies only after `save`
 //! returned, so an acknowledged allocation survives a crash of the daemon or
-//! of the machine. **Group commit**: concurrent savers share one `write` and
+//! of the machine. On a tmpfs (`journal_dir = "/run/..."`) there is no disk
+//! to sync: a returned `write` is in kernel memory and survives a crash of
+//! the daemon (what the journal is for), and a reboot loses it together
+//! with every MIG instance and job it describes ([`Durability`]). **Group commit**: concurrent savers share one `write` and
 //! one `fdatasync`: the first becomes the leader and writes every record
 //! queued so far; the others wait for it (`docs/reliability.md` has the
 //! measurements that motivated this; the previous format rewrote a file per
@@ -264,9 +267,32 @@ struct Inner {
     syncs: u64,
 }
 
+/// What an acknowledged record survives, from the journal's file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// On disk: `write` + `fdatasync`; survives a machine crash.
+    Disk,
+    /// On a tmpfs: `write` only; survives a crash of the daemon, not a
+    /// reboot (nor do MIG instances and the jobs on them).
+    Memory,
+}
+
+impl Durability {
+    /// `Memory` if `dir` is on a tmpfs, else `Disk` (also when the file
+    /// system cannot be asked: syncing is the safe side).
+    pub fn of(dir: &Path) -> Durability {
+        use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+        match statfs(dir) {
+            Ok(fs) if fs.filesystem_type() == TMPFS_MAGIC => Durability::Memory,
+            _ => Durability::Disk,
+        }
+    }
+}
+
 /// The journal directory, shared by every GPU.
 pub struct Journal {
     dir: PathBuf,
+    durability: Durability,
     log_path: PathBuf,
     log: File,
     inner: Mutex<Inner>,
@@ -280,10 +306,10 @@ impl std::fmt::Debug for Journal {
 }
 
 impl Journal {
-    /// Opens (creating it 0700) the journal of `state_dir`, replays it,
-    /// drops a torn tail and compacts everything into a fresh snapshot.
-    pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
-        let dir = state_dir.join("journal");
+    /// Opens (creating it 0700) the journal in `dir`, replays it, drops a
+    /// torn tail and compacts everything into a fresh snapshot.
+    pub fn open(dir: &Path) -> Result<Journal, JournalError> {
+        let dir = dir.to_path_buf();
         ensure_dir(&dir, 0o700).map_err(|source| JournalError::Io {
             path: dir.clone(),
             source,
@@ -315,8 +341,10 @@ impl Journal {
                 path: log_path.clone(),
                 source,
             })?;
+        let durability = Durability::of(&dir);
         let journal = Journal {
             dir,
+            durability,
             log_path,
             log,
             inner: Mutex::new(Inner {
@@ -384,6 +412,11 @@ impl Journal {
         Ok(self.lock().durable.get(&gpu).cloned().unwrap_or_default())
     }
 
+    /// What an acknowledged record survives.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
     /// Batches written (one `write` + one `fdatasync` each) since open.
     pub fn syncs(&self) -> u64 {
         self.lock().syncs
@@ -408,6 +441,39 @@ impl Journal {
         self.commit(book.index, entries)
     }
 
+    /// On a tmpfs: appends `line` under the lock (a write to memory takes
+    /// microseconds; group commit would only add thread hand-offs).
+    fn write_now(
+        &self,
+        mut inner: MutexGuard<'_, Inner>,
+        line: &[u8],
+        record: Record,
+    ) -> Result<(), JournalError> {
+        let before = inner.log_len;
+        inner.syncs += 1;
+        match (&self.log).write_all(line) {
+            Ok(()) => {
+                inner.synced = record.seq;
+                inner.log_len += line.len() as u64;
+                inner.durable.insert(record.gpu, record.entries);
+                if inner.log_len > COMPACT_BYTES {
+                    if let Err(e) = self.compact(&mut inner) {
+                        tracing::warn!("journal compaction failed: {e}");
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                inner.synced = record.seq;
+                if let Err(u) = self.log.set_len(before) {
+                    inner.failed = Some(format!("{e}; undo failed: {u}"));
+                }
+                tracing::error!("journal write failed: {e}");
+                Err(self.io_err(e))
+            }
+        }
+    }
+
     /// Appends "GPU `gpu` has exactly `entries`" and waits until it is on
     /// disk, writing it (and every record queued meanwhile) itself when no
     /// other thread is writing (group commit).
@@ -423,6 +489,9 @@ impl Journal {
         let seq = inner.seq;
         let record = Record { seq, gpu, entries };
         let line = encode(&record);
+        if self.durability == Durability::Memory {
+            return self.write_now(inner, &line, record);
+        }
         inner.pending.extend_from_slice(&line);
         inner.pending_sets.push((gpu, record.entries));
         loop {
@@ -462,7 +531,10 @@ impl Journal {
             drop(inner);
             let result = (&self.log)
                 .write_all(&batch)
-                .and_then(|()| self.log.sync_data());
+                .and_then(|()| match self.durability {
+                    Durability::Disk => self.log.sync_data(),
+                    Durability::Memory => Ok(()),
+                });
             inner = self.lock();
             inner.writing = false;
             inner.syncs += 1;
@@ -534,6 +606,31 @@ mod tests {
     }
 
     #[test]
+    fn durability_follows_the_file_system() {
+        // tmpfs: written without fsync; anything else, or a path that
+        // cannot be asked, is synced.
+        assert_eq!(
+            Durability::of(Path::new("/dev/shm")),
+            Durability::Memory,
+            "/dev/shm is not a tmpfs on this machine"
+        );
+        assert_eq!(Durability::of(Path::new("/proc")), Durability::Disk);
+        assert_eq!(
+            Durability::of(Path::new("/nonexistent/x")),
+            Durability::Disk
+        );
+        // A journal on tmpfs replays like one on disk.
+        let d = PathBuf::from(format!("/dev/shm/smartmig-journal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let j = Journal::open(&d).unwrap();
+        assert_eq!(j.durability(), Durability::Memory);
+        j.save(&book(&[7, 8])).unwrap();
+        drop(j);
+        assert_eq!(replay(&d).unwrap().gpus[&0].len(), 2);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn crc_matches_zlib() {
         assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
         assert_eq!(crc32(b""), 0);
@@ -542,14 +639,14 @@ mod tests {
     #[test]
     fn replays_last_record_per_gpu_and_survives_reopen() {
         let d = dir("replay");
-        let j = Journal::open(&d).unwrap();
+        let j = Journal::open(&d.join("journal")).unwrap();
         j.save(&book(&[1])).unwrap();
         j.save(&book(&[1, 2])).unwrap();
         drop(j);
         let r = replay(&d.join("journal")).unwrap();
         assert_eq!(r.records, 2);
         assert_eq!(r.gpus[&0].len(), 2);
-        let j = Journal::open(&d).unwrap();
+        let j = Journal::open(&d.join("journal")).unwrap();
         let jobs: Vec<u64> = j
             .load(0)
             .unwrap()
@@ -565,7 +662,7 @@ mod tests {
     #[test]
     fn torn_tail_is_dropped_not_fatal() {
         let d = dir("torn");
-        let j = Journal::open(&d).unwrap();
+        let j = Journal::open(&d.join("journal")).unwrap();
         j.save(&book(&[1])).unwrap();
         j.save(&book(&[1, 2])).unwrap();
         drop(j);
@@ -580,7 +677,7 @@ mod tests {
         let n = garbled.len();
         garbled[n - 30] ^= 0x01;
         std::fs::write(&log, &garbled).unwrap();
-        let j = Journal::open(&d).unwrap();
+        let j = Journal::open(&d.join("journal")).unwrap();
         assert_eq!(
             j.load(0).unwrap().len(),
             1,
@@ -592,7 +689,7 @@ mod tests {
     #[test]
     fn concurrent_saves_share_syncs() {
         let d = dir("group");
-        let j = std::sync::Arc::new(Journal::open(&d).unwrap());
+        let j = std::sync::Arc::new(Journal::open(&d.join("journal")).unwrap());
         let handles: Vec<_> = (0..8u32)
             .map(|g| {
                 let j = j.clone();

@@ -32,6 +32,11 @@ pub struct Args {
     /// The smartmigd binary (default: next to this executable).
     #[arg(long)]
     pub smartmigd: Option<PathBuf>,
+    /// The daemon's `journal_dir` (default: in its temporary state
+    /// directory). On a tmpfs, e.g. `/dev/shm/smartmig-bench`, the journal
+    /// is written without fsync, as with `journal_dir = "/run/..."`.
+    #[arg(long, value_name = "DIR")]
+    pub journal_dir: Option<PathBuf>,
 }
 
 /// Latency of one measurement, in microseconds.
@@ -52,6 +57,8 @@ pub struct Row {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub gpus: usize,
+    /// Where the journal was and how it was written.
+    pub journal: String,
     pub rss_idle_kib: u64,
     pub rss_peak_kib: u64,
     pub rows: Vec<Row>,
@@ -101,13 +108,24 @@ impl Drop for Child_ {
     }
 }
 
-fn start_daemon(exe: &Path, gpus: usize) -> Result<(Child_, Client), BenchError> {
-    let dir = std::env::temp_dir().join(format!("smartmig-bench-{}", std::process::id()));
+fn start_daemon(
+    exe: &Path,
+    gpus: usize,
+    journal_dir: Option<&Path>,
+) -> Result<(Child_, Client), BenchError> {
+    // Unique per run, not only per process: tests run benches in parallel.
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("smartmig-bench-{}-{run}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let socket = dir.join("smartmig.sock");
+    let journal = journal_dir.map_or_else(String::new, |j| {
+        let _ = std::fs::remove_dir_all(j);
+        format!("journal_dir = \"{}\"\n", j.display())
+    });
     let config = format!(
-        "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 5\nlog_level = \"warn\"\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = {gpus}\n",
+        "socket = \"{}\"\nstate_dir = \"{}\"\n{journal}allocate_wait_s = 5\nlog_level = \"warn\"\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = {gpus}\n",
         socket.display(),
         dir.join("state").display()
     );
@@ -143,7 +161,7 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
     };
     let max_clients = args.clients.iter().copied().max().unwrap_or(1).max(1);
     let gpus = max_clients.div_ceil(7).clamp(1, 64);
-    let (daemon, client) = start_daemon(&exe, gpus)?;
+    let (daemon, client) = start_daemon(&exe, gpus, args.journal_dir.as_deref())?;
     let pid = daemon.child.id();
     let rss_idle = rss_kib(pid, "VmRSS:");
     let mut rows = Vec::new();
@@ -213,8 +231,21 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
             rss_after_kib: rss_kib(pid, "VmRSS:"),
         });
     }
+    let journal_dir = args
+        .journal_dir
+        .clone()
+        .unwrap_or_else(|| daemon.dir.join("state/journal"));
+    let journal = format!(
+        "{} ({})",
+        journal_dir.display(),
+        match crate::daemon::journal::Durability::of(&journal_dir) {
+            crate::daemon::journal::Durability::Disk => "on disk: write + fdatasync",
+            crate::daemon::journal::Durability::Memory => "on tmpfs: write, no fsync",
+        }
+    );
     let report = Report {
         gpus,
+        journal,
         rss_idle_kib: rss_idle,
         rss_peak_kib: rss_kib(pid, "VmHWM:"),
         rows,
@@ -227,9 +258,11 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
 pub fn table(r: &Report) -> String {
     let mut s = format!(
         "smartmigd sim backend, {} x A100-40GB, K=1 allocate+release over a Unix socket\n\
+         journal {}\n\
          RSS idle {} KiB, peak {} KiB\n\
          {:>7} {:>7} {:>11} {:>11} {:>12} {:>12} {:>12} {:>10} {:>10}\n",
         r.gpus,
+        r.journal,
         r.rss_idle_kib,
         r.rss_peak_kib,
         "clients",

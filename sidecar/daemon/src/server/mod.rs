@@ -26,7 +26,7 @@ use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use super::config::{BackendKind, Config, ConfigError};
 use super::fsutil::ensure_dir;
-use super::journal::Journal;
+use super::journal::{Durability, Journal};
 use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
 use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
@@ -281,6 +281,16 @@ fn backend_error(e: &BackendError) -> ErrorBody {
 }
 
 impl Daemon {
+    /// Journals `book` before a reply. On disk the `fdatasync` blocks, so
+    /// the worker thread is handed over (`block_in_place`); on a tmpfs the
+    /// write takes microseconds and the hand-over would cost more.
+    fn save_journal(&self, book: &GpuBook) -> Result<(), super::journal::JournalError> {
+        match self.journal.durability() {
+            Durability::Disk => tokio::task::block_in_place(|| self.journal.save(book)),
+            Durability::Memory => self.journal.save(book),
+        }
+    }
+
     /// Opens the backend and journal, rebuilds the books and reconciles
     /// journal <-> backend <-> Slurm. Nothing is served yet.
     pub fn start(config: Config, config_path: PathBuf) -> Result<Arc<Daemon>, StartError> {
@@ -296,7 +306,12 @@ impl Daemon {
             }
             BackendKind::Nvml => Arc::new(NvmlBackend::open()?),
         };
-        let journal = Journal::open(&config.state_dir)?;
+        let journal = Journal::open(&config.journal_dir())?;
+        tracing::info!(
+            dir = %config.journal_dir().display(),
+            durability = ?journal.durability(),
+            "journal open"
+        );
         let memory = MemoryState::open(&config.state_dir, &config.memory.estimator)
             .map_err(StartError::Memory)?;
         let now = unix_now();
@@ -752,7 +767,7 @@ impl Daemon {
                 time_limit_s: req.time_limit_s,
             },
         );
-        if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
+        if let Err(e) = self.save_journal(&st.book) {
             st.book.release(req.job_id, now);
             tracing::error!(gpu, job = req.job_id, "{e}");
             return Err(ErrorBody::new(
@@ -886,7 +901,7 @@ impl Daemon {
             st.tick_energy();
             let n = st.book.release(job_id, now);
             released += n;
-            if let Err(e) = tokio::task::block_in_place(|| self.journal.save(&st.book)) {
+            if let Err(e) = self.save_journal(&st.book) {
                 // The release happened; on restart Slurm reconciliation drops it again.
                 tracing::error!(gpu = slot.index, job = job_id, "release not journaled: {e}");
             }
