@@ -599,6 +599,8 @@ fn to_job_stderr(line: &str) {
 /// # Safety
 /// `sp`, `ac` and `av` are the callback's arguments.
 unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Outcome {
+    // What the plugin adds to a job start, logged with the allocation.
+    let started = std::time::Instant::now();
     // SAFETY: `sp` is the callback's handle.
     let step = unsafe { spank::item_u32(sp, sys::spank_item_S_JOB_STEPID) };
     if step == Some(job::EXTERN_STEP) {
@@ -692,6 +694,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         oom_marker: Some(args.oom_requeue),
         profile: profile.clone(),
     };
+    let asked = std::time::Instant::now();
     let reply = match patiently(args.sidecar_wait, || client.allocate(request.clone())) {
         Ok(r) => r,
         // A profile the GPU cannot build is the job's own error: it fails,
@@ -701,6 +704,8 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         }
         Err(e) => return sidecar_failure(e),
     };
+    let took_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let sidecar_ms = asked.elapsed().as_secs_f64() * 1000.0;
     for (name, value) in [
         ("CUDA_VISIBLE_DEVICES", reply.uuid.as_str()),
         ("SMARTMIG_PROFILE", reply.profile.as_str()),
@@ -751,7 +756,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
     log(
         LogLevel::Info,
         &format!(
-            "job {job_id} step {step_id:#x}: {} on GPU {} ({}, start {}, {:?}, waited {} ms; GPU from {})",
+            "job {job_id} step {step_id:#x}: {} on GPU {} ({}, start {}, {:?}, waited {} ms; GPU from {}); smartmig took {took_ms:.2} ms (sidecar {sidecar_ms:.2} ms)",
             reply.uuid,
             reply.gpu,
             reply.profile,
