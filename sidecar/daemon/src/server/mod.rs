@@ -926,9 +926,19 @@ impl Daemon {
                 now,
             );
             if changed {
-                if let Err(e) = tokio::task::block_in_place(|| m.save()) {
-                    tracing::error!(job = job_id, "memory estimates not saved: {e}");
-                }
+                // On disk with fsync (it must survive a reboot), but after
+                // the reply, not before it: the write saves whatever the
+                // state is then (saves queue on the mutex), and shutdown
+                // saves once more.
+                let memory = Arc::clone(&self.memory);
+                tokio::task::spawn_blocking(move || {
+                    let m = memory
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Err(e) = m.save() {
+                        tracing::error!(job = job_id, "memory estimates not saved: {e}");
+                    }
+                });
             }
             event
         };
@@ -1298,6 +1308,11 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
         if let Err(e) = daemon.journal.save(&st.book) {
             tracing::error!(gpu = slot.index, "final journal write failed: {e}");
         }
+    }
+    // The memory estimates are saved after each reply that changed them;
+    // save them once more in case the last of those writes was still queued.
+    if let Err(e) = daemon.memory().save() {
+        tracing::error!("final memory estimates write failed: {e}");
     }
     tracing::info!("smartmigd stopped");
     Ok(())
