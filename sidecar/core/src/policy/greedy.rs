@@ -342,10 +342,9 @@ impl RepartitionPolicy for Greedy {
         demand.truncate(self.cfg.max_demand);
 
         // What each demanded job needs on each model, computed once.
-        let demanded: Vec<usize> = demand.iter().map(|d| d.job).collect();
-        let mut needs = Needs::default();
-        // Positions in `demanded` of the jobs not served yet, by urgency.
-        let mut open: Vec<usize> = (0..demanded.len()).collect();
+        let mut needs = Needs::new(demand.iter().map(|d| d.job).collect(), view.pending, start);
+        // Positions in the demand of the jobs not served yet, by urgency.
+        let mut open: Vec<usize> = (0..demand.len()).collect();
         let mut jobs: Vec<(usize, u8, f64)> = Vec::new();
         // Removes from `open` the jobs the free instances `free` of `gpu` serve.
         let serve = |needs: &mut Needs,
@@ -353,7 +352,7 @@ impl RepartitionPolicy for Greedy {
                      free: Layout,
                      open: &mut Vec<usize>,
                      jobs: &mut Vec<_>| {
-            needs.jobs(gpu.model, &demanded, view.pending, start, open, jobs);
+            needs.jobs(gpu.model, open, jobs);
             let mut served = Vec::new();
             match_jobs(&Slots::of(gpu.geometry, free), jobs, |d| served.push(d));
             open.retain(|d| !served.contains(d));
@@ -392,15 +391,7 @@ impl RepartitionPolicy for Greedy {
                 }
                 continue;
             }
-            let (target, served) = self.choose(
-                gpu,
-                &mut needs,
-                &demanded,
-                view.pending,
-                start,
-                &open,
-                &mut jobs,
-            );
+            let (target, served) = self.choose(gpu, &mut needs, &open, &mut jobs);
             if target != gpu.layout {
                 decisions.push(Decision { gpu: index, target });
             }
@@ -425,21 +416,17 @@ impl Greedy {
     /// The layout GPU `gpu` moves to (its current one if no candidate
     /// serves strictly more of the open demand, or if the GPU refuses the
     /// move) and how many open jobs that layout's free instances serve.
-    #[allow(clippy::too_many_arguments)]
     fn choose(
         &mut self,
         gpu: &GpuStatus,
-        needs: &mut Needs,
-        demanded: &[usize],
-        pending: &[PendingJob],
-        start: f64,
+        needs: &mut Needs<'_>,
         open: &[usize],
         jobs: &mut Vec<(usize, u8, f64)>,
     ) -> (Layout, usize) {
         let geometry = gpu.geometry;
         let current = gpu.layout;
         let busy = gpu.busy;
-        needs.jobs(gpu.model, demanded, pending, start, open, jobs);
+        needs.jobs(gpu.model, open, jobs);
         if jobs.is_empty() {
             return (current, 0);
         }
@@ -469,31 +456,37 @@ impl Greedy {
     }
 }
 
-/// What each demanded job needs (its [`demanded_compute`]) on each model
-/// of the cluster, computed on first use within one decision.
-#[derive(Default)]
-struct Needs {
+/// The demand of one decision (indices into `pending`, by urgency) and
+/// what each of its jobs needs (its [`demanded_compute`]) on each model of
+/// the cluster, computed on first use.
+struct Needs<'a> {
+    demanded: Vec<usize>,
+    pending: &'a [PendingJob],
+    start: f64,
     per_model: Vec<(GpuModel, Vec<Option<u8>>)>,
 }
 
-impl Needs {
+impl<'a> Needs<'a> {
+    fn new(demanded: Vec<usize>, pending: &'a [PendingJob], start: f64) -> Self {
+        Needs {
+            demanded,
+            pending,
+            start,
+            per_model: Vec::new(),
+        }
+    }
+
     /// Fills `jobs` with `(position, size, memory)` of the `open` jobs
-    /// that some instance of `model` can serve, in `open`'s order.
-    fn jobs(
-        &mut self,
-        model: GpuModel,
-        demanded: &[usize],
-        pending: &[PendingJob],
-        start: f64,
-        open: &[usize],
-        jobs: &mut Vec<(usize, u8, f64)>,
-    ) {
+    /// (positions in the demand) that some instance of `model` can serve,
+    /// in `open`'s order.
+    fn jobs(&mut self, model: GpuModel, open: &[usize], jobs: &mut Vec<(usize, u8, f64)>) {
         let i = match self.per_model.iter().position(|(m, _)| *m == model) {
             Some(i) => i,
             None => {
-                let sizes = demanded
+                let sizes = self
+                    .demanded
                     .iter()
-                    .map(|&j| demanded_compute(&pending[j], model, start))
+                    .map(|&j| demanded_compute(&self.pending[j], model, self.start))
                     .collect();
                 self.per_model.push((model, sizes));
                 self.per_model.len() - 1
@@ -502,8 +495,9 @@ impl Needs {
         let sizes = &self.per_model[i].1;
         jobs.clear();
         jobs.extend(
-            open.iter()
-                .filter_map(|&d| sizes[d].map(|k| (d, k, pending[demanded[d]].memory_gb))),
+            open.iter().filter_map(|&d| {
+                sizes[d].map(|k| (d, k, self.pending[self.demanded[d]].memory_gb))
+            }),
         );
     }
 }
