@@ -25,7 +25,7 @@
 use serde::Serialize;
 
 use crate::policy::search::{static_best, SearchConfig};
-use crate::policy::{NoPartition, PolicyParseError, RepartitionPolicy};
+use crate::policy::{PolicyParseError, RepartitionPolicy};
 use crate::sim::{Metrics, SimError};
 
 use super::days::DaySet;
@@ -157,11 +157,11 @@ fn day_score(m: &Metrics, reference: &Reference, alpha: f64) -> f64 {
 /// Scores the candidate and the fallbacks (`none`, `static-hist`) on the
 /// past days `history` by two-fold cross-validation, and [`choose`]s. The
 /// static layout is fitted on the first half of the days and scored on
-/// the second, then the other way round; the candidate (a fresh one per day, from `candidate`) and
-/// `none` run every day once. Each score is the mean over all days of
-/// [`day_score`]. With a single past day there is nothing to hold out:
-/// the layout is fitted and scored on it (in-sample, which favours
-/// falling back).
+/// the second, then the other way round; the candidate (a fresh one per
+/// day, from `candidate`) runs every day once, and `none` is each day's
+/// reference run. Each score is the mean over all days of [`day_score`].
+/// With a single past day there is nothing to hold out: the layout is
+/// fitted and scored on it (in-sample, which favours falling back).
 pub fn cross_validate(
     history: &DaySet,
     search: &SearchConfig,
@@ -178,12 +178,16 @@ pub fn cross_validate(
             alpha,
         ))
     };
-    let (mut ours, mut none) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let ours = (0..n)
+        .map(|i| Ok(score(i, candidate()?.as_mut())?))
+        .collect::<Result<Vec<f64>, FallbackError>>()?;
+    // The `none` run of every day is already in the set.
+    let none = history
+        .references
+        .iter()
+        .map(|m| day_score(m, reference, alpha))
+        .collect();
     let mut statics = vec![f64::NAN; n];
-    for i in 0..n {
-        ours.push(score(i, candidate()?.as_mut())?);
-        none.push(score(i, &mut NoPartition)?);
-    }
     let half = n / 2;
     let folds: Vec<(Vec<usize>, Vec<usize>)> = if n < 2 {
         vec![((0..n).collect(), (0..n).collect())]
