@@ -441,42 +441,10 @@ impl Journal {
         self.commit(book.index, entries)
     }
 
-    /// On a tmpfs: appends `line` under the lock (a write to memory takes
-    /// microseconds; group commit would only add thread hand-offs).
-    fn write_now(
-        &self,
-        mut inner: MutexGuard<'_, Inner>,
-        line: &[u8],
-        record: Record,
-    ) -> Result<(), JournalError> {
-        let before = inner.log_len;
-        inner.syncs += 1;
-        match (&self.log).write_all(line) {
-            Ok(()) => {
-                inner.synced = record.seq;
-                inner.log_len += line.len() as u64;
-                inner.durable.insert(record.gpu, record.entries);
-                if inner.log_len > COMPACT_BYTES {
-                    if let Err(e) = self.compact(&mut inner) {
-                        tracing::warn!("journal compaction failed: {e}");
-                    }
-                }
-                Ok(())
-            }
-            Err(e) => {
-                inner.synced = record.seq;
-                if let Err(u) = self.log.set_len(before) {
-                    inner.failed = Some(format!("{e}; undo failed: {u}"));
-                }
-                tracing::error!("journal write failed: {e}");
-                Err(self.io_err(e))
-            }
-        }
-    }
-
     /// Appends "GPU `gpu` has exactly `entries`" and waits until it is on
     /// disk, writing it (and every record queued meanwhile) itself when no
-    /// other thread is writing (group commit).
+    /// other thread is writing (group commit). On a tmpfs the writer keeps
+    /// the lock, so every record is written by its own saver.
     pub fn commit(&self, gpu: u32, entries: Vec<Entry>) -> Result<(), JournalError> {
         let mut inner = self.lock();
         if let Some(message) = &inner.failed {
@@ -489,9 +457,6 @@ impl Journal {
         let seq = inner.seq;
         let record = Record { seq, gpu, entries };
         let line = encode(&record);
-        if self.durability == Durability::Memory {
-            return self.write_now(inner, &line, record);
-        }
         inner.pending.extend_from_slice(&line);
         inner.pending_sets.push((gpu, record.entries));
         loop {
@@ -528,14 +493,19 @@ impl Journal {
             let first = inner.synced + 1;
             let last = inner.seq;
             let before = inner.log_len;
-            drop(inner);
-            let result = (&self.log)
-                .write_all(&batch)
-                .and_then(|()| match self.durability {
-                    Durability::Disk => self.log.sync_data(),
-                    Durability::Memory => Ok(()),
-                });
-            inner = self.lock();
+            let result = match self.durability {
+                Durability::Disk => {
+                    drop(inner);
+                    let r = (&self.log)
+                        .write_all(&batch)
+                        .and_then(|()| self.log.sync_data());
+                    inner = self.lock();
+                    r
+                }
+                // A write to memory takes microseconds: under the lock, so
+                // no saver ever waits for a leader (no thread hand-off).
+                Durability::Memory => (&self.log).write_all(&batch),
+            };
             inner.writing = false;
             inner.syncs += 1;
             match result {
