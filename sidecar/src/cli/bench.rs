@@ -9,8 +9,10 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::mig::GpuModel;
-use crate::policy::parse_policy;
-use crate::sim::{simulate, Heuristic, RunHooks, SimConfig};
+use crate::policy::parse_policy_on;
+use crate::sim::{
+    simulate, EpochRule, Heuristic, RunHooks, SimConfig, DEFAULT_EPOCH_EVENTS, NODE_GPUS,
+};
 use crate::workload::{generate_diurnal, DiurnalConfig};
 
 #[derive(Debug, clap::Args)]
@@ -52,6 +54,12 @@ pub struct SimArgs {
     pub policy: Vec<String>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Ask the policy after this many arrival or completion events, on any
+    /// cluster size. Default: 5 per 8-GPU node (`EpochRule::per_node_events`),
+    /// the cadence each GPU gets on the 8-GPU clusters the policies are
+    /// trained and scored on; `--epoch-events 5` is the old fixed rule.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub epoch_events: Option<u32>,
     /// Also write the table as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -92,9 +100,13 @@ fn run_sim(a: &SimArgs) -> Result<()> {
     }
     let mut rows = Vec::new();
     let mut out = std::io::stdout().lock();
+    let cadence = match a.epoch_events {
+        Some(n) => format!("every {n} events"),
+        None => format!("every {DEFAULT_EPOCH_EVENTS} events per {NODE_GPUS} GPUs"),
+    };
     writeln!(
         out,
-        "diurnal workload on {}, placement {}",
+        "diurnal workload on {}, placement {}, policy asked {cadence}",
         a.model, heuristic
     )?;
     let w = a.policy.iter().map(String::len).max().unwrap_or(0).max(6);
@@ -157,6 +169,14 @@ fn run_sim(a: &SimArgs) -> Result<()> {
     Ok(())
 }
 
+/// The decision cadence of a run on `gpus` GPUs.
+fn epoch_rule(a: &SimArgs, gpus: usize) -> EpochRule {
+    match a.epoch_events {
+        Some(n) => EpochRule::Events(n),
+        None => EpochRule::per_node_events(DEFAULT_EPOCH_EVENTS, gpus),
+    }
+}
+
 /// Generates `jobs` diurnal jobs for `gpus` GPUs and simulates them once.
 fn sim_row(a: &SimArgs, heuristic: Heuristic, spec: &str, gpus: usize, jobs: usize) -> Result<Row> {
     let day = DiurnalConfig::default();
@@ -181,9 +201,10 @@ fn sim_row(a: &SimArgs, heuristic: Heuristic, spec: &str, gpus: usize, jobs: usi
     workload.truncate(jobs);
     let generate_s = t0.elapsed().as_secs_f64();
     let cluster = vec![a.model; gpus];
-    let mut policy = parse_policy(spec, &[a.model])?;
+    let mut policy = parse_policy_on(spec, &cluster, 0.0)?;
     let mut h = heuristic.build(a.seed);
     let sim_cfg = SimConfig {
+        epoch: epoch_rule(a, gpus),
         seed: a.seed,
         workload_horizon_s: workload.last().map(|j| j.arrival),
         ..SimConfig::default()

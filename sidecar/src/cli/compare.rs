@@ -22,7 +22,7 @@ use crate::bound::{self, BoundGpu};
 use crate::eval::{fit, Day, DaySet};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::search::SearchConfig;
-use crate::policy::{parse_policy, Greedy, RepartitionPolicy, StaticLayout};
+use crate::policy::{parse_policy_on, Greedy, RepartitionPolicy, StaticLayout};
 use crate::report::{plot, series, Comparison, Row};
 use crate::sim::{simulate, Collect, EtScore, Heuristic, Metrics, RunHooks, SimConfig, SimResult};
 use crate::workload::Job;
@@ -210,7 +210,8 @@ pub fn compare(
     push(&mut rows, "greedy", greedy.describe(), m, s, None);
 
     for spec in &opts.extra {
-        let mut p = parse_policy(spec, &models).with_context(|| format!("policy `{spec}`"))?;
+        let mut p =
+            parse_policy_on(spec, cluster, 0.0).with_context(|| format!("policy `{spec}`"))?;
         let (m, name, s) = ctx.run_logged(p.as_mut())?;
         push(&mut rows, spec, name, m, s, None);
     }

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::mig::GpuModel;
-use crate::policy::parse_policy;
+use crate::policy::parse_policy_on;
 use crate::sim::{
     simulate_with_reference, EpochRule, EtScore, Heuristic, JsonLines, Metrics, RunHooks, SimConfig,
 };
@@ -59,7 +59,8 @@ pub struct Args {
     /// Job-placement heuristic.
     #[arg(long, default_value = "edf")]
     pub placement: String,
-    /// Repartitioning policy: none, static:<catalog index>, static:<picture>.
+    /// Repartitioning policy: none, static:<catalog index>, static:<picture>,
+    /// twice:<hour>=<layout>/<hour>=<layout>, greedy, policy:FILE.onnx.
     #[arg(long, default_value = "none")]
     pub policy: String,
     /// Decision epoch every N arrival/completion events.
@@ -284,7 +285,7 @@ pub fn run(a: &Args) -> Result<()> {
     let mut models = cluster.clone();
     models.sort();
     models.dedup();
-    let mut policy = parse_policy(&a.policy, &models)?;
+    let mut policy = parse_policy_on(&a.policy, &cluster, 0.0)?;
     let cfg = SimConfig {
         reconfig_time_s: a.reconfig_time,
         epoch: match a.epoch_seconds {

@@ -10,7 +10,7 @@ use crate::mig::{Geometry, GpuModel, Layout};
 /// Why a `--policy` value was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyParseError {
-    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)")]
+    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., twice:<hour>=<layout>/<hour>=<layout>, greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)")]
     Unknown(String),
     #[error("static layout `{given}`: catalog index {index} is out of range for {model} (its catalog has {len} layouts; see `smartmig layouts --catalog --gpu {model}`)")]
     IndexOutOfRange {
@@ -23,6 +23,12 @@ pub enum PolicyParseError {
     BadMix { given: String, part: String },
     #[error("static layout `{given}` is not a valid {model} layout picture (e.g. `4444|3333`, `2|2|2|1|.`; see `smartmig layouts --gpu {model}`)")]
     BadPicture { given: String, model: GpuModel },
+    #[error("twice-daily schedule `{given}`: {why} (e.g. `twice:8=1|1|22|3333/20=4444|3333`: from 08 h every GPU 1|1|22|3333, from 20 h 4444|3333)")]
+    BadTwice { given: String, why: String },
+    #[error(
+        "`{0}` needs the cluster's GPUs: `smartmig simulate`, `compare` and `bench sim` take it"
+    )]
+    NeedsCluster(String),
     #[error(transparent)]
     Greedy(#[from] super::greedy::GreedyParseError),
     #[error("`{0}` is searched on days of a workload: run `smartmig simulate --compare` or `smartmig bench suite` (they print the assignment the search chose; pass it back as static:<N>x<layout>+...)")]
@@ -165,6 +171,26 @@ impl RepartitionPolicy for StaticLayout {
     }
 }
 
+/// [`parse_policy`] for a known cluster (one model per GPU, in order), which
+/// also takes an admin's twice-daily schedule,
+/// `twice:DAY=SPEC/NIGHT=SPEC` ([`super::search::TwiceDaily::parse`]);
+/// `start_hour` is the hour of day at time 0.
+pub fn parse_policy_on(
+    spec: &str,
+    cluster: &[GpuModel],
+    start_hour: f64,
+) -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError> {
+    if let Some(rest) = spec.trim().strip_prefix("twice:") {
+        return Ok(Box::new(super::search::TwiceDaily::parse(
+            rest, cluster, start_hour,
+        )?));
+    }
+    let mut models = cluster.to_vec();
+    models.sort();
+    models.dedup();
+    parse_policy(spec, &models)
+}
+
 /// Builds a policy from its command-line name: `none`, `static:<index>` or
 /// `static:<picture>`, checked against every model of the cluster.
 pub fn parse_policy(
@@ -180,6 +206,9 @@ pub fn parse_policy(
     }
     if let Some(greedy) = super::greedy::Greedy::parse(s) {
         return Ok(Box::new(greedy?));
+    }
+    if s.starts_with("twice:") {
+        return Err(PolicyParseError::NeedsCluster(s.to_string()));
     }
     if matches!(
         s,

@@ -37,7 +37,7 @@ pub mod search;
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape, MAX_PROFILES};
 use crate::workload::SpeedupCurve;
 
-pub use fixed::{parse_policy, NoPartition, PolicyParseError, StaticLayout};
+pub use fixed::{parse_policy, parse_policy_on, NoPartition, PolicyParseError, StaticLayout};
 pub use greedy::{Greedy, GreedyConfig};
 pub use search::{SearchConfig, StaticMix, TwiceDaily};
 

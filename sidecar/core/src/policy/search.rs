@@ -43,7 +43,7 @@
 //! step, no mixes, the 3 x 3 hour grid for the best pair only), kept for
 //! the trainer's teacher.
 
-use super::{ClusterView, Decision, RepartitionPolicy};
+use super::{ClusterView, Decision, PolicyParseError, RepartitionPolicy, StaticLayout};
 use crate::mig::{Geometry, GpuModel, Layout};
 
 /// How much searching the two policies may do.
@@ -211,6 +211,61 @@ impl TwiceDaily {
             night_hour,
             start_hour,
         }
+    }
+
+    /// An admin's own schedule, `DAY=SPEC/NIGHT=SPEC` (the text after
+    /// `twice:`), e.g. `8=1|1|22|3333/20=4444|3333`: from hour 8 every GPU
+    /// of `cluster` is `1|1|22|3333`, from hour 20 `4444|3333`. Each SPEC is
+    /// anything `static:` takes, mixes included (`7x1|1|22|3333+1x0`);
+    /// hours are whole or fractional, with an optional `h` (`08h`).
+    pub fn parse(
+        spec: &str,
+        cluster: &[GpuModel],
+        start_hour: f64,
+    ) -> Result<Self, PolicyParseError> {
+        let bad = |why: &str| PolicyParseError::BadTwice {
+            given: spec.to_string(),
+            why: why.to_string(),
+        };
+        let (day, night) = spec
+            .split_once('/')
+            .ok_or_else(|| bad("expected DAY=SPEC/NIGHT=SPEC"))?;
+        let mut models = cluster.to_vec();
+        models.sort();
+        models.dedup();
+        let phase = |part: &str| -> Result<(f64, Vec<Layout>), PolicyParseError> {
+            let (hour, layout) = part
+                .split_once('=')
+                .ok_or_else(|| bad(&format!("`{}` is not HOUR=SPEC", part.trim())))?;
+            let hour = hour.trim();
+            let hour: f64 = hour
+                .strip_suffix('h')
+                .unwrap_or(hour)
+                .parse()
+                .ok()
+                .filter(|h: &f64| (0.0..24.0).contains(h))
+                .ok_or_else(|| bad(&format!("hour `{hour}` is not in [0, 24)")))?;
+            let fixed = StaticLayout::parse(layout, &models)?;
+            let layouts = cluster
+                .iter()
+                .enumerate()
+                .map(|(gpu, &m)| fixed.layout_of(gpu, m))
+                .collect();
+            Ok((hour, layouts))
+        };
+        let (day_hour, day) = phase(day)?;
+        let (night_hour, night) = phase(night)?;
+        if day_hour == night_hour {
+            return Err(bad("the two hours are the same"));
+        }
+        Ok(TwiceDaily::new(
+            &format!("twice:{}", spec.trim()),
+            day,
+            night,
+            day_hour,
+            night_hour,
+            start_hour,
+        ))
     }
 
     /// Whether `hour` falls in the day phase.
@@ -629,6 +684,41 @@ mod tests {
         // The twice-daily search offers the best mixes as candidates.
         let td = twice_daily(&cluster, &cfg, &r, 0.0, &mut f).unwrap();
         assert!(td.score <= r.score);
+    }
+
+    #[test]
+    fn an_admins_twice_daily_schedule_parses_and_bad_ones_say_why() {
+        let g = Geometry::of(M);
+        let pic = |l: Layout| g.picture(l);
+        let cluster = [M; 3];
+        let p = TwiceDaily::parse("08h=2x1|1|22|3333+1x0/20=4444|3333", &cluster, 0.0).unwrap();
+        assert_eq!((p.day_hour, p.night_hour), (8.0, 20.0));
+        let day: Vec<String> = p.day().iter().map(|&l| pic(l)).collect();
+        assert_eq!(day, ["1|1|22|3333", "1|1|22|3333", "77777777"]);
+        assert!(p.night().iter().all(|&l| pic(l) == "4444|3333"));
+        assert_eq!(p.name(), "twice:08h=2x1|1|22|3333+1x0/20=4444|3333");
+        for (bad, why) in [
+            ("8=1", "DAY=SPEC/NIGHT=SPEC"),
+            ("8=1/1", "is not HOUR=SPEC"),
+            ("24=1/3=2", "hour `24` is not in [0, 24)"),
+            ("x=1/3=2", "hour `x`"),
+            ("8=1/8h=2", "the two hours are the same"),
+        ] {
+            let e = TwiceDaily::parse(bad, &cluster, 0.0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why) && e.contains(bad), "{bad}: {e}");
+        }
+        // A layout that is not one of the model's is the static parser's error.
+        let e = TwiceDaily::parse("8=4444|4444/20=1", &cluster, 0.0).unwrap_err();
+        assert!(matches!(e, PolicyParseError::BadPicture { .. }), "{e}");
+        // Only a command that knows the cluster builds it.
+        let e = crate::policy::parse_policy("twice:8=1/20=2", &[M])
+            .err()
+            .unwrap();
+        assert!(matches!(e, PolicyParseError::NeedsCluster(_)), "{e}");
+        let p = crate::policy::parse_policy_on("twice:8=1/20=2", &cluster, 0.0).unwrap();
+        assert_eq!(p.name(), "twice:8=1/20=2");
     }
 
     #[test]

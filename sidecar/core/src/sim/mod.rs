@@ -50,6 +50,9 @@ use crate::workload::{PowerModel, WorkloadError};
 pub const DEFAULT_RECONFIG_TIME_S: f64 = 4.0;
 /// Arrival/completion events between decision epochs in SMART-MIG.
 pub const DEFAULT_EPOCH_EVENTS: u32 = 5;
+/// GPUs of one node (one smartmigd): the unit of
+/// [`EpochRule::per_node_events`].
+pub const NODE_GPUS: usize = 8;
 
 /// When the policy is asked.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -58,6 +61,20 @@ pub enum EpochRule {
     Events(u32),
     /// Every `s` seconds of simulated time (s > 0).
     Seconds(f64),
+}
+
+impl EpochRule {
+    /// `events` arrival or completion events per node of [`NODE_GPUS`]
+    /// GPUs: `Events(events * ceil(gpus / 8))`, so each GPU is asked at the
+    /// same rate in simulated time whatever the cluster's size. A fixed
+    /// `Events(5)` asks every GPU of a 1,000-GPU cluster 125 times as often
+    /// as on one 8-GPU node (the policies are trained on 4 to 16 GPUs with
+    /// `Events(5)`), and makes the cost per job grow with the cluster.
+    /// Identical to `Events(events)` up to 8 GPUs.
+    pub fn per_node_events(events: u32, gpus: usize) -> EpochRule {
+        let nodes = gpus.div_ceil(NODE_GPUS).max(1);
+        EpochRule::Events(events.saturating_mul(u32::try_from(nodes).unwrap_or(u32::MAX)))
+    }
 }
 
 /// Parameters of a run that are not the workload, the heuristic or the policy.
@@ -232,4 +249,24 @@ pub fn simulate_with_reference(
     let name = format!("none (every GPU one whole-GPU instance) + {heuristic}");
     let score = EtScore::new(&run.metrics, &reference.metrics, name, alpha);
     Ok((run, reference, score))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_per_node_cadence_scales_with_nodes_and_keeps_small_clusters() {
+        for (gpus, n) in [(0, 5), (1, 5), (8, 5), (9, 10), (100, 65), (1000, 625)] {
+            assert_eq!(
+                EpochRule::per_node_events(5, gpus),
+                EpochRule::Events(n),
+                "{gpus}"
+            );
+        }
+        assert_eq!(
+            EpochRule::per_node_events(u32::MAX, 16),
+            EpochRule::Events(u32::MAX)
+        );
+    }
 }

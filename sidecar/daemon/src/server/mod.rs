@@ -893,9 +893,12 @@ impl Daemon {
                     p.profile.memory_gb,
                 ),
             });
-            if let Some(gb) =
+            // A blocking section hands the worker thread over (futex
+            // wake-ups): only for a backend that measures anything.
+            let measured = self.backend.measures_memory().then(|| {
                 tokio::task::block_in_place(|| self.backend.peak_memory_gb(slot.index, &uuid))
-            {
+            });
+            if let Some(gb) = measured.flatten() {
                 self.memory().sample(job_id, gb);
             }
             st.tick_energy();
