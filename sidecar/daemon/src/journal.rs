@@ -94,6 +94,10 @@ pub enum JournalError {
     /// unknown, so nothing more is written until a restart replays it.
     #[error("journal {path} is unusable after a failed write ({message}); restart smartmigd")]
     Failed { path: PathBuf, message: String },
+    /// `journal_dir` moved while both the old and the new directory hold
+    /// different assignments: which one is current cannot be told.
+    #[error("two journals hold different assignments: {old} (where the journal was last) and {new} (journal_dir now); keep the current one and remove the other's snapshot.json and log, then start smartmigd again")]
+    Conflict { old: PathBuf, new: PathBuf },
 }
 
 /// CRC-32 (IEEE 802.3, reflected, as zlib) of `bytes`.
@@ -542,6 +546,110 @@ impl Journal {
     }
 }
 
+/// The file in the state directory naming where the journal was last
+/// opened, so that a changed `journal_dir` brings the assignments along.
+pub const LOCATION_FILE: &str = "journal.location";
+
+/// Where the journal was, and how many assignments came along.
+#[derive(Debug, PartialEq)]
+pub struct Moved {
+    pub from: PathBuf,
+    pub assignments: usize,
+}
+
+/// Opens the journal in `dir` ([`Journal::open`]), first moving into it the
+/// journal of the directory it was last opened in: the one named by
+/// `<state_dir>/journal.location`, or, before any was written, the default
+/// `<state_dir>/journal`. Without this, changing `journal_dir` (for example
+/// to `/run/smartmig-journal`) with jobs running would forget their
+/// assignments, and their instances would look idle. The new copy is
+/// written (atomically, synced) before the old files are removed; a crash
+/// in between leaves two equal journals, which the next start accepts. Two
+/// *different* non-empty journals are refused ([`JournalError::Conflict`]).
+/// After a reboot a tmpfs journal is gone, and nothing is moved.
+pub fn open_moving(dir: &Path, state_dir: &Path) -> Result<(Journal, Option<Moved>), JournalError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| JournalError::Io { path, source }
+    };
+    let location = state_dir.join(LOCATION_FILE);
+    let last = match std::fs::read_to_string(&location) {
+        Ok(text) => PathBuf::from(text.trim()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => state_dir.join("journal"),
+        Err(e) => return Err(io(&location)(e)),
+    };
+    let mut moved = None;
+    if last != dir && last.is_absolute() && last.is_dir() {
+        let old = replay(&last)?;
+        let assignments: usize = old.gpus.values().map(Vec::len).sum();
+        if assignments > 0 {
+            let new = if dir.is_dir() {
+                replay(dir)?
+            } else {
+                Replay::default()
+            };
+            let busy = |r: &Replay| r.gpus.values().any(|e| !e.is_empty());
+            if busy(&new) && non_empty(&new.gpus) != non_empty(&old.gpus) {
+                return Err(JournalError::Conflict {
+                    old: last,
+                    new: dir.to_path_buf(),
+                });
+            }
+            ensure_dir(dir, 0o700).map_err(io(dir))?;
+            let snap = Snapshot {
+                version: 2,
+                seq: old.seq,
+                gpus: old.gpus,
+            };
+            let path = dir.join("snapshot.json");
+            let bytes = serde_json::to_vec_pretty(&snap).map_err(|e| JournalError::Corrupt {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            atomic_write(&path, &bytes).map_err(io(&path))?;
+            let log = dir.join("log");
+            match std::fs::remove_file(&log) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&log)(e)),
+                _ => {}
+            }
+            moved = Some(Moved {
+                from: last.clone(),
+                assignments,
+            });
+        }
+        // The old directory's journal files go (the directory stays: it
+        // may be the admin's), moved or empty.
+        let mut old_files = vec![last.join("snapshot.json"), last.join("log")];
+        old_files.extend(
+            v1_files(&last)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(_, p)| p),
+        );
+        for f in old_files {
+            match std::fs::remove_file(&f) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&f)(e)),
+                _ => {}
+            }
+        }
+    }
+    let journal = Journal::open(dir)?;
+    if last != dir {
+        ensure_dir(state_dir, 0o700).map_err(io(state_dir))?;
+        let text = format!("{}\n", dir.display());
+        atomic_write(&location, text.as_bytes()).map_err(io(&location))?;
+    }
+    Ok((journal, moved))
+}
+
+/// The GPUs that hold assignments (an empty list and no record are alike).
+fn non_empty(gpus: &BTreeMap<u32, Vec<Entry>>) -> BTreeMap<u32, &Vec<Entry>> {
+    gpus.iter()
+        .filter(|(_, e)| !e.is_empty())
+        .map(|(&g, e)| (g, e))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -598,6 +706,83 @@ mod tests {
         drop(j);
         assert_eq!(replay(&d).unwrap().gpus[&0].len(), 2);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_changed_journal_dir_brings_the_assignments_along() {
+        let state = dir("moving");
+        let default = state.join("journal");
+        let tmp = state.join("run/smartmig-journal");
+        let jobs = |j: &Journal| -> Vec<u64> {
+            j.load(0)
+                .unwrap()
+                .iter()
+                .map(|e| e.assignment.job_id)
+                .collect()
+        };
+        // Jobs 1 and 2 run with the default journal.
+        let (j, moved) = open_moving(&default, &state).unwrap();
+        assert_eq!(moved, None);
+        j.save(&book(&[1, 2])).unwrap();
+        drop(j);
+        // journal_dir now names a tmpfs path: they come along, once.
+        let (j, moved) = open_moving(&tmp, &state).unwrap();
+        assert_eq!(
+            moved,
+            Some(Moved {
+                from: default.clone(),
+                assignments: 2
+            })
+        );
+        assert_eq!(jobs(&j), [1, 2]);
+        assert!(!default.join("snapshot.json").exists() && !default.join("log").exists());
+        assert_eq!(
+            std::fs::read_to_string(state.join(LOCATION_FILE))
+                .unwrap()
+                .trim(),
+            tmp.display().to_string()
+        );
+        j.save(&book(&[1, 2, 3])).unwrap();
+        drop(j);
+        let (j, moved) = open_moving(&tmp, &state).unwrap();
+        assert_eq!((moved, jobs(&j)), (None, vec![1, 2, 3]));
+        drop(j);
+        // And back to the default (the location file says where it was).
+        let (j, moved) = open_moving(&default, &state).unwrap();
+        assert_eq!(moved.map(|m| m.assignments), Some(3));
+        assert_eq!(jobs(&j), [1, 2, 3]);
+        drop(j);
+        // A crash between the new copy and the removal: two equal
+        // journals, accepted.
+        std::fs::create_dir_all(&tmp).unwrap();
+        for f in ["snapshot.json", "log"] {
+            std::fs::copy(default.join(f), tmp.join(f)).unwrap();
+        }
+        std::fs::write(state.join(LOCATION_FILE), format!("{}\n", tmp.display())).unwrap();
+        let (j, moved) = open_moving(&default, &state).unwrap();
+        assert_eq!(moved.map(|m| m.assignments), Some(3));
+        assert_eq!(jobs(&j), [1, 2, 3]);
+        j.save(&book(&[4])).unwrap();
+        drop(j);
+        // Two different journals: refused, both left as they were.
+        let other = Journal::open(&tmp).unwrap();
+        other.save(&book(&[9])).unwrap();
+        drop(other);
+        std::fs::write(state.join(LOCATION_FILE), format!("{}\n", tmp.display())).unwrap();
+        let e = open_moving(&default, &state).unwrap_err();
+        assert!(matches!(e, JournalError::Conflict { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&tmp.display().to_string()) && msg.contains("journal_dir now"),
+            "{msg}"
+        );
+        assert_eq!(replay(&tmp).unwrap().gpus[&0].len(), 1);
+        assert_eq!(replay(&default).unwrap().gpus[&0].len(), 1);
+        // After a reboot the tmpfs journal is gone: nothing to move.
+        std::fs::remove_dir_all(&tmp).unwrap();
+        let (j, moved) = open_moving(&default, &state).unwrap();
+        assert_eq!((moved, jobs(&j)), (None, vec![4]));
+        std::fs::remove_dir_all(&state).unwrap();
     }
 
     #[test]

@@ -26,7 +26,7 @@ use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use super::config::{BackendKind, Config, ConfigError};
 use super::fsutil::ensure_dir;
-use super::journal::{Durability, Journal};
+use super::journal::{self, Durability, Journal};
 use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
 use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
@@ -306,7 +306,15 @@ impl Daemon {
             }
             BackendKind::Nvml => Arc::new(NvmlBackend::open()?),
         };
-        let journal = Journal::open(&config.journal_dir())?;
+        let (journal, moved) = journal::open_moving(&config.journal_dir(), &config.state_dir)?;
+        if let Some(m) = moved {
+            tracing::warn!(
+                from = %m.from.display(),
+                to = %config.journal_dir().display(),
+                assignments = m.assignments,
+                "journal_dir changed: the journal and its assignments were moved"
+            );
+        }
         tracing::info!(
             dir = %config.journal_dir().display(),
             durability = ?journal.durability(),
