@@ -53,6 +53,25 @@ pub fn require_root(what: &str) {
 }
 
 /// Output of a finished command as text, for error messages.
+/// The uid of local user `name`, created first (a system user with a group
+/// of the same name, no home, no login shell) when it does not exist: tests
+/// of isolation between users need real uids that Slurm can resolve.
+pub fn ensure_user(name: &str) -> u32 {
+    let id = |name: &str| -> Option<u32> {
+        let out = Command::new("id").args(["-u", name]).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    if let Some(uid) = id(name) {
+        return uid;
+    }
+    let out = Command::new("useradd")
+        .args(["--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+        .output()
+        .unwrap_or_else(|e| panic!("run useradd {name}: {e}"));
+    assert!(out.status.success(), "useradd {name}: {}", describe(&out));
+    id(name).unwrap_or_else(|| panic!("user {name} has no uid after useradd"))
+}
+
 pub fn describe(out: &Output) -> String {
     format!(
         "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -246,9 +265,15 @@ impl SlurmCluster {
     /// slurmstepd as root, tasks as the user), output to `out`; returns
     /// the job id.
     pub fn sbatch_as_nobody(&self, out: &Path, args: &[&str], body: &str) -> u32 {
+        self.sbatch_as("nobody", "nogroup", out, args, body)
+    }
+
+    /// Submits `BODY` as `user` (group `group`), output to `out`.
+    pub fn sbatch_as(&self, user: &str, group: &str, out: &Path, args: &[&str], body: &str) -> u32 {
+        let (uid, gid) = (format!("--uid={user}"), format!("--gid={group}"));
         let mut all = vec![
-            "--uid=nobody",
-            "--gid=nogroup",
+            uid.as_str(),
+            gid.as_str(),
             "-o",
             out.to_str().expect("utf-8 path"),
         ];
@@ -551,6 +576,16 @@ impl Sidecar {
         }
         let _ = child.kill();
         let _ = child.wait();
+    }
+}
+
+impl Sidecar {
+    /// Kills the daemon with SIGKILL (a crash): nothing is cleaned up.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

@@ -7,6 +7,8 @@
 //! guessing, so an old plugin against a new daemon fails loudly.
 //! `docs/protocol.md` documents the messages with examples.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use smartmig_mig::GpuModel;
@@ -278,6 +280,9 @@ pub struct WaitingJob {
     pub gpu: u32,
     pub slices: u8,
     pub waiting_s: u64,
+    /// The job's user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
 }
 
 /// The `memory` section of a status reply.
@@ -364,6 +369,11 @@ pub struct GpuStatus {
     /// Energy integrated since the daemon started (J), when the backend knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub energy_j: Option<f64>,
+    /// Instances other users' jobs hold, per profile, in a status shown to
+    /// a user who may not see them (their entries are left out of
+    /// `instances`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub others_busy: BTreeMap<String, u32>,
 }
 
 /// One instance in a status reply.
@@ -383,6 +393,11 @@ pub struct InstanceStatus {
     /// Seconds the instance has been idle (absent while busy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_s: Option<u64>,
+    /// The device files whose opening grants the use of the instance
+    /// (owned by the job's user while busy, by root while idle; empty when
+    /// `isolate_devices` is off).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_files: Vec<String>,
 }
 
 /// Stable error kinds: clients (the SPANK plugin) branch on these, never on messages.

@@ -122,6 +122,10 @@ pub struct SimConfig {
     pub seed: Option<u64>,
     /// Failures to inject, consumed in order.
     pub inject_errors: Vec<InjectError>,
+    /// Directory of the simulated instances' access files (the sim's
+    /// `/dev/nvidia-caps`). Default: `nvidia-caps` next to the socket,
+    /// a directory users can reach.
+    pub caps_dir: Option<PathBuf>,
 }
 
 /// Learned memory estimates (`[memory]`, docs/oom-and-memory.md "On a
@@ -188,6 +192,10 @@ pub struct Config {
     pub journal_dir: Option<PathBuf>,
     /// The user slurmstepd runs the SPANK plugin as; it (and root) may allocate/release.
     pub slurm_user: String,
+    /// Users (names or uids) who see every job in `status`, like root and
+    /// `slurm_user`; everyone else sees their own jobs and counts of the
+    /// others' (default: none).
+    pub operators: Vec<String>,
     /// This node's Slurm name (default: the host name).
     pub node_name: Option<String>,
     pub backend: BackendKind,
@@ -204,6 +212,11 @@ pub struct Config {
     pub policy: String,
     /// Publish each GPU's layout as Slurm node features.
     pub publish_layout: bool,
+    /// Give each instance's access files (the capability device files that
+    /// let a process use it) to the user of the job holding it and keep
+    /// them root's while idle (`crate::access`), so a job cannot run on
+    /// another job's instance. Off only where the files cannot be managed.
+    pub isolate_devices: bool,
     /// `host:port` of the Prometheus endpoint (absent: no metrics server).
     pub metrics_listen: Option<String>,
     pub slurm: SlurmConfig,
@@ -221,7 +234,8 @@ impl Default for Config {
             socket: PathBuf::from(DEFAULT_SOCKET),
             state_dir: PathBuf::from("/var/lib/smartmig"),
             journal_dir: None,
-            slurm_user: "slurm".into(),
+            slurm_user: "root".into(),
+            operators: Vec::new(),
             node_name: None,
             backend: BackendKind::Sim,
             gpus: Vec::new(),
@@ -232,6 +246,7 @@ impl Default for Config {
             epoch_s: 60,
             policy: "none".into(),
             publish_layout: false,
+            isolate_devices: true,
             metrics_listen: None,
             slurm: SlurmConfig::default(),
             memory: MemoryConfig::default(),
@@ -277,6 +292,9 @@ impl Config {
         }
         if self.journal_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
             return Err(invalid("journal_dir", "must be an absolute path"));
+        }
+        if self.sim.caps_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+            return Err(invalid("sim.caps_dir", "must be an absolute path"));
         }
         if self.slurm_user.trim().is_empty() {
             return Err(invalid("slurm_user", "must not be empty"));
@@ -439,6 +457,7 @@ impl Config {
             };
         }
         diff!(slurm_user);
+        diff!(operators);
         diff!(node_name);
         diff!(allocate_wait_s);
         diff!(request_timeout_s);
@@ -446,6 +465,7 @@ impl Config {
         diff!(epoch_s);
         diff!(policy);
         diff!(publish_layout);
+        diff!(isolate_devices);
         diff!(slurm);
         diff!(memory);
         diff!(oom);
@@ -464,7 +484,7 @@ mod tests {
         let c = Config::parse(MINIMAL).unwrap();
         assert_eq!(c.socket, PathBuf::from("/run/smartmig/smartmig.sock"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/smartmig"));
-        assert_eq!(c.slurm_user, "slurm");
+        assert_eq!(c.slurm_user, "root", "only root allocates unless the admin names another user");
         assert_eq!(c.allocate_wait_s, 30);
         assert_eq!(c.max_message_bytes, 65536);
         assert!(!c.publish_layout);

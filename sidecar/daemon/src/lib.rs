@@ -10,6 +10,7 @@
 //! | [`config`] | TOML config, defaults, validation naming the key | reads the file |
 //! | [`policy_choice`] | which repartitioning policy runs, from the config (shared by validation and the server) | loads a policy file |
 //! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
+//! | [`access`] | device isolation: an instance's access files belong to its job's user, or to root | chown/chmod |
 //! | [`backend`] | MIG backends: `sim` (persisted) and `nvml` | yes |
 //! | [`journal`] | durable job -> instance assignments | yes |
 //! | [`memory`] | learned memory estimates, out-of-memory ledger | `memory.json` |
@@ -23,6 +24,7 @@
 //! simulator does. `docs/daemon.md` is the operator's guide and
 //! `docs/protocol.md` the wire reference.
 
+pub mod access;
 pub mod allocate;
 pub mod backend;
 pub mod config;

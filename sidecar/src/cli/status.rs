@@ -95,8 +95,18 @@ pub fn render(s: &StatusReply) -> String {
             "\nGPU {} {}  [{}]  {}{idle}{energy}",
             g.index, g.model, g.picture, g.layout
         );
+        if !g.others_busy.is_empty() {
+            let held: Vec<String> = g
+                .others_busy
+                .iter()
+                .map(|(p, n)| format!("{n} x {p}"))
+                .collect();
+            let _ = writeln!(out, "  other users' jobs hold: {}", held.join(", "));
+        }
         if g.instances.is_empty() {
-            let _ = writeln!(out, "  (no instances)");
+            if g.others_busy.is_empty() {
+                let _ = writeln!(out, "  (no instances)");
+            }
             continue;
         }
         let _ = writeln!(
@@ -237,9 +247,11 @@ mod tests {
                     uid: Some(1000),
                     busy_since: Some(1_700_000_000),
                     idle_s: None,
+                    access_files: Vec::new(),
                 }],
                 idle_s: 0,
                 energy_j: Some(1500.0),
+                others_busy: [("1g.5gb".to_string(), 2)].into(),
             }],
             memory: None,
             epilog_missing: false,
@@ -248,6 +260,7 @@ mod tests {
                 gpu: 1,
                 slices: 2,
                 waiting_s: 12,
+                uid: Some(1000),
             }],
         };
         let t = render(&s);
@@ -257,6 +270,7 @@ mod tests {
         );
         assert!(t.contains("MIG-1"), "{t}");
         assert!(t.contains("42"), "{t}");
+        assert!(t.contains("other users' jobs hold: 2 x 1g.5gb"), "{t}");
         assert!(
             t.contains("job 77         GPU 1 2 slice(s), waiting 12s"),
             "{t}"

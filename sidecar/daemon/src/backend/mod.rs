@@ -9,6 +9,8 @@
 pub mod nvml;
 pub mod sim;
 
+use std::path::PathBuf;
+
 use crate::mig::{GpuModel, PlacementId};
 
 /// One GPU the backend drives.
@@ -90,6 +92,11 @@ pub trait Backend: Send + Sync {
     fn create(&self, gpu: u32, placement: PlacementId) -> Result<String, BackendError>;
     /// Destroys an instance (compute instance first, then the GPU instance).
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError>;
+    /// The device files whose opening grants the use of instance `uuid`
+    /// of `gpu`: its GPU instance's and its compute instance's capability
+    /// files (`/dev/nvidia-caps/nvidia-cap<M>` on real GPUs). The daemon
+    /// gives them to the job's user and back to root ([`crate::access`]).
+    fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError>;
     /// Energy used by `gpu` since the backend started (J), if known.
     fn energy_j(&self, _gpu: u32) -> Option<f64> {
         None

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_uint};
+use std::path::PathBuf;
 
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
@@ -434,6 +435,39 @@ impl Backend for NvmlBackend {
         Ok(())
     }
 
+    /// `/dev/nvidia-caps/nvidia-cap<M>` of the GPU instance and of the
+    /// compute instance, `M` read from the driver's
+    /// `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access`
+    /// (`DeviceFileMinor: M`), as Slurm's own MIG support does.
+    fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError> {
+        let minor = self.gpu(gpu)?.minor.ok_or_else(|| {
+            BackendError::Other(format!("GPU {gpu}: device minor number unknown"))
+        })?;
+        let (_, gi, ci) = self
+            .mig_devices(gpu)?
+            .into_iter()
+            .find(|(u, _, _)| u == uuid)
+            .ok_or_else(|| BackendError::UnknownInstance {
+                gpu,
+                uuid: uuid.to_string(),
+            })?;
+        let base = format!("/proc/driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}");
+        [format!("{base}/access"), format!("{base}/ci{ci}/access")]
+            .iter()
+            .map(|proc_file| {
+                let text = std::fs::read_to_string(proc_file).map_err(|e| {
+                    BackendError::Other(format!("GPU {gpu}: reading {proc_file}: {e}"))
+                })?;
+                let m = cap_minor(&text).ok_or_else(|| {
+                    BackendError::Other(format!(
+                        "GPU {gpu}: {proc_file} names no DeviceFileMinor"
+                    ))
+                })?;
+                Ok(PathBuf::from(format!("/dev/nvidia-caps/nvidia-cap{m}")))
+            })
+            .collect()
+    }
+
     /// Current framebuffer use of the MIG device (`nvmlDeviceGetMemoryInfo_v2`
     /// on the handle of its MIG UUID); the daemon samples it for the peak.
     /// `used` includes the driver's small per-context reservation.
@@ -454,9 +488,25 @@ impl Backend for NvmlBackend {
     }
 }
 
+/// The `DeviceFileMinor` of a driver capability file
+/// (`DeviceFileMinor: 21\nDeviceFileMode: 292\nDeviceFileModify: 1`).
+pub fn cap_minor(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("DeviceFileMinor:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_capability_minor() {
+        let text = "DeviceFileMinor: 21\nDeviceFileMode: 292\nDeviceFileModify: 1\n";
+        assert_eq!(cap_minor(text), Some(21));
+        assert_eq!(cap_minor("DeviceFileMode: 292\n"), None);
+        assert_eq!(cap_minor("DeviceFileMinor: x\n"), None);
+    }
 
     #[test]
     fn error_codes_map_to_variants() {

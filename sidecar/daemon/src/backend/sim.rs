@@ -8,6 +8,7 @@
 //! that "survived" like real ones do (MIG instances survive a daemon restart,
 //! not a reboot).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -45,6 +46,8 @@ struct SimGpu {
 /// The simulated backend.
 pub struct SimBackend {
     dir: PathBuf,
+    /// Where the instances' access files live (`sim.caps_dir`).
+    caps: PathBuf,
     config: SimConfig,
     gpus: Vec<Mutex<SimGpu>>,
     inject: Mutex<Vec<InjectError>>,
@@ -128,8 +131,13 @@ impl SimBackend {
             gpus.push(Mutex::new(gpu));
         }
         let inject = Mutex::new(config.inject_errors.clone());
+        let caps = config.caps_dir.clone().unwrap_or_else(|| dir.join("nvidia-caps"));
+        // Users must reach their own files: the directory is 0755, the
+        // files 0600 (crate::access).
+        ensure_dir(&caps, 0o755).map_err(|e| state_err(&caps, e.to_string()))?;
         Ok(SimBackend {
             dir,
+            caps,
             config,
             gpus,
             inject,
@@ -194,6 +202,37 @@ impl SimBackend {
             BackendError::Timeout { what, .. } => BackendError::Timeout { gpu, what },
             other => other,
         })
+    }
+
+    /// The access files of the instance at slot `start` of `gpu`:
+    /// `nvidia-cap<M>` with `M = 1 + 32 gpu + 2 start` for the GPU instance
+    /// and `M + 1` for the compute instance (the driver numbers its own
+    /// way; only the uniqueness matters here).
+    fn cap_paths(&self, gpu: u32, start: u8) -> [PathBuf; 2] {
+        let m = 1 + 32 * gpu + 2 * u32::from(start);
+        [m, m + 1].map(|m| self.caps.join(format!("nvidia-cap{m}")))
+    }
+
+    /// Makes a missing access file as the driver does: a character device
+    /// (1:3, so opening it works), root's, mode 0600. Without the right to
+    /// mknod (not root: a laptop) a plain file stands in for it.
+    fn make_cap(path: &Path) -> std::io::Result<()> {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            Err(_) => {}
+        }
+        match mknod(path, SFlag::S_IFCHR, Mode::from_bits_truncate(0o600), makedev(1, 3)) {
+            Ok(()) => Ok(()),
+            Err(nix::errno::Errno::EPERM) => std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map(drop),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn delay(&self) {
@@ -282,7 +321,33 @@ impl Backend for SimBackend {
             state.instances.insert(pos, removed);
             return Err(e);
         }
+        let start = Geometry::of(state.model).placement(removed.placement).start;
+        for f in self.cap_paths(gpu, start) {
+            if let Err(e) = std::fs::remove_file(&f) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(gpu, uuid, file = %f.display(), "access file not removed: {e}");
+                }
+            }
+        }
         Ok(())
+    }
+
+    fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError> {
+        let state = self.gpu(gpu)?;
+        let inst = state
+            .instances
+            .iter()
+            .find(|i| i.uuid == uuid)
+            .ok_or_else(|| BackendError::UnknownInstance {
+                gpu,
+                uuid: uuid.to_string(),
+            })?;
+        let start = Geometry::of(state.model).placement(inst.placement).start;
+        let files = self.cap_paths(gpu, start);
+        for f in &files {
+            Self::make_cap(f).map_err(|e| state_err(f, e.to_string()))?;
+        }
+        Ok(files.to_vec())
     }
 }
 

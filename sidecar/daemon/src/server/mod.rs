@@ -26,6 +26,7 @@ use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use super::config::{BackendKind, Config, ConfigError};
 use super::fsutil::ensure_dir;
+use super::access::{self, Holder};
 use super::journal::{self, Durability, Journal};
 use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
@@ -47,6 +48,7 @@ use crate::workload::{gpu_load, MemoryKey, PowerModel, SpeedupCurve};
 
 mod http;
 mod reconcile;
+mod redact;
 mod reload;
 mod view;
 
@@ -175,8 +177,8 @@ pub struct Daemon {
     /// Releases that came from slurmd's job epilog versus from the reaper,
     /// to notice a plugin whose epilog never runs.
     releases: std::sync::Mutex<ReleaseCounts>,
-    /// Allocates waiting for room: job -> (GPU, slices, since), for status.
-    waiting: std::sync::Mutex<HashMap<u64, (u32, u8, Instant)>>,
+    /// Allocates waiting for room: job -> (GPU, slices, since, uid), for status.
+    waiting: std::sync::Mutex<HashMap<u64, (u32, u8, Instant, u32)>>,
     /// The plugin's `oom_requeue`, as the last allocate said.
     plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
 }
@@ -190,6 +192,8 @@ struct Live {
     slurm: Arc<dyn SlurmClient>,
     /// The uid of `slurm_user` (allowed to write besides root).
     slurm_uid: Option<u32>,
+    /// `operators`, resolved: they see every job in `status`.
+    operator_uids: Vec<u32>,
     /// The policy has state of its own (learned, greedy's batching window),
     /// so it sits behind its own lock; a new one comes with a new snapshot.
     policy: Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>,
@@ -202,6 +206,17 @@ impl Live {
         Live {
             slurm: slurm_client(&config),
             slurm_uid: resolve_uid(&config.slurm_user),
+            operator_uids: config
+                .operators
+                .iter()
+                .filter_map(|u| {
+                    let uid = resolve_uid(u);
+                    if uid.is_none() {
+                        tracing::warn!(operator = %u, "operators: no such user; ignored");
+                    }
+                    uid
+                })
+                .collect(),
             config: Arc::new(config),
             policy: Arc::new(Mutex::new(policy)),
             policy_name,
@@ -280,6 +295,38 @@ fn backend_error(e: &BackendError) -> ErrorBody {
     ErrorBody::new(ErrorKind::Backend, e.to_string())
 }
 
+/// Gives the access files of every instance of `book`'s GPU to the user of
+/// the job holding it, or to root while it is idle ([`crate::access`]).
+/// Tries every file; returns the first failure (each one is logged).
+fn enforce_access(backend: &dyn Backend, book: &GpuBook) -> Result<(), String> {
+    let mut first = None;
+    for inst in &book.instances {
+        let holder = match &inst.job {
+            Some(a) if a.uid != 0 => Holder::User(a.uid),
+            _ => Holder::Root,
+        };
+        let files = match backend.access_files(book.index, &inst.uuid) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(gpu = book.index, uuid = %inst.uuid, "access files unknown: {e}");
+                first.get_or_insert(e.to_string());
+                continue;
+            }
+        };
+        for f in files {
+            match access::restrict(&f, holder) {
+                Ok(true) => tracing::debug!(gpu = book.index, uuid = %inst.uuid, file = %f.display(), %holder, "access file restricted"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(gpu = book.index, uuid = %inst.uuid, "{e}");
+                    first.get_or_insert(e.to_string());
+                }
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
 impl Daemon {
     /// Journals `book` before a reply. On disk the `fdatasync` blocks, so
     /// the worker thread is handed over (`block_in_place`); on a tmpfs the
@@ -291,6 +338,15 @@ impl Daemon {
         }
     }
 
+    /// [`enforce_access`] when `isolate_devices` is on.
+    fn isolate(&self, book: &GpuBook) -> Result<(), String> {
+        if self.config().isolate_devices {
+            enforce_access(self.backend.as_ref(), book)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Opens the backend and journal, rebuilds the books and reconciles
     /// journal <-> backend <-> Slurm. Nothing is served yet.
     pub fn start(config: Config, config_path: PathBuf) -> Result<Arc<Daemon>, StartError> {
@@ -298,11 +354,11 @@ impl Daemon {
         let backend: Arc<dyn Backend> = match config.backend {
             BackendKind::Sim => {
                 let models = config.sim_gpus().map_err(StartError::Config)?;
-                Arc::new(SimBackend::open(
-                    &config.state_dir,
-                    &models,
-                    config.sim.clone(),
-                )?)
+                let mut sim = config.sim.clone();
+                if sim.caps_dir.is_none() {
+                    sim.caps_dir = config.socket.parent().map(|d| d.join("nvidia-caps"));
+                }
+                Arc::new(SimBackend::open(&config.state_dir, &models, sim)?)
             }
             BackendKind::Nvml => Arc::new(NvmlBackend::open()?),
         };
@@ -398,7 +454,15 @@ impl Daemon {
             }
         }
         for slot in &mut slots {
-            journal.save(&slot.state.get_mut().book)?;
+            let book = &slot.state.get_mut().book;
+            journal.save(book)?;
+            // Whatever a crash left (a release whose files were not given
+            // back, a file changed by hand), repaired before serving.
+            if config.isolate_devices {
+                if let Err(e) = enforce_access(backend.as_ref(), book) {
+                    tracing::error!(gpu = slot.index, "device isolation not restored at start: {e}");
+                }
+            }
         }
         let (shutdown, _) = watch::channel(false);
         let daemon = Daemon {
@@ -456,6 +520,12 @@ impl Daemon {
 
     fn authorized(&self, uid: u32) -> bool {
         uid == 0 || self.live().slurm_uid == Some(uid)
+    }
+
+    /// Whether `uid` sees every job in `status`: root, the Slurm user and
+    /// the configured `operators` ([`redact`]).
+    fn sees_everything(&self, uid: u32) -> bool {
+        self.authorized(uid) || self.live().operator_uids.contains(&uid)
     }
 
     /// Installs the policy's initial layout on GPUs that have no instance at
@@ -529,7 +599,14 @@ impl Daemon {
                 r.map(|a| ok_line(&a))
             }
             Request::Release(req) => self.release_request(req).await.map(|r| ok_line(&r)),
-            Request::Status => Ok(ok_line(&self.status().await)),
+            Request::Status => {
+                let mut reply = self.status().await;
+                if !self.sees_everything(uid) {
+                    let name = tokio::task::block_in_place(|| user_name(uid));
+                    redact::redact(&mut reply, uid, &name);
+                }
+                Ok(ok_line(&reply))
+            }
             Request::Reconcile => self.reconcile().await.map(|r| ok_line(&r)),
             Request::Health => Ok(ok_line(&HealthReply {
                 status: "ok".into(),
@@ -681,7 +758,7 @@ impl Daemon {
                         self.waiting
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .insert(req.job_id, (req.gpu, req.slices, start));
+                            .insert(req.job_id, (req.gpu, req.slices, start, req.uid));
                         _waiting = Some(WaitingGuard {
                             daemon: self,
                             job_id: req.job_id,
@@ -775,8 +852,18 @@ impl Daemon {
                 time_limit_s: req.time_limit_s,
             },
         );
+        if let Err(e) = self.isolate(&st.book) {
+            // The job would run on an instance others can open too.
+            st.book.release(req.job_id, now);
+            let _ = self.isolate(&st.book);
+            return Err(ErrorBody::new(
+                ErrorKind::Backend,
+                format!("cannot give instance {uuid} to uid {}: {e}", req.uid),
+            ));
+        }
         if let Err(e) = self.save_journal(&st.book) {
             st.book.release(req.job_id, now);
+            let _ = self.isolate(&st.book);
             tracing::error!(gpu, job = req.job_id, "{e}");
             return Err(ErrorBody::new(
                 ErrorKind::Backend,
@@ -912,6 +999,9 @@ impl Daemon {
             st.tick_energy();
             let n = st.book.release(job_id, now);
             released += n;
+            if let Err(e) = self.isolate(&st.book) {
+                tracing::error!(gpu = slot.index, job = job_id, "released instance still open to the job's user: {e}");
+            }
             if let Err(e) = self.save_journal(&st.book) {
                 // The release happened; on restart Slurm reconciliation drops it again.
                 tracing::error!(gpu = slot.index, job = job_id, "release not journaled: {e}");
@@ -1016,6 +1106,7 @@ impl Daemon {
     /// The status reply.
     pub async fn status(&self) -> StatusReply {
         let now = unix_now();
+        let isolate = self.config().isolate_devices;
         let mut gpus = Vec::new();
         for slot in &self.slots {
             let mut st = slot.state.lock().await;
@@ -1038,6 +1129,16 @@ impl Daemon {
                         uid: i.job.as_ref().map(|a| a.uid),
                         busy_since: i.job.as_ref().map(|a| a.since),
                         idle_s: i.job.is_none().then(|| now.saturating_sub(i.idle_since)),
+                        access_files: if isolate {
+                            self.backend
+                                .access_files(slot.index, &i.uuid)
+                                .unwrap_or_default()
+                                .iter()
+                                .map(|f| f.display().to_string())
+                                .collect()
+                        } else {
+                            Vec::new()
+                        },
                     }
                 })
                 .collect();
@@ -1053,6 +1154,7 @@ impl Daemon {
                     now.saturating_sub(b.idle_since)
                 },
                 energy_j: Some(self.backend.energy_j(slot.index).unwrap_or(modelled)),
+                others_busy: Default::default(),
             });
         }
         let cfg = self.config();
@@ -1068,11 +1170,12 @@ impl Daemon {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .map(|(&job_id, &(gpu, slices, since))| WaitingJob {
+            .map(|(&job_id, &(gpu, slices, since, uid))| WaitingJob {
                 job_id,
                 gpu,
                 slices,
                 waiting_s: since.elapsed().as_secs(),
+                uid: Some(uid),
             })
             .collect();
         waiting.sort_by(|a, b| b.waiting_s.cmp(&a.waiting_s).then(a.job_id.cmp(&b.job_id)));

@@ -96,6 +96,9 @@ impl Daemon {
                 }
             }
         }
+        if let Err(e) = self.isolate(&st.book) {
+            tracing::error!(gpu = slot.index, "new instances not restricted to root: {e}");
+        }
         slot.released.notify_waiters();
         true
     }
@@ -116,6 +119,11 @@ impl Daemon {
         let mut statuses = Vec::new();
         for slot in &self.slots {
             let st = slot.state.lock().await;
+            // Every epoch re-asserts who may open each instance (a driver
+            // tool or an admin may have reset a mode since).
+            if let Err(e) = self.isolate(&st.book) {
+                tracing::error!(gpu = slot.index, "device isolation: {e}");
+            }
             let mut s = policy::GpuStatus::new(slot.model, st.book.layout());
             s.busy = st.book.busy();
             let mut until = [0.0; MAX_PLACEMENTS];

@@ -1,0 +1,95 @@
+//! What `status` shows to whom. Root, the Slurm user and the configured
+//! `operators` see everything; any other user sees their own jobs in full
+//! and everyone else's only as counts per profile, so the daemon does not
+//! undo Slurm's `PrivateData=jobs` (job ids, uids, user and job names, and
+//! the uuids a job would need to aim at another job's instance).
+
+use std::collections::BTreeMap;
+
+use crate::protocol::StatusReply;
+
+/// Removes from `reply` what `uid` (user name `user`) may not see.
+pub fn redact(reply: &mut StatusReply, uid: u32, user: &str) {
+    for gpu in &mut reply.gpus {
+        let mut others: BTreeMap<String, u32> = BTreeMap::new();
+        gpu.instances.retain(|i| match i.uid {
+            Some(owner) if owner != uid => {
+                *others.entry(i.profile.clone()).or_default() += 1;
+                false
+            }
+            _ => true,
+        });
+        gpu.others_busy = others;
+    }
+    if let Some(m) = &mut reply.memory {
+        m.estimates.retain(|e| e.user == user);
+        m.oom_events.retain(|e| e.user.as_deref() == Some(user));
+        // The ledger knows job ids, not owners.
+        m.oom_jobs.clear();
+    }
+    reply.waiting.retain(|w| w.uid == Some(uid));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::GpuModel;
+    use crate::protocol::{GpuStatus, InstanceStatus, MemoryStatus, WaitingJob};
+
+    fn inst(uuid: &str, profile: &str, owner: Option<u32>) -> InstanceStatus {
+        InstanceStatus {
+            uuid: uuid.into(),
+            profile: profile.into(),
+            start: 0,
+            compute: 3,
+            job_id: owner.map(|u| u64::from(u) * 10),
+            uid: owner,
+            busy_since: owner.map(|_| 1),
+            idle_s: owner.is_none().then_some(5),
+            access_files: vec![format!("/dev/nvidia-caps/{uuid}")],
+        }
+    }
+
+    #[test]
+    fn others_jobs_become_counts_per_profile() {
+        let mut r = StatusReply {
+            node: "n".into(),
+            version: "v".into(),
+            backend: "sim".into(),
+            policy: "none".into(),
+            uptime_s: 1,
+            gpus: vec![GpuStatus {
+                index: 0,
+                model: GpuModel::A100_40gb,
+                picture: String::new(),
+                layout: String::new(),
+                instances: vec![
+                    inst("MIG-a", "3g.20gb", Some(1001)),
+                    inst("MIG-b", "3g.20gb", Some(1002)),
+                    inst("MIG-c", "1g.5gb", Some(1002)),
+                    inst("MIG-idle", "1g.5gb", None),
+                ],
+                idle_s: 0,
+                energy_j: None,
+                others_busy: BTreeMap::new(),
+            }],
+            memory: Some(MemoryStatus::default()),
+            epilog_missing: false,
+            waiting: vec![
+                WaitingJob { job_id: 7, gpu: 0, slices: 1, waiting_s: 2, uid: Some(1001) },
+                WaitingJob { job_id: 8, gpu: 0, slices: 1, waiting_s: 2, uid: Some(1002) },
+            ],
+        };
+        redact(&mut r, 1001, "alice");
+        let uuids: Vec<&str> = r.gpus[0].instances.iter().map(|i| i.uuid.as_str()).collect();
+        assert_eq!(uuids, ["MIG-a", "MIG-idle"]);
+        let counts: Vec<(&str, u32)> =
+            r.gpus[0].others_busy.iter().map(|(p, &n)| (p.as_str(), n)).collect();
+        assert_eq!(counts, [("1g.5gb", 1), ("3g.20gb", 1)]);
+        assert_eq!(r.waiting.len(), 1);
+        let text = serde_json::to_string(&r).unwrap();
+        for secret in ["1002", "MIG-b", "MIG-c", "\"job_id\":8"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+    }
+}
