@@ -65,7 +65,14 @@ pub fn ensure_user(name: &str) -> u32 {
         return uid;
     }
     let out = Command::new("useradd")
-        .args(["--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+        .args([
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            name,
+        ])
         .output()
         .unwrap_or_else(|e| panic!("run useradd {name}: {e}"));
     assert!(out.status.success(), "useradd {name}: {}", describe(&out));

@@ -29,7 +29,7 @@ fn held_by(sidecar: &Sidecar, job: u32) -> Value {
     let status = sidecar.status();
     Sidecar::instances(&status)
         .into_iter()
-        .find(|i| i["job_id"] == Value::from(job))
+        .find(|i| i["job_id"] == job)
         .unwrap_or_else(|| panic!("job {job} holds no instance: {status:#}"))
 }
 
@@ -40,14 +40,22 @@ fn files(inst: &Value) -> Vec<String> {
         .flatten()
         .filter_map(|v| v.as_str().map(String::from))
         .collect();
-    assert_eq!(f.len(), 2, "an instance has a GPU- and a compute-instance file: {inst:#}");
+    assert_eq!(
+        f.len(),
+        2,
+        "an instance has a GPU- and a compute-instance file: {inst:#}"
+    );
     f
 }
 
 fn wait_for(what: &str, cluster: &SlurmCluster, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
-        assert!(start.elapsed() < JOB_TIMEOUT, "{what}\n{}", cluster.log_tails());
+        assert!(
+            start.elapsed() < JOB_TIMEOUT,
+            "{what}\n{}",
+            cluster.log_tails()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -99,15 +107,24 @@ fn a_job_opens_only_its_own_instance_and_a_crash_does_not_undo_that() {
     let inst_b = held_by(&sidecar, job_b);
     let files_b = files(&inst_b);
     let text_b = std::fs::read_to_string(&out_b).unwrap_or_default();
-    let opened: Vec<&str> = text_b.lines().filter_map(|l| l.strip_prefix("OPENED ")).collect();
-    let refused: Vec<&str> = text_b.lines().filter_map(|l| l.strip_prefix("REFUSED ")).collect();
+    let opened: Vec<&str> = text_b
+        .lines()
+        .filter_map(|l| l.strip_prefix("OPENED "))
+        .collect();
+    let refused: Vec<&str> = text_b
+        .lines()
+        .filter_map(|l| l.strip_prefix("REFUSED "))
+        .collect();
     let mut own: Vec<&str> = files_b.iter().map(String::as_str).collect();
     own.sort_unstable();
     let mut got = opened.clone();
     got.sort_unstable();
     assert_eq!(got, own, "job B opened exactly its own files: {text_b}");
     for f in &files_a {
-        assert!(refused.contains(&f.as_str()), "job B could open job A's {f}: {text_b}");
+        assert!(
+            refused.contains(&f.as_str()),
+            "job B could open job A's {f}: {text_b}"
+        );
     }
 
     // Status as user a: its own job in full, job B only as a count.
@@ -118,12 +135,20 @@ fn a_job_opens_only_its_own_instance_and_a_crash_does_not_undo_that() {
         .arg(sidecar.socket())
         .output()
         .expect("runuser smartmig status");
-    assert!(out.status.success(), "status as {user_a}: {}", smartmig_suite::describe(&out));
+    assert!(
+        out.status.success(),
+        "status as {user_a}: {}",
+        smartmig_suite::describe(&out)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let seen: Value = serde_json::from_str(&text).expect("status JSON");
     let mine = Sidecar::instances(&seen);
-    assert!(mine.iter().any(|i| i["job_id"] == Value::from(job_a)), "{text}");
-    for secret in [inst_b["uuid"].as_str().unwrap_or("?"), &format!("\"job_id\":{job_b}"), &format!("\"uid\":{uid_b}")] {
+    assert!(mine.iter().any(|i| i["job_id"] == job_a), "{text}");
+    for secret in [
+        inst_b["uuid"].as_str().unwrap_or("?"),
+        &format!("\"job_id\":{job_b}"),
+        &format!("\"uid\":{uid_b}"),
+    ] {
         assert!(!text.contains(secret), "user a sees {secret}: {text}");
     }
     let others: u64 = seen["gpus"]
@@ -136,15 +161,25 @@ fn a_job_opens_only_its_own_instance_and_a_crash_does_not_undo_that() {
     assert_eq!(others, 1, "job B counted once for user a: {text}");
     // Root still sees both.
     let all = sidecar.status().to_string();
-    assert!(all.contains(inst_b["uuid"].as_str().unwrap_or("?")), "{all}");
+    assert!(
+        all.contains(inst_b["uuid"].as_str().unwrap_or("?")),
+        "{all}"
+    );
 
     // Job A ends: its instance stays (idle) and is root's again.
     let state = {
-        let out = cluster.command("scancel").arg(job_a.to_string()).output().expect("scancel");
+        let out = cluster
+            .command("scancel")
+            .arg(job_a.to_string())
+            .output()
+            .expect("scancel");
         assert!(out.status.success(), "scancel {job_a}");
         cluster.wait_job(job_a, JOB_TIMEOUT)
     };
-    assert!(state == "CANCELLED" || state == "COMPLETED", "job A ended {state}");
+    assert!(
+        state == "CANCELLED" || state == "COMPLETED",
+        "job A ended {state}"
+    );
     wait_for("job A's instance never released", &cluster, || {
         Sidecar::instances(&sidecar.status())
             .iter()

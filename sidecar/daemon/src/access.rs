@@ -99,16 +99,26 @@ mod tests {
         assert!(restrict(&f, Holder::Root).unwrap());
         let m = std::fs::metadata(&f).unwrap();
         assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (0, 0, MODE));
-        assert!(!restrict(&f, Holder::Root).unwrap(), "nothing left to change");
+        assert!(
+            !restrict(&f, Holder::Root).unwrap(),
+            "nothing left to change"
+        );
         assert!(restrict(&f, Holder::User(65534)).unwrap());
         assert_eq!(std::fs::metadata(&f).unwrap().uid(), 65534);
         let link = dir.join("link");
         std::os::unix::fs::symlink(&f, &link).unwrap();
         let e = restrict(&link, Holder::Root).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
-        assert_eq!(std::fs::metadata(&f).unwrap().uid(), 65534, "the target is untouched");
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().uid(),
+            65534,
+            "the target is untouched"
+        );
         let e = restrict(&dir.join("absent"), Holder::User(7)).unwrap_err();
-        assert!(e.to_string().contains("absent") && e.to_string().contains("uid 7"), "{e}");
+        assert!(
+            e.to_string().contains("absent") && e.to_string().contains("uid 7"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -484,7 +484,10 @@ mod tests {
         let c = Config::parse(MINIMAL).unwrap();
         assert_eq!(c.socket, PathBuf::from("/run/smartmig/smartmig.sock"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/smartmig"));
-        assert_eq!(c.slurm_user, "root", "only root allocates unless the admin names another user");
+        assert_eq!(
+            c.slurm_user, "root",
+            "only root allocates unless the admin names another user"
+        );
         assert_eq!(c.allocate_wait_s, 30);
         assert_eq!(c.max_message_bytes, 65536);
         assert!(!c.publish_layout);

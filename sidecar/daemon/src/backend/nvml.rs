@@ -459,9 +459,7 @@ impl Backend for NvmlBackend {
                     BackendError::Other(format!("GPU {gpu}: reading {proc_file}: {e}"))
                 })?;
                 let m = cap_minor(&text).ok_or_else(|| {
-                    BackendError::Other(format!(
-                        "GPU {gpu}: {proc_file} names no DeviceFileMinor"
-                    ))
+                    BackendError::Other(format!("GPU {gpu}: {proc_file} names no DeviceFileMinor"))
                 })?;
                 Ok(PathBuf::from(format!("/dev/nvidia-caps/nvidia-cap{m}")))
             })

@@ -131,7 +131,10 @@ impl SimBackend {
             gpus.push(Mutex::new(gpu));
         }
         let inject = Mutex::new(config.inject_errors.clone());
-        let caps = config.caps_dir.clone().unwrap_or_else(|| dir.join("nvidia-caps"));
+        let caps = config
+            .caps_dir
+            .clone()
+            .unwrap_or_else(|| dir.join("nvidia-caps"));
         // Users must reach their own files: the directory is 0755, the
         // files 0600 (crate::access).
         ensure_dir(&caps, 0o755).map_err(|e| state_err(&caps, e.to_string()))?;
@@ -223,7 +226,12 @@ impl SimBackend {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             Err(_) => {}
         }
-        match mknod(path, SFlag::S_IFCHR, Mode::from_bits_truncate(0o600), makedev(1, 3)) {
+        match mknod(
+            path,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o600),
+            makedev(1, 3),
+        ) {
             Ok(()) => Ok(()),
             Err(nix::errno::Errno::EPERM) => std::fs::OpenOptions::new()
                 .write(true)

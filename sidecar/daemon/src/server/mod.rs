@@ -22,11 +22,11 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{watch, Mutex, Notify};
 use tokio::task::JoinSet;
 
+use super::access::{self, Holder};
 use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use super::config::{BackendKind, Config, ConfigError};
 use super::fsutil::ensure_dir;
-use super::access::{self, Holder};
 use super::journal::{self, Durability, Journal};
 use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
@@ -295,12 +295,17 @@ fn backend_error(e: &BackendError) -> ErrorBody {
     ErrorBody::new(ErrorKind::Backend, e.to_string())
 }
 
-/// Gives the access files of every instance of `book`'s GPU to the user of
-/// the job holding it, or to root while it is idle ([`crate::access`]).
-/// Tries every file; returns the first failure (each one is logged).
-fn enforce_access(backend: &dyn Backend, book: &GpuBook) -> Result<(), String> {
+/// Gives the access files of every instance of `book`'s GPU (or only of
+/// instance `only`) to the user of the job holding it, or to root while it
+/// is idle ([`crate::access`]). Tries every file; returns the first failure
+/// (each one is logged).
+fn enforce_access(backend: &dyn Backend, book: &GpuBook, only: Option<&str>) -> Result<(), String> {
     let mut first = None;
-    for inst in &book.instances {
+    for inst in book
+        .instances
+        .iter()
+        .filter(|i| only.is_none_or(|u| u == i.uuid))
+    {
         let holder = match &inst.job {
             Some(a) if a.uid != 0 => Holder::User(a.uid),
             _ => Holder::Root,
@@ -315,7 +320,9 @@ fn enforce_access(backend: &dyn Backend, book: &GpuBook) -> Result<(), String> {
         };
         for f in files {
             match access::restrict(&f, holder) {
-                Ok(true) => tracing::debug!(gpu = book.index, uuid = %inst.uuid, file = %f.display(), %holder, "access file restricted"),
+                Ok(true) => {
+                    tracing::debug!(gpu = book.index, uuid = %inst.uuid, file = %f.display(), %holder, "access file restricted");
+                }
                 Ok(false) => {}
                 Err(e) => {
                     tracing::error!(gpu = book.index, uuid = %inst.uuid, "{e}");
@@ -339,9 +346,9 @@ impl Daemon {
     }
 
     /// [`enforce_access`] when `isolate_devices` is on.
-    fn isolate(&self, book: &GpuBook) -> Result<(), String> {
+    fn isolate(&self, book: &GpuBook, only: Option<&str>) -> Result<(), String> {
         if self.config().isolate_devices {
-            enforce_access(self.backend.as_ref(), book)
+            enforce_access(self.backend.as_ref(), book, only)
         } else {
             Ok(())
         }
@@ -459,8 +466,11 @@ impl Daemon {
             // Whatever a crash left (a release whose files were not given
             // back, a file changed by hand), repaired before serving.
             if config.isolate_devices {
-                if let Err(e) = enforce_access(backend.as_ref(), book) {
-                    tracing::error!(gpu = slot.index, "device isolation not restored at start: {e}");
+                if let Err(e) = enforce_access(backend.as_ref(), book, None) {
+                    tracing::error!(
+                        gpu = slot.index,
+                        "device isolation not restored at start: {e}"
+                    );
                 }
             }
         }
@@ -852,10 +862,10 @@ impl Daemon {
                 time_limit_s: req.time_limit_s,
             },
         );
-        if let Err(e) = self.isolate(&st.book) {
+        if let Err(e) = self.isolate(&st.book, Some(&uuid)) {
             // The job would run on an instance others can open too.
             st.book.release(req.job_id, now);
-            let _ = self.isolate(&st.book);
+            let _ = self.isolate(&st.book, Some(&uuid));
             return Err(ErrorBody::new(
                 ErrorKind::Backend,
                 format!("cannot give instance {uuid} to uid {}: {e}", req.uid),
@@ -863,7 +873,7 @@ impl Daemon {
         }
         if let Err(e) = self.save_journal(&st.book) {
             st.book.release(req.job_id, now);
-            let _ = self.isolate(&st.book);
+            let _ = self.isolate(&st.book, Some(&uuid));
             tracing::error!(gpu, job = req.job_id, "{e}");
             return Err(ErrorBody::new(
                 ErrorKind::Backend,
@@ -999,8 +1009,13 @@ impl Daemon {
             st.tick_energy();
             let n = st.book.release(job_id, now);
             released += n;
-            if let Err(e) = self.isolate(&st.book) {
-                tracing::error!(gpu = slot.index, job = job_id, "released instance still open to the job's user: {e}");
+            // One instance per job and GPU; should there be more, all of them.
+            if let Err(e) = self.isolate(&st.book, (n == 1).then_some(uuid.as_str())) {
+                tracing::error!(
+                    gpu = slot.index,
+                    job = job_id,
+                    "released instance still open to the job's user: {e}"
+                );
             }
             if let Err(e) = self.save_journal(&st.book) {
                 // The release happened; on restart Slurm reconciliation drops it again.

@@ -76,15 +76,34 @@ mod tests {
             memory: Some(MemoryStatus::default()),
             epilog_missing: false,
             waiting: vec![
-                WaitingJob { job_id: 7, gpu: 0, slices: 1, waiting_s: 2, uid: Some(1001) },
-                WaitingJob { job_id: 8, gpu: 0, slices: 1, waiting_s: 2, uid: Some(1002) },
+                WaitingJob {
+                    job_id: 7,
+                    gpu: 0,
+                    slices: 1,
+                    waiting_s: 2,
+                    uid: Some(1001),
+                },
+                WaitingJob {
+                    job_id: 8,
+                    gpu: 0,
+                    slices: 1,
+                    waiting_s: 2,
+                    uid: Some(1002),
+                },
             ],
         };
         redact(&mut r, 1001, "alice");
-        let uuids: Vec<&str> = r.gpus[0].instances.iter().map(|i| i.uuid.as_str()).collect();
+        let uuids: Vec<&str> = r.gpus[0]
+            .instances
+            .iter()
+            .map(|i| i.uuid.as_str())
+            .collect();
         assert_eq!(uuids, ["MIG-a", "MIG-idle"]);
-        let counts: Vec<(&str, u32)> =
-            r.gpus[0].others_busy.iter().map(|(p, &n)| (p.as_str(), n)).collect();
+        let counts: Vec<(&str, u32)> = r.gpus[0]
+            .others_busy
+            .iter()
+            .map(|(p, &n)| (p.as_str(), n))
+            .collect();
         assert_eq!(counts, [("1g.5gb", 1), ("3g.20gb", 1)]);
         assert_eq!(r.waiting.len(), 1);
         let text = serde_json::to_string(&r).unwrap();

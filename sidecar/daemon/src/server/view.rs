@@ -96,8 +96,11 @@ impl Daemon {
                 }
             }
         }
-        if let Err(e) = self.isolate(&st.book) {
-            tracing::error!(gpu = slot.index, "new instances not restricted to root: {e}");
+        if let Err(e) = self.isolate(&st.book, None) {
+            tracing::error!(
+                gpu = slot.index,
+                "new instances not restricted to root: {e}"
+            );
         }
         slot.released.notify_waiters();
         true
@@ -121,7 +124,7 @@ impl Daemon {
             let st = slot.state.lock().await;
             // Every epoch re-asserts who may open each instance (a driver
             // tool or an admin may have reset a mode since).
-            if let Err(e) = self.isolate(&st.book) {
+            if let Err(e) = self.isolate(&st.book, None) {
                 tracing::error!(gpu = slot.index, "device isolation: {e}");
             }
             let mut s = policy::GpuStatus::new(slot.model, st.book.layout());
