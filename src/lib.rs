@@ -144,7 +144,7 @@ pub fn plugstack_line(dir: &Path, extra: &str) -> String {
     format!(
         "required {} socket={} timeout=40 {extra}\n",
         artifact("libsmartmig_spank.so").display(),
-        dir.join("run/smartmigd.sock").display()
+        dir.join("run/smartmigd-root.sock").display()
     )
 }
 

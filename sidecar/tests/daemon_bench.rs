@@ -10,6 +10,8 @@ fn args(clients: Vec<usize>, pairs: usize) -> Args {
         json: std::env::temp_dir().join("bench-daemon.json"),
         smartmigd: Some(env!("CARGO_BIN_EXE_smartmigd").into()),
         journal_dir: None,
+        flood: 0,
+        flood_user: "nobody".into(),
     }
 }
 
@@ -38,6 +40,38 @@ fn bench_smoke_with_the_journal_on_tmpfs() {
     assert!(r.journal.contains("on tmpfs"), "{}", r.journal);
     assert!(r.rows[0].pair_p99_us > 0.0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 18, item 3: an ordinary user holding 2,000 connections to the
+/// public socket and trickling bytes on them neither exhausts the daemon's
+/// descriptors nor stops root's allocations on the root-only socket. The
+/// latency figure (goal: allocate p99 <= 100 ms) is the bench's to print;
+/// here every pair must succeed and none may take a whole second.
+#[test]
+fn a_user_crowding_the_public_socket_does_not_stop_allocations() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "the flood runs as `nobody` through runuser: run as root (scripts/test does)"
+    );
+    let r = bench(&Args {
+        flood: 2000,
+        ..args(vec![1, 4], 400)
+    })
+    .unwrap();
+    print!("{}", table(&r));
+    let f = r.flood.expect("the flood's report");
+    assert!(
+        f.refused > 0,
+        "the daemon refused none of 2,000 connections: {f:?}"
+    );
+    assert!(
+        f.daemon_fds < 200,
+        "smartmigd holds {} descriptors: the caps did not bound it",
+        f.daemon_fds
+    );
+    for row in &r.rows {
+        assert!(row.allocate_p99_us < 1e6, "allocations starved: {row:?}");
+    }
 }
 
 #[test]

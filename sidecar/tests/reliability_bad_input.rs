@@ -26,10 +26,15 @@ type Case = (&'static str, &'static str, String, &'static str);
 fn config_cases() -> Vec<Case> {
     let c = |name, text: String, want| ("config", name, text, want);
     vec![
-        c("misspelt key", format!("sokcet = \"/x\"\n{GPUS}"), "<config>: TOML parse error at line 1, column 1\n  |\n1 | sokcet = \"/x\"\n  | ^^^^^^\nunknown field `sokcet`, expected one of `socket`, `state_dir`…"),
+        c("misspelt key", format!("sokcet = \"/x\"\n{GPUS}"), "<config>: TOML parse error at line 1, column 1\n  |\n1 | sokcet = \"/x\"\n  | ^^^^^^\nunknown field `sokcet`, expected one of `socket`, `admin_socket`…"),
         c("relative socket", format!("socket = \"run/s.sock\"\n{GPUS}"), "socket: must be an absolute path"),
         c("relative state_dir", format!("state_dir = \"state\"\n{GPUS}"), "state_dir: must be an absolute path"),
         c("empty slurm_user", format!("slurm_user = \" \"\n{GPUS}"), "slurm_user: must not be empty"),
+        c("relative admin_socket", format!("admin_socket = \"run/r.sock\"\n{GPUS}"), "admin_socket: must be an absolute path"),
+        c("admin_socket is socket", format!("socket = \"/run/x.sock\"\nadmin_socket = \"/run/x.sock\"\n{GPUS}"), "admin_socket: must differ from socket"),
+        c("max_connections_per_user = 0", format!("max_connections_per_user = 0\n{GPUS}"), "max_connections_per_user: must be at least 1"),
+        c("max_connections below per-user", format!("max_connections = 4\n{GPUS}"), "max_connections: must be at least max_connections_per_user"),
+        c("relative sim.caps_dir", format!("{GPUS}[sim]\ncaps_dir = \"caps\"\n"), "sim.caps_dir: must be an absolute path"),
         c("unknown GPU model", "[[gpus]]\nmodel = \"a100\"\n".into(), "gpus[0].model: unknown GPU model \"a100\" (known: a30-24gb, a100-40gb, a100-80gb, h100-80gb, h100-94gb, h200-141gb)"),
         c("zero GPUs in a group", "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 0\n".into(), "gpus[0].count: 0 is outside 1..=64"),
         c("too many GPUs", "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 65\n".into(), "gpus[0].count: 65 is outside 1..=64"),

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use smartmig_client::protocol::DEFAULT_SOCKET;
+use smartmig_client::protocol::DEFAULT_ADMIN_SOCKET;
 
 /// Default read/write timeout of one request to the sidecar. Must exceed the
 /// daemon's `allocate_wait_s` (30 s by default) so that a "wait for a
@@ -67,7 +67,7 @@ pub struct PluginArgs {
 impl Default for PluginArgs {
     fn default() -> Self {
         PluginArgs {
-            socket: PathBuf::from(DEFAULT_SOCKET),
+            socket: PathBuf::from(DEFAULT_ADMIN_SOCKET),
             timeout: DEFAULT_TIMEOUT,
             on_failure: OnFailure::Fail,
             oom_requeue: false,

@@ -21,6 +21,9 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
 /// Default socket path (systemd's `RuntimeDirectory=smartmig`).
 pub const DEFAULT_SOCKET: &str = "/run/smartmig/smartmig.sock";
+/// smartmigd's root-only socket (mode 0600), the SPANK plugin's default:
+/// no user can crowd it with connections.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/smartmig/smartmig-root.sock";
 
 /// A request, keyed by `op`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -424,6 +427,10 @@ pub enum ErrorKind {
     Backend,
     /// The daemon is shutting down.
     ShuttingDown,
+    /// The caller's user holds `max_connections_per_user` connections
+    /// already, or unprivileged users hold `max_connections` (the
+    /// connection is closed; root is never refused).
+    TooManyConnections,
     /// A bug: reported rather than hidden.
     Internal,
 }
@@ -441,6 +448,7 @@ impl ErrorKind {
             ErrorKind::NoFit => "no_fit",
             ErrorKind::Backend => "backend",
             ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::TooManyConnections => "too_many_connections",
             ErrorKind::Internal => "internal",
         }
     }

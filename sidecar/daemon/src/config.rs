@@ -184,6 +184,16 @@ impl Default for OomConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub socket: PathBuf,
+    /// A second socket, mode 0600 (owned by `slurm_user`), that only root
+    /// and `slurm_user` can reach: the SPANK plugin's, so no user can crowd
+    /// it out. Default: `<socket's stem>-root.sock` next to `socket`.
+    pub admin_socket: Option<PathBuf>,
+    /// Connections one unprivileged user may hold at once; more are
+    /// refused (`too_many_connections`) and closed.
+    pub max_connections_per_user: usize,
+    /// Connections all unprivileged users together may hold at once. Root
+    /// and `slurm_user` are never refused.
+    pub max_connections: usize,
     pub state_dir: PathBuf,
     /// Where the assignment journal lives (default `<state_dir>/journal`).
     /// On a tmpfs (`/run`) it is written without fsync: it must survive a
@@ -232,6 +242,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             socket: PathBuf::from(DEFAULT_SOCKET),
+            admin_socket: None,
+            max_connections_per_user: 16,
+            max_connections: 256,
             state_dir: PathBuf::from("/var/lib/smartmig"),
             journal_dir: None,
             slurm_user: "root".into(),
@@ -286,6 +299,21 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !self.socket.is_absolute() {
             return Err(invalid("socket", "must be an absolute path"));
+        }
+        if self.admin_socket.as_ref().is_some_and(|d| !d.is_absolute()) {
+            return Err(invalid("admin_socket", "must be an absolute path"));
+        }
+        if self.admin_socket() == self.socket {
+            return Err(invalid("admin_socket", "must differ from socket"));
+        }
+        if self.max_connections_per_user == 0 {
+            return Err(invalid("max_connections_per_user", "must be at least 1"));
+        }
+        if self.max_connections < self.max_connections_per_user {
+            return Err(invalid(
+                "max_connections",
+                "must be at least max_connections_per_user",
+            ));
         }
         if !self.state_dir.is_absolute() {
             return Err(invalid("state_dir", "must be an absolute path"));
@@ -402,6 +430,18 @@ impl Config {
         Ok(out)
     }
 
+    /// The root-only socket: `admin_socket`, or `<stem>-root.sock` beside
+    /// `socket` (`/run/smartmig/smartmig-root.sock`).
+    pub fn admin_socket(&self) -> PathBuf {
+        self.admin_socket.clone().unwrap_or_else(|| {
+            let stem = self
+                .socket
+                .file_stem()
+                .map_or_else(|| "smartmig".into(), |s| s.to_string_lossy().into_owned());
+            self.socket.with_file_name(format!("{stem}-root.sock"))
+        })
+    }
+
     /// The journal's directory: `journal_dir`, or `<state_dir>/journal`.
     pub fn journal_dir(&self) -> PathBuf {
         self.journal_dir
@@ -430,6 +470,7 @@ impl Config {
             };
         }
         keep!("socket", socket);
+        keep!("admin_socket", admin_socket);
         keep!("state_dir", state_dir);
         keep!("journal_dir", journal_dir);
         keep!("backend", backend);
@@ -462,6 +503,8 @@ impl Config {
         diff!(allocate_wait_s);
         diff!(request_timeout_s);
         diff!(max_message_bytes);
+        diff!(max_connections_per_user);
+        diff!(max_connections);
         diff!(epoch_s);
         diff!(policy);
         diff!(publish_layout);

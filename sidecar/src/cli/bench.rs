@@ -29,6 +29,9 @@ pub enum Target {
     Policy(super::bench_policy::PolicyArgs),
     /// Allocate+release latency and memory of a real smartmigd (sim backend).
     Daemon(super::bench_daemon::Args),
+    /// A hostile client: holds many connections to a socket, trickling bytes
+    /// (what `bench daemon --flood` runs as another user).
+    Flood(super::bench_daemon::FloodArgs),
     /// The hindsight rollout oracle: what per-epoch reactivity could gain over static-best.
     Oracle(super::bench_oracle::OracleArgs),
     /// Scenarios x test days x policies against causal opponents (docs/evaluation.md).
@@ -88,6 +91,7 @@ pub fn run(a: &Args) -> Result<()> {
         Target::Sim(s) => run_sim(s),
         Target::Policy(p) => super::bench_policy::run(p),
         Target::Daemon(d) => super::bench_daemon::run(d),
+        Target::Flood(f) => super::bench_daemon::flood(f),
         Target::Oracle(o) => super::bench_oracle::run(o),
         Target::Suite(s) => super::bench_suite::run(s),
     }

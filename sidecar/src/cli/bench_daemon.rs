@@ -37,6 +37,52 @@ pub struct Args {
     /// is written without fsync, as with `journal_dir = "/run/..."`.
     #[arg(long, value_name = "DIR")]
     pub journal_dir: Option<PathBuf>,
+    /// A hostile local user holds this many connections to the public
+    /// socket meanwhile, trickling a byte a second on each and reconnecting
+    /// whatever the daemon closes (`smartmig bench flood`); the measured
+    /// clients use the root-only socket, as the SPANK plugin does.
+    #[arg(long, default_value_t = 0)]
+    pub flood: usize,
+    /// The user the flood runs as (via `runuser`; needs root).
+    #[arg(long, default_value = "nobody")]
+    pub flood_user: String,
+}
+
+/// Arguments of `smartmig bench flood` (the hostile client of `bench
+/// daemon --flood`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct FloodArgs {
+    /// The socket to crowd.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Connections to hold at once.
+    #[arg(long, default_value_t = 2000)]
+    pub connections: usize,
+    /// Milliseconds between rounds (each round writes one byte, never a
+    /// newline, on every open connection and reopens closed ones).
+    #[arg(long, default_value_t = 1000)]
+    pub trickle_ms: u64,
+}
+
+/// What the flood did, printed as JSON when its stdin closes.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct FloodReport {
+    pub user: String,
+    pub connections: usize,
+    /// Connections the daemon accepted and then refused or closed.
+    pub closed_by_daemon: u64,
+    /// `too_many_connections` replies read.
+    pub refused: u64,
+    /// connect(2) failures.
+    pub connect_failed: u64,
+    /// Most connections open on the flood's side at once (accepted or
+    /// still in the daemon's backlog), at the end of a round.
+    pub held_max: usize,
+    /// Open descriptors of smartmigd at the end of the flood (filled in
+    /// by `bench daemon`): bounded by the connection caps, not by the
+    /// flood's size.
+    #[serde(default)]
+    pub daemon_fds: usize,
 }
 
 /// Latency of one measurement, in microseconds.
@@ -57,6 +103,9 @@ pub struct Row {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub gpus: usize,
+    /// The hostile user's connections during the measurement, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<FloodReport>,
     /// Where the journal was and how it was written.
     pub journal: String,
     pub rss_idle_kib: u64,
@@ -73,6 +122,8 @@ pub enum BenchError {
     Start(String),
     #[error("request failed: {0}")]
     Client(#[from] ClientError),
+    #[error("the flood did not run: {0}")]
+    Flood(String),
 }
 
 fn rss_kib(pid: u32, key: &str) -> u64 {
@@ -139,7 +190,9 @@ fn start_daemon(
         .stderr(Stdio::inherit())
         .spawn()?;
     let guard = Child_ { child, dir };
-    let client = Client::new(&socket).with_io_timeout(Duration::from_secs(30));
+    // The root-only socket, the SPANK plugin's (smartmigd's default name).
+    let admin = socket.with_file_name("smartmig-root.sock");
+    let client = Client::new(&admin).with_io_timeout(Duration::from_secs(30));
     let t0 = Instant::now();
     loop {
         match client.health() {
@@ -163,6 +216,13 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
     let gpus = max_clients.div_ceil(7).clamp(1, 64);
     let (daemon, client) = start_daemon(&exe, gpus, args.journal_dir.as_deref())?;
     let pid = daemon.child.id();
+    let flood = if args.flood > 0 {
+        // `smartmig`, next to smartmigd (also when a test runs the bench).
+        let cli = exe.with_file_name("smartmig");
+        Some(start_flood(&cli, &daemon.dir.join("smartmig.sock"), args)?)
+    } else {
+        None
+    };
     let rss_idle = rss_kib(pid, "VmRSS:");
     let mut rows = Vec::new();
     let mut next_job = 1u64;
@@ -243,8 +303,14 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
             crate::daemon::journal::Durability::Memory => "on tmpfs: write, no fsync",
         }
     );
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
+    let flood = flood.map(stop_flood).transpose()?.map(|f| FloodReport {
+        daemon_fds: fds,
+        ..f
+    });
     let report = Report {
         gpus,
+        flood,
         journal,
         rss_idle_kib: rss_idle,
         rss_peak_kib: rss_kib(pid, "VmHWM:"),
@@ -252,6 +318,114 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
     };
     drop(daemon);
     Ok(report)
+}
+
+/// Starts `smartmig bench flood` as `args.flood_user` against `socket`
+/// and waits until it holds its connections (or 3 s).
+fn start_flood(exe: &Path, socket: &Path, args: &Args) -> Result<Child, BenchError> {
+    let child = Command::new("runuser")
+        .args(["-u", &args.flood_user, "--"])
+        .arg(exe)
+        .args(["bench", "flood", "--socket"])
+        .arg(socket)
+        .args(["--connections", &args.flood.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| BenchError::Flood(format!("runuser: {e}")))?;
+    std::thread::sleep(Duration::from_secs(3));
+    Ok(child)
+}
+
+/// Closes the flood's stdin (its signal to stop) and reads its report.
+fn stop_flood(mut child: Child) -> Result<FloodReport, BenchError> {
+    drop(child.stdin.take());
+    let out = child
+        .wait_with_output()
+        .map_err(|e| BenchError::Flood(e.to_string()))?;
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        BenchError::Flood(format!(
+            "{e}: `{}` ({})",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            out.status
+        ))
+    })
+}
+
+/// `smartmig bench flood`: holds `connections` connections to a socket,
+/// trickling bytes and reopening what the daemon closes, until stdin
+/// closes; then prints a [`FloodReport`] as JSON.
+pub fn flood(a: &FloodArgs) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // One descriptor per connection: lift the soft limit to the hard one.
+    if let Ok((soft, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        if soft < hard {
+            let _ = nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+                hard,
+                hard,
+            );
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let mut r = FloodReport {
+        user: nix::unistd::Uid::current().to_string(),
+        connections: a.connections,
+        ..FloodReport::default()
+    };
+    let mut conns: Vec<Option<UnixStream>> = (0..a.connections).map(|_| None).collect();
+    let mut buf = [0u8; 512];
+    while !stop.load(Ordering::Relaxed) {
+        for c in &mut conns {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            match c {
+                None => match UnixStream::connect(&a.socket) {
+                    Ok(s) => {
+                        let _ = s.set_nonblocking(true);
+                        *c = Some(s);
+                    }
+                    Err(_) => r.connect_failed += 1,
+                },
+                Some(s) => {
+                    let closed = match s.read(&mut buf) {
+                        Ok(0) => true,
+                        Ok(n) => {
+                            if String::from_utf8_lossy(&buf[..n]).contains("too_many_connections") {
+                                r.refused += 1;
+                            }
+                            true
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            s.write(b" ").is_err()
+                        }
+                        Err(_) => true,
+                    };
+                    if closed {
+                        r.closed_by_daemon += 1;
+                        *c = None;
+                    }
+                }
+            }
+        }
+        r.held_max = r.held_max.max(conns.iter().flatten().count());
+        std::thread::sleep(Duration::from_millis(a.trickle_ms.min(1000)));
+    }
+    println!("{}", serde_json::to_string(&r)?);
+    Ok(())
 }
 
 /// Prints the table.
@@ -275,6 +449,13 @@ pub fn table(r: &Report) -> String {
         "pairs/s",
         "RSS KiB"
     );
+    if let Some(f) = &r.flood {
+        s.push_str(&format!(
+            "during a flood by uid {} ({} connections, a byte a second each, on the public socket): \
+             {} refused (too_many_connections), {} closed in all; smartmigd had {} descriptors open\n",
+            f.user, f.connections, f.refused, f.closed_by_daemon, f.daemon_fds
+        ));
+    }
     for x in &r.rows {
         s.push_str(&format!(
             "{:>7} {:>7} {:>11.0} {:>11.0} {:>12.0} {:>12.0} {:>12.0} {:>10.0} {:>10}\n",

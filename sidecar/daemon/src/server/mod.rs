@@ -177,6 +177,8 @@ pub struct Daemon {
     /// Releases that came from slurmd's job epilog versus from the reaper,
     /// to notice a plugin whose epilog never runs.
     releases: std::sync::Mutex<ReleaseCounts>,
+    /// Connections unprivileged users hold now ([`Daemon::admit`]).
+    connections: std::sync::Mutex<Connections>,
     /// Allocates waiting for room: job -> (GPU, slices, since, uid), for status.
     waiting: std::sync::Mutex<HashMap<u64, (u32, u8, Instant, u32)>>,
     /// The plugin's `oom_requeue`, as the last allocate said.
@@ -220,6 +222,36 @@ impl Live {
             config: Arc::new(config),
             policy: Arc::new(Mutex::new(policy)),
             policy_name,
+        }
+    }
+}
+
+/// Connections of unprivileged users, per uid and in total.
+#[derive(Debug, Default)]
+struct Connections {
+    per_uid: HashMap<u32, usize>,
+    total: usize,
+}
+
+/// One admitted unprivileged connection; gives its place back when dropped.
+struct Admitted {
+    daemon: Arc<Daemon>,
+    uid: u32,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut c = self
+            .daemon
+            .connections
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_uid.remove(&self.uid);
+            }
         }
     }
 }
@@ -489,6 +521,7 @@ impl Daemon {
             queue_read: std::sync::Mutex::new(None),
             releases: std::sync::Mutex::new(ReleaseCounts::default()),
             waiting: std::sync::Mutex::new(HashMap::new()),
+            connections: std::sync::Mutex::new(Connections::default()),
             plugin_oom_requeue: std::sync::Mutex::new(None),
         };
         Ok(Arc::new(daemon))
@@ -530,6 +563,39 @@ impl Daemon {
 
     fn authorized(&self, uid: u32) -> bool {
         uid == 0 || self.live().slurm_uid == Some(uid)
+    }
+
+    /// Takes a connection place for unprivileged `uid`, or says why not
+    /// (`max_connections_per_user`, `max_connections`). Root and
+    /// `slurm_user` are never counted nor refused.
+    fn admit(self: &Arc<Self>, uid: u32) -> Result<Option<Admitted>, String> {
+        if self.authorized(uid) {
+            return Ok(None);
+        }
+        let cfg = self.config();
+        let mut c = self
+            .connections
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
+        if mine >= cfg.max_connections_per_user {
+            return Err(format!(
+                "uid {uid} holds {mine} connections (max_connections_per_user {})",
+                cfg.max_connections_per_user
+            ));
+        }
+        if c.total >= cfg.max_connections {
+            return Err(format!(
+                "unprivileged users hold {} connections (max_connections {})",
+                c.total, cfg.max_connections
+            ));
+        }
+        c.total += 1;
+        *c.per_uid.entry(uid).or_default() += 1;
+        Ok(Some(Admitted {
+            daemon: Arc::clone(self),
+            uid,
+        }))
     }
 
     /// Whether `uid` sees every job in `status`: root, the Slurm user and
@@ -1251,7 +1317,7 @@ impl Daemon {
 /// Binds the socket: parent dir created 0755 if missing, a stale socket
 /// file removed (a live one means another daemon: refuse), mode 0666
 /// (status is public; writes are checked with SO_PEERCRED).
-fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
+fn bind_socket(path: &Path, mode: u32, owner: Option<u32>) -> Result<UnixListener, StartError> {
     if let Some(dir) = path.parent() {
         if !dir.exists() {
             ensure_dir(dir, 0o755).map_err(io_err(dir))?;
@@ -1264,8 +1330,25 @@ fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
         std::fs::remove_file(path).map_err(io_err(path))?;
     }
     let listener = UnixListener::bind(path).map_err(io_err(path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(io_err(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err(path))?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(path, Some(uid), None).map_err(io_err(path))?;
+    }
     Ok(listener)
+}
+
+/// Raises the soft limit of open files to the hard one (systemd's
+/// `LimitNOFILE`), so that connections, not descriptors, run out first.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open files limit"),
+            Err(e) => tracing::warn!(soft, hard, "cannot raise the open files limit: {e}"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read the open files limit: {e}"),
+    }
 }
 
 /// Serves one connection: requests one per line until EOF, an error, a
@@ -1275,6 +1358,24 @@ async fn serve_connection(daemon: Arc<Daemon>, stream: UnixStream) {
         Ok(c) => (c.uid(), c.pid()),
         Err(e) => {
             tracing::warn!("cannot read peer credentials ({e}); closing");
+            return;
+        }
+    };
+    let _admitted = match daemon.admit(uid) {
+        Ok(a) => a,
+        Err(why) => {
+            daemon
+                .metrics
+                .failure(ErrorKind::TooManyConnections.as_str());
+            tracing::debug!(uid, ?pid, "connection refused: {why}");
+            let e = ErrorBody::new(ErrorKind::TooManyConnections, why);
+            let mut stream = stream;
+            // Best effort and bounded: the caller may not be reading.
+            let _ = tokio::time::timeout(
+                Duration::from_millis(100),
+                stream.write_all(error_line(&e).as_bytes()),
+            )
+            .await;
             return;
         }
     };
@@ -1354,7 +1455,11 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
     let mut term = signal(SignalKind::terminate()).map_err(io_err(Path::new("SIGTERM")))?;
     let mut int = signal(SignalKind::interrupt()).map_err(io_err(Path::new("SIGINT")))?;
     let mut hup = signal(SignalKind::hangup()).map_err(io_err(Path::new("SIGHUP")))?;
-    let listener = bind_socket(&socket)?;
+    raise_open_files_limit();
+    let listener = bind_socket(&socket, 0o666, None)?;
+    let admin_socket = daemon.config().admin_socket();
+    let admin_owner = daemon.live().slurm_uid.filter(|&u| u != 0);
+    let admin = bind_socket(&admin_socket, 0o600, admin_owner)?;
     if let Some(addr) = metrics_listen {
         let l = TcpListener::bind(&addr)
             .await
@@ -1400,6 +1505,23 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
+            // Polled in this order: signals, then the root-only socket (a
+            // crowd on the public one must not delay a job start), then
+            // finished connections, then the public socket.
+            biased;
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = hup.recv() => daemon.reload().await,
+            accepted = admin.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_connection(daemon.clone(), stream));
+                }
+                Err(e) => {
+                    tracing::warn!(socket = %admin_socket.display(), "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     connections.spawn(serve_connection(daemon.clone(), stream));
@@ -1409,15 +1531,13 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
-            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
-            _ = hup.recv() => daemon.reload().await,
         }
     }
     // Stop accepting, let in-flight requests finish, remove the socket.
     drop(listener);
+    drop(admin);
     let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&admin_socket);
     let _ = daemon.shutdown.send(true);
     let grace = Duration::from_secs(daemon.config().request_timeout_s + 5);
     let drained = tokio::time::timeout(grace, async {
