@@ -56,6 +56,20 @@ pub struct AccessError {
     pub reason: String,
 }
 
+/// Why an instance's access files could not be given to their holder.
+#[derive(Debug, thiserror::Error)]
+pub enum IsolationError {
+    /// The backend cannot name the files (unknown instance, driver file).
+    #[error("GPU {gpu}: access files of {uuid} unknown: {source}")]
+    Files {
+        gpu: u32,
+        uuid: String,
+        source: crate::backend::BackendError,
+    },
+    #[error(transparent)]
+    Access(#[from] AccessError),
+}
+
 /// Makes `path` owned by `holder` (group root) with mode 0600, changing only
 /// what differs; returns whether anything changed. A symbolic link is
 /// refused, never followed: the files live in directories only root can

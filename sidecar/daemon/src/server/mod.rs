@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{watch, Mutex, Notify};
 use tokio::task::JoinSet;
 
-use super::access::{self, Holder};
+use super::access::{self, Holder, IsolationError};
 use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use super::config::{BackendKind, Config, ConfigError};
@@ -331,7 +331,11 @@ fn backend_error(e: &BackendError) -> ErrorBody {
 /// instance `only`) to the user of the job holding it, or to root while it
 /// is idle ([`crate::access`]). Tries every file; returns the first failure
 /// (each one is logged).
-fn enforce_access(backend: &dyn Backend, book: &GpuBook, only: Option<&str>) -> Result<(), String> {
+fn enforce_access(
+    backend: &dyn Backend,
+    book: &GpuBook,
+    only: Option<&str>,
+) -> Result<(), IsolationError> {
     let mut first = None;
     for inst in book
         .instances
@@ -344,9 +348,14 @@ fn enforce_access(backend: &dyn Backend, book: &GpuBook, only: Option<&str>) -> 
         };
         let files = match backend.access_files(book.index, &inst.uuid) {
             Ok(f) => f,
-            Err(e) => {
-                tracing::error!(gpu = book.index, uuid = %inst.uuid, "access files unknown: {e}");
-                first.get_or_insert(e.to_string());
+            Err(source) => {
+                let e = IsolationError::Files {
+                    gpu: book.index,
+                    uuid: inst.uuid.clone(),
+                    source,
+                };
+                tracing::error!("{e}");
+                first.get_or_insert(e);
                 continue;
             }
         };
@@ -358,7 +367,7 @@ fn enforce_access(backend: &dyn Backend, book: &GpuBook, only: Option<&str>) -> 
                 Ok(false) => {}
                 Err(e) => {
                     tracing::error!(gpu = book.index, uuid = %inst.uuid, "{e}");
-                    first.get_or_insert(e.to_string());
+                    first.get_or_insert(e.into());
                 }
             }
         }
@@ -378,7 +387,7 @@ impl Daemon {
     }
 
     /// [`enforce_access`] when `isolate_devices` is on.
-    fn isolate(&self, book: &GpuBook, only: Option<&str>) -> Result<(), String> {
+    fn isolate(&self, book: &GpuBook, only: Option<&str>) -> Result<(), IsolationError> {
         if self.config().isolate_devices {
             enforce_access(self.backend.as_ref(), book, only)
         } else {
