@@ -6,14 +6,18 @@
 //! A check "fails" by panicking; libFuzzer reports the panic as a crash.
 #![allow(dead_code)]
 
-use smartmig_client::protocol::{error_line, parse_request, ErrorKind};
+use smartmig_client::protocol::{error_line, parse_request, ErrorKind, StatusReply};
 use smartmig_core::workload::trace::{read_trace, Trace, TraceFormat, TraceOptions};
 use smartmig_daemon::config::Config;
+use smartmig_daemon::server::redact::redact;
 use smartmig_mig::GpuModel;
 
 /// The socket message decoder: never panics; a parsed request survives a
 /// serialise/parse round trip; an error is one well-formed reply line.
+/// Inputs that decode as a status reply also go through
+/// [`status_redaction`].
 pub fn protocol(data: &[u8]) {
+    status_redaction(data);
     match parse_request(data) {
         Ok(request) => {
             let line = request.to_line();
@@ -42,6 +46,63 @@ pub fn protocol(data: &[u8]) {
             );
         }
     }
+}
+
+/// What `status` shows a user who may not see everything
+/// (`server::redact`), on any status reply the input decodes to: no
+/// instance of another uid is left, each left-out instance is counted
+/// once, only the viewer's waiting jobs, estimates and OOM events remain,
+/// and redacting twice changes nothing.
+pub fn status_redaction(data: &[u8]) {
+    let Ok(mut reply) = serde_json::from_slice::<StatusReply>(data) else {
+        return;
+    };
+    let viewer = reply
+        .gpus
+        .iter()
+        .flat_map(|g| &g.instances)
+        .find_map(|i| i.uid)
+        .unwrap_or(1000);
+    let name = "viewer";
+    let foreign = |r: &StatusReply| -> u64 {
+        r.gpus
+            .iter()
+            .flat_map(|g| &g.instances)
+            .filter(|i| i.uid.is_some_and(|u| u != viewer))
+            .count() as u64
+    };
+    let counted = |r: &StatusReply| -> u64 {
+        r.gpus
+            .iter()
+            .flat_map(|g| g.others_busy.values())
+            .map(|&n| u64::from(n))
+            .sum()
+    };
+    let before = foreign(&reply) + counted(&reply);
+    redact(&mut reply, viewer, name);
+    assert_eq!(foreign(&reply), 0, "another uid's instance is still shown");
+    let saturated = reply
+        .gpus
+        .iter()
+        .flat_map(|g| g.others_busy.values())
+        .any(|&n| n == u32::MAX);
+    assert!(
+        saturated || counted(&reply) == before,
+        "left-out instances miscounted"
+    );
+    assert!(reply.waiting.iter().all(|w| w.uid == Some(viewer)));
+    if let Some(m) = &reply.memory {
+        assert!(m.estimates.iter().all(|e| e.user == name));
+        assert!(m.oom_events.iter().all(|e| e.user.as_deref() == Some(name)));
+        assert!(m.oom_jobs.is_empty());
+    }
+    let once = serde_json::to_string(&reply).expect("serialise");
+    redact(&mut reply, viewer, name);
+    assert_eq!(
+        serde_json::to_string(&reply).expect("serialise"),
+        once,
+        "redacting twice changed the reply"
+    );
 }
 
 /// The TOML config parser + validation: never panics; an accepted config

@@ -48,7 +48,7 @@ use crate::workload::{gpu_load, MemoryKey, PowerModel, SpeedupCurve};
 
 mod http;
 mod reconcile;
-mod redact;
+pub mod redact;
 mod reload;
 mod view;
 

@@ -4,22 +4,22 @@
 //! undo Slurm's `PrivateData=jobs` (job ids, uids, user and job names, and
 //! the uuids a job would need to aim at another job's instance).
 
-use std::collections::BTreeMap;
-
 use crate::protocol::StatusReply;
 
-/// Removes from `reply` what `uid` (user name `user`) may not see.
+/// Removes from `reply` what `uid` (user name `user`) may not see; others'
+/// instances are added to each GPU's `others_busy` (so redacting twice
+/// changes nothing).
 pub fn redact(reply: &mut StatusReply, uid: u32, user: &str) {
     for gpu in &mut reply.gpus {
-        let mut others: BTreeMap<String, u32> = BTreeMap::new();
+        let others = &mut gpu.others_busy;
         gpu.instances.retain(|i| match i.uid {
             Some(owner) if owner != uid => {
-                *others.entry(i.profile.clone()).or_default() += 1;
+                let n = others.entry(i.profile.clone()).or_default();
+                *n = n.saturating_add(1);
                 false
             }
             _ => true,
         });
-        gpu.others_busy = others;
     }
     if let Some(m) = &mut reply.memory {
         m.estimates.retain(|e| e.user == user);
@@ -33,6 +33,8 @@ pub fn redact(reply: &mut StatusReply, uid: u32, user: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
     use crate::mig::GpuModel;
     use crate::protocol::{GpuStatus, InstanceStatus, MemoryStatus, WaitingJob};
 
