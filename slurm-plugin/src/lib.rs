@@ -729,6 +729,9 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
             step_id == job::BATCH_STEP,
         ) {
             Ok(path) => {
+                if let Some(w) = oom::unbounded_warning(&args.oom_dir()) {
+                    log(LogLevel::Info, &format!("job {job_id}: warning: {w}"));
+                }
                 let path = path.to_string_lossy().into_owned();
                 // SAFETY: `sp` is the callback's handle.
                 match unsafe { spank::setenv(sp, oom::ENV, &path) } {

@@ -227,6 +227,49 @@ pub fn take(dir: &Path, job_id: u32) -> Result<Option<String>, OomMarkerError> {
     Ok(Some(first))
 }
 
+/// Largest file system the markers may live on without a warning. A job
+/// owns its marker and can write it until its file system is full, so
+/// `oom_dir` belongs on a small file system of its own (a 1 MiB tmpfs,
+/// docs/slurm-integration.md section 2a), not on `/run`, which slurmd,
+/// munge and smartmigd need.
+pub const MAX_MARKER_FS_BYTES: u64 = 16 << 20;
+
+/// Size of the file system holding `dir`, in bytes.
+pub fn fs_bytes(dir: &Path) -> Result<u64, OomMarkerError> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| OomMarkerError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    })?;
+    // SAFETY: a valid C string and a zeroed out-struct of the right type.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(OomMarkerError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok((st.f_blocks as u64).saturating_mul(st.f_bsize as u64))
+}
+
+/// A warning when a job could fill a file system others need through its
+/// marker in `dir` (bigger than [`MAX_MARKER_FS_BYTES`]); `None` when the
+/// directory's own small file system bounds what a job can write.
+pub fn unbounded_warning(dir: &Path) -> Option<String> {
+    match fs_bytes(dir) {
+        Ok(bytes) if bytes <= MAX_MARKER_FS_BYTES => None,
+        Ok(bytes) => Some(format!(
+            "{} is on a {} MiB file system: a job can fill it by writing its out-of-memory \
+             marker; mount a small tmpfs there (e.g. `mount -t tmpfs -o size=1m,mode=0711 \
+             tmpfs {}`, docs/slurm-integration.md section 2a)",
+            dir.display(),
+            bytes >> 20,
+            dir.display()
+        )),
+        Err(e) => Some(format!("cannot tell how much a marker can fill: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,5 +341,50 @@ mod tests {
         assert!(prepare(&dir, 2, uid, gid, true).is_err());
         assert!(take(&dir, 2).is_err());
         fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A marker directory on `/dev/shm` (GBs) is flagged; on its own 1 MiB
+    /// tmpfs it is not, and a job writing its marker there stops at 1 MiB.
+    #[test]
+    fn a_marker_is_bounded_only_by_a_small_file_system_of_its_own() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "mounting a tmpfs needs root (scripts/test runs as root)"
+        );
+        let big = Path::new("/dev/shm");
+        let w = unbounded_warning(big).expect("/dev/shm is larger than 16 MiB here");
+        assert!(
+            w.contains("/dev/shm") && w.contains("mount a small tmpfs"),
+            "{w}"
+        );
+        let dir = std::env::temp_dir().join(format!("smartmig-oom-fs-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m,mode=0711", "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("run mount");
+        assert!(st.success(), "mount a 1 MiB tmpfs on {}", dir.display());
+        let bounded = unbounded_warning(&dir);
+        let path = prepare(&dir, 9, 65534, 65534, true);
+        let written = path.as_ref().ok().map(|p| {
+            let mut f = OpenOptions::new().append(true).open(p).unwrap();
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut n = 0u64;
+            while std::io::Write::write_all(&mut f, &chunk).is_ok() && n < 64 << 20 {
+                n += chunk.len() as u64;
+            }
+            n
+        });
+        let _ = std::process::Command::new("umount").arg(&dir).status();
+        let _ = fs::remove_dir(&dir);
+        assert_eq!(bounded, None);
+        let written = written.expect("marker prepared on the small tmpfs");
+        assert!(
+            written <= 1 << 20,
+            "wrote {written} bytes into a 1 MiB file system"
+        );
     }
 }
