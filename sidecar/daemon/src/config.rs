@@ -398,9 +398,7 @@ impl Config {
     fn check_policy(&self) -> Result<(), ConfigError> {
         let p = self.policy.trim();
         let models = if self.backend == BackendKind::Sim {
-            let mut m = self.sim_gpus()?;
-            m.dedup();
-            m
+            GpuModel::distinct(&self.sim_gpus()?)
         } else {
             Vec::new()
         };

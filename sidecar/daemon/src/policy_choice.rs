@@ -42,9 +42,7 @@ fn model_ids(models: &[GpuModel]) -> String {
 /// (empty: not known yet, e.g. NVML before start-up).
 pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError> {
     let s = spec.trim();
-    let mut distinct = models.to_vec();
-    distinct.sort();
-    distinct.dedup();
+    let distinct = GpuModel::distinct(models);
     if let Some(path) = s.strip_prefix("policy:") {
         let model = match distinct.as_slice() {
             [] => return Ok(fallback(s, "the node's GPU model is not known yet")),

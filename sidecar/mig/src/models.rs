@@ -230,6 +230,14 @@ impl GpuModel {
         GpuModel::H200_141gb,
     ];
 
+    /// The models of `cluster` (one per GPU), each once, in model order.
+    pub fn distinct(cluster: &[GpuModel]) -> Vec<GpuModel> {
+        let mut models = cluster.to_vec();
+        models.sort();
+        models.dedup();
+        models
+    }
+
     /// The model's row in [`MODELS`].
     pub fn spec(self) -> &'static ModelSpec {
         &MODELS[self as usize]

@@ -117,9 +117,7 @@ pub fn compare(
         heuristic,
         bin_s: opts.bin_s,
     };
-    let mut models = cluster.to_vec();
-    models.sort();
-    models.dedup();
+    let models = GpuModel::distinct(cluster);
     let alpha = opts.alpha;
 
     let mut rows: Vec<Row> = Vec::new();

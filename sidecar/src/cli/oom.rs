@@ -131,9 +131,7 @@ pub fn study(
     fail_fraction: f64,
     retries: u32,
 ) -> Result<()> {
-    let mut models = cluster.to_vec();
-    models.sort();
-    models.dedup();
+    let models = GpuModel::distinct(cluster);
     let oom = |retries: u32, estimate: bool| {
         Some(OomConfig {
             fail_fraction,

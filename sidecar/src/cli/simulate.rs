@@ -282,9 +282,7 @@ struct Report<'a> {
 pub fn run(a: &Args) -> Result<()> {
     let heuristic: Heuristic = a.placement.parse()?;
     let (cluster, jobs, horizon) = cluster_and_workload(a)?;
-    let mut models = cluster.clone();
-    models.sort();
-    models.dedup();
+    let models = GpuModel::distinct(&cluster);
     let mut policy = parse_policy_on(&a.policy, &cluster, 0.0)?;
     let cfg = SimConfig {
         reconfig_time_s: a.reconfig_time,

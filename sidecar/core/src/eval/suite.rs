@@ -265,9 +265,7 @@ pub fn run_scenario(
         .fold((0.0, 0usize), |(w, n), j| (w + j.work, n + 1));
     let reference = Reference::pooled(&train.references, work / jobs.max(1) as f64);
     let test = DaySet::new(&s.cluster, cfg.heuristic, s.test.clone()).map_err(sim_err)?;
-    let mut models = s.cluster.clone();
-    models.sort();
-    models.dedup();
+    let models = GpuModel::distinct(&s.cluster);
     let mut sc = Scorer {
         s,
         cfg,

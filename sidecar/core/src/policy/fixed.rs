@@ -185,10 +185,7 @@ pub fn parse_policy_on(
             rest, cluster, start_hour,
         )?));
     }
-    let mut models = cluster.to_vec();
-    models.sort();
-    models.dedup();
-    parse_policy(spec, &models)
+    parse_policy(spec, &GpuModel::distinct(cluster))
 }
 
 /// Builds a policy from its command-line name: `none`, `static:<index>` or

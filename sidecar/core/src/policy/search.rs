@@ -230,9 +230,7 @@ impl TwiceDaily {
         let (day, night) = spec
             .split_once('/')
             .ok_or_else(|| bad("expected DAY=SPEC/NIGHT=SPEC"))?;
-        let mut models = cluster.to_vec();
-        models.sort();
-        models.dedup();
+        let models = GpuModel::distinct(cluster);
         let phase = |part: &str| -> Result<(f64, Vec<Layout>), PolicyParseError> {
             let (hour, layout) = part
                 .split_once('=')

@@ -186,9 +186,7 @@ impl<'j> Engine<'j> {
         if jobs.len() >= NONE as usize {
             return Err(SimError::TooManyJobs(jobs.len()));
         }
-        let mut models: Vec<GpuModel> = cluster.to_vec();
-        models.sort();
-        models.dedup();
+        let models = GpuModel::distinct(cluster);
         let mut powers = Vec::with_capacity(models.len());
         for &model in &models {
             let p = cfg.power_for(model);
