@@ -1,4 +1,5 @@
-//! Crash-safe file writes for the journal and the sim backend's state.
+//! Crash-safe file writes for the journal and the sim backend's state, and
+//! the small file operations they share.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -27,6 +28,14 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     }
     fs::rename(&tmp, path)?;
     File::open(dir)?.sync_all()
+}
+
+/// Removes `path`; one that is not there is fine.
+pub fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Creates `dir` (and parents) and sets its mode, e.g. 0700 for the state dir.

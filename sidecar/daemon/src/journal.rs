@@ -44,7 +44,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use super::allocate::{Assignment, GpuBook};
-use super::fsutil::{atomic_write, ensure_dir};
+use super::fsutil::{atomic_write, ensure_dir, remove_if_present};
 
 /// The log is compacted into a new snapshot when it grows past this size.
 pub const COMPACT_BYTES: u64 = 4 * 1024 * 1024;
@@ -392,17 +392,7 @@ impl Journal {
 
     /// Writes the durable state as the snapshot and empties the log.
     fn compact(&self, inner: &mut Inner) -> Result<(), JournalError> {
-        let snap = Snapshot {
-            version: 2,
-            seq: inner.synced,
-            gpus: inner.durable.clone(),
-        };
-        let path = self.dir.join("snapshot.json");
-        let bytes = serde_json::to_vec_pretty(&snap).map_err(|e| JournalError::Corrupt {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-        atomic_write(&path, &bytes).map_err(|source| JournalError::Io { path, source })?;
+        write_snapshot(&self.dir, inner.synced, inner.durable.clone())?;
         self.log
             .set_len(0)
             .and_then(|()| self.log.sync_all())
@@ -546,6 +536,25 @@ impl Journal {
     }
 }
 
+/// Writes `dir/snapshot.json` (the state after record `seq`) atomically.
+fn write_snapshot(
+    dir: &Path,
+    seq: u64,
+    gpus: BTreeMap<u32, Vec<Entry>>,
+) -> Result<(), JournalError> {
+    let path = dir.join("snapshot.json");
+    let snap = Snapshot {
+        version: 2,
+        seq,
+        gpus,
+    };
+    let bytes = serde_json::to_vec_pretty(&snap).map_err(|e| JournalError::Corrupt {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    atomic_write(&path, &bytes).map_err(|source| JournalError::Io { path, source })
+}
+
 /// The file in the state directory naming where the journal was last
 /// opened, so that a changed `journal_dir` brings the assignments along.
 pub const LOCATION_FILE: &str = "journal.location";
@@ -588,30 +597,17 @@ pub fn open_moving(dir: &Path, state_dir: &Path) -> Result<(Journal, Option<Move
             } else {
                 Replay::default()
             };
-            let busy = |r: &Replay| r.gpus.values().any(|e| !e.is_empty());
-            if busy(&new) && non_empty(&new.gpus) != non_empty(&old.gpus) {
+            let here = non_empty(&new.gpus);
+            if !here.is_empty() && here != non_empty(&old.gpus) {
                 return Err(JournalError::Conflict {
                     old: last,
                     new: dir.to_path_buf(),
                 });
             }
             ensure_dir(dir, 0o700).map_err(io(dir))?;
-            let snap = Snapshot {
-                version: 2,
-                seq: old.seq,
-                gpus: old.gpus,
-            };
-            let path = dir.join("snapshot.json");
-            let bytes = serde_json::to_vec_pretty(&snap).map_err(|e| JournalError::Corrupt {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-            atomic_write(&path, &bytes).map_err(io(&path))?;
+            write_snapshot(dir, old.seq, old.gpus)?;
             let log = dir.join("log");
-            match std::fs::remove_file(&log) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&log)(e)),
-                _ => {}
-            }
+            remove_if_present(&log).map_err(io(&log))?;
             moved = Some(Moved {
                 from: last.clone(),
                 assignments,
@@ -627,10 +623,7 @@ pub fn open_moving(dir: &Path, state_dir: &Path) -> Result<(Journal, Option<Move
                 .map(|(_, p)| p),
         );
         for f in old_files {
-            match std::fs::remove_file(&f) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&f)(e)),
-                _ => {}
-            }
+            remove_if_present(&f).map_err(io(&f))?;
         }
     }
     let journal = Journal::open(dir)?;

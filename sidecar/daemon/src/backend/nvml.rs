@@ -202,6 +202,18 @@ impl NvmlBackend {
         })
     }
 
+    /// (GPU instance id, compute instance id) of MIG device `uuid` of `gpu`.
+    fn instance_ids(&self, gpu: u32, uuid: &str) -> Result<(c_uint, c_uint), BackendError> {
+        self.mig_devices(gpu)?
+            .into_iter()
+            .find(|(u, _, _)| u == uuid)
+            .map(|(_, gi, ci)| (gi, ci))
+            .ok_or_else(|| BackendError::UnknownInstance {
+                gpu,
+                uuid: uuid.to_string(),
+            })
+    }
+
     /// Every MIG device of `gpu`: (uuid, GPU instance id, compute instance id).
     fn mig_devices(&self, gpu: u32) -> Result<Vec<(String, c_uint, c_uint)>, BackendError> {
         let device = self
@@ -394,14 +406,7 @@ impl Backend for NvmlBackend {
 
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
         self.gpu(gpu)?;
-        let (_, gi_id, ci_id) = self
-            .mig_devices(gpu)?
-            .into_iter()
-            .find(|(u, _, _)| u == uuid)
-            .ok_or_else(|| BackendError::UnknownInstance {
-                gpu,
-                uuid: uuid.to_string(),
-            })?;
+        let (gi_id, ci_id) = self.instance_ids(gpu, uuid)?;
         let device = self
             .nvml
             .device_by_index(gpu)
@@ -443,14 +448,7 @@ impl Backend for NvmlBackend {
         let minor = self.gpu(gpu)?.minor.ok_or_else(|| {
             BackendError::Other(format!("GPU {gpu}: device minor number unknown"))
         })?;
-        let (_, gi, ci) = self
-            .mig_devices(gpu)?
-            .into_iter()
-            .find(|(u, _, _)| u == uuid)
-            .ok_or_else(|| BackendError::UnknownInstance {
-                gpu,
-                uuid: uuid.to_string(),
-            })?;
+        let (gi, ci) = self.instance_ids(gpu, uuid)?;
         let base = format!("/proc/driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}");
         [format!("{base}/access"), format!("{base}/ci{ci}/access")]
             .iter()

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Backend, BackendError, BackendInstance, GpuInfo};
 use crate::config::{InjectError, SimConfig};
-use crate::fsutil::{atomic_write, ensure_dir};
+use crate::fsutil::{atomic_write, ensure_dir, remove_if_present};
 use crate::mig::{Geometry, GpuModel, PlacementId, Shape};
 
 /// One persisted instance: keyed on slice counts and start, never on names.
@@ -41,6 +41,19 @@ struct SimGpu {
     model: GpuModel,
     serial: u64,
     instances: Vec<BackendInstance>,
+}
+
+impl SimGpu {
+    /// Where instance `uuid` of GPU `gpu` (this one) is in `instances`.
+    fn position(&self, gpu: u32, uuid: &str) -> Result<usize, BackendError> {
+        self.instances
+            .iter()
+            .position(|i| i.uuid == uuid)
+            .ok_or_else(|| BackendError::UnknownInstance {
+                gpu,
+                uuid: uuid.to_string(),
+            })
+    }
 }
 
 /// The simulated backend.
@@ -315,14 +328,7 @@ impl Backend for SimBackend {
         if let Some(err) = self.injected("destroy", gpu, uuid) {
             return Err(err);
         }
-        let pos = state
-            .instances
-            .iter()
-            .position(|i| i.uuid == uuid)
-            .ok_or_else(|| BackendError::UnknownInstance {
-                gpu,
-                uuid: uuid.to_string(),
-            })?;
+        let pos = state.position(gpu, uuid)?;
         self.delay();
         let removed = state.instances.remove(pos);
         if let Err(e) = self.save(gpu, &state) {
@@ -331,10 +337,8 @@ impl Backend for SimBackend {
         }
         let start = Geometry::of(state.model).placement(removed.placement).start;
         for f in self.cap_paths(gpu, start) {
-            if let Err(e) = std::fs::remove_file(&f) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(gpu, uuid, file = %f.display(), "access file not removed: {e}");
-                }
+            if let Err(e) = remove_if_present(&f) {
+                tracing::warn!(gpu, uuid, file = %f.display(), "access file not removed: {e}");
             }
         }
         Ok(())
@@ -342,14 +346,7 @@ impl Backend for SimBackend {
 
     fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError> {
         let state = self.gpu(gpu)?;
-        let inst = state
-            .instances
-            .iter()
-            .find(|i| i.uuid == uuid)
-            .ok_or_else(|| BackendError::UnknownInstance {
-                gpu,
-                uuid: uuid.to_string(),
-            })?;
+        let inst = &state.instances[state.position(gpu, uuid)?];
         let start = Geometry::of(state.model).placement(inst.placement).start;
         let files = self.cap_paths(gpu, start);
         for f in &files {

@@ -1323,9 +1323,11 @@ impl Daemon {
     }
 }
 
-/// Binds the socket: parent dir created 0755 if missing, a stale socket
-/// file removed (a live one means another daemon: refuse), mode 0666
-/// (status is public; writes are checked with SO_PEERCRED).
+/// Binds a socket: parent dir created 0755 if missing, a stale socket
+/// file removed (a live one means another daemon: refuse), then `mode` and
+/// `owner`: 0666 for the public socket (status is public; writes are
+/// checked with SO_PEERCRED), 0600 owned by `slurm_user` for the root-only
+/// one.
 fn bind_socket(path: &Path, mode: u32, owner: Option<u32>) -> Result<UnixListener, StartError> {
     if let Some(dir) = path.parent() {
         if !dir.exists() {
