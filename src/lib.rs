@@ -137,8 +137,8 @@ pub fn fields(output: &str) -> std::collections::HashMap<String, String> {
 }
 
 /// The plugstack.conf line that loads the built plugin for a test cluster
-/// in `dir` (the sidecar's socket is `dir/run/smartmigd.sock`, as
-/// [`Sidecar::start`] makes it), with a 40 s request timeout and `extra`
+/// in `dir` (the sidecar's root-only socket, `dir/run/smartmigd-root.sock`,
+/// as [`Sidecar::start`] makes it), with a 40 s request timeout and `extra`
 /// plugin arguments.
 pub fn plugstack_line(dir: &Path, extra: &str) -> String {
     format!(
@@ -584,9 +584,7 @@ impl Sidecar {
         let _ = child.kill();
         let _ = child.wait();
     }
-}
 
-impl Sidecar {
     /// Kills the daemon with SIGKILL (a crash): nothing is cleaned up.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

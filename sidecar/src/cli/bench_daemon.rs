@@ -171,13 +171,16 @@ fn start_daemon(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let socket = dir.join("smartmig.sock");
+    // The root-only socket: the SPANK plugin's, and the measured clients'.
+    let admin = dir.join("smartmig-root.sock");
     let journal = journal_dir.map_or_else(String::new, |j| {
         let _ = std::fs::remove_dir_all(j);
         format!("journal_dir = \"{}\"\n", j.display())
     });
     let config = format!(
-        "socket = \"{}\"\nstate_dir = \"{}\"\n{journal}allocate_wait_s = 5\nlog_level = \"warn\"\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = {gpus}\n",
+        "socket = \"{}\"\nadmin_socket = \"{}\"\nstate_dir = \"{}\"\n{journal}allocate_wait_s = 5\nlog_level = \"warn\"\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = {gpus}\n",
         socket.display(),
+        admin.display(),
         dir.join("state").display()
     );
     let path = dir.join("smartmig.toml");
@@ -190,8 +193,6 @@ fn start_daemon(
         .stderr(Stdio::inherit())
         .spawn()?;
     let guard = Child_ { child, dir };
-    // The root-only socket, the SPANK plugin's (smartmigd's default name).
-    let admin = socket.with_file_name("smartmig-root.sock");
     let client = Client::new(&admin).with_io_timeout(Duration::from_secs(30));
     let t0 = Instant::now();
     loop {
@@ -361,17 +362,7 @@ pub fn flood(a: &FloodArgs) -> anyhow::Result<()> {
     use std::os::unix::net::UnixStream;
     use std::sync::atomic::{AtomicBool, Ordering};
     // One descriptor per connection: lift the soft limit to the hard one.
-    if let Ok((soft, hard)) =
-        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-    {
-        if soft < hard {
-            let _ = nix::sys::resource::setrlimit(
-                nix::sys::resource::Resource::RLIMIT_NOFILE,
-                hard,
-                hard,
-            );
-        }
-    }
+    crate::daemon::server::raise_open_files_limit();
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();

@@ -1349,8 +1349,9 @@ fn bind_socket(path: &Path, mode: u32, owner: Option<u32>) -> Result<UnixListene
 }
 
 /// Raises the soft limit of open files to the hard one (systemd's
-/// `LimitNOFILE`), so that connections, not descriptors, run out first.
-fn raise_open_files_limit() {
+/// `LimitNOFILE`), so that connections, not descriptors, run out first
+/// (also used by `smartmig bench flood`, which holds thousands).
+pub fn raise_open_files_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
