@@ -436,6 +436,43 @@ impl Drop for SlurmCluster {
     }
 }
 
+/// What a test sidecar drives.
+pub enum SidecarBackend {
+    /// The sim backend with two A100-40GB.
+    Sim,
+    /// The nvml backend over the NVML emulator (`sidecar/nvml-emu`, the
+    /// build's `libsmartmig_nvml_emu.so`) whose state is in this directory.
+    NvmlEmulator(PathBuf),
+}
+
+impl SidecarBackend {
+    fn top_toml(&self) -> String {
+        match self {
+            SidecarBackend::Sim => "backend = \"sim\"\n".into(),
+            SidecarBackend::NvmlEmulator(_) => "backend = \"nvml\"\n".into(),
+        }
+    }
+
+    fn tables_toml(&self) -> String {
+        match self {
+            SidecarBackend::Sim => "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n".into(),
+            SidecarBackend::NvmlEmulator(emu) => format!(
+                "[nvml]\nlibrary = \"{}\"\ncapabilities_dir = \"{}\"\ncaps_dev_dir = \"{}\"\n",
+                artifact("libsmartmig_nvml_emu.so").display(),
+                emu.join("capabilities").display(),
+                emu.join("nvidia-caps").display(),
+            ),
+        }
+    }
+
+    fn env(&self) -> Vec<(&'static str, PathBuf)> {
+        match self {
+            SidecarBackend::Sim => Vec::new(),
+            SidecarBackend::NvmlEmulator(emu) => vec![("SMARTMIG_NVML_EMU_DIR", emu.clone())],
+        }
+    }
+}
+
 /// A `smartmigd` started for a test from the build's binary, with a config
 /// written into the cluster directory (`smartmigd.toml`), its socket at
 /// `DIR/run/smartmigd.sock`, state in `DIR/smartmigd-state` and its log in
@@ -450,7 +487,7 @@ impl Sidecar {
     /// tables, e.g. two A100-40GB) plus `extra` TOML lines, and waits until
     /// `smartmig status` answers. Panics with the daemon's log otherwise.
     pub fn start(dir: &Path, extra: &str) -> Sidecar {
-        Sidecar::start_inner(dir, extra, false)
+        Sidecar::start_on(dir, extra, false, &SidecarBackend::Sim)
     }
 
     /// Like [`Sidecar::start`], but with Slurm queries enabled
@@ -458,10 +495,13 @@ impl Sidecar {
     /// against the cluster of `DIR/slurm.conf` (requeue after an
     /// out-of-memory failure, releasing instances of ended jobs).
     pub fn start_with_slurm(dir: &Path, extra: &str) -> Sidecar {
-        Sidecar::start_inner(dir, extra, true)
+        Sidecar::start_on(dir, extra, true, &SidecarBackend::Sim)
     }
 
-    fn start_inner(dir: &Path, extra: &str, slurm: bool) -> Sidecar {
+    /// Starts smartmigd on `backend`, with Slurm queries on or off. Called
+    /// again on the same directory (after [`Sidecar::kill`]), it restarts
+    /// the daemon on the state the first one left.
+    pub fn start_on(dir: &Path, extra: &str, slurm: bool, backend: &SidecarBackend) -> Sidecar {
         let socket = dir.join("run/smartmigd.sock");
         let state = dir.join("smartmigd-state");
         let log_dir = dir.join("log");
@@ -474,17 +514,17 @@ impl Sidecar {
              socket = \"{}\"\n\
              state_dir = \"{}\"\n\
              slurm_user = \"root\"\n\
-             backend = \"sim\"\n\
              log_level = \"info\"\n\
+             {}\
              {extra}\n\
-             [[gpus]]\n\
-             model = \"a100-40gb\"\n\
-             count = 2\n\
+             {}\
              \n\
              [slurm]\n\
              enabled = {slurm}\n",
             socket.display(),
             state.display(),
+            backend.top_toml(),
+            backend.tables_toml(),
         );
         std::fs::write(&config, text).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
         let log_path = log_dir.join("smartmigd.log");
@@ -498,6 +538,7 @@ impl Sidecar {
             .arg("--config")
             .arg(&config)
             .env("SLURM_CONF", dir.join("slurm.conf"))
+            .envs(backend.env())
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2)

@@ -377,7 +377,7 @@ fn garbage_replies_fail_the_job_with_a_reason() {
         (
             "closed without reply",
             Vec::new(),
-            vec!["smartmigd sent an invalid reply: connection closed without a reply"],
+            vec!["smartmigd closed the connection without a reply"],
         ),
         (
             "oversized line (5 MiB)",

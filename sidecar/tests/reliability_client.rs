@@ -119,3 +119,19 @@ fn junk_reply_is_quoted_but_cut() {
     assert!(text.ends_with("... (10001 bytes)"), "{text}");
     assert!(text.len() < 400, "{} bytes", text.len());
 }
+
+/// A daemon that dies mid-request (the connection closes, or is reset,
+/// before any reply) is `Dropped`, which the plugin treats as a sidecar
+/// that is not there yet and asks again, not as a bad reply.
+#[test]
+fn connection_closed_before_a_reply_is_dropped() {
+    let path = fake("dropped.sock", drop);
+    let c = Client::new(&path).with_io_timeout(Duration::from_secs(5));
+    let err = c.health().expect_err("no reply");
+    assert!(matches!(err, ClientError::Dropped), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("closed the connection without a reply"),
+        "{err}"
+    );
+}

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, sim_backend_uuids, TestDaemon};
+use daemon_common::{backend_uuids, req, TestDaemon};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smartmig::daemon::{Client, ClientError, ErrorKind};
@@ -41,7 +41,7 @@ struct View {
 fn sim_instances(d: &TestDaemon) -> BTreeMap<u32, BTreeSet<String>> {
     // A GPU whose state file does not exist yet has no instances.
     (0..GPUS)
-        .map(|g| (g, sim_backend_uuids(d, g).unwrap_or_default()))
+        .map(|g| (g, backend_uuids(d, g).unwrap_or_default()))
         .collect()
 }
 

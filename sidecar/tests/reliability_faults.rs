@@ -15,7 +15,7 @@ mod daemon_common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, sim_backend_uuids, TestDaemon};
+use daemon_common::{backend_uuids, req, TestDaemon};
 use smartmig::daemon::{ClientError, ErrorKind};
 
 fn rss_kib(pid: i32) -> u64 {
@@ -82,7 +82,7 @@ fn injected_backend_errors_recover_and_converge() {
         .iter()
         .map(|i| i.uuid.clone())
         .collect();
-    assert_eq!(shown, sim_backend_uuids(&d, 0).expect("sim state of GPU 0"));
+    assert_eq!(shown, backend_uuids(&d, 0).expect("sim state of GPU 0"));
     assert_eq!(shown, BTreeSet::from([big.uuid.clone()]));
     let journal = smartmig::daemon::journal::replay(&d.dir.join("state/journal")).unwrap();
     let j: Vec<(u64, String)> = journal.gpus[&0]

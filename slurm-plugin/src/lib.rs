@@ -33,7 +33,7 @@ use std::sync::{Mutex, MutexGuard};
 use smartmig_client::client::{Client, ClientError};
 use smartmig_client::protocol::{AllocateRequest, ErrorKind, ReleaseRequest};
 
-pub mod args;
+pub use smartmig_client::plugstack as args;
 pub mod job;
 pub mod oom;
 pub mod options;
@@ -777,10 +777,13 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
 }
 
 /// Whether `e` means the sidecar is not there (socket missing or refused,
-/// connect timed out, daemon shutting down) rather than a refusal.
+/// connect timed out, daemon shutting down, or gone mid-request) rather
+/// than a refusal.
 fn is_unreachable(e: &ClientError) -> bool {
     match e {
-        ClientError::Connect { .. } | ClientError::ConnectTimeout { .. } => true,
+        ClientError::Connect { .. } | ClientError::ConnectTimeout { .. } | ClientError::Dropped => {
+            true
+        }
         ClientError::Daemon(body) => body.kind == ErrorKind::ShuttingDown,
         _ => false,
     }

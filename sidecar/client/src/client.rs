@@ -60,6 +60,12 @@ pub enum ClientError {
     Timeout { ms: u128 },
     #[error("smartmigd sent an invalid reply: {0}")]
     Protocol(String),
+    /// The daemon closed the connection (or it was reset) before a reply:
+    /// smartmigd stopped or crashed mid-request. Whether the request took
+    /// effect is unknown; allocate and release are idempotent per job and
+    /// step, so the plugin asks again (`sidecar_wait`).
+    #[error("smartmigd closed the connection without a reply (it stopped or crashed mid-request)")]
+    Dropped,
     /// The daemon answered with an error (see [`ErrorBody::kind`]).
     #[error("smartmigd: {0}")]
     Daemon(ErrorBody),
@@ -124,6 +130,9 @@ impl Client {
         let ms = self.io_timeout.as_millis();
         let io = |e: std::io::Error| match e.kind() {
             IoErrorKind::WouldBlock | IoErrorKind::TimedOut => ClientError::Timeout { ms },
+            IoErrorKind::ConnectionReset
+            | IoErrorKind::ConnectionAborted
+            | IoErrorKind::BrokenPipe => ClientError::Dropped,
             _ => ClientError::Io(e),
         };
         stream.set_write_timeout(Some(self.io_timeout))?;
@@ -162,9 +171,7 @@ impl Client {
             }
         }
         if reply.is_empty() {
-            return Err(ClientError::Protocol(
-                "connection closed without a reply".into(),
-            ));
+            return Err(ClientError::Dropped);
         }
         String::from_utf8(reply).map_err(|e| {
             ClientError::Protocol(format!(

@@ -5,11 +5,14 @@
 //! - [`client`]: the blocking Unix-socket client (connect and I/O
 //!   timeouts, bounded replies) used by the SPANK plugin, `smartmig
 //!   status/release/reconcile` and the tests.
+//! - [`plugstack`]: the SPANK plugin's `plugstack.conf` arguments, parsed
+//!   by the plugin and checked by `smartmig doctor`.
 //!
 //! It depends on serde alone, so the SPANK plugin that slurmstepd loads as
 //! root into every job links no async runtime, no ML or GPU library.
 
 pub mod client;
+pub mod plugstack;
 pub mod protocol;
 
 pub use client::{Client, ClientError};

@@ -128,6 +128,33 @@ pub struct SimConfig {
     pub caps_dir: Option<PathBuf>,
 }
 
+/// Where the nvml backend finds the driver (`[nvml]`). The defaults are
+/// the driver's own paths; a site changes them only for a driver installed
+/// elsewhere, and the tests point them at the NVML emulator
+/// (`sidecar/nvml-emu`, docs/daemon.md "Testing the NVML backend").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvmlConfig {
+    /// The NVML library: a file name the dynamic loader looks up
+    /// (`libnvidia-ml.so.1`, the default) or an absolute path.
+    pub library: PathBuf,
+    /// The driver's capability tree, where each MIG instance's
+    /// `access` file names the minor of its capability device file.
+    pub capabilities_dir: PathBuf,
+    /// The capability device files (`nvidia-cap<M>`).
+    pub caps_dev_dir: PathBuf,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        NvmlConfig {
+            library: PathBuf::from("libnvidia-ml.so.1"),
+            capabilities_dir: PathBuf::from("/proc/driver/nvidia/capabilities"),
+            caps_dev_dir: PathBuf::from("/dev/nvidia-caps"),
+        }
+    }
+}
+
 /// Learned memory estimates (`[memory]`, docs/oom-and-memory.md "On a
 /// Slurm node").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -212,6 +239,8 @@ pub struct Config {
     /// Simulated GPUs (sim backend); ignored by the nvml backend.
     pub gpus: Vec<GpuGroup>,
     pub sim: SimConfig,
+    /// Where the nvml backend finds the driver (ignored by the sim backend).
+    pub nvml: NvmlConfig,
     pub allocate_wait_s: u64,
     pub request_timeout_s: u64,
     pub max_message_bytes: usize,
@@ -253,6 +282,7 @@ impl Default for Config {
             backend: BackendKind::Sim,
             gpus: Vec::new(),
             sim: SimConfig::default(),
+            nvml: NvmlConfig::default(),
             allocate_wait_s: 30,
             request_timeout_s: 10,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
@@ -323,6 +353,15 @@ impl Config {
         }
         if self.sim.caps_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
             return Err(invalid("sim.caps_dir", "must be an absolute path"));
+        }
+        if self.nvml.library.as_os_str().is_empty() {
+            return Err(invalid("nvml.library", "must not be empty"));
+        }
+        if !self.nvml.capabilities_dir.is_absolute() {
+            return Err(invalid("nvml.capabilities_dir", "must be an absolute path"));
+        }
+        if !self.nvml.caps_dev_dir.is_absolute() {
+            return Err(invalid("nvml.caps_dev_dir", "must be an absolute path"));
         }
         if self.slurm_user.trim().is_empty() {
             return Err(invalid("slurm_user", "must not be empty"));
@@ -453,7 +492,7 @@ impl Config {
     }
 
     /// What SIGHUP makes of `new` when `self` is running: `new` with every
-    /// restart-only setting (socket, state_dir, journal_dir, backend, gpus, sim,
+    /// restart-only setting (socket, state_dir, journal_dir, backend, gpus, sim, nvml,
     /// metrics_listen, log_level, memory.estimator) kept from `self`, and
     /// the names of those that differed. The one list of restart-only keys.
     pub fn reloaded(&self, new: &Config) -> (Config, Vec<&'static str>) {
@@ -474,6 +513,7 @@ impl Config {
         keep!("backend", backend);
         keep!("gpus", gpus);
         keep!("sim", sim);
+        keep!("nvml", nvml);
         keep!("metrics_listen", metrics_listen);
         keep!("log_level", log_level);
         keep!("memory.estimator", memory.estimator);

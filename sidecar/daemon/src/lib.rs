@@ -36,7 +36,7 @@ pub mod policy_choice;
 pub mod server;
 pub mod slurm;
 
-pub use smartmig_client::{client, protocol};
+pub use smartmig_client::{client, plugstack, protocol};
 
 // The core crates under the names the modules use (`crate::policy::...` is the core's).
 use smartmig_core::{policy, workload};

@@ -14,6 +14,7 @@ pub mod bench_policy;
 pub mod bench_suite;
 pub mod bound;
 pub mod compare;
+pub mod doctor;
 pub mod layouts;
 pub mod oom;
 pub mod simulate;
@@ -47,6 +48,8 @@ pub enum Command {
     Reconcile(admin::ReconcileArgs),
     /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
     Bound(bound::Args),
+    /// Check a node before enabling the plugin: config, NVML, Slurm, plugin, daemon, policy (read-only).
+    Doctor(doctor::Args),
     /// Train the learned repartitioning policy on the simulator (writes ONNX + metadata).
     Train(train::Args),
 }
@@ -65,6 +68,7 @@ pub fn main() -> ExitCode {
         Command::Reconcile(args) => admin::reconcile(&args),
         Command::Train(args) => train::run(&args),
         Command::Bound(args) => bound::run(&args),
+        Command::Doctor(args) => doctor::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,9 @@
 //! Shared harness of the daemon integration tests: a real `smartmigd` on a
-//! temporary socket with the sim backend (2 x A100-40GB by default).
+//! temporary socket driving 2 x A100-40GB, by default through the sim
+//! backend. With `SMARTMIG_TEST_BACKEND=nvml` the same tests drive the nvml
+//! backend over the NVML emulator (`sidecar/nvml-emu`, loaded by path from
+//! the build's profile directory): `scripts/test` runs the daemon tests
+//! both ways.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -10,6 +14,73 @@ use std::time::{Duration, Instant};
 
 use smartmig::daemon::protocol::AllocateRequest;
 use smartmig::daemon::Client;
+use smartmig::mig::GpuModel;
+use smartmig_nvml_emu::{Emulator, GpuSetup};
+
+/// The backend the tests drive: `sim` (default) or `nvml` (over the
+/// emulator), from `SMARTMIG_TEST_BACKEND`.
+pub fn backend() -> &'static str {
+    match std::env::var("SMARTMIG_TEST_BACKEND").as_deref() {
+        Err(_) | Ok("" | "sim") => "sim",
+        Ok("nvml") => "nvml",
+        Ok(other) => panic!("SMARTMIG_TEST_BACKEND={other}: expected sim or nvml"),
+    }
+}
+
+/// The NVML emulator library of this build (beside `smartmigd`).
+pub fn emulator_library() -> PathBuf {
+    let lib = std::path::Path::new(env!("CARGO_BIN_EXE_smartmigd"))
+        .with_file_name("libsmartmig_nvml_emu.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: build it with `cargo build --release -p smartmig-nvml-emu` \
+         (scripts/test builds the whole workspace)",
+        lib.display()
+    );
+    lib
+}
+
+/// The emulator's state directory of a test daemon.
+fn emulator_dir(dir: &std::path::Path) -> PathBuf {
+    dir.join("nvml-emu")
+}
+
+/// The backend part of a test config: the 2 x A100-40GB as `[[gpus]]` for
+/// the sim backend, or, for the nvml backend, a fresh emulator with the same
+/// GPUs and the `[nvml]` table that loads it. `top` goes before the first
+/// table, `tables` after the others.
+pub struct BackendToml {
+    pub top: String,
+    pub tables: String,
+}
+
+pub fn backend_toml(dir: &std::path::Path) -> BackendToml {
+    match backend() {
+        "sim" => BackendToml {
+            top: "backend = \"sim\"\n".into(),
+            tables: "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n".into(),
+        },
+        _ => {
+            let emu = Emulator::create(
+                &emulator_dir(dir),
+                &[
+                    GpuSetup::mig(GpuModel::A100_40gb),
+                    GpuSetup::mig(GpuModel::A100_40gb),
+                ],
+            )
+            .expect("create the NVML emulator's state");
+            BackendToml {
+                top: "backend = \"nvml\"\n".into(),
+                tables: format!(
+                    "[nvml]\nlibrary = \"{}\"\ncapabilities_dir = \"{}\"\ncaps_dev_dir = \"{}\"\n",
+                    emulator_library().display(),
+                    emu.capabilities_dir().display(),
+                    emu.caps_dev_dir().display(),
+                ),
+            }
+        }
+    }
+}
 
 pub struct TestDaemon {
     pub dir: PathBuf,
@@ -39,23 +110,28 @@ pub fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon
             "scontrol",
             format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
         );
+        let backend = backend_toml(dir);
         format!(
-            "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{extra}\n\
-             [slurm]\nenabled = true\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n\
-             [[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n",
+            "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{}{extra}\n\
+             [slurm]\nenabled = true\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n{}",
             dir.join("run/smartmig.sock").display(),
             dir.join("state").display(),
+            backend.top,
             squeue.display(),
             scontrol.display(),
+            backend.tables,
         )
     })
 }
 
 pub fn base_config(dir: &std::path::Path, extra: &str) -> String {
+    let backend = backend_toml(dir);
     format!(
-        "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nepoch_s = 3600\nlog_level = \"info\"\n{extra}\n[slurm]\nenabled = false\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n",
+        "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nepoch_s = 3600\nlog_level = \"info\"\n{}{extra}\n[slurm]\nenabled = false\n{}",
         dir.join("run/smartmig.sock").display(),
         dir.join("state").display(),
+        backend.top,
+        backend.tables,
     )
 }
 
@@ -93,6 +169,7 @@ impl TestDaemon {
         let child = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
             .arg("--config")
             .arg(&self.config)
+            .env(smartmig_nvml_emu::DIR_ENV, emulator_dir(&self.dir))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -176,12 +253,22 @@ impl Drop for TestDaemon {
     }
 }
 
-/// UUIDs of the instances the sim backend has persisted for `gpu` (its
-/// state file, read from disk: what a restarted daemon would find).
-pub fn sim_backend_uuids(
+/// UUIDs of the instances the backend holds on `gpu`, read from disk (the
+/// sim backend's state file or the emulator's state): what a restarted
+/// daemon would find.
+pub fn backend_uuids(
     d: &TestDaemon,
     gpu: u32,
 ) -> std::io::Result<std::collections::BTreeSet<String>> {
+    if backend() == "nvml" {
+        let emu = Emulator::open(&emulator_dir(&d.dir)).map_err(std::io::Error::other)?;
+        return Ok(emu
+            .instances(gpu)
+            .map_err(std::io::Error::other)?
+            .into_iter()
+            .filter_map(|i| i.uuid)
+            .collect());
+    }
     let bytes = std::fs::read(d.dir.join(format!("state/sim/gpu{gpu}.json")))?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).expect("sim state is JSON");
     Ok(v["instances"]

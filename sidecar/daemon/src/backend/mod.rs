@@ -6,6 +6,7 @@
 //! destroy) so that every decision stays in the pure core and the backends
 //! only execute.
 
+pub mod inventory;
 pub mod nvml;
 pub mod sim;
 

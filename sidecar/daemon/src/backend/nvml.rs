@@ -10,8 +10,12 @@
 //! The daemon never toggles MIG mode (it needs a GPU reset on A100/A30): a
 //! GPU with MIG mode off stops the daemon with a message naming it.
 //!
-//! Orphan GPU instances without a compute instance are not listed (they
-//! have no MIG device handle); `nvidia-smi mig -dgi` removes them.
+//! GPU instances without a compute instance (a crash between the two
+//! creates) are destroyed at start: they hold slices nothing can use.
+//!
+//! This file has run against the NVML emulator (`sidecar/nvml-emu`) in
+//! every test run, never yet on a GPU: docs/daemon.md, "Testing the NVML
+//! backend", lists which calls only hardware can confirm.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -23,6 +27,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings as sys;
 
 use super::{Backend, BackendError, BackendInstance, GpuInfo};
+use crate::config::NvmlConfig;
 use crate::mig::{Geometry, GpuModel, PlacementId, ProfileSpec, Shape};
 
 /// Turns an NVML return code into a result, with the codes the daemon must
@@ -100,6 +105,18 @@ struct NvmlGpu {
 pub struct NvmlBackend {
     nvml: Nvml,
     gpus: Vec<NvmlGpu>,
+    /// The driver's capability tree (`nvml.capabilities_dir`).
+    capabilities_dir: PathBuf,
+    /// The capability device files (`nvml.caps_dev_dir`).
+    caps_dev_dir: PathBuf,
+}
+
+/// Loads the NVML library `config` names and initialises it.
+pub fn load(config: &NvmlConfig) -> Result<Nvml, BackendError> {
+    Nvml::builder()
+        .lib_path(config.library.as_os_str())
+        .init()
+        .map_err(init_error)
 }
 
 fn init_error(e: NvmlError) -> BackendError {
@@ -115,13 +132,15 @@ fn init_error(e: NvmlError) -> BackendError {
     }
 }
 
-fn nvml_err(gpu: u32, what: &str, e: NvmlError) -> BackendError {
+/// Turns an nvml-wrapper error into a [`BackendError`]; a function the
+/// library does not export counts as not supported.
+pub fn nvml_err(gpu: u32, what: &str, e: NvmlError) -> BackendError {
     match e {
         NvmlError::InUse => BackendError::InUse {
             gpu,
             what: what.into(),
         },
-        NvmlError::NotSupported => BackendError::NotSupported {
+        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) => BackendError::NotSupported {
             gpu,
             what: what.into(),
         },
@@ -135,8 +154,8 @@ fn nvml_err(gpu: u32, what: &str, e: NvmlError) -> BackendError {
 
 impl NvmlBackend {
     /// Loads NVML, identifies every GPU and checks that MIG mode is on.
-    pub fn open() -> Result<NvmlBackend, BackendError> {
-        let nvml = Nvml::init().map_err(init_error)?;
+    pub fn open(config: &NvmlConfig) -> Result<NvmlBackend, BackendError> {
+        let nvml = load(config)?;
         let count = nvml
             .device_count()
             .map_err(|e| nvml_err(0, "device count", e))?;
@@ -192,7 +211,86 @@ impl NvmlBackend {
                 ids,
             });
         }
-        Ok(NvmlBackend { nvml, gpus })
+        let backend = NvmlBackend {
+            nvml,
+            gpus,
+            capabilities_dir: config.capabilities_dir.clone(),
+            caps_dev_dir: config.caps_dev_dir.clone(),
+        };
+        for gpu in 0..count {
+            backend.remove_orphans(gpu)?;
+        }
+        Ok(backend)
+    }
+
+    /// Destroys the GPU instances of `gpu` that have no compute instance.
+    ///
+    /// A crash between creating a GPU instance and its compute instance
+    /// leaves one behind; it has no MIG device, so [`Backend::list`] cannot
+    /// show it, yet it holds its memory slices and every create over them
+    /// fails with `INSUFFICIENT_RESOURCES`. Nothing can run on a GPU
+    /// instance without a compute instance, so removing it at start loses
+    /// nothing (found by the NVML emulator's crash tests).
+    fn remove_orphans(&self, gpu: u32) -> Result<(), BackendError> {
+        let info = self.gpu(gpu)?;
+        let with_ci: Vec<c_uint> = self
+            .mig_devices(gpu)?
+            .into_iter()
+            .map(|(_, gi, _)| gi)
+            .collect();
+        let device = self
+            .nvml
+            .device_by_index(gpu)
+            .map_err(|e| nvml_err(gpu, "device handle", e))?;
+        let lib = self.nvml.lib();
+        let mut profile_ids: Vec<c_uint> = info.ids.values().copied().collect();
+        profile_ids.sort_unstable();
+        for profile_id in profile_ids {
+            // At most 8 GPU instances of one profile on any MIG GPU.
+            let mut handles: [sys::nvmlGpuInstance_t; 8] = [std::ptr::null_mut(); 8];
+            let mut count: c_uint = handles.len() as c_uint;
+            // SAFETY: live device handle; the buffer holds `count` handles.
+            unsafe {
+                map_return(
+                    lib.nvmlDeviceGetGpuInstances(
+                        device.handle(),
+                        profile_id,
+                        handles.as_mut_ptr(),
+                        &mut count,
+                    ),
+                    gpu,
+                    "GPU instances",
+                )?;
+            }
+            for &gi in handles.iter().take(count as usize) {
+                let mut gi_info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: a handle NVML just returned and a valid out-pointer.
+                unsafe {
+                    map_return(
+                        lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info),
+                        gpu,
+                        "GPU instance info",
+                    )?;
+                }
+                if with_ci.contains(&gi_info.id) {
+                    continue;
+                }
+                tracing::warn!(
+                    gpu,
+                    gpu_instance = gi_info.id,
+                    profile = profile_id,
+                    start = gi_info.placement.start,
+                    "GPU instance without a compute instance (left by a crash); destroying it"
+                );
+                // SAFETY: as above.
+                map_return(
+                    unsafe { lib.nvmlGpuInstanceDestroy(gi) },
+                    gpu,
+                    &format!("destroy orphan GPU instance {}", gi_info.id),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     fn gpu(&self, gpu: u32) -> Result<&NvmlGpu, BackendError> {
@@ -220,46 +318,63 @@ impl NvmlBackend {
             .nvml
             .device_by_index(gpu)
             .map_err(|e| nvml_err(gpu, "device handle", e))?;
-        let lib = self.nvml.lib();
-        let mut out = Vec::new();
-        let mut max: c_uint = 0;
-        // SAFETY: live handle, valid out-pointers, buffers sized as NVML documents.
-        unsafe {
-            map_return(
-                lib.nvmlDeviceGetMaxMigDeviceCount(device.handle(), &mut max),
-                gpu,
-                "MIG device count",
-            )?;
-            for i in 0..max {
-                let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
-                if lib.nvmlDeviceGetMigDeviceHandleByIndex(device.handle(), i, &mut mig)
-                    != sys::nvmlReturn_enum_NVML_SUCCESS
-                {
-                    continue; // no MIG device at this index
-                }
-                let (mut gi, mut ci) = (0, 0);
-                map_return(
-                    lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi),
-                    gpu,
-                    "GPU instance id",
-                )?;
-                map_return(
-                    lib.nvmlDeviceGetComputeInstanceId(mig, &mut ci),
-                    gpu,
-                    "compute instance id",
-                )?;
-                let mut buf = [0 as c_char; sys::NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
-                map_return(
-                    lib.nvmlDeviceGetUUID(mig, buf.as_mut_ptr(), buf.len() as c_uint),
-                    gpu,
-                    "MIG UUID",
-                )?;
-                let uuid = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
-                out.push((uuid, gi, ci));
-            }
-        }
-        Ok(out)
+        // SAFETY: a live device handle of this library.
+        unsafe { mig_devices(&self.nvml, device.handle(), gpu) }
     }
+}
+
+/// Every MIG device of GPU `gpu` (handle `device`): (uuid, GPU instance id,
+/// compute instance id). Shared with the read-only survey
+/// ([`super::inventory`]).
+///
+/// # Safety
+/// `device` must be a live device handle of `nvml`'s library.
+pub unsafe fn mig_devices(
+    nvml: &Nvml,
+    device: sys::nvmlDevice_t,
+    gpu: u32,
+) -> Result<Vec<(String, c_uint, c_uint)>, BackendError> {
+    let lib = nvml.lib();
+    let mut out = Vec::new();
+    let mut max: c_uint = 0;
+    // SAFETY: live handle (the caller's promise), valid out-pointers,
+    // buffers sized as NVML documents.
+    unsafe {
+        map_return(
+            lib.nvmlDeviceGetMaxMigDeviceCount(device, &mut max),
+            gpu,
+            "MIG device count",
+        )?;
+        for i in 0..max {
+            let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
+            match lib.nvmlDeviceGetMigDeviceHandleByIndex(device, i, &mut mig) {
+                sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND => continue, // none at this index
+                // Any other failure is the driver's, not an empty slot: a
+                // GPU must not look empty because NVML misbehaved.
+                code => map_return(code, gpu, "MIG device handle")?,
+            }
+            let (mut gi, mut ci) = (0, 0);
+            map_return(
+                lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi),
+                gpu,
+                "GPU instance id",
+            )?;
+            map_return(
+                lib.nvmlDeviceGetComputeInstanceId(mig, &mut ci),
+                gpu,
+                "compute instance id",
+            )?;
+            let mut buf = [0 as c_char; sys::NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
+            map_return(
+                lib.nvmlDeviceGetUUID(mig, buf.as_mut_ptr(), buf.len() as c_uint),
+                gpu,
+                "MIG UUID",
+            )?;
+            let uuid = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
+            out.push((uuid, gi, ci));
+        }
+    }
+    Ok(out)
 }
 
 impl Backend for NvmlBackend {
@@ -354,7 +469,7 @@ impl Backend for NvmlBackend {
         // SAFETY: live handle, valid in/out pointers; on a compute-instance
         // failure the new GPU instance is destroyed again so no orphan stays.
         unsafe {
-            map_return(
+            let created = map_return(
                 lib.nvmlDeviceCreateGpuInstanceWithPlacement(
                     device.handle(),
                     profile_id,
@@ -363,7 +478,16 @@ impl Backend for NvmlBackend {
                 ),
                 gpu,
                 &format!("create GPU instance {what}"),
-            )?;
+            );
+            if let Err(e @ BackendError::Timeout { .. }) = created {
+                // The GPU instance may exist without its compute
+                // instance: invisible to `list`, yet holding its slices.
+                if let Err(cleanup) = self.remove_orphans(gpu) {
+                    tracing::error!(gpu, "after a timed-out create: {cleanup}");
+                }
+                return Err(e);
+            }
+            created?;
             map_return(
                 lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info),
                 gpu,
@@ -443,23 +567,24 @@ impl Backend for NvmlBackend {
     /// `/dev/nvidia-caps/nvidia-cap<M>` of the GPU instance and of the
     /// compute instance, `M` read from the driver's
     /// `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access`
+    /// (both directories as `[nvml]` names them)
     /// (`DeviceFileMinor: M`), as Slurm's own MIG support does.
     fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError> {
         let minor = self.gpu(gpu)?.minor.ok_or_else(|| {
             BackendError::Other(format!("GPU {gpu}: device minor number unknown"))
         })?;
         let (gi, ci) = self.instance_ids(gpu, uuid)?;
-        let base = format!("/proc/driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}");
-        [format!("{base}/access"), format!("{base}/ci{ci}/access")]
+        let base = self.capabilities_dir.join(format!("gpu{minor}/mig/gi{gi}"));
+        [base.join("access"), base.join(format!("ci{ci}/access"))]
             .iter()
             .map(|proc_file| {
-                let text = std::fs::read_to_string(proc_file).map_err(|e| {
-                    BackendError::Other(format!("GPU {gpu}: reading {proc_file}: {e}"))
-                })?;
+                let shown = proc_file.display();
+                let text = std::fs::read_to_string(proc_file)
+                    .map_err(|e| BackendError::Other(format!("GPU {gpu}: reading {shown}: {e}")))?;
                 let m = cap_minor(&text).ok_or_else(|| {
-                    BackendError::Other(format!("GPU {gpu}: {proc_file} names no DeviceFileMinor"))
+                    BackendError::Other(format!("GPU {gpu}: {shown} names no DeviceFileMinor"))
                 })?;
-                Ok(PathBuf::from(format!("/dev/nvidia-caps/nvidia-cap{m}")))
+                Ok(self.caps_dev_dir.join(format!("nvidia-cap{m}")))
             })
             .collect()
     }
@@ -565,7 +690,7 @@ mod tests {
     #[test]
     fn loading_without_a_driver_says_so() {
         // No NVIDIA driver on CI machines: the message must say what is missing.
-        match NvmlBackend::open() {
+        match NvmlBackend::open(&NvmlConfig::default()) {
             Err(e) => {
                 let msg = e.to_string();
                 if std::path::Path::new("/dev/nvidiactl").exists() {

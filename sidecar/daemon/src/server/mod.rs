@@ -408,7 +408,7 @@ impl Daemon {
                 }
                 Arc::new(SimBackend::open(&config.state_dir, &models, sim)?)
             }
-            BackendKind::Nvml => Arc::new(NvmlBackend::open()?),
+            BackendKind::Nvml => Arc::new(NvmlBackend::open(&config.nvml)?),
         };
         let (journal, moved) = journal::open_moving(&config.journal_dir(), &config.state_dir)?;
         if let Some(m) = moved {

@@ -1,4 +1,4 @@
-//! The plugin's `plugstack.conf` arguments (`socket=PATH timeout=SECONDS
+//! The SPANK plugin's `plugstack.conf` arguments (`socket=PATH timeout=SECONDS
 //! on_failure=fail|whole-gpu oom_requeue=yes|no oom_dir=PATH
 //! sidecar_wait=SECONDS drain_on_unreachable=yes|no requeue=yes|no
 //! scontrol=PATH`).
@@ -8,12 +8,17 @@
 //! `job_script` context never calls `slurm_spank_init`). Parsing is strict: a
 //! misspelt key must not silently turn a node into one that hands out whole
 //! GPUs, so an unknown key or a bad value is an error that the remote
-//! context turns into a failed job (never a drained node, see `lib.rs`).
+//! context turns into a failed job (never a drained node, see the plugin's
+//! `lib.rs`).
+//!
+//! It lives here, not in the plugin crate, so that `smartmig doctor` checks
+//! a node's plugstack line with the very parser the plugin uses (the plugin
+//! crate needs Slurm's headers and is nobody's dependency).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use smartmig_client::protocol::DEFAULT_ADMIN_SOCKET;
+use crate::protocol::DEFAULT_ADMIN_SOCKET;
 
 /// Default read/write timeout of one request to the sidecar. Must exceed the
 /// daemon's `allocate_wait_s` (30 s by default) so that a "wait for a

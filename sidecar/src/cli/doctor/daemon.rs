@@ -1,0 +1,278 @@
+//! The daemon checks: both sockets exist with the modes and owners
+//! docs/daemon.md documents (public 0666; root-only 0600 owned by
+//! `slurm_user`), `health` answers on both, and the daemon's backend and
+//! GPUs are what the config and NVML (or the sim's `[[gpus]]`) say. Only
+//! `health` and `status` are sent.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use super::{Check, Context, NodeGpu};
+use crate::daemon::config::BackendKind;
+use crate::daemon::protocol::GpuStatus;
+use crate::daemon::Client;
+
+/// What `stat` says of a socket path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketFile {
+    pub is_socket: bool,
+    pub mode: u32,
+    pub uid: u32,
+}
+
+fn stat(path: &Path) -> std::io::Result<SocketFile> {
+    let m = std::fs::metadata(path)?;
+    Ok(SocketFile {
+        is_socket: m.file_type().is_socket(),
+        mode: m.permissions().mode() & 0o7777,
+        uid: m.uid(),
+    })
+}
+
+/// A socket file against the mode (and owner) it should have.
+pub fn socket_file_check(
+    name: &str,
+    path: &Path,
+    found: &std::io::Result<SocketFile>,
+    mode: u32,
+    owner: Option<(u32, &str)>,
+) -> Check {
+    let shown = path.display();
+    match found {
+        Err(e) => Check::fail(
+            name,
+            format!("{shown}: {e}"),
+            "start smartmigd (`systemctl start smartmigd`; its log says why it stopped)",
+        ),
+        Ok(f) if !f.is_socket => Check::fail(
+            name,
+            format!("{shown} is not a socket"),
+            "remove it and restart smartmigd",
+        ),
+        Ok(f) if f.mode != mode => Check::fail(
+            name,
+            format!(
+                "{shown} has mode {:04o}, smartmigd makes it {mode:04o}",
+                f.mode
+            ),
+            "restart smartmigd (it sets the mode when it binds); do not change it by hand",
+        ),
+        Ok(f) => match owner {
+            Some((uid, user)) if f.uid != uid => Check::fail(
+                name,
+                format!(
+                    "{shown} belongs to uid {}, not to slurm_user {user} (uid {uid})",
+                    f.uid
+                ),
+                "restart smartmigd (it gives the socket to slurm_user when it binds)",
+            ),
+            _ => Check::ok(name, format!("{shown}: socket, mode {mode:04o}")),
+        },
+    }
+}
+
+/// The daemon's GPUs against the backend's: (index, model) must agree.
+pub fn gpus_check(daemon: &[GpuStatus], node: &[NodeGpu]) -> Check {
+    let theirs: Vec<String> = daemon
+        .iter()
+        .map(|g| format!("{} {}", g.index, g.model))
+        .collect();
+    let ours: Vec<String> = node
+        .iter()
+        .map(|g| format!("{} {}", g.index, g.model))
+        .collect();
+    if theirs == ours {
+        Check::ok(
+            "daemon.gpus",
+            format!("smartmigd drives GPU {}", theirs.join(", GPU ")),
+        )
+    } else {
+        Check::fail(
+            "daemon.gpus",
+            format!(
+                "smartmigd drives [{}], the backend has [{}]",
+                theirs.join(", "),
+                ours.join(", ")
+            ),
+            "restart smartmigd (gpus and backend are read at start only)",
+        )
+    }
+}
+
+fn client(path: &Path) -> Client {
+    Client::new(path).with_io_timeout(Duration::from_secs(10))
+}
+
+pub fn check(ctx: &Context) -> Vec<Check> {
+    let Some(config) = ctx.config else {
+        return vec![Check::skipped(
+            "daemon",
+            "the config did not load, so the sockets are unknown",
+            "fix the config first",
+        )];
+    };
+    let mut out = Vec::new();
+    let admin = config.admin_socket();
+    let slurm_uid = nix::unistd::User::from_name(&config.slurm_user)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw());
+    out.push(socket_file_check(
+        "daemon.socket",
+        &config.socket,
+        &stat(&config.socket),
+        0o666,
+        None,
+    ));
+    out.push(match slurm_uid {
+        Some(uid) => socket_file_check(
+            "daemon.admin_socket",
+            &admin,
+            &stat(&admin),
+            0o600,
+            Some((uid, &config.slurm_user)),
+        ),
+        None => Check::warn(
+            "daemon.admin_socket",
+            format!("slurm_user {} is not a user here", config.slurm_user),
+            "set slurm_user to the user slurmd runs as (root by default)",
+        ),
+    });
+    let health = client(&config.socket).health();
+    let want = match config.backend {
+        BackendKind::Sim => "sim",
+        BackendKind::Nvml => "nvml",
+    };
+    match &health {
+        Ok(h) if h.backend == want => out.push(Check::ok(
+            "daemon.health",
+            format!(
+                "smartmigd {} answers on {} ({}, backend {}, up {} s)",
+                h.version,
+                config.socket.display(),
+                h.status,
+                h.backend,
+                h.uptime_s
+            ),
+        )),
+        Ok(h) => out.push(Check::fail(
+            "daemon.health",
+            format!("smartmigd runs backend {}, the config says {want}", h.backend),
+            "restart smartmigd (backend is read at start only)",
+        )),
+        Err(e) => out.push(Check::fail(
+            "daemon.health",
+            format!("no health reply on {}: {e}", config.socket.display()),
+            "start smartmigd (`systemctl start smartmigd`; `journalctl -u smartmigd` says why it is down)",
+        )),
+    }
+    out.push(match client(&admin).health() {
+        Ok(_) => Check::ok(
+            "daemon.admin_health",
+            format!("{} answers", admin.display()),
+        ),
+        Err(e) if !nix::unistd::geteuid().is_root() => Check::skipped(
+            "daemon.admin_health",
+            format!("{} refused a non-root user ({e})", admin.display()),
+            "run doctor as root to check the plugin's socket",
+        ),
+        Err(e) => Check::fail(
+            "daemon.admin_health",
+            format!("no health reply on {}: {e}", admin.display()),
+            "restart smartmigd; the plugin talks to this socket",
+        ),
+    });
+    if health.is_err() {
+        out.push(Check::skipped(
+            "daemon.gpus",
+            "smartmigd does not answer",
+            "start smartmigd, then run doctor again",
+        ));
+        return out;
+    }
+    out.push(
+        match (client(&config.socket).status(), ctx.gpus.as_deref()) {
+            (Ok(s), Some(node)) => gpus_check(&s.gpus, node),
+            (Ok(s), None) => Check::skipped(
+                "daemon.gpus",
+                format!(
+                    "smartmigd drives {} GPU(s); the backend's GPUs are unknown",
+                    s.gpus.len()
+                ),
+                "fix the GPU checks above",
+            ),
+            (Err(e), _) => Check::fail(
+                "daemon.gpus",
+                format!("no status reply: {e}"),
+                "check smartmigd's log",
+            ),
+        },
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Status;
+    use super::*;
+    use crate::mig::GpuModel;
+
+    #[test]
+    fn socket_modes_and_owners() {
+        let p = Path::new("/run/smartmig/smartmig-root.sock");
+        let good = SocketFile {
+            is_socket: true,
+            mode: 0o600,
+            uid: 0,
+        };
+        assert_eq!(
+            socket_file_check("a", p, &Ok(good), 0o600, Some((0, "root"))).status,
+            Status::Ok
+        );
+        let wide = SocketFile {
+            mode: 0o666,
+            ..good
+        };
+        assert_eq!(
+            socket_file_check("a", p, &Ok(wide), 0o600, None).status,
+            Status::Fail
+        );
+        let other = SocketFile { uid: 64030, ..good };
+        let c = socket_file_check("a", p, &Ok(other), 0o600, Some((0, "root")));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("uid 64030"), "{c:?}");
+        let missing = Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let c = socket_file_check("a", p, &missing, 0o600, None);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.fix.as_deref().unwrap_or("").contains("start smartmigd"));
+    }
+
+    #[test]
+    fn daemon_gpus_must_match() {
+        let gpu = |index, model| GpuStatus {
+            index,
+            model,
+            picture: String::new(),
+            layout: String::new(),
+            instances: Vec::new(),
+            idle_s: 0,
+            energy_j: None,
+            others_busy: Default::default(),
+        };
+        let node = [NodeGpu {
+            index: 0,
+            model: GpuModel::A100_40gb,
+            minor: Some(0),
+        }];
+        assert_eq!(
+            gpus_check(&[gpu(0, GpuModel::A100_40gb)], &node).status,
+            Status::Ok
+        );
+        assert_eq!(
+            gpus_check(&[gpu(0, GpuModel::H100_80gb)], &node).status,
+            Status::Fail
+        );
+        assert_eq!(gpus_check(&[], &node).status, Status::Fail);
+    }
+}

@@ -1,0 +1,507 @@
+//! The GPU checks: NVML (driver, MIG mode, profile ids, placements,
+//! existing instances) on the nvml backend, or one warning on the sim
+//! backend. The survey is [`crate::daemon::backend::inventory`]; the
+//! verdicts are the pure functions below.
+
+use std::collections::BTreeSet;
+
+use super::{Check, NodeGpu};
+use crate::daemon::backend::inventory::{
+    cuda_version_text, survey, GpuInstanceSurvey, GpuSurvey, MigModes, ProfileSurvey, Survey,
+};
+use crate::daemon::backend::BackendError;
+use crate::daemon::config::{BackendKind, Config};
+use crate::mig::{Geometry, GpuModel};
+
+/// The GPU checks and, when known, the node's GPUs.
+pub fn check(config: Option<&Config>) -> (Vec<Check>, Option<Vec<NodeGpu>>) {
+    let Some(config) = config else {
+        return (
+            vec![Check::skipped(
+                "gpus",
+                "the config did not load, so the backend is unknown",
+                "fix the config first",
+            )],
+            None,
+        );
+    };
+    match config.backend {
+        BackendKind::Sim => sim_checks(config),
+        BackendKind::Nvml => {
+            let result = survey(&config.nvml);
+            let checks = nvml_checks(&config.nvml.library.display().to_string(), &result);
+            let gpus = result.ok().map(|s| node_gpus(&s));
+            (checks, gpus)
+        }
+    }
+}
+
+fn sim_checks(config: &Config) -> (Vec<Check>, Option<Vec<NodeGpu>>) {
+    let Ok(models) = config.sim_gpus() else {
+        return (
+            vec![Check::skipped(
+                "gpus.sim",
+                "the [[gpus]] tables do not parse",
+                "fix the config",
+            )],
+            None,
+        );
+    };
+    let list: Vec<String> = models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| format!("GPU {i} {m}"))
+        .collect();
+    let gpus = models
+        .iter()
+        .enumerate()
+        .map(|(i, &model)| NodeGpu {
+            index: i as u32,
+            model,
+            minor: Some(i as u32),
+        })
+        .collect();
+    (
+        vec![Check::warn(
+            "gpus.sim",
+            format!(
+                "backend = \"sim\": smartmigd drives simulated GPUs ({}); the hardware is not checked",
+                list.join(", ")
+            ),
+            "on a GPU node set backend = \"nvml\" in the config and run doctor again",
+        )],
+        Some(gpus),
+    )
+}
+
+/// The GPUs of a survey whose model the table knows.
+pub fn node_gpus(s: &Survey) -> Vec<NodeGpu> {
+    s.gpus
+        .iter()
+        .filter_map(|g| {
+            Some(NodeGpu {
+                index: g.index,
+                model: g.model?,
+                minor: g.minor.as_ref().ok().copied(),
+            })
+        })
+        .collect()
+}
+
+/// Every NVML check of a survey (or of its failure).
+pub fn nvml_checks(library: &str, result: &Result<Survey, BackendError>) -> Vec<Check> {
+    let s = match result {
+        Ok(s) => s,
+        Err(e) => {
+            return vec![Check::fail(
+                "nvml.library",
+                format!("cannot load {library}: {e}"),
+                "install the NVIDIA driver (libnvidia-ml.so.1), or set [nvml] library to its path",
+            )]
+        }
+    };
+    let mut out = vec![driver_check(s)];
+    if let Some(e) = &s.device_count_error {
+        out.push(Check::fail(
+            "nvml.gpus",
+            format!("NVML cannot count the GPUs: {e}"),
+            "check the driver (`nvidia-smi`)",
+        ));
+        return out;
+    }
+    if s.gpus.is_empty() {
+        out.push(Check::fail(
+            "nvml.gpus",
+            "NVML sees no GPU",
+            "check the driver (`nvidia-smi -L`)",
+        ));
+    }
+    for g in &s.gpus {
+        out.extend(gpu_checks(g));
+    }
+    out
+}
+
+fn driver_check(s: &Survey) -> Check {
+    let text = |r: &Result<String, BackendError>| r.clone().unwrap_or_else(|_| "unknown".into());
+    let cuda = s
+        .cuda_driver_version
+        .as_ref()
+        .map_or_else(|_| "unknown".into(), |v| cuda_version_text(*v));
+    let detail = format!(
+        "{} loaded: driver {}, NVML {}, CUDA driver {}",
+        s.library.display(),
+        text(&s.driver_version),
+        text(&s.nvml_version),
+        cuda
+    );
+    let failed: Vec<String> = [
+        s.driver_version.as_ref().err(),
+        s.nvml_version.as_ref().err(),
+        s.cuda_driver_version.as_ref().err(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(ToString::to_string)
+    .collect();
+    if failed.is_empty() {
+        Check::ok("nvml.library", detail)
+    } else {
+        Check::warn(
+            "nvml.library",
+            format!("{detail} ({})", failed.join("; ")),
+            "check the driver installation (`nvidia-smi`)",
+        )
+    }
+}
+
+/// The checks of one GPU.
+pub fn gpu_checks(g: &GpuSurvey) -> Vec<Check> {
+    let i = g.index;
+    let mut out = Vec::new();
+    let name = match &g.name {
+        Ok(n) => n.clone(),
+        Err(e) => {
+            out.push(Check::fail(
+                format!("nvml.gpu{i}.model"),
+                format!("cannot read the GPU's name: {e}"),
+                "check the driver (`nvidia-smi -L`)",
+            ));
+            return out;
+        }
+    };
+    let Some(model) = g.model else {
+        out.push(Check::fail(
+            format!("nvml.gpu{i}.model"),
+            format!("GPU {i} is \"{name}\", a model smartmig does not know (smartmigd refuses to start)"),
+            "use a MIG-capable GPU smartmig supports (`smartmig layouts --help` lists them)",
+        ));
+        return out;
+    };
+    let minor = g.minor.as_ref().map_or_else(
+        |e| format!("minor unknown: {e}"),
+        |m| format!("/dev/nvidia{m}"),
+    );
+    out.push(Check::ok(
+        format!("nvml.gpu{i}.model"),
+        format!("GPU {i} \"{name}\" is {model} ({minor})"),
+    ));
+    out.push(mig_check(i, &g.mig));
+    if !g.mig_on() {
+        let why = "MIG mode is not on";
+        for what in ["profiles", "placements", "instances"] {
+            out.push(Check::skipped(
+                format!("nvml.gpu{i}.{what}"),
+                why,
+                format!("enable MIG mode on GPU {i}, then run doctor again"),
+            ));
+        }
+        return out;
+    }
+    out.push(profile_ids_check(i, &g.profiles));
+    out.push(placements_check(i, model, &g.profiles));
+    out.push(instances_check(i, &g.instances));
+    out
+}
+
+/// MIG mode: off now is a failure (smartmigd refuses to start), a
+/// pending change a warning.
+pub fn mig_check(i: u32, mig: &Result<MigModes, BackendError>) -> Check {
+    let name = format!("nvml.gpu{i}.mig");
+    let enable = format!(
+        "`nvidia-smi -i {i} -mig 1`, then reset the GPU (`nvidia-smi -i {i} -r`, or reboot)"
+    );
+    match mig {
+        Err(e) => Check::fail(
+            name,
+            format!("cannot read GPU {i}'s MIG mode: {e}"),
+            "a GPU without MIG cannot be used by smartmig; check the model and driver",
+        ),
+        Ok(m) if !m.current => Check::fail(
+            name,
+            format!(
+                "GPU {i}: MIG mode is off{} (smartmigd refuses to start)",
+                if m.pending {
+                    " (on after the next reset)"
+                } else {
+                    ""
+                }
+            ),
+            if m.pending {
+                format!("reset the GPU (`nvidia-smi -i {i} -r`, or reboot)")
+            } else {
+                enable
+            },
+        ),
+        Ok(m) if !m.pending => Check::warn(
+            name,
+            format!("GPU {i}: MIG mode is on, but off after the next GPU reset (pending change)"),
+            format!("`nvidia-smi -i {i} -mig 1` to keep it on"),
+        ),
+        Ok(_) => Check::ok(name, format!("GPU {i}: MIG mode on (also after a reset)")),
+    }
+}
+
+/// The driver's profile ids against the table (`smi_id`): a drift is a
+/// warning (smartmigd uses the driver's ids), a profile the driver does
+/// not offer too.
+pub fn profile_ids_check(i: u32, profiles: &[ProfileSurvey]) -> Check {
+    let name = format!("nvml.gpu{i}.profiles");
+    let mut drift = Vec::new();
+    for p in profiles {
+        match &p.driver_id {
+            Ok(id) if *id == p.spec.smi_id => {}
+            Ok(id) => drift.push(format!(
+                "{}: driver id {id}, table id {}",
+                p.spec.name(),
+                p.spec.smi_id
+            )),
+            Err(e) => drift.push(format!(
+                "{}: not offered by the driver ({e})",
+                p.spec.name()
+            )),
+        }
+    }
+    if drift.is_empty() {
+        Check::ok(
+            name,
+            format!("{} profiles, driver ids as in the table", profiles.len()),
+        )
+    } else {
+        Check::warn(
+            name,
+            drift.join("; "),
+            "smartmigd uses the driver's ids and skips profiles the driver lacks; report the drift so the table (sidecar/mig/src/models.rs) can follow",
+        )
+    }
+}
+
+/// The table's placements of a profile: (start, size in memory slices).
+pub fn table_placements(model: GpuModel, p: &ProfileSurvey) -> BTreeSet<(u32, u32)> {
+    let g = Geometry::of(model);
+    g.ids()
+        .map(|id| g.placement(id))
+        .filter(|pl| pl.shape() == p.spec.shape)
+        .map(|pl| (u32::from(pl.start), u32::from(pl.shape().memory)))
+        .collect()
+}
+
+/// NVML's possible placements against `Geometry::of(model)`: any
+/// difference fails (smartmig would create where the driver refuses, or
+/// never use a place the driver offers).
+pub fn placements_check(i: u32, model: GpuModel, profiles: &[ProfileSurvey]) -> Check {
+    let name = format!("nvml.gpu{i}.placements");
+    let mut diffs = Vec::new();
+    let mut unknown = Vec::new();
+    for p in profiles {
+        match &p.placements {
+            Ok(list) => {
+                let driver: BTreeSet<(u32, u32)> = list.iter().copied().collect();
+                let table = table_placements(model, p);
+                if driver != table {
+                    diffs.push(format!(
+                        "{}: driver {}, table {}",
+                        p.spec.name(),
+                        show(&driver),
+                        show(&table)
+                    ));
+                }
+            }
+            Err(e) => unknown.push(format!("{}: {e}", p.spec.name())),
+        }
+    }
+    if !diffs.is_empty() {
+        Check::fail(
+            name,
+            diffs.join("; "),
+            "the MIG table (sidecar/mig/src/models.rs) disagrees with this driver: do not enable smartmig on this GPU; report the lines above",
+        )
+    } else if !unknown.is_empty() {
+        Check::warn(
+            name,
+            format!("could not ask the driver: {}", unknown.join("; ")),
+            "update the NVIDIA driver (nvmlDeviceGetGpuInstancePossiblePlacements_v2 needs R450+)",
+        )
+    } else {
+        Check::ok(
+            name,
+            format!("{} profiles, placements as in the table", profiles.len()),
+        )
+    }
+}
+
+fn show(set: &BTreeSet<(u32, u32)>) -> String {
+    let items: Vec<String> = set.iter().map(|(s, n)| format!("{s}+{n}")).collect();
+    format!("[{}]", items.join(" "))
+}
+
+/// Existing instances: how many, and GPU instances without a compute
+/// instance (a warning: they hold slices nothing can use).
+pub fn instances_check(i: u32, instances: &Result<Vec<GpuInstanceSurvey>, BackendError>) -> Check {
+    let name = format!("nvml.gpu{i}.instances");
+    match instances {
+        Err(e) => Check::warn(
+            name,
+            format!("cannot list GPU {i}'s instances: {e}"),
+            format!("check with `nvidia-smi mig -i {i} -lgi`"),
+        ),
+        Ok(list) => {
+            let orphans: Vec<&GpuInstanceSurvey> =
+                list.iter().filter(|g| g.mig_uuids.is_empty()).collect();
+            if orphans.is_empty() {
+                Check::ok(name, format!("{} MIG instance(s)", list.len()))
+            } else {
+                let ids: Vec<String> = orphans
+                    .iter()
+                    .map(|g| format!("{} (profile {}, start {})", g.id, g.profile_id, g.start))
+                    .collect();
+                Check::warn(
+                    name,
+                    format!(
+                        "{} GPU instance(s); without a compute instance: {}",
+                        list.len(),
+                        ids.join(", ")
+                    ),
+                    format!(
+                        "`nvidia-smi mig -i {i} -gi {} -dgi` (smartmigd also destroys them at start)",
+                        orphans
+                            .iter()
+                            .map(|g| g.id.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::Shape;
+
+    fn survey_of(model: GpuModel) -> Vec<ProfileSurvey> {
+        model
+            .spec()
+            .profiles
+            .iter()
+            .map(|spec| {
+                let p = ProfileSurvey {
+                    spec,
+                    driver_id: Ok(spec.smi_id),
+                    placements: Ok(Vec::new()),
+                };
+                let placements = table_placements(model, &p).into_iter().collect();
+                ProfileSurvey {
+                    placements: Ok(placements),
+                    ..p
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mig_off_fails_and_pending_warns() {
+        let off = mig_check(
+            1,
+            &Ok(MigModes {
+                current: false,
+                pending: false,
+            }),
+        );
+        assert_eq!(off.status, super::super::Status::Fail);
+        assert!(
+            off.detail.contains("GPU 1")
+                && off
+                    .fix
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("nvidia-smi -i 1 -mig 1"),
+            "{off:?}"
+        );
+        let soon = mig_check(
+            0,
+            &Ok(MigModes {
+                current: false,
+                pending: true,
+            }),
+        );
+        assert_eq!(soon.status, super::super::Status::Fail);
+        assert!(soon.fix.as_deref().unwrap_or("").contains("-r"), "{soon:?}");
+        let leaving = mig_check(
+            0,
+            &Ok(MigModes {
+                current: true,
+                pending: false,
+            }),
+        );
+        assert_eq!(leaving.status, super::super::Status::Warn);
+        let on = mig_check(
+            0,
+            &Ok(MigModes {
+                current: true,
+                pending: true,
+            }),
+        );
+        assert_eq!(on.status, super::super::Status::Ok);
+    }
+
+    #[test]
+    fn the_table_agrees_with_itself_and_drift_is_named() {
+        for model in GpuModel::ALL {
+            let ps = survey_of(model);
+            assert_eq!(profile_ids_check(0, &ps).status, super::super::Status::Ok);
+            assert_eq!(
+                placements_check(0, model, &ps).status,
+                super::super::Status::Ok
+            );
+        }
+        let mut ps = survey_of(GpuModel::A100_40gb);
+        let three = ps
+            .iter_mut()
+            .find(|p| p.spec.shape == Shape::new(3, 4))
+            .unwrap();
+        three.driver_id = Ok(99);
+        three.placements = Ok(vec![(0, 4)]);
+        let ids = profile_ids_check(0, &ps);
+        assert_eq!(ids.status, super::super::Status::Warn);
+        assert!(
+            ids.detail.contains("3g.20gb: driver id 99, table id 9"),
+            "{ids:?}"
+        );
+        let pl = placements_check(0, GpuModel::A100_40gb, &ps);
+        assert_eq!(pl.status, super::super::Status::Fail);
+        assert!(
+            pl.detail.contains("driver [0+4], table [0+4 4+4]"),
+            "{pl:?}"
+        );
+    }
+
+    #[test]
+    fn orphan_gpu_instances_warn() {
+        let good = GpuInstanceSurvey {
+            id: 1,
+            profile_id: 9,
+            start: 0,
+            size: 4,
+            mig_uuids: vec!["MIG-x".into()],
+        };
+        assert_eq!(
+            instances_check(0, &Ok(vec![good.clone()])).status,
+            super::super::Status::Ok
+        );
+        let orphan = GpuInstanceSurvey {
+            id: 2,
+            mig_uuids: Vec::new(),
+            start: 4,
+            ..good.clone()
+        };
+        let c = instances_check(0, &Ok(vec![good, orphan]));
+        assert_eq!(c.status, super::super::Status::Warn);
+        assert!(
+            c.fix.as_deref().unwrap_or("").contains("-gi 2 -dgi"),
+            "{c:?}"
+        );
+    }
+}

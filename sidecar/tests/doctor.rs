@@ -1,0 +1,473 @@
+//! `smartmig doctor` against the NVML emulator (`sidecar/nvml-emu`, loaded
+//! by path from the build's profile directory): a good node with smartmigd
+//! running on the nvml backend, and one broken thing at a time (MIG off,
+//! a pending MIG change, a gres.conf that disagrees, no plugin line, no
+//! daemon), plus the hardware test (`--hardware-test --gpu 0 --yes`).
+//!
+//! Every node is a fresh directory: the emulator's state, smartmig.toml,
+//! slurm.conf, gres.conf, plugstack.conf and a stand-in plugin library.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use smartmig::daemon::protocol::AllocateRequest;
+use smartmig::daemon::Client;
+use smartmig::mig::GpuModel;
+use smartmig_nvml_emu::{Emulator, GpuSetup, DIR_ENV};
+
+/// The emulator library of this build (beside `smartmig`).
+fn emulator_library() -> PathBuf {
+    let lib = Path::new(env!("CARGO_BIN_EXE_smartmig")).with_file_name("libsmartmig_nvml_emu.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: build it with `cargo build --release -p smartmig-nvml-emu`",
+        lib.display()
+    );
+    lib
+}
+
+const NODE: &str = "dr1";
+
+const GRES: &str = "NodeName=dr[1-2] Name=gpu File=/dev/nvidia[0-1]\n\
+                    NodeName=dr[1-2] Name=shard Count=7 File=/dev/nvidia0\n\
+                    NodeName=dr[1-2] Name=shard Count=7 File=/dev/nvidia1\n";
+
+struct Node {
+    dir: PathBuf,
+    emu_dir: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Node {
+    /// A node with these GPUs and the good Slurm files.
+    fn new(name: &str, gpus: &[GpuSetup]) -> Node {
+        let dir =
+            std::env::temp_dir().join(format!("smartmig-doctor-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("run")).unwrap();
+        let emu_dir = dir.join("nvml-emu");
+        let emu = Emulator::create(&emu_dir, gpus).expect("create the emulator");
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map_or_else(|| "root".to_string(), |u| u.name);
+        std::fs::write(
+            dir.join("smartmig.toml"),
+            format!(
+                "socket = \"{}\"\nstate_dir = \"{}\"\nslurm_user = \"{me}\"\npolicy = \"greedy\"\n\
+                 backend = \"nvml\"\nlog_level = \"info\"\n\
+                 [nvml]\nlibrary = \"{}\"\ncapabilities_dir = \"{}\"\ncaps_dev_dir = \"{}\"\n\
+                 [slurm]\nenabled = false\n",
+                dir.join("run/smartmig.sock").display(),
+                dir.join("state").display(),
+                emulator_library().display(),
+                emu.capabilities_dir().display(),
+                emu.caps_dev_dir().display(),
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("slurm.conf"),
+            format!(
+                "SelectType=select/cons_tres\nGresTypes=gpu,shard\n\
+                 NodeName=dr[1-2] CPUs=64 Gres=gpu:2,shard:14 State=UNKNOWN\n\
+                 PlugStackConfig={}\n",
+                dir.join("plugstack.conf").display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("gres.conf"), GRES).unwrap();
+        // The check only needs the library to exist.
+        std::fs::write(dir.join("libsmartmig_spank.so"), b"").unwrap();
+        std::fs::write(
+            dir.join("plugstack.conf"),
+            format!(
+                "required {} socket={} timeout=60\n",
+                dir.join("libsmartmig_spank.so").display(),
+                dir.join("run/smartmig-root.sock").display()
+            ),
+        )
+        .unwrap();
+        Node {
+            dir,
+            emu_dir,
+            daemon: None,
+        }
+    }
+
+    fn emulator(&self) -> Emulator {
+        Emulator::open(&self.emu_dir).expect("open the emulator")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("run/smartmig.sock")
+    }
+
+    fn start_daemon(&mut self) {
+        let log = std::fs::File::create(self.dir.join("daemon.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+            .arg("--config")
+            .arg(self.dir.join("smartmig.toml"))
+            .env(DIR_ENV, &self.emu_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.daemon = Some(child);
+        let client = Client::new(self.socket()).with_io_timeout(Duration::from_secs(5));
+        let t0 = Instant::now();
+        while client.health().is_err() {
+            if let Some(st) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!("smartmigd exited with {st}: {}", self.log());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no health: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop_daemon(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    fn doctor(&self, extra: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_smartmig"))
+            .arg("doctor")
+            .arg("--config")
+            .arg(self.dir.join("smartmig.toml"))
+            .arg("--slurm-conf")
+            .arg(self.dir.join("slurm.conf"))
+            .args(["--node", NODE])
+            .args(extra)
+            .env(DIR_ENV, &self.emu_dir)
+            .env_remove("SLURM_CONF")
+            .output()
+            .expect("run smartmig doctor")
+    }
+
+    /// `doctor --json`: the checks by name, and the output for messages.
+    fn checks(&self, extra: &[&str]) -> (Vec<Value>, Output) {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        let out = self.doctor(&args);
+        let v: Vec<Value> = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not a JSON array ({e}): {}", text(&out)));
+        (v, out)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop_daemon();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("kept {} (daemon log:\n{})", self.dir.display(), self.log());
+        }
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn find<'a>(checks: &'a [Value], name: &str) -> &'a Value {
+    checks
+        .iter()
+        .find(|c| c["check"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {checks:#?}"))
+}
+
+fn status<'a>(checks: &'a [Value], name: &str) -> &'a str {
+    find(checks, name)["status"].as_str().unwrap_or("")
+}
+
+fn two_a100() -> Vec<GpuSetup> {
+    vec![
+        GpuSetup::mig(GpuModel::A100_40gb),
+        GpuSetup::mig(GpuModel::A100_40gb),
+    ]
+}
+
+#[test]
+fn a_good_node_passes_and_json_lists_the_same_checks() {
+    let mut node = Node::new("good", &two_a100());
+    node.start_daemon();
+    let (checks, out) = node.checks(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let not_ok: Vec<&Value> = checks.iter().filter(|c| c["status"] != "ok").collect();
+    assert!(not_ok.is_empty(), "{not_ok:#?}");
+    for name in [
+        "config",
+        "nvml.library",
+        "nvml.gpu0.model",
+        "nvml.gpu1.mig",
+        "nvml.gpu1.profiles",
+        "nvml.gpu1.placements",
+        "nvml.gpu0.instances",
+        "slurm.node",
+        "slurm.gres.gpu",
+        "slurm.gres.shard.gpu1",
+        "plugin.line",
+        "plugin.socket",
+        "daemon.socket",
+        "daemon.admin_socket",
+        "daemon.health",
+        "daemon.gpus",
+        "policy",
+    ] {
+        assert_eq!(status(&checks, name), "ok", "{name}: {}", text(&out));
+    }
+    for c in &checks {
+        for key in ["check", "status", "detail", "fix"] {
+            assert!(c.get(key).is_some(), "{key} missing in {c}");
+        }
+    }
+    // The text report: one line per check, the same names in the same order.
+    let plain = node.doctor(&[]);
+    assert!(plain.status.success(), "{}", text(&plain));
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    let names: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let st = w.next()?;
+            ["ok", "warn", "fail"]
+                .contains(&st)
+                .then(|| w.next())
+                .flatten()
+        })
+        .collect();
+    let json_names: Vec<&str> = checks.iter().filter_map(|c| c["check"].as_str()).collect();
+    assert_eq!(names, json_names, "{stdout}");
+}
+
+#[test]
+fn mig_off_on_one_gpu_fails_naming_it() {
+    let node = Node::new(
+        "migoff",
+        &[
+            GpuSetup::mig(GpuModel::A100_40gb),
+            GpuSetup {
+                model: GpuModel::A100_40gb,
+                mig_current: false,
+                mig_pending: false,
+            },
+        ],
+    );
+    let out = node.doctor(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("nvml.gpu1.mig"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.starts_with("fail"), "{line}");
+    assert!(
+        line.contains("GPU 1") && line.contains("nvidia-smi -i 1 -mig 1"),
+        "{line}"
+    );
+    let (checks, _) = node.checks(&[]);
+    assert_eq!(status(&checks, "nvml.gpu0.mig"), "ok");
+    assert_eq!(status(&checks, "nvml.gpu1.placements"), "warn");
+}
+
+#[test]
+fn a_pending_mig_change_warns() {
+    let node = Node::new("pending", &two_a100());
+    node.emulator().set_mig_mode(0, true, false).unwrap();
+    let (checks, out) = node.checks(&[]);
+    let c = find(&checks, "nvml.gpu0.mig");
+    assert_eq!(c["status"], "warn", "{}", text(&out));
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("after the next GPU reset"),
+        "{c}"
+    );
+    assert_eq!(status(&checks, "nvml.gpu1.mig"), "ok");
+}
+
+#[test]
+fn a_gres_conf_that_disagrees_fails() {
+    let node = Node::new("gres", &two_a100());
+    std::fs::write(
+        node.dir.join("gres.conf"),
+        GRES.replace("Count=7 File=/dev/nvidia1", "Count=4 File=/dev/nvidia1"),
+    )
+    .unwrap();
+    let (checks, out) = node.checks(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let c = find(&checks, "slurm.gres.shard.gpu1");
+    assert_eq!(c["status"], "fail", "{c}");
+    assert!(
+        c["detail"].as_str().unwrap_or("").contains("Count=4"),
+        "{c}"
+    );
+    assert_eq!(status(&checks, "slurm.gres.shard.gpu0"), "ok");
+
+    // Slurm's GPU 0 would be /dev/nvidia1 and GPU 1 /dev/nvidia2.
+    std::fs::write(
+        node.dir.join("gres.conf"),
+        GRES.replace("nvidia[0-1]", "nvidia[1-2]"),
+    )
+    .unwrap();
+    let (checks, out) = node.checks(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let c = find(&checks, "slurm.gres.gpu");
+    assert_eq!(c["status"], "fail", "{c}");
+    assert!(
+        c["detail"].as_str().unwrap_or("").contains("minor 1"),
+        "{c}"
+    );
+}
+
+#[test]
+fn a_missing_plugstack_line_fails() {
+    let node = Node::new("plugstack", &two_a100());
+    std::fs::write(node.dir.join("plugstack.conf"), "# nothing here\n").unwrap();
+    let (checks, out) = node.checks(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let c = find(&checks, "plugin.line");
+    assert_eq!(c["status"], "fail", "{c}");
+    assert!(
+        c["fix"]
+            .as_str()
+            .unwrap_or("")
+            .contains("libsmartmig_spank.so"),
+        "{c}"
+    );
+}
+
+#[test]
+fn no_daemon_fails() {
+    let node = Node::new("nodaemon", &two_a100());
+    let (checks, out) = node.checks(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(status(&checks, "daemon.health"), "fail");
+    assert_eq!(status(&checks, "daemon.socket"), "fail");
+    assert_eq!(status(&checks, "daemon.gpus"), "warn");
+    // Everything else about the node is fine.
+    assert_eq!(status(&checks, "nvml.gpu0.placements"), "ok");
+    assert_eq!(status(&checks, "plugin.socket"), "ok");
+}
+
+#[test]
+fn the_hardware_test_refuses_without_yes_and_changes_nothing() {
+    let node = Node::new("hwno", &two_a100());
+    let out = node.doctor(&["--hardware-test", "--gpu", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--yes"),
+        "{}",
+        text(&out)
+    );
+    assert!(node.emulator().instances(0).unwrap().is_empty());
+}
+
+#[test]
+fn the_hardware_test_creates_and_destroys_every_profile() {
+    let node = Node::new("hwyes", &two_a100());
+    let (checks, out) = node.checks(&["--hardware-test", "--gpu", "0", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let profiles = GpuModel::A100_40gb.spec().profiles;
+    for p in profiles {
+        let name = format!("hardware.gpu0.{}", p.name());
+        assert_eq!(status(&checks, &name), "ok", "{name}: {}", text(&out));
+    }
+    assert_eq!(checks.len(), profiles.len() + 1, "{checks:#?}");
+    assert_eq!(status(&checks, "hardware.gpu0.empty"), "ok");
+    assert!(node.emulator().instances(0).unwrap().is_empty());
+    assert!(node.emulator().instances(1).unwrap().is_empty());
+}
+
+#[test]
+fn the_hardware_test_refuses_a_gpu_with_an_instance_or_a_running_daemon() {
+    let mut node = Node::new("hwbusy", &two_a100());
+    node.start_daemon();
+    let out = node.doctor(&["--hardware-test", "--gpu", "0", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("smartmigd answers"),
+        "{}",
+        text(&out)
+    );
+    let client = Client::new(node.socket()).with_io_timeout(Duration::from_secs(20));
+    let reply = client
+        .allocate(AllocateRequest {
+            job_id: 7,
+            step: Some(0),
+            uid: 0,
+            gpu: 0,
+            slices: 3,
+            memory_gb: None,
+            deadline: None,
+            time_limit_s: Some(3600),
+            job_name: None,
+            oom_marker: None,
+            profile: None,
+        })
+        .expect("allocate");
+    node.stop_daemon();
+    // The greedy policy also installed its initial layout.
+    let before = node.emulator().instances(0).unwrap().len();
+    assert!(before >= 1, "{reply:?}");
+    let out = node.doctor(&["--hardware-test", "--gpu", "0", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("has {before} GPU instance")),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(node.emulator().instances(0).unwrap().len(), before);
+}
+
+#[test]
+fn an_orphan_gpu_instance_warns_and_stops_the_hardware_test() {
+    let node = Node::new("orphan", &two_a100());
+    // 3g.20gb (profile id 9) at start 4 on GPU 1, without a compute instance.
+    let id = node
+        .emulator()
+        .create_orphan_gpu_instance(1, 9, 4)
+        .expect("orphan");
+    let (checks, out) = node.checks(&[]);
+    let c = find(&checks, "nvml.gpu1.instances");
+    assert_eq!(c["status"], "warn", "{}", text(&out));
+    assert!(
+        c["fix"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&format!("-gi {id} -dgi")),
+        "{c}"
+    );
+    assert_eq!(status(&checks, "nvml.gpu0.instances"), "ok");
+    // GPU 0 is empty, but opening the backend would destroy GPU 1's orphan.
+    let out = node.doctor(&["--hardware-test", "--gpu", "0", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("without a compute instance"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(node.emulator().instances(1).unwrap().len(), 1);
+}

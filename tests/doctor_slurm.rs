@@ -1,0 +1,77 @@
+//! `smartmig doctor` against the real-Slurm test cluster (`tests/slurm/
+//! cluster.sh`: one node, two fake GPUs with 7 shards each, the plugin in
+//! plugstack.conf) and a sidecar on the sim backend: the Slurm and plugin
+//! checks pass on the configuration the other end-to-end tests run jobs
+//! with, and the whole run exits 0 (the sim backend is one warning).
+//!
+//! Needs root and a release build of the workspace; fails, never skips.
+
+use std::process::Command;
+
+use serde_json::Value;
+use smartmig_suite::{artifact, describe, plugstack_line, Sidecar, SlurmCluster};
+
+#[test]
+fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
+    let cluster = SlurmCluster::up_with(|dir| {
+        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, ""))
+            .expect("write plugstack.conf");
+    });
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let out = Command::new(artifact("smartmig"))
+        .arg("doctor")
+        .arg("--config")
+        .arg(cluster.dir().join("smartmigd.toml"))
+        .arg("--slurm-conf")
+        .arg(cluster.slurm_conf())
+        .arg("--json")
+        .output()
+        .expect("run smartmig doctor");
+    let checks: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json is not a JSON array ({e}): {}",
+            describe(&out)
+        )
+    });
+    let status = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["check"] == name)
+            .and_then(|c| c["status"].as_str())
+            .unwrap_or_else(|| panic!("no check {name}: {}", describe(&out)))
+            .to_string()
+    };
+    for name in [
+        "slurm.conf",
+        "slurm.grestypes",
+        "slurm.select",
+        "slurm.node",
+        "slurm.gres.autodetect",
+        "slurm.gres.gpu",
+        "slurm.gres.shard.gpu0",
+        "slurm.gres.shard.gpu1",
+        "plugin.line",
+        "plugin.library",
+        "plugin.args",
+        "plugin.socket",
+        "plugin.timeout",
+        "daemon.health",
+        "daemon.gpus",
+    ] {
+        assert_eq!(status(name), "ok", "{name}: {}", describe(&out));
+    }
+    let slurm_or_plugin_not_ok: Vec<&Value> = checks
+        .iter()
+        .filter(|c| {
+            let n = c["check"].as_str().unwrap_or("");
+            (n.starts_with("slurm.") || n.starts_with("plugin.")) && c["status"] != "ok"
+        })
+        .collect();
+    assert!(
+        slurm_or_plugin_not_ok.is_empty(),
+        "{slurm_or_plugin_not_ok:?}"
+    );
+    assert_eq!(status("gpus.sim"), "warn");
+    assert!(out.status.success(), "{}", describe(&out));
+    drop(sidecar);
+}
