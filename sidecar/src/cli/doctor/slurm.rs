@@ -547,7 +547,7 @@ fn shard_checks(path: &str, mine: &[&GresLine], files: &[String], gpus: &[NodeGp
             Some([(line, count)]) => out.push(Check::fail(
                 name,
                 format!(
-                    "{path} line {line}: shard Count={} for {file}, but a {} has {want} compute slices (Slurm would sell shards MIG cannot build, or hide slices)",
+                    "{path} line {line}: shard Count={} for {file}, but the GPU ({}) has {want} compute slices (Slurm would sell shards MIG cannot build, or hide slices)",
                     count.map_or("?".into(), |c| c.to_string()),
                     g.model
                 ),
