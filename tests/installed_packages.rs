@@ -100,10 +100,14 @@ fn rpm_files(rpm: &Path) -> BTreeSet<String> {
 }
 
 /// The plugin's path with each family's Slurm plugin directory replaced by
-/// `<slurm plugin dir>`, so the two lists can be compared.
+/// `<slurm plugin dir>`, so the two lists can be compared; Debian's own
+/// package records (`/usr/share/doc/<package>/copyright` and
+/// `changelog.Debian.gz`, which Debian policy requires and RPM keeps in
+/// its header) are left out.
 fn same_family(paths: &BTreeSet<String>) -> BTreeSet<String> {
     paths
         .iter()
+        .filter(|p| !(p.ends_with("/copyright") || p.ends_with("/changelog.Debian.gz")))
         .map(|p| {
             for dir in ["/usr/lib/x86_64-linux-gnu/slurm-wlm/", "/usr/lib64/slurm/"] {
                 if let Some(rest) = p.strip_prefix(dir) {
