@@ -22,6 +22,14 @@
 //! | `task_exit` | slurmstepd, per task | root | `oom_requeue=yes`: a batch script that exited 0 has its OOM marker cleared |
 //! | `job_epilog` | slurmd's epilog | root | releases the job's instance (saying whether it ran out of memory) |
 //!
+//! `init` also compares the running Slurm's version with the one the plugin
+//! was built for ([`version`]; a different micro release is fine, as for
+//! Slurm's own loader): on another major.minor release it logs one error
+//! line (`built for Slurm 22.05.8 but this is Slurm 23.02.1: install the
+//! smartmig-spank package built for this Slurm`), and shard jobs fail with
+//! it in `task_init`, like after a bad plugstack argument; jobs without
+//! shards run, and the node is never drained for it.
+//!
 //! No callback returns an error where Slurm would drain the node for it
 //! (`init`/`init_post_opt`/`user_init` in slurmstepd, the epilog); every
 //! callback runs under `catch_unwind`.
@@ -39,6 +47,7 @@ pub mod oom;
 pub mod options;
 pub mod slurmctl;
 pub mod spank;
+pub mod version;
 
 use args::{ArgsError, OnFailure, PluginArgs};
 use options::{MigMemError, MigProfileError};
@@ -72,6 +81,11 @@ pub static plugin_type: [u8; 6] = *b"spank\0";
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER as c_uint;
+
+/// The Slurm release the plugin was built for (`SLURM_VERSION_NUMBER` of
+/// the headers bindgen read).
+pub const BUILT_FOR: version::SlurmVersion =
+    version::SlurmVersion::from_number(sys::SLURM_VERSION_NUMBER);
 
 /// Version of this plugin, the second argument of `SPANK_PLUGIN()`.
 #[no_mangle]
@@ -157,6 +171,9 @@ enum Outcome {
 struct State {
     /// The plugstack arguments as parsed in `init` (None before `init`).
     args: Option<Result<PluginArgs, ArgsError>>,
+    /// Set in `init` when the running Slurm is not the release the plugin
+    /// was built for; shard jobs fail with it.
+    version_mismatch: Option<version::VersionMismatch>,
     /// `--mig-mem` in GB, or why the value is unusable.
     mig_mem: Option<Result<f64, MigMemError>>,
     /// `--mig-profile` as given, or why it is unusable.
@@ -166,6 +183,7 @@ struct State {
 
 static STATE: Mutex<State> = Mutex::new(State {
     args: None,
+    version_mismatch: None,
     mig_mem: None,
     mig_profile: None,
     outcome: Outcome::Untouched,
@@ -269,8 +287,9 @@ extern "C" fn opt_mig_profile(_val: c_int, optarg: *const c_char, remote: c_int)
 ///
 /// Always returns 0: a failing `init` in slurmstepd fails the step launch
 /// in a way that can drain the node, and in sbatch it would refuse every
-/// job, shard or not. A bad plugstack argument is logged here and fails
-/// only shard jobs, in `task_init`.
+/// job, shard or not. A bad plugstack argument, or a Slurm release other
+/// than the one the plugin was built for ([`version::check`]), is logged
+/// here and fails only shard jobs, in `task_init`.
 ///
 /// # Safety
 /// Called by Slurm with a valid handle and `ac` strings in `av`.
@@ -282,6 +301,13 @@ pub unsafe extern "C" fn slurm_spank_init(
 ) -> c_int {
     guarded("slurm_spank_init", 0, || {
         let ctx = spank::context();
+        // SAFETY: `sp` is this callback's handle.
+        let running = unsafe { spank::slurm_version(sp) };
+        let mismatch = version::check(BUILT_FOR, running.as_deref()).err();
+        if let Some(e) = &mismatch {
+            log(LogLevel::Error, &e.to_string());
+        }
+        state().version_mismatch = mismatch;
         // SAFETY: forwarded from Slurm.
         let words = unsafe { spank::args(ac, av) };
         let parsed = PluginArgs::parse(&words);
@@ -323,9 +349,9 @@ pub unsafe extern "C" fn slurm_spank_init(
         log(
             LogLevel::Debug,
             &format!(
-                "plugin loaded (version {}, built for Slurm {:#x}, context {ctx:?}, {} plugstack argument(s))",
+                "plugin loaded (version {}, built for Slurm {BUILT_FOR}, running on Slurm {}, context {ctx:?}, {} plugstack argument(s))",
                 env!("CARGO_PKG_VERSION"),
-                plugin_version,
+                running.as_deref().unwrap_or("unknown"),
                 words.len()
             ),
         );
@@ -627,10 +653,20 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
     let (Some(job_id), Some(uid)) = (job_id, uid) else {
         return fail("Slurm did not provide the job id or uid to the plugin".into());
     };
-    let (args, mig_mem, mig_profile) = {
+    let (args, mig_mem, mig_profile, mismatch) = {
         let st = state();
-        (st.args.clone(), st.mig_mem.clone(), st.mig_profile.clone())
+        (
+            st.args.clone(),
+            st.mig_mem.clone(),
+            st.mig_profile.clone(),
+            st.version_mismatch.clone(),
+        )
     };
+    if let Some(e) = mismatch {
+        return fail(format!(
+            "the smartmig SPANK plugin was {e}; tell your administrator"
+        ));
+    }
     let args = match args {
         Some(a) => a,
         // SAFETY: forwarded from the callback.

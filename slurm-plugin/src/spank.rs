@@ -94,6 +94,33 @@ pub unsafe fn item_u32(sp: sys::spank_t, item: sys::spank_item_t) -> Option<u32>
     (rc == sys::ESPANK_SUCCESS as sys::spank_err_t).then_some(value)
 }
 
+/// The running Slurm's version as it spells it (`S_SLURM_VERSION`, e.g.
+/// "22.05.8"); valid in every context. `None` when Slurm does not say.
+///
+/// # Safety
+/// `sp` must be the handle of the current callback.
+pub unsafe fn slurm_version(sp: sys::spank_t) -> Option<String> {
+    let mut text: *const c_char = std::ptr::null();
+    // SAFETY: S_SLURM_VERSION writes one `char *` (a static string Slurm
+    // owns, not to be freed) through the pointer.
+    let rc = unsafe {
+        sys::spank_get_item(
+            sp,
+            sys::spank_item_S_SLURM_VERSION,
+            &mut text as *mut *const c_char,
+        )
+    };
+    if rc != sys::ESPANK_SUCCESS as sys::spank_err_t || text.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated (a C string constant of Slurm).
+    Some(
+        unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}
+
 /// A variable of the job step's environment (`spank_getenv`), remote
 /// context only; `None` when unset or not available here.
 ///

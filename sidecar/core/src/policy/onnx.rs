@@ -20,10 +20,13 @@
 //!    any of its ancestors (a checkout's `target/release/smartmig` finds the
 //!    checkout's `.ort/`);
 //! 3. the same under the source checkout this binary was built from
-//!    (`CARGO_MANIFEST_DIR/../..`), for tests and `cargo run`.
+//!    (`CARGO_MANIFEST_DIR/../..`), for tests and `cargo run`;
+//! 4. [`INSTALLED_ORT_DIR`]`/libonnxruntime.so.1.31.1`, where the packaged
+//!    fetch step (`/usr/share/smartmig/fetch-onnxruntime`, docs/daemon.md,
+//!    "Install") puts it on an installed node.
 //!
-//! Otherwise: "ONNX Runtime not found: run scripts/fetch-onnxruntime or set
-//! ORT_DYLIB_PATH".
+//! Otherwise: "ONNX Runtime not found: run scripts/fetch-onnxruntime (or,
+//! installed, /usr/share/smartmig/fetch-onnxruntime) or set ORT_DYLIB_PATH".
 //!
 //! ## Evaluation
 //!
@@ -52,6 +55,11 @@ pub const METADATA_FORMAT: &str = "smartmig-policy/1";
 pub const ORT_VERSION: &str = "1.31.1";
 /// File name of the runtime library under `.ort/`.
 pub const ORT_LIB_NAME: &str = "libonnxruntime.so.1.31.1";
+/// Where the packages' fetch step (`/usr/share/smartmig/fetch-onnxruntime`)
+/// installs the runtime library on a node; searched last.
+pub const INSTALLED_ORT_DIR: &str = "/usr/lib/smartmig";
+/// Where the packages install the shipped policies (`policies/` below it).
+pub const INSTALLED_DATA_DIR: &str = "/usr/share/smartmig";
 
 /// What a policy file says about itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -186,7 +194,7 @@ pub fn catalog_pictures(model: GpuModel) -> Vec<String> {
 /// Why a policy could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyLoadError {
-    #[error("ONNX Runtime not found: run scripts/fetch-onnxruntime or set ORT_DYLIB_PATH (looked for {})", list(.searched))]
+    #[error("ONNX Runtime not found: run scripts/fetch-onnxruntime (installed: /usr/share/smartmig/fetch-onnxruntime) or set ORT_DYLIB_PATH (looked for {})", list(.searched))]
     RuntimeNotFound { searched: Vec<PathBuf> },
     #[error("ONNX Runtime not found: ORT_DYLIB_PATH={} does not exist (run scripts/fetch-onnxruntime or fix ORT_DYLIB_PATH)", .0.display())]
     RuntimeEnvMissing(PathBuf),
@@ -251,8 +259,13 @@ pub fn find_onnxruntime() -> Result<PathBuf, PolicyLoadError> {
     if let Some(repo) = source_checkout() {
         roots.push(repo.to_path_buf());
     }
-    for root in roots {
-        let candidate = root.join(".ort").join(ORT_LIB_NAME);
+    let candidates = roots
+        .into_iter()
+        .map(|root| root.join(".ort").join(ORT_LIB_NAME))
+        .chain(std::iter::once(
+            Path::new(INSTALLED_ORT_DIR).join(ORT_LIB_NAME),
+        ));
+    for candidate in candidates {
         if candidate.is_file() {
             return Ok(candidate);
         }
@@ -271,7 +284,8 @@ fn source_checkout() -> Option<&'static Path> {
 
 /// The shipped policy for `model` (`policies/<model id>.onnx`), looked up
 /// in the working directory, then above the executable, then in the source
-/// checkout; `None` when there is none.
+/// checkout, then where the packages install it ([`INSTALLED_DATA_DIR`]);
+/// `None` when there is none.
 pub fn shipped_policy(model: GpuModel) -> Option<PathBuf> {
     let rel = Path::new("policies").join(format!("{}.onnx", model.id()));
     let mut roots: Vec<PathBuf> = vec![PathBuf::from(".")];
@@ -281,6 +295,7 @@ pub fn shipped_policy(model: GpuModel) -> Option<PathBuf> {
     if let Some(repo) = source_checkout() {
         roots.push(repo.to_path_buf());
     }
+    roots.push(PathBuf::from(INSTALLED_DATA_DIR));
     roots
         .into_iter()
         .map(|r| r.join(&rel))

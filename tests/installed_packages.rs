@@ -1,0 +1,376 @@
+//! The packages, installed: what an admin gets from `target/dist/`.
+//!
+//! `scripts/test` builds the packages with `scripts/package` and then runs
+//! this test with `--ignored` (a plain `cargo test` has no packages to
+//! install, so there it shows as ignored, never as passed). The test
+//!
+//! 1. checks that each `.rpm` lists the same files as its `.deb` (the
+//!    plugin's directory is Slurm's on each family);
+//! 2. installs both `.deb`s with `dpkg -i`, checks the installed layout
+//!    (binaries, unit, conffile, plugin, the commented-out plugstack
+//!    snippet) and `systemd-analyze verify`s the unit;
+//! 3. points the real-Slurm test cluster at the installed plugin (the
+//!    snippet's line, uncommented as the admin does) and runs the installed
+//!    `smartmigd` with the installed config, changed only where a test node
+//!    differs (its socket and state directory under the cluster's
+//!    directory, and the NVML emulator instead of a GPU's driver);
+//! 4. runs `smartmig doctor` from the package and one `--gres=shard:1` job;
+//! 5. purges both packages and checks that nothing is left.
+//!
+//! Needs root; fails, never skips, when something is missing.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use smartmig_mig::GpuModel;
+use smartmig_nvml_emu::{Emulator, GpuSetup};
+use smartmig_suite::{artifact, describe, fields, repo_root, require_root, SlurmCluster};
+
+const JOB_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"))
+}
+
+fn ok(program: &str, args: &[&str]) -> String {
+    let out = run(program, args);
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        describe(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The one file in `target/dist` whose name starts with `prefix` and ends
+/// with `suffix`.
+fn package(prefix: &str, suffix: &str) -> PathBuf {
+    let dist = repo_root().join("target/dist");
+    let found: Vec<PathBuf> = std::fs::read_dir(&dist)
+        .unwrap_or_else(|e| panic!("{}: {e}: run scripts/package first", dist.display()))
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {prefix}*{suffix} in {}: {found:?}",
+        dist.display()
+    );
+    found.into_iter().next().expect("one package")
+}
+
+/// The non-directory paths a `.deb` installs.
+fn deb_files(deb: &Path) -> BTreeSet<String> {
+    ok("dpkg-deb", &["-c", &deb.display().to_string()])
+        .lines()
+        .filter(|l| !l.starts_with('d'))
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(|p| p.trim_start_matches('.').to_string())
+        .collect()
+}
+
+/// The non-directory paths an `.rpm` installs.
+fn rpm_files(rpm: &Path) -> BTreeSet<String> {
+    ok(
+        "rpm",
+        &[
+            "-qp",
+            "--qf",
+            "[%{FILEMODES:perms} %{FILENAMES}\n]",
+            &rpm.display().to_string(),
+        ],
+    )
+    .lines()
+    .filter(|l| !l.starts_with('d'))
+    .filter_map(|l| l.split_whitespace().nth(1))
+    .map(String::from)
+    .collect()
+}
+
+/// The plugin's path with each family's Slurm plugin directory replaced by
+/// `<slurm plugin dir>`, so the two lists can be compared; Debian's own
+/// package records (`/usr/share/doc/<package>/copyright` and
+/// `changelog.Debian.gz`, which Debian policy requires and RPM keeps in
+/// its header) are left out.
+fn same_family(paths: &BTreeSet<String>) -> BTreeSet<String> {
+    paths
+        .iter()
+        .filter(|p| !(p.ends_with("/copyright") || p.ends_with("/changelog.Debian.gz")))
+        .map(|p| {
+            for dir in ["/usr/lib/x86_64-linux-gnu/slurm-wlm/", "/usr/lib64/slurm/"] {
+                if let Some(rest) = p.strip_prefix(dir) {
+                    return format!("<slurm plugin dir>/{rest}");
+                }
+            }
+            p.clone()
+        })
+        .collect()
+}
+
+/// Purges the packages when dropped, so a failed test leaves the machine
+/// as it found it.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let out = run("dpkg", &["--purge", "smartmig-spank", "smartmig"]);
+        if !out.status.success() {
+            eprintln!("dpkg --purge failed: {}", describe(&out));
+        }
+    }
+}
+
+/// The installed config with a test node's differences: sockets and state
+/// under `dir`, and the NVML emulator for the driver.
+fn test_node_config(installed: &str, dir: &Path, emu: &Emulator) -> String {
+    let mut out = String::new();
+    let mut replaced = BTreeSet::new();
+    for line in installed.lines() {
+        let key = line.split('=').next().unwrap_or("").trim();
+        let value = match key {
+            "socket" => Some(dir.join("run/smartmig.sock")),
+            "state_dir" => Some(dir.join("smartmigd-state")),
+            "library" => Some(artifact("libsmartmig_nvml_emu.so")),
+            "capabilities_dir" => Some(emu.capabilities_dir()),
+            "caps_dev_dir" => Some(emu.caps_dev_dir()),
+            _ => None,
+        };
+        match value {
+            Some(v) if !line.trim_start().starts_with('#') => {
+                replaced.insert(key.to_string());
+                out.push_str(&format!("{key} = \"{}\"\n", v.display()));
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    for key in [
+        "socket",
+        "state_dir",
+        "library",
+        "capabilities_dir",
+        "caps_dev_dir",
+    ] {
+        assert!(
+            replaced.contains(key),
+            "the installed config sets no `{key}`: {installed}"
+        );
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs the packages: scripts/test builds them (scripts/package) and runs this with --ignored"]
+fn installed_packages_run_a_shard_job() {
+    require_root("dpkg -i and the test cluster need root");
+    let (deb, deb_plugin) = (
+        package("smartmig_", ".deb"),
+        package("smartmig-spank_", ".deb"),
+    );
+    let (rpm, rpm_plugin) = (
+        package("smartmig-0", ".rpm"),
+        package("smartmig-spank-", ".rpm"),
+    );
+
+    // 1. The .rpm lists the same files as the .deb.
+    for (d, r) in [(&deb, &rpm), (&deb_plugin, &rpm_plugin)] {
+        let (df, rf) = (same_family(&deb_files(d)), same_family(&rpm_files(r)));
+        assert!(!df.is_empty(), "{} installs nothing", d.display());
+        assert_eq!(
+            df,
+            rf,
+            "{} and {} install different files",
+            d.display(),
+            r.display()
+        );
+    }
+
+    // 2. Installed layout.
+    ok(
+        "dpkg",
+        &[
+            "-i",
+            &deb.display().to_string(),
+            &deb_plugin.display().to_string(),
+        ],
+    );
+    let _installed = Installed;
+    for path in [
+        "/usr/sbin/smartmigd",
+        "/usr/bin/smartmig",
+        "/usr/lib/systemd/system/smartmigd.service",
+        "/etc/smartmig/smartmig.toml",
+        "/etc/slurm/plugstack.conf.d/smartmig.conf",
+    ] {
+        assert!(Path::new(path).exists(), "{path} not installed");
+    }
+    let conffiles = ok("dpkg-query", &["-W", "-f=${Conffiles}", "smartmig"]);
+    assert!(
+        conffiles.contains("/etc/smartmig/smartmig.toml"),
+        "the config is not a conffile: {conffiles:?}"
+    );
+    let plugin_files = ok("dpkg-query", &["-L", "smartmig-spank"]);
+    let plugin = plugin_files
+        .lines()
+        .find(|l| l.ends_with("libsmartmig_spank.so"))
+        .unwrap_or_else(|| panic!("no plugin in smartmig-spank: {plugin_files}"))
+        .to_string();
+    let snippet = std::fs::read_to_string("/etc/slurm/plugstack.conf.d/smartmig.conf")
+        .expect("read the plugstack snippet");
+    assert!(
+        !snippet
+            .lines()
+            .any(|l| l.trim_start().starts_with("required")
+                || l.trim_start().starts_with("optional")),
+        "the shipped plugstack line must be commented out: {snippet}"
+    );
+    let line = snippet
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix('#'))
+        .map(str::trim)
+        .find(|l| l.starts_with("required ") && l.contains("libsmartmig_spank.so"))
+        .unwrap_or_else(|| {
+            panic!("no commented `required libsmartmig_spank.so ...` line: {snippet}")
+        })
+        .to_string();
+    let verify = run(
+        "systemd-analyze",
+        &["verify", "/usr/lib/systemd/system/smartmigd.service"],
+    );
+    assert!(
+        verify.status.success(),
+        "systemd-analyze verify: {}",
+        describe(&verify)
+    );
+
+    // 3. The test cluster on the installed plugin; the installed daemon.
+    let cluster = SlurmCluster::up_with(|dir| {
+        let socket = dir.join("run/smartmig-root.sock");
+        let enabled: Vec<String> = line
+            .split_whitespace()
+            .map(|w| {
+                if w.starts_with("socket=") {
+                    format!("socket={}", socket.display())
+                } else {
+                    w.to_string()
+                }
+            })
+            .collect();
+        std::fs::write(dir.join("plugstack.conf"), enabled.join(" ") + "\n")
+            .expect("write plugstack.conf");
+    });
+    let dir = cluster.dir().to_path_buf();
+    std::fs::create_dir_all(dir.join("run")).expect("mkdir run");
+    let emu = Emulator::create(
+        &dir.join("nvml-emu"),
+        &[
+            GpuSetup::mig(GpuModel::A100_40gb),
+            GpuSetup::mig(GpuModel::A100_40gb),
+        ],
+    )
+    .expect("emulated GPUs");
+    let installed =
+        std::fs::read_to_string("/etc/smartmig/smartmig.toml").expect("read the installed config");
+    let config = dir.join("smartmig.toml");
+    std::fs::write(&config, test_node_config(&installed, &dir, &emu)).expect("write config");
+    let log = std::fs::File::create(dir.join("log/smartmigd.log")).expect("smartmigd log");
+    let daemon = Command::new("/usr/sbin/smartmigd")
+        .arg("--config")
+        .arg(&config)
+        .env("SLURM_CONF", dir.join("slurm.conf"))
+        .env(smartmig_nvml_emu::DIR_ENV, emu.dir())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log handle"))
+        .stderr(log)
+        .spawn()
+        .expect("start the installed smartmigd");
+    let _daemon = Killed(daemon);
+    let answers = || {
+        Command::new("/usr/bin/smartmig")
+            .args(["status", "--json", "--socket"])
+            .arg(dir.join("run/smartmig.sock"))
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let start = Instant::now();
+    while !answers() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the installed smartmigd does not answer: {}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // 4. doctor from the package, then a job.
+    let doctor = Command::new("/usr/bin/smartmig")
+        .args(["doctor", "--config"])
+        .arg(&config)
+        .arg("--slurm-conf")
+        .arg(dir.join("slurm.conf"))
+        .env(smartmig_nvml_emu::DIR_ENV, emu.dir())
+        .output()
+        .expect("run smartmig doctor");
+    assert!(
+        doctor.status.success(),
+        "smartmig doctor on the installed layout: {}",
+        describe(&doctor)
+    );
+    let out = cluster.shared_dir().join("installed.out");
+    let job = cluster.sbatch_as_nobody(
+        &out,
+        &["--gres=shard:1"],
+        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+    );
+    let state = cluster.wait_job(job, JOB_TIMEOUT);
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(state, "COMPLETED", "{text}\n{}", cluster.log_tails());
+    let f = fields(&text);
+    assert!(
+        f.get("CVD").is_some_and(|c| c.starts_with("MIG-")),
+        "{text}"
+    );
+    assert_eq!(
+        f.get("PROFILE").map(String::as_str),
+        Some("1g.5gb"),
+        "{text}"
+    );
+    drop(_daemon);
+    drop(cluster);
+
+    // 5. Purge: nothing of either package is left.
+    drop(_installed);
+    for path in [
+        "/usr/sbin/smartmigd",
+        "/usr/bin/smartmig",
+        "/etc/smartmig/smartmig.toml",
+        "/etc/slurm/plugstack.conf.d/smartmig.conf",
+        plugin.as_str(),
+    ] {
+        assert!(!Path::new(path).exists(), "{path} left after dpkg --purge");
+    }
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
