@@ -275,41 +275,23 @@ fn gpu_instances(
         }
     }
     let devices = mig_devices(nvml, device, gpu)?;
-    let mut out = Vec::new();
-    let mut sorted = ids.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    for profile_id in sorted {
-        // At most 8 GPU instances of one profile on any MIG GPU.
-        let mut handles: [sys::nvmlGpuInstance_t; 8] = [std::ptr::null_mut(); 8];
-        let mut count = handles.len() as c_uint;
-        // SAFETY: live handle; the buffer holds `count` handles.
-        let code = unsafe {
-            lib.nvmlDeviceGetGpuInstances(device, profile_id, handles.as_mut_ptr(), &mut count)
-        };
-        map_return(code, gpu, "GPU instances")?;
-        for &gi in handles.iter().take(count as usize) {
-            // SAFETY: zeroed plain C struct as out-pointer.
-            let mut info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: a handle NVML just returned and a valid out-pointer.
-            map_return(
-                unsafe { lib.nvmlGpuInstanceGetInfo(gi, &mut info) },
-                gpu,
-                "GPU instance info",
-            )?;
-            out.push(GpuInstanceSurvey {
-                id: info.id,
-                profile_id: info.profileId,
-                start: info.placement.start,
-                size: info.placement.size,
-                mig_uuids: devices
-                    .iter()
-                    .filter(|(_, gi_id)| *gi_id == info.id)
-                    .map(|(u, _)| u.clone())
-                    .collect(),
-            });
-        }
-    }
+    // SAFETY: the symbols it calls exist (checked above) and `device` is a
+    // live handle of this library.
+    let instances = unsafe { super::nvml::gpu_instances(nvml, device, gpu, ids)? };
+    let mut out: Vec<GpuInstanceSurvey> = instances
+        .into_iter()
+        .map(|(_, info)| GpuInstanceSurvey {
+            id: info.id,
+            profile_id: info.profileId,
+            start: info.placement.start,
+            size: info.placement.size,
+            mig_uuids: devices
+                .iter()
+                .filter(|(_, gi_id)| *gi_id == info.id)
+                .map(|(u, _)| u.clone())
+                .collect(),
+        })
+        .collect();
     out.sort_by_key(|i| (i.start, i.id));
     Ok(out)
 }

@@ -242,53 +242,26 @@ impl NvmlBackend {
             .nvml
             .device_by_index(gpu)
             .map_err(|e| nvml_err(gpu, "device handle", e))?;
-        let lib = self.nvml.lib();
-        let mut profile_ids: Vec<c_uint> = info.ids.values().copied().collect();
-        profile_ids.sort_unstable();
-        for profile_id in profile_ids {
-            // At most 8 GPU instances of one profile on any MIG GPU.
-            let mut handles: [sys::nvmlGpuInstance_t; 8] = [std::ptr::null_mut(); 8];
-            let mut count: c_uint = handles.len() as c_uint;
-            // SAFETY: live device handle; the buffer holds `count` handles.
-            unsafe {
-                map_return(
-                    lib.nvmlDeviceGetGpuInstances(
-                        device.handle(),
-                        profile_id,
-                        handles.as_mut_ptr(),
-                        &mut count,
-                    ),
-                    gpu,
-                    "GPU instances",
-                )?;
+        let profile_ids: Vec<c_uint> = info.ids.values().copied().collect();
+        // SAFETY: a live device handle of this library.
+        let instances = unsafe { gpu_instances(&self.nvml, device.handle(), gpu, &profile_ids)? };
+        for (gi, gi_info) in instances {
+            if with_ci.contains(&gi_info.id) {
+                continue;
             }
-            for &gi in handles.iter().take(count as usize) {
-                let mut gi_info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
-                // SAFETY: a handle NVML just returned and a valid out-pointer.
-                unsafe {
-                    map_return(
-                        lib.nvmlGpuInstanceGetInfo(gi, &mut gi_info),
-                        gpu,
-                        "GPU instance info",
-                    )?;
-                }
-                if with_ci.contains(&gi_info.id) {
-                    continue;
-                }
-                tracing::warn!(
-                    gpu,
-                    gpu_instance = gi_info.id,
-                    profile = profile_id,
-                    start = gi_info.placement.start,
-                    "GPU instance without a compute instance (left by a crash); destroying it"
-                );
-                // SAFETY: as above.
-                map_return(
-                    unsafe { lib.nvmlGpuInstanceDestroy(gi) },
-                    gpu,
-                    &format!("destroy orphan GPU instance {}", gi_info.id),
-                )?;
-            }
+            tracing::warn!(
+                gpu,
+                gpu_instance = gi_info.id,
+                profile = gi_info.profileId,
+                start = gi_info.placement.start,
+                "GPU instance without a compute instance (left by a crash); destroying it"
+            );
+            // SAFETY: a handle NVML just returned.
+            map_return(
+                unsafe { self.nvml.lib().nvmlGpuInstanceDestroy(gi) },
+                gpu,
+                &format!("destroy orphan GPU instance {}", gi_info.id),
+            )?;
         }
         Ok(())
     }
@@ -321,6 +294,52 @@ impl NvmlBackend {
         // SAFETY: a live device handle of this library.
         unsafe { mig_devices(&self.nvml, device.handle(), gpu) }
     }
+}
+
+/// Every GPU instance of GPU `gpu` (handle `device`) whose profile id is
+/// one of `profile_ids`: its handle and its info (id, profile, placement).
+/// Shared with the read-only survey ([`super::inventory`]).
+///
+/// # Safety
+/// `device` must be a live device handle of `nvml`'s library.
+pub unsafe fn gpu_instances(
+    nvml: &Nvml,
+    device: sys::nvmlDevice_t,
+    gpu: u32,
+    profile_ids: &[c_uint],
+) -> Result<Vec<(sys::nvmlGpuInstance_t, sys::nvmlGpuInstanceInfo_t)>, BackendError> {
+    let lib = nvml.lib();
+    let mut ids = profile_ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut out = Vec::new();
+    for profile_id in ids {
+        // At most 8 GPU instances of one profile on any MIG GPU
+        // (`nvmlDeviceGetGpuInstances`' count is output only).
+        let mut handles: [sys::nvmlGpuInstance_t; 8] = [std::ptr::null_mut(); 8];
+        let mut count: c_uint = handles.len() as c_uint;
+        // SAFETY: live device handle (the caller's promise); the buffer
+        // holds `count` handles.
+        map_return(
+            unsafe {
+                lib.nvmlDeviceGetGpuInstances(device, profile_id, handles.as_mut_ptr(), &mut count)
+            },
+            gpu,
+            "GPU instances",
+        )?;
+        for &gi in handles.iter().take(count as usize) {
+            // SAFETY: zeroed plain C struct as out-pointer.
+            let mut info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: a handle NVML just returned and a valid out-pointer.
+            map_return(
+                unsafe { lib.nvmlGpuInstanceGetInfo(gi, &mut info) },
+                gpu,
+                "GPU instance info",
+            )?;
+            out.push((gi, info));
+        }
+    }
+    Ok(out)
 }
 
 /// Every MIG device of GPU `gpu` (handle `device`): (uuid, GPU instance id,
