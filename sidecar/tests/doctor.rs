@@ -7,26 +7,18 @@
 //! Every node is a fresh directory: the emulator's state, smartmig.toml,
 //! slurm.conf, gres.conf, plugstack.conf and a stand-in plugin library.
 
-use std::path::{Path, PathBuf};
+mod daemon_common;
+
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use daemon_common::emulator_library;
 use serde_json::Value;
 use smartmig::daemon::protocol::AllocateRequest;
 use smartmig::daemon::Client;
 use smartmig::mig::GpuModel;
 use smartmig_nvml_emu::{Emulator, GpuSetup, DIR_ENV};
-
-/// The emulator library of this build (beside `smartmig`).
-fn emulator_library() -> PathBuf {
-    let lib = Path::new(env!("CARGO_BIN_EXE_smartmig")).with_file_name("libsmartmig_nvml_emu.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: build it with `cargo build --release -p smartmig-nvml-emu`",
-        lib.display()
-    );
-    lib
-}
 
 const NODE: &str = "dr1";
 
