@@ -15,6 +15,8 @@
 //! - [`train`]: the whole run (imitation, PPO, ES, checkpoint choice).
 //! - [`export`]: the actor as an ONNX graph (onnx-rs), with its metadata.
 //! - [`oracle`]: the hindsight rollout oracle (`smartmig bench oracle`).
+//! - [`placement`]: the learned job placement (masked PPO over the
+//!   simulator's placement decisions), its config and its episodes.
 //!
 //! The trainer's modules are layered: `config` -> `data` -> `teacher` ->
 //! `rollout` (with `reward`) -> `ppo`/`es` -> `train`, each importing only
@@ -25,7 +27,7 @@
 //! trained.
 
 // The core crates under the names the modules use (`crate::policy::...`).
-use smartmig_core::{policy, sim, workload};
+use smartmig_core::{eval, policy, sim, workload};
 use smartmig_mig as mig;
 
 mod checkpoint;
@@ -35,6 +37,7 @@ pub mod es;
 pub mod export;
 pub mod model;
 pub mod oracle;
+pub mod placement;
 pub mod ppo;
 mod reward;
 pub mod rollout;

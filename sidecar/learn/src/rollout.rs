@@ -207,7 +207,7 @@ pub(crate) fn critic_inputs(obs: &[f32], mean_actions: &[f32], d: usize, a: usiz
     out
 }
 
-fn sample(rng: &mut ChaCha8Rng, probs: &[f32], mask: &[f32]) -> usize {
+pub(crate) fn sample(rng: &mut ChaCha8Rng, probs: &[f32], mask: &[f32]) -> usize {
     let total: f32 = probs
         .iter()
         .zip(mask)

@@ -36,6 +36,9 @@ pub enum Target {
     Oracle(super::bench_oracle::OracleArgs),
     /// Scenarios x test days x policies against causal opponents (docs/evaluation.md).
     Suite(super::bench_suite::SuiteArgs),
+    /// The learned job placement against the heuristics, under each
+    /// repartitioning policy (docs/evaluation.md, "Placement").
+    Placement(super::bench_placement::PlacementArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,6 +97,7 @@ pub fn run(a: &Args) -> Result<()> {
         Target::Flood(f) => super::bench_daemon::flood(f),
         Target::Oracle(o) => super::bench_oracle::run(o),
         Target::Suite(s) => super::bench_suite::run(s),
+        Target::Placement(p) => super::bench_placement::run(p),
     }
 }
 

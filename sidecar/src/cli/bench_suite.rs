@@ -109,7 +109,7 @@ fn scenarios(a: &SuiteArgs) -> Result<Vec<Scenario>> {
 }
 
 /// One generated day of `s`.
-fn day(s: &Scenario, model: GpuModel, gpus: usize, seed: u64) -> Day {
+pub(super) fn day(s: &Scenario, model: GpuModel, gpus: usize, seed: u64) -> Day {
     Day::generated(
         s.generate(model, gpus, seed),
         seed,

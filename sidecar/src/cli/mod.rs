@@ -10,6 +10,7 @@ pub mod audit;
 pub mod bench;
 pub mod bench_daemon;
 pub mod bench_oracle;
+pub mod bench_placement;
 pub mod bench_policy;
 pub mod bench_suite;
 pub mod bound;
@@ -21,6 +22,7 @@ pub mod simulate;
 pub mod socket;
 pub mod status;
 pub mod train;
+pub mod train_placement;
 
 /// Dynamic MIG partitioning for Slurm: geometry, simulation and status.
 #[derive(Debug, Parser)]

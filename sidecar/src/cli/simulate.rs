@@ -11,7 +11,8 @@ use serde::Serialize;
 use crate::mig::GpuModel;
 use crate::policy::parse_policy_on;
 use crate::sim::{
-    simulate_with_reference, EpochRule, EtScore, Heuristic, JsonLines, Metrics, RunHooks, SimConfig,
+    simulate_with_reference, EpochRule, EtScore, Heuristic, JsonLines, Metrics, PlacementSpec,
+    RunHooks, SimConfig,
 };
 use crate::workload::{
     generate_diurnal, gpus_for_load, peak_demand_load, read_trace, window, DiurnalConfig, Job,
@@ -56,7 +57,8 @@ pub struct Args {
     /// Length of the diurnal workload, hours.
     #[arg(long, default_value_t = 24.0)]
     pub hours: f64,
-    /// Job-placement heuristic.
+    /// Job placement: a heuristic (edf, cedf, eft, largest-first,
+    /// smallest-first, best-fit, random) or `learned:FILE.onnx`.
     #[arg(long, default_value = "edf")]
     pub placement: String,
     /// Repartitioning policy: none, static:<catalog index>, static:<picture>,
@@ -280,7 +282,14 @@ struct Report<'a> {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let heuristic: Heuristic = a.placement.parse()?;
+    let placement: PlacementSpec = a.placement.parse()?;
+    let heuristic = || -> Result<Heuristic> {
+        placement.rule().with_context(|| {
+            format!(
+                "--placement {placement}: --compare and --oom-study take a heuristic; compare learned placements with `smartmig bench placement`"
+            )
+        })
+    };
     let (cluster, jobs, horizon) = cluster_and_workload(a)?;
     let models = GpuModel::distinct(&cluster);
     let mut policy = parse_policy_on(&a.policy, &cluster, 0.0)?;
@@ -307,14 +316,14 @@ pub fn run(a: &Args) -> Result<()> {
             &cluster,
             &jobs,
             &cfg,
-            heuristic,
+            heuristic()?,
             &a.policy,
             a.oom_fraction,
             a.oom_retries,
         );
     }
     if a.compare {
-        return run_compare(a, &cluster, &jobs, &cfg, heuristic);
+        return run_compare(a, &cluster, &jobs, &cfg, heuristic()?);
     }
     let bar = (std::io::stderr().is_terminal() && jobs.len() > 200_000).then(|| {
         let b = indicatif::ProgressBar::new(jobs.len() as u64);
@@ -342,7 +351,7 @@ pub fn run(a: &Args) -> Result<()> {
     let (run, reference, score) = simulate_with_reference(
         &cluster,
         &jobs,
-        heuristic,
+        &placement,
         policy.as_mut(),
         &cfg,
         a.alpha,

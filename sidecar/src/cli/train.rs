@@ -19,9 +19,10 @@ pub struct Args {
     /// Training configuration (TOML, see etc/train.toml).
     #[arg(long)]
     pub config: PathBuf,
-    /// Where to write the policy; the metadata goes next to it as `.json`.
-    #[arg(long, short, default_value = "policy.onnx")]
-    pub out: PathBuf,
+    /// Where to write the policy; the metadata goes next to it as `.json`
+    /// (default `policy.onnx`, or `placement.onnx` for a placement config).
+    #[arg(long, short)]
+    pub out: Option<PathBuf>,
     /// Override the config's seed.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -59,6 +60,9 @@ pub fn run(a: &Args) -> Result<()> {
     }
     let text = std::fs::read_to_string(&a.config)
         .with_context(|| format!("reading {}", a.config.display()))?;
+    if super::train_placement::is_placement_config(&text) {
+        return super::train_placement::run(a, &text);
+    }
     let mut cfg: TrainConfig =
         toml::from_str(&text).with_context(|| format!("parsing {}", a.config.display()))?;
     if let Some(s) = a.seed {
@@ -194,8 +198,12 @@ pub fn run(a: &Args) -> Result<()> {
     });
     let json = serde_json::to_string(&meta).context("serialising metadata")?;
     let bytes = net.export_onnx(&[(METADATA_KEY, json.as_str())])?;
-    std::fs::write(&a.out, &bytes).with_context(|| format!("writing {}", a.out.display()))?;
-    let meta_path = a.out.with_extension("json");
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("policy.onnx"));
+    std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+    let meta_path = out.with_extension("json");
     std::fs::write(
         &meta_path,
         serde_json::to_string_pretty(&meta).context("serialising metadata")? + "\n",
@@ -203,7 +211,7 @@ pub fn run(a: &Args) -> Result<()> {
     .with_context(|| format!("writing {}", meta_path.display()))?;
     println!(
         "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
-        a.out.display(),
+        out.display(),
         bytes.len(),
         meta_path.display(),
         report.seconds,

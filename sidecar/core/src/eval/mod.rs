@@ -14,6 +14,9 @@
 //!   opponents on past days, else the best of them does.
 //! - [`suite`]: scenarios x test days x policies, the engine of
 //!   `smartmig bench suite`.
+//! - [`placement`]: placements (heuristics and learned) x repartitioning
+//!   policies on a scenario's test days, the engine of
+//!   `smartmig bench placement`.
 //!
 //! Everything here is pure computation over the simulator (no IO): the CLI
 //! prints, plots and writes files.
@@ -22,6 +25,7 @@ pub mod baselines;
 pub mod days;
 pub mod fallback;
 pub mod gates;
+pub mod placement;
 pub mod score;
 pub mod suite;
 
@@ -29,6 +33,9 @@ pub use baselines::{fit, Fitted};
 pub use days::{search_score, Day, DaySet};
 pub use fallback::{FallbackChoice, HistoryScore};
 pub use gates::{gate_rows, GateRow};
+pub use placement::{
+    placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate, PlacementScenario,
+};
 pub use score::{DayScore, PolicyRow, Reference, RowKind};
 pub use suite::{run_scenario, ScenarioDays, ScenarioResult, SuiteConfig, SuiteReport};
 

@@ -209,6 +209,13 @@ pub enum PolicyLoadError {
     Parse { path: PathBuf, reason: String },
     #[error("policy {} has no smartmig metadata (`{METADATA_KEY}`); was it written by `smartmig train`?", path.display())]
     MissingMetadata { path: PathBuf },
+    #[error("{} is a {found} policy, not a {expected} policy: {hint}", path.display())]
+    WrongKind {
+        path: PathBuf,
+        found: &'static str,
+        expected: &'static str,
+        hint: &'static str,
+    },
     #[error("policy {}: bad metadata: {reason}", path.display())]
     BadMetadata { path: PathBuf, reason: String },
     #[error("policy {} was trained for {found}, but this GPU is {expected}: use a policy trained for {expected} (`smartmig train --config` with gpu_model = \"{expected}\")", path.display())]
@@ -287,7 +294,19 @@ fn source_checkout() -> Option<&'static Path> {
 /// checkout, then where the packages install it ([`INSTALLED_DATA_DIR`]);
 /// `None` when there is none.
 pub fn shipped_policy(model: GpuModel) -> Option<PathBuf> {
-    let rel = Path::new("policies").join(format!("{}.onnx", model.id()));
+    shipped_file(&format!("{}.onnx", model.id()))
+}
+
+/// The shipped learned placement for `model`
+/// (`policies/<model>-placement.onnx`), searched like [`shipped_policy`].
+pub fn shipped_placement(model: GpuModel) -> Option<PathBuf> {
+    shipped_file(&format!("{}-placement.onnx", model.id()))
+}
+
+/// `policies/<name>` in the working directory, beside the executable or
+/// above it, in the source checkout, or under [`INSTALLED_DATA_DIR`].
+fn shipped_file(name: &str) -> Option<PathBuf> {
+    let rel = Path::new("policies").join(name);
     let mut roots: Vec<PathBuf> = vec![PathBuf::from(".")];
     if let Ok(exe) = std::env::current_exe() {
         roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
@@ -324,6 +343,26 @@ pub fn ort_environment() -> Result<ort::environment::Environment, PolicyLoadErro
     }
 }
 
+/// An ONNX Runtime session for a policy file's bytes (repartitioning or
+/// placement): one intra-op thread, because the graphs are tiny, thread
+/// hand-offs would dominate, and the daemon must not compete with jobs
+/// for cores.
+pub fn session_from_bytes(path: &Path, bytes: &[u8]) -> Result<Session, PolicyLoadError> {
+    let env = ort_environment()?;
+    let session_err = |reason: String| PolicyLoadError::Session {
+        path: path.to_path_buf(),
+        reason,
+    };
+    Session::builder(&env)
+        .map_err(|e| session_err(e.to_string()))?
+        .with_optimization_level(GraphOptimizationLevel::All)
+        .map_err(|e| session_err(e.to_string()))?
+        .with_intra_threads(1)
+        .map_err(|e| session_err(e.to_string()))?
+        .commit_from_memory(bytes)
+        .map_err(|e| session_err(e.to_string()))
+}
+
 /// Reads and checks the embedded metadata of a policy file without loading
 /// ONNX Runtime. `expected`: the GPU model it must be for (`None`: any).
 pub fn read_metadata(
@@ -339,6 +378,17 @@ pub fn read_metadata(
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
+    if props
+        .iter()
+        .any(|(k, _)| k == crate::sim::placement_onnx::METADATA_KEY)
+    {
+        return Err(PolicyLoadError::WrongKind {
+            path: path.to_path_buf(),
+            found: "job-placement",
+            expected: "repartitioning",
+            hint: "give it as `--placement learned:FILE` (daemon: `placement = \"learned:FILE\"`)",
+        });
+    }
     let json = props
         .iter()
         .find(|(k, _)| k == METADATA_KEY)
@@ -445,21 +495,7 @@ impl OnnxPolicy {
         meta: PolicyMetadata,
         bytes: &[u8],
     ) -> Result<Self, PolicyLoadError> {
-        let env = ort_environment()?;
-        let session_err = |reason: String| PolicyLoadError::Session {
-            path: path.to_path_buf(),
-            reason,
-        };
-        // One intra-op thread: the graph is tiny, thread hand-offs would
-        // dominate, and the daemon must not compete with jobs for cores.
-        let session = Session::builder(&env)
-            .map_err(|e| session_err(e.to_string()))?
-            .with_optimization_level(GraphOptimizationLevel::All)
-            .map_err(|e| session_err(e.to_string()))?
-            .with_intra_threads(1)
-            .map_err(|e| session_err(e.to_string()))?
-            .commit_from_memory(bytes)
-            .map_err(|e| session_err(e.to_string()))?;
+        let session = session_from_bytes(path, bytes)?;
         Ok(OnnxPolicy {
             name: format!("policy:{}", path.display()),
             encoder: Encoder::new(meta.gpu_model),

@@ -18,7 +18,7 @@ use super::events::{
     EventSink, GpuHeader, Header, JobRecord, ModelPower, OomHeader, OomRecord, ReconfigRecord,
     Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
 };
-use super::heuristics::{Candidate, PlacementHeuristic};
+use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
 use super::metrics::Metrics;
 use super::{EpochRule, OomConfig, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, Layout, Placement, PlacementId, ProfileSpec, Shape};
@@ -172,6 +172,10 @@ struct Engine<'j> {
     busy_slice_s: f64,
     in_reconfig: usize,
     running: usize,
+    /// Compute slices of every GPU, and of the busy instances (the
+    /// placement context's load).
+    total_compute: u32,
+    busy_compute: u32,
     cand_buf: Vec<Candidate>,
     oom: Option<OomState>,
 }
@@ -313,6 +317,11 @@ impl<'j> Engine<'j> {
             busy_slice_s: 0.0,
             in_reconfig: 0,
             running: 0,
+            total_compute: cluster
+                .iter()
+                .map(|m| u32::from(m.spec().compute_slices))
+                .sum(),
+            busy_compute: 0,
             cand_buf: Vec::with_capacity(64),
             oom,
         })
@@ -583,24 +592,44 @@ impl<'j> Engine<'j> {
         });
     }
 
+    /// Starts waiting jobs while a free instance fits one: the job with the
+    /// smallest priority key among those that fit a free class, on the
+    /// class the heuristic picks. A job the heuristic defers waits until
+    /// the others of this round are placed, then is offered again (without
+    /// the choice to defer), so deferring never leaves an instance idle.
     fn dispatch(
         &mut self,
         heuristic: &mut dyn PlacementHeuristic,
         hooks: &mut RunHooks<'_>,
     ) -> Result<(), SimError> {
-        while self.free_mask != 0 && !self.pending.is_empty() {
+        let mut deferred: Vec<(T, u32, usize)> = Vec::new();
+        let mut may_defer = true;
+        loop {
             let mut best: Option<(T, u32, usize)> = None;
-            for (bi, b) in self.buckets.iter().enumerate() {
-                if b.mask & self.free_mask == 0 {
-                    continue;
-                }
-                if let Some(&Reverse((k, i))) = b.heap.peek() {
-                    if best.is_none_or(|(bk, bj, _)| (k, i) < (bk, bj)) {
-                        best = Some((k, i, bi));
+            if self.free_mask != 0 {
+                for (bi, b) in self.buckets.iter().enumerate() {
+                    if b.mask & self.free_mask == 0 {
+                        continue;
+                    }
+                    if let Some(&Reverse((k, i))) = b.heap.peek() {
+                        if best.is_none_or(|(bk, bj, _)| (k, i) < (bk, bj)) {
+                            best = Some((k, i, bi));
+                        }
                     }
                 }
             }
-            let Some((_, i, bi)) = best else { break };
+            let Some((key, i, bi)) = best else {
+                if deferred.is_empty() || self.free_mask == 0 {
+                    break;
+                }
+                // Second pass: the deferred jobs, in their order, may no
+                // longer defer.
+                for (k, j, b) in deferred.drain(..) {
+                    self.buckets[b].heap.push(Reverse((k, j)));
+                }
+                may_defer = false;
+                continue;
+            };
             self.buckets[bi].heap.pop();
             let mut bits = self.buckets[bi].mask & self.free_mask;
             self.cand_buf.clear();
@@ -614,12 +643,26 @@ impl<'j> Engine<'j> {
                         compute: cl.profile.shape.compute,
                         total_compute: cl.total,
                         memory_gb: cl.profile.memory_gb,
+                        profile_index: cl.profile_index as u8,
                         free: self.free[c].len() as u32,
                     });
                 }
             }
             let job = self.seen_job(i);
-            let pick = heuristic.choose(job.as_ref(), &self.cand_buf);
+            let ctx = PlacementContext {
+                now: self.now,
+                gpus: self.status.len(),
+                total_compute: self.total_compute,
+                busy_compute: self.busy_compute,
+                waiting: &self.pending,
+                pending_by_profile: &self.pending_by_profile,
+                may_defer,
+            };
+            let pick = heuristic.choose_in(job.as_ref(), &self.cand_buf, &ctx);
+            if pick.defer && may_defer {
+                deferred.push((key, i, bi));
+                continue;
+            }
             let c = self.cand_buf[pick.candidate.min(self.cand_buf.len() - 1)].class as usize;
             let hint = pick.gpu_hint % self.status.len() as u32;
             let set = &self.free[c];
@@ -630,6 +673,9 @@ impl<'j> Engine<'j> {
                 .copied()
                 .ok_or(SimError::Internal("free class without instance"))?;
             self.start(i, gpu as usize, PlacementId(pid), c, hooks)?;
+        }
+        for (k, j, b) in deferred {
+            self.buckets[b].heap.push(Reverse((k, j)));
         }
         Ok(())
     }
@@ -672,6 +718,7 @@ impl<'j> Engine<'j> {
         let end = self.now + job.work / speed;
         self.charge(gpu);
         self.rt[gpu].active += u32::from(compute);
+        self.busy_compute += u32::from(compute);
         self.rt[gpu].job_on[pid.0 as usize] = i;
         let st = &mut self.status[gpu];
         st.busy = st.busy.with(pid);
@@ -751,6 +798,7 @@ impl<'j> Engine<'j> {
         let compute = placement.compute();
         let i = self.rt[gpu].job_on[pid.0 as usize];
         self.rt[gpu].active -= u32::from(compute);
+        self.busy_compute -= u32::from(compute);
         self.rt[gpu].job_on[pid.0 as usize] = NONE;
         let st = &mut self.status[gpu];
         st.busy = st.busy.without(pid);

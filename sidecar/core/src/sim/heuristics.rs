@@ -47,8 +47,33 @@ pub struct Candidate {
     pub total_compute: u8,
     /// Memory of the instance's profile, GB.
     pub memory_gb: u32,
+    /// Index of the profile in its model's profile list
+    /// (`model.spec().profiles`).
+    pub profile_index: u8,
     /// Free, ready instances of this class (at least 1).
     pub free: u32,
+}
+
+/// What the cluster looks like at a placement decision, beyond the job and
+/// its candidates: the queue and the load. The rule-based heuristics ignore
+/// it; a learned placement reads its features from it
+/// ([`super::placement_features`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PlacementContext<'a> {
+    /// Simulated time, s.
+    pub now: f64,
+    pub gpus: usize,
+    /// Compute slices of all GPUs, and of the busy instances among them.
+    pub total_compute: u32,
+    pub busy_compute: u32,
+    /// Every waiting job, the one being placed included.
+    pub waiting: &'a [crate::policy::PendingJob],
+    /// Waiting jobs per model slot and profile whose smallest fitting
+    /// instance is that profile (the job being placed included).
+    pub pending_by_profile: &'a crate::policy::PendingByProfile,
+    /// Whether [`Pick::defer`] is honoured now: in the first pass of a
+    /// placement round, not when deferred jobs are offered again.
+    pub may_defer: bool,
 }
 
 /// The heuristic's answer: a candidate and where to start looking for a GPU.
@@ -59,6 +84,11 @@ pub struct Pick {
     /// Take the first free instance of the class on a GPU >= this one
     /// (wrapping around); 0 packs onto the lowest GPUs.
     pub gpu_hint: u32,
+    /// Let the jobs behind this one go first in this placement round
+    /// (honoured only when [`PlacementContext::may_defer`]; the job is
+    /// offered again at the end of the round, without this choice, so no
+    /// instance idles for it). The rule-based heuristics never defer.
+    pub defer: bool,
 }
 
 /// A job-placement heuristic. Object safe: the engine holds a `dyn`.
@@ -71,6 +101,16 @@ pub trait PlacementHeuristic {
     /// The instance class for `job` among `candidates` (non-empty, every one
     /// fits the job).
     fn choose(&mut self, job: &Job, candidates: &[Candidate]) -> Pick;
+    /// [`Self::choose`] with the cluster's state; what the engine calls.
+    /// The rule-based heuristics need only the job and the candidates.
+    fn choose_in(
+        &mut self,
+        job: &Job,
+        candidates: &[Candidate],
+        _ctx: &PlacementContext<'_>,
+    ) -> Pick {
+        self.choose(job, candidates)
+    }
 }
 
 /// The built-in heuristics.
@@ -160,7 +200,7 @@ fn argmin<K: PartialOrd>(c: &[Candidate], key: impl Fn(&Candidate) -> K) -> usiz
     best
 }
 
-fn best_fit(job: &Job, c: &[Candidate]) -> usize {
+pub(crate) fn best_fit(job: &Job, c: &[Candidate]) -> usize {
     argmin(c, |x| (f64::from(x.memory_gb) - job.memory_gb, x.compute))
 }
 
@@ -210,6 +250,7 @@ impl PlacementHeuristic for Rule {
         Pick {
             candidate,
             gpu_hint: 0,
+            defer: false,
         }
     }
 }
@@ -242,6 +283,7 @@ impl PlacementHeuristic for RandomFit {
         Pick {
             candidate,
             gpu_hint: self.rng.random(),
+            defer: false,
         }
     }
 }
@@ -277,6 +319,7 @@ mod tests {
                 compute,
                 total_compute: 7,
                 memory_gb,
+                profile_index: i as u8 + 1,
                 free: 1,
             })
             .collect()

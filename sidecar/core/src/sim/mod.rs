@@ -10,7 +10,8 @@
 //!   whose compute slices are at least `K`. It runs for `work / speed(k)`
 //!   (`work` = seconds on the whole GPU), without interruption.
 //! - **Placement.** Work-conserving: whenever a free, ready instance fits a
-//!   waiting job, the [`heuristics`] choose which job and which instance.
+//!   waiting job, the [`heuristics`] (or a learned placement,
+//!   [`placement_onnx`]) choose which job and which instance.
 //! - **Reconfiguration.** Only idle instances may be destroyed. Applying a
 //!   decision takes [`SimConfig::reconfig_time_s`] (default 4 s, as in
 //!   SMART-MIG): destroyed instances vanish at once, created ones exist but
@@ -35,12 +36,18 @@ pub mod engine;
 pub mod events;
 pub mod heuristics;
 pub mod metrics;
+pub mod placement;
+pub mod placement_features;
+pub mod placement_onnx;
 
 pub use audit::{audit, read_events, AuditError, AuditReport};
 pub use engine::{simulate, RunHooks, SimResult};
 pub use events::{Collect, EventSink, JsonLines, Record};
-pub use heuristics::{Candidate, Heuristic, Pick, PlacementHeuristic, UnknownHeuristic};
+pub use heuristics::{
+    Candidate, Heuristic, Pick, PlacementContext, PlacementHeuristic, UnknownHeuristic,
+};
 pub use metrics::{EtScore, Metrics};
+pub use placement::{PlacementSpec, PlacementSpecError};
 
 use crate::mig::GpuModel;
 use crate::policy::RepartitionPolicy;
@@ -218,25 +225,28 @@ pub enum SimError {
     InvalidInitialLayout { gpu: usize, policy: String },
     #[error("writing the event log: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Placement(#[from] crate::policy::onnx::PolicyLoadError),
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
 
-/// Runs `policy` and, with the same heuristic, the `none` reference (whole
+/// Runs `policy` and, with the same placement, the `none` reference (whole
 /// GPUs), and scores the first against the second. Returns (run, reference,
 /// score).
 pub fn simulate_with_reference(
     cluster: &[GpuModel],
     jobs: &[crate::workload::Job],
-    heuristic: Heuristic,
+    placement: &PlacementSpec,
     policy: &mut dyn RepartitionPolicy,
     cfg: &SimConfig,
     alpha: f64,
     hooks: RunHooks<'_>,
 ) -> Result<(SimResult, SimResult, EtScore), SimError> {
-    let mut h = heuristic.build(cfg.seed);
+    let model = learned_model(cluster);
+    let mut h = placement.build(cfg.seed, model)?;
     let run = simulate(cluster, jobs, h.as_mut(), policy, cfg, hooks)?;
-    let mut h = heuristic.build(cfg.seed);
+    let mut h = placement.build(cfg.seed, model)?;
     let mut none = crate::policy::NoPartition;
     let reference = simulate(
         cluster,
@@ -246,9 +256,19 @@ pub fn simulate_with_reference(
         cfg,
         RunHooks::default(),
     )?;
-    let name = format!("none (every GPU one whole-GPU instance) + {heuristic}");
+    let name = format!("none (every GPU one whole-GPU instance) + {placement}");
     let score = EtScore::new(&run.metrics, &reference.metrics, name, alpha);
     Ok((run, reference, score))
+}
+
+/// The model a learned placement must be for on `cluster`: its model when
+/// it has one, `None` (whatever the file names; other models fall back to
+/// best-fit) when it mixes models.
+pub fn learned_model(cluster: &[GpuModel]) -> Option<GpuModel> {
+    match GpuModel::distinct(cluster).as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

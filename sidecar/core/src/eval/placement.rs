@@ -1,0 +1,349 @@
+//! Placements x repartitioning policies on a scenario's test days: the
+//! engine of `smartmig bench placement` (docs/evaluation.md, "Placement").
+//!
+//! For one scenario, every repartitioning policy (`none`, the static
+//! layout fitted on the training days, `greedy`, a learned one) runs every
+//! placement (the seven heuristics and the learned placements) on every
+//! test day. A placement is judged against the *best heuristic on the same
+//! repartitioning* (the one with the fewest late jobs over the test days,
+//! chosen on those days, which favours the opponent): late jobs, energy,
+//! tardiness and ET, summed over the days, and the worst day. Each
+//! decision of a learned placement is timed.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::mig::GpuModel;
+use crate::policy::search::{static_best, SearchConfig};
+use crate::policy::{parse_policy, RepartitionPolicy};
+use crate::sim::{
+    learned_model, simulate, Candidate, Heuristic, Metrics, Pick, PlacementContext,
+    PlacementHeuristic, PlacementSpec, RunHooks, SimError,
+};
+use crate::workload::Job;
+
+use super::days::{Day, DaySet};
+use super::suite::ScenarioDays;
+
+/// Totals of one placement under one repartitioning policy.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PlacementRow {
+    /// `edf`, ..., or `learned:FILE`.
+    pub placement: String,
+    pub learned: bool,
+    pub late_jobs: u64,
+    pub jobs: u64,
+    pub energy_j: f64,
+    pub tardiness_s: f64,
+    /// ET against the scenario's `none` + `edf` totals:
+    /// `(E / E_ref + alpha T / T_ref) / (1 + alpha)`.
+    pub et: f64,
+    /// Late jobs per test day.
+    pub late_per_day: Vec<u64>,
+    /// Mean wall time of one decision, microseconds (learned only).
+    pub decision_us: Option<f64>,
+    pub decisions: u64,
+}
+
+/// One repartitioning policy's block of rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyBlock {
+    /// `none`, `static-hist`, `greedy`, `learned`.
+    pub policy: String,
+    pub description: String,
+    pub rows: Vec<PlacementRow>,
+    /// The heuristic with the fewest late jobs (ties: less energy).
+    pub best_heuristic: String,
+}
+
+impl PolicyBlock {
+    pub fn best(&self) -> Option<&PlacementRow> {
+        self.rows
+            .iter()
+            .find(|r| r.placement == self.best_heuristic)
+    }
+}
+
+/// One scenario's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlacementScenario {
+    pub name: String,
+    pub gpus: usize,
+    pub test_days: Vec<String>,
+    pub blocks: Vec<PolicyBlock>,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct PlacementBenchConfig {
+    pub alpha: f64,
+    pub search: SearchConfig,
+    /// `(row name, spec)` of the repartitioning policies besides `none`
+    /// and `static-hist` (e.g. `("greedy", "greedy")`).
+    pub policies: Vec<(String, String)>,
+    /// Learned placements to score beside the heuristics.
+    pub learned: Vec<PlacementSpec>,
+}
+
+/// Times a placement's decisions.
+struct Timed {
+    inner: Box<dyn PlacementHeuristic + Send>,
+    nanos: u128,
+    decisions: u64,
+}
+
+impl PlacementHeuristic for Timed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn priority(&self, job: &Job) -> f64 {
+        self.inner.priority(job)
+    }
+    fn choose(&mut self, job: &Job, candidates: &[Candidate]) -> Pick {
+        self.inner.choose(job, candidates)
+    }
+    fn choose_in(
+        &mut self,
+        job: &Job,
+        candidates: &[Candidate],
+        ctx: &PlacementContext<'_>,
+    ) -> Pick {
+        let t = Instant::now();
+        let pick = self.inner.choose_in(job, candidates, ctx);
+        self.nanos += t.elapsed().as_nanos();
+        self.decisions += 1;
+        pick
+    }
+}
+
+/// Runs one placement under one policy on every test day.
+fn row(
+    s: &ScenarioDays,
+    spec: &PlacementSpec,
+    policy: &mut dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, SimError>,
+    reference: (f64, f64),
+    alpha: f64,
+) -> Result<PlacementRow, SimError> {
+    let mut r = PlacementRow {
+        placement: spec.to_string(),
+        learned: spec.rule().is_none(),
+        ..PlacementRow::default()
+    };
+    let (mut nanos, mut timed) = (0u128, 0u64);
+    for day in &s.test {
+        let mut p = policy()?;
+        let mut h = Timed {
+            inner: spec.build(day.cfg.seed, learned_model(&s.cluster))?,
+            nanos: 0,
+            decisions: 0,
+        };
+        let m = simulate(
+            &s.cluster,
+            &day.jobs,
+            &mut h,
+            p.as_mut(),
+            &day.cfg,
+            RunHooks::default(),
+        )?
+        .metrics;
+        add(&mut r, &m);
+        nanos += h.nanos;
+        timed += h.decisions;
+    }
+    r.et = et(r.energy_j, r.tardiness_s, reference, alpha);
+    if r.learned {
+        r.decisions = timed;
+        r.decision_us = (timed > 0).then(|| nanos as f64 / timed as f64 / 1000.0);
+    }
+    Ok(r)
+}
+
+fn add(r: &mut PlacementRow, m: &Metrics) {
+    r.late_jobs += m.late_jobs;
+    r.jobs += m.jobs;
+    r.energy_j += m.energy_j;
+    r.tardiness_s += m.total_tardiness_s;
+    r.late_per_day.push(m.late_jobs);
+}
+
+/// `(E / E_ref + alpha T / T_ref) / (1 + alpha)`; a reference without
+/// tardiness counts tardiness in units of 1 s.
+pub fn et(energy_j: f64, tardiness_s: f64, reference: (f64, f64), alpha: f64) -> f64 {
+    let e = energy_j / reference.0.max(1.0);
+    let t = tardiness_s / reference.1.max(1.0);
+    (e + alpha * t) / (1.0 + alpha)
+}
+
+/// Scores one scenario (module docs).
+pub fn run_placement_scenario(
+    s: &ScenarioDays,
+    cfg: &PlacementBenchConfig,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PlacementScenario, SimError> {
+    let models: Vec<GpuModel> = GpuModel::distinct(&s.cluster);
+    progress("fitting static-hist on the training days");
+    let train = DaySet::new(&s.cluster, Heuristic::Edf, s.train.clone())?;
+    let mut evaluate = |p: &mut dyn RepartitionPolicy| train.objective(p, cfg.alpha);
+    let fitted = static_best(&s.cluster, &cfg.search, &mut evaluate)?.policy;
+    // The ET reference: none + edf over the test days.
+    let none_edf = DaySet::new(&s.cluster, Heuristic::Edf, s.test.clone())?;
+    let reference = none_edf.references.iter().fold((0.0, 0.0), |(e, t), m| {
+        (e + m.energy_j, t + m.total_tardiness_s)
+    });
+    let mut placements: Vec<PlacementSpec> = Heuristic::ALL
+        .iter()
+        .map(|&h| PlacementSpec::Rule(h))
+        .collect();
+    placements.extend(cfg.learned.iter().cloned());
+    let mut policies: Vec<(String, String)> = vec![("none".into(), "none".into())];
+    policies.push(("static-hist".into(), String::new()));
+    policies.extend(cfg.policies.iter().cloned());
+    let mut blocks = Vec::new();
+    for (name, spec) in &policies {
+        progress(name);
+        let description = if spec.is_empty() {
+            format!("static layout fitted on {} training days", s.train.len())
+        } else {
+            spec.clone()
+        };
+        let mut make = || -> Result<Box<dyn RepartitionPolicy + Send>, SimError> {
+            if spec.is_empty() {
+                return Ok(Box::new(fitted.clone()));
+            }
+            parse_policy(spec, &models).map_err(|e| SimError::Config(format!("{spec}: {e}")))
+        };
+        let mut rows = Vec::new();
+        for p in &placements {
+            rows.push(row(s, p, &mut make, reference, cfg.alpha)?);
+        }
+        let best_heuristic = rows
+            .iter()
+            .filter(|r| !r.learned)
+            .min_by(|a, b| {
+                a.late_jobs
+                    .cmp(&b.late_jobs)
+                    .then(a.energy_j.total_cmp(&b.energy_j))
+            })
+            .map(|r| r.placement.clone())
+            .unwrap_or_default();
+        blocks.push(PolicyBlock {
+            policy: name.clone(),
+            description,
+            rows,
+            best_heuristic,
+        });
+    }
+    Ok(PlacementScenario {
+        name: s.name.clone(),
+        gpus: s.cluster.len(),
+        test_days: s.test.iter().map(|d: &Day| d.label.clone()).collect(),
+        blocks,
+    })
+}
+
+/// A learned row against the best heuristic of its block: relative
+/// changes (learned / best - 1) of late jobs, energy, ET and tardiness, and
+/// the worst day's late-job change.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlacementGate {
+    pub scenario: String,
+    pub policy: String,
+    pub placement: String,
+    pub best_heuristic: String,
+    pub late: f64,
+    pub energy: f64,
+    pub et: f64,
+    pub tardiness: f64,
+    /// The day where the learned placement did worst against the best
+    /// heuristic (largest late-job change; +inf when the heuristic had none
+    /// late and the learned one some).
+    pub worst_day_late: f64,
+    pub decision_us: Option<f64>,
+}
+
+/// The gate rows of every learned placement in `scenarios`.
+pub fn placement_gates(scenarios: &[PlacementScenario]) -> Vec<PlacementGate> {
+    let rel = |a: f64, b: f64| {
+        if b > 0.0 {
+            a / b - 1.0
+        } else if a > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    };
+    let mut out = Vec::new();
+    for s in scenarios {
+        for b in &s.blocks {
+            let Some(best) = b.best() else { continue };
+            for r in b.rows.iter().filter(|r| r.learned) {
+                let worst_day_late = r
+                    .late_per_day
+                    .iter()
+                    .zip(&best.late_per_day)
+                    .map(|(&l, &h)| rel(l as f64, h as f64))
+                    .fold(f64::NEG_INFINITY, f64::max);
+                out.push(PlacementGate {
+                    scenario: s.name.clone(),
+                    policy: b.policy.clone(),
+                    placement: r.placement.clone(),
+                    best_heuristic: best.placement.clone(),
+                    late: rel(r.late_jobs as f64, best.late_jobs as f64),
+                    energy: rel(r.energy_j, best.energy_j),
+                    et: rel(r.et, best.et),
+                    tardiness: rel(r.tardiness_s, best.tardiness_s),
+                    worst_day_late,
+                    decision_us: r.decision_us,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn et_blends_the_two_ratios() {
+        assert!((et(110.0, 50.0, (100.0, 100.0), 1.0) - 0.8).abs() < 1e-12);
+        // No reference tardiness: seconds count as is.
+        assert!((et(100.0, 0.5, (100.0, 0.0), 1.0) - 0.75).abs() < 1e-12);
+    }
+
+    /// Gates compare each learned row with its block's best heuristic.
+    #[test]
+    fn gates_are_relative_to_the_best_heuristic() {
+        let r = |name: &str, learned: bool, late: u64, days: Vec<u64>| PlacementRow {
+            placement: name.into(),
+            learned,
+            late_jobs: late,
+            energy_j: 100.0,
+            tardiness_s: 10.0,
+            et: 1.0,
+            late_per_day: days,
+            ..PlacementRow::default()
+        };
+        let s = PlacementScenario {
+            name: "x".into(),
+            gpus: 1,
+            test_days: vec!["a".into(), "b".into()],
+            blocks: vec![PolicyBlock {
+                policy: "none".into(),
+                description: String::new(),
+                rows: vec![
+                    r("edf", false, 10, vec![5, 5]),
+                    r("learned:f", true, 8, vec![2, 6]),
+                ],
+                best_heuristic: "edf".into(),
+            }],
+        };
+        let g = placement_gates(&[s]);
+        assert_eq!(g.len(), 1);
+        assert!((g[0].late + 0.2).abs() < 1e-12);
+        assert!((g[0].worst_day_late - 0.2).abs() < 1e-12, "day b: 6 vs 5");
+        assert_eq!(g[0].energy, 0.0);
+    }
+}

@@ -1,0 +1,300 @@
+//! The learned job placement, evaluated through ONNX Runtime
+//! (`--placement learned:FILE.onnx`).
+//!
+//! A placement file is an actor network written by `smartmig train --config
+//! etc/train-placement.toml` (crate `smartmig-learn`): the same graph shape
+//! as a repartitioning policy (inputs `obs [n, D]` and `mask [n, A]`,
+//! outputs `logits` and `probs`), over the observation of
+//! [`super::placement_features`], with its own metadata under
+//! [`METADATA_KEY`]. It is loaded with the checks of the repartitioning
+//! policy: the file must name this GPU model, this feature-spec version and
+//! this action space (the model's profile names), and a repartitioning file
+//! given as a placement (or the reverse) is refused with a message saying
+//! which it is.
+//!
+//! Job order is earliest deadline first (as `edf`); for the job at the
+//! head of the queue the network picks the profile of its free instance,
+//! or defers the job behind the others of this placement round (a job that
+//! will be late anyway, so that jobs that can still make their deadlines
+//! go first), the most probable allowed action. Candidates of other GPU models, and any
+//! inference failure (counted in [`OnnxPlacement::failures`]), fall back to
+//! `best-fit`.
+
+use std::path::Path;
+
+use ort::session::Session;
+use ort::value::TensorRef;
+use serde::{Deserialize, Serialize};
+
+use crate::mig::GpuModel;
+use crate::policy::features::argmax_masked;
+use crate::policy::onnx::{session_from_bytes, PolicyLoadError};
+use crate::policy::onnx_contract::{read_metadata_props, INPUT_MASK, INPUT_OBS, OUTPUT_PROBS};
+use crate::workload::Job;
+
+use super::heuristics::{best_fit, Candidate, Pick, PlacementContext, PlacementHeuristic};
+use super::placement_features::{PlacementFeatures, PLACEMENT_SPEC_VERSION};
+
+/// Key of the placement metadata in the ONNX `metadata_props`.
+pub const METADATA_KEY: &str = "smartmig.placement";
+/// Value of [`PlacementMetadata::format`].
+pub const METADATA_FORMAT: &str = "smartmig-placement/1";
+/// The job order a learned placement uses (the only one today).
+pub const ORDER_EDF: &str = "edf";
+
+/// What a placement file says about itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlacementMetadata {
+    /// [`METADATA_FORMAT`].
+    pub format: String,
+    pub gpu_model: GpuModel,
+    /// [`PLACEMENT_SPEC_VERSION`] it was trained with.
+    pub feature_spec_version: u32,
+    pub obs_dim: usize,
+    pub actions: usize,
+    /// The action space: the model's profile names, in order.
+    pub profiles: Vec<String>,
+    pub hidden: usize,
+    /// Job order ([`ORDER_EDF`]).
+    pub order: String,
+    /// How it was trained: free form.
+    #[serde(default)]
+    pub training: serde_json::Value,
+    /// Validation numbers measured at the end of training: free form.
+    #[serde(default)]
+    pub validation: serde_json::Value,
+}
+
+impl PlacementMetadata {
+    /// Metadata for a network over `features`.
+    pub fn new(features: &PlacementFeatures, hidden: usize) -> Self {
+        PlacementMetadata {
+            format: METADATA_FORMAT.to_string(),
+            gpu_model: features.model,
+            feature_spec_version: PLACEMENT_SPEC_VERSION,
+            obs_dim: features.obs_dim,
+            actions: features.actions,
+            profiles: features.action_names(),
+            hidden,
+            order: ORDER_EDF.to_string(),
+            training: serde_json::Value::Null,
+            validation: serde_json::Value::Null,
+        }
+    }
+}
+
+/// Reads and checks a placement file's metadata without loading ONNX
+/// Runtime. `expected`: the GPU model it must be for (`None`: any).
+pub fn read_metadata(
+    path: &Path,
+    expected: Option<GpuModel>,
+) -> Result<(PlacementMetadata, Vec<u8>), PolicyLoadError> {
+    let p = || path.to_path_buf();
+    let bytes = std::fs::read(path).map_err(|source| PolicyLoadError::Io { path: p(), source })?;
+    let props = read_metadata_props(&bytes).map_err(|e| PolicyLoadError::Parse {
+        path: p(),
+        reason: e.to_string(),
+    })?;
+    let Some((_, json)) = props.iter().find(|(k, _)| k == METADATA_KEY) else {
+        if props
+            .iter()
+            .any(|(k, _)| k == crate::policy::onnx::METADATA_KEY)
+        {
+            return Err(PolicyLoadError::WrongKind {
+                path: p(),
+                found: "repartitioning",
+                expected: "job-placement",
+                hint: "give it as `--policy policy:FILE` (daemon: `policy = \"policy:FILE\"`)",
+            });
+        }
+        return Err(PolicyLoadError::BadMetadata {
+            path: p(),
+            reason: format!(
+                "no `{METADATA_KEY}` entry; was it written by `smartmig train --config etc/train-placement.toml`?"
+            ),
+        });
+    };
+    let meta: PlacementMetadata =
+        serde_json::from_str(json).map_err(|e| PolicyLoadError::BadMetadata {
+            path: p(),
+            reason: e.to_string(),
+        })?;
+    check_metadata(path, &meta, expected)?;
+    Ok((meta, bytes))
+}
+
+/// The checks of [`read_metadata`], on already-read metadata.
+pub fn check_metadata(
+    path: &Path,
+    meta: &PlacementMetadata,
+    expected: Option<GpuModel>,
+) -> Result<(), PolicyLoadError> {
+    let path = path.to_path_buf();
+    if meta.format != METADATA_FORMAT {
+        return Err(PolicyLoadError::BadMetadata {
+            path,
+            reason: format!("format `{}`, expected `{METADATA_FORMAT}`", meta.format),
+        });
+    }
+    if let Some(expected) = expected {
+        if meta.gpu_model != expected {
+            return Err(PolicyLoadError::ModelMismatch {
+                path,
+                found: meta.gpu_model,
+                expected,
+            });
+        }
+    }
+    if meta.feature_spec_version != PLACEMENT_SPEC_VERSION {
+        return Err(PolicyLoadError::FeatureSpecMismatch {
+            path,
+            found: meta.feature_spec_version,
+            expected: PLACEMENT_SPEC_VERSION,
+        });
+    }
+    let f = PlacementFeatures::new(meta.gpu_model);
+    let mismatch = |what: String| PolicyLoadError::SpaceMismatch {
+        path: path.clone(),
+        model: meta.gpu_model,
+        what,
+    };
+    if meta.obs_dim != f.obs_dim || meta.actions != f.actions {
+        return Err(mismatch(format!(
+            "placement has {} features and {} actions, expected {} and {}",
+            meta.obs_dim, meta.actions, f.obs_dim, f.actions
+        )));
+    }
+    if meta.profiles != f.action_names() {
+        return Err(mismatch(format!(
+            "its profiles {:?} differ from {:?}",
+            meta.profiles,
+            f.action_names()
+        )));
+    }
+    if meta.order != ORDER_EDF {
+        return Err(mismatch(format!(
+            "job order `{}`, this smartmig knows `{ORDER_EDF}`",
+            meta.order
+        )));
+    }
+    Ok(())
+}
+
+/// A learned placement running in ONNX Runtime (module docs).
+pub struct OnnxPlacement {
+    meta: PlacementMetadata,
+    session: Session,
+    features: PlacementFeatures,
+    obs: Vec<f32>,
+    mask: Vec<f32>,
+    /// Decisions the network made, and inference failures (best-fit then).
+    pub decisions: u64,
+    pub failures: u64,
+}
+
+impl std::fmt::Debug for OnnxPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxPlacement")
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OnnxPlacement {
+    /// Loads a placement file, refusing one made for another model
+    /// (`expected`; `None`: whatever model it names), feature spec or
+    /// action space.
+    pub fn load(path: &Path, expected: Option<GpuModel>) -> Result<Self, PolicyLoadError> {
+        let (meta, bytes) = read_metadata(path, expected)?;
+        let session = session_from_bytes(path, &bytes)?;
+        Ok(OnnxPlacement {
+            features: PlacementFeatures::new(meta.gpu_model),
+            meta,
+            session,
+            obs: Vec::new(),
+            mask: Vec::new(),
+            decisions: 0,
+            failures: 0,
+        })
+    }
+
+    pub fn metadata(&self) -> &PlacementMetadata {
+        &self.meta
+    }
+
+    /// Probabilities of the actions for one encoded row.
+    pub fn infer(&mut self, obs: &[f32], mask: &[f32]) -> Result<Vec<f32>, ort::Error> {
+        let obs_t = TensorRef::from_array_view(([1, self.meta.obs_dim], obs))?;
+        let mask_t = TensorRef::from_array_view(([1, self.meta.actions], mask))?;
+        let out = self.session.run(ort::inputs![
+            INPUT_OBS => obs_t,
+            INPUT_MASK => mask_t,
+        ])?;
+        let (_, probs) = out[OUTPUT_PROBS].try_extract_tensor::<f32>()?;
+        Ok(probs.to_vec())
+    }
+}
+
+impl PlacementHeuristic for OnnxPlacement {
+    fn name(&self) -> &'static str {
+        "learned"
+    }
+
+    fn priority(&self, job: &Job) -> f64 {
+        job.deadline
+    }
+
+    fn choose(&mut self, job: &Job, candidates: &[Candidate]) -> Pick {
+        Pick {
+            candidate: best_fit(job, candidates),
+            gpu_hint: 0,
+            defer: false,
+        }
+    }
+
+    fn choose_in(
+        &mut self,
+        job: &Job,
+        candidates: &[Candidate],
+        ctx: &PlacementContext<'_>,
+    ) -> Pick {
+        let (mut obs, mut mask) = (
+            std::mem::take(&mut self.obs),
+            std::mem::take(&mut self.mask),
+        );
+        let mut pick = None;
+        let mut defer = false;
+        if self
+            .features
+            .encode(job, candidates, ctx, &mut obs, &mut mask)
+        {
+            match self.infer(&obs, &mask) {
+                Ok(probs) => {
+                    self.decisions += 1;
+                    let action = argmax_masked(&probs, &mask);
+                    defer = action == self.features.defer_action();
+                    pick = self.features.candidate_of(candidates, action);
+                }
+                Err(e) => {
+                    self.failures += 1;
+                    if self.failures == 1 {
+                        tracing::warn!("learned placement failed ({e}); best-fit instead");
+                    }
+                }
+            }
+        }
+        self.obs = obs;
+        self.mask = mask;
+        match pick {
+            Some(candidate) => Pick {
+                candidate,
+                gpu_hint: 0,
+                defer: false,
+            },
+            None => Pick {
+                defer,
+                ..self.choose(job, candidates)
+            },
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! `smartmig bench placement`: the learned job placement against the seven
+//! heuristics, under each repartitioning policy (none, the static layout
+//! fitted on training days, greedy, the learned repartitioning policy), on
+//! the yardstick's scenarios (docs/evaluation.md, "Placement").
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::eval::placement::PlacementRow;
+use crate::eval::{
+    placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate,
+    PlacementScenario, ScenarioDays,
+};
+use crate::mig::GpuModel;
+use crate::policy::search::{SearchConfig, SwitchHours};
+use crate::sim::PlacementSpec;
+use crate::workload::{default_scenarios, select_scenarios};
+
+#[derive(Debug, clap::Args)]
+pub struct PlacementArgs {
+    /// GPUs of the simulated cluster (default 16; 8 with --quick).
+    #[arg(long)]
+    pub gpus: Option<usize>,
+    #[arg(long, default_value = "a100-40gb")]
+    pub model: GpuModel,
+    /// Only these scenarios (comma-separated names or family names).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Training days per scenario (seeds `train_seed..`): the static layout
+    /// is fitted on them.
+    #[arg(long)]
+    pub train_days: Option<usize>,
+    /// Test days per scenario (seeds `test_seed..`).
+    #[arg(long)]
+    pub test_days: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub train_seed: u64,
+    #[arg(long, default_value_t = 1000)]
+    pub test_seed: u64,
+    /// 8 GPUs, 3 training and 2 test days, a smaller search.
+    #[arg(long)]
+    pub quick: bool,
+    /// Learned placement to score (repeatable, `learned:FILE.onnx`); the
+    /// shipped one joins by itself when none is given.
+    #[arg(long, value_name = "SPEC")]
+    pub placement: Vec<String>,
+    /// Extra repartitioning policy (repeatable) besides none, static-hist
+    /// and greedy; the shipped learned policy joins by itself.
+    #[arg(long, value_name = "SPEC")]
+    pub policy: Vec<String>,
+    /// Weight of tardiness in ET.
+    #[arg(long, default_value_t = 1.0)]
+    pub alpha: f64,
+    /// Print every placement's row, not only the best heuristic's and the
+    /// learned ones.
+    #[arg(long)]
+    pub all_rows: bool,
+    /// Write the results as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    alpha: f64,
+    scenarios: &'a [PlacementScenario],
+    gates: &'a [PlacementGate],
+    elapsed_s: f64,
+}
+
+pub fn run(a: &PlacementArgs) -> Result<()> {
+    let gpus = a.gpus.unwrap_or(if a.quick { 8 } else { 16 });
+    let train_days = a.train_days.unwrap_or(if a.quick { 3 } else { 8 });
+    let test_days = a.test_days.unwrap_or(if a.quick { 2 } else { 4 });
+    if gpus == 0 || train_days == 0 || test_days == 0 {
+        bail!("--gpus, --train-days and --test-days must be at least 1");
+    }
+    let train_end = a.train_seed.saturating_add(train_days as u64);
+    let test_end = a.test_seed.saturating_add(test_days as u64);
+    if a.train_seed < test_end && a.test_seed < train_end {
+        bail!(
+            "training seeds {}..{train_end} and test seeds {}..{test_end} overlap",
+            a.train_seed,
+            a.test_seed
+        );
+    }
+    let mut learned = Vec::new();
+    for p in &a.placement {
+        let spec: PlacementSpec = p.parse().with_context(|| format!("--placement {p}"))?;
+        if spec.rule().is_some() {
+            bail!("--placement {p}: the heuristics always run; give learned:FILE.onnx");
+        }
+        // Refuse a wrong file before minutes of simulation.
+        spec.build(0, Some(a.model))
+            .with_context(|| format!("--placement {p}"))?;
+        learned.push(spec);
+    }
+    if learned.is_empty() {
+        match crate::policy::onnx::shipped_placement(a.model) {
+            Some(p) => learned.push(PlacementSpec::Learned(p)),
+            None => eprintln!("smartmig: no shipped learned placement for {}", a.model),
+        }
+    }
+    let mut policies = vec![("greedy".to_string(), "greedy".to_string())];
+    policies.extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
+    if a.policy.is_empty() {
+        match (
+            crate::policy::onnx::shipped_policy(a.model),
+            crate::policy::onnx::find_onnxruntime(),
+        ) {
+            (Some(p), Ok(_)) => {
+                policies.push(("learned".into(), format!("policy:{}", p.display())));
+            }
+            (Some(p), Err(e)) => eprintln!(
+                "smartmig: leaving the learned policy {} out: {e}",
+                p.display()
+            ),
+            (None, _) => eprintln!("smartmig: no shipped learned policy for {}", a.model),
+        }
+    }
+    let cfg = PlacementBenchConfig {
+        alpha: a.alpha,
+        search: if a.quick {
+            SearchConfig {
+                pair_top: 5,
+                mixes: 2,
+                hours: SwitchHours::Narrow,
+                ..SearchConfig::default()
+            }
+        } else {
+            SearchConfig::default()
+        },
+        policies,
+        learned,
+    };
+    let list = select_scenarios(default_scenarios(), &a.only).context("--only")?;
+    let started = Instant::now();
+    let verbose = std::io::stderr().is_terminal();
+    let mut results = Vec::new();
+    for s in &list {
+        let days = ScenarioDays {
+            name: s.name.clone(),
+            cluster: vec![a.model; gpus],
+            train: (a.train_seed..train_end)
+                .map(|seed| super::bench_suite::day(s, a.model, gpus, seed))
+                .collect(),
+            test: (a.test_seed..test_end)
+                .map(|seed| super::bench_suite::day(s, a.model, gpus, seed))
+                .collect(),
+            batch: s.is_batch(),
+        };
+        let mut progress = |step: &str| {
+            if verbose {
+                eprintln!("{}: {step}", s.name);
+            }
+        };
+        let r = run_placement_scenario(&days, &cfg, &mut progress)
+            .with_context(|| format!("scenario {}", s.name))?;
+        print!("{}", scenario_table(&r, a.all_rows));
+        results.push(r);
+    }
+    let gates = placement_gates(&results);
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", gates_table(&gates))?;
+    let elapsed_s = started.elapsed().as_secs_f64();
+    writeln!(out, "({elapsed_s:.0} s)")?;
+    if let Some(p) = &a.json {
+        let report = Report {
+            alpha: a.alpha,
+            scenarios: &results,
+            gates: &gates,
+            elapsed_s,
+        };
+        std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn pct(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:+.1} %", 100.0 * x)
+    } else {
+        "n/a".into()
+    }
+}
+
+fn short(placement: &str) -> String {
+    match placement.strip_prefix("learned:") {
+        Some(path) => format!(
+            "learned ({})",
+            std::path::Path::new(path)
+                .file_name()
+                .map_or(path.into(), |f| f.to_string_lossy().into_owned())
+        ),
+        None => placement.to_string(),
+    }
+}
+
+/// One scenario: per repartitioning policy, the best heuristic's row, the
+/// learned rows (and every heuristic with `all`).
+fn scenario_table(s: &PlacementScenario, all: bool) -> String {
+    let mut t = format!(
+        "\n{} ({} GPUs, test days {})\n{:<18} {:<30} {:>9} {:>12} {:>14} {:>8} {:>9}\n",
+        s.name,
+        s.gpus,
+        s.test_days.join(", "),
+        "repartitioning",
+        "placement",
+        "late jobs",
+        "energy MJ",
+        "tardiness h",
+        "ET",
+        "us/dec"
+    );
+    for b in &s.blocks {
+        for r in &b.rows {
+            let best = r.placement == b.best_heuristic;
+            if !(all || best || r.learned) {
+                continue;
+            }
+            let name = format!("{}{}", short(&r.placement), if best { " *" } else { "" });
+            t += &line(&b.policy, &name, r);
+        }
+    }
+    t + "(* the heuristic with the fewest late jobs under that repartitioning)\n"
+}
+
+fn line(policy: &str, name: &str, r: &PlacementRow) -> String {
+    format!(
+        "{:<18} {:<30} {:>9} {:>12.1} {:>14.1} {:>8.4} {:>9}\n",
+        policy,
+        name,
+        r.late_jobs,
+        r.energy_j / 1e6,
+        r.tardiness_s / 3600.0,
+        r.et,
+        r.decision_us.map_or("-".into(), |u| format!("{u:.1}"))
+    )
+}
+
+/// Every learned row against the best heuristic of its block, and the
+/// totals over all scenarios.
+fn gates_table(g: &[PlacementGate]) -> String {
+    if g.is_empty() {
+        return String::new();
+    }
+    let mut t = format!(
+        "\nlearned placement vs the best heuristic on the same repartitioning (gates: late jobs <= -12 %, energy <= +1 %, ET not worse)\n{:<18} {:<18} {:<16} {:>9} {:>9} {:>9} {:>10} {:>12}  {}\n",
+        "scenario", "repartitioning", "best heuristic", "late", "energy", "ET", "tardiness", "worst day", "gates"
+    );
+    for x in g {
+        let pass = x.late <= -0.12 && x.energy <= 0.01 && x.et <= 0.0;
+        t += &format!(
+            "{:<18} {:<18} {:<16} {:>9} {:>9} {:>9} {:>10} {:>12}  {}\n",
+            x.scenario,
+            x.policy,
+            x.best_heuristic,
+            pct(x.late),
+            pct(x.energy),
+            pct(x.et),
+            pct(x.tardiness),
+            pct(x.worst_day_late),
+            if pass { "pass" } else { "FAIL" }
+        );
+    }
+    let passed = g
+        .iter()
+        .filter(|x| x.late <= -0.12 && x.energy <= 0.01 && x.et <= 0.0)
+        .count();
+    let mean = |f: fn(&PlacementGate) -> f64| {
+        g.iter().map(f).filter(|v| v.is_finite()).sum::<f64>() / g.len() as f64
+    };
+    let us: Vec<f64> = g.iter().filter_map(|x| x.decision_us).collect();
+    t += &format!(
+        "mean over {} rows: late {}, energy {}, ET {}, tardiness {}; {passed} of {} pass all three; decision {:.1} us (mean), {:.1} us (worst scenario)\n",
+        g.len(),
+        pct(mean(|x| x.late)),
+        pct(mean(|x| x.energy)),
+        pct(mean(|x| x.et)),
+        pct(mean(|x| x.tardiness)),
+        g.len(),
+        us.iter().sum::<f64>() / us.len().max(1) as f64,
+        us.iter().copied().fold(0.0, f64::max),
+    );
+    t
+}

@@ -1,0 +1,136 @@
+//! `smartmig train --config etc/train-placement.toml`: trains the learned
+//! job placement (masked PPO, `smartmig::learn::placement`) and writes
+//! `placement.onnx` plus its metadata JSON (docs/policy.md, "The learned
+//! placement").
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::learn::placement::{train_placement, PlacementProgress, PlacementTrainConfig};
+use crate::sim::placement_features::PlacementFeatures;
+use crate::sim::placement_onnx::{PlacementMetadata, METADATA_KEY};
+
+/// Whether a training config is a placement one (`kind = "placement"`).
+pub fn is_placement_config(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text)
+        .ok()
+        .and_then(|t| t.get("kind").and_then(|k| k.as_str().map(str::to_owned)))
+        .is_some_and(|k| k == "placement")
+}
+
+pub fn run(a: &super::train::Args, text: &str) -> Result<()> {
+    if a.trace.is_some() || !a.scenarios.is_empty() {
+        bail!("a placement config names its days in [data]; --trace and --scenarios are for repartitioning configs");
+    }
+    let mut cfg: PlacementTrainConfig =
+        toml::from_str(text).with_context(|| format!("parsing {}", a.config.display()))?;
+    if let Some(s) = a.seed {
+        cfg.seed = s;
+    }
+    if let Some(m) = a.gpu_model {
+        cfg.gpu_model = m;
+    }
+    if let Some(t) = a.time_budget {
+        cfg.time_budget_s = t;
+    }
+    cfg.validate()?;
+    let bar = ProgressBar::new(cfg.ppo.iterations as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {prefix} {msg}")
+            .context("progress template")?
+            .progress_chars("=> "),
+    );
+    let say = |bar: &ProgressBar, line: String| {
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    };
+    let (net, report) = train_placement(&cfg, |p| {
+        match p {
+        PlacementProgress::Phase(name) => bar.set_prefix(name),
+        PlacementProgress::Iteration {
+            iteration,
+            mean_reward,
+            ..
+        } => {
+            bar.set_position(iteration as u64);
+            bar.set_message(format!("reward/decision {mean_reward:.3}"));
+        }
+        PlacementProgress::Validation {
+            iteration,
+            late_jobs,
+            teacher_late_jobs,
+            energy_ratio,
+            tardiness_ratio,
+        } => say(
+            &bar,
+            format!(
+                "validation after {iteration}: {late_jobs} late jobs (best heuristic {teacher_late_jobs}), energy x{energy_ratio:.4}, tardiness x{tardiness_ratio:.3} of it"
+            ),
+        ),
+    }
+    })?;
+    bar.finish();
+
+    let mut meta = PlacementMetadata::new(&PlacementFeatures::new(cfg.gpu_model), cfg.hidden);
+    meta.training = serde_json::json!({
+        "config": cfg,
+        "seconds": report.seconds,
+        "episodes": report.episodes,
+        "ppo_iterations": report.ppo_iterations,
+        "teacher": report.teacher,
+        "best_heuristic": report.best_heuristic,
+        "chosen_checkpoint": report.chosen,
+        "train_episodes": report.train_days,
+        "smartmig_version": env!("CARGO_PKG_VERSION"),
+    });
+    meta.validation = serde_json::json!({
+        "episodes": report.validation_days,
+        "heuristics": report.validation_heuristics,
+        "teacher": report.teacher_totals,
+        "learned": report.validation_learned,
+    });
+    let json = serde_json::to_string(&meta).context("serialising metadata")?;
+    let bytes = net.export_onnx(&[(METADATA_KEY, json.as_str())])?;
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("placement.onnx"));
+    std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+    let meta_path = out.with_extension("json");
+    std::fs::write(
+        &meta_path,
+        serde_json::to_string_pretty(&meta).context("serialising metadata")? + "\n",
+    )
+    .with_context(|| format!("writing {}", meta_path.display()))?;
+    let best = report
+        .validation_heuristics
+        .iter()
+        .find(|(h, _)| *h == report.best_heuristic)
+        .map(|(_, t)| *t)
+        .unwrap_or_default();
+    println!(
+        "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, {} PPO iterations, checkpoint {}\nvalidation ({} episodes): {} late jobs, best heuristic {} {} ({:+.2} %); energy {:+.2} %, tardiness {:+.2} % (teacher {}: {} late jobs)",
+        out.display(),
+        bytes.len(),
+        meta_path.display(),
+        report.seconds,
+        report.episodes,
+        report.ppo_iterations,
+        report.chosen,
+        report.validation_days,
+        report.validation_learned.late_jobs,
+        report.best_heuristic,
+        best.late_jobs,
+        100.0 * (report.validation_learned.late_jobs as f64 / best.late_jobs.max(1) as f64 - 1.0),
+        100.0 * (report.validation_learned.energy_j / best.energy_j.max(1.0) - 1.0),
+        100.0 * (report.validation_learned.tardiness_s / best.tardiness_s.max(1.0) - 1.0),
+        report.teacher,
+        report.teacher_totals.late_jobs,
+    );
+    Ok(())
+}

@@ -1,0 +1,309 @@
+//! The learned job placement: the engine's deferral, the ONNX runner
+//! against candle, the metadata checks, the trainer and the shipped file.
+
+use std::path::{Path, PathBuf};
+
+use smartmig::learn::model::ActorCritic;
+use smartmig::learn::placement::{train_placement, PlacementTrainConfig};
+use smartmig::mig::GpuModel;
+use smartmig::policy::onnx::{load_policy, PolicyLoadError};
+use smartmig::policy::{parse_policy, NoPartition};
+use smartmig::sim::placement_features::PlacementFeatures;
+use smartmig::sim::placement_onnx::{OnnxPlacement, PlacementMetadata, METADATA_KEY};
+use smartmig::sim::{
+    simulate, Candidate, Heuristic, Pick, PlacementContext, PlacementHeuristic, PlacementSpec,
+    RunHooks, SimConfig,
+};
+use smartmig::workload::{Job, JobClass, SpeedupCurve};
+
+const M: GpuModel = GpuModel::A100_40gb;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("smartmig-placement-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(name)
+}
+
+fn job(id: u64, arrival: f64, work: f64, deadline: f64) -> Job {
+    Job {
+        id,
+        arrival,
+        work,
+        speedup: SpeedupCurve::new(1.0, 1.0).expect("curve"),
+        memory_gb: 4.0,
+        deadline,
+        class: JobClass::Training,
+        requested_slices: None,
+        declared_memory_gb: None,
+        template: None,
+    }
+}
+
+/// EDF order; defers every job whose id is in `defer` (when allowed).
+struct Deferring(Vec<u64>);
+
+impl PlacementHeuristic for Deferring {
+    fn name(&self) -> &'static str {
+        "deferring"
+    }
+    fn priority(&self, job: &Job) -> f64 {
+        job.deadline
+    }
+    fn choose(&mut self, _job: &Job, _c: &[Candidate]) -> Pick {
+        Pick::default()
+    }
+    fn choose_in(&mut self, job: &Job, _c: &[Candidate], _ctx: &PlacementContext<'_>) -> Pick {
+        Pick {
+            defer: self.0.contains(&job.id),
+            ..Pick::default()
+        }
+    }
+}
+
+/// One whole A100 and three linear jobs at t = 0 (work 100, 200, 300 s;
+/// deadlines 50, 250, 600). EDF runs 1, 2, 3: ends 100, 300, 600, so jobs
+/// 1 and 2 are late (tardiness 50 + 50 = 100). Deferring job 1 whenever
+/// another job waits runs 2 (ends 200), 3 (ends 500), then 1 (ends 600):
+/// only job 1 is late, by 550 s: one late job fewer, more tardiness.
+#[test]
+fn deferring_a_hopeless_job_lets_the_next_one_make_its_deadline() {
+    let jobs = vec![
+        job(1, 0.0, 100.0, 50.0),
+        job(2, 0.0, 200.0, 250.0),
+        job(3, 0.0, 300.0, 600.0),
+    ];
+    let cfg = SimConfig::default();
+    let run = |h: &mut dyn PlacementHeuristic| {
+        simulate(&[M], &jobs, h, &mut NoPartition, &cfg, RunHooks::default())
+            .expect("simulate")
+            .metrics
+    };
+    let edf = run(Heuristic::Edf.build(0).as_mut());
+    assert_eq!(edf.late_jobs, 2);
+    assert!((edf.total_tardiness_s - 100.0).abs() < 1e-9);
+    let d = run(&mut Deferring(vec![1]));
+    assert_eq!(d.late_jobs, 1);
+    assert!((d.total_tardiness_s - 550.0).abs() < 1e-9, "{d:?}");
+    assert_eq!(d.completed, 3);
+    // Deferring every job changes nothing: each is offered again, without
+    // the choice, and the instance never idles.
+    let all = run(&mut Deferring(vec![1, 2, 3]));
+    assert_eq!(
+        (all.late_jobs, all.last_completion_s),
+        (edf.late_jobs, edf.last_completion_s)
+    );
+}
+
+/// A deferred job with no one behind it starts at once: the engine offers
+/// it again in the same round, so no instance idles for a deferral.
+#[test]
+fn a_deferred_job_alone_starts_at_once() {
+    let jobs = vec![job(1, 0.0, 100.0, 50.0)];
+    let m = simulate(
+        &[M],
+        &jobs,
+        &mut Deferring(vec![1]),
+        &mut NoPartition,
+        &SimConfig::default(),
+        RunHooks::default(),
+    )
+    .expect("simulate")
+    .metrics;
+    assert!((m.last_completion_s - 100.0).abs() < 1e-9, "{m:?}");
+}
+
+fn net(seed: u64) -> (PlacementFeatures, ActorCritic) {
+    let f = PlacementFeatures::new(M);
+    let n = ActorCritic::new(f.obs_dim, f.actions, 16, seed).expect("net");
+    (f, n)
+}
+
+fn write_placement(path: &Path, n: &ActorCritic, meta: &PlacementMetadata) {
+    let json = serde_json::to_string(meta).expect("json");
+    let bytes = n
+        .export_onnx(&[(METADATA_KEY, json.as_str())])
+        .expect("export");
+    std::fs::write(path, bytes).expect("write");
+}
+
+/// ONNX Runtime and candle give the same probabilities for random rows,
+/// and the runner picks candle's most probable allowed action.
+#[test]
+fn onnx_runtime_and_candle_agree() {
+    let (f, n) = net(3);
+    let path = tmp("agree.onnx");
+    write_placement(&path, &n, &PlacementMetadata::new(&f, 16));
+    let mut p = OnnxPlacement::load(&path, Some(M)).expect("load");
+    let mut seed = 1u64;
+    let mut rnd = || {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    };
+    for _ in 0..20 {
+        let obs: Vec<f32> = (0..f.obs_dim).map(|_| rnd()).collect();
+        let mask: Vec<f32> = (0..f.actions)
+            .map(|a| if a % 2 == 0 || rnd() > 0.0 { 1.0 } else { 0.0 })
+            .collect();
+        let (_, candle) = n.act(&obs, &mask, 1).expect("candle");
+        let ort = p.infer(&obs, &mask).expect("ort");
+        for (a, b) in candle.iter().zip(&ort) {
+            assert!((a - b).abs() < 1e-5, "{candle:?} vs {ort:?}");
+        }
+        for (pr, m) in ort.iter().zip(&mask) {
+            if *m < 0.5 {
+                assert_eq!(*pr, 0.0, "masked actions get probability 0");
+            }
+        }
+    }
+}
+
+/// Wrong model, wrong spec, wrong kind: refused with a message that says
+/// which; a repartitioning policy refuses a placement file the same way.
+#[test]
+fn metadata_mismatches_are_refused_with_clear_messages() {
+    let (f, n) = net(4);
+    let path = tmp("meta.onnx");
+    write_placement(&path, &n, &PlacementMetadata::new(&f, 16));
+    let err = |r: Result<OnnxPlacement, PolicyLoadError>| {
+        r.err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    let e = err(OnnxPlacement::load(&path, Some(GpuModel::H100_80gb)));
+    assert!(
+        e.contains("trained for a100-40gb") && e.contains("h100-80gb"),
+        "{e}"
+    );
+    // The repartitioning loader sees a placement file for what it is.
+    let e = load_policy(&path, M)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("job-placement policy, not a repartitioning policy")
+            && e.contains("--placement learned:"),
+        "{e}"
+    );
+    let mut meta = PlacementMetadata::new(&f, 16);
+    meta.feature_spec_version += 1;
+    write_placement(&path, &n, &meta);
+    let e = err(OnnxPlacement::load(&path, Some(M)));
+    assert!(e.contains("feature spec version"), "{e}");
+    let mut meta = PlacementMetadata::new(&f, 16);
+    meta.profiles.pop();
+    write_placement(&path, &n, &meta);
+    let e = err(OnnxPlacement::load(&path, Some(M)));
+    assert!(e.contains("profiles"), "{e}");
+    // A repartitioning policy given as a placement.
+    let shipped = smartmig::policy::onnx::shipped_policy(M).expect("shipped policy");
+    let e = err(OnnxPlacement::load(&shipped, Some(M)));
+    assert!(
+        e.contains("repartitioning policy, not a job-placement policy")
+            && e.contains("--policy policy:"),
+        "{e}"
+    );
+    // Not a file.
+    let e = err(OnnxPlacement::load(Path::new("/nonexistent/p.onnx"), None));
+    assert!(e.contains("/nonexistent/p.onnx"), "{e}");
+}
+
+/// A short training run is deterministic given its seed, its file loads,
+/// and it runs in the simulator under two repartitioning policies.
+#[test]
+fn training_is_deterministic_and_its_file_runs() {
+    let mut cfg = PlacementTrainConfig {
+        hidden: 16,
+        teacher: "eft+defer-late:2".into(),
+        validate_every: 1,
+        ..PlacementTrainConfig::default()
+    };
+    cfg.data.scenarios = vec!["diurnal/tight".into()];
+    cfg.data.gpus = 4;
+    cfg.data.train_days = 1;
+    cfg.data.validation_days = 1;
+    cfg.imitation.episodes = 2;
+    cfg.imitation.epochs = 2;
+    cfg.ppo.iterations = 2;
+    cfg.ppo.episodes_per_iteration = 1;
+    cfg.ppo.epochs = 1;
+    let (a, ra) = train_placement(&cfg, |_| {}).expect("train a");
+    let (b, _) = train_placement(&cfg, |_| {}).expect("train b");
+    assert_eq!(
+        a.export_onnx(&[]).expect("a"),
+        b.export_onnx(&[]).expect("b"),
+        "same seed, same weights"
+    );
+    // 2 imitation + 2 x 1 PPO episodes.
+    assert_eq!(ra.episodes, 4);
+    assert_eq!(ra.validation_heuristics.len(), 7);
+    let path = tmp("trained.onnx");
+    let f = PlacementFeatures::new(M);
+    write_placement(&path, &a, &PlacementMetadata::new(&f, 16));
+    let spec: PlacementSpec = format!("learned:{}", path.display()).parse().expect("spec");
+    let s = smartmig::workload::select_scenarios(
+        smartmig::workload::default_scenarios(),
+        &["diurnal/tight".to_string()],
+    )
+    .expect("scenario");
+    let jobs = s[0].generate(M, 4, 1000);
+    for policy in ["none", "greedy"] {
+        let mut p = parse_policy(policy, &[M]).expect("policy");
+        let mut h = spec.build(0, Some(M)).expect("load");
+        let r = simulate(
+            &[M; 4],
+            &jobs,
+            h.as_mut(),
+            p.as_mut(),
+            &SimConfig::default(),
+            RunHooks::default(),
+        )
+        .expect("simulate");
+        assert_eq!(r.placement, "learned");
+        assert_eq!(r.metrics.completed + r.metrics.unserved, jobs.len() as u64);
+    }
+    let bad = PlacementTrainConfig {
+        kind: "policy".into(),
+        ..cfg
+    };
+    assert!(train_placement(&bad, |_| {}).is_err());
+}
+
+/// The shipped placement loads for its model and makes decisions.
+#[test]
+fn shipped_placement_loads_and_decides() {
+    let path =
+        smartmig::policy::onnx::shipped_placement(M).expect("policies/a100-40gb-placement.onnx");
+    let mut p = OnnxPlacement::load(&path, Some(M)).expect("load");
+    assert_eq!(p.metadata().gpu_model, M);
+    let jobs: Vec<Job> = (0..40)
+        .map(|i| {
+            job(
+                i,
+                f64::from(i as u32) * 30.0,
+                600.0,
+                f64::from(i as u32) * 30.0 + 900.0,
+            )
+        })
+        .collect();
+    // Mixed instances (a 3g, a 2g, a 1g): the network has a choice.
+    let mut policy = parse_policy("static:3333|22|1|.", &[M]).expect("policy");
+    let r = simulate(
+        &[M; 2],
+        &jobs,
+        &mut p,
+        policy.as_mut(),
+        &SimConfig::default(),
+        RunHooks::default(),
+    )
+    .expect("simulate");
+    assert_eq!(r.metrics.completed, 40);
+    assert!(
+        p.decisions > 0 && p.failures == 0,
+        "{} decisions, {} failures",
+        p.decisions,
+        p.failures
+    );
+    // The JSON next to it is the embedded metadata.
+    let json: PlacementMetadata =
+        serde_json::from_str(&std::fs::read_to_string(path.with_extension("json")).expect("json"))
+            .expect("parse json");
+    assert_eq!(&json, p.metadata());
+}
