@@ -106,7 +106,9 @@ pub fn status_redaction(data: &[u8]) {
 }
 
 /// The TOML config parser + validation: never panics; an accepted config
-/// validates again and compares equal to itself (no restart-only diffs).
+/// validates again, has no changes against itself (no NaN or such that
+/// would make a SIGHUP report phantom changes), and a change of one
+/// restart-only and one live setting is reported as exactly that.
 pub fn config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -116,6 +118,19 @@ pub fn config(data: &[u8]) {
             c.validate().expect("an accepted config validates again");
             assert!(c.restart_only_changes(&c).is_empty());
             assert!(c.live_changes(&c).is_empty());
+            let mut changed = c.clone();
+            changed.socket = c.socket.join("other");
+            changed.epoch_s = c.epoch_s.wrapping_add(1);
+            assert_eq!(c.restart_only_changes(&changed), ["socket"]);
+            let live = c.live_changes(&changed);
+            assert_eq!(live.len(), 1, "{live:?}");
+            assert!(live[0].starts_with("epoch_s: "), "{live:?}");
+            let (merged, _) = c.reloaded(&changed);
+            assert_eq!(merged.socket, c.socket, "SIGHUP kept the new socket");
+            assert_eq!(
+                merged.epoch_s, changed.epoch_s,
+                "SIGHUP dropped the live change"
+            );
             let _ = c.sim_gpus().expect("validated gpus");
         }
         Err(e) => {

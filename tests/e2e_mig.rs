@@ -179,7 +179,11 @@ fn shard_job_runs_on_the_instance_the_sidecar_reports() {
             .any(|i| i["uuid"].as_str() == Some(cvd.as_str())),
         "released instance should stay as an idle instance: {after:#}"
     );
-    assert_eq!(cluster.node_state(), "idle");
+    assert!(
+        cluster.wait_node_state("idle", Duration::from_secs(20)),
+        "node not idle after the jobs: {}",
+        cluster.node_state()
+    );
 }
 
 /// Scenarios 2 and 6: ten concurrent jobs of mixed sizes all complete, no
@@ -271,7 +275,11 @@ fn concurrent_mixed_jobs_never_share_an_instance() {
         "10 mixed jobs done in {:?}; at most {max_busy} instances held at once",
         start.elapsed()
     );
-    assert_eq!(cluster.node_state(), "idle");
+    assert!(
+        cluster.wait_node_state("idle", Duration::from_secs(20)),
+        "node not idle after the jobs: {}",
+        cluster.node_state()
+    );
 }
 
 /// Scenario 3: both GPUs are first cut into seven idle 1g instances (14
@@ -484,7 +492,11 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
         Ok(_) => panic!("a job without shards connected to the sidecar socket"),
         Err(e) => panic!("spy socket: {e}"),
     }
-    assert_eq!(cluster.node_state(), "idle");
+    assert!(
+        cluster.wait_node_state("idle", Duration::from_secs(20)),
+        "node not idle after the jobs: {}",
+        cluster.node_state()
+    );
 }
 
 /// `--mig-profile`: a profile of the node's GPU model that agrees with the
@@ -518,5 +530,9 @@ fn mig_profile_is_checked_on_the_node() {
     assert_eq!(f.get("PROFILE").map(String::as_str), Some("1g.10gb"));
     assert!(f.get("CVD").is_some_and(|c| c.starts_with("MIG-")));
     assert!(busy(&sidecar.status()).is_empty());
-    assert_eq!(cluster.node_state(), "idle");
+    assert!(
+        cluster.wait_node_state("idle", Duration::from_secs(20)),
+        "node not idle after the jobs: {}",
+        cluster.node_state()
+    );
 }

@@ -327,7 +327,20 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     wait_for(&cluster, &sidecar, &out4, "job 4 started", |t, _| {
         t.contains("RUN=0")
     });
-    std::thread::sleep(Duration::from_secs(6));
+    // Instead of waiting for the loop's next turns: ask for the same
+    // reaping now (`smartmig reconcile` reads `squeue --json` and releases
+    // ended jobs, as each turn of the loop does), and it must keep job 4.
+    let rec = std::process::Command::new(artifact("smartmig"))
+        .args(["reconcile", "--socket"])
+        .arg(sidecar.socket())
+        .output()
+        .expect("run smartmig reconcile");
+    let rec_out = String::from_utf8_lossy(&rec.stdout);
+    assert!(
+        rec.status.success() && !rec_out.contains(&job4.to_string()),
+        "reconcile released job {job4} or failed: {rec_out}{}",
+        String::from_utf8_lossy(&rec.stderr)
+    );
     let held_by = |status: &Value| {
         Sidecar::instances(status)
             .iter()

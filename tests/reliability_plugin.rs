@@ -187,10 +187,18 @@ fn run_shard_job(cluster: &SlurmCluster, name: &str) -> (u32, String, String, Du
     ]);
     let state = cluster.wait_job(job, JOB_TIMEOUT);
     let elapsed = start.elapsed();
-    // The output file is written by the task; give slurmstepd a moment to
-    // close it after the state changed.
-    std::thread::sleep(Duration::from_millis(300));
-    (job, state, read(&out), elapsed)
+    // slurmstepd may flush the output file just after the state changed:
+    // poll until it holds the plugin's error or the body's line (the
+    // callers' assertions then judge whatever it holds).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut text = read(&out);
+    while !(text.contains("smartmig: error") || text.contains("BODY-RAN"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+        text = read(&out);
+    }
+    (job, state, text, elapsed)
 }
 
 /// The common contract: FAILED, the reason (`needles`) in the output, the

@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use smartmig::cli::compare::{compare, CompareOptions};
 use smartmig::eval::search_score;
-use smartmig::mig::{Geometry, GpuModel, Layout, Shape};
+use smartmig::mig::{Geometry, GpuModel, Layout, Shape, MAX_PROFILES};
 use smartmig::policy::search::{static_best, SearchConfig};
 use smartmig::policy::{
     ClusterView, Decision, GpuStatus, Greedy, GreedyConfig, NoPartition, PendingByProfile,
@@ -88,8 +88,13 @@ proptest! {
         hour in 0.0f64..24.0,
         window in prop_oneof![Just(0.0), Just(60.0)],
         day in 0usize..19, night in 0usize..19,
+        demand in prop::collection::vec(0u32..6, MODEL_COUNT * MAX_PROFILES),
     ) {
-        let counts = PendingByProfile::default();
+        // Waiting jobs per (model, profile), as the daemon reports them.
+        let mut counts = PendingByProfile::default();
+        for (k, &n) in demand.iter().enumerate() {
+            counts[k / MAX_PROFILES][k % MAX_PROFILES] = n;
+        }
         let view = ClusterView { now, hour_of_day: hour, gpus: &gpus, pending: &pending, pending_by_profile: &counts };
         let mut greedy = Greedy::new(GreedyConfig { window_s: window, ..GreedyConfig::default() });
         check(&gpus, &greedy.decide(&view))?;
@@ -246,6 +251,9 @@ fn static_best_beats_every_uniform_catalog_layout() {
         |p: &mut dyn RepartitionPolicy| run(p).map(|m| search_score(&m, &reference, 1.0));
     let best = static_best(&cluster, &SearchConfig::default(), &mut eval).unwrap();
     let g = Geometry::of(M);
+    // Each uniform layout run again here, built from its catalog index by
+    // the policy parser (not by the search's own StaticMix).
+    let mut own = Vec::new();
     for i in 0..g.catalog().len() {
         let mut s = smartmig::policy::StaticLayout::parse(&i.to_string(), &[M]).unwrap();
         let score = search_score(&run(&mut s).unwrap(), &reference, 1.0);
@@ -254,12 +262,27 @@ fn static_best_beats_every_uniform_catalog_layout() {
             "static-best {} worse than catalog {i}: {score}",
             best.score
         );
+        own.push(score);
     }
-    // The winner's own run reproduces its score (deterministic simulator).
-    let mut p = best.policy.clone();
+    // The search scored the same layouts the same.
+    assert_eq!(best.uniform.len(), own.len());
+    for &(i, score) in &best.uniform {
+        assert_eq!(score, own[i], "catalog {i}");
+    }
+    // The winner, rebuilt from its pictures as a `1xA+1xB+...` mix, scores
+    // what the search reported.
+    let spec = best
+        .policy
+        .layouts()
+        .iter()
+        .map(|&l| format!("1x{}", g.picture(l)))
+        .collect::<Vec<_>>()
+        .join("+");
+    let mut p = smartmig::policy::StaticLayout::parse(&spec, &[M]).unwrap();
     assert_eq!(
         search_score(&run(&mut p).unwrap(), &reference, 1.0),
-        best.score
+        best.score,
+        "{spec}"
     );
 }
 

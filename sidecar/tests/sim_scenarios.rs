@@ -108,6 +108,7 @@ fn edf_on_two_whole_gpus() {
         (3, 0, 50.0, 60.0),
         (4, 0, 200.0, 220.0),
     ];
+    assert_eq!(p.len(), want.len(), "{p:?}");
     for (got, w) in p.iter().zip(want) {
         assert_eq!((got.0, got.1), (w.0, w.1));
         assert_eq!(got.2, "7g.40gb");
@@ -145,7 +146,9 @@ fn smallest_first_on_a_static_layout() {
         (3, 1, "4g.20gb", 0.0, 5.25),
         (4, 0, "4g.20gb", 5.25, 10.5),
     ];
-    for (got, w) in placements(&recs).iter().zip(want) {
+    let got = placements(&recs);
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for (got, w) in got.iter().zip(want) {
         assert_eq!((got.0, got.1, got.2.as_str()), (w.0, w.1, w.2));
         assert!(close(got.3, w.3) && close(got.4, w.4), "{got:?} vs {w:?}");
     }

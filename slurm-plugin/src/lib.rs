@@ -947,8 +947,18 @@ mod tests {
         assert!(plugin_version >= 0x14_00_00, "{plugin_version:#x}");
     }
 
+    /// Outside slurmd the symbols are missing and `log` returns without
+    /// calling anything (a test binary would crash on a bad call); the
+    /// lookup must also find a symbol that does exist.
     #[test]
     fn log_without_slurm_is_a_no_op() {
-        log(LogLevel::Info, "not inside slurm");
+        for level in [LogLevel::Info, LogLevel::Debug, LogLevel::Error] {
+            // SAFETY: as in `log`.
+            let sym = unsafe { dlsym(RTLD_DEFAULT, level.symbol().as_ptr()) };
+            assert!(sym.is_null(), "{:?} resolves outside Slurm", level.symbol());
+            log(level, "not inside slurm\0with a NUL");
+        }
+        // SAFETY: as above; `malloc` is in every process.
+        assert!(!unsafe { dlsym(RTLD_DEFAULT, c"malloc".as_ptr()) }.is_null());
     }
 }

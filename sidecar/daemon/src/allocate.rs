@@ -495,10 +495,19 @@ mod tests {
                             }
                             Err(Refusal::Select(_)) => {}
                             Err(Refusal::NoFit { .. }) => {
-                                // Truly no room: not even destroying every idle instance helps.
+                                // Truly no room: no placement of the profile, tried one
+                                // by one, makes a valid layout with the busy instances
+                                // (destroying every idle instance would not help).
                                 let profile = select_profile(b.geometry.spec, k, mem).unwrap();
-                                prop_assert!(b.geometry.candidates(b.busy(), profile.shape).next().is_none()
-                                    || b.geometry.reshape_for(b.layout(), b.busy(), profile.shape).is_none());
+                                let g = b.geometry;
+                                let busy = b.busy();
+                                for id in g.ids().filter(|&id| g.placement(id).shape() == profile.shape) {
+                                    prop_assert!(
+                                        busy.contains(id) || !g.is_valid(busy.with(id)),
+                                        "no fit for {} although {} fits beside the busy {}",
+                                        profile.name(), g.placement(id).describe(), g.picture(busy)
+                                    );
+                                }
                             }
                         }
                         for (uuid, job_id) in busy_before {

@@ -412,8 +412,9 @@ mod tests {
         }
     }
 
-    /// Regression counts of all valid and all maximal layouts per model
-    /// (the eight-slice models share one set of placement rules).
+    /// Counts of all valid and all maximal layouts per model (the
+    /// eight-slice models share one set of placement rules), derived
+    /// independently by brute force in `sidecar/tests/geometry_props.rs`.
     #[test]
     fn layout_counts_per_model() {
         for model in GpuModel::ALL {

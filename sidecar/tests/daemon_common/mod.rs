@@ -194,6 +194,20 @@ impl TestDaemon {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// Polls `cond` until it holds; fails after 30 s naming `what`, with
+    /// the daemon's log.
+    pub fn wait_until(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let t0 = Instant::now();
+        while !cond() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{what}: not within 30 s\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn client(&self) -> Client {
         Client::new(&self.socket).with_io_timeout(Duration::from_secs(20))
     }

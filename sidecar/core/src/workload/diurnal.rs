@@ -801,17 +801,16 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(debug_assertions, ignore = "timing test: run in release")]
-    fn five_million_jobs_are_fast() {
-        // ~5.3 M jobs: 75,000 GPUs for one day. Timed in release builds
-        // only; skipped in debug (~30x slower).
+    #[cfg_attr(debug_assertions, ignore = "5 M jobs: run in release")]
+    fn five_million_jobs_are_generated() {
+        // ~5.3 M jobs: 75,000 GPUs for one day; skipped in debug (~30x
+        // slower). The time is printed, not asserted: speed is measured by
+        // `smartmig bench`, not by a pass/fail test on a shared machine.
         let start = std::time::Instant::now();
         let jobs = generate_diurnal(&DiurnalConfig::default(), M, 75_000, 9);
         let secs = start.elapsed().as_secs_f64();
         eprintln!("{} jobs in {secs:.2} s", jobs.len());
         assert!(jobs.len() > 5_000_000);
-        if !cfg!(debug_assertions) {
-            assert!(secs < 5.0, "{secs} s");
-        }
+        assert!(jobs.windows(2).all(|w| w[0].arrival <= w[1].arrival));
     }
 }

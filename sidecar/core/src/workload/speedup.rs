@@ -362,6 +362,63 @@ mod tests {
         assert_eq!(c.speed(7, 7), 1.0);
     }
 
+    /// The fit against numbers worked out without `fit()`. ResNet-50 bs1
+    /// (the CSV's throughputs, 7g = 191.81/s): 1g 127.18 / 191.81 =
+    /// 0.663052, 2g 170.99 / 191.81 = 0.891455, 3g 190.98 / 191.81 =
+    /// 0.995673. A least-squares search done separately (python, grid 0.005
+    /// then 0.0005) finds beta 0.427, saturation 0.374 with RMS 0.002499;
+    /// the curve there: 1g (0.142857 / 0.374)^0.427 = 0.663021, 2g
+    /// (0.285714 / 0.374)^0.427 = 0.891388, 3g 1 (past saturation).
+    #[test]
+    fn resnet50_bs1_fit_matches_a_fit_by_hand() {
+        let pts = [
+            (1.0 / 7.0, 127.18 / 191.81),
+            (2.0 / 7.0, 170.99 / 191.81),
+            (3.0 / 7.0, 190.98 / 191.81),
+        ];
+        let f = fit(&pts);
+        assert!(
+            (f.curve.beta - 0.427).abs() <= 0.001 && (f.curve.saturation - 0.374).abs() <= 0.001,
+            "{:?}",
+            f.curve
+        );
+        assert!((f.rms - 0.002499).abs() < 0.0001, "{}", f.rms);
+        let c = SpeedupCurve::new(0.427, 0.374).unwrap();
+        assert!(
+            (c.speed(1, 7) - 0.663_021).abs() < 1e-6,
+            "{}",
+            c.speed(1, 7)
+        );
+        assert!(
+            (c.speed(2, 7) - 0.891_388).abs() < 1e-6,
+            "{}",
+            c.speed(2, 7)
+        );
+        assert_eq!(c.speed(3, 7), 1.0);
+    }
+
+    /// Points taken exactly from a known curve (beta 0.6, saturation 0.5:
+    /// 1g (1/7 / 0.5)^0.6 = 0.471584, 2g 0.714788, 3g 0.911658, 4g..6g 1)
+    /// are fitted back to that curve with no residual.
+    #[test]
+    fn fit_recovers_a_known_curve() {
+        let pts = [
+            (1.0 / 7.0, 0.471_584),
+            (2.0 / 7.0, 0.714_788),
+            (3.0 / 7.0, 0.911_658),
+            (4.0 / 7.0, 1.0),
+            (5.0 / 7.0, 1.0),
+            (6.0 / 7.0, 1.0),
+        ];
+        let f = fit(&pts);
+        assert!(
+            (f.curve.beta - 0.6).abs() <= 0.0005 && (f.curve.saturation - 0.5).abs() <= 0.0005,
+            "{:?}",
+            f.curve
+        );
+        assert!(f.rms < 1e-4, "{}", f.rms);
+    }
+
     #[test]
     fn validation_rejects_out_of_range() {
         assert!(SpeedupCurve::new(0.0, 0.5).is_err());
