@@ -307,3 +307,77 @@ fn shipped_placement_loads_and_decides() {
             .expect("parse json");
     assert_eq!(&json, p.metadata());
 }
+
+/// `smartmig bench placement` runs the shipped placement against the
+/// seven heuristics and writes its report: one gate row per
+/// repartitioning policy, each against the heuristic with the fewest late
+/// jobs of its block, with a measured decision time.
+#[test]
+fn bench_placement_writes_its_report() {
+    let json = tmp("bench.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smartmig"))
+        .args([
+            "bench",
+            "placement",
+            "--quick",
+            "--only",
+            "diurnal/tight",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run smartmig");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("learned placement vs the best heuristic"),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
+    let blocks = v["scenarios"][0]["blocks"].as_array().expect("blocks");
+    let names: Vec<&str> = blocks.iter().filter_map(|b| b["policy"].as_str()).collect();
+    assert_eq!(names[..3], ["none", "static-hist", "greedy"]);
+    for b in blocks {
+        let rows = b["rows"].as_array().expect("rows");
+        assert_eq!(rows.len(), 8, "seven heuristics and the learned placement");
+        let best = b["best_heuristic"].as_str().expect("best");
+        let late = |r: &serde_json::Value| r["late_jobs"].as_u64().expect("late");
+        let min = rows
+            .iter()
+            .filter(|r| r["learned"] == false)
+            .map(late)
+            .min()
+            .expect("heuristics");
+        let best_row = rows
+            .iter()
+            .find(|r| r["placement"] == best)
+            .expect("best row");
+        assert_eq!(
+            late(best_row),
+            min,
+            "the best heuristic has the fewest late jobs"
+        );
+    }
+    let gates = v["gates"].as_array().expect("gates");
+    assert_eq!(gates.len(), blocks.len());
+    for g in gates {
+        assert!(g["decision_us"].as_f64().is_some_and(|us| us > 0.0), "{g}");
+    }
+    // A repartitioning file is refused as a placement before any run.
+    let shipped = smartmig::policy::onnx::shipped_policy(M).expect("shipped policy");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smartmig"))
+        .args(["bench", "placement", "--quick", "--placement"])
+        .arg(format!("learned:{}", shipped.display()))
+        .output()
+        .expect("run smartmig");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("not a job-placement policy"),
+        "{stderr}"
+    );
+}

@@ -24,6 +24,7 @@ use crate::sim::{
 use crate::workload::Job;
 
 use super::days::{Day, DaySet};
+use super::score::Reference;
 use super::suite::ScenarioDays;
 
 /// Totals of one placement under one repartitioning policy.
@@ -36,8 +37,9 @@ pub struct PlacementRow {
     pub jobs: u64,
     pub energy_j: f64,
     pub tardiness_s: f64,
-    /// ET against the scenario's `none` + `edf` totals:
-    /// `(E / E_ref + alpha T / T_ref) / (1 + alpha)`.
+    /// ET with the scenario's exchange rate, as `bench suite` computes it:
+    /// mean energy and mean tardiness per day against `none` + `edf`
+    /// pooled over the training days ([`Reference`]).
     pub et: f64,
     /// Late jobs per test day.
     pub late_per_day: Vec<u64>,
@@ -122,7 +124,7 @@ fn row(
     s: &ScenarioDays,
     spec: &PlacementSpec,
     policy: &mut dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, SimError>,
-    reference: (f64, f64),
+    reference: &Reference,
     alpha: f64,
 ) -> Result<PlacementRow, SimError> {
     let mut r = PlacementRow {
@@ -131,6 +133,7 @@ fn row(
         ..PlacementRow::default()
     };
     let (mut nanos, mut timed) = (0u128, 0u64);
+    let mut mean_tardiness = 0.0;
     for day in &s.test {
         let mut p = policy()?;
         let mut h = Timed {
@@ -148,10 +151,12 @@ fn row(
         )?
         .metrics;
         add(&mut r, &m);
+        mean_tardiness += m.mean_tardiness_s;
         nanos += h.nanos;
         timed += h.decisions;
     }
-    r.et = et(r.energy_j, r.tardiness_s, reference, alpha);
+    let days = s.test.len().max(1) as f64;
+    r.et = reference.et(r.energy_j / days, mean_tardiness / days, alpha);
     if r.learned {
         r.decisions = timed;
         r.decision_us = (timed > 0).then(|| nanos as f64 / timed as f64 / 1000.0);
@@ -167,14 +172,6 @@ fn add(r: &mut PlacementRow, m: &Metrics) {
     r.late_per_day.push(m.late_jobs);
 }
 
-/// `(E / E_ref + alpha T / T_ref) / (1 + alpha)`; a reference without
-/// tardiness counts tardiness in units of 1 s.
-pub fn et(energy_j: f64, tardiness_s: f64, reference: (f64, f64), alpha: f64) -> f64 {
-    let e = energy_j / reference.0.max(1.0);
-    let t = tardiness_s / reference.1.max(1.0);
-    (e + alpha * t) / (1.0 + alpha)
-}
-
 /// Scores one scenario (module docs).
 pub fn run_placement_scenario(
     s: &ScenarioDays,
@@ -186,11 +183,8 @@ pub fn run_placement_scenario(
     let train = DaySet::new(&s.cluster, Heuristic::Edf, s.train.clone())?;
     let mut evaluate = |p: &mut dyn RepartitionPolicy| train.objective(p, cfg.alpha);
     let fitted = static_best(&s.cluster, &cfg.search, &mut evaluate)?.policy;
-    // The ET reference: none + edf over the test days.
-    let none_edf = DaySet::new(&s.cluster, Heuristic::Edf, s.test.clone())?;
-    let reference = none_edf.references.iter().fold((0.0, 0.0), |(e, t), m| {
-        (e + m.energy_j, t + m.total_tardiness_s)
-    });
+    // The exchange rate of ET: none + edf pooled over the training days.
+    let reference = s.reference(&train);
     let mut placements: Vec<PlacementSpec> = Heuristic::ALL
         .iter()
         .map(|&h| PlacementSpec::Rule(h))
@@ -215,7 +209,7 @@ pub fn run_placement_scenario(
         };
         let mut rows = Vec::new();
         for p in &placements {
-            rows.push(row(s, p, &mut make, reference, cfg.alpha)?);
+            rows.push(row(s, p, &mut make, &reference, cfg.alpha)?);
         }
         let best_heuristic = rows
             .iter()
@@ -305,13 +299,6 @@ pub fn placement_gates(scenarios: &[PlacementScenario]) -> Vec<PlacementGate> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn et_blends_the_two_ratios() {
-        assert!((et(110.0, 50.0, (100.0, 100.0), 1.0) - 0.8).abs() < 1e-12);
-        // No reference tardiness: seconds count as is.
-        assert!((et(100.0, 0.5, (100.0, 0.0), 1.0) - 0.75).abs() < 1e-12);
-    }
 
     /// Gates compare each learned row with its block's best heuristic.
     #[test]

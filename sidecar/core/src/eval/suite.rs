@@ -103,6 +103,19 @@ pub struct ScenarioDays {
     pub batch: bool,
 }
 
+impl ScenarioDays {
+    /// The ET exchange rate: `train`'s `none` runs (this scenario's
+    /// training days) pooled, floored by the training jobs' mean work.
+    pub fn reference(&self, train: &DaySet) -> Reference {
+        let (work, jobs) = self
+            .train
+            .iter()
+            .flat_map(|d| &d.jobs)
+            .fold((0.0, 0usize), |(w, n), j| (w + j.work, n + 1));
+        Reference::pooled(&train.references, work / jobs.max(1) as f64)
+    }
+}
+
 /// The scored scenario: the table's rows and what they were measured on.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScenarioResult {
@@ -258,12 +271,7 @@ pub fn run_scenario(
     progress("fitting the opponents on the training days");
     let train = DaySet::new(&s.cluster, cfg.heuristic, s.train.clone()).map_err(sim_err)?;
     let fitted = fit(&train, &cfg.search, cfg.alpha).map_err(sim_err)?;
-    let (work, jobs) = s
-        .train
-        .iter()
-        .flat_map(|d| &d.jobs)
-        .fold((0.0, 0usize), |(w, n), j| (w + j.work, n + 1));
-    let reference = Reference::pooled(&train.references, work / jobs.max(1) as f64);
+    let reference = s.reference(&train);
     let test = DaySet::new(&s.cluster, cfg.heuristic, s.test.clone()).map_err(sim_err)?;
     let models = GpuModel::distinct(&s.cluster);
     let mut sc = Scorer {
