@@ -386,7 +386,7 @@ pub fn read_metadata(
             path: path.to_path_buf(),
             found: "job-placement",
             expected: "repartitioning",
-            hint: "give it as `--placement learned:FILE` (daemon: `placement = \"learned:FILE\"`)",
+            hint: "give it to the simulator as `--placement learned:FILE` (smartmigd has no placement setting)",
         });
     }
     let json = props
