@@ -13,11 +13,13 @@
 //! order). Episodes are the yardstick's scenario days (both deadline
 //! regimes) under each training repartitioning policy.
 //!
-//! The run: behaviour cloning of a teacher heuristic, then PPO with linear
-//! learning-rate and entropy schedules, keeping the network that makes the
-//! fewest late jobs on the validation days (energy may not grow by more
-//! than [`ENERGY_TOLERANCE`]); the actor is exported with its metadata
-//! ([`crate::sim::placement_onnx`]).
+//! The run: behaviour cloning of a teacher (a heuristic, or one that also
+//! defers late jobs: [`parse_teacher`]), then PPO with linear learning-rate
+//! and entropy schedules, keeping the network that makes the fewest late
+//! jobs on the validation days relative to the best heuristic, with steep
+//! penalties for energy above it by more than [`ENERGY_TOLERANCE`] and for
+//! per-day tardiness above it; the caller exports the actor with its
+//! metadata ([`crate::sim::placement_onnx`]).
 
 use std::time::Instant;
 
@@ -42,8 +44,8 @@ use crate::sim::{
 };
 use crate::workload::{default_scenarios, select_scenarios, Job, Scenario};
 
-/// Energy a checkpoint may add over the teacher on the validation days
-/// (relative) and still be chosen for fewer late jobs.
+/// Energy a checkpoint may add over the best heuristic on the validation
+/// days (relative) before the choice penalises it.
 pub const ENERGY_TOLERANCE: f64 = 0.01;
 
 /// `etc/train-placement.toml`.
@@ -635,8 +637,7 @@ pub struct PlacementReport {
     pub ppo_iterations: usize,
     /// Best checkpoint: `imitation` or `ppo:<iteration>`.
     pub chosen: String,
-    /// Validation totals of every heuristic, of the teacher and of the
-    /// chosen network.
+    /// Validation totals of every heuristic and of the chosen network.
     pub validation_heuristics: Vec<(String, Totals)>,
     pub validation_learned: Totals,
     pub validation_days: usize,
