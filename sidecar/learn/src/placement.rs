@@ -23,7 +23,7 @@
 
 use std::time::Instant;
 
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_nn::Optimizer;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::checkpoint::Checkpoint;
 use super::config::{ImitationConfig, PpoConfig};
 use super::model::ActorCritic;
-use super::ppo::{imitation_update, ppo_update};
+use super::ppo::{imitation_update, optimiser, ppo_update};
 use super::rollout::{sample, Batch};
 use super::LearnError;
 use crate::eval::Day;
@@ -706,16 +706,7 @@ pub fn train_placement(
         teacher_totals.add(&run_episode(cfg, &net, ep, mode)?.0);
     }
 
-    let mut vars = net.actor_vars();
-    vars.extend(net.critic_vars());
-    let mut opt = AdamW::new(
-        vars,
-        ParamsAdamW {
-            lr: cfg.imitation.lr,
-            weight_decay: 0.0,
-            ..ParamsAdamW::default()
-        },
-    )?;
+    let mut opt = optimiser(&net, cfg.imitation.lr)?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x9_1ACE);
     let mut episodes_run = 0usize;
     let mut next_episode = 0usize;

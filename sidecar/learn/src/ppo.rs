@@ -4,7 +4,7 @@
 //! AdamW over seeded minibatches.
 
 use candle_core::{Device, Tensor, D};
-use candle_nn::{AdamW, Optimizer};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -66,6 +66,21 @@ fn shuffled(n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
         idx.swap(i, j);
     }
     idx
+}
+
+/// AdamW over the actor and the critic, without weight decay: the
+/// optimiser of every training phase.
+pub fn optimiser(net: &ActorCritic, lr: f64) -> Result<AdamW, LearnError> {
+    let mut vars = net.actor_vars();
+    vars.extend(net.critic_vars());
+    Ok(AdamW::new(
+        vars,
+        ParamsAdamW {
+            lr,
+            weight_decay: 0.0,
+            ..ParamsAdamW::default()
+        },
+    )?)
 }
 
 /// Behaviour cloning (actor) and value regression (critic) on a teacher batch.
@@ -155,24 +170,13 @@ fn normalise(x: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use candle_nn::ParamsAdamW;
     use rand::SeedableRng;
 
     use super::super::testing::{net, tiny};
     use super::*;
 
     fn optimiser(net: &ActorCritic, lr: f64) -> AdamW {
-        let mut vars = net.actor_vars();
-        vars.extend(net.critic_vars());
-        AdamW::new(
-            vars,
-            ParamsAdamW {
-                lr,
-                weight_decay: 0.0,
-                ..ParamsAdamW::default()
-            },
-        )
-        .unwrap()
+        super::optimiser(net, lr).unwrap()
     }
 
     /// `n` random observations (every action allowed but the last) with

@@ -53,13 +53,14 @@
 
 use std::time::Instant;
 
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_nn::{AdamW, Optimizer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::checkpoint::Checkpoint;
 use super::model::ActorCritic;
+use super::ppo::optimiser;
 use super::LearnError;
 use crate::policy::features::FeatureSpec;
 
@@ -125,16 +126,7 @@ pub fn train(
     let spec = FeatureSpec::new(cfg.gpu_model);
     let net = ActorCritic::new(spec.obs_dim, spec.actions, cfg.hidden, cfg.seed)?;
     let rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED);
-    let mut vars = net.actor_vars();
-    vars.extend(net.critic_vars());
-    let mut opt = AdamW::new(
-        vars,
-        ParamsAdamW {
-            lr: cfg.imitation.lr,
-            weight_decay: 0.0,
-            ..ParamsAdamW::default()
-        },
-    )?;
+    let mut opt = optimiser(&net, cfg.imitation.lr)?;
     let validation = validation_days(cfg, data)?;
     let (static_best_et, static_best_layout) = static_best_on(cfg, &validation)?;
     let base = teacher_base(cfg, &base_days(cfg, data)?)?;

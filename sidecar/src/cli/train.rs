@@ -196,19 +196,11 @@ pub fn run(a: &Args) -> Result<()> {
         "static_best_et": report.validation_static_best_et,
         "static_best_layout": report.validation_static_best_layout,
     });
-    let json = serde_json::to_string(&meta).context("serialising metadata")?;
-    let bytes = net.export_onnx(&[(METADATA_KEY, json.as_str())])?;
     let out = a
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("policy.onnx"));
-    std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
-    let meta_path = out.with_extension("json");
-    std::fs::write(
-        &meta_path,
-        serde_json::to_string_pretty(&meta).context("serialising metadata")? + "\n",
-    )
-    .with_context(|| format!("writing {}", meta_path.display()))?;
+    let (bytes, meta_path) = write_policy(&net, METADATA_KEY, &meta, &out)?;
     println!(
         "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
         out.display(),
@@ -223,6 +215,27 @@ pub fn run(a: &Args) -> Result<()> {
         fmt(report.validation_teacher_et),
     );
     Ok(())
+}
+
+/// Exports `net`'s actor with `meta` embedded under `key`, writes it to
+/// `out` and the same metadata, pretty, next to it as `.json` (what a
+/// human reads). Returns the file's bytes and the JSON's path.
+pub(super) fn write_policy(
+    net: &crate::learn::model::ActorCritic,
+    key: &str,
+    meta: &impl serde::Serialize,
+    out: &std::path::Path,
+) -> Result<(Vec<u8>, PathBuf)> {
+    let json = serde_json::to_string(meta).context("serialising metadata")?;
+    let bytes = net.export_onnx(&[(key, json.as_str())])?;
+    std::fs::write(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+    let meta_path = out.with_extension("json");
+    std::fs::write(
+        &meta_path,
+        serde_json::to_string_pretty(meta).context("serialising metadata")? + "\n",
+    )
+    .with_context(|| format!("writing {}", meta_path.display()))?;
+    Ok((bytes, meta_path))
 }
 
 fn fmt(x: Option<f64>) -> String {

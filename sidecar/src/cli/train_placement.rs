@@ -94,19 +94,11 @@ pub fn run(a: &super::train::Args, text: &str) -> Result<()> {
         "teacher": report.teacher_totals,
         "learned": report.validation_learned,
     });
-    let json = serde_json::to_string(&meta).context("serialising metadata")?;
-    let bytes = net.export_onnx(&[(METADATA_KEY, json.as_str())])?;
     let out = a
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("placement.onnx"));
-    std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
-    let meta_path = out.with_extension("json");
-    std::fs::write(
-        &meta_path,
-        serde_json::to_string_pretty(&meta).context("serialising metadata")? + "\n",
-    )
-    .with_context(|| format!("writing {}", meta_path.display()))?;
+    let (bytes, meta_path) = super::train::write_policy(&net, METADATA_KEY, &meta, &out)?;
     let best = report
         .validation_heuristics
         .iter()

@@ -363,12 +363,17 @@ pub fn session_from_bytes(path: &Path, bytes: &[u8]) -> Result<Session, PolicyLo
         .map_err(|e| session_err(e.to_string()))
 }
 
-/// Reads and checks the embedded metadata of a policy file without loading
-/// ONNX Runtime. `expected`: the GPU model it must be for (`None`: any).
-pub fn read_metadata(
+/// A policy file's bytes and the metadata JSON it holds under `key`
+/// (`None`: no such entry), refusing a file of the other kind: one that
+/// has no `key` but carries `other.0` is the other kind of policy
+/// (`other.1`: the [`PolicyLoadError::WrongKind`] to report). Shared by the
+/// repartitioning and the placement loaders
+/// ([`crate::sim::placement_onnx::read_metadata`]).
+pub fn read_props(
     path: &Path,
-    expected: Option<GpuModel>,
-) -> Result<(PolicyMetadata, Vec<u8>), PolicyLoadError> {
+    key: &str,
+    other: (&str, PolicyLoadError),
+) -> Result<(Vec<u8>, Option<String>), PolicyLoadError> {
     let bytes = std::fs::read(path).map_err(|source| PolicyLoadError::Io {
         path: path.to_path_buf(),
         source,
@@ -378,26 +383,69 @@ pub fn read_metadata(
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-    if props
-        .iter()
-        .any(|(k, _)| k == crate::sim::placement_onnx::METADATA_KEY)
-    {
-        return Err(PolicyLoadError::WrongKind {
-            path: path.to_path_buf(),
-            found: "job-placement",
-            expected: "repartitioning",
-            hint: "give it to the simulator as `--placement learned:FILE` (smartmigd has no placement setting)",
+    let json = props.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    if json.is_none() && props.iter().any(|(k, _)| k == other.0) {
+        return Err(other.1);
+    }
+    Ok((bytes, json))
+}
+
+/// The checks both kinds of policy file share: the metadata format, the
+/// GPU model (`expected`; `None`: any) and the feature-spec version.
+pub fn check_header(
+    path: &Path,
+    (format, want_format): (&str, &str),
+    (model, expected): (GpuModel, Option<GpuModel>),
+    (version, want_version): (u32, u32),
+) -> Result<(), PolicyLoadError> {
+    let path = path.to_path_buf();
+    if format != want_format {
+        return Err(PolicyLoadError::BadMetadata {
+            path,
+            reason: format!("format `{format}`, expected `{want_format}`"),
         });
     }
-    let json = props
-        .iter()
-        .find(|(k, _)| k == METADATA_KEY)
-        .map(|(_, v)| v)
-        .ok_or_else(|| PolicyLoadError::MissingMetadata {
-            path: path.to_path_buf(),
-        })?;
+    if let Some(expected) = expected {
+        if model != expected {
+            return Err(PolicyLoadError::ModelMismatch {
+                path,
+                found: model,
+                expected,
+            });
+        }
+    }
+    if version != want_version {
+        return Err(PolicyLoadError::FeatureSpecMismatch {
+            path,
+            found: version,
+            expected: want_version,
+        });
+    }
+    Ok(())
+}
+
+/// Reads and checks the embedded metadata of a policy file without loading
+/// ONNX Runtime. `expected`: the GPU model it must be for (`None`: any).
+pub fn read_metadata(
+    path: &Path,
+    expected: Option<GpuModel>,
+) -> Result<(PolicyMetadata, Vec<u8>), PolicyLoadError> {
+    let wrong_kind = PolicyLoadError::WrongKind {
+        path: path.to_path_buf(),
+        found: "job-placement",
+        expected: "repartitioning",
+        hint: "give it to the simulator as `--placement learned:FILE` (smartmigd has no placement setting)",
+    };
+    let (bytes, json) = read_props(
+        path,
+        METADATA_KEY,
+        (crate::sim::placement_onnx::METADATA_KEY, wrong_kind),
+    )?;
+    let json = json.ok_or_else(|| PolicyLoadError::MissingMetadata {
+        path: path.to_path_buf(),
+    })?;
     let meta: PolicyMetadata =
-        serde_json::from_str(json).map_err(|e| PolicyLoadError::BadMetadata {
+        serde_json::from_str(&json).map_err(|e| PolicyLoadError::BadMetadata {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
@@ -411,29 +459,13 @@ pub fn check_metadata(
     meta: &PolicyMetadata,
     expected: Option<GpuModel>,
 ) -> Result<(), PolicyLoadError> {
+    check_header(
+        path,
+        (&meta.format, METADATA_FORMAT),
+        (meta.gpu_model, expected),
+        (meta.feature_spec_version, FEATURE_SPEC_VERSION),
+    )?;
     let path = path.to_path_buf();
-    if meta.format != METADATA_FORMAT {
-        return Err(PolicyLoadError::BadMetadata {
-            path,
-            reason: format!("format `{}`, expected `{METADATA_FORMAT}`", meta.format),
-        });
-    }
-    if let Some(expected) = expected {
-        if meta.gpu_model != expected {
-            return Err(PolicyLoadError::ModelMismatch {
-                path,
-                found: meta.gpu_model,
-                expected,
-            });
-        }
-    }
-    if meta.feature_spec_version != FEATURE_SPEC_VERSION {
-        return Err(PolicyLoadError::FeatureSpecMismatch {
-            path,
-            found: meta.feature_spec_version,
-            expected: FEATURE_SPEC_VERSION,
-        });
-    }
     let spec = FeatureSpec::new(meta.gpu_model);
     let mismatch = |what: String| PolicyLoadError::SpaceMismatch {
         path: path.clone(),

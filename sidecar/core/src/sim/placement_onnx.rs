@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::mig::GpuModel;
 use crate::policy::features::argmax_masked;
-use crate::policy::onnx::{session_from_bytes, PolicyLoadError};
-use crate::policy::onnx_contract::{read_metadata_props, INPUT_MASK, INPUT_OBS, OUTPUT_PROBS};
+use crate::policy::onnx::{check_header, read_props, session_from_bytes, PolicyLoadError};
+use crate::policy::onnx_contract::{INPUT_MASK, INPUT_OBS, OUTPUT_PROBS};
 use crate::workload::Job;
 
 use super::heuristics::{best_fit, Candidate, Pick, PlacementContext, PlacementHeuristic};
@@ -90,23 +90,18 @@ pub fn read_metadata(
     expected: Option<GpuModel>,
 ) -> Result<(PlacementMetadata, Vec<u8>), PolicyLoadError> {
     let p = || path.to_path_buf();
-    let bytes = std::fs::read(path).map_err(|source| PolicyLoadError::Io { path: p(), source })?;
-    let props = read_metadata_props(&bytes).map_err(|e| PolicyLoadError::Parse {
+    let wrong_kind = PolicyLoadError::WrongKind {
         path: p(),
-        reason: e.to_string(),
-    })?;
-    let Some((_, json)) = props.iter().find(|(k, _)| k == METADATA_KEY) else {
-        if props
-            .iter()
-            .any(|(k, _)| k == crate::policy::onnx::METADATA_KEY)
-        {
-            return Err(PolicyLoadError::WrongKind {
-                path: p(),
-                found: "repartitioning",
-                expected: "job-placement",
-                hint: "give it as `--policy policy:FILE` (daemon: `policy = \"policy:FILE\"`)",
-            });
-        }
+        found: "repartitioning",
+        expected: "job-placement",
+        hint: "give it as `--policy policy:FILE` (daemon: `policy = \"policy:FILE\"`)",
+    };
+    let (bytes, json) = read_props(
+        path,
+        METADATA_KEY,
+        (crate::policy::onnx::METADATA_KEY, wrong_kind),
+    )?;
+    let Some(json) = json else {
         return Err(PolicyLoadError::BadMetadata {
             path: p(),
             reason: format!(
@@ -115,7 +110,7 @@ pub fn read_metadata(
         });
     };
     let meta: PlacementMetadata =
-        serde_json::from_str(json).map_err(|e| PolicyLoadError::BadMetadata {
+        serde_json::from_str(&json).map_err(|e| PolicyLoadError::BadMetadata {
             path: p(),
             reason: e.to_string(),
         })?;
@@ -129,29 +124,13 @@ pub fn check_metadata(
     meta: &PlacementMetadata,
     expected: Option<GpuModel>,
 ) -> Result<(), PolicyLoadError> {
+    check_header(
+        path,
+        (&meta.format, METADATA_FORMAT),
+        (meta.gpu_model, expected),
+        (meta.feature_spec_version, PLACEMENT_SPEC_VERSION),
+    )?;
     let path = path.to_path_buf();
-    if meta.format != METADATA_FORMAT {
-        return Err(PolicyLoadError::BadMetadata {
-            path,
-            reason: format!("format `{}`, expected `{METADATA_FORMAT}`", meta.format),
-        });
-    }
-    if let Some(expected) = expected {
-        if meta.gpu_model != expected {
-            return Err(PolicyLoadError::ModelMismatch {
-                path,
-                found: meta.gpu_model,
-                expected,
-            });
-        }
-    }
-    if meta.feature_spec_version != PLACEMENT_SPEC_VERSION {
-        return Err(PolicyLoadError::FeatureSpecMismatch {
-            path,
-            found: meta.feature_spec_version,
-            expected: PLACEMENT_SPEC_VERSION,
-        });
-    }
     let f = PlacementFeatures::new(meta.gpu_model);
     let mismatch = |what: String| PolicyLoadError::SpaceMismatch {
         path: path.clone(),
