@@ -245,3 +245,64 @@ proptest! {
         }
     }
 }
+
+/// The H200 table against what a real driver said: `nvidia-smi mig -lgip`
+/// and `-lgipp` on an H200 with driver 580.159.04 (MIG mode off: the driver
+/// still lists profiles and placements), recorded 2026-11-27 in
+/// `tests/data/nvidia-smi_h200_driver580_mig_off.txt`. Every profile of the
+/// table must appear with the table's id and exactly the table's
+/// placements; the driver's only extra profile must be a `+me` variant,
+/// which the table leaves out on purpose (docs/mig-geometry.md).
+#[test]
+fn h200_table_matches_the_recorded_driver() {
+    let text = include_str!("data/nvidia-smi_h200_driver580_mig_off.txt");
+    // "GPU  0 Profile ID 15 Placements: {0,2,4,6}:2"
+    let mut driver: std::collections::BTreeMap<u32, Vec<(u8, u8)>> = Default::default();
+    for line in text.lines().filter(|l| l.contains("Profile ID")) {
+        let rest = line.split("Profile ID").nth(1).expect("Profile ID line");
+        let (id, places) = rest.split_once("Placement").expect("placements");
+        let id: u32 = id.trim().parse().expect("profile id");
+        let places = places.split_once(':').expect("colon").1.trim();
+        let (starts, size) = places.rsplit_once(':').expect("size");
+        let size: u8 = size.parse().expect("size number");
+        let starts = starts.trim_matches(|c| c == '{' || c == '}');
+        driver.insert(
+            id,
+            starts
+                .split(',')
+                .map(|s| (s.parse().expect("start"), size))
+                .collect(),
+        );
+    }
+    // "|   0  MIG 1g.18gb         19     7/7        16.00  ..."
+    let mut names: std::collections::BTreeMap<u32, String> = Default::default();
+    for line in text.lines().filter(|l| l.contains(" MIG ")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "MIG").expect("MIG");
+        names.insert(words[at + 2].parse().expect("id"), words[at + 1].into());
+    }
+    assert_eq!(driver.len(), 7, "{driver:?}");
+    assert_eq!(names.len(), 7, "{names:?}");
+
+    let g = Geometry::of(GpuModel::H200_141gb);
+    for spec in GpuModel::H200_141gb.spec().profiles {
+        let want: Vec<(u8, u8)> = g
+            .ids()
+            .map(|id| g.placement(id))
+            .filter(|p| p.shape() == spec.shape)
+            .map(|p| (p.start, p.shape().memory))
+            .collect();
+        assert_eq!(
+            driver.remove(&spec.smi_id).as_deref(),
+            Some(&want[..]),
+            "{}",
+            spec.name()
+        );
+        assert_eq!(
+            names.get(&spec.smi_id).map(String::as_str),
+            Some(spec.name().as_str())
+        );
+    }
+    let extra: Vec<&String> = driver.keys().map(|id| &names[id]).collect();
+    assert_eq!(extra, ["1g.18gb+me"], "driver profiles not in the table");
+}

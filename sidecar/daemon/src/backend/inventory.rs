@@ -74,6 +74,9 @@ pub struct ProfileSurvey {
     pub spec: &'static ProfileSpec,
     /// `nvmlGpuInstanceProfileInfo_t.id` (the table expects `spec.smi_id`).
     pub driver_id: Result<u32, BackendError>,
+    /// The instance memory the driver reports (`memorySizeMB`, MiB); the
+    /// profile's name rounds it up (an H200's 1g.18gb has 16,384 MiB).
+    pub memory_mib: Option<u64>,
     /// Possible placements as (start, size) in memory slices, in the
     /// driver's order.
     pub placements: Result<Vec<(u32, u32)>, BackendError>,
@@ -169,8 +172,12 @@ fn survey_gpu(nvml: &Nvml, index: u32) -> GpuSurvey {
     let mig_on = matches!(mig, Ok(m) if m.current);
     // SAFETY: the handle lives as long as `nvml`, which outlives this call.
     let handle = unsafe { device.handle() };
+    // The driver answers profile and placement queries with MIG mode off
+    // too (nvml.h: placements "regardless of whether MIG is enabled";
+    // seen on an H200 with driver 580), so doctor can compare the table
+    // before the admin turns MIG on.
     let profiles = match model {
-        Some(model) if mig_on => model
+        Some(model) => model
             .spec()
             .profiles
             .iter()
@@ -214,8 +221,11 @@ fn survey_profile(
         let code = unsafe {
             lib.nvmlDeviceGetGpuInstanceProfileInfo(device, spec.nvml_profile, &mut info)
         };
-        map_return(code, gpu, &format!("profile info of {}", spec.name())).map(|()| info.id)
+        map_return(code, gpu, &format!("profile info of {}", spec.name()))
+            .map(|()| (info.id, info.memorySizeMB))
     };
+    let memory_mib = driver_id.as_ref().ok().map(|&(_, mib)| mib);
+    let driver_id = driver_id.map(|(id, _)| id);
     let placements = match &driver_id {
         Err(e) => Err(e.clone()),
         Ok(_) if lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2.is_err() => Err(missing(
@@ -250,6 +260,7 @@ fn survey_profile(
     ProfileSurvey {
         spec,
         driver_id,
+        memory_mib,
         placements,
     }
 }

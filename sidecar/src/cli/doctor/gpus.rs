@@ -187,20 +187,30 @@ pub fn gpu_checks(g: &GpuSurvey) -> Vec<Check> {
         format!("GPU {i} \"{name}\" is {model} ({minor})"),
     ));
     out.push(mig_check(i, &g.mig));
-    if !g.mig_on() {
-        let why = "MIG mode is not on";
-        for what in ["profiles", "placements", "instances"] {
-            out.push(Check::skipped(
-                format!("nvml.gpu{i}.{what}"),
-                why,
-                format!("enable MIG mode on GPU {i}, then run doctor again"),
-            ));
-        }
-        return out;
+    // With MIG off the driver still describes the profiles; only when it
+    // would not say anything are the table checks left undone.
+    let driver_silent = g.profiles.iter().all(|p| p.driver_id.is_err());
+    let later = if g.mig_on() {
+        vec![]
+    } else if driver_silent {
+        vec!["profiles", "placements", "instances"]
+    } else {
+        vec!["instances"]
+    };
+    if !later.contains(&"profiles") {
+        out.push(profile_ids_check(i, &g.profiles));
+        out.push(placements_check(i, model, &g.profiles));
     }
-    out.push(profile_ids_check(i, &g.profiles));
-    out.push(placements_check(i, model, &g.profiles));
-    out.push(instances_check(i, &g.instances));
+    if later.is_empty() {
+        out.push(instances_check(i, &g.instances));
+    }
+    for what in later {
+        out.push(Check::skipped(
+            format!("nvml.gpu{i}.{what}"),
+            "MIG mode is not on",
+            format!("enable MIG mode on GPU {i}, then run doctor again"),
+        ));
+    }
     out
 }
 
@@ -265,7 +275,11 @@ pub fn profile_ids_check(i: u32, profiles: &[ProfileSurvey]) -> Check {
     if drift.is_empty() {
         Check::ok(
             name,
-            format!("{} profiles, driver ids as in the table", profiles.len()),
+            format!(
+                "{} profiles, driver ids as in the table; instance memory {}",
+                profiles.len(),
+                memory_list(profiles)
+            ),
         )
     } else {
         Check::warn(
@@ -274,6 +288,20 @@ pub fn profile_ids_check(i: u32, profiles: &[ProfileSurvey]) -> Check {
             "smartmigd uses the driver's ids and skips profiles the driver lacks; report the drift so the table (sidecar/mig/src/models.rs) can follow",
         )
     }
+}
+
+/// Each profile's memory as the driver reports it (the profile names round
+/// up: an H200's 1g.18gb holds 16.0 GiB), so an admin sizing `--mem`-style
+/// requests sees what a job really gets.
+fn memory_list(profiles: &[ProfileSurvey]) -> String {
+    let items: Vec<String> = profiles
+        .iter()
+        .map(|p| match p.memory_mib {
+            Some(mib) => format!("{} {:.2} GiB", p.spec.name(), mib as f64 / 1024.0),
+            None => format!("{} ?", p.spec.name()),
+        })
+        .collect();
+    items.join(", ")
 }
 
 /// The table's placements of a profile: (start, size in memory slices).
@@ -390,6 +418,7 @@ mod tests {
                 let p = ProfileSurvey {
                     spec,
                     driver_id: Ok(spec.smi_id),
+                    memory_mib: Some(u64::from(spec.memory_gb) * 1000),
                     placements: Ok(Vec::new()),
                 };
                 let placements = table_placements(model, &p).into_iter().collect();
@@ -445,6 +474,66 @@ mod tests {
             }),
         );
         assert_eq!(on.status, super::super::Status::Ok);
+    }
+
+    fn gpu(mig_on: bool, profiles: Vec<ProfileSurvey>) -> GpuSurvey {
+        GpuSurvey {
+            index: 0,
+            name: Ok("NVIDIA H200".into()),
+            model: Some(GpuModel::H200_141gb),
+            minor: Ok(0),
+            mig: Ok(MigModes {
+                current: mig_on,
+                pending: mig_on,
+            }),
+            profiles,
+            instances: Ok(Vec::new()),
+        }
+    }
+
+    fn statuses(checks: &[Check]) -> Vec<(String, super::super::Status)> {
+        checks.iter().map(|c| (c.check.clone(), c.status)).collect()
+    }
+
+    /// As on an H200 with driver 580: MIG off, yet the driver lists the
+    /// profiles and their placements, so the table is checked; only the
+    /// instances wait for MIG mode.
+    #[test]
+    fn mig_off_still_checks_the_table_when_the_driver_answers() {
+        use super::super::Status::{Fail, Ok as Good, Warn};
+        let checks = gpu_checks(&gpu(false, survey_of(GpuModel::H200_141gb)));
+        assert_eq!(
+            statuses(&checks)[1..],
+            [
+                ("nvml.gpu0.mig".to_string(), Fail),
+                ("nvml.gpu0.profiles".to_string(), Good),
+                ("nvml.gpu0.placements".to_string(), Good),
+                ("nvml.gpu0.instances".to_string(), Warn),
+            ]
+        );
+        assert!(
+            checks[2].detail.contains("1g.18gb 17.58 GiB"),
+            "{:?}",
+            checks[2]
+        );
+        let mut silent = survey_of(GpuModel::H200_141gb);
+        for p in &mut silent {
+            p.driver_id = Err(BackendError::NotSupported {
+                gpu: 0,
+                what: "profile info".into(),
+            });
+        }
+        let checks = gpu_checks(&gpu(false, silent));
+        let later: Vec<_> = statuses(&checks)[2..].to_vec();
+        assert_eq!(
+            later,
+            ["profiles", "placements", "instances"]
+                .map(|w| (format!("nvml.gpu0.{w}"), Warn))
+                .to_vec()
+        );
+        let on = gpu_checks(&gpu(true, survey_of(GpuModel::H200_141gb)));
+        assert_eq!(on[4].check, "nvml.gpu0.instances");
+        assert_eq!(on[4].status, Good);
     }
 
     #[test]
