@@ -259,6 +259,10 @@ pub struct StatusReply {
     pub version: String,
     pub backend: String,
     pub policy: String,
+    /// Which waiting allocate goes first (`placement`: `arrival`, `edf`,
+    /// `learned:FILE`). Optional (older daemons omit it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
     pub uptime_s: u64,
     pub gpus: Vec<GpuStatus>,
     /// Learned memory estimates and recent out-of-memory restarts (absent

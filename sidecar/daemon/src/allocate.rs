@@ -122,9 +122,27 @@ impl GpuBook {
 
     /// Decides how to serve `need` (see the module docs for the order).
     pub fn plan(&self, need: Need) -> Result<(&'static ProfileSpec, Plan), Refusal> {
+        let profile = select_profile(self.geometry.spec, need.slices, need.memory_gb)?;
+        let plan = self.plan_profile(profile, need.memory_gb.unwrap_or(0.0))?;
+        let got = match &plan {
+            Plan::Reuse { uuid } => self
+                .find_uuid(uuid)
+                .map_or(profile, |i| self.geometry.placement(i.placement).profile),
+            _ => profile,
+        };
+        Ok((got, plan))
+    }
+
+    /// How to get an instance of `profile`'s compute size with at least
+    /// `want_gb` of memory: reuse the idle one with the least sufficient
+    /// memory, else create `profile` in free space, else re-shape idle
+    /// instances for it.
+    pub fn plan_profile(
+        &self,
+        profile: &'static ProfileSpec,
+        want_gb: f64,
+    ) -> Result<Plan, Refusal> {
         let g = self.geometry;
-        let profile = select_profile(g.spec, need.slices, need.memory_gb)?;
-        let want_gb = need.memory_gb.unwrap_or(0.0);
         // 1. Reuse: same compute size, enough memory, the least memory that suffices.
         let reuse = self
             .instances
@@ -139,17 +157,14 @@ impl GpuBook {
                 (p.profile.memory_gb, p.start)
             });
         if let Some(i) = reuse {
-            return Ok((
-                g.placement(i.placement).profile,
-                Plan::Reuse {
-                    uuid: i.uuid.clone(),
-                },
-            ));
+            return Ok(Plan::Reuse {
+                uuid: i.uuid.clone(),
+            });
         }
         // 2. Create in free space.
         let layout = self.layout();
         if let Some(placement) = g.best_placement(layout, profile.shape) {
-            return Ok((profile, Plan::Create { placement }));
+            return Ok(Plan::Create { placement });
         }
         // 3. Re-shape idle instances (never a busy one).
         let busy = self.busy();
@@ -164,12 +179,21 @@ impl GpuBook {
                 .filter(|i| t.destroy.contains(i.placement))
                 .map(|i| i.uuid.clone())
                 .collect();
-            return Ok((profile, Plan::Reshape { destroy, placement }));
+            return Ok(Plan::Reshape { destroy, placement });
         }
         Err(Refusal::NoFit {
             profile,
             reason: self.no_fit_reason(profile),
         })
+    }
+
+    /// Idle instances of exactly `profile`.
+    pub fn idle_of(&self, profile: &ProfileSpec) -> u32 {
+        self.instances
+            .iter()
+            .filter(|i| i.job.is_none())
+            .filter(|i| self.geometry.placement(i.placement).profile.shape == profile.shape)
+            .count() as u32
     }
 
     /// A sentence a user can act on: what blocks the profile on this GPU.

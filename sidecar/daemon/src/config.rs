@@ -31,6 +31,9 @@ pub enum ConfigError {
     /// `policy` names a policy the daemon will not run.
     #[error("policy: {0}")]
     Policy(#[source] super::policy_choice::PolicyChoiceError),
+    /// `placement` names a placement the daemon will not run.
+    #[error("placement: {0}")]
+    Placement(#[source] super::placement::PlacementChoiceError),
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -249,6 +252,10 @@ pub struct Config {
     /// `none`, `static:<catalog index or picture>` (see `crate::policy`);
     /// `greedy`/`onnx` are accepted but run as `none` until they exist.
     pub policy: String,
+    /// Which waiting allocate goes first when room frees on a GPU, and
+    /// which profile it gets: `arrival`, `edf` or `learned:FILE.onnx`
+    /// (see [`super::placement`]).
+    pub placement: String,
     /// Publish each GPU's layout as Slurm node features.
     pub publish_layout: bool,
     /// Give each instance's access files (the capability device files that
@@ -288,6 +295,7 @@ impl Default for Config {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             epoch_s: 60,
             policy: "none".into(),
+            placement: "arrival".into(),
             publish_layout: false,
             isolate_devices: true,
             metrics_listen: None,
@@ -386,6 +394,7 @@ impl Config {
             return Err(invalid("epoch_s", "must be at least 1"));
         }
         self.check_policy()?;
+        self.check_placement()?;
         if let Some(listen) = &self.metrics_listen {
             listen.parse::<SocketAddr>().map_err(|e| {
                 invalid(
@@ -444,6 +453,20 @@ impl Config {
         super::policy_choice::build(p, &models)
             .map(|_| ())
             .map_err(ConfigError::Policy)
+    }
+
+    /// Any placement the daemon can run (see
+    /// [`super::placement::PlacementRule::build`]), checked against the sim
+    /// GPUs (a learned file is loaded, so a wrong one is refused here).
+    fn check_placement(&self) -> Result<(), ConfigError> {
+        let models = if self.backend == BackendKind::Sim {
+            GpuModel::distinct(&self.sim_gpus()?)
+        } else {
+            Vec::new()
+        };
+        super::placement::PlacementRule::build(&self.placement, &models)
+            .map(|_| ())
+            .map_err(ConfigError::Placement)
     }
 
     /// The simulated GPUs in index order.
@@ -545,6 +568,7 @@ impl Config {
         diff!(max_connections);
         diff!(epoch_s);
         diff!(policy);
+        diff!(placement);
         diff!(publish_layout);
         diff!(isolate_devices);
         diff!(slurm);

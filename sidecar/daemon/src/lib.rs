@@ -10,6 +10,7 @@
 //! | [`config`] | TOML config, defaults, validation naming the key | reads the file |
 //! | [`policy_choice`] | which repartitioning policy runs, from the config (shared by validation and the server) | loads a policy file |
 //! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
+//! | [`placement`] | which waiting allocate goes first, and which profile it gets (the `placement` setting) | loads a placement file |
 //! | [`access`] | device isolation: an instance's access files belong to its job's user, or to root | chown/chmod |
 //! | [`backend`] | MIG backends: `sim` (persisted) and `nvml` | yes |
 //! | [`journal`] | durable job -> instance assignments | yes |
@@ -32,6 +33,7 @@ pub mod fsutil;
 pub mod journal;
 pub mod memory;
 pub mod metrics;
+pub mod placement;
 pub mod policy_choice;
 pub mod server;
 pub mod slurm;
@@ -39,7 +41,7 @@ pub mod slurm;
 pub use smartmig_client::{client, plugstack, protocol};
 
 // The core crates under the names the modules use (`crate::policy::...` is the core's).
-use smartmig_core::{policy, workload};
+use smartmig_core::{policy, sim, workload};
 use smartmig_mig as mig;
 
 pub use client::{Client, ClientError};

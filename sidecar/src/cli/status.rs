@@ -65,10 +65,14 @@ pub fn render(s: &StatusReply) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "node {}  backend {}  policy {}  smartmigd {}  up {}",
+        "node {}  backend {}  policy {}{}  smartmigd {}  up {}",
         s.node,
         s.backend,
         s.policy,
+        s.placement
+            .as_deref()
+            .map(|p| format!("  placement {p}"))
+            .unwrap_or_default(),
         s.version,
         duration(s.uptime_s)
     );
@@ -232,6 +236,7 @@ mod tests {
             version: "0.1.0".into(),
             backend: "sim".into(),
             policy: "none".into(),
+            placement: None,
             uptime_s: 75,
             gpus: vec![GpuStatus {
                 index: 0,
@@ -287,6 +292,7 @@ mod tests {
             version: "0.1.0".into(),
             backend: "sim".into(),
             policy: "none".into(),
+            placement: None,
             uptime_s: 5,
             gpus: vec![],
             memory: Some(MemoryStatus {

@@ -434,7 +434,7 @@ pub fn read_metadata(
         path: path.to_path_buf(),
         found: "job-placement",
         expected: "repartitioning",
-        hint: "give it to the simulator as `--placement learned:FILE` (smartmigd has no placement setting)",
+        hint: "give it as `--placement learned:FILE` (daemon: `placement = \"learned:FILE\"`)",
     };
     let (bytes, json) = read_props(
         path,

@@ -30,6 +30,7 @@ use super::fsutil::ensure_dir;
 use super::journal::{self, Durability, Journal};
 use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
+use super::placement::{Contender, PlacementChoiceError, PlacementRule, Turn};
 use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
@@ -78,6 +79,8 @@ pub enum StartError {
     Config(ConfigError),
     #[error("policy: {0}")]
     Policy(PolicyChoiceError),
+    #[error("placement: {0}")]
+    Placement(PlacementChoiceError),
     /// `[memory.estimator]` is invalid.
     #[error("memory estimates: {0}")]
     Memory(EstimateError),
@@ -130,6 +133,11 @@ impl EnergyMeter {
 struct GpuState {
     book: GpuBook,
     energy: EnergyMeter,
+    /// The waiting allocate the placement rule chose last: it stands until
+    /// that allocate takes it, stops waiting, or no longer fits, so that a
+    /// rule whose answer drifts with the clock (the learned one) cannot
+    /// make two allocates hand the turn back and forth.
+    promised: Option<Turn>,
 }
 
 impl GpuState {
@@ -179,8 +187,11 @@ pub struct Daemon {
     releases: std::sync::Mutex<ReleaseCounts>,
     /// Connections unprivileged users hold now ([`Daemon::admit`]).
     connections: std::sync::Mutex<Connections>,
-    /// Allocates waiting for room: job -> (GPU, slices, since, uid), for status.
-    waiting: std::sync::Mutex<HashMap<u64, (u32, u8, Instant, u32)>>,
+    /// Allocates waiting for room, for status and for the placement rule.
+    waiting: std::sync::Mutex<HashMap<u64, Waiter>>,
+    /// Deadlines and time limits of the jobs the last `squeue` read showed
+    /// (the placement rule orders waiting allocates by them).
+    job_times: std::sync::Mutex<HashMap<u64, JobTimes>>,
     /// The plugin's `oom_requeue`, as the last allocate said.
     plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
 }
@@ -200,12 +211,16 @@ struct Live {
     /// so it sits behind its own lock; a new one comes with a new snapshot.
     policy: Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>,
     policy_name: String,
+    /// Which waiting allocate goes first (`placement`); asked under a
+    /// GPU's lock, never across an await.
+    placement: Arc<std::sync::Mutex<PlacementRule>>,
 }
 
 impl Live {
-    fn new(config: Config, policy: Built) -> Live {
+    fn new(config: Config, policy: Built, placement: PlacementRule) -> Live {
         let (policy, policy_name) = policy;
         Live {
+            placement: Arc::new(std::sync::Mutex::new(placement)),
             slurm: slurm_client(&config),
             slurm_uid: resolve_uid(&config.slurm_user),
             operator_uids: config
@@ -256,10 +271,28 @@ impl Drop for Admitted {
     }
 }
 
+/// An allocate waiting for room on a GPU.
+struct Waiter {
+    gpu: u32,
+    since: Instant,
+    uid: u32,
+    contender: Contender,
+}
+
+/// What Slurm said about a job's time: its deadline (Slurm `--deadline`,
+/// else the end of its time limit; infinite when neither) and time limit.
+#[derive(Clone, Copy, Debug)]
+struct JobTimes {
+    deadline: f64,
+    time_limit_s: Option<u64>,
+}
+
 /// Removes a job from [`Daemon::waiting`] when its allocate returns, by
-/// whichever path.
+/// whichever path, and wakes the GPU's other waiters: the placement rule
+/// may have been keeping one of them for this job.
 struct WaitingGuard<'a> {
     daemon: &'a Daemon,
+    slot: &'a GpuSlot,
     job_id: u64,
 }
 
@@ -270,6 +303,7 @@ impl Drop for WaitingGuard<'_> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&self.job_id);
+        self.slot.released.notify_waiters();
     }
 }
 
@@ -461,13 +495,16 @@ impl Daemon {
                         last: unix_now_f64(),
                         joules: 0.0,
                     },
+                    promised: None,
                 }),
                 released: Notify::new(),
             });
         }
         let models: Vec<GpuModel> = slots.iter().map(|s| s.model).collect();
         let policy = build_policy(&config.policy, &models).map_err(StartError::Policy)?;
-        let live = Live::new(config, policy);
+        let placement =
+            PlacementRule::build(&config.placement, &models).map_err(StartError::Placement)?;
+        let live = Live::new(config, policy, placement);
         let (config, slurm) = (live.config.clone(), live.slurm.clone());
         let node = config.node_name.clone().unwrap_or_else(|| {
             nix::unistd::gethostname()
@@ -530,6 +567,7 @@ impl Daemon {
             queue_read: std::sync::Mutex::new(None),
             releases: std::sync::Mutex::new(ReleaseCounts::default()),
             waiting: std::sync::Mutex::new(HashMap::new()),
+            job_times: std::sync::Mutex::new(HashMap::new()),
             connections: std::sync::Mutex::new(Connections::default()),
             plugin_oom_requeue: std::sync::Mutex::new(None),
         };
@@ -812,57 +850,59 @@ impl Daemon {
             slices: req.slices,
             memory_gb,
         };
+        let mut me = Contender {
+            job_id: req.job_id,
+            need,
+            exact,
+            arrival: unix_now_f64() - start.elapsed().as_secs_f64(),
+            deadline: f64::INFINITY,
+            time_limit_s: None,
+        };
         let wait = Duration::from_secs(cfg.allocate_wait_s);
         let deadline = tokio::time::Instant::from_std(start + wait);
         let mut shutdown = self.shutdown.subscribe();
         let mut _waiting: Option<WaitingGuard<'_>> = None;
+        let placement = self.live().placement.clone();
         loop {
+            // Re-read each round: a queue read while waiting may have
+            // brought the job's deadline.
+            let times = self.job_times(&req);
+            (me.deadline, me.time_limit_s) = (times.deadline, times.time_limit_s);
+            if let Some(w) = self
+                .waiting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get_mut(&req.job_id)
+            {
+                w.contender = me.clone();
+            }
             let mut st = slot.state.lock().await;
             if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
                 return Ok(r);
             }
-            match st.book.plan(need) {
+            let planned = st.book.plan(need);
+            let mut contenders = self.contenders(req.gpu, req.job_id);
+            // Who goes first among this allocate and those waiting on the
+            // same GPU (`placement`); only asked when this one could go.
+            let turn = match &planned {
+                Ok(_) => self.next_turn(&placement, &mut st, &mut contenders, &me),
+                Err(_) => {
+                    if st.promised.as_ref().is_some_and(|t| t.job_id == req.job_id) {
+                        // Promised room that is gone (a re-shape took it):
+                        // let the others decide again.
+                        st.promised = None;
+                        slot.released.notify_waiters();
+                    }
+                    None
+                }
+            };
+            let mine = turn.as_ref().is_none_or(|t| t.job_id == req.job_id);
+            match planned {
                 Err(Refusal::Select(e)) => {
                     return Err(ErrorBody::new(
                         ErrorKind::InvalidRequest,
                         format!("GPU {}: {e}", req.gpu),
                     ))
-                }
-                Err(Refusal::NoFit { reason, .. }) => {
-                    if tokio::time::Instant::now() >= deadline {
-                        drop(st);
-                        return Err(
-                            self.no_fit(&req, format!("{reason}; waited {} s", wait.as_secs()))
-                        );
-                    }
-                    let notified = slot.released.notified();
-                    tokio::pin!(notified);
-                    notified.as_mut().enable();
-                    drop(st);
-                    if _waiting.is_none() {
-                        self.waiting
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .insert(req.job_id, (req.gpu, req.slices, start, req.uid));
-                        _waiting = Some(WaitingGuard {
-                            daemon: self,
-                            job_id: req.job_id,
-                        });
-                    }
-                    // The holders may have ended without a release (no
-                    // epilog): ask Slurm now rather than at the next epoch.
-                    if self.queue_is_stale() {
-                        if let Some(q) = self.read_queue().await {
-                            let _ = self.reap_ended_jobs(&q.0, q.1).await;
-                            continue;
-                        }
-                    }
-                    tokio::select! {
-                        _ = tokio::time::timeout_at(deadline, notified) => {}
-                        _ = shutdown.changed() => {
-                            return Err(ErrorBody::new(ErrorKind::ShuttingDown, "smartmigd is shutting down"));
-                        }
-                    }
                 }
                 Ok((profile, _)) if exact.is_some_and(|p| p != profile) => {
                     // Only an out-of-memory restart asks for more than the
@@ -877,7 +917,12 @@ impl Daemon {
                         ),
                     ));
                 }
-                Ok((profile, plan)) => {
+                Ok((profile, plan)) if mine => {
+                    let (profile, plan) = match turn {
+                        Some(t) => (t.profile, t.plan),
+                        None => (profile, plan),
+                    };
+                    st.promised = None;
                     let waited_ms = start.elapsed().as_millis() as u64;
                     let reply = self.execute(slot, &mut st, &req, profile, plan, waited_ms);
                     if reply.is_ok() {
@@ -885,8 +930,145 @@ impl Daemon {
                     }
                     return reply;
                 }
+                not_now => {
+                    let reason = match not_now {
+                        Err(Refusal::NoFit { reason, .. }) => reason,
+                        _ => format!(
+                            "GPU {}: jobs that go first under placement `{}` take the room",
+                            req.gpu,
+                            self.placement_name()
+                        ),
+                    };
+                    if tokio::time::Instant::now() >= deadline {
+                        drop(st);
+                        return Err(
+                            self.no_fit(&req, format!("{reason}; waited {} s", wait.as_secs()))
+                        );
+                    }
+                    // The job whose turn it is may be asleep: wake it
+                    // before this allocate starts listening (it would wake
+                    // itself otherwise). The GPU's lock is still held, so
+                    // nothing can change before we listen.
+                    if !mine {
+                        slot.released.notify_waiters();
+                    }
+                    let notified = slot.released.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    drop(st);
+                    if _waiting.is_none() {
+                        self.waiting
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(
+                                req.job_id,
+                                Waiter {
+                                    gpu: req.gpu,
+                                    since: start,
+                                    uid: req.uid,
+                                    contender: me.clone(),
+                                },
+                            );
+                        _waiting = Some(WaitingGuard {
+                            daemon: self,
+                            slot,
+                            job_id: req.job_id,
+                        });
+                    }
+                    // The holders may have ended without a release (no
+                    // epilog): ask Slurm now rather than at the next epoch.
+                    if mine && self.queue_is_stale() {
+                        if let Some(q) = self.read_queue().await {
+                            let _ = self.reap_ended_jobs(&q.0, q.1).await;
+                            continue;
+                        }
+                    }
+                    tokio::select! {
+                        _ = tokio::time::timeout_at(deadline, notified) => {}
+                        _ = shutdown.changed() => {
+                            return Err(ErrorBody::new(ErrorKind::ShuttingDown, "smartmigd is shutting down"));
+                        }
+                    }
+                }
             }
         }
+    }
+
+    /// The turn on `st`'s GPU when `me` could be served now: the promise
+    /// still standing, else the placement rule's choice among `me` and
+    /// `others` (remembered when it is another job). `None`: `me`, with the
+    /// plan [`GpuBook::plan`] gave (no one else waits, and the rule would
+    /// not choose a profile).
+    fn next_turn(
+        &self,
+        placement: &std::sync::Mutex<PlacementRule>,
+        st: &mut GpuState,
+        others: &mut Vec<Contender>,
+        me: &Contender,
+    ) -> Option<Turn> {
+        if let Some(t) = &st.promised {
+            if t.job_id != me.job_id && others.iter().any(|c| c.job_id == t.job_id) {
+                return Some(t.clone());
+            }
+            if t.job_id == me.job_id {
+                let want = me.need.memory_gb.unwrap_or(0.0);
+                if let Ok(plan) = st.book.plan_profile(t.profile, want) {
+                    return Some(Turn { plan, ..t.clone() });
+                }
+            }
+            st.promised = None;
+        }
+        let mut rule = placement
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if others.is_empty() && !matches!(*rule, PlacementRule::Learned { .. }) {
+            return None;
+        }
+        others.push(me.clone());
+        let turn = rule.next_turn(&st.book, others, unix_now_f64())?;
+        if turn.job_id != me.job_id {
+            st.promised = Some(turn.clone());
+        }
+        Some(turn)
+    }
+
+    /// The other allocates waiting on `gpu`, as the placement rule sees them.
+    fn contenders(&self, gpu: u32, except: u64) -> Vec<Contender> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(&job, w)| w.gpu == gpu && job != except)
+            .map(|(_, w)| w.contender.clone())
+            .collect()
+    }
+
+    /// A job's deadline and time limit: from the request when the client
+    /// sent them, else from the last `squeue` read (Slurm's `--deadline`,
+    /// else the end of the time limit of a running job).
+    fn job_times(&self, req: &AllocateRequest) -> JobTimes {
+        let known = self
+            .job_times
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&req.job_id)
+            .copied();
+        JobTimes {
+            deadline: req
+                .deadline
+                .map(|d| d as f64)
+                .or(known.map(|k| k.deadline))
+                .unwrap_or(f64::INFINITY),
+            time_limit_s: req.time_limit_s.or(known.and_then(|k| k.time_limit_s)),
+        }
+    }
+
+    fn placement_name(&self) -> String {
+        self.live()
+            .placement
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .name()
     }
 
     /// Runs a plan against the backend, records it in the book and the
@@ -1260,12 +1442,12 @@ impl Daemon {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .map(|(&job_id, &(gpu, slices, since, uid))| WaitingJob {
+            .map(|(&job_id, w)| WaitingJob {
                 job_id,
-                gpu,
-                slices,
-                waiting_s: since.elapsed().as_secs(),
-                uid: Some(uid),
+                gpu: w.gpu,
+                slices: w.contender.need.slices,
+                waiting_s: w.since.elapsed().as_secs(),
+                uid: Some(w.uid),
             })
             .collect();
         waiting.sort_by(|a, b| b.waiting_s.cmp(&a.waiting_s).then(a.job_id.cmp(&b.job_id)));
@@ -1274,6 +1456,7 @@ impl Daemon {
             version: env!("CARGO_PKG_VERSION").into(),
             backend: self.backend.name().into(),
             policy: self.policy_name(),
+            placement: Some(self.placement_name()),
             uptime_s: self.started.elapsed().as_secs(),
             gpus,
             memory: Some(memory),

@@ -230,7 +230,10 @@ impl Daemon {
         let t0 = unix_now();
         let slurm = self.slurm();
         match tokio::task::spawn_blocking(move || slurm.queue()).await {
-            Ok(Ok(q)) => Some((q, t0)),
+            Ok(Ok(q)) => {
+                self.remember_job_times(&q);
+                Some((q, t0))
+            }
             Ok(Err(e)) => {
                 tracing::warn!("cannot read the Slurm queue ({e}); no instance released, no pending demand this epoch");
                 None
@@ -240,6 +243,31 @@ impl Daemon {
                 None
             }
         }
+    }
+
+    /// Keeps each listed job's deadline and time limit for the placement
+    /// rule: Slurm's `--deadline`, else the end of a running job's time
+    /// limit.
+    fn remember_job_times(&self, q: &QueueSnapshot) {
+        let times = q
+            .jobs
+            .iter()
+            .map(|j| {
+                let end = (j.end_time > 0 && j.time_limit_s.is_some()).then_some(j.end_time);
+                let deadline = j.deadline.or(end).map_or(f64::INFINITY, |d| d as f64);
+                (
+                    j.job_id,
+                    JobTimes {
+                        deadline,
+                        time_limit_s: j.time_limit_s,
+                    },
+                )
+            })
+            .collect();
+        *self
+            .job_times
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = times;
     }
 
     pub(super) fn release_counts_mut(&self, f: impl FnOnce(&mut ReleaseCounts)) {

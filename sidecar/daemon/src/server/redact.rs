@@ -59,6 +59,7 @@ mod tests {
             version: "v".into(),
             backend: "sim".into(),
             policy: "none".into(),
+            placement: None,
             uptime_s: 1,
             gpus: vec![GpuStatus {
                 index: 0,

@@ -22,6 +22,13 @@ impl Daemon {
                 return;
             }
         };
+        let placement = match PlacementRule::build(&new.placement, &models) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("SIGHUP: placement rejected, keeping the old config: {e}");
+                return;
+            }
+        };
         // Keep the restart-only keys as they are.
         let (merged, restart) = old.reloaded(&new);
         if !restart.is_empty() {
@@ -37,7 +44,7 @@ impl Daemon {
             tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
         }
         // One swap: readers see the old snapshot or the new one, never a mix.
-        let snapshot = Arc::new(Live::new(merged, policy));
+        let snapshot = Arc::new(Live::new(merged, policy, placement));
         match self.live.write() {
             Ok(mut l) => *l = snapshot,
             Err(p) => *p.into_inner() = snapshot,

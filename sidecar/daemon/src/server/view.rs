@@ -20,15 +20,6 @@ pub(super) fn expected_end(a: &Assignment, queued: Option<&crate::slurm::QueuedJ
     a.since as f64 + limit
 }
 
-/// A pending job's work in whole-GPU seconds, estimated as the sacct
-/// reader does: its time limit on K slices, scaled by the default
-/// speed-up of K slices. Unlimited jobs count one hour (Slurm sites
-/// without time limits give the policy nothing better).
-pub(super) fn pending_work(time_limit_s: Option<u64>, shards: u8, speedup: &SpeedupCurve) -> f64 {
-    let limit = time_limit_s.map_or(3600.0, |t| t as f64);
-    limit * speedup.speed(shards, 7)
-}
-
 impl Daemon {
     /// Moves `slot` towards `target`, destroying idle instances only. A
     /// target that would destroy a busy instance is refused (and logged).
@@ -162,7 +153,7 @@ impl Daemon {
                         now
                     },
                     deadline: p.deadline.map_or(f64::INFINITY, |d| d as f64),
-                    work: pending_work(p.time_limit_s, p.shards, &speedup),
+                    work: crate::placement::pending_work(p.time_limit_s, p.shards, &speedup),
                     memory_gb: 0.0,
                     min_compute: p.shards,
                     speedup,
@@ -275,16 +266,5 @@ mod tests {
             ..a
         };
         assert_eq!(expected_end(&own, None), 160.0);
-    }
-
-    /// A pending job's work is its time limit scaled to a whole GPU; no
-    /// limit counts an hour. Before, pending jobs had zero work.
-    #[test]
-    fn pending_work_comes_from_the_time_limit() {
-        let s = SpeedupCurve::default();
-        assert_eq!(pending_work(Some(600), 7, &s), 600.0);
-        let three = pending_work(Some(600), 3, &s);
-        assert!(three > 0.0 && three < 600.0, "{three}");
-        assert_eq!(pending_work(None, 7, &s), 3600.0);
     }
 }
