@@ -290,6 +290,10 @@ pub struct WaitingJob {
     /// The job's user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
+    /// The deadline the `placement` rule orders it by (unix s): Slurm's
+    /// `--deadline`, else the end of its time limit; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<i64>,
 }
 
 /// The `memory` section of a status reply.

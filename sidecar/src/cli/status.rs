@@ -266,6 +266,7 @@ mod tests {
                 slices: 2,
                 waiting_s: 12,
                 uid: Some(1000),
+                deadline: None,
             }],
         };
         let t = render(&s);

@@ -277,6 +277,9 @@ struct Waiter {
     since: Instant,
     uid: u32,
     contender: Contender,
+    /// The deadline and time limit the request carried (the plugin sends
+    /// none: Slurm's come from the queue reads).
+    asked: (Option<i64>, Option<u64>),
 }
 
 /// What Slurm said about a job's time: its deadline (Slurm `--deadline`,
@@ -866,16 +869,8 @@ impl Daemon {
         loop {
             // Re-read each round: a queue read while waiting may have
             // brought the job's deadline.
-            let times = self.job_times(&req);
+            let times = self.times_of(req.job_id, req.deadline, req.time_limit_s);
             (me.deadline, me.time_limit_s) = (times.deadline, times.time_limit_s);
-            if let Some(w) = self
-                .waiting
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get_mut(&req.job_id)
-            {
-                w.contender = me.clone();
-            }
             let mut st = slot.state.lock().await;
             if let Some(r) = Self::existing_reply(&st.book, req.job_id) {
                 return Ok(r);
@@ -967,6 +962,7 @@ impl Daemon {
                                     since: start,
                                     uid: req.uid,
                                     contender: me.clone(),
+                                    asked: (req.deadline, req.time_limit_s),
                                 },
                             );
                         _waiting = Some(WaitingGuard {
@@ -1039,27 +1035,38 @@ impl Daemon {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .filter(|(&job, w)| w.gpu == gpu && job != except)
-            .map(|(_, w)| w.contender.clone())
+            .map(|(_, w)| self.contender_now(w))
             .collect()
     }
 
-    /// A job's deadline and time limit: from the request when the client
-    /// sent them, else from the last `squeue` read (Slurm's `--deadline`,
-    /// else the end of the time limit of a running job).
-    fn job_times(&self, req: &AllocateRequest) -> JobTimes {
+    /// A job's deadline and time limit: as the client sent them, else from
+    /// the last `squeue` read (Slurm's `--deadline`, else the end of the
+    /// time limit of a running job).
+    fn times_of(&self, job_id: u64, deadline: Option<i64>, time_limit_s: Option<u64>) -> JobTimes {
         let known = self
             .job_times
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&req.job_id)
+            .get(&job_id)
             .copied();
         JobTimes {
-            deadline: req
-                .deadline
+            deadline: deadline
                 .map(|d| d as f64)
                 .or(known.map(|k| k.deadline))
                 .unwrap_or(f64::INFINITY),
-            time_limit_s: req.time_limit_s.or(known.and_then(|k| k.time_limit_s)),
+            time_limit_s: time_limit_s.or(known.and_then(|k| k.time_limit_s)),
+        }
+    }
+
+    /// A waiting allocate as the placement rule sees it now: its times as
+    /// the last queue read knows them (it may have come after it started
+    /// waiting).
+    fn contender_now(&self, w: &Waiter) -> Contender {
+        let t = self.times_of(w.contender.job_id, w.asked.0, w.asked.1);
+        Contender {
+            deadline: t.deadline,
+            time_limit_s: t.time_limit_s,
+            ..w.contender.clone()
         }
     }
 
@@ -1448,6 +1455,10 @@ impl Daemon {
                 slices: w.contender.need.slices,
                 waiting_s: w.since.elapsed().as_secs(),
                 uid: Some(w.uid),
+                deadline: {
+                    let d = self.contender_now(w).deadline;
+                    d.is_finite().then_some(d as i64)
+                },
             })
             .collect();
         waiting.sort_by(|a, b| b.waiting_s.cmp(&a.waiting_s).then(a.job_id.cmp(&b.job_id)));

@@ -85,6 +85,7 @@ mod tests {
                     slices: 1,
                     waiting_s: 2,
                     uid: Some(1001),
+                    deadline: None,
                 },
                 WaitingJob {
                     job_id: 8,
@@ -92,6 +93,7 @@ mod tests {
                     slices: 1,
                     waiting_s: 2,
                     uid: Some(1002),
+                    deadline: None,
                 },
             ],
         };
