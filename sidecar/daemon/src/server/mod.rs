@@ -1702,7 +1702,7 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
         });
     }
     tracing::info!(socket = %socket.display(), admin_socket = %admin_socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
-        policy = %daemon.policy_name(), "smartmigd ready");
+        policy = %daemon.policy_name(), placement = %daemon.placement_name(), "smartmigd ready");
     if daemon.config().slurm.enabled {
         if let Some(info) = daemon.read_node().await {
             daemon.resume_if_drained_by_us(&info).await;
