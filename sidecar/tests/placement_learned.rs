@@ -334,7 +334,7 @@ fn bench_placement_writes_its_report() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("learned placement vs the best heuristic"),
+        stdout.contains("learned placement vs the opponent"),
         "{stdout}"
     );
     let v: serde_json::Value =
@@ -362,6 +362,21 @@ fn bench_placement_writes_its_report() {
             min,
             "the best heuristic has the fewest late jobs"
         );
+        // The opponent is the heuristic with the fewest late jobs on the
+        // training days, which it lists.
+        let training = b["training_late"].as_array().expect("training_late");
+        assert_eq!(training.len(), 7, "{b}");
+        let fewest = training
+            .iter()
+            .filter_map(|t| t[1].as_u64())
+            .min()
+            .expect("training late jobs");
+        let opponent = b["opponent"].as_str().expect("opponent");
+        let opp_training = training
+            .iter()
+            .find(|t| t[0] == opponent)
+            .and_then(|t| t[1].as_u64());
+        assert_eq!(opp_training, Some(fewest), "{b}");
     }
     let gates = v["gates"].as_array().expect("gates");
     assert_eq!(gates.len(), blocks.len());
