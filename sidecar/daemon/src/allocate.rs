@@ -197,19 +197,17 @@ impl GpuBook {
     }
 
     /// A sentence a user can act on: what blocks the profile on this GPU.
+    /// It goes to the job's user, so it names the busy instances but not
+    /// the jobs holding them (other users' job ids stay private, as with
+    /// Slurm's `PrivateData=jobs`); [`GpuBook::holders`] gives those to the
+    /// daemon's log.
     pub fn no_fit_reason(&self, profile: &ProfileSpec) -> String {
         let g = self.geometry;
         let busy: Vec<String> = self
             .instances
             .iter()
-            .filter_map(|i| {
-                let job = i.job.as_ref()?;
-                Some(format!(
-                    "{} (job {})",
-                    g.placement(i.placement).describe(),
-                    job.job_id
-                ))
-            })
+            .filter(|i| i.job.is_some())
+            .map(|i| g.placement(i.placement).describe().to_string())
             .collect();
         format!(
             "no {} slice can be made on GPU {}: busy instances {}",
@@ -221,6 +219,14 @@ impl GpuBook {
                 busy.join(", ")
             }
         )
+    }
+
+    /// The jobs holding instances here, for the daemon's log.
+    pub fn holders(&self) -> Vec<u64> {
+        self.instances
+            .iter()
+            .filter_map(|i| i.job.as_ref().map(|a| a.job_id))
+            .collect()
     }
 
     /// Records a new instance (after the backend created it).
@@ -386,10 +392,15 @@ mod tests {
             panic!()
         };
         assert!(
-            reason
-                .starts_with("no 1g.5gb slice can be made on GPU 1: busy instances 1g.5gb@0 (job"),
+            reason.starts_with(
+                "no 1g.5gb slice can be made on GPU 1: busy instances 1g.5gb@0, 1g.5gb@1"
+            ),
             "{reason}"
         );
+        assert!(!reason.contains("job"), "{reason}");
+        let mut holders = b.holders();
+        holders.sort_unstable();
+        assert_eq!(holders, (1..=7).collect::<Vec<u64>>());
     }
 
     #[test]

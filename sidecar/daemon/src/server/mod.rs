@@ -935,10 +935,13 @@ impl Daemon {
                         ),
                     };
                     if tokio::time::Instant::now() >= deadline {
+                        let holders = st.book.holders();
                         drop(st);
-                        return Err(
-                            self.no_fit(&req, format!("{reason}; waited {} s", wait.as_secs()))
-                        );
+                        return Err(self.no_fit(
+                            &req,
+                            format!("{reason}; waited {} s", wait.as_secs()),
+                            &holders,
+                        ));
                     }
                     // The job whose turn it is may be asleep: wake it
                     // before this allocate starts listening (it would wake
@@ -1377,8 +1380,10 @@ impl Daemon {
     /// A job that found no room in time: logged and counted; the plugin
     /// requeues a batch job (it knows its array task id) instead of
     /// failing it.
-    fn no_fit(&self, req: &AllocateRequest, reason: String) -> ErrorBody {
-        tracing::warn!(job = req.job_id, gpu = req.gpu, "{reason}");
+    /// The refusal the job's user sees, and the log line the admin sees,
+    /// which also names the jobs holding the GPU's instances.
+    fn no_fit(&self, req: &AllocateRequest, reason: String, holders: &[u64]) -> ErrorBody {
+        tracing::warn!(job = req.job_id, gpu = req.gpu, held_by = ?holders, "{reason}");
         ErrorBody::new(ErrorKind::NoFit, reason)
     }
 
