@@ -161,6 +161,18 @@ pub const FINAL_JOB_STATES: &[&str] = &[
     "PREEMPTED",
 ];
 
+/// Polls `f` every 200 ms until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
 impl SlurmCluster {
     /// Starts a cluster; panics with the script's output (which includes the
     /// daemons' log tails) when it does not come up.
@@ -255,6 +267,37 @@ impl SlurmCluster {
         let id = text.trim().split(';').next().unwrap_or("");
         id.parse()
             .unwrap_or_else(|_| panic!("sbatch printed no job id: {}", describe(&out)))
+    }
+
+    /// Submits `sbatch --parsable ARGS --wrap BODY` as root, the job's
+    /// output going to `DIR/jobs-<id>.out`.
+    pub fn sbatch_wrap(&self, args: &[&str], body: &str) -> u32 {
+        let out = self.dir.join("jobs-%j.out");
+        let out = out.to_str().expect("utf-8 path");
+        let mut all = vec!["-o", out];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--wrap", body]);
+        self.sbatch(&all)
+    }
+
+    /// Waits for `job` to end and fails the test, with its records,
+    /// smartmigd's log and the daemons' log tails, unless it COMPLETED.
+    pub fn assert_completed(&self, job: u32, timeout: Duration) {
+        let state = self.wait_job(job, timeout);
+        assert_eq!(
+            state,
+            "COMPLETED",
+            "job {job}: {:#?}\n{}\n{}",
+            self.job_records(job),
+            self.smartmigd_log(),
+            self.log_tails()
+        );
+    }
+
+    /// smartmigd's log as [`Sidecar::start_on`] writes it in this cluster's
+    /// directory (empty when there is none yet).
+    pub fn smartmigd_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log/smartmigd.log")).unwrap_or_default()
     }
 
     /// Runs `sbatch --parsable ARGS` and returns its output whatever the

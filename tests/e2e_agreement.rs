@@ -17,10 +17,10 @@
 //! Needs root and a release build of the workspace (`scripts/test`).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use smartmig_suite::{plugstack_line, Sidecar, SlurmCluster, FINAL_JOB_STATES};
+use smartmig_suite::{plugstack_line, wait_until, Sidecar, SlurmCluster, FINAL_JOB_STATES};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -36,28 +36,6 @@ fn cluster(plugin_extra: &str) -> SlurmCluster {
     })
 }
 
-/// Submits `sbatch --parsable ARGS --wrap BODY` as root into the cluster dir.
-fn submit(cluster: &SlurmCluster, args: &[&str], body: &str) -> u32 {
-    let out = cluster.dir().join("jobs-%j.out");
-    let out = out.to_str().expect("utf-8 path");
-    let mut all = vec!["-o", out];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--wrap", body]);
-    cluster.sbatch(&all)
-}
-
-/// Polls `f` every 200 ms until it returns true or `timeout` passes.
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
-}
-
 /// Fills the node: a whole-GPU job on one GPU, two 3-shard jobs (3g
 /// instances, the two memory halves) on the other, each running until the
 /// test creates `go/<its job id>`. Returns their ids once all three hold
@@ -68,7 +46,7 @@ fn fill_with_held_jobs(cluster: &SlurmCluster, sidecar: &Sidecar, go: &Path) -> 
         "for i in $(seq 900); do [ -e {}/$SLURM_JOB_ID ] && break; sleep 0.1; done",
         go.display()
     );
-    let jobs = [7, 3, 3].map(|k| submit(cluster, &[&format!("--gres=shard:{k}")], &held));
+    let jobs = [7, 3, 3].map(|k| cluster.sbatch_wrap(&[&format!("--gres=shard:{k}")], &held));
     assert!(
         wait_until(Duration::from_secs(60), || busy(&sidecar.status()).len()
             == 3),
@@ -85,10 +63,6 @@ fn busy(status: &Value) -> Vec<Value> {
         .into_iter()
         .filter(|i| i.get("job_id").is_some_and(|j| !j.is_null()))
         .collect()
-}
-
-fn smartmigd_log(cluster: &SlurmCluster) -> String {
-    std::fs::read_to_string(cluster.dir().join("log/smartmigd.log")).unwrap_or_default()
 }
 
 /// 200 held jobs make `squeue --json` about 650 KB, ten times the pipe
@@ -135,8 +109,8 @@ fn big_queue_and_no_epilog_still_free_instances() {
     // Two whole-GPU jobs in a row on the same GPUs: the second needs the
     // first one's instances back, which only the reaper can give.
     for round in 0..2 {
-        let a = submit(&cluster, &["--gres=shard:7"], "sleep 1");
-        let b = submit(&cluster, &["--gres=shard:7"], "sleep 1");
+        let a = cluster.sbatch_wrap(&["--gres=shard:7"], "sleep 1");
+        let b = cluster.sbatch_wrap(&["--gres=shard:7"], "sleep 1");
         for job in [a, b] {
             let state = cluster.wait_job(job, TIMEOUT);
             assert_eq!(
@@ -153,10 +127,10 @@ fn big_queue_and_no_epilog_still_free_instances() {
                 .is_empty()),
             "round {round}: the reaper did not free the ended jobs' instances: {:#}\n{}",
             sidecar.status(),
-            smartmigd_log(&cluster)
+            cluster.smartmigd_log()
         );
     }
-    let log = smartmigd_log(&cluster);
+    let log = cluster.smartmigd_log();
     assert!(
         !log.contains("took more than"),
         "a Slurm query timed out:\n{log}"
@@ -177,7 +151,7 @@ fn big_queue_and_no_epilog_still_free_instances() {
 #[test]
 fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     let cluster = cluster("sidecar_wait=1");
-    let array = submit(&cluster, &["--array=1-10", "--gres=shard:2"], "sleep 1");
+    let array = cluster.sbatch_wrap(&["--array=1-10", "--gres=shard:2"], "sleep 1");
     assert!(
         wait_until(Duration::from_secs(60), || cluster.node_state()
             == "drained"
@@ -207,7 +181,7 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     assert!(
         done,
         "array not finished: {last:#?}\n{}\n{}",
-        smartmigd_log(&cluster),
+        cluster.smartmigd_log(),
         cluster.log_tails()
     );
     let failed: Vec<_> = last
@@ -220,9 +194,9 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     );
     assert_eq!(cluster.node_state(), "idle");
     assert!(
-        smartmigd_log(&cluster).contains("node resumed"),
+        cluster.smartmigd_log().contains("node resumed"),
         "{}",
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
     // The same per-epoch sinfo read publishes each GPU's layout.
     let features = cluster
@@ -234,7 +208,7 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     assert!(
         features.contains("smartmig_gpu0_") && features.contains("smartmig_gpu1_"),
         "layout not published as node features: {features:?}\n{}",
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
     drop(sidecar);
 }
@@ -249,7 +223,7 @@ fn shard_slurm_sees_but_mig_cannot_build_is_requeued_not_failed() {
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 2");
     let go = cluster.dir().join("go");
     let [whole, a, b] = fill_with_held_jobs(&cluster, &sidecar, &go);
-    let small = submit(&cluster, &["--gres=shard:1"], "echo small ran");
+    let small = cluster.sbatch_wrap(&["--gres=shard:1"], "echo small ran");
     // It starts, finds no room, and is requeued (Restarts=1, back to pending).
     assert!(
         wait_until(Duration::from_secs(60), || {
@@ -261,22 +235,14 @@ fn shard_slurm_sees_but_mig_cannot_build_is_requeued_not_failed() {
         }),
         "the 1-shard job was not requeued: {:#?}\n{}",
         cluster.job_records(small),
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
     assert_ne!(cluster.job_state(small).as_deref(), Some("FAILED"));
     for job in [whole, a, b] {
         std::fs::write(go.join(job.to_string()), b"").expect("write go");
     }
     for job in [whole, a, b, small] {
-        let state = cluster.wait_job(job, TIMEOUT);
-        assert_eq!(
-            state,
-            "COMPLETED",
-            "job {job}: {:#?}\n{}\n{}",
-            cluster.job_records(job),
-            smartmigd_log(&cluster),
-            cluster.log_tails()
-        );
+        cluster.assert_completed(job, TIMEOUT);
     }
     let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{small}.out")))
         .unwrap_or_default();
@@ -339,7 +305,7 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
     let mut sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 60");
     let go = cluster.dir().join("go");
     let [whole, a, b] = fill_with_held_jobs(&cluster, &sidecar, &go);
-    let small = submit(&cluster, &["--gres=shard:1"], "echo small ran");
+    let small = cluster.sbatch_wrap(&["--gres=shard:1"], "echo small ran");
     let listed = |s: &Value| {
         s["waiting"]
             .as_array()
@@ -364,7 +330,7 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
         "COMPLETED",
         "{:#?}\n{}",
         cluster.job_records(small),
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
     let restarts = cluster
         .job_records(small)

@@ -11,33 +11,12 @@
 //! Needs root and a release build of the workspace (`scripts/test`).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use smartmig_suite::{plugstack_line, Sidecar, SlurmCluster};
+use smartmig_suite::{plugstack_line, wait_until, Sidecar, SlurmCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-fn submit(cluster: &SlurmCluster, args: &[&str], body: &str) -> u32 {
-    let out = cluster.dir().join("jobs-%j.out");
-    let out = out.to_str().expect("utf-8 path");
-    let mut all = vec!["-o", out];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--wrap", body]);
-    cluster.sbatch(&all)
-}
-
-/// Polls `f` every 200 ms until it returns true or `timeout` passes.
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
-}
 
 /// A job body that runs until the test creates `go/<job id>`.
 fn held(go: &Path) -> String {
@@ -76,10 +55,6 @@ fn waiting(status: &Value) -> Vec<(u64, Option<i64>)> {
         .unwrap_or_default()
 }
 
-fn smartmigd_log(cluster: &SlurmCluster) -> String {
-    std::fs::read_to_string(cluster.dir().join("log/smartmigd.log")).unwrap_or_default()
-}
-
 #[test]
 fn edf_gives_freed_room_to_the_earlier_deadline() {
     std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
@@ -87,17 +62,17 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, ""))
             .expect("write plugstack");
     });
-    // The plugin's request timeout (60 s) stays above the wait.
+    // The harness's plugin request timeout (40 s) stays above the wait.
     let sidecar = Sidecar::start_with_slurm(
         cluster.dir(),
-        "epoch_s = 1\nallocate_wait_s = 50\nplacement = \"edf\"",
+        "epoch_s = 1\nallocate_wait_s = 30\nplacement = \"edf\"",
     );
     assert_eq!(sidecar.status()["placement"], "edf");
     let go = cluster.dir().join("go");
     std::fs::create_dir_all(&go).expect("mkdir go");
     let body = held(&go);
     // GPU 1 full, so every other job lands on GPU 0.
-    let whole = submit(&cluster, &["--gres=shard:7"], &body);
+    let whole = cluster.sbatch_wrap(&["--gres=shard:7"], &body);
     assert!(
         wait_until(Duration::from_secs(60), || holders(&sidecar.status()).len()
             == 1),
@@ -106,17 +81,16 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
         cluster.log_tails()
     );
     let small = ["--gres=shard:1", "--mig-mem=8", "-t", "10"];
-    let four: Vec<u32> = (0..4).map(|_| submit(&cluster, &small, &body)).collect();
+    let four: Vec<u32> = (0..4).map(|_| cluster.sbatch_wrap(&small, &body)).collect();
     assert!(
         wait_until(Duration::from_secs(60), || holders(&sidecar.status()).len()
             == 5),
         "four 1g.10gb expected: {:#}\n{}",
         sidecar.status(),
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
     // Started first, deadline in three hours; then one in one hour.
-    let late = submit(
-        &cluster,
+    let late = cluster.sbatch_wrap(
         &[&small[..], &["--deadline=now+3hours"]].concat(),
         &format!("echo late ran; {body}"),
     );
@@ -125,10 +99,9 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
             == 1),
         "the late job does not wait: {:#}\n{}",
         sidecar.status(),
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
-    let soon = submit(
-        &cluster,
+    let soon = cluster.sbatch_wrap(
         &[&small[..], &["--deadline=now+1hour"]].concat(),
         &format!("echo soon ran; {body}"),
     );
@@ -140,7 +113,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
         }),
         "both should wait with their deadlines: {:#}\n{}",
         sidecar.status(),
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
     let w = waiting(&sidecar.status());
     let deadline = |job: u32| {
@@ -156,7 +129,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
             .contains(&u64::from(soon))),
         "job {soon} (earlier deadline) did not get the freed slice: {:#}\n{}",
         sidecar.status(),
-        smartmigd_log(&cluster)
+        cluster.smartmigd_log()
     );
     let s = sidecar.status();
     assert!(!holders(&s).contains(&u64::from(late)), "{s:#}");
@@ -169,15 +142,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
         release(&go, job);
     }
     for job in four.iter().copied().chain([whole, late, soon]) {
-        let state = cluster.wait_job(job, TIMEOUT);
-        assert_eq!(
-            state,
-            "COMPLETED",
-            "job {job}: {:#?}\n{}\n{}",
-            cluster.job_records(job),
-            smartmigd_log(&cluster),
-            cluster.log_tails()
-        );
+        cluster.assert_completed(job, TIMEOUT);
     }
     for (job, says) in [(late, "late ran"), (soon, "soon ran")] {
         let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{job}.out")))
