@@ -121,6 +121,17 @@ proptest! {
         prop_assert!((report.total_tardiness_s - m.total_tardiness_s).abs() <= 1e-9 * m.total_tardiness_s.max(1.0));
         prop_assert_eq!(report.jobs, m.completed);
         prop_assert_eq!(report.reconfigurations, m.reconfigurations);
+        // The kinds partition the reconfigurations, and the audit, reading
+        // them off the instances, finds what the simulator counted.
+        prop_assert_eq!(m.fusions + m.fissions + m.reshapes, m.reconfigurations);
+        prop_assert_eq!(
+            (report.kinds.fusions, report.kinds.fissions, report.kinds.reshapes),
+            (m.fusions, m.fissions, m.reshapes)
+        );
+        prop_assert_eq!(
+            (report.kinds.jobs_served_by_fusion, report.kinds.jobs_served_by_fission),
+            (m.jobs_served_by_fusion, m.jobs_served_by_fission)
+        );
         prop_assert_eq!(m.completed + m.unserved + m.rejected, jobs.len() as u64);
 
         // Determinism: same inputs, byte-identical log.

@@ -219,6 +219,129 @@ fn reconfiguration_waits_for_idle_and_takes_four_seconds() {
     ));
 }
 
+/// 7g until t=20 asks for 3g+3g, until 30 for 4g+3g, then the whole GPU
+/// again: one fission, one reshape, one fusion.
+struct Phases {
+    halves: Layout,
+    four_three: Layout,
+    whole: Layout,
+}
+impl RepartitionPolicy for Phases {
+    fn name(&self) -> String {
+        "phases".into()
+    }
+    fn decide(&mut self, v: &ClusterView<'_>) -> Vec<Decision> {
+        let target = if v.now < 20.0 {
+            self.halves
+        } else if v.now < 30.0 {
+            self.four_three
+        } else {
+            self.whole
+        };
+        vec![Decision { gpu: 0, target }]
+    }
+}
+
+#[test]
+fn fusion_fission_and_reshape_are_named_counted_and_audited() {
+    use smartmig::sim::events::ReconfigKind;
+    let g = Geometry::of(A100);
+    let pic = |p: &str| {
+        g.layouts()
+            .iter()
+            .copied()
+            .find(|&l| g.picture(l) == p)
+            .unwrap()
+    };
+    let mut policy = Phases {
+        halves: pic("3333|3333"),
+        four_three: pic("4444|3333"),
+        whole: g.whole_gpu(),
+    };
+    let mut c = cfg();
+    c.epoch = EpochRule::Seconds(10.0);
+    // Ticks at 10, 20, 30 (reconfigurations ready 4 s later):
+    // t=10: 7g -> 3g@0 + 3g@4, fission. J0 (t=15) runs on a 3g: served by it.
+    // t=20: 3g@0 -> 4g@0 (3g@4 stays), reshape. J1 (t=25) takes the 3g@4
+    //       (best fit: 20 GB either way, fewer slices): still the fission's.
+    // t=30: 4g@0 + 3g@4 -> 7g, fusion. J2 (t=35) runs on it.
+    // Each job: work 0.3 s, at most 0.7 s on a 3g, so every GPU is idle at
+    // every tick.
+    let jobs = [
+        job(0, 15.0, 0.3, 100.0),
+        job(1, 25.0, 0.3, 100.0),
+        job(2, 35.0, 0.3, 100.0),
+    ];
+    let (m, recs) = run(1, &jobs, Heuristic::Edf, &mut policy, &c);
+    assert_eq!(m.rejected_decisions, 0);
+    assert_eq!((m.reconfigurations, m.completed), (3, 3));
+    assert_eq!((m.fusions, m.fissions, m.reshapes), (1, 1, 1));
+    assert_eq!((m.jobs_served_by_fusion, m.jobs_served_by_fission), (1, 2));
+    let kinds: Vec<(f64, Option<ReconfigKind>)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::Reconfig(r) => Some((r.time, r.kind)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (10.0, Some(ReconfigKind::Fission)),
+            (20.0, Some(ReconfigKind::Reshape)),
+            (30.0, Some(ReconfigKind::Fusion)),
+        ]
+    );
+    let p = placements(&recs);
+    assert_eq!(
+        p.iter().map(|x| x.2.as_str()).collect::<Vec<_>>(),
+        ["3g.20gb", "3g.20gb", "7g.40gb"]
+    );
+    // The audit recomputes the same kinds and served jobs...
+    let report = audit(&recs).unwrap();
+    assert_eq!(
+        (
+            report.kinds.fusions,
+            report.kinds.fissions,
+            report.kinds.reshapes,
+            report.kinds.jobs_served_by_fusion,
+            report.kinds.jobs_served_by_fission
+        ),
+        (1, 1, 1, 1, 2)
+    );
+    // ... and refuses a log that names a fission a fusion.
+    let mut forged = recs.clone();
+    for r in &mut forged {
+        if let Record::Reconfig(r) = r {
+            if r.kind == Some(ReconfigKind::Fission) {
+                r.kind = Some(ReconfigKind::Fusion);
+            }
+        }
+    }
+    let err = audit(&forged).unwrap_err().to_string();
+    assert!(
+        err.contains("logged as fusion but its instances make it a fission"),
+        "{err}"
+    );
+    // A log from before the kinds existed (no `kind`, no summary counts)
+    // still passes.
+    let mut old = recs.clone();
+    for r in &mut old {
+        match r {
+            Record::Reconfig(r) => r.kind = None,
+            Record::Summary(s) => s.kinds = None,
+            _ => {}
+        }
+    }
+    assert_eq!(audit(&old).unwrap().kinds, report.kinds);
+    // The JSON says `"kind":"fission"`, and a line without it still reads.
+    let line = serde_json::to_string(&recs[1]).unwrap();
+    assert!(line.contains("\"kind\":\"fission\""), "{line}");
+    let without = line.replace(",\"kind\":\"fission\"", "");
+    let back: Record = serde_json::from_str(&without).unwrap();
+    assert!(matches!(back, Record::Reconfig(r) if r.kind.is_none()));
+}
+
 #[test]
 fn jobs_that_fit_nowhere_are_reported_not_lost() {
     let mut big = job(0, 0.0, 10.0, 100.0);
@@ -253,6 +376,7 @@ fn audit_catches_a_busy_instance_destroyed() {
         created: vec![],
         duration: 4.0,
         ready: 9.0,
+        kind: None,
     });
     recs.insert(1, forged);
     recs.retain(|r| !matches!(r, Record::Summary(_)));

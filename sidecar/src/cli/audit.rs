@@ -26,10 +26,13 @@ pub fn run(a: &Args) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         println!(
-            "OK: {} jobs on {} GPUs, {} reconfigurations, {} unserved; energy {:.6} MJ over {:.1} s; mean tardiness {:.3} s ({} late)",
+            "OK: {} jobs on {} GPUs, {} reconfigurations ({} fusions, {} fissions, {} reshapes), {} unserved; energy {:.6} MJ over {:.1} s; mean tardiness {:.3} s ({} late)",
             r.jobs,
             r.gpus,
             r.reconfigurations,
+            r.kinds.fusions,
+            r.kinds.fissions,
+            r.kinds.reshapes,
             r.unserved,
             r.energy_j / 1e6,
             r.horizon_s,

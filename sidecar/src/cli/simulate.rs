@@ -400,7 +400,7 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
         r.seed,
         r.reconfig_time_s
     )?;
-    let rows: [Row; 13] = [
+    let rows: [Row; 15] = [
         ("jobs", Box::new(|m| m.jobs.to_string())),
         ("completed", Box::new(|m| m.completed.to_string())),
         (
@@ -427,6 +427,14 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
         (
             "reconfigurations",
             Box::new(|m| m.reconfigurations.to_string()),
+        ),
+        (
+            "  fusion/fission/resh.",
+            Box::new(|m| format!("{}/{}/{}", m.fusions, m.fissions, m.reshapes)),
+        ),
+        (
+            "  jobs served fus/fis",
+            Box::new(|m| format!("{}/{}", m.jobs_served_by_fusion, m.jobs_served_by_fission)),
         ),
         (
             "rejected decisions",

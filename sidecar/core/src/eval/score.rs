@@ -132,6 +132,15 @@ pub struct PolicyRow {
     pub jobs_per_hour: Option<f64>,
     pub makespan_s: Option<f64>,
     pub reconfigurations: Option<f64>,
+    /// Mean per test day of the reconfigurations by kind (fusion, fission,
+    /// reshape; `sim::reshape`): they sum to `reconfigurations`.
+    pub fusions: Option<f64>,
+    pub fissions: Option<f64>,
+    pub reshapes: Option<f64>,
+    /// Mean per test day of the jobs that completed on an instance a
+    /// fusion (fission) created: what each kind gained.
+    pub jobs_served_by_fusion: Option<f64>,
+    pub jobs_served_by_fission: Option<f64>,
     /// Jobs that never ran, summed over the test days.
     pub unserved: Option<u64>,
     /// The worst test day's `ET / ET(none) - 1` (both pooled-reference).
@@ -188,6 +197,11 @@ impl PolicyRow {
             jobs_per_hour: over(&|m| m.jobs_per_hour),
             makespan_s: over(&|m| m.makespan_s),
             reconfigurations: over(&|m| m.reconfigurations as f64),
+            fusions: over(&|m| m.fusions as f64),
+            fissions: over(&|m| m.fissions as f64),
+            reshapes: over(&|m| m.reshapes as f64),
+            jobs_served_by_fusion: over(&|m| m.jobs_served_by_fusion as f64),
+            jobs_served_by_fission: over(&|m| m.jobs_served_by_fission as f64),
             unserved: (ms.len() == days.len())
                 .then(|| ms.iter().map(|m| m.unserved + m.rejected).sum()),
             worst_day_vs_none: comparable

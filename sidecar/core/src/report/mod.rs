@@ -17,6 +17,7 @@
 //! | vs X | relative change of ET against baseline X: `ET / ET_X - 1` (negative = better) |
 //! | E/E_LB | energy over the energy lower bound ([`crate::bound`]) |
 //! | reconf. | reconfigurations applied |
+//! | fus/fis/resh | of which fusions, fissions, reshapes (`sim::reshape`) |
 
 pub mod plot;
 pub mod series;
@@ -137,7 +138,11 @@ impl Comparison {
             "ET".into(),
         ];
         header.extend(self.baselines.iter().map(|b| format!("vs {b}")));
-        header.extend(["E/E_LB".to_string(), "reconf.".into()]);
+        header.extend([
+            "E/E_LB".to_string(),
+            "reconf.".into(),
+            "fus/fis/resh".into(),
+        ]);
         let mut lines: Vec<Vec<String>> = vec![header];
         for r in &self.rows {
             let m = &r.metrics;
@@ -152,6 +157,7 @@ impl Comparison {
             l.extend([
                 format!("{:.3}", r.energy_over_bound),
                 m.reconfigurations.to_string(),
+                format!("{}/{}/{}", m.fusions, m.fissions, m.reshapes),
             ]);
             lines.push(l);
         }
@@ -164,7 +170,7 @@ impl Comparison {
             format!("{:.3}", self.et_lower_bound),
         ];
         l.extend(self.baselines.iter().map(|_| String::new()));
-        l.extend(["1.000".to_string(), String::new()]);
+        l.extend(["1.000".to_string(), String::new(), String::new()]);
         lines.push(l);
         out.push_str(&aligned(&lines));
         let _ = writeln!(

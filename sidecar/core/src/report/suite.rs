@@ -9,6 +9,9 @@
 //! | late %, wait s, p95 wait s | share of late jobs, mean and 95th-percentile wait |
 //! | bsld | mean bounded slowdown, tau = 10 s |
 //! | jobs/h, makespan h | completed jobs per hour of makespan; last completion - first arrival |
+//! | reconf. | reconfigurations per test day |
+//! | fus/fis/resh | of which fusions, fissions, reshapes (`sim::reshape`) |
+//! | served fus/fis | jobs per test day that completed on an instance a fusion / a fission created |
 //! | worst day | the worst test day's `ET / ET(none) - 1` |
 //! | worse days | test days on which the policy did worse than whole GPUs |
 
@@ -21,6 +24,14 @@ use crate::eval::{GateRow, PolicyRow, RowKind, ScenarioResult, SuiteReport};
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "-".to_string(), f)
+}
+
+/// `a/b/c` of per-day means, or `-` when any is missing.
+fn triple(v: &[Option<f64>]) -> String {
+    v.iter()
+        .map(|x| x.map(|x| format!("{x:.0}")))
+        .collect::<Option<Vec<_>>>()
+        .map_or_else(|| "-".to_string(), |p| p.join("/"))
 }
 
 fn kind(k: RowKind) -> &'static str {
@@ -89,6 +100,8 @@ pub fn scenario_table(s: &ScenarioResult) -> String {
         "jobs/h",
         "makespan h",
         "reconf.",
+        "fus/fis/resh",
+        "served fus/fis",
         "worst day",
         "worse days",
     ]
@@ -132,6 +145,8 @@ fn row_cells(r: &PolicyRow) -> Vec<String> {
         opt(r.jobs_per_hour, |x| format!("{x:.1}")),
         opt(r.makespan_s, |x| format!("{:.2}", x / 3600.0)),
         opt(r.reconfigurations, |x| format!("{x:.0}")),
+        triple(&[r.fusions, r.fissions, r.reshapes]),
+        triple(&[r.jobs_served_by_fusion, r.jobs_served_by_fission]),
         opt(r.worst_day_vs_none, |x| format!("{:+.1}%", 100.0 * x)),
         worse,
     ]

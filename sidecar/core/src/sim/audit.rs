@@ -23,6 +23,12 @@
 //! `max_retries + 1` failures (`max_retries` if it finally ran). They count
 //! in energy but not in tardiness.
 //!
+//! Each reconfiguration's `kind` (fusion, fission, reshape), when the log
+//! has one, must be what [`super::reshape::classify`] reads off its
+//! `destroyed` and `created` lists. The kinds are counted, and so are the
+//! jobs that completed on an instance a fusion or fission created; when
+//! the summary carries these counts (`kinds`), they must match.
+//!
 //! Energy is then integrated per GPU exactly as the simulator does and
 //! compared with the log's summary (relative 1e-9).
 
@@ -30,7 +36,8 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::events::{Header, JobRecord, OomRecord, Record};
+use super::events::{Header, JobRecord, KindCounts, OomRecord, Record};
+use super::reshape::{classify_descs, ReconfigKind};
 use crate::mig::{Geometry, Layout, PlacementId, Shape};
 use crate::workload::PowerModel;
 
@@ -48,6 +55,9 @@ pub struct AuditReport {
     pub late_jobs: u64,
     /// Out-of-memory runs (failed, counted in energy only).
     pub oom_failures: u64,
+    /// Reconfigurations by kind, recomputed from their instances, and the
+    /// jobs served by fusions and fissions.
+    pub kinds: KindCounts,
 }
 
 /// Why a log failed the audit (or could not be read).
@@ -171,6 +181,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
     let mut unserved = 0u64;
     let mut unserved_deadlines = Vec::new();
     let mut reconfigs = 0u64;
+    let mut kinds = KindCounts::default();
     let mut tardiness = 0.0;
     let mut late = 0u64;
     let mut last_end: f64 = 0.0;
@@ -204,6 +215,21 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                             r.duration, r.ready, header.reconfig_time_s
                         ),
                     ));
+                }
+                let kind = classify_descs(&r.destroyed, &r.created);
+                if let Some(k) = r.kind {
+                    if k != kind {
+                        return Err(violation(
+                            r.time,
+                            Some(r.gpu),
+                            format!("reconfiguration is logged as {k} but its instances make it a {kind}"),
+                        ));
+                    }
+                }
+                match kind {
+                    ReconfigKind::Fusion => kinds.fusions += 1,
+                    ReconfigKind::Fission => kinds.fissions += 1,
+                    ReconfigKind::Reshape => kinds.reshapes += 1,
                 }
                 reconfigs += 1;
                 timeline[r.gpu].push((r.time, 1, seq, 0, Item::ReconfigStart(seq)));
@@ -368,6 +394,8 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         }
         let mut ready = layout;
         let mut running: [Option<u64>; 32] = [None; 32];
+        // Kind of the reconfiguration that created each instance.
+        let mut origin = [ReconfigKind::Reshape; 32];
         let mut active = 0u32;
         let (mut e, mut last) = (0.0, 0.0);
         let tl = &mut timeline[gpu];
@@ -377,12 +405,13 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                 .then(a.2.cmp(&b.2))
                 .then(a.3.cmp(&b.3))
         });
-        for &(time, _, _, _, item) in tl.iter() {
+        for &(time, _, seq_of, _, item) in tl.iter() {
             match item {
                 Item::ReconfigStart(seq) => {
                     let Record::Reconfig(r) = &records[seq] else {
                         continue;
                     };
+                    let kind = classify_descs(&r.destroyed, &r.created);
                     for d in &r.destroyed {
                         let id = pid(gpu, time, d)?;
                         if !layout.contains(id) {
@@ -408,6 +437,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                         }
                         layout = layout.without(id);
                         ready = ready.without(id);
+                        origin[id.0 as usize] = ReconfigKind::Reshape;
                     }
                     for d in &r.created {
                         let id = pid(gpu, time, d)?;
@@ -419,6 +449,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                             ));
                         }
                         layout = layout.with(id);
+                        origin[id.0 as usize] = kind;
                     }
                     if !g.is_valid(layout) {
                         return Err(violation(time, Some(gpu), format!(
@@ -467,6 +498,14 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                         ));
                     }
                     running[id.0 as usize] = Some(j.run.id);
+                    // Completed runs only: out-of-memory runs served nothing.
+                    if matches!(records[seq_of], Record::Job(_)) {
+                        match origin[id.0 as usize] {
+                            ReconfigKind::Fusion => kinds.jobs_served_by_fusion += 1,
+                            ReconfigKind::Fission => kinds.jobs_served_by_fission += 1,
+                            ReconfigKind::Reshape => {}
+                        }
+                    }
                     e += power.power_w(f64::from(active) / f64::from(total)) * (time - last);
                     last = time;
                     active += u32::from(j.run.compute);
@@ -507,6 +546,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         mean_tardiness_s: tardiness / (jobs + unserved).max(1) as f64,
         late_jobs: late,
         oom_failures,
+        kinds,
     };
     if let Some(s) = summary {
         let ok = close(s.horizon_s, horizon, 1e-12)
@@ -515,10 +555,11 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
             && s.completed == jobs
             && s.unserved == unserved
             && s.reconfigurations == reconfigs
-            && s.oom_failures == oom_failures;
+            && s.oom_failures == oom_failures
+            && s.kinds.is_none_or(|k| k == kinds);
         if !ok {
             return Err(violation(horizon, None, format!(
-                "the summary disagrees with the records: summary {s:?}, recomputed energy {energy} J, tardiness {tardiness} s, {jobs} jobs, {unserved} unserved, {reconfigs} reconfigurations")));
+                "the summary disagrees with the records: summary {s:?}, recomputed energy {energy} J, tardiness {tardiness} s, {jobs} jobs, {unserved} unserved, {reconfigs} reconfigurations, {kinds:?}")));
         }
     }
     Ok(report)

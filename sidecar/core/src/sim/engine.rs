@@ -15,11 +15,12 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use super::events::{
-    EventSink, GpuHeader, Header, JobRecord, ModelPower, OomHeader, OomRecord, ReconfigRecord,
-    Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
+    EventSink, GpuHeader, Header, JobRecord, KindCounts, ModelPower, OomHeader, OomRecord,
+    ReconfigRecord, Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
 use super::metrics::Metrics;
+use super::reshape::{classify, ReconfigKind, Span};
 use super::{EpochRule, OomConfig, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, Layout, Placement, PlacementId, ProfileSpec, Shape};
 use crate::policy::{
@@ -74,6 +75,10 @@ struct GpuRt {
     energy: f64,
     last: f64,
     job_on: [u32; MAX_PLACEMENTS],
+    /// Kind of the reconfiguration that created each existing instance
+    /// (`Reshape` also for the initial ones): a job completing on a
+    /// fusion's or fission's instance counts as served by it.
+    origin: [ReconfigKind; MAX_PLACEMENTS],
 }
 
 /// Key of the simulator's memory estimates: (class, template), template
@@ -283,6 +288,7 @@ impl<'j> Engine<'j> {
                 energy: 0.0,
                 last: 0.0,
                 job_on: [NONE; MAX_PLACEMENTS],
+                origin: [ReconfigKind::Reshape; MAX_PLACEMENTS],
             });
         }
         Ok(Engine {
@@ -749,6 +755,11 @@ impl<'j> Engine<'j> {
         }
         self.push(end, EV_COMPLETION, gpu as u32, pid.0);
         // Metrics are settled at start: without preemption the end is known.
+        match self.rt[gpu].origin[pid.0 as usize] {
+            ReconfigKind::Fusion => self.m.jobs_served_by_fusion += 1,
+            ReconfigKind::Fission => self.m.jobs_served_by_fission += 1,
+            ReconfigKind::Reshape => {}
+        }
         let tardiness = (end - job.deadline).max(0.0);
         self.m.total_tardiness_s += tardiness;
         if end > job.deadline {
@@ -917,9 +928,19 @@ impl<'j> Engine<'j> {
             }
             let g = st.geometry;
             let tr = g.transition(st.layout, d.target);
+            let kind = transition_kind(g, tr.destroy, tr.create);
+            match kind {
+                ReconfigKind::Fusion => self.m.fusions += 1,
+                ReconfigKind::Fission => self.m.fissions += 1,
+                ReconfigKind::Reshape => self.m.reshapes += 1,
+            }
             let slot = self.rt[d.gpu].slot;
             for id in tr.destroy.iter() {
                 self.take_free(class_of(g, slot, id), d.gpu, id);
+                self.rt[d.gpu].origin[id.0 as usize] = ReconfigKind::Reshape;
+            }
+            for id in tr.create.iter() {
+                self.rt[d.gpu].origin[id.0 as usize] = kind;
             }
             let ready = self.now + self.cfg.reconfig_time_s;
             let st = &mut self.status[d.gpu];
@@ -939,6 +960,7 @@ impl<'j> Engine<'j> {
                     created: g.describe(tr.create),
                     duration: self.cfg.reconfig_time_s,
                     ready,
+                    kind: Some(kind),
                 }))?;
             }
         }
@@ -1032,6 +1054,13 @@ impl<'j> Engine<'j> {
                 reconfigurations: self.m.reconfigurations,
                 rejected_decisions: self.m.rejected_decisions,
                 oom_failures: self.m.oom_failures,
+                kinds: Some(KindCounts {
+                    fusions: self.m.fusions,
+                    fissions: self.m.fissions,
+                    reshapes: self.m.reshapes,
+                    jobs_served_by_fusion: self.m.jobs_served_by_fusion,
+                    jobs_served_by_fission: self.m.jobs_served_by_fission,
+                }),
             }))?;
         }
         Ok(())
@@ -1042,6 +1071,26 @@ impl<'j> Engine<'j> {
 /// this long, so a 1 s job that waited 1 s does not dominate the mean
 /// (Feitelson's bounded slowdown, tau = 10 s).
 pub const SLOWDOWN_TAU_S: f64 = 10.0;
+
+/// [`classify`] of a transition, on the stack: a layout has at most one
+/// instance per placement, so `MAX_PLACEMENTS` spans always suffice.
+fn transition_kind(g: &Geometry, destroy: Layout, create: Layout) -> ReconfigKind {
+    fn spans(g: &Geometry, l: Layout, out: &mut [Span; MAX_PLACEMENTS]) -> usize {
+        let mut n = 0;
+        for (slot, id) in out.iter_mut().zip(l.iter()) {
+            *slot = Span::from(g.placement(id));
+            n += 1;
+        }
+        n
+    }
+    let (mut d, mut c) = (
+        [Span::default(); MAX_PLACEMENTS],
+        [Span::default(); MAX_PLACEMENTS],
+    );
+    let nd = spans(g, destroy, &mut d);
+    let nc = spans(g, create, &mut c);
+    classify(&d[..nd], &c[..nc])
+}
 
 /// `max(1, (end - arrival) / max(end - start, tau))`.
 /// The part of a job's log record that finished and failed runs share.

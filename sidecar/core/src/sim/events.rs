@@ -14,6 +14,7 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::reshape::ReconfigKind;
 use crate::mig::{GpuModel, InstanceDesc};
 use crate::workload::{PowerModel, SpeedupCurve};
 
@@ -91,6 +92,12 @@ pub struct ReconfigRecord {
     pub created: Vec<InstanceDesc>,
     pub duration: f64,
     pub ready: f64,
+    /// Fusion, fission or reshape ([`ReconfigKind`]), as
+    /// [`super::reshape::classify`] reads it off `destroyed` and `created`.
+    /// Absent in logs written before it existed (the audit then skips the
+    /// check); always written now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ReconfigKind>,
 }
 
 /// What every run says, finished or failed: the job's parameters and the
@@ -169,6 +176,23 @@ pub struct SummaryRecord {
     /// Out-of-memory failures (runs that did not complete).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub oom_failures: u64,
+    /// Reconfigurations by kind and the jobs served by what fusions and
+    /// fissions created (absent in older logs: the audit then skips them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<KindCounts>,
+}
+
+/// Reconfigurations by [`ReconfigKind`] (their sum is the number of
+/// reconfigurations) and what the fusions and fissions gained: jobs that
+/// completed a run on an instance a fusion (fission) created, started
+/// before that instance was destroyed again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindCounts {
+    pub fusions: u64,
+    pub fissions: u64,
+    pub reshapes: u64,
+    pub jobs_served_by_fusion: u64,
+    pub jobs_served_by_fission: u64,
 }
 
 fn is_zero(v: &u64) -> bool {

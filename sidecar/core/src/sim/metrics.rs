@@ -39,6 +39,17 @@ pub struct Metrics {
     pub utilisation: f64,
     /// Applied (non-empty) reconfigurations.
     pub reconfigurations: u64,
+    /// The reconfigurations by kind (`sim::reshape::ReconfigKind`): idle
+    /// neighbours merged into a bigger instance, a big idle instance split,
+    /// anything else. `fusions + fissions + reshapes = reconfigurations`.
+    pub fusions: u64,
+    pub fissions: u64,
+    pub reshapes: u64,
+    /// What fusions and fissions gained: jobs that completed a run on an
+    /// instance one of them created (started before the instance was
+    /// destroyed again; out-of-memory runs are not counted).
+    pub jobs_served_by_fusion: u64,
+    pub jobs_served_by_fission: u64,
     /// Decisions refused because they would destroy a busy instance, target
     /// an invalid layout or a GPU already being reconfigured.
     pub rejected_decisions: u64,

@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod placement;
 pub mod placement_features;
 pub mod placement_onnx;
+pub mod reshape;
 
 pub use audit::{audit, read_events, AuditError, AuditReport};
 pub use engine::{simulate, RunHooks, SimResult};
@@ -48,6 +49,7 @@ pub use heuristics::{
 };
 pub use metrics::{EtScore, Metrics};
 pub use placement::{PlacementSpec, PlacementSpecError};
+pub use reshape::{classify, ReconfigKind};
 
 use crate::mig::GpuModel;
 use crate::policy::RepartitionPolicy;
