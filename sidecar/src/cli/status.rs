@@ -26,7 +26,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
     } else {
-        print!("{}", render(&status));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        print!("{}", render(&status, now));
     }
     Ok(())
 }
@@ -60,8 +63,10 @@ fn duration(s: u64) -> String {
     }
 }
 
-/// The human-readable table.
-pub fn render(s: &StatusReply) -> String {
+/// The human-readable table; `now` (Unix seconds, this machine's clock,
+/// which is the daemon's: the socket is local) dates waiting jobs'
+/// deadlines.
+pub fn render(s: &StatusReply, now: i64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -145,11 +150,16 @@ pub fn render(s: &StatusReply) -> String {
         for w in &s.waiting {
             let _ = writeln!(
                 out,
-                "  job {:<10} GPU {} {} slice(s), waiting {}",
+                "  job {:<10} GPU {} {} slice(s), waiting {}{}",
                 w.job_id,
                 w.gpu,
                 w.slices,
-                duration(w.waiting_s)
+                duration(w.waiting_s),
+                match w.deadline {
+                    Some(d) if d >= now => format!(", deadline in {}", duration((d - now) as u64)),
+                    Some(d) => format!(", deadline passed {} ago", duration((now - d) as u64)),
+                    None => String::new(),
+                }
             );
         }
     }
@@ -260,16 +270,34 @@ mod tests {
             }],
             memory: None,
             epilog_missing: false,
-            waiting: vec![WaitingJob {
-                job_id: 77,
-                gpu: 1,
-                slices: 2,
-                waiting_s: 12,
-                uid: Some(1000),
-                deadline: None,
-            }],
+            waiting: vec![
+                WaitingJob {
+                    job_id: 77,
+                    gpu: 1,
+                    slices: 2,
+                    waiting_s: 12,
+                    uid: Some(1000),
+                    deadline: None,
+                },
+                WaitingJob {
+                    job_id: 78,
+                    gpu: 1,
+                    slices: 1,
+                    waiting_s: 3,
+                    uid: Some(1000),
+                    deadline: Some(1_000_300),
+                },
+                WaitingJob {
+                    job_id: 79,
+                    gpu: 0,
+                    slices: 1,
+                    waiting_s: 3,
+                    uid: Some(1000),
+                    deadline: Some(999_990),
+                },
+            ],
         };
-        let t = render(&s);
+        let t = render(&s, 1_000_000);
         assert!(
             t.contains("GPU 0 a100-40gb  [3333|....]  3g.20gb  energy 1.5 kJ"),
             "{t}"
@@ -278,9 +306,15 @@ mod tests {
         assert!(t.contains("42"), "{t}");
         assert!(t.contains("other users' jobs hold: 2 x 1g.5gb"), "{t}");
         assert!(
-            t.contains("job 77         GPU 1 2 slice(s), waiting 12s"),
+            t.contains("job 77         GPU 1 2 slice(s), waiting 12s\n"),
             "{t}"
         );
+        // The deadline the placement rule orders waiting jobs by.
+        assert!(
+            t.contains("job 78         GPU 1 1 slice(s), waiting 3s, deadline in 5m00s\n"),
+            "{t}"
+        );
+        assert!(t.contains("deadline passed 10s ago"), "{t}");
         assert!(t.contains("up 1m15s"), "{t}");
         assert!(!t.contains("OOM restarts"), "{t}");
     }
@@ -327,7 +361,7 @@ mod tests {
             epilog_missing: true,
             waiting: vec![],
         };
-        let t = render(&s);
+        let t = render(&s, 0);
         assert!(
             t.contains(
                 "OOM restarts: off (smartmigd requeues, but the plugin's oom_requeue is off"
