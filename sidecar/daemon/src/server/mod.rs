@@ -876,11 +876,13 @@ impl Daemon {
                 return Ok(r);
             }
             let planned = st.book.plan(need);
-            let mut contenders = self.contenders(req.gpu, req.job_id);
             // Who goes first among this allocate and those waiting on the
             // same GPU (`placement`); only asked when this one could go.
             let turn = match &planned {
-                Ok(_) => self.next_turn(&placement, &mut st, &mut contenders, &me),
+                Ok(_) => {
+                    let mut others = self.contenders(req.gpu, req.job_id);
+                    self.next_turn(&placement, &mut st, &mut others, &me)
+                }
                 Err(_) => {
                     if st.promised.as_ref().is_some_and(|t| t.job_id == req.job_id) {
                         // Promised room that is gone (a re-shape took it):
