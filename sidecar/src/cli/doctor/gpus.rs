@@ -189,28 +189,27 @@ pub fn gpu_checks(g: &GpuSurvey) -> Vec<Check> {
     out.push(mig_check(i, &g.mig));
     // With MIG off the driver still describes the profiles; only when it
     // would not say anything are the table checks left undone.
-    let driver_silent = g.profiles.iter().all(|p| p.driver_id.is_err());
-    let later = if g.mig_on() {
-        vec![]
-    } else if driver_silent {
-        vec!["profiles", "placements", "instances"]
-    } else {
-        vec!["instances"]
-    };
-    if !later.contains(&"profiles") {
-        out.push(profile_ids_check(i, &g.profiles));
-        out.push(placements_check(i, model, &g.profiles));
-    }
-    if later.is_empty() {
-        out.push(instances_check(i, &g.instances));
-    }
-    for what in later {
-        out.push(Check::skipped(
+    let mig_on = g.mig_on();
+    let table_checked = mig_on || g.profiles.iter().any(|p| p.driver_id.is_ok());
+    let skipped = |what: &str| {
+        Check::skipped(
             format!("nvml.gpu{i}.{what}"),
             "MIG mode is not on",
             format!("enable MIG mode on GPU {i}, then run doctor again"),
-        ));
+        )
+    };
+    if table_checked {
+        out.push(profile_ids_check(i, &g.profiles));
+        out.push(placements_check(i, model, &g.profiles));
+    } else {
+        out.push(skipped("profiles"));
+        out.push(skipped("placements"));
     }
+    out.push(if mig_on {
+        instances_check(i, &g.instances)
+    } else {
+        skipped("instances")
+    });
     out
 }
 
