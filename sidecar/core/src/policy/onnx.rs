@@ -424,6 +424,29 @@ pub fn check_header(
     Ok(())
 }
 
+/// The network's input and output sizes (`found`: the file's `(features,
+/// actions)`) against what this build's feature spec makes (`want`), for
+/// both kinds of policy file; `kind` names the file's kind in the error.
+pub fn check_space(
+    path: &Path,
+    model: GpuModel,
+    kind: &str,
+    found: (usize, usize),
+    want: (usize, usize),
+) -> Result<(), PolicyLoadError> {
+    if found == want {
+        return Ok(());
+    }
+    Err(PolicyLoadError::SpaceMismatch {
+        path: path.to_path_buf(),
+        model,
+        what: format!(
+            "{kind} has {} features and {} actions, expected {} and {}",
+            found.0, found.1, want.0, want.1
+        ),
+    })
+}
+
 /// Reads and checks the embedded metadata of a policy file without loading
 /// ONNX Runtime. `expected`: the GPU model it must be for (`None`: any).
 pub fn read_metadata(
@@ -472,12 +495,13 @@ pub fn check_metadata(
         model: meta.gpu_model,
         what,
     };
-    if meta.obs_dim != spec.obs_dim || meta.actions != spec.actions {
-        return Err(mismatch(format!(
-            "policy has {} features and {} actions, expected {} and {}",
-            meta.obs_dim, meta.actions, spec.obs_dim, spec.actions
-        )));
-    }
+    check_space(
+        &path,
+        meta.gpu_model,
+        "policy",
+        (meta.obs_dim, meta.actions),
+        (spec.obs_dim, spec.actions),
+    )?;
     if meta.catalog != catalog_pictures(meta.gpu_model) {
         return Err(mismatch("the layout catalog differs".to_string()));
     }

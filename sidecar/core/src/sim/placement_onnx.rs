@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::mig::GpuModel;
 use crate::policy::features::argmax_masked;
-use crate::policy::onnx::{check_header, read_props, session_from_bytes, PolicyLoadError};
+use crate::policy::onnx::{
+    check_header, check_space, read_props, session_from_bytes, PolicyLoadError,
+};
 use crate::policy::onnx_contract::{INPUT_MASK, INPUT_OBS, OUTPUT_PROBS};
 use crate::workload::Job;
 
@@ -137,12 +139,13 @@ pub fn check_metadata(
         model: meta.gpu_model,
         what,
     };
-    if meta.obs_dim != f.obs_dim || meta.actions != f.actions {
-        return Err(mismatch(format!(
-            "placement has {} features and {} actions, expected {} and {}",
-            meta.obs_dim, meta.actions, f.obs_dim, f.actions
-        )));
-    }
+    check_space(
+        &path,
+        meta.gpu_model,
+        "placement",
+        (meta.obs_dim, meta.actions),
+        (f.obs_dim, f.actions),
+    )?;
     if meta.profiles != f.action_names() {
         return Err(mismatch(format!(
             "its profiles {:?} differ from {:?}",
