@@ -261,7 +261,6 @@ fn gates_table(g: &[PlacementGate]) -> String {
         "scenario", "repartitioning", "opponent", "late", "energy", "ET", "tardiness", "worst day", "gates", "* best", "* late", "* ET"
     );
     for x in g {
-        let pass = x.late <= -0.12 && x.energy <= 0.01 && x.et <= 0.0;
         t += &format!(
             "{:<18} {:<18} {:<16} {:>9} {:>9} {:>9} {:>10} {:>12}  {:<5} {:<16} {:>9} {:>9}\n",
             x.scenario,
@@ -272,16 +271,13 @@ fn gates_table(g: &[PlacementGate]) -> String {
             pct(x.et),
             pct(x.tardiness),
             pct(x.worst_day_late),
-            if pass { "pass" } else { "FAIL" },
+            if x.passes() { "pass" } else { "FAIL" },
             x.best_heuristic,
             pct(x.late_vs_best),
             pct(x.et_vs_best),
         );
     }
-    let passed = g
-        .iter()
-        .filter(|x| x.late <= -0.12 && x.energy <= 0.01 && x.et <= 0.0)
-        .count();
+    let passed = g.iter().filter(|x| x.passes()).count();
     let mean = |f: fn(&PlacementGate) -> f64| {
         g.iter().map(f).filter(|v| v.is_finite()).sum::<f64>() / g.len() as f64
     };

@@ -293,6 +293,13 @@ pub struct PlacementGate {
     pub et_vs_best: f64,
 }
 
+impl PlacementGate {
+    /// Issue 21's gates: late jobs <= -12 %, energy <= +1 %, ET not worse.
+    pub fn passes(&self) -> bool {
+        self.late <= -0.12 && self.energy <= 0.01 && self.et <= 0.0
+    }
+}
+
 /// The gate rows of every learned placement in `scenarios`.
 pub fn placement_gates(scenarios: &[PlacementScenario]) -> Vec<PlacementGate> {
     let rel = |a: f64, b: f64| {
