@@ -18,6 +18,8 @@
 //! - [`trace`]: our CSV format, the Alibaba GPU v2023 trace and Slurm `sacct`.
 //! - [`declare`]: under-declared memory and job templates (out-of-memory studies).
 //! - [`memory_estimate`]: learned memory estimates per (user, job name).
+//! - [`memory_growth`]: how a job's memory use rises to its peak, and the
+//!   early-restart rule that reads the rise (shared with the daemon).
 //!
 //! `docs/workload.md` documents the numbers and their sources.
 
@@ -26,6 +28,7 @@ pub mod diurnal;
 pub mod job;
 pub mod load;
 pub mod memory_estimate;
+pub mod memory_growth;
 pub mod power;
 pub mod scenario;
 pub mod speedup;
@@ -35,6 +38,7 @@ pub use diurnal::{generate_diurnal, DiurnalConfig, JobKind, WorkDist};
 pub use job::{default_memory_gb, round_up_to_profile, Job, JobClass};
 pub use load::{demand_load, gpus_for_load, offered_load, peak_demand_load};
 pub use memory_estimate::{EstimatorConfig, MemoryEstimator, MemoryKey};
+pub use memory_growth::{EarlyRestartRule, GrowthShape, MemoryGrowth, MemorySample};
 pub use power::{gpu_load, PowerModel};
 pub use scenario::{
     default_scenarios, parse_scenarios, select_scenarios, DeadlineRegime, Family, Scenario,

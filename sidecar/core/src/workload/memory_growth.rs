@@ -1,0 +1,423 @@
+//! How a job's GPU memory use rises over its run, and the early-restart
+//! rule that reads that rise (issue 24, part 1; `docs/oom-and-memory.md`).
+//!
+//! A job does not take its peak memory at once: it starts with the CUDA
+//! context and its weights, then grows (activations, caches, a longer
+//! sequence, the first evaluation) until it reaches its peak. A job on an
+//! instance smaller than its peak runs out of memory when its use crosses
+//! the instance's memory, and everything it ran is lost. Watching the use
+//! rise lets a scheduler restart the job on a bigger instance *before* the
+//! failure: [`EarlyRestartRule`] follows the recent trend of the samples and
+//! says when it predicts the instance will be exceeded.
+//!
+//! The same code decides in the simulator (samples computed from
+//! [`MemoryGrowth`]) and in smartmigd (samples read from NVML every
+//! `memory.sample_s`), so a rule measured in simulation is the rule the
+//! daemon runs. Pure: no IO, no clock.
+
+use serde::{Deserialize, Serialize};
+
+use super::WorkloadError;
+
+/// The family of curves a job's memory use follows from its start to its
+/// peak, as a function of `x` = progress / ramp in [0, 1].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GrowthShape {
+    /// Flat at the base, then the peak at once at the end of the ramp (a
+    /// model load or a first big batch): no warning, only a failure.
+    Step,
+    /// Linear rise (a cache or a buffer that grows steadily).
+    Linear,
+    /// Fast then slow, `sqrt(x)` (most memory taken early, then a tail).
+    Concave,
+    /// Slow then fast, `x²` (a sequence length or batch that grows).
+    Convex,
+}
+
+impl GrowthShape {
+    /// Every shape, in a fixed order (for mixes and tables).
+    pub const ALL: [GrowthShape; 4] = [
+        GrowthShape::Step,
+        GrowthShape::Linear,
+        GrowthShape::Concave,
+        GrowthShape::Convex,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrowthShape::Step => "step",
+            GrowthShape::Linear => "linear",
+            GrowthShape::Concave => "concave",
+            GrowthShape::Convex => "convex",
+        }
+    }
+
+    /// `g(x)` in [0, 1] for `x` in [0, 1]; 1 at `x = 1`.
+    fn rise(self, x: f64) -> f64 {
+        let x = x.clamp(0.0, 1.0);
+        match self {
+            GrowthShape::Step => {
+                if x >= 1.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            GrowthShape::Linear => x,
+            GrowthShape::Concave => x.sqrt(),
+            GrowthShape::Convex => x * x,
+        }
+    }
+
+    /// The smallest `x` with `g(x) >= y`, for `y` in (0, 1].
+    fn first_reach(self, y: f64) -> f64 {
+        let y = y.clamp(0.0, 1.0);
+        match self {
+            GrowthShape::Step => 1.0,
+            GrowthShape::Linear => y,
+            GrowthShape::Concave => y * y,
+            GrowthShape::Convex => y.sqrt(),
+        }
+    }
+}
+
+impl std::fmt::Display for GrowthShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for GrowthShape {
+    type Err = WorkloadError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        GrowthShape::ALL
+            .into_iter()
+            .find(|g| g.as_str() == s)
+            .ok_or_else(|| {
+                WorkloadError::invalid(
+                    "memory growth shape",
+                    format!("`{s}` (expected step, linear, concave or convex)"),
+                )
+            })
+    }
+}
+
+/// A job's memory use over its run: `peak × (base + (1 − base) × g(p /
+/// ramp))` at progress `p` (the share of its work done, so the curve does
+/// not depend on the slice's speed), and the peak from `p = ramp` on.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryGrowth {
+    pub shape: GrowthShape,
+    /// Use at the start, as a share of the peak (context and weights), in
+    /// [0, 1].
+    pub base: f64,
+    /// Share of the run by which the peak is reached, in (0, 1].
+    pub ramp: f64,
+}
+
+impl MemoryGrowth {
+    /// The simulator's behaviour before growth was modelled: nothing
+    /// noticeable, then the peak at `fail_fraction` of the run.
+    pub fn step_at(fraction: f64) -> MemoryGrowth {
+        MemoryGrowth {
+            shape: GrowthShape::Step,
+            base: 0.0,
+            ramp: fraction,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        if !(self.base.is_finite() && (0.0..=1.0).contains(&self.base)) {
+            return Err(WorkloadError::invalid(
+                "memory growth base",
+                format!("{} (a share of the peak, in [0, 1])", self.base),
+            ));
+        }
+        if !(self.ramp.is_finite() && self.ramp > 0.0 && self.ramp <= 1.0) {
+            return Err(WorkloadError::invalid(
+                "memory growth ramp",
+                format!("{} (a share of the run, in (0, 1])", self.ramp),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Memory in use (GB) at `progress` (share of the work done, in [0, 1])
+    /// of a job whose peak is `peak_gb`.
+    pub fn usage(&self, peak_gb: f64, progress: f64) -> f64 {
+        let x = (progress / self.ramp).clamp(0.0, 1.0);
+        peak_gb * (self.base + (1.0 - self.base) * self.shape.rise(x))
+    }
+
+    /// The progress at which use first exceeds `limit_gb` (the job runs out
+    /// of memory there), `None` when the peak fits. A job whose base alone
+    /// exceeds the limit fails at once (0).
+    pub fn crossing(&self, peak_gb: f64, limit_gb: f64) -> Option<f64> {
+        if peak_gb <= limit_gb {
+            return None;
+        }
+        let base_gb = self.base * peak_gb;
+        if base_gb > limit_gb {
+            return Some(0.0);
+        }
+        let y = (limit_gb - base_gb) / (peak_gb - base_gb);
+        Some(self.ramp * self.shape.first_reach(y))
+    }
+}
+
+/// One sample of a running job's memory use.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemorySample {
+    /// Seconds since the run started.
+    pub t_s: f64,
+    /// Memory in use, GB.
+    pub used_gb: f64,
+}
+
+/// Restart a job on a bigger instance when the trend of its memory use
+/// predicts that it will exceed its instance.
+///
+/// The slope is taken over the last `window` samples and followed for
+/// `horizon` times the time the job has run so far (a job that took an
+/// hour to grow this far is given another `horizon` hours, one that took a
+/// minute another `horizon` minutes: the rule needs no run time, which the
+/// daemon does not know). Nothing is predicted before the use reaches
+/// `min_fill` of the instance, so the noise of a job's first seconds does
+/// not restart it. A restart for a job whose peak would have fitted is a
+/// *false* early restart: it costs the run so far and one bigger instance;
+/// the simulator counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyRestartRule {
+    /// Samples the slope is measured over (the newest and the one
+    /// `window − 1` before it), at least 2.
+    pub window: usize,
+    /// How far the trend is followed, as a multiple of the time run so far.
+    pub horizon: f64,
+    /// Share of the instance's memory the use must reach first, in [0, 1].
+    pub min_fill: f64,
+}
+
+impl Default for EarlyRestartRule {
+    fn default() -> Self {
+        EarlyRestartRule {
+            window: 3,
+            horizon: 0.5,
+            min_fill: 0.5,
+        }
+    }
+}
+
+impl EarlyRestartRule {
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        if self.window < 2 {
+            return Err(WorkloadError::invalid(
+                "early_restart.window",
+                format!("{} (at least 2 samples are needed for a slope)", self.window),
+            ));
+        }
+        if !(self.horizon.is_finite() && self.horizon > 0.0) {
+            return Err(WorkloadError::invalid(
+                "early_restart.horizon",
+                format!("{} (a positive multiple of the time run)", self.horizon),
+            ));
+        }
+        if !(self.min_fill.is_finite() && (0.0..=1.0).contains(&self.min_fill)) {
+            return Err(WorkloadError::invalid(
+                "early_restart.min_fill",
+                format!("{} (a share of the instance, in [0, 1])", self.min_fill),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The use the trend predicts (GB) when it exceeds `instance_gb`, else
+    /// `None`. `recent` holds the latest samples, oldest first (more than
+    /// `window` is fine: only the last `window` count). A use already over
+    /// the instance is its own prediction.
+    pub fn predicts_overflow(&self, recent: &[MemorySample], instance_gb: f64) -> Option<f64> {
+        let last = *recent.last()?;
+        if last.used_gb > instance_gb {
+            return Some(last.used_gb);
+        }
+        if recent.len() < self.window || last.used_gb < self.min_fill * instance_gb {
+            return None;
+        }
+        let first = recent[recent.len() - self.window];
+        let dt = last.t_s - first.t_s;
+        if dt <= 0.0 {
+            return None;
+        }
+        let slope = (last.used_gb - first.used_gb) / dt;
+        if slope <= 0.0 {
+            return None;
+        }
+        let predicted = last.used_gb + slope * self.horizon * last.t_s.max(0.0);
+        (predicted > instance_gb).then_some(predicted)
+    }
+
+    /// When the rule restarts a job that runs `run_s` seconds on an
+    /// instance of `instance_gb`, sampled every `sample_s` from its start:
+    /// the time of the first sample at which it fires, strictly before the
+    /// job would run out of memory (or finish), or `None`. The simulator's
+    /// and the audit's one computation of an early restart.
+    pub fn first_restart(
+        &self,
+        growth: &MemoryGrowth,
+        peak_gb: f64,
+        instance_gb: f64,
+        run_s: f64,
+        sample_s: f64,
+    ) -> Option<f64> {
+        if !(run_s > 0.0 && sample_s > 0.0) {
+            return None;
+        }
+        // Past the ramp the use is flat, so nothing can fire once the
+        // window holds only flat samples; stop at the failure or the end.
+        let stop = growth
+            .crossing(peak_gb, instance_gb)
+            .map_or(run_s, |p| p * run_s)
+            .min(growth.ramp * run_s + self.window as f64 * sample_s);
+        let mut recent: Vec<MemorySample> = Vec::with_capacity(self.window);
+        let mut k = 1u64;
+        loop {
+            let t = k as f64 * sample_s;
+            if t >= stop {
+                return None;
+            }
+            if recent.len() == self.window {
+                recent.remove(0);
+            }
+            recent.push(MemorySample {
+                t_s: t,
+                used_gb: growth.usage(peak_gb, t / run_s),
+            });
+            if self.predicts_overflow(&recent, instance_gb).is_some() {
+                return Some(t);
+            }
+            k += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn linear(base: f64, ramp: f64) -> MemoryGrowth {
+        MemoryGrowth {
+            shape: GrowthShape::Linear,
+            base,
+            ramp,
+        }
+    }
+
+    #[test]
+    fn usage_rises_to_the_peak_and_stays() {
+        for shape in GrowthShape::ALL {
+            let g = MemoryGrowth {
+                shape,
+                base: 0.2,
+                ramp: 0.5,
+            };
+            assert!((g.usage(10.0, 0.0) - 2.0).abs() < 1e-12, "{shape}");
+            assert!((g.usage(10.0, 0.5) - 10.0).abs() < 1e-12, "{shape}");
+            assert!((g.usage(10.0, 0.9) - 10.0).abs() < 1e-12, "{shape}");
+            let mut prev = 0.0;
+            for i in 0..=100 {
+                let u = g.usage(10.0, f64::from(i) / 100.0);
+                assert!(u >= prev - 1e-12, "{shape} not monotone at {i}");
+                prev = u;
+            }
+        }
+    }
+
+    #[test]
+    fn crossing_is_where_usage_passes_the_limit() {
+        for shape in [GrowthShape::Linear, GrowthShape::Concave, GrowthShape::Convex] {
+            let g = MemoryGrowth {
+                shape,
+                base: 0.25,
+                ramp: 0.4,
+            };
+            let p = g.crossing(8.0, 5.0).expect("8 GB does not fit 5");
+            assert!((g.usage(8.0, p) - 5.0).abs() < 1e-9, "{shape}: {p}");
+            assert!(g.usage(8.0, p * 0.99) <= 5.0, "{shape}");
+        }
+        // The old model: nothing until `fail_fraction`, then the peak.
+        assert_eq!(MemoryGrowth::step_at(0.3).crossing(8.0, 5.0), Some(0.3));
+        assert_eq!(linear(0.2, 0.5).crossing(5.0, 5.0), None, "a peak equal to the instance fits");
+        assert_eq!(linear(0.8, 0.5).crossing(10.0, 5.0), Some(0.0), "base alone too big");
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let e = linear(1.5, 0.3).validate().unwrap_err().to_string();
+        assert!(e.contains("base"), "{e}");
+        let e = linear(0.1, 0.0).validate().unwrap_err().to_string();
+        assert!(e.contains("ramp"), "{e}");
+        let bad = EarlyRestartRule {
+            window: 1,
+            ..EarlyRestartRule::default()
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("window"), "{e}");
+        let e = "sawtooth".parse::<GrowthShape>().unwrap_err().to_string();
+        assert!(e.contains("sawtooth") && e.contains("linear"), "{e}");
+        assert_eq!("convex".parse::<GrowthShape>(), Ok(GrowthShape::Convex));
+    }
+
+    fn s(t_s: f64, used_gb: f64) -> MemorySample {
+        MemorySample { t_s, used_gb }
+    }
+
+    #[test]
+    fn the_rule_follows_the_trend() {
+        let rule = EarlyRestartRule::default();
+        // Rising 0.01 GB/s at 300 s: 3.5 + 0.01 × 150 = 5.0, not over 5.
+        let rising = [s(290.0, 3.4), s(295.0, 3.45), s(300.0, 3.5)];
+        assert_eq!(rule.predicts_overflow(&rising, 5.0), None);
+        // A little later and higher: 4.0 + 0.01 × 160 = 5.6 > 5.
+        let later = [s(310.0, 3.9), s(315.0, 3.95), s(320.0, 4.0)];
+        let p = rule.predicts_overflow(&later, 5.0).expect("predicted");
+        assert!((p - 5.6).abs() < 1e-9, "{p}");
+        // Flat use never restarts, however full.
+        let flat = [s(10.0, 4.9), s(15.0, 4.9), s(20.0, 4.9)];
+        assert_eq!(rule.predicts_overflow(&flat, 5.0), None);
+        // Below min_fill nothing is predicted, however steep.
+        let early = [s(1.0, 0.1), s(2.0, 1.0), s(3.0, 2.0)];
+        assert_eq!(rule.predicts_overflow(&early, 5.0), None);
+        // Too few samples for the window.
+        assert_eq!(rule.predicts_overflow(&later[1..], 5.0), None);
+        // Already over: that is the prediction.
+        assert_eq!(rule.predicts_overflow(&[s(5.0, 6.0)], 5.0), Some(6.0));
+        assert_eq!(rule.predicts_overflow(&[], 5.0), None);
+    }
+
+    #[test]
+    fn first_restart_comes_before_the_failure() {
+        let rule = EarlyRestartRule::default();
+        // 8 GB peak on 5 GB, linear from 20 % over the first half of a
+        // 1000 s run: fails at p = (5 − 1.6) / 6.4 × 0.5 = 0.265625.
+        let g = linear(0.2, 0.5);
+        let fail = g.crossing(8.0, 5.0).expect("fails") * 1000.0;
+        let t = rule.first_restart(&g, 8.0, 5.0, 1000.0, 5.0).expect("restarted early");
+        assert!(t < fail, "{t} >= {fail}");
+        assert!(t > 0.0 && (t / 5.0).fract() == 0.0, "on a sample: {t}");
+        // A step gives no warning.
+        let step = MemoryGrowth::step_at(0.3);
+        assert_eq!(rule.first_restart(&step, 8.0, 5.0, 1000.0, 5.0), None);
+        // A job that fits with room to spare is left alone.
+        assert_eq!(rule.first_restart(&g, 3.0, 5.0, 1000.0, 5.0), None);
+    }
+
+    #[test]
+    fn a_job_just_under_its_instance_can_be_restarted_falsely() {
+        // 4.9 GB peak on 5 GB, steep linear rise: the trend overshoots.
+        let rule = EarlyRestartRule::default();
+        let g = linear(0.2, 0.5);
+        assert!(g.crossing(4.9, 5.0).is_none());
+        assert!(rule.first_restart(&g, 4.9, 5.0, 1000.0, 5.0).is_some());
+    }
+}
