@@ -314,6 +314,27 @@ pub struct MemoryStatus {
     /// allocate yet, or an older plugin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_oom_requeue: Option<bool>,
+    /// Early restarts (`oom.early_restart`); absent when off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_restart: Option<EarlyRestartStatus>,
+}
+
+/// The early-restart rule in force and what it did since the state file
+/// began (`docs/oom-and-memory.md`, "On a Slurm node").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EarlyRestartStatus {
+    /// Samples the slope is measured over.
+    pub window: usize,
+    /// How far the trend is followed, as a multiple of the time run.
+    pub horizon: f64,
+    /// Share of the instance's memory the use must reach first.
+    pub min_fill: f64,
+    /// Jobs requeued on a bigger profile before running out of memory.
+    pub restarts: u64,
+    /// Of those, the ones whose peak on the bigger profile would have fitted
+    /// the instance they left (known only when the restart completes and
+    /// its memory was sampled).
+    pub false_restarts: u64,
 }
 
 /// One out-of-memory decision.
@@ -337,6 +358,33 @@ pub struct OomEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_memory_gb: Option<u32>,
     pub message: String,
+    /// Why: the job ran out of memory (`failure`, the default, omitted) or
+    /// its rising use predicted it would (`early_restart`).
+    #[serde(default, skip_serializing_if = "OomCause::is_failure")]
+    pub cause: OomCause,
+    /// Early restart: the memory in use (GB) when the rule fired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_gb: Option<f64>,
+    /// Early restart: the use (GB) the trend predicted, over the instance's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_gb: Option<f64>,
+}
+
+/// Why an out-of-memory event was recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomCause {
+    /// The job ran out of memory (its marker file).
+    #[default]
+    Failure,
+    /// The job's rising memory use predicted it would (`oom.early_restart`).
+    EarlyRestart,
+}
+
+impl OomCause {
+    pub fn is_failure(&self) -> bool {
+        *self == OomCause::Failure
+    }
 }
 
 /// A job whose next start is sized from its out-of-memory failures.
@@ -347,6 +395,9 @@ pub struct OomJob {
     pub failures: u32,
     pub last_profile: String,
     pub last_memory_gb: u32,
+    /// Of `restarts`, those that were early restarts.
+    #[serde(default)]
+    pub early_restarts: u32,
 }
 
 /// One learned estimate.

@@ -197,6 +197,15 @@ pub struct OomConfig {
     /// Seconds the daemon keeps trying `scontrol requeue` (the job must
     /// first leave COMPLETING).
     pub requeue_timeout_s: u64,
+    /// Requeue a running job on a bigger profile when the trend of its
+    /// memory use (sampled every `memory.sample_s`; backends that measure
+    /// memory only: nvml) predicts it will exceed its instance, instead of
+    /// waiting for it to fail. Off by default: a wrong prediction restarts
+    /// a job that would have fitted (docs/oom-and-memory.md).
+    pub early_restart: bool,
+    /// The rule (`[oom.early]`: window, horizon, min_fill), the same code
+    /// the simulator measures (`workload::memory_growth`).
+    pub early: crate::workload::EarlyRestartRule,
 }
 
 impl Default for OomConfig {
@@ -205,6 +214,8 @@ impl Default for OomConfig {
             requeue: true,
             max_retries: 2,
             requeue_timeout_s: 60,
+            early_restart: false,
+            early: crate::workload::EarlyRestartRule::default(),
         }
     }
 }
@@ -436,6 +447,10 @@ impl Config {
         if self.oom.requeue_timeout_s == 0 {
             return Err(invalid("oom.requeue_timeout_s", "must be at least 1"));
         }
+        self.oom
+            .early
+            .validate()
+            .map_err(|e| invalid("oom.early", e.to_string()))?;
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .map_err(|e| invalid("log_level", format!("\"{}\": {e}", self.log_level)))?;
         Ok(())

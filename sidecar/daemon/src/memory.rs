@@ -20,6 +20,12 @@
 //!   its failures and the restarts granted; the next allocate of that job id
 //!   (Slurm keeps the id across `scontrol requeue`) asks for at least the
 //!   next larger memory size of the GPU ([`next_larger_memory`]).
+//! - **Early restarts** (`oom.early_restart`): the recent samples of each
+//!   running job feed [`EarlyRestartRule`] (the simulator's rule); when it
+//!   predicts the instance will be exceeded, the job goes through the same
+//!   ledger and requeue as an out-of-memory failure, marked pending until
+//!   the killed run's release, and counted false when the restart's peak
+//!   would have fitted the instance it left.
 //! - **Events**: the last [`MAX_EVENTS`] out-of-memory decisions, shown by
 //!   `smartmig status`.
 
@@ -29,10 +35,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::fsutil::atomic_write;
-use super::protocol::{EstimateStatus, MemoryStatus, OomDecision, OomEvent, OomJob};
+use super::protocol::{
+    EarlyRestartStatus, EstimateStatus, MemoryStatus, OomCause, OomDecision, OomEvent, OomJob,
+};
 use crate::mig::ModelSpec;
 use crate::workload::memory_estimate::{EstimateError, Outcome};
-use crate::workload::{EstimatorConfig, MemoryEstimator, MemoryKey};
+use crate::workload::{EarlyRestartRule, EstimatorConfig, MemoryEstimator, MemoryKey, MemorySample};
 
 /// File name in the state directory.
 pub const STATE_FILE: &str = "memory.json";
@@ -67,11 +75,29 @@ pub enum Sizing {
 }
 
 /// A job holding an instance now.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunningJob {
     pub key: Option<MemoryKey>,
     /// Largest memory use seen (GB), from the backend's samples.
     pub peak_gb: Option<f64>,
+    /// Unix seconds of the allocation (after a daemon restart: of the first
+    /// sample, so the rule sees a short run and predicts less far).
+    pub started_s: Option<f64>,
+    /// The latest samples, oldest first (the early-restart window).
+    pub recent: VecDeque<MemorySample>,
+    /// `--mig-profile` jobs keep their profile: never restarted early.
+    pub exact: bool,
+    /// The early-restart rule fired for this run (it decides once per run).
+    pub early_decided: bool,
+}
+
+/// What the early-restart rule saw when it fired.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EarlyTrigger {
+    /// Memory in use now, GB.
+    pub used_gb: f64,
+    /// Where the trend goes, GB (more than the instance has).
+    pub predicted_gb: f64,
 }
 
 /// The instance a released job held.
@@ -108,6 +134,44 @@ pub struct OomRecord {
     pub last_memory_gb: u32,
     /// Unix seconds of the last failure.
     pub at: u64,
+    /// Of `restarts`, the early ones.
+    #[serde(default)]
+    pub early_restarts: u32,
+    /// An early restart was scheduled and the run it kills has not been
+    /// released yet: that release is no completion.
+    #[serde(default)]
+    pub early_pending: bool,
+    /// The memory (GB) of the instance the last early restart left: a
+    /// completed restart that peaked within it was a false early restart.
+    #[serde(default)]
+    pub early_from_gb: Option<u32>,
+}
+
+impl OomRecord {
+    /// A job's first entry, before its first failure or early restart.
+    fn new(job_id: u64, key: Option<MemoryKey>, inst: &Released, now: u64) -> OomRecord {
+        OomRecord {
+            job_id,
+            key,
+            gpu: inst.gpu,
+            failures: 0,
+            restarts: 0,
+            last_profile: String::new(),
+            last_compute: inst.compute,
+            last_memory_gb: 0,
+            at: now,
+            early_restarts: 0,
+            early_pending: false,
+            early_from_gb: None,
+        }
+    }
+}
+
+/// Early restarts since the state file began.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EarlyCounts {
+    pub restarts: u64,
+    pub false_restarts: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -118,6 +182,8 @@ struct Stored {
     oom_jobs: Vec<OomRecord>,
     #[serde(default)]
     events: Vec<OomEvent>,
+    #[serde(default)]
+    early: EarlyCounts,
 }
 
 /// The serialized estimator, read back to list its keys (the estimator
@@ -141,6 +207,7 @@ pub struct MemoryState {
     oom_jobs: BTreeMap<u64, OomRecord>,
     events: VecDeque<OomEvent>,
     running: HashMap<u64, RunningJob>,
+    early: EarlyCounts,
 }
 
 /// The smallest memory size (GB) above `above_gb` among the profiles of
@@ -184,6 +251,48 @@ pub fn memory_within_shards(model: &ModelSpec, slices: u8) -> Option<u32> {
         .max()
 }
 
+/// Whether a job that ran out of memory on `inst` (or is predicted to) is
+/// requeued, given the `restarts` it already had, and the message saying so.
+fn decide(restarts: u32, inst: &Released, policy: OomPolicy) -> (OomDecision, String) {
+    if !policy.requeue {
+        (
+            OomDecision::Disabled,
+            "not requeued: oom.requeue = false in smartmigd's config".to_string(),
+        )
+    } else if !policy.slurm_enabled {
+        (
+            OomDecision::SlurmDisabled,
+            "not requeued: Slurm queries are disabled (slurm.enabled = false)".to_string(),
+        )
+    } else if restarts >= policy.max_retries {
+        (
+            OomDecision::RetriesExhausted,
+            format!(
+                "not requeued: {restarts} restart(s) after out-of-memory failures already (oom.max_retries = {})",
+                policy.max_retries
+            ),
+        )
+    } else if inst.next_memory_gb.is_none() {
+        (
+            OomDecision::NoLargerProfile,
+            format!(
+                "not requeued: no profile with more than {} GB for {} slice(s) on GPU {}",
+                inst.memory_gb, inst.compute, inst.gpu
+            ),
+        )
+    } else {
+        (
+            OomDecision::RequeueScheduled,
+            format!(
+                "requeue {} of {}: next start gets at least {} GB",
+                restarts + 1,
+                policy.max_retries,
+                inst.next_memory_gb.unwrap_or(inst.memory_gb)
+            ),
+        )
+    }
+}
+
 /// Sets the estimator's configuration through its serialized form, which
 /// validates the values and trims the history to the new bounds.
 fn reconfigure(
@@ -205,6 +314,7 @@ impl MemoryState {
             oom_jobs: BTreeMap::new(),
             events: VecDeque::new(),
             running: HashMap::new(),
+            early: EarlyCounts::default(),
         })
     }
 
@@ -229,6 +339,7 @@ impl MemoryState {
                 st.estimator = estimator;
                 st.oom_jobs = s.oom_jobs.into_iter().map(|r| (r.job_id, r)).collect();
                 st.events = s.events.into_iter().collect();
+                st.early = s.early;
                 st.trim();
                 tracing::info!(
                     keys = st.estimator.len(),
@@ -272,6 +383,7 @@ impl MemoryState {
             estimator: self.estimator.clone(),
             oom_jobs: self.oom_jobs.values().cloned().collect(),
             events: self.events.iter().cloned().collect(),
+            early: self.early,
         };
         let bytes = serde_json::to_vec_pretty(&stored).map_err(|e| MemoryError::Encode {
             path: self.path.clone(),
@@ -337,11 +449,19 @@ impl MemoryState {
         (None, Sizing::Declared)
     }
 
-    /// A job got an instance (not for `existing` replies: the first
-    /// allocate of a job registers it).
-    pub fn on_allocate(&mut self, job_id: u64, key: Option<MemoryKey>) {
-        self.running
-            .insert(job_id, RunningJob { key, peak_gb: None });
+    /// A job got an instance at `now_s` (unix seconds; not for `existing`
+    /// replies: the first allocate of a job registers it). `exact`: it
+    /// asked for its profile by name (`--mig-profile`).
+    pub fn on_allocate(&mut self, job_id: u64, key: Option<MemoryKey>, exact: bool, now_s: f64) {
+        self.running.insert(
+            job_id,
+            RunningJob {
+                key,
+                started_s: Some(now_s),
+                exact,
+                ..RunningJob::default()
+            },
+        );
     }
 
     /// A sample of the memory a job uses now (GB); keeps the largest.
@@ -351,11 +471,46 @@ impl MemoryState {
         if !(gb.is_finite() && gb >= 0.0) {
             return;
         }
-        let r = self.running.entry(job_id).or_insert(RunningJob {
-            key: None,
-            peak_gb: None,
-        });
+        let r = self.running.entry(job_id).or_default();
         r.peak_gb = Some(r.peak_gb.map_or(gb, |p| p.max(gb)));
+    }
+
+    /// A periodic sample (GB) of a job on an instance of `instance_gb`,
+    /// taken at `now_s` (unix seconds): kept as [`Self::sample`] does and,
+    /// with a `rule`, asked whether the job should restart early. Fires at
+    /// most once per run, never for `--mig-profile` jobs.
+    pub fn observe(
+        &mut self,
+        job_id: u64,
+        gb: f64,
+        now_s: f64,
+        instance_gb: f64,
+        rule: Option<&EarlyRestartRule>,
+    ) -> Option<EarlyTrigger> {
+        if !(gb.is_finite() && gb >= 0.0) {
+            return None;
+        }
+        self.sample(job_id, gb);
+        let r = self.running.get_mut(&job_id)?;
+        let started = *r.started_s.get_or_insert(now_s);
+        let rule = rule?;
+        r.recent.push_back(MemorySample {
+            t_s: now_s - started,
+            used_gb: gb,
+        });
+        while r.recent.len() > rule.window {
+            r.recent.pop_front();
+        }
+        if r.exact || r.early_decided {
+            return None;
+        }
+        let recent: Vec<MemorySample> = r.recent.iter().copied().collect();
+        let predicted_gb = rule.predicts_overflow(&recent, instance_gb)?;
+        r.early_decided = true;
+        Some(EarlyTrigger {
+            used_gb: gb,
+            predicted_gb,
+        })
     }
 
     pub fn running(&self, job_id: u64) -> Option<&RunningJob> {
@@ -389,11 +544,27 @@ impl MemoryState {
         };
         let key = running.as_ref().and_then(|r| r.key.clone());
         if !oom {
+            if let Some(rec) = self.oom_jobs.get_mut(&job_id) {
+                if rec.early_pending {
+                    // The run the early restart killed: not a completion,
+                    // and its peak is not the job's.
+                    rec.early_pending = false;
+                    return (true, None);
+                }
+            }
             let peak = match (running.and_then(|r| r.peak_gb), used_gb) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),
             };
-            let mut changed = self.oom_jobs.remove(&job_id).is_some();
+            let left = self.oom_jobs.remove(&job_id);
+            let mut changed = left.is_some();
+            if let (Some(from), Some(peak)) = (left.and_then(|r| r.early_from_gb), peak) {
+                if peak <= f64::from(from) {
+                    self.early.false_restarts += 1;
+                    tracing::warn!(job = job_id, peak_gb = peak, left_gb = from,
+                        "false early restart: the job's peak would have fitted the instance it was restarted from");
+                }
+            }
             if let (Some(key), Some(peak)) = (key, peak) {
                 match self
                     .estimator
@@ -417,18 +588,14 @@ impl MemoryState {
                 tracing::warn!(job = job_id, "out-of-memory bound not recorded: {e}");
             }
         }
-        let rec = self.oom_jobs.entry(job_id).or_insert(OomRecord {
-            job_id,
-            key: key.clone(),
-            gpu: inst.gpu,
-            failures: 0,
-            restarts: 0,
-            last_profile: String::new(),
-            last_compute: inst.compute,
-            last_memory_gb: 0,
-            at: now,
-        });
+        let rec = self
+            .oom_jobs
+            .entry(job_id)
+            .or_insert_with(|| OomRecord::new(job_id, key.clone(), inst, now));
         rec.failures += 1;
+        // It failed before an early restart's requeue killed it: the
+        // failure decides now.
+        rec.early_pending = false;
         rec.gpu = inst.gpu;
         rec.last_profile = inst.profile.clone();
         rec.last_compute = inst.compute;
@@ -437,44 +604,10 @@ impl MemoryState {
         if key.is_some() {
             rec.key = key.clone();
         }
-        let (decision, message) = if !policy.requeue {
-            (
-                OomDecision::Disabled,
-                "not requeued: oom.requeue = false in smartmigd's config".to_string(),
-            )
-        } else if !policy.slurm_enabled {
-            (
-                OomDecision::SlurmDisabled,
-                "not requeued: Slurm queries are disabled (slurm.enabled = false)".to_string(),
-            )
-        } else if rec.restarts >= policy.max_retries {
-            (
-                OomDecision::RetriesExhausted,
-                format!(
-                    "not requeued: {} restart(s) after out-of-memory failures already (oom.max_retries = {})",
-                    rec.restarts, policy.max_retries
-                ),
-            )
-        } else if inst.next_memory_gb.is_none() {
-            (
-                OomDecision::NoLargerProfile,
-                format!(
-                    "not requeued: no profile with more than {} GB for {} slice(s) on GPU {}",
-                    inst.memory_gb, inst.compute, inst.gpu
-                ),
-            )
-        } else {
+        let (decision, message) = decide(rec.restarts, inst, policy);
+        if decision == OomDecision::RequeueScheduled {
             rec.restarts += 1;
-            (
-                OomDecision::RequeueScheduled,
-                format!(
-                    "requeue {} of {}: next start gets at least {} GB",
-                    rec.restarts,
-                    policy.max_retries,
-                    inst.next_memory_gb.unwrap_or(inst.memory_gb)
-                ),
-            )
-        };
+        }
         let event = OomEvent {
             at: now,
             job_id,
@@ -489,10 +622,80 @@ impl MemoryState {
                 .then_some(inst.next_memory_gb)
                 .flatten(),
             message,
+            cause: OomCause::Failure,
+            used_gb: None,
+            predicted_gb: None,
         };
         self.events.push_back(event.clone());
         self.trim();
         (true, Some(event))
+    }
+
+    /// The early-restart rule fired for a running job on `inst`: the same
+    /// decisions as an out-of-memory failure (requeue allowed, Slurm on,
+    /// restarts left, a larger profile exists), counted in the same
+    /// `restarts`. A scheduled one puts the job in the ledger (its next
+    /// start gets more memory) and marks the killed run's release as no
+    /// completion. Nothing is learned: a prediction is no bound.
+    pub fn on_early_restart(
+        &mut self,
+        job_id: u64,
+        inst: &Released,
+        trigger: EarlyTrigger,
+        policy: OomPolicy,
+        now: u64,
+    ) -> OomEvent {
+        let key = self.running.get(&job_id).and_then(|r| r.key.clone());
+        let restarts = self.oom_jobs.get(&job_id).map_or(0, |r| r.restarts);
+        let (decision, message) = decide(restarts, inst, policy);
+        let mut failures = 0;
+        let message = if decision == OomDecision::RequeueScheduled {
+            let rec = self
+                .oom_jobs
+                .entry(job_id)
+                .or_insert_with(|| OomRecord::new(job_id, key.clone(), inst, now));
+            rec.restarts += 1;
+            rec.early_restarts += 1;
+            rec.early_pending = true;
+            rec.early_from_gb = Some(inst.memory_gb);
+            rec.gpu = inst.gpu;
+            rec.last_profile = inst.profile.clone();
+            rec.last_compute = inst.compute;
+            rec.last_memory_gb = rec.last_memory_gb.max(inst.memory_gb);
+            rec.at = now;
+            failures = rec.failures;
+            self.early.restarts += 1;
+            format!(
+                "early restart: {:.2} GB in use and rising, {:.2} GB predicted on a {} GB instance; {message}",
+                trigger.used_gb, trigger.predicted_gb, inst.memory_gb
+            )
+        } else {
+            format!(
+                "early restart predicted ({:.2} GB in use, {:.2} GB predicted on a {} GB instance) but {message}",
+                trigger.used_gb, trigger.predicted_gb, inst.memory_gb
+            )
+        };
+        let event = OomEvent {
+            at: now,
+            job_id,
+            user: key.as_ref().map(|k| k.user.clone()),
+            job_name: key.as_ref().map(|k| k.name.clone()),
+            gpu: inst.gpu,
+            profile: inst.profile.clone(),
+            memory_gb: inst.memory_gb,
+            failures,
+            decision,
+            next_memory_gb: (decision == OomDecision::RequeueScheduled)
+                .then_some(inst.next_memory_gb)
+                .flatten(),
+            message,
+            cause: OomCause::EarlyRestart,
+            used_gb: Some(trigger.used_gb),
+            predicted_gb: Some(trigger.predicted_gb),
+        };
+        self.events.push_back(event.clone());
+        self.trim();
+        event
     }
 
     /// The outcome of a scheduled requeue (`requeued` or `requeue_failed`),
@@ -515,6 +718,20 @@ impl MemoryState {
         let Some(mut e) = base else {
             return;
         };
+        if e.cause == OomCause::EarlyRestart && decision != OomDecision::Requeued {
+            // The job ended on its own first, or Slurm would not requeue
+            // it (not a batch job): no restart happened.
+            if let Some(rec) = self.oom_jobs.get_mut(&job_id) {
+                rec.early_pending = false;
+                rec.restarts = rec.restarts.saturating_sub(1);
+                rec.early_restarts = rec.early_restarts.saturating_sub(1);
+                rec.early_from_gb = None;
+                if rec.failures == 0 {
+                    self.oom_jobs.remove(&job_id);
+                }
+            }
+            self.early.restarts = self.early.restarts.saturating_sub(1);
+        }
         e.at = now;
         e.decision = decision;
         e.message = message;
@@ -523,7 +740,13 @@ impl MemoryState {
     }
 
     /// The `memory` section of a status reply.
-    pub fn status(&self, estimate: bool, oom_requeue: bool, max_retries: u32) -> MemoryStatus {
+    pub fn status(
+        &self,
+        estimate: bool,
+        oom_requeue: bool,
+        max_retries: u32,
+        early: Option<&EarlyRestartRule>,
+    ) -> MemoryStatus {
         let mut keys: Vec<(u64, MemoryKey)> = serde_json::to_value(&self.estimator)
             .ok()
             .and_then(|v| serde_json::from_value::<EstimatorMirror>(v).ok())
@@ -570,9 +793,17 @@ impl MemoryState {
                     failures: r.failures,
                     last_profile: r.last_profile.clone(),
                     last_memory_gb: r.last_memory_gb,
+                    early_restarts: r.early_restarts,
                 })
                 .collect(),
             estimates,
+            early_restart: early.map(|rule| EarlyRestartStatus {
+                window: rule.window,
+                horizon: rule.horizon,
+                min_fill: rule.min_fill,
+                restarts: self.early.restarts,
+                false_restarts: self.early.false_restarts,
+            }),
         }
     }
 }
@@ -639,7 +870,7 @@ mod tests {
             m.size_request(a, 7, 1, None, Some(&key), true),
             (None, Sizing::Declared)
         );
-        m.on_allocate(7, Some(key.clone()));
+        m.on_allocate(7, Some(key.clone()), false, 0.0);
         let (changed, ev) = m.on_release(
             7,
             Some(&held(GpuModel::A100_40gb, "1g.5gb")),
@@ -673,7 +904,7 @@ mod tests {
             (Some(3.0), Sizing::Declared)
         );
         // The restart completes with a sampled peak: learned, ledger cleared.
-        m.on_allocate(7, Some(key.clone()));
+        m.on_allocate(7, Some(key.clone()), false, 0.0);
         m.sample(7, 7.5);
         m.sample(7, 3.0);
         let (changed, ev) = m.on_release(
@@ -693,13 +924,125 @@ mod tests {
         m.save().unwrap();
         let back = MemoryState::open(&d, &EstimatorConfig::default()).unwrap();
         assert_eq!(back.estimator(), m.estimator());
-        let s = back.status(true, true, 2);
+        let s = back.status(true, true, 2, None);
         assert_eq!(s.estimates.len(), 1);
         assert_eq!(s.estimates[0].runs, 2);
         assert_eq!(s.estimates[0].ooms, 1);
         assert_eq!(s.estimates[0].max_peak_gb, Some(7.5));
         let decisions: Vec<&str> = s.oom_events.iter().map(|e| e.decision.as_str()).collect();
         assert_eq!(decisions, vec!["requeue_scheduled", "requeued"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Samples every 5 s of a job whose use rises by `per_sample` GB from
+    /// `from` GB, until the rule fires (or `n` samples).
+    fn feed(
+        m: &mut MemoryState,
+        job: u64,
+        from: f64,
+        per_sample: f64,
+        n: u32,
+        rule: &EarlyRestartRule,
+    ) -> Option<(u32, EarlyTrigger)> {
+        (1..=n).find_map(|k| {
+            let t = f64::from(k) * 5.0;
+            let gb = from + per_sample * f64::from(k);
+            m.observe(job, gb, 1000.0 + t, 5.0, Some(rule)).map(|tr| (k, tr))
+        })
+    }
+
+    #[test]
+    fn early_restart_requeues_then_the_killed_run_is_no_completion() {
+        let d = dir("early");
+        let a = GpuModel::A100_40gb.spec();
+        let rule = EarlyRestartRule::default();
+        let mut m = MemoryState::empty(&d, &EstimatorConfig::default()).unwrap();
+        let key = MemoryKey::new("bob", "grow.sh");
+        m.on_allocate(3, Some(key.clone()), false, 1000.0);
+        // 1 GB + 0.1 GB per 5 s on a 5 GB instance: the rule fires while
+        // the use is still under the instance.
+        let (k, tr) = feed(&mut m, 3, 1.0, 0.1, 100, &rule).expect("fires");
+        assert!(tr.used_gb < 5.0 && tr.predicted_gb > 5.0, "{tr:?} at {k}");
+        // Once per run: later samples do not fire again.
+        assert_eq!(m.observe(3, 4.9, 2000.0, 5.0, Some(&rule)), None);
+        let inst = held(GpuModel::A100_40gb, "1g.5gb");
+        let ev = m.on_early_restart(3, &inst, tr, on(true, 2), 50);
+        assert_eq!(ev.decision, OomDecision::RequeueScheduled);
+        assert_eq!(ev.cause, OomCause::EarlyRestart);
+        assert_eq!(ev.failures, 0);
+        assert_eq!(ev.next_memory_gb, Some(10));
+        assert!(ev.message.starts_with("early restart: "), "{}", ev.message);
+        // The requeue kills the run: its release keeps the ledger and
+        // teaches nothing.
+        let (changed, none) = m.on_release(3, Some(&inst), false, Some(4.9), on(true, 2), 60);
+        assert!(changed && none.is_none());
+        assert_eq!(m.estimator().history(&key).count(), 0);
+        assert_eq!(
+            m.size_request(a, 3, 1, None, Some(&key), true),
+            (Some(10.0), Sizing::OomRestart { after_gb: 5 })
+        );
+        m.on_requeue_result(3, OomDecision::Requeued, "requeued".into(), 61);
+        // The restart peaks at 7 GB: a true early restart; ledger cleared.
+        m.on_allocate(3, Some(key.clone()), false, 2000.0);
+        m.sample(3, 7.0);
+        let ten = held(GpuModel::A100_40gb, "1g.10gb");
+        let (changed, _) = m.on_release(3, Some(&ten), false, None, on(true, 2), 90);
+        assert!(changed && m.oom_record(3).is_none());
+        let s = m.status(true, true, 2, Some(&rule));
+        let e = s.early_restart.expect("on");
+        assert_eq!((e.restarts, e.false_restarts), (1, 0));
+        // A second job restarted early that peaks within 5 GB: false.
+        m.on_allocate(4, Some(key.clone()), false, 1000.0);
+        let (_, tr) = feed(&mut m, 4, 1.0, 0.1, 100, &rule).expect("fires");
+        m.on_early_restart(4, &inst, tr, on(true, 2), 100);
+        m.on_release(4, Some(&inst), false, None, on(true, 2), 101);
+        m.on_requeue_result(4, OomDecision::Requeued, "requeued".into(), 102);
+        m.on_allocate(4, Some(key.clone()), false, 4000.0);
+        m.sample(4, 4.5);
+        m.on_release(4, Some(&ten), false, None, on(true, 2), 200);
+        let e = m.status(true, true, 2, Some(&rule)).early_restart.unwrap();
+        assert_eq!((e.restarts, e.false_restarts), (2, 1));
+        // Counts survive a restart of the daemon.
+        m.save().unwrap();
+        let back = MemoryState::open(&d, &EstimatorConfig::default()).unwrap();
+        let e = back.status(true, true, 2, Some(&rule)).early_restart.unwrap();
+        assert_eq!((e.restarts, e.false_restarts), (2, 1));
+        assert_eq!(back.status(true, true, 2, None).early_restart, None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn early_restart_is_bounded_and_undone_when_slurm_says_no() {
+        let d = dir("early-bounded");
+        let rule = EarlyRestartRule::default();
+        let mut m = MemoryState::empty(&d, &EstimatorConfig::default()).unwrap();
+        let inst = held(GpuModel::A100_40gb, "1g.5gb");
+        // --mig-profile jobs are never restarted early.
+        m.on_allocate(5, None, true, 1000.0);
+        assert_eq!(feed(&mut m, 5, 1.0, 0.1, 100, &rule), None);
+        // Without a rule, samples only feed the peak.
+        m.on_allocate(6, None, false, 1000.0);
+        assert_eq!(
+            (1..50).find_map(|k| m.observe(6, f64::from(k) * 0.1, 1000.0 + f64::from(k), 5.0, None)),
+            None
+        );
+        assert_eq!(m.running(6).and_then(|r| r.peak_gb), Some(4.9));
+        // The same ladder as an out-of-memory failure: disabled, retries.
+        m.on_allocate(7, None, false, 1000.0);
+        let (_, tr) = feed(&mut m, 7, 1.0, 0.1, 100, &rule).unwrap();
+        let ev = m.on_early_restart(7, &inst, tr, on(false, 2), 1);
+        assert_eq!(ev.decision, OomDecision::Disabled);
+        assert!(m.oom_record(7).is_none(), "nothing scheduled, no ledger entry");
+        let ev = m.on_early_restart(7, &inst, tr, on(true, 0), 1);
+        assert_eq!(ev.decision, OomDecision::RetriesExhausted);
+        // Slurm would not requeue (an interactive job): undone.
+        let ev = m.on_early_restart(7, &inst, tr, on(true, 2), 2);
+        assert_eq!(ev.decision, OomDecision::RequeueScheduled);
+        assert!(m.oom_record(7).is_some_and(|r| r.early_pending));
+        m.on_requeue_result(7, OomDecision::RequeueFailed, "not a batch job".into(), 3);
+        assert!(m.oom_record(7).is_none());
+        let e = m.status(true, true, 2, Some(&rule)).early_restart.unwrap();
+        assert_eq!(e.restarts, 0);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -38,6 +38,12 @@ struct InstanceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RestartLabel {
+    cause: String,
+    decision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabel {
     gpu: String,
 }
@@ -61,6 +67,7 @@ pub struct Metrics {
     energy: Family<GpuLabel, Gauge<f64, AtomicU64>>,
     reaped: Counter,
     epilog_missing: Gauge,
+    memory_restarts: Family<RestartLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -121,7 +128,14 @@ impl Metrics {
             "1 when the reaper freed instances and the plugin's job_epilog never sent a release (slurmd needs a restart)",
             epilog_missing.clone(),
         );
+        let memory_restarts = Family::<RestartLabel, Counter>::default();
+        registry.register(
+            "memory_restarts",
+            "Out-of-memory decisions by cause (oom: the job ran out; early: its rising use predicted it would) and decision (requeue_scheduled, retries_exhausted, ...)",
+            memory_restarts.clone(),
+        );
         Metrics {
+            memory_restarts,
             registry,
             reaped,
             epilog_missing,
@@ -156,6 +170,16 @@ impl Metrics {
             .get_or_create(&ReconfLabel {
                 gpu: gpu.to_string(),
                 op: op.to_string(),
+            })
+            .inc();
+    }
+
+    /// An out-of-memory decision: `cause` is `oom` or `early`.
+    pub fn memory_restart(&self, cause: &str, decision: &str) {
+        self.memory_restarts
+            .get_or_create(&RestartLabel {
+                cause: cause.to_string(),
+                decision: decision.to_string(),
             })
             .inc();
     }

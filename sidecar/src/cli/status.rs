@@ -185,6 +185,18 @@ fn render_memory(out: &mut String, m: &MemoryStatus) {
         ),
     };
     let _ = writeln!(out, "\nOOM restarts: {restarts}");
+    if let Some(e) = &m.early_restart {
+        let _ = writeln!(
+            out,
+            "  early restart on (window {} samples, horizon {}x the time run, from {:.0} % full): \
+             {} restart(s), {} false (the restart's peak would have fitted)",
+            e.window,
+            e.horizon,
+            e.min_fill * 100.0,
+            e.restarts,
+            e.false_restarts
+        );
+    }
     if m.oom_events.is_empty() {
         let _ = writeln!(out, "  (none)");
     }
@@ -346,6 +358,9 @@ mod tests {
                     decision: crate::daemon::protocol::OomDecision::Requeued,
                     next_memory_gb: Some(10),
                     message: "scontrol requeue 42 succeeded".into(),
+                    cause: crate::daemon::protocol::OomCause::EarlyRestart,
+                    used_gb: Some(4.1),
+                    predicted_gb: Some(5.6),
                 }],
                 oom_jobs: vec![],
                 estimates: vec![EstimateStatus {
@@ -357,6 +372,13 @@ mod tests {
                     max_peak_gb: None,
                 }],
                 plugin_oom_requeue: Some(false),
+                early_restart: Some(crate::daemon::protocol::EarlyRestartStatus {
+                    window: 3,
+                    horizon: 0.5,
+                    min_fill: 0.5,
+                    restarts: 4,
+                    false_restarts: 1,
+                }),
             }),
             epilog_missing: true,
             waiting: vec![],
@@ -375,5 +397,9 @@ mod tests {
         assert!(t.contains("alice/train.sh"), "{t}");
         assert!(t.contains("requeued"), "{t}");
         assert!(t.contains("6.0 GB"), "{t}");
+        assert!(
+            t.contains("early restart on (window 3 samples, horizon 0.5x the time run, from 50 % full): 4 restart(s), 1 false"),
+            "{t}"
+        );
     }
 }

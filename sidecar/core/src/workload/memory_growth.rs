@@ -188,7 +188,7 @@ pub struct MemorySample {
 /// *false* early restart: it costs the run so far and one bigger instance;
 /// the simulator counts them.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct EarlyRestartRule {
     /// Samples the slope is measured over (the newest and the one
     /// `window − 1` before it), at least 2.
@@ -213,19 +213,19 @@ impl EarlyRestartRule {
     pub fn validate(&self) -> Result<(), WorkloadError> {
         if self.window < 2 {
             return Err(WorkloadError::invalid(
-                "early_restart.window",
+                "window",
                 format!("{} (at least 2 samples are needed for a slope)", self.window),
             ));
         }
         if !(self.horizon.is_finite() && self.horizon > 0.0) {
             return Err(WorkloadError::invalid(
-                "early_restart.horizon",
+                "horizon",
                 format!("{} (a positive multiple of the time run)", self.horizon),
             ));
         }
         if !(self.min_fill.is_finite() && (0.0..=1.0).contains(&self.min_fill)) {
             return Err(WorkloadError::invalid(
-                "early_restart.min_fill",
+                "min_fill",
                 format!("{} (a share of the instance, in [0, 1])", self.min_fill),
             ));
         }
@@ -375,8 +375,8 @@ mod tests {
     #[test]
     fn the_rule_follows_the_trend() {
         let rule = EarlyRestartRule::default();
-        // Rising 0.01 GB/s at 300 s: 3.5 + 0.01 × 150 = 5.0, not over 5.
-        let rising = [s(290.0, 3.4), s(295.0, 3.45), s(300.0, 3.5)];
+        // Rising 0.01 GB/s at 300 s: 3.4 + 0.01 × 150 = 4.9, not over 5.
+        let rising = [s(290.0, 3.3), s(295.0, 3.35), s(300.0, 3.4)];
         assert_eq!(rule.predicts_overflow(&rising, 5.0), None);
         // A little later and higher: 4.0 + 0.01 × 160 = 5.6 > 5.
         let later = [s(310.0, 3.9), s(315.0, 3.95), s(320.0, 4.0)];

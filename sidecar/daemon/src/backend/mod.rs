@@ -82,6 +82,13 @@ impl BackendError {
 
 /// The hardware interface. Implementations are blocking (NVML is); the
 /// daemon calls them from blocking sections, serialised per GPU.
+/// One reading of an instance's framebuffer (GB = 1e9 bytes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryUse {
+    pub used_gb: f64,
+    pub total_gb: f64,
+}
+
 pub trait Backend: Send + Sync {
     /// `sim` or `nvml`.
     fn name(&self) -> &'static str;
@@ -112,7 +119,14 @@ pub trait Backend: Send + Sync {
     /// the sampling period can be missed. The sim backend has no memory to
     /// measure (`None`); there the release request's `used_memory_gb` is
     /// the job's peak.
-    fn peak_memory_gb(&self, _gpu: u32, _uuid: &str) -> Option<f64> {
+    fn peak_memory_gb(&self, gpu: u32, uuid: &str) -> Option<f64> {
+        self.memory_use(gpu, uuid).map(|m| m.used_gb)
+    }
+    /// The memory instance `uuid` of `gpu` uses now and has in all (GB), as
+    /// far as the backend can tell. The total is the instance's real size
+    /// (an A100-40GB `1g.5gb` has 4.875 GB, not 5), which is what the
+    /// early-restart rule must compare with: a job fails at the real size.
+    fn memory_use(&self, _gpu: u32, _uuid: &str) -> Option<MemoryUse> {
         None
     }
     /// Whether [`Backend::peak_memory_gb`] can measure anything, so the

@@ -26,7 +26,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings as sys;
 
-use super::{Backend, BackendError, BackendInstance, GpuInfo};
+use super::{Backend, BackendError, BackendInstance, GpuInfo, MemoryUse};
 use crate::config::NvmlConfig;
 use crate::mig::{Geometry, GpuModel, PlacementId, ProfileSpec, Shape};
 
@@ -608,14 +608,18 @@ impl Backend for NvmlBackend {
             .collect()
     }
 
-    /// Current framebuffer use of the MIG device (`nvmlDeviceGetMemoryInfo_v2`
-    /// on the handle of its MIG UUID); the daemon samples it for the peak.
-    /// `used` includes the driver's small per-context reservation.
-    fn peak_memory_gb(&self, gpu: u32, uuid: &str) -> Option<f64> {
+    /// Current framebuffer use and size of the MIG device
+    /// (`nvmlDeviceGetMemoryInfo_v2` on the handle of its MIG UUID); the
+    /// daemon samples it for the peak and the early-restart rule. `used`
+    /// includes the driver's small per-context reservation.
+    fn memory_use(&self, gpu: u32, uuid: &str) -> Option<MemoryUse> {
         self.gpu(gpu).ok()?;
         let device = self.nvml.device_by_uuid(uuid).ok()?;
         let info = device.memory_info().ok()?;
-        Some(info.used as f64 / 1e9)
+        Some(MemoryUse {
+            used_gb: info.used as f64 / 1e9,
+            total_gb: info.total as f64 / 1e9,
+        })
     }
 
     fn energy_j(&self, gpu: u32) -> Option<f64> {

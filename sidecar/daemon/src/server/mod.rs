@@ -28,7 +28,9 @@ use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use super::config::{BackendKind, Config, ConfigError};
 use super::fsutil::ensure_dir;
 use super::journal::{self, Durability, Journal};
-use super::memory::{next_larger_memory, MemoryState, OomPolicy, Released, Sizing};
+use super::memory::{
+    next_larger_memory, EarlyTrigger, MemoryState, OomPolicy, Released, Sizing,
+};
 use super::metrics::{InstanceCount, Metrics};
 use super::placement::{Contender, PlacementChoiceError, PlacementRule, Turn};
 use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
@@ -40,7 +42,7 @@ use super::protocol::{
 use super::slurm::{
     layout_features, merge_features, CommandSlurm, JobState, NoSlurm, QueueSnapshot, SlurmClient,
 };
-use crate::mig::{Geometry, GpuModel, Layout};
+use crate::mig::{Geometry, GpuModel, Layout, PlacementId};
 use crate::policy::{
     self, ClusterView, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS, MODEL_COUNT,
 };
@@ -54,7 +56,7 @@ mod reload;
 mod view;
 
 use http::serve_metrics;
-use reconcile::check_gpu_order;
+use reconcile::{check_gpu_order, RequeueWhen};
 pub use reconcile::ReleaseCounts;
 
 /// Errors that stop the daemon from starting.
@@ -162,6 +164,20 @@ struct GpuSlot {
     model: GpuModel,
     state: Mutex<GpuState>,
     released: Notify,
+}
+
+/// What a job on `placement` of `slot` holds, as the memory bookkeeping
+/// sees it (profile, memory, and the next larger memory size for its
+/// compute slices).
+fn released_of(slot: &GpuSlot, book: &GpuBook, placement: PlacementId) -> Released {
+    let p = book.geometry.placement(placement);
+    Released {
+        gpu: slot.index,
+        profile: p.profile.name(),
+        compute: p.compute(),
+        memory_gb: p.profile.memory_gb,
+        next_memory_gb: next_larger_memory(slot.model.spec(), p.compute(), p.profile.memory_gb),
+    }
 }
 
 /// The running daemon.
@@ -923,7 +939,12 @@ impl Daemon {
                     let waited_ms = start.elapsed().as_millis() as u64;
                     let reply = self.execute(slot, &mut st, &req, profile, plan, waited_ms);
                     if reply.is_ok() {
-                        self.memory().on_allocate(req.job_id, key);
+                        self.memory().on_allocate(
+                            req.job_id,
+                            key,
+                            exact.is_some(),
+                            unix_now_f64(),
+                        );
                     }
                     return reply;
                 }
@@ -1253,20 +1274,8 @@ impl Daemon {
             let Some(inst) = st.book.find_job(job_id) else {
                 continue;
             };
-            let g = st.book.geometry;
-            let p = g.placement(inst.placement);
             let uuid = inst.uuid.clone();
-            held = Some(Released {
-                gpu: slot.index,
-                profile: p.profile.name(),
-                compute: p.compute(),
-                memory_gb: p.profile.memory_gb,
-                next_memory_gb: next_larger_memory(
-                    slot.model.spec(),
-                    p.compute(),
-                    p.profile.memory_gb,
-                ),
-            });
+            held = Some(released_of(slot, &st.book, inst.placement));
             // A blocking section hands the worker thread over (futex
             // wake-ups): only for a backend that measures anything.
             let measured = self.backend.measures_memory().then(|| {
@@ -1312,18 +1321,8 @@ impl Daemon {
             );
             if changed {
                 // On disk with fsync (it must survive a reboot), but after
-                // the reply, not before it: the write saves whatever the
-                // state is then (saves queue on the mutex), and shutdown
-                // saves once more.
-                let memory = Arc::clone(&self.memory);
-                tokio::task::spawn_blocking(move || {
-                    let m = memory
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if let Err(e) = m.save() {
-                        tracing::error!(job = job_id, "memory estimates not saved: {e}");
-                    }
-                });
+                // the reply, not before it; shutdown saves once more.
+                self.save_memory_later(job_id);
             }
             event
         };
@@ -1335,20 +1334,17 @@ impl Daemon {
         }
         if let Some(ev) = &event {
             self.metrics.failure("oom");
+            self.metrics.memory_restart("oom", ev.decision.as_str());
             tracing::warn!(job = job_id, gpu = ev.gpu, profile = %ev.profile, failures = ev.failures,
                 decision = %ev.decision, "job ran out of GPU memory: {}", ev.message);
             if ev.decision == OomDecision::RequeueScheduled {
-                // The restart gets a profile with more memory; when that
-                // one has more compute slices than the job holds, Slurm
-                // must bill them too (never more than the GPU has).
-                let raise_to = held.as_ref().and_then(|h| {
-                    let model = self.slots.get(h.gpu as usize)?.model.spec();
-                    let next = h.next_memory_gb?;
-                    let p =
-                        crate::mig::select_profile(model, h.compute, Some(f64::from(next))).ok()?;
-                    (p.shape.compute > h.compute).then_some(p.shape.compute)
-                });
-                self.spawn_requeue(job_id, cfg.oom.requeue_timeout_s, raise_to);
+                let raise_to = held.as_ref().and_then(|h| self.raised_shards(h));
+                self.spawn_requeue(
+                    job_id,
+                    cfg.oom.requeue_timeout_s,
+                    raise_to,
+                    RequeueWhen::Failed,
+                );
             }
         }
         Ok(ReleaseReply {
@@ -1357,26 +1353,95 @@ impl Daemon {
         })
     }
 
+    /// The compute slices Slurm must bill for a restart on the next larger
+    /// memory size after `held`, when that profile has more compute slices
+    /// than the job holds (never more than the GPU has); `None` otherwise.
+    fn raised_shards(&self, held: &Released) -> Option<u8> {
+        let model = self.slots.get(held.gpu as usize)?.model.spec();
+        let next = held.next_memory_gb?;
+        let p = crate::mig::select_profile(model, held.compute, Some(f64::from(next))).ok()?;
+        (p.shape.compute > held.compute).then_some(p.shape.compute)
+    }
+
     /// Samples the memory every busy instance uses now (backends that can
-    /// tell: nvml); the largest sample of a job is its peak.
+    /// tell: nvml); the largest sample of a job is its peak. With
+    /// `oom.early_restart`, each sample also goes to the early-restart rule,
+    /// and a job it fires for is requeued on a bigger profile.
     pub async fn sample_memory(&self) {
+        let cfg = self.config();
+        let rule = cfg.oom.early_restart.then_some(&cfg.oom.early);
         for slot in &self.slots {
-            let busy: Vec<(u64, String)> = {
+            let busy: Vec<(u64, String, Released)> = {
                 let st = slot.state.lock().await;
                 st.book
                     .instances
                     .iter()
-                    .filter_map(|i| Some((i.job.as_ref()?.job_id, i.uuid.clone())))
+                    .filter_map(|i| {
+                        let job = i.job.as_ref()?.job_id;
+                        Some((job, i.uuid.clone(), released_of(slot, &st.book, i.placement)))
+                    })
                     .collect()
             };
-            for (job, uuid) in busy {
-                if let Some(gb) =
-                    tokio::task::block_in_place(|| self.backend.peak_memory_gb(slot.index, &uuid))
-                {
-                    self.memory().sample(job, gb);
+            for (job, uuid, held) in busy {
+                let Some(now) =
+                    tokio::task::block_in_place(|| self.backend.memory_use(slot.index, &uuid))
+                else {
+                    continue;
+                };
+                // The instance's real size where the backend reports one.
+                let size = if now.total_gb > 0.0 {
+                    now.total_gb
+                } else {
+                    f64::from(held.memory_gb)
+                };
+                let fired =
+                    self.memory()
+                        .observe(job, now.used_gb, unix_now_f64(), size, rule);
+                if let Some(trigger) = fired {
+                    self.early_restart(job, &held, trigger, &cfg);
                 }
             }
         }
+    }
+
+    /// The early-restart rule fired for `job`: decide as for an
+    /// out-of-memory failure and, when allowed, requeue the running job.
+    fn early_restart(&self, job: u64, held: &Released, trigger: EarlyTrigger, cfg: &Config) {
+        let policy = OomPolicy {
+            requeue: cfg.oom.requeue,
+            max_retries: cfg.oom.max_retries,
+            slurm_enabled: cfg.slurm.enabled,
+        };
+        let ev = self
+            .memory()
+            .on_early_restart(job, held, trigger, policy, unix_now());
+        self.metrics.memory_restart("early", ev.decision.as_str());
+        tracing::warn!(job, gpu = ev.gpu, profile = %ev.profile, used_gb = trigger.used_gb,
+            predicted_gb = trigger.predicted_gb, decision = %ev.decision,
+            "job's GPU memory use is predicted to exceed its instance: {}", ev.message);
+        self.save_memory_later(job);
+        if ev.decision == OomDecision::RequeueScheduled {
+            self.spawn_requeue(
+                job,
+                cfg.oom.requeue_timeout_s,
+                self.raised_shards(held),
+                RequeueWhen::Running,
+            );
+        }
+    }
+
+    /// Saves the memory state in the background (fsync'd, after the reply;
+    /// saves queue on the mutex, so the last one writes the newest state).
+    fn save_memory_later(&self, job_id: u64) {
+        let memory = Arc::clone(&self.memory);
+        tokio::task::spawn_blocking(move || {
+            let m = memory
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = m.save() {
+                tracing::error!(job = job_id, "memory estimates not saved: {e}");
+            }
+        });
     }
 
     /// A job that found no room in time: logged and counted; the plugin
@@ -1446,7 +1511,12 @@ impl Daemon {
         let cfg = self.config();
         let mut memory =
             self.memory()
-                .status(cfg.memory.estimate, cfg.oom.requeue, cfg.oom.max_retries);
+                .status(
+                    cfg.memory.estimate,
+                    cfg.oom.requeue,
+                    cfg.oom.max_retries,
+                    cfg.oom.early_restart.then_some(&cfg.oom.early),
+                );
         memory.plugin_oom_requeue = *self
             .plugin_oom_requeue
             .lock()

@@ -60,6 +60,17 @@ pub(super) enum RequeueEnd {
     Failed(String),
 }
 
+/// When a job is ready to be requeued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RequeueWhen {
+    /// After an out-of-memory failure: once it ended FAILED (a job that was
+    /// cancelled or timed out after writing the marker stays ended).
+    Failed,
+    /// An early restart: while it runs (`scontrol requeue` kills it); a job
+    /// that ended meanwhile is left alone.
+    Running,
+}
+
 /// The shortest time between two queue reads made for waiting allocates.
 pub(super) const QUEUE_REFRESH: Duration = Duration::from_secs(2);
 
@@ -91,7 +102,14 @@ impl Daemon {
     /// `raise_to`: the compute slices the restart will get when that is
     /// more than the job's shard request; the request is raised to it
     /// (`scontrol update JobId=.. Gres=shard:K`) once the job is pending.
-    pub(super) fn spawn_requeue(&self, job_id: u64, timeout_s: u64, raise_to: Option<u8>) {
+    /// `when`: the state the job must be in to be requeued.
+    pub(super) fn spawn_requeue(
+        &self,
+        job_id: u64,
+        timeout_s: u64,
+        raise_to: Option<u8>,
+        when: RequeueWhen,
+    ) {
         let slurm = self.slurm();
         let memory = self.memory.clone();
         let mut stop = self.shutdown.subscribe();
@@ -109,8 +127,12 @@ impl Daemon {
                     .ok()
                     .and_then(Result::ok)
                     .and_then(|q| q.job(job_id).cloned());
+                let ready = match when {
+                    RequeueWhen::Failed => JobState::Failed,
+                    RequeueWhen::Running => JobState::Running,
+                };
                 let last = match queued.as_ref().map(|j| j.state) {
-                    Some(JobState::Failed) => {
+                    Some(st) if st == ready => {
                         attempts += 1;
                         let s = slurm.clone();
                         let id = queued
@@ -126,11 +148,17 @@ impl Daemon {
                         st @ (JobState::Cancelled
                         | JobState::Timeout
                         | JobState::Completed
+                        | JobState::Failed
                         | JobState::OtherEnded),
                     ) => {
-                        break Err(RequeueEnd::Skipped(format!(
-                            "the job ended {st:?}, not FAILED: not requeued"
-                        )))
+                        break Err(RequeueEnd::Skipped(match when {
+                            RequeueWhen::Failed => {
+                                format!("the job ended {st:?}, not FAILED: not requeued")
+                            }
+                            RequeueWhen::Running => {
+                                format!("the job ended {st:?} before its early restart: not requeued")
+                            }
+                        }))
                     }
                     Some(st) => format!("the job is still {st:?}"),
                     None => "the job is not in squeue's answer".to_string(),
@@ -169,7 +197,8 @@ impl Daemon {
                     tracing::info!(
                         job = job_id,
                         attempts,
-                        "requeued after running out of GPU memory; its next start gets a larger profile"
+                        ?when,
+                        "requeued for running out of GPU memory; its next start gets a larger profile"
                     );
                     (
                         OomDecision::Requeued,
@@ -177,14 +206,15 @@ impl Daemon {
                     )
                 }
                 Err(RequeueEnd::Skipped(why)) => {
-                    tracing::info!(job = job_id, "out-of-memory marker found, but {why}");
+                    tracing::info!(job = job_id, ?when, "{why}");
                     (OomDecision::NotRequeued, why)
                 }
                 Err(RequeueEnd::Failed(e)) => {
                     tracing::error!(
                         job = job_id,
                         attempts,
-                        "could not requeue the job after its out-of-memory failure: {e}"
+                        ?when,
+                        "could not requeue the job for running out of GPU memory: {e}"
                     );
                     (
                         OomDecision::RequeueFailed,
