@@ -655,6 +655,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("sim.inject_errors[0].error"), "{err}");
+        let err = Config::parse(&format!("{MINIMAL}[oom.early]\nwindow = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("oom.early: invalid window: 1"), "{err}");
+        let err = Config::parse(&format!("{MINIMAL}[oom.early]\nhorizn = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `horizn`"), "{err}");
+        // Off by default; a partial table keeps the other defaults.
+        let c = Config::parse(&format!("{MINIMAL}[oom]\nearly_restart = true\n[oom.early]\nhorizon = 1.0\n")).unwrap();
+        assert!(c.oom.early_restart);
+        assert_eq!(c.oom.early.horizon, 1.0);
+        assert_eq!(c.oom.early.window, crate::workload::EarlyRestartRule::default().window);
+        assert!(!Config::parse(MINIMAL).unwrap().oom.early_restart);
     }
 
     #[test]

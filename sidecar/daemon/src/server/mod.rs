@@ -1777,6 +1777,11 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
                 }
             }
         });
+    } else if daemon.config().oom.early_restart {
+        tracing::warn!(
+            backend = daemon.backend.name(),
+            "oom.early_restart is on, but this backend measures no memory use: no job will be restarted early"
+        );
     }
     tracing::info!(socket = %socket.display(), admin_socket = %admin_socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
         policy = %daemon.policy_name(), placement = %daemon.placement_name(), "smartmigd ready");

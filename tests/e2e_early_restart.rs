@@ -1,0 +1,231 @@
+//! End-to-end: an early restart through a real Slurm 22.05 (single node),
+//! the SPANK plugin and smartmigd on the nvml backend over the NVML
+//! emulator (two A100-40GB), with Slurm queries on and
+//! `oom.early_restart = true` (docs/oom-and-memory.md, "On a Slurm node").
+//!
+//! The job's memory use climbs on its `1g.5gb` instance (4.875 GB): the
+//! test plays the GPU's part and raises the framebuffer use the emulator
+//! reports for the instance (as a CUDA process allocating would), every
+//! half second, never past 4.6 GB. smartmigd samples it every second; the
+//! early-restart rule (the simulator's `workload::memory_growth`) predicts
+//! the instance will be exceeded and requeues the running job, before it
+//! ever runs out of memory; its second run gets `1g.10gb` and completes.
+//!
+//! Needs root and a release build of the workspace (`scripts/test` does
+//! both); fails, never skips.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use smartmig_mig::GpuModel;
+use smartmig_nvml_emu::{Emulator, GpuSetup};
+use smartmig_suite::{artifact, fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+
+/// Time for the job, its requeue (held cred_expire + 1 s) and its second
+/// run to get where the test waits.
+const TIMEOUT: Duration = Duration::from_secs(150);
+/// The emulated CUDA process's pid.
+const PID: u32 = 4242;
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `(run, uuid, profile)` of each `RUN=` line of the job's output.
+fn runs(output: &str) -> Vec<(String, String, String)> {
+    output
+        .lines()
+        .filter(|l| l.starts_with("RUN="))
+        .map(|l| {
+            let f = fields(l);
+            let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+            (get("RUN"), get("CVD"), get("PROFILE"))
+        })
+        .collect()
+}
+
+fn events_of(status: &Value, job: u32) -> Vec<Value> {
+    status["memory"]["oom_events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["job_id"] == job)
+        .cloned()
+        .collect()
+}
+
+fn decisions(status: &Value, job: u32) -> Vec<String> {
+    events_of(status, job)
+        .iter()
+        .filter_map(|e| e["decision"].as_str().map(String::from))
+        .collect()
+}
+
+#[test]
+fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
+    smartmig_suite::require_root("the test cluster and the emulator's device files need root");
+    // Slurm holds a requeued job for cred_expire + 1 s and starts it on the
+    // next scheduling pass: shorten both (tests/slurm/cluster.sh).
+    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
+    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    let cluster = SlurmCluster::up_with(|dir| {
+        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, "")).expect("plugstack");
+    });
+    let emu_dir = cluster.dir().join("nvml-emu");
+    let emu = Emulator::create(
+        &emu_dir,
+        &[
+            GpuSetup::mig(GpuModel::A100_40gb),
+            GpuSetup::mig(GpuModel::A100_40gb),
+        ],
+    )
+    .expect("create the emulator's GPUs");
+    let backend = SidecarBackend::NvmlEmulator(emu_dir.clone());
+    // As docs/daemon.md tells an admin: early restarts on, samples every
+    // second (5 s by default) so the test is short.
+    let config = "epoch_s = 2\nallocate_wait_s = 20\n[memory]\nsample_s = 1\n\
+                  [oom]\nrequeue = true\nmax_retries = 2\nearly_restart = true\n";
+    let sidecar = Sidecar::start_on(cluster.dir(), config, true, &backend);
+    let shared = cluster.shared_dir();
+
+    // Run 0 works until it is requeued; run 1 waits for `go` and ends.
+    let go = shared.join("go");
+    let out = shared.join("grow.out");
+    let body = format!(
+        "R=${{SLURM_RESTART_COUNT:-0}}; \
+         echo RUN=$R CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE; \
+         for i in $(seq 1200); do [ -e {go}.$R ] && break; sleep 0.1; done; echo DONE=$R",
+        go = go.display()
+    );
+    let job = cluster.sbatch_as_nobody(
+        &out,
+        &["--gres=shard:1", "--job-name=grow", "--open-mode=append"],
+        &body,
+    );
+
+    let start = Instant::now();
+    let first = loop {
+        if let Some(r) = runs(&read(&out)).into_iter().next() {
+            break r;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "job {job} never started: {}\n{}",
+            read(&out),
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(first.2, "1g.5gb", "{first:?}");
+    let uuid = first.1.clone();
+
+    // The climb: 1 GB, then +0.25 GB/s, capped at 4.6 GB (the instance has
+    // 4.875 GB), until smartmigd decides.
+    let t0 = Instant::now();
+    let mut highest = 0.0f64;
+    let scheduled = loop {
+        let gb = (1.0 + 0.25 * t0.elapsed().as_secs_f64()).min(4.6);
+        emu.add_process(&uuid, PID, (gb * 1e9) as u64)
+            .unwrap_or_else(|e| panic!("set the use of {uuid}: {e}"));
+        highest = highest.max(gb);
+        let status = sidecar.status();
+        if decisions(&status, job).contains(&"requeue_scheduled".to_string()) {
+            break status;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no early restart after a climb to {highest:.2} GB:\n{status:#}\n{}",
+            cluster.smartmigd_log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    // The process dies with the requeued run.
+    let _ = emu.remove_process(&uuid, PID);
+    let ev = events_of(&scheduled, job)
+        .into_iter()
+        .next()
+        .expect("the early-restart event");
+    assert_eq!(ev["cause"], "early_restart", "{ev:#}");
+    assert_eq!(ev["profile"], "1g.5gb", "{ev:#}");
+    assert_eq!(ev["next_memory_gb"], 10, "{ev:#}");
+    let used = ev["used_gb"].as_f64().expect("used_gb");
+    let predicted = ev["predicted_gb"].as_f64().expect("predicted_gb");
+    assert!(
+        used < 4.875 && predicted > 4.875,
+        "decided before the instance was full: used {used}, predicted {predicted}: {ev:#}"
+    );
+
+    // Run 1: on the next larger memory size. Its use peaks at 6 GB (the
+    // restart was right), then it completes.
+    let start = Instant::now();
+    let second = loop {
+        if let Some(r) = runs(&read(&out)).into_iter().nth(1) {
+            break r;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "job {job} was not restarted: {}\n{:#}\n{}",
+            read(&out),
+            sidecar.status(),
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(second.0, "1", "{}", read(&out));
+    assert_eq!(second.2, "1g.10gb", "{}", read(&out));
+    emu.add_process(&second.1, PID, 6_000_000_000)
+        .expect("use on the new instance");
+    // Two samples of it, then the job ends.
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = emu.remove_process(&second.1, PID);
+    std::fs::write(shared.join("go.1"), b"").expect("write go file");
+    cluster.assert_completed(job, TIMEOUT);
+    let text = read(&out);
+    assert!(!text.contains("DONE=0"), "run 0 was not stopped: {text}");
+    assert!(text.contains("DONE=1"), "{text}");
+
+    // Status: the decision and its outcome, the counts, and what was
+    // learned: the completed run only (the killed one teaches nothing).
+    let mut status = sidecar.status();
+    let done = smartmig_suite::wait_until(Duration::from_secs(20), || {
+        status = sidecar.status();
+        decisions(&status, job).contains(&"requeued".to_string())
+            && !status["memory"]["oom_jobs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|j| j["job_id"] == job)
+    });
+    assert!(done, "{status:#}");
+    assert_eq!(
+        decisions(&status, job),
+        vec!["requeue_scheduled", "requeued"],
+        "{status:#}"
+    );
+    let early = &status["memory"]["early_restart"];
+    assert_eq!(early["restarts"], 1, "{status:#}");
+    assert_eq!(early["false_restarts"], 0, "{status:#}");
+    let est = status["memory"]["estimates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["job_name"] == "grow")
+        .cloned()
+        .unwrap_or_else(|| panic!("nothing learned: {status:#}"));
+    assert_eq!(est["runs"], 1, "{status:#}");
+    assert_eq!(est["ooms"], 0, "{status:#}");
+    assert_eq!(est["max_peak_gb"], 6.0, "{status:#}");
+
+    let table = std::process::Command::new(artifact("smartmig"))
+        .args(["status", "--socket"])
+        .arg(sidecar.socket())
+        .output()
+        .expect("run smartmig status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("early restart on") && table.contains("1 restart(s), 0 false"),
+        "{table}"
+    );
+    assert!(table.contains("early restart: "), "{table}");
+}
