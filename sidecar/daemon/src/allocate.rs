@@ -27,6 +27,9 @@ pub struct Assignment {
     pub deadline: Option<i64>,
     #[serde(default)]
     pub time_limit_s: Option<u64>,
+    /// Seconds the job waited in smartmigd for this instance.
+    #[serde(default)]
+    pub wait_s: u64,
 }
 
 /// One MIG instance the daemon knows of.
@@ -311,6 +314,7 @@ mod tests {
             since: 0,
             deadline: None,
             time_limit_s: None,
+            wait_s: 0,
         }
     }
 

@@ -220,6 +220,26 @@ impl Default for OomConfig {
     }
 }
 
+/// Per-job slice accounting (`[accounting]`; docs/slurm-integration.md,
+/// "Who used which slice").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccountingConfig {
+    /// Add `smartmig:profile=..,gpu=..,mem_gb=..,wait_s=..` to each job's
+    /// `AdminComment` when it gets its instance (needs `slurm.enabled`;
+    /// the site's own comment is kept). The node's usage log
+    /// (`<state_dir>/usage.jsonl`) is always written.
+    pub admin_comment: bool,
+}
+
+impl Default for AccountingConfig {
+    fn default() -> Self {
+        AccountingConfig {
+            admin_comment: true,
+        }
+    }
+}
+
 /// The configuration file as written.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -281,6 +301,8 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// Out-of-memory restarts.
     pub oom: OomConfig,
+    /// Per-job slice accounting.
+    pub accounting: AccountingConfig,
     /// `tracing` filter (e.g. `info`, `smartmig=debug`); `RUST_LOG` overrides it.
     pub log_level: String,
 }
@@ -313,6 +335,7 @@ impl Default for Config {
             slurm: SlurmConfig::default(),
             memory: MemoryConfig::default(),
             oom: OomConfig::default(),
+            accounting: AccountingConfig::default(),
             log_level: "info".into(),
         }
     }
@@ -589,6 +612,7 @@ impl Config {
         diff!(slurm);
         diff!(memory);
         diff!(oom);
+        diff!(accounting);
         out
     }
 }
@@ -664,10 +688,16 @@ mod tests {
             .to_string();
         assert!(err.contains("unknown field `horizn`"), "{err}");
         // Off by default; a partial table keeps the other defaults.
-        let c = Config::parse(&format!("{MINIMAL}[oom]\nearly_restart = true\n[oom.early]\nhorizon = 1.0\n")).unwrap();
+        let c = Config::parse(&format!(
+            "{MINIMAL}[oom]\nearly_restart = true\n[oom.early]\nhorizon = 1.0\n"
+        ))
+        .unwrap();
         assert!(c.oom.early_restart);
         assert_eq!(c.oom.early.horizon, 1.0);
-        assert_eq!(c.oom.early.window, crate::workload::EarlyRestartRule::default().window);
+        assert_eq!(
+            c.oom.early.window,
+            crate::workload::EarlyRestartRule::default().window
+        );
         assert!(!Config::parse(MINIMAL).unwrap().oom.early_restart);
     }
 

@@ -37,6 +37,7 @@ pub mod placement;
 pub mod policy_choice;
 pub mod server;
 pub mod slurm;
+pub mod usage;
 
 pub use smartmig_client::{client, plugstack, protocol};
 

@@ -40,7 +40,9 @@ use super::protocol::{
 };
 use crate::mig::ModelSpec;
 use crate::workload::memory_estimate::{EstimateError, Outcome};
-use crate::workload::{EarlyRestartRule, EstimatorConfig, MemoryEstimator, MemoryKey, MemorySample};
+use crate::workload::{
+    EarlyRestartRule, EstimatorConfig, MemoryEstimator, MemoryKey, MemorySample,
+};
 
 /// File name in the state directory.
 pub const STATE_FILE: &str = "memory.json";
@@ -947,7 +949,8 @@ mod tests {
         (1..=n).find_map(|k| {
             let t = f64::from(k) * 5.0;
             let gb = from + per_sample * f64::from(k);
-            m.observe(job, gb, 1000.0 + t, 5.0, Some(rule)).map(|tr| (k, tr))
+            m.observe(job, gb, 1000.0 + t, 5.0, Some(rule))
+                .map(|tr| (k, tr))
         })
     }
 
@@ -1005,7 +1008,10 @@ mod tests {
         // Counts survive a restart of the daemon.
         m.save().unwrap();
         let back = MemoryState::open(&d, &EstimatorConfig::default()).unwrap();
-        let e = back.status(true, true, 2, Some(&rule)).early_restart.unwrap();
+        let e = back
+            .status(true, true, 2, Some(&rule))
+            .early_restart
+            .unwrap();
         assert_eq!((e.restarts, e.false_restarts), (2, 1));
         assert_eq!(back.status(true, true, 2, None).early_restart, None);
         std::fs::remove_dir_all(&d).unwrap();
@@ -1023,7 +1029,13 @@ mod tests {
         // Without a rule, samples only feed the peak.
         m.on_allocate(6, None, false, 1000.0);
         assert_eq!(
-            (1..50).find_map(|k| m.observe(6, f64::from(k) * 0.1, 1000.0 + f64::from(k), 5.0, None)),
+            (1..50).find_map(|k| m.observe(
+                6,
+                f64::from(k) * 0.1,
+                1000.0 + f64::from(k),
+                5.0,
+                None
+            )),
             None
         );
         assert_eq!(m.running(6).and_then(|r| r.peak_gb), Some(4.9));
@@ -1032,7 +1044,10 @@ mod tests {
         let (_, tr) = feed(&mut m, 7, 1.0, 0.1, 100, &rule).unwrap();
         let ev = m.on_early_restart(7, &inst, tr, on(false, 2), 1);
         assert_eq!(ev.decision, OomDecision::Disabled);
-        assert!(m.oom_record(7).is_none(), "nothing scheduled, no ledger entry");
+        assert!(
+            m.oom_record(7).is_none(),
+            "nothing scheduled, no ledger entry"
+        );
         let ev = m.on_early_restart(7, &inst, tr, on(true, 0), 1);
         assert_eq!(ev.decision, OomDecision::RetriesExhausted);
         // Slurm would not requeue (an interactive job): undone.

@@ -38,6 +38,16 @@ struct InstanceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProfileLabel {
+    profile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UserLabel {
+    user: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RestartLabel {
     cause: String,
     decision: String,
@@ -68,6 +78,10 @@ pub struct Metrics {
     reaped: Counter,
     epilog_missing: Gauge,
     memory_restarts: Family<RestartLabel, Counter>,
+    slice_seconds: Family<ProfileLabel, Counter>,
+    user_slice_seconds: Family<UserLabel, Counter>,
+    wait_seconds: Family<ProfileLabel, Counter>,
+    jobs_served: Family<ProfileLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -134,7 +148,35 @@ impl Metrics {
             "Out-of-memory decisions by cause (oom: the job ran out; early: its rising use predicted it would) and decision (requeue_scheduled, retries_exhausted, ...)",
             memory_restarts.clone(),
         );
+        let slice_seconds = Family::<ProfileLabel, Counter>::default();
+        registry.register(
+            "slice_seconds",
+            "Compute-slice seconds held by jobs, by profile, counted when the instance is released",
+            slice_seconds.clone(),
+        );
+        let user_slice_seconds = Family::<UserLabel, Counter>::default();
+        registry.register(
+            "user_slice_seconds",
+            "Compute-slice seconds held by jobs, by user, counted when the instance is released",
+            user_slice_seconds.clone(),
+        );
+        let wait_seconds = Family::<ProfileLabel, Counter>::default();
+        registry.register(
+            "instance_wait_seconds",
+            "Seconds jobs waited in smartmigd for their instance, by profile",
+            wait_seconds.clone(),
+        );
+        let jobs_served = Family::<ProfileLabel, Counter>::default();
+        registry.register(
+            "jobs_served",
+            "Instances released by jobs, by profile",
+            jobs_served.clone(),
+        );
         Metrics {
+            slice_seconds,
+            user_slice_seconds,
+            wait_seconds,
+            jobs_served,
             memory_restarts,
             registry,
             reaped,
@@ -182,6 +224,23 @@ impl Metrics {
                 decision: decision.to_string(),
             })
             .inc();
+    }
+
+    /// A released instance's accounting (the per-profile and per-user
+    /// counters; the usage log has the record itself).
+    pub fn usage(&self, r: &crate::usage::UsageRecord) {
+        let profile = ProfileLabel {
+            profile: r.profile.clone(),
+        };
+        self.slice_seconds.get_or_create(&profile).inc_by(r.slice_s);
+        self.wait_seconds.get_or_create(&profile).inc_by(r.wait_s);
+        self.jobs_served.get_or_create(&profile).inc();
+        let user = UserLabel {
+            user: r.user.clone().unwrap_or_else(|| r.uid.to_string()),
+        };
+        self.user_slice_seconds
+            .get_or_create(&user)
+            .inc_by(r.slice_s);
     }
 
     /// `n` instances freed by the reaper.

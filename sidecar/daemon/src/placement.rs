@@ -343,6 +343,7 @@ mod tests {
                 since: 0,
                 deadline: None,
                 time_limit_s: None,
+                wait_s: 0,
             },
         );
         b

@@ -133,6 +133,10 @@ pub struct QueuedJob {
     /// `(array job id, task id)` of an array task: Slurm reads a bare
     /// array job id as the whole array, so a task is named `A_T`.
     pub array_task: Option<(u64, u64)>,
+    /// The job's account (`None` when Slurm shows none).
+    pub account: Option<String>,
+    /// The job's `AdminComment` (`""` when none).
+    pub admin_comment: String,
 }
 
 impl QueuedJob {
@@ -306,6 +310,20 @@ pub trait SlurmClient: Send + Sync {
             stderr: "this Slurm client cannot requeue jobs".into(),
         })
     }
+    /// One job (`squeue --json --jobs=ID`), `None` when Slurm no longer
+    /// lists it: a read whose cost does not grow with the queue.
+    fn job(&self, job_id: u64) -> Result<Option<QueuedJob>, SlurmError> {
+        Ok(self.queue()?.job(job_id).cloned())
+    }
+    /// Sets a running job's `AdminComment` (`scontrol update JobId=J
+    /// AdminComment=TEXT`); Slurm refuses it once the job has finished.
+    fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol update JobId={job_id} AdminComment={text}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot update jobs".into(),
+        })
+    }
 }
 
 /// A job's state strings: 22.05 prints a string, later versions an array.
@@ -409,6 +427,16 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
                 deadline,
                 submit_time: time_field(j, "submit_time"),
                 array_task: array_task(j),
+                account: j
+                    .get("account")
+                    .and_then(Value::as_str)
+                    .filter(|a| !a.is_empty())
+                    .map(String::from),
+                admin_comment: j
+                    .get("admin_comment")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
             })
         })
         .collect();
@@ -620,6 +648,23 @@ impl SlurmClient for CommandSlurm {
 
     fn requeue(&self, job: &str) -> Result<(), SlurmError> {
         self.run(&self.scontrol, &["requeue", job]).map(|_| ())
+    }
+
+    fn job(&self, job_id: u64) -> Result<Option<QueuedJob>, SlurmError> {
+        let jobs = format!("--jobs={job_id}");
+        let v = self.json(&self.squeue, &["--json", &jobs])?;
+        let q = parse_queue(&v).map_err(|source| SlurmError::Parse {
+            cmd: self.squeue.clone(),
+            source,
+        })?;
+        Ok(q.job(job_id).cloned())
+    }
+
+    fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
+        let job = format!("JobId={job_id}");
+        let comment = format!("AdminComment={text}");
+        self.run(&self.scontrol, &["update", &job, &comment])
+            .map(|_| ())
     }
 
     fn gres_gpus(&self, node: &str) -> Result<Vec<GresGpu>, SlurmError> {

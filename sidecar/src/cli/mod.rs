@@ -23,6 +23,7 @@ pub mod socket;
 pub mod status;
 pub mod train;
 pub mod train_placement;
+pub mod usage;
 
 /// Dynamic MIG partitioning for Slurm: geometry, simulation and status.
 #[derive(Debug, Parser)]
@@ -54,6 +55,8 @@ pub enum Command {
     Doctor(doctor::Args),
     /// Train the learned repartitioning policy on the simulator (writes ONNX + metadata).
     Train(train::Args),
+    /// Slice-hours per user or account, from the node's usage log or sacct.
+    Usage(usage::Args),
 }
 
 /// Entry point of the `smartmig` binary.
@@ -71,6 +74,7 @@ pub fn main() -> ExitCode {
         Command::Train(args) => train::run(&args),
         Command::Bound(args) => bound::run(&args),
         Command::Doctor(args) => doctor::run(&args),
+        Command::Usage(args) => usage::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -214,7 +214,10 @@ impl EarlyRestartRule {
         if self.window < 2 {
             return Err(WorkloadError::invalid(
                 "window",
-                format!("{} (at least 2 samples are needed for a slope)", self.window),
+                format!(
+                    "{} (at least 2 samples are needed for a slope)",
+                    self.window
+                ),
             ));
         }
         if !(self.horizon.is_finite() && self.horizon > 0.0) {
@@ -335,7 +338,11 @@ mod tests {
 
     #[test]
     fn crossing_is_where_usage_passes_the_limit() {
-        for shape in [GrowthShape::Linear, GrowthShape::Concave, GrowthShape::Convex] {
+        for shape in [
+            GrowthShape::Linear,
+            GrowthShape::Concave,
+            GrowthShape::Convex,
+        ] {
             let g = MemoryGrowth {
                 shape,
                 base: 0.25,
@@ -347,8 +354,16 @@ mod tests {
         }
         // The old model: nothing until `fail_fraction`, then the peak.
         assert_eq!(MemoryGrowth::step_at(0.3).crossing(8.0, 5.0), Some(0.3));
-        assert_eq!(linear(0.2, 0.5).crossing(5.0, 5.0), None, "a peak equal to the instance fits");
-        assert_eq!(linear(0.8, 0.5).crossing(10.0, 5.0), Some(0.0), "base alone too big");
+        assert_eq!(
+            linear(0.2, 0.5).crossing(5.0, 5.0),
+            None,
+            "a peak equal to the instance fits"
+        );
+        assert_eq!(
+            linear(0.8, 0.5).crossing(10.0, 5.0),
+            Some(0.0),
+            "base alone too big"
+        );
     }
 
     #[test]
@@ -402,7 +417,9 @@ mod tests {
         // 1000 s run: fails at p = (5 − 1.6) / 6.4 × 0.5 = 0.265625.
         let g = linear(0.2, 0.5);
         let fail = g.crossing(8.0, 5.0).expect("fails") * 1000.0;
-        let t = rule.first_restart(&g, 8.0, 5.0, 1000.0, 5.0).expect("restarted early");
+        let t = rule
+            .first_restart(&g, 8.0, 5.0, 1000.0, 5.0)
+            .expect("restarted early");
         assert!(t < fail, "{t} >= {fail}");
         assert!(t > 0.0 && (t / 5.0).fract() == 0.0, "on a sample: {t}");
         // A step gives no warning.

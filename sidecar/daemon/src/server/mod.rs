@@ -28,9 +28,7 @@ use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use super::config::{BackendKind, Config, ConfigError};
 use super::fsutil::ensure_dir;
 use super::journal::{self, Durability, Journal};
-use super::memory::{
-    next_larger_memory, EarlyTrigger, MemoryState, OomPolicy, Released, Sizing,
-};
+use super::memory::{next_larger_memory, EarlyTrigger, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
 use super::placement::{Contender, PlacementChoiceError, PlacementRule, Turn};
 use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
@@ -41,6 +39,9 @@ use super::protocol::{
 };
 use super::slurm::{
     layout_features, merge_features, CommandSlurm, JobState, NoSlurm, QueueSnapshot, SlurmClient,
+};
+use super::usage::{
+    merge_comment, slice_seconds, SliceTag, UsageRecord, USAGE_LOG, USAGE_LOG_MAX_BYTES,
 };
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId};
 use crate::policy::{
@@ -56,8 +57,8 @@ mod reload;
 mod view;
 
 use http::serve_metrics;
-use reconcile::{check_gpu_order, RequeueWhen};
 pub use reconcile::ReleaseCounts;
+use reconcile::{check_gpu_order, RequeueWhen};
 
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +167,22 @@ struct GpuSlot {
     released: Notify,
 }
 
+/// Appends `text` to `path`, first moving a file of `max_bytes` or more to
+/// `<path>.1`.
+fn append_rotating(path: &Path, text: &str, max_bytes: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    if std::fs::metadata(path).is_ok_and(|m| m.len() >= max_bytes) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        std::fs::rename(path, old)?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    f.write_all(text.as_bytes())
+}
+
 /// What a job on `placement` of `slot` holds, as the memory bookkeeping
 /// sees it (profile, memory, and the next larger memory size for its
 /// compute slices).
@@ -208,6 +225,11 @@ pub struct Daemon {
     /// Deadlines and time limits of the jobs the last `squeue` read showed
     /// (the placement rule orders waiting allocates by them).
     job_times: std::sync::Mutex<HashMap<u64, JobTimes>>,
+    /// Slurm accounts of running jobs, as read when their `AdminComment`
+    /// was tagged (for the usage log).
+    accounts: Arc<std::sync::Mutex<HashMap<u64, String>>>,
+    /// Serialises appends to the usage log.
+    usage_log: std::sync::Mutex<()>,
     /// The plugin's `oom_requeue`, as the last allocate said.
     plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
 }
@@ -587,6 +609,8 @@ impl Daemon {
             releases: std::sync::Mutex::new(ReleaseCounts::default()),
             waiting: std::sync::Mutex::new(HashMap::new()),
             job_times: std::sync::Mutex::new(HashMap::new()),
+            accounts: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            usage_log: std::sync::Mutex::new(()),
             connections: std::sync::Mutex::new(Connections::default()),
             plugin_oom_requeue: std::sync::Mutex::new(None),
         };
@@ -939,11 +963,16 @@ impl Daemon {
                     let waited_ms = start.elapsed().as_millis() as u64;
                     let reply = self.execute(slot, &mut st, &req, profile, plan, waited_ms);
                     if reply.is_ok() {
-                        self.memory().on_allocate(
+                        self.memory()
+                            .on_allocate(req.job_id, key, exact.is_some(), unix_now_f64());
+                        self.spawn_tag(
                             req.job_id,
-                            key,
-                            exact.is_some(),
-                            unix_now_f64(),
+                            SliceTag {
+                                profile: profile.name(),
+                                gpu: req.gpu,
+                                memory_gb: profile.memory_gb,
+                                wait_s: waited_ms / 1000,
+                            },
                         );
                     }
                     return reply;
@@ -1150,6 +1179,7 @@ impl Daemon {
                 since: now,
                 deadline: req.deadline,
                 time_limit_s: req.time_limit_s,
+                wait_s: waited_ms / 1000,
             },
         );
         if let Err(e) = self.isolate(&st.book, Some(&uuid)) {
@@ -1269,13 +1299,15 @@ impl Daemon {
         let now = unix_now();
         let mut released = 0;
         let mut held: Option<Released> = None;
+        let mut usage: Vec<UsageRecord> = Vec::new();
         for slot in &self.slots {
             let mut st = slot.state.lock().await;
             let Some(inst) = st.book.find_job(job_id) else {
                 continue;
             };
             let uuid = inst.uuid.clone();
-            held = Some(released_of(slot, &st.book, inst.placement));
+            let h = released_of(slot, &st.book, inst.placement);
+            held = Some(h.clone());
             // A blocking section hands the worker thread over (futex
             // wake-ups): only for a backend that measures anything.
             let measured = self.backend.measures_memory().then(|| {
@@ -1283,6 +1315,28 @@ impl Daemon {
             });
             if let Some(gb) = measured.flatten() {
                 self.memory().sample(job_id, gb);
+            }
+            if let Some(a) = &inst.job {
+                let peak = self.memory().running(job_id).and_then(|r| r.peak_gb);
+                let peak = match (peak, req.used_memory_gb) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+                usage.push(UsageRecord {
+                    job_id,
+                    uid: a.uid,
+                    user: None,
+                    account: None,
+                    gpu: slot.index,
+                    profile: h.profile,
+                    compute: h.compute,
+                    memory_gb: h.memory_gb,
+                    start: a.since,
+                    end: now,
+                    wait_s: a.wait_s,
+                    slice_s: slice_seconds(h.compute, a.since, now),
+                    peak_gb: peak,
+                });
             }
             st.tick_energy();
             let n = st.book.release(job_id, now);
@@ -1302,6 +1356,9 @@ impl Daemon {
             drop(st);
             tracing::info!(gpu = slot.index, job = job_id, "released");
             slot.released.notify_waiters();
+        }
+        if !usage.is_empty() {
+            self.record_usage(usage);
         }
         let cfg = self.config();
         let policy = OomPolicy {
@@ -1378,7 +1435,11 @@ impl Daemon {
                     .iter()
                     .filter_map(|i| {
                         let job = i.job.as_ref()?.job_id;
-                        Some((job, i.uuid.clone(), released_of(slot, &st.book, i.placement)))
+                        Some((
+                            job,
+                            i.uuid.clone(),
+                            released_of(slot, &st.book, i.placement),
+                        ))
                     })
                     .collect()
             };
@@ -1394,9 +1455,9 @@ impl Daemon {
                 } else {
                     f64::from(held.memory_gb)
                 };
-                let fired =
-                    self.memory()
-                        .observe(job, now.used_gb, unix_now_f64(), size, rule);
+                let fired = self
+                    .memory()
+                    .observe(job, now.used_gb, unix_now_f64(), size, rule);
                 if let Some(trigger) = fired {
                     self.early_restart(job, &held, trigger, &cfg);
                 }
@@ -1427,6 +1488,76 @@ impl Daemon {
                 self.raised_shards(held),
                 RequeueWhen::Running,
             );
+        }
+    }
+
+    /// Adds the job's [`SliceTag`] to its `AdminComment` in the background
+    /// (`accounting.admin_comment` and Slurm queries on): one `squeue
+    /// --jobs` for the comment the site may have set and the account, one
+    /// `scontrol update`. A failure is logged, never the job's problem.
+    fn spawn_tag(&self, job_id: u64, tag: SliceTag) {
+        let cfg = self.config();
+        if !(cfg.slurm.enabled && cfg.accounting.admin_comment) {
+            return;
+        }
+        let slurm = self.slurm();
+        let accounts = Arc::clone(&self.accounts);
+        tokio::task::spawn_blocking(move || {
+            let result = slurm.job(job_id).and_then(|job| {
+                let Some(job) = job else {
+                    return Ok(false);
+                };
+                if let Some(a) = &job.account {
+                    accounts
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(job_id, a.clone());
+                }
+                slurm.set_admin_comment(job_id, &merge_comment(&job.admin_comment, &tag))?;
+                Ok(true)
+            });
+            match result {
+                Ok(true) => {
+                    tracing::debug!(job = job_id, tag = %tag.to_word(), "job's AdminComment tagged")
+                }
+                Ok(false) => {
+                    tracing::info!(job = job_id, "job not in squeue: AdminComment not tagged")
+                }
+                Err(e) => tracing::warn!(job = job_id, "AdminComment not tagged: {e}"),
+            }
+        });
+    }
+
+    /// Appends released instances to the node's usage log
+    /// (`<state_dir>/usage.jsonl`, rotated to `usage.jsonl.1` past
+    /// [`USAGE_LOG_MAX_BYTES`]) and counts them in the metrics.
+    fn record_usage(&self, records: Vec<UsageRecord>) {
+        let path = self.config().state_dir.join(USAGE_LOG);
+        let mut lines = String::new();
+        for mut r in records {
+            r.user = Some(tokio::task::block_in_place(|| user_name(r.uid)));
+            r.account = self
+                .accounts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&r.job_id);
+            self.metrics.usage(&r);
+            match serde_json::to_string(&r) {
+                Ok(l) => {
+                    lines.push_str(&l);
+                    lines.push('\n');
+                }
+                Err(e) => tracing::error!(job = r.job_id, "usage record not encoded: {e}"),
+            }
+        }
+        let _guard = self
+            .usage_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) =
+            tokio::task::block_in_place(|| append_rotating(&path, &lines, USAGE_LOG_MAX_BYTES))
+        {
+            tracing::error!(path = %path.display(), "usage log not written: {e}");
         }
     }
 
@@ -1509,14 +1640,12 @@ impl Daemon {
             });
         }
         let cfg = self.config();
-        let mut memory =
-            self.memory()
-                .status(
-                    cfg.memory.estimate,
-                    cfg.oom.requeue,
-                    cfg.oom.max_retries,
-                    cfg.oom.early_restart.then_some(&cfg.oom.early),
-                );
+        let mut memory = self.memory().status(
+            cfg.memory.estimate,
+            cfg.oom.requeue,
+            cfg.oom.max_retries,
+            cfg.oom.early_restart.then_some(&cfg.oom.early),
+        );
         memory.plugin_oom_requeue = *self
             .plugin_oom_requeue
             .lock()

@@ -156,7 +156,9 @@ impl Daemon {
                                 format!("the job ended {st:?}, not FAILED: not requeued")
                             }
                             RequeueWhen::Running => {
-                                format!("the job ended {st:?} before its early restart: not requeued")
+                                format!(
+                                    "the job ended {st:?} before its early restart: not requeued"
+                                )
                             }
                         }))
                     }

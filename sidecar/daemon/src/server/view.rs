@@ -240,6 +240,8 @@ mod tests {
             deadline: None,
             submit_time: 50,
             array_task: None,
+            account: None,
+            admin_comment: String::new(),
         }
     }
 
@@ -255,6 +257,7 @@ mod tests {
             since: 100,
             deadline: None,
             time_limit_s: None,
+            wait_s: 0,
         };
         let running = queued(JobState::Running, 700, Some(600));
         assert_eq!(expected_end(&a, Some(&running)), 700.0);
