@@ -29,8 +29,10 @@
 //!   static search ([`static_best`]) **on training bags only** (seeds
 //!   disjoint from the scored ones), applied unchanged: what an admin would
 //!   choose from past bags, the opponent;
-//! - one row per dynamic policy (`greedy`, the learned policy): re-shapes
-//!   while the bag runs (fusion and fission, counted by the simulator);
+//! - one row per dynamic policy (`greedy`; `greedy-from-static`, greedy
+//!   started from the opponent's layout, [`resolve_static_init`]; the
+//!   learned policy, added by the CLI): re-shapes while the bag runs
+//!   (fusion and fission, counted by the simulator);
 //! - `static-hindsight` (optional): the same search on the scored bag
 //!   itself, a reference that knew the bag, never the opponent.
 //!
