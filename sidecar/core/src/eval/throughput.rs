@@ -424,7 +424,8 @@ impl ThroughputConfig {
         }
     }
 
-    /// Checks the sizes and that no scored seed is a training seed.
+    /// Checks the sizes, that no scored seed is a training seed, and that
+    /// every dynamic policy spec parses.
     pub fn validate(&self) -> Result<(), ThroughputError> {
         if self.gpus == 0 {
             return Err(ThroughputError::NoGpus);
@@ -446,6 +447,11 @@ impl ThroughputConfig {
             return Err(ThroughputError::SeedsOverlap(s));
         }
         self.underdeclare.validate()?;
+        // Every dynamic spec parses (and a learned file loads) before any
+        // bag is simulated; `init=static` stands for a catalog index.
+        for (_, spec) in &self.dynamic {
+            self.policy(&spec.replace(INIT_STATIC, "init=0"))?;
+        }
         SimConfig {
             oom: Some(self.oom.clone()),
             ..SimConfig::default()
