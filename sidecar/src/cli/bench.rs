@@ -39,6 +39,9 @@ pub enum Target {
     /// The learned job placement against the heuristics, under each
     /// repartitioning policy (docs/evaluation.md, "Placement").
     Placement(super::bench_placement::PlacementArgs),
+    /// Bags of jobs on whole GPUs, a static layout chosen on other bags and
+    /// dynamic policies, beside the MIG study's ratios (docs/oom-and-memory.md, section 7).
+    Throughput(super::bench_throughput::ThroughputArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -98,6 +101,7 @@ pub fn run(a: &Args) -> Result<()> {
         Target::Oracle(o) => super::bench_oracle::run(o),
         Target::Suite(s) => super::bench_suite::run(s),
         Target::Placement(p) => super::bench_placement::run(p),
+        Target::Throughput(t) => super::bench_throughput::run(t),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod bench_oracle;
 pub mod bench_placement;
 pub mod bench_policy;
 pub mod bench_suite;
+pub mod bench_throughput;
 pub mod bound;
 pub mod compare;
 pub mod doctor;

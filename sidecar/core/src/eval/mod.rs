@@ -17,6 +17,9 @@
 //! - [`placement`]: placements (heuristics and learned) x repartitioning
 //!   policies on a scenario's test days, the engine of
 //!   `smartmig bench placement`.
+//! - [`throughput`]: bags of jobs at t = 0 on whole GPUs, a static layout
+//!   chosen on other bags and dynamic policies, beside the MIG study's
+//!   headline ratios, the engine of `smartmig bench throughput`.
 //!
 //! Everything here is pure computation over the simulator (no IO): the CLI
 //! prints, plots and writes files.
@@ -28,6 +31,7 @@ pub mod gates;
 pub mod placement;
 pub mod score;
 pub mod suite;
+pub mod throughput;
 
 pub use baselines::{fit, Fitted};
 pub use days::{search_score, Day, DaySet};
@@ -38,6 +42,7 @@ pub use placement::{
 };
 pub use score::{DayScore, PolicyRow, Reference, RowKind};
 pub use suite::{run_scenario, ScenarioDays, ScenarioResult, SuiteConfig, SuiteReport};
+pub use throughput::{run_bag, Bag, BagResult, ThroughputConfig, ThroughputError};
 
 /// Small generated days and a small search for the unit tests of `eval`.
 #[cfg(test)]
