@@ -235,13 +235,20 @@ fn hand_computed_early_restart() {
     }];
     let (late, _) = run(&jobs, "static:4444|22|1|.", &cfg(3, false));
     assert_eq!((late.oom_failures, late.early_restarts), (1, 0));
-    assert!((late.last_completion_s - 525.0).abs() < 1e-9, "fails at 175 s");
+    assert!(
+        (late.last_completion_s - 525.0).abs() < 1e-9,
+        "fails at 175 s"
+    );
     assert!((late.oom_lost_gpu_s - 25.0).abs() < 1e-9); // 1/7 x 175 s
 
     let (m, recs) = run(&jobs, "static:4444|22|1|.", &early_cfg(RULE));
     assert_eq!((m.completed, m.oom_failures), (1, 0));
     assert_eq!((m.early_restarts, m.false_early_restarts), (1, 0));
-    assert!((m.last_completion_s - 500.0).abs() < 1e-9, "{}", m.last_completion_s);
+    assert!(
+        (m.last_completion_s - 500.0).abs() < 1e-9,
+        "{}",
+        m.last_completion_s
+    );
     assert!((m.early_restart_lost_gpu_s - 150.0 / 7.0).abs() < 1e-9);
     assert_eq!(m.oom_lost_gpu_s, 0.0);
     assert_eq!(m.false_early_restart_lost_gpu_s, 0.0);
@@ -261,7 +268,14 @@ fn hand_computed_early_restart() {
     let h = h.oom.as_ref().unwrap();
     assert_eq!((h.early_restart, h.sample_s), (Some(RULE), Some(5.0)));
     let rep = audit(&recs).unwrap();
-    assert_eq!((rep.early_restarts, rep.false_early_restarts, rep.oom_failures), (1, 0, 0));
+    assert_eq!(
+        (
+            rep.early_restarts,
+            rep.false_early_restarts,
+            rep.oom_failures
+        ),
+        (1, 0, 0)
+    );
     assert!((rep.energy_j - e).abs() < 0.01);
 }
 
@@ -439,9 +453,16 @@ fn early_restart_on_study_days() {
             };
             let mut p = parse_policy("greedy", &[M]).unwrap();
             let mut h = Heuristic::Edf.build(seed);
-            simulate(&cluster, &jobs, h.as_mut(), p.as_mut(), &cfg, RunHooks::default())
-                .unwrap()
-                .metrics
+            simulate(
+                &cluster,
+                &jobs,
+                h.as_mut(),
+                p.as_mut(),
+                &cfg,
+                RunHooks::default(),
+            )
+            .unwrap()
+            .metrics
         };
         let on_failure = go(None);
         let early = go(Some(EarlyRestartRule::default()));

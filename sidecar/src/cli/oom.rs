@@ -242,7 +242,10 @@ pub fn study(
         })
         .count();
     let growth = match jobs.iter().filter(|j| j.memory_growth.is_some()).count() {
-        0 => format!("no memory growth (the peak at {} of the run)", p.fail_fraction),
+        0 => format!(
+            "no memory growth (the peak at {} of the run)",
+            p.fail_fraction
+        ),
         n => format!("memory growth on {n} jobs"),
     };
     writeln!(

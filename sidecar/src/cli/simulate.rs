@@ -342,6 +342,8 @@ pub fn run(a: &Args) -> Result<()> {
     let (cluster, jobs, horizon) = cluster_and_workload(a)?;
     let models = GpuModel::distinct(&cluster);
     let mut policy = parse_policy_on(&a.policy, &cluster, 0.0)?;
+    // Checked on every run, so knobs without --early-restart are refused.
+    let early = early_rule(a)?;
     let cfg = SimConfig {
         reconfig_time_s: a.reconfig_time,
         epoch: match a.epoch_seconds {
@@ -355,7 +357,7 @@ pub fn run(a: &Args) -> Result<()> {
             &a.memory_estimate,
             a.oom_fraction,
             a.oom_retries,
-            if a.early_restart { early_rule(a)? } else { None },
+            if a.early_restart { early } else { None },
             a.memory_sample_s,
         )?,
         ..SimConfig::default()
@@ -372,7 +374,7 @@ pub fn run(a: &Args) -> Result<()> {
             &super::oom::StudyParams {
                 fail_fraction: a.oom_fraction,
                 retries: a.oom_retries,
-                early: early_rule(a)?.unwrap_or_default(),
+                early: early.unwrap_or_default(),
                 sample_s: a.memory_sample_s,
             },
         );

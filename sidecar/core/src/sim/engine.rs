@@ -753,9 +753,10 @@ impl<'j> Engine<'j> {
             // larger memory size exists and a restart is left (else the run
             // goes on, and fails or completes).
             let may_restart = inst < o.cap_gb && o.failures[i as usize] < o.cfg.max_retries;
-            let early = o.cfg.early_restart.filter(|_| may_restart).and_then(|r| {
-                r.first_restart(&growth, job.memory_gb, inst, run_s, o.cfg.sample_s)
-            });
+            let early =
+                o.cfg.early_restart.filter(|_| may_restart).and_then(|r| {
+                    r.first_restart(&growth, job.memory_gb, inst, run_s, o.cfg.sample_s)
+                });
             let crossing = growth.crossing(job.memory_gb, inst);
             let fail = match early {
                 Some(t) => Some(self.now + t),

@@ -43,6 +43,7 @@ pub mod placement_features;
 pub mod placement_onnx;
 pub mod reshape;
 
+pub use crate::workload::{EarlyRestartRule, MemoryGrowth};
 pub use audit::{audit, read_events, AuditError, AuditReport};
 pub use engine::{simulate, RunHooks, SimResult};
 pub use events::{Collect, EventSink, JsonLines, Record};
@@ -50,7 +51,6 @@ pub use heuristics::{
     Candidate, Heuristic, Pick, PlacementContext, PlacementHeuristic, UnknownHeuristic,
 };
 pub use metrics::{EtScore, Metrics};
-pub use crate::workload::{EarlyRestartRule, MemoryGrowth};
 pub use placement::{PlacementSpec, PlacementSpecError};
 pub use reshape::{classify, ReconfigKind};
 

@@ -226,8 +226,7 @@ impl GrowthMix {
 
     pub fn validate(&self) -> Result<(), WorkloadError> {
         let sum: f64 = self.shares.iter().sum();
-        if self.shares.iter().any(|s| !(s.is_finite() && *s >= 0.0)) || (sum - 1.0).abs() > 1e-9
-        {
+        if self.shares.iter().any(|s| !(s.is_finite() && *s >= 0.0)) || (sum - 1.0).abs() > 1e-9 {
             return Err(WorkloadError::invalid(
                 "memory growth shares",
                 format!("{:?} must be >= 0 and add up to 1", self.shares),
@@ -371,7 +370,10 @@ mod tests {
         for (j, p) in jobs.iter().zip(&peaks) {
             let g = j.memory_growth.unwrap();
             g.validate().unwrap();
-            assert!((0.2..=0.6).contains(&g.base) && (0.1..=0.5).contains(&g.ramp), "{g:?}");
+            assert!(
+                (0.2..=0.6).contains(&g.base) && (0.1..=0.5).contains(&g.ramp),
+                "{g:?}"
+            );
             assert_eq!(j.memory_gb, *p, "the peak is left alone");
             let s = *shape_of.entry(j.template.unwrap()).or_insert(g.shape);
             assert_eq!(s, g.shape, "one shape per template");
@@ -386,12 +388,17 @@ mod tests {
         assign_growth(&mut free, &mix, 4);
         let n = free.len() as f64;
         for (k, shape) in GrowthShape::ALL.into_iter().enumerate() {
-            let c = free.iter().filter(|j| j.memory_growth.unwrap().shape == shape).count();
+            let c = free
+                .iter()
+                .filter(|j| j.memory_growth.unwrap().shape == shape)
+                .count();
             assert!((c as f64 / n - mix.shares[k]).abs() < 0.03, "{shape}: {c}");
         }
         let only = GrowthMix::named("convex").unwrap();
         assign_growth(&mut free, &only, 4);
-        assert!(free.iter().all(|j| j.memory_growth.unwrap().shape == GrowthShape::Convex));
+        assert!(free
+            .iter()
+            .all(|j| j.memory_growth.unwrap().shape == GrowthShape::Convex));
         let e = GrowthMix::named("sawtooth").unwrap_err().to_string();
         assert!(e.contains("sawtooth") && e.contains("mixed"), "{e}");
         let bad = GrowthMix {

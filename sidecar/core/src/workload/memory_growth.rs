@@ -226,7 +226,10 @@ impl EarlyRestartRule {
         if self.window < 2 {
             return Err(WorkloadError::invalid(
                 "early_restart.window",
-                format!("{} (at least 2 samples are needed for a slope)", self.window),
+                format!(
+                    "{} (at least 2 samples are needed for a slope)",
+                    self.window
+                ),
             ));
         }
         if !(self.horizon.is_finite() && self.horizon > 0.0) {
@@ -365,7 +368,11 @@ mod tests {
 
     #[test]
     fn crossing_is_where_usage_passes_the_limit() {
-        for shape in [GrowthShape::Linear, GrowthShape::Concave, GrowthShape::Convex] {
+        for shape in [
+            GrowthShape::Linear,
+            GrowthShape::Concave,
+            GrowthShape::Convex,
+        ] {
             let g = MemoryGrowth {
                 shape,
                 base: 0.25,
@@ -377,8 +384,16 @@ mod tests {
         }
         // The old model: nothing until `fail_fraction`, then the peak.
         assert_eq!(MemoryGrowth::step_at(0.3).crossing(8.0, 5.0), Some(0.3));
-        assert_eq!(linear(0.2, 0.5).crossing(5.0, 5.0), None, "a peak equal to the instance fits");
-        assert_eq!(linear(0.8, 0.5).crossing(10.0, 5.0), Some(0.0), "base alone too big");
+        assert_eq!(
+            linear(0.2, 0.5).crossing(5.0, 5.0),
+            None,
+            "a peak equal to the instance fits"
+        );
+        assert_eq!(
+            linear(0.8, 0.5).crossing(10.0, 5.0),
+            Some(0.0),
+            "base alone too big"
+        );
     }
 
     #[test]
@@ -440,7 +455,9 @@ mod tests {
         // 1000 s run: fails at p = (5 − 1.6) / 6.4 × 0.5 = 0.265625.
         let g = linear(0.2, 0.5);
         let fail = g.crossing(8.0, 5.0).expect("fails") * 1000.0;
-        let t = rule.first_restart(&g, 8.0, 5.0, 1000.0, 5.0).expect("restarted early");
+        let t = rule
+            .first_restart(&g, 8.0, 5.0, 1000.0, 5.0)
+            .expect("restarted early");
         assert!(t < fail, "{t} >= {fail}");
         assert!(t > 0.0 && (t / 5.0).fract() == 0.0, "on a sample: {t}");
         // A step gives no warning.
@@ -466,8 +483,16 @@ mod tests {
                     base,
                     ramp: 0.3,
                 };
-                assert_eq!(rule.first_restart(&g, 4.9, 5.0, 1000.0, 5.0), None, "{window} {base}");
-                assert_eq!(rule.first_restart(&g, 8.0, 5.0, 1000.0, 5.0), None, "{window} {base}");
+                assert_eq!(
+                    rule.first_restart(&g, 4.9, 5.0, 1000.0, 5.0),
+                    None,
+                    "{window} {base}"
+                );
+                assert_eq!(
+                    rule.first_restart(&g, 8.0, 5.0, 1000.0, 5.0),
+                    None,
+                    "{window} {base}"
+                );
             }
         }
     }
@@ -476,7 +501,14 @@ mod tests {
     /// the one of sampling from the start.
     #[test]
     fn skipping_the_flat_start_changes_nothing() {
-        fn naive(r: &EarlyRestartRule, g: &MemoryGrowth, peak: f64, inst: f64, run_s: f64, dt: f64) -> Option<f64> {
+        fn naive(
+            r: &EarlyRestartRule,
+            g: &MemoryGrowth,
+            peak: f64,
+            inst: f64,
+            run_s: f64,
+            dt: f64,
+        ) -> Option<f64> {
             let stop = g
                 .crossing(peak, inst)
                 .map_or(run_s, |p| p * run_s)
@@ -503,11 +535,21 @@ mod tests {
             for base in [0.0, 0.2, 0.5] {
                 for ramp in [0.05, 0.3, 1.0] {
                     for peak in [3.0, 4.6, 5.0, 6.0, 12.0] {
-                        for (window, horizon, min_fill) in [(3, 0.1, 0.8), (2, 0.5, 0.5), (5, 1.0, 0.0)] {
-                            let r = EarlyRestartRule { window, horizon, min_fill };
+                        for (window, horizon, min_fill) in
+                            [(3, 0.1, 0.8), (2, 0.5, 0.5), (5, 1.0, 0.0)]
+                        {
+                            let r = EarlyRestartRule {
+                                window,
+                                horizon,
+                                min_fill,
+                            };
                             let g = MemoryGrowth { shape, base, ramp };
                             let fast = r.first_restart(&g, peak, 5.0, 3000.0, 5.0);
-                            assert_eq!(fast, naive(&r, &g, peak, 5.0, 3000.0, 5.0), "{g:?} {r:?} {peak}");
+                            assert_eq!(
+                                fast,
+                                naive(&r, &g, peak, 5.0, 3000.0, 5.0),
+                                "{g:?} {r:?} {peak}"
+                            );
                             fired += usize::from(fast.is_some());
                         }
                     }
