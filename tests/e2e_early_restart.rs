@@ -83,9 +83,12 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     .expect("create the emulator's GPUs");
     let backend = SidecarBackend::NvmlEmulator(emu_dir.clone());
     // As docs/daemon.md tells an admin: early restarts on, samples every
-    // second (5 s by default) so the test is short.
+    // second (5 s by default) so the test is short, and a rule that looks
+    // further ahead than the default (which fires only within a few
+    // percent of the instance's size, too close for a 1 s test ramp).
     let config = "epoch_s = 2\nallocate_wait_s = 20\n[memory]\nsample_s = 1\n\
-                  [oom]\nrequeue = true\nmax_retries = 2\nearly_restart = true\n";
+                  [oom]\nrequeue = true\nmax_retries = 2\nearly_restart = true\n\
+                  [oom.early]\nwindow = 3\nhorizon = 0.5\nmin_fill = 0.5\n";
     let sidecar = Sidecar::start_on(cluster.dir(), config, true, &backend);
     let shared = cluster.shared_dir();
 

@@ -35,6 +35,7 @@ fn arb_job(id: u64) -> impl Strategy<Value = Job> {
             requested_slices: req.and_then(|k| smartmig::workload::round_up_to_profile(M, k)),
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         })
 }
 

@@ -36,6 +36,7 @@ fn job(id: u64, arrival: f64, work: f64, deadline: f64) -> Job {
         requested_slices: None,
         declared_memory_gb: None,
         template: None,
+        memory_growth: None,
     }
 }
 

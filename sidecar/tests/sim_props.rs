@@ -59,6 +59,7 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
                 requested_slices: k,
                 declared_memory_gb: None,
                 template: None,
+                memory_growth: None,
             })
             .collect()
     })
@@ -180,6 +181,7 @@ fn invalid_decisions_are_rejected_and_counted() {
             requested_slices: None,
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         })
         .collect();
     let mut sink = smartmig::sim::Collect::default();

@@ -954,11 +954,19 @@ mod tests {
         })
     }
 
+    /// A rule that looks far ahead (not the default), so a steady rise
+    /// fires well before the instance is full.
+    const FAR: EarlyRestartRule = EarlyRestartRule {
+        window: 3,
+        horizon: 0.5,
+        min_fill: 0.5,
+    };
+
     #[test]
     fn early_restart_requeues_then_the_killed_run_is_no_completion() {
         let d = dir("early");
         let a = GpuModel::A100_40gb.spec();
-        let rule = EarlyRestartRule::default();
+        let rule = FAR;
         let mut m = MemoryState::empty(&d, &EstimatorConfig::default()).unwrap();
         let key = MemoryKey::new("bob", "grow.sh");
         m.on_allocate(3, Some(key.clone()), false, 1000.0);
@@ -1020,7 +1028,7 @@ mod tests {
     #[test]
     fn early_restart_is_bounded_and_undone_when_slurm_says_no() {
         let d = dir("early-bounded");
-        let rule = EarlyRestartRule::default();
+        let rule = FAR;
         let mut m = MemoryState::empty(&d, &EstimatorConfig::default()).unwrap();
         let inst = held(GpuModel::A100_40gb, "1g.5gb");
         // --mig-profile jobs are never restarted early.

@@ -227,6 +227,7 @@ impl Contender {
             requested_slices: Some(self.need.slices),
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         }
     }
 }

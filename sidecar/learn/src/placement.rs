@@ -887,6 +887,7 @@ mod tests {
             requested_slices: None,
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         };
         let c = |compute: u8| Candidate {
             class: 0,

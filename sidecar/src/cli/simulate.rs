@@ -127,9 +127,36 @@ pub struct Args {
     #[arg(long, value_name = "LO,HI")]
     pub memory_spread: Option<String>,
     /// Print throughput and energy of the oracle, declared-memory, OOM
-    /// restart and restart + estimate schedulers on this workload.
+    /// restart, early restart and estimate schedulers on this workload
+    /// (with --memory-growth mixed unless another family is named).
     #[arg(long)]
     pub oom_study: bool,
+    /// How jobs' memory rises to their peak over a run: `mixed` (the
+    /// documented default family), one shape for all (`step`, `linear`,
+    /// `concave`, `convex`), or `none` (the peak at --oom-fraction of the
+    /// run, the model before growth).
+    #[arg(long, value_name = "FAMILY")]
+    pub memory_growth: Option<String>,
+    /// Restart a job on the next larger memory size as soon as its sampled
+    /// memory use predicts an overflow, instead of waiting for the failure
+    /// (needs --oom-restart).
+    #[arg(long)]
+    pub early_restart: bool,
+    /// Early-restart rule: samples the trend is measured over (default
+    /// from the shared rule).
+    #[arg(long, value_name = "N")]
+    pub early_window: Option<usize>,
+    /// Early-restart rule: how far the trend is followed, as a multiple of
+    /// the time run so far.
+    #[arg(long, value_name = "X")]
+    pub early_horizon: Option<f64>,
+    /// Early-restart rule: share of the instance the use must reach first.
+    #[arg(long, value_name = "SHARE")]
+    pub early_min_fill: Option<f64>,
+    /// Seconds between memory samples of a running job (the daemon's
+    /// memory.sample_s).
+    #[arg(long, default_value_t = crate::sim::DEFAULT_MEMORY_SAMPLE_S)]
+    pub memory_sample_s: f64,
 }
 
 /// A cluster description: one model per GPU.
@@ -261,11 +288,33 @@ fn trace_window(jobs: &[Job], arg: &str) -> Result<(Vec<Job>, f64)> {
 }
 
 fn memory_options(a: &Args) -> Result<super::oom::MemoryOptions> {
-    super::oom::parse_options(
+    let mut o = super::oom::parse_options(
         a.underdeclare.as_deref(),
         a.memory_templates,
         a.memory_spread.as_deref(),
-    )
+    )?;
+    o.growth = super::oom::parse_growth(a.memory_growth.as_deref(), a.oom_study)?;
+    Ok(o)
+}
+
+/// The early-restart rule of the command line: the shared defaults with
+/// the knobs given.
+fn early_rule(a: &Args) -> Result<Option<crate::sim::EarlyRestartRule>> {
+    let knobs = a.early_window.is_some() || a.early_horizon.is_some() || a.early_min_fill.is_some();
+    if !a.early_restart && !a.oom_study {
+        if knobs {
+            bail!("--early-window, --early-horizon and --early-min-fill need --early-restart (or --oom-study)");
+        }
+        return Ok(None);
+    }
+    let d = crate::sim::EarlyRestartRule::default();
+    let rule = crate::sim::EarlyRestartRule {
+        window: a.early_window.unwrap_or(d.window),
+        horizon: a.early_horizon.unwrap_or(d.horizon),
+        min_fill: a.early_min_fill.unwrap_or(d.min_fill),
+    };
+    rule.validate().context("early-restart rule")?;
+    Ok(Some(rule))
 }
 
 #[derive(Serialize)]
@@ -293,6 +342,8 @@ pub fn run(a: &Args) -> Result<()> {
     let (cluster, jobs, horizon) = cluster_and_workload(a)?;
     let models = GpuModel::distinct(&cluster);
     let mut policy = parse_policy_on(&a.policy, &cluster, 0.0)?;
+    // Checked on every run, so knobs without --early-restart are refused.
+    let early = early_rule(a)?;
     let cfg = SimConfig {
         reconfig_time_s: a.reconfig_time,
         epoch: match a.epoch_seconds {
@@ -306,6 +357,8 @@ pub fn run(a: &Args) -> Result<()> {
             &a.memory_estimate,
             a.oom_fraction,
             a.oom_retries,
+            if a.early_restart { early } else { None },
+            a.memory_sample_s,
         )?,
         ..SimConfig::default()
     };
@@ -318,8 +371,12 @@ pub fn run(a: &Args) -> Result<()> {
             &cfg,
             heuristic()?,
             &a.policy,
-            a.oom_fraction,
-            a.oom_retries,
+            &super::oom::StudyParams {
+                fail_fraction: a.oom_fraction,
+                retries: a.oom_retries,
+                early: early.unwrap_or_default(),
+                sample_s: a.memory_sample_s,
+            },
         );
     }
     if a.compare {

@@ -238,6 +238,7 @@ mod tests {
             requested_slices: None,
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         };
         let model = GpuModel::A100_40gb;
         let p = PowerModel::default_for(model);

@@ -383,6 +383,7 @@ mod tests {
             requested_slices: None,
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         }
     }
 

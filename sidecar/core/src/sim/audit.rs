@@ -17,11 +17,21 @@
 //!
 //! Out-of-memory runs (`oom` records, only when the header has `oom`) are
 //! checked like jobs, with these differences: the instance must really be
-//! smaller than the job's need, the run ends at `start + fail_fraction *
-//! work / speed`, each further run of the job starts after the previous
-//! failure on an instance with more memory, and a job has at most
-//! `max_retries + 1` failures (`max_retries` if it finally ran). They count
-//! in energy but not in tardiness.
+//! smaller than the job's need, the run ends where the job's memory use
+//! crosses the instance's (`start + crossing × work / speed`, crossing from
+//! the record's `memory_growth`, else `fail_fraction`), each further run of
+//! the job starts after the previous failure on an instance with more
+//! memory, and a job has at most `max_retries + 1` failures (`max_retries`
+//! if it finally ran). Early restarts (`early: true`, only when the header
+//! has an early-restart rule) are recomputed from the rule
+//! (`EarlyRestartRule::first_restart` on the record's growth, need,
+//! instance, run time and the header's `sample_s`): the time must be that
+//! one, a restart must have been left (`attempt <= max_retries`) and a
+//! larger memory size must exist in the cluster; they count as restarts
+//! in the bounds above, and those of jobs that fitted are counted as
+//! false. Both count in energy but not in tardiness; a run that fails at
+//! its start (its base use alone exceeds the instance) takes no time and
+//! is not replayed on the timeline.
 //!
 //! Each reconfiguration's `kind` (fusion, fission, reshape), when the log
 //! has one, must be what [`super::reshape::classify`] reads off its
@@ -36,10 +46,10 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::events::{Header, JobRecord, KindCounts, OomRecord, Record};
+use super::events::{Header, JobRecord, KindCounts, OomHeader, OomRecord, Record};
 use super::reshape::{classify_descs, ReconfigKind};
 use crate::mig::{Geometry, Layout, PlacementId, Shape};
-use crate::workload::PowerModel;
+use crate::workload::{MemoryGrowth, PowerModel};
 
 /// What the audit recomputed.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -55,6 +65,12 @@ pub struct AuditReport {
     pub late_jobs: u64,
     /// Out-of-memory runs (failed, counted in energy only).
     pub oom_failures: u64,
+    /// Early restarts, and of those the ones whose job fitted (omitted
+    /// when 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub early_restarts: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub false_early_restarts: u64,
     /// Reconfigurations by kind, recomputed from their instances, and the
     /// jobs served by fusions and fissions.
     pub kinds: KindCounts,
@@ -113,6 +129,10 @@ enum Item<'a> {
 
 /// (time, rank, record index, sub-order, item): the audit's sort key.
 type Keyed<'a> = (f64, u8, usize, u8, Item<'a>);
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
 
 fn close(a: f64, b: f64, rel: f64) -> bool {
     (a - b).abs() <= rel * a.abs().max(b.abs()).max(1.0)
@@ -175,6 +195,14 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         std::collections::HashMap::new();
     let mut ran: std::collections::HashMap<u64, (f64, u32)> = std::collections::HashMap::new();
     let mut oom_failures = 0u64;
+    let mut early_restarts = 0u64;
+    let mut false_early_restarts = 0u64;
+    // The largest memory size in the cluster: no early restart on it.
+    let largest_gb = geos
+        .iter()
+        .flat_map(|g| g.spec.profiles.iter().map(|p| p.memory_gb))
+        .max()
+        .unwrap_or(0);
     // Sorted timelines per GPU.
     let mut timeline: Vec<Vec<Keyed>> = vec![Vec::new(); n];
     let mut jobs = 0u64;
@@ -282,31 +310,57 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                         ),
                     ));
                 };
-                if f64::from(o.run.instance_memory_gb) >= o.run.memory_gb {
+                let inst = f64::from(o.run.instance_memory_gb);
+                let growth = o
+                    .memory_growth
+                    .unwrap_or_else(|| MemoryGrowth::step_at(h.fail_fraction));
+                if let Err(e) = growth.validate() {
                     return Err(violation(
                         o.run.start,
                         Some(o.run.gpu),
-                        format!(
-                            "job {} ran out of memory on {} GB but needs only {} GB",
-                            o.run.id, o.run.instance_memory_gb, o.run.memory_gb
-                        ),
+                        format!("job {}: {e}", o.run.id),
                     ));
                 }
-                // The failing run: checked as a job that needs only what the
-                // instance has and whose work is the failed share.
+                // The run as a job that needs only what the instance has
+                // and whose work is the share it ran.
                 let mut as_job = run.clone();
-                as_job.run.memory_gb = f64::from(o.run.instance_memory_gb);
-                as_job.run.work = o.run.work * h.fail_fraction;
+                as_job.run.memory_gb = inst.min(o.run.memory_gb);
+                if o.early {
+                    let t = check_early(o, h, &growth, largest_gb)?;
+                    as_job.run.work = t * o.run.speed;
+                    early_restarts += 1;
+                    if inst >= o.run.memory_gb {
+                        false_early_restarts += 1;
+                    }
+                } else {
+                    let Some(p) = growth.crossing(o.run.memory_gb, inst) else {
+                        return Err(violation(
+                            o.run.start,
+                            Some(o.run.gpu),
+                            format!(
+                                "job {} ran out of memory on {} GB but needs only {} GB",
+                                o.run.id, o.run.instance_memory_gb, o.run.memory_gb
+                            ),
+                        ));
+                    };
+                    as_job.run.work = o.run.work * p;
+                    oom_failures += 1;
+                }
                 check_job(&as_job, header, &geos)?;
-                oom_failures += 1;
                 failed.entry(o.run.id).or_default().push((
                     o.run.start,
                     o.fail,
                     o.run.instance_memory_gb,
                 ));
                 last_end = last_end.max(o.fail);
-                timeline[o.run.gpu].push((o.fail, 0, seq, 0, Item::End(run)));
-                timeline[o.run.gpu].push((o.run.start, 2, seq, 0, Item::Start(run)));
+                // A run that fails at its start (its base use alone
+                // exceeds the instance) occupies nothing and draws no
+                // energy: it is not replayed (its end would sort before
+                // its start).
+                if o.fail > o.run.start {
+                    timeline[o.run.gpu].push((o.fail, 0, seq, 0, Item::End(run)));
+                    timeline[o.run.gpu].push((o.run.start, 2, seq, 0, Item::Start(run)));
+                }
             }
             Record::Unserved(u) => {
                 if !seen.insert(u.id) {
@@ -335,7 +389,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                 runs[0].0,
                 None,
                 format!(
-                    "job {id} failed out of memory {} times; at most {allowed} allowed ({max} restarts)",
+                    "job {id} failed out of memory or was restarted early {} times; at most {allowed} allowed ({max} restarts)",
                     runs.len()
                 ),
             ));
@@ -546,6 +600,8 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         mean_tardiness_s: tardiness / (jobs + unserved).max(1) as f64,
         late_jobs: late,
         oom_failures,
+        early_restarts,
+        false_early_restarts,
         kinds,
     };
     if let Some(s) = summary {
@@ -556,6 +612,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
             && s.unserved == unserved
             && s.reconfigurations == reconfigs
             && s.oom_failures == oom_failures
+            && s.early_restarts == early_restarts
             && s.kinds.is_none_or(|k| k == kinds);
         if !ok {
             return Err(violation(horizon, None, format!(
@@ -563,6 +620,54 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         }
     }
     Ok(report)
+}
+
+/// An early restart: the header must have a rule, the restart must have
+/// been allowed, and its time must be the rule's. Returns the time run.
+fn check_early(
+    o: &OomRecord,
+    h: &OomHeader,
+    growth: &MemoryGrowth,
+    largest_gb: u32,
+) -> Result<f64, AuditError> {
+    let at = |what: String| violation(o.run.start, Some(o.run.gpu), what);
+    let id = o.run.id;
+    let (Some(rule), Some(sample_s)) = (h.early_restart, h.sample_s) else {
+        return Err(at(format!(
+            "job {id}: early restart but the header has no early-restart rule and sample period"
+        )));
+    };
+    if o.attempt > h.max_retries {
+        return Err(at(format!(
+            "job {id}: early restart on attempt {} but only {} restarts are allowed",
+            o.attempt, h.max_retries
+        )));
+    }
+    if o.run.instance_memory_gb >= largest_gb {
+        return Err(at(format!(
+            "job {id}: early restart on {} GB, the largest memory size in the cluster",
+            o.run.instance_memory_gb
+        )));
+    }
+    if o.run.speed.is_nan() || o.run.speed <= 0.0 {
+        return Err(at(format!("job {id}: speed {}", o.run.speed)));
+    }
+    let run_s = o.run.work / o.run.speed;
+    let inst = f64::from(o.run.instance_memory_gb);
+    let Some(t) = rule.first_restart(growth, o.run.memory_gb, inst, run_s, sample_s) else {
+        return Err(at(format!(
+            "job {id}: restarted early at {} s but the rule never fires on this run",
+            o.fail
+        )));
+    };
+    if !close(o.fail, o.run.start + t, 1e-12) {
+        return Err(at(format!(
+            "job {id}: restarted early at {} s but the rule fires at {} s",
+            o.fail,
+            o.run.start + t
+        )));
+    }
+    Ok(t)
 }
 
 /// A failed run as a job record that ends at the failure.

@@ -27,7 +27,7 @@ use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
 };
-use crate::workload::{Job, JobClass, MemoryEstimator, PowerModel};
+use crate::workload::{Job, JobClass, MemoryEstimator, MemoryGrowth, PowerModel};
 
 /// Total order on times (all finite here).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -96,8 +96,12 @@ fn sim_key(j: &Job) -> SimKey {
 /// State of the out-of-memory mode ([`SimConfig::oom`]).
 struct OomState {
     cfg: OomConfig,
-    /// OOM failures so far, per job index.
+    /// Runs ended so far by an OOM failure or an early restart, per job
+    /// index (what `max_retries` bounds).
     failures: Vec<u32>,
+    /// Whether the job's current run ends in an early restart (set at its
+    /// start, read at its end).
+    early: Vec<bool>,
     /// Memory the scheduler asks for, per job index (declaration, estimate,
     /// raised after each failure).
     asked: Vec<f64>,
@@ -249,6 +253,7 @@ impl<'j> Engine<'j> {
         let oom = cfg.oom.as_ref().map(|o| OomState {
             cfg: o.clone(),
             failures: vec![0; jobs.len()],
+            early: vec![false; jobs.len()],
             asked: vec![0.0; jobs.len()],
             estimator: o
                 .estimate
@@ -364,6 +369,8 @@ impl<'j> Engine<'j> {
             oom: self.oom.as_ref().map(|o| OomHeader {
                 fail_fraction: o.cfg.fail_fraction,
                 max_retries: o.cfg.max_retries,
+                early_restart: o.cfg.early_restart,
+                sample_s: o.cfg.early_restart.map(|_| o.cfg.sample_s),
             }),
         }
     }
@@ -407,7 +414,10 @@ impl<'j> Engine<'j> {
                     if self.pending.is_empty() {
                         break;
                     }
-                    let progress = self.m.completed + self.m.oom_failures + self.running as u64;
+                    let progress = self.m.completed
+                        + self.m.oom_failures
+                        + self.m.early_restarts
+                        + self.running as u64;
                     if started_at_quiet == progress {
                         quiet_epochs += 1;
                     } else {
@@ -731,15 +741,54 @@ impl<'j> Engine<'j> {
         // The scheduler expects the full run even if it will fail.
         st.busy_until[pid.0 as usize] = end;
         self.running += 1;
-        if let Some(o) = &self.oom {
-            if f64::from(placement.profile.memory_gb) < job.memory_gb {
-                // Out of memory part-way: the run ends early, nothing is
-                // settled but the burnt time; `complete` requeues the job.
-                let fail = self.now + o.cfg.fail_fraction * (job.work / speed);
+        if let Some(o) = self.oom.as_mut() {
+            let inst = f64::from(placement.profile.memory_gb);
+            let run_s = job.work / speed;
+            let growth = job
+                .memory_growth
+                .unwrap_or_else(|| MemoryGrowth::step_at(o.cfg.fail_fraction));
+            // Every run is watched, fitting or not: a restart of a fitting
+            // one is a false early restart. The rule fires strictly before
+            // the failure or the end, and only where a restart can help: a
+            // larger memory size exists and a restart is left (else the run
+            // goes on, and fails or completes).
+            let may_restart = inst < o.cap_gb && o.failures[i as usize] < o.cfg.max_retries;
+            let early =
+                o.cfg.early_restart.filter(|_| may_restart).and_then(|r| {
+                    r.first_restart(&growth, job.memory_gb, inst, run_s, o.cfg.sample_s)
+                });
+            let crossing = growth.crossing(job.memory_gb, inst);
+            let fail = match early {
+                Some(t) => Some(self.now + t),
+                None => crossing.map(|p| self.now + p * run_s),
+            };
+            if let Some(fail) = fail {
+                // The run ends before its work is done: nothing is settled
+                // but the burnt time; `complete` requeues the job.
                 let (attempt, asked) = (o.failures[i as usize] + 1, o.asked[i as usize]);
+                o.early[i as usize] = early.is_some();
                 self.push(fail, EV_COMPLETION, gpu as u32, pid.0);
                 self.busy_slice_s += f64::from(compute) * (fail - self.now);
-                self.m.oom_lost_gpu_s += f64::from(compute) / f64::from(total) * (fail - self.now);
+                let lost = f64::from(compute) / f64::from(total) * (fail - self.now);
+                if early.is_some() {
+                    self.m.early_restarts += 1;
+                    self.m.early_restart_lost_gpu_s += lost;
+                    match crossing {
+                        None => {
+                            self.m.false_early_restarts += 1;
+                            self.m.false_early_restart_lost_gpu_s += lost;
+                        }
+                        Some(p) => {
+                            // What this run would have burnt more had it
+                            // run on to its failure.
+                            self.m.early_restart_saved_gpu_s += f64::from(compute)
+                                / f64::from(total)
+                                * (self.now + p * run_s - fail);
+                        }
+                    }
+                } else {
+                    self.m.oom_lost_gpu_s += lost;
+                }
                 self.m.last_completion_s = self.m.last_completion_s.max(fail);
                 if let Some(sink) = hooks.sink.as_deref_mut() {
                     let run = run_record(job, gpu, &placement, speed, self.now);
@@ -748,6 +797,8 @@ impl<'j> Engine<'j> {
                         asked_memory_gb: asked,
                         fail,
                         attempt,
+                        memory_growth: job.memory_growth,
+                        early: early.is_some(),
                     }))?;
                 }
                 return Ok(());
@@ -834,7 +885,8 @@ impl<'j> Engine<'j> {
         let Some(o) = self.oom.as_mut() else { return };
         let key = sim_key(job);
         let inst = f64::from(instance_gb);
-        if inst >= job.memory_gb {
+        let early = std::mem::take(&mut o.early[i as usize]);
+        if !early && inst >= job.memory_gb {
             self.m.completed += 1;
             if let Some(e) = o.estimator.as_mut() {
                 // Values are finite (checked at load), so this cannot fail.
@@ -842,10 +894,14 @@ impl<'j> Engine<'j> {
             }
             return;
         }
-        self.m.oom_failures += 1;
         o.failures[i as usize] += 1;
-        if let Some(e) = o.estimator.as_mut() {
-            let _ = e.record_oom(key, inst);
+        if !early {
+            // An early restart is a prediction, not a bound: the estimator
+            // learns only from real failures.
+            self.m.oom_failures += 1;
+            if let Some(e) = o.estimator.as_mut() {
+                let _ = e.record_oom(key, inst);
+            }
         }
         let failures = o.failures[i as usize];
         // The next larger memory size present in the cluster (by GB, so in
@@ -860,11 +916,22 @@ impl<'j> Engine<'j> {
         let k = job.requested_slices.unwrap_or(1).max(1);
         let reason = match next {
             _ if failures > o.cfg.max_retries => Some(format!(
-                "out of memory {failures} times (last on {instance_gb} GB; needs {} GB), more than {} restarts",
-                job.memory_gb, o.cfg.max_retries
+                "{} {failures} times (last on {instance_gb} GB; needs {} GB), more than {} restarts",
+                if early {
+                    "out of memory or restarted early"
+                } else {
+                    "out of memory"
+                },
+                job.memory_gb,
+                o.cfg.max_retries
             )),
             None => Some(format!(
-                "out of memory on the largest instance ({instance_gb} GB; needs {} GB)",
+                "{} on the largest instance ({instance_gb} GB; needs {} GB)",
+                if early {
+                    "restarted early"
+                } else {
+                    "out of memory"
+                },
                 job.memory_gb
             )),
             Some(m) => {
@@ -1054,6 +1121,7 @@ impl<'j> Engine<'j> {
                 reconfigurations: self.m.reconfigurations,
                 rejected_decisions: self.m.rejected_decisions,
                 oom_failures: self.m.oom_failures,
+                early_restarts: self.m.early_restarts,
                 kinds: Some(KindCounts {
                     fusions: self.m.fusions,
                     fissions: self.m.fissions,
@@ -1182,6 +1250,9 @@ fn check_job(j: &Job) -> Result<(), SimError> {
                 "declared memory {d} GB is not finite and >= 0"
             )));
         }
+    }
+    if let Some(g) = &j.memory_growth {
+        g.validate().map_err(|e| bad(&e.to_string()))?;
     }
     j.speedup
         .validate()

@@ -3,7 +3,8 @@
 //! Line 1 is a [`Header`]; then, in simulation order, one [`ReconfigRecord`]
 //! per applied reconfiguration and one [`JobRecord`] per started job (written
 //! when it starts: without preemption its end is known then; in the
-//! out-of-memory mode an [`OomRecord`] per failed run instead); then one
+//! out-of-memory mode an [`OomRecord`] per failed or early-restarted run
+//! instead); then one
 //! [`UnservedRecord`] per job that never ran; last a [`SummaryRecord`] with
 //! the simulator's own totals. The file alone is enough to re-check
 //! feasibility and recompute energy and tardiness ([`super::audit`]).
@@ -16,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::reshape::ReconfigKind;
 use crate::mig::{GpuModel, InstanceDesc};
-use crate::workload::{PowerModel, SpeedupCurve};
+use crate::workload::{EarlyRestartRule, MemoryGrowth, PowerModel, SpeedupCurve};
 
 /// Version of the schema below; bumped on any incompatible change.
 pub const EVENTS_VERSION: u32 = 1;
@@ -63,6 +64,13 @@ pub struct OomHeader {
     /// A job has at most `max_retries + 1` OOM records, and at most
     /// `max_retries` if it finally ran.
     pub max_retries: u32,
+    /// The early-restart rule, when on (absent otherwise: older logs read
+    /// unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_restart: Option<EarlyRestartRule>,
+    /// Seconds between memory samples, with `early_restart`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_s: Option<f64>,
 }
 
 /// One GPU at time 0.
@@ -136,11 +144,17 @@ pub struct JobRecord {
     pub end: f64,
 }
 
-/// A run that ran out of memory: the instance (`instance_memory_gb`) was
-/// smaller than the job's true need (`memory_gb`). It occupied the instance
-/// from `start` to `fail = start + fail_fraction * work / speed`, drew power
-/// meanwhile, and the job was requeued (or given up: then an
-/// [`UnservedRecord`] follows). `attempt` counts from 1.
+/// A run that ran out of memory, or (`early`) was restarted before it
+/// would have. Out of memory: the instance (`instance_memory_gb`) was
+/// smaller than the job's true need (`memory_gb`), and the run ended where
+/// its memory use crossed the instance's: `fail = start + crossing × work
+/// / speed`, crossing from `memory_growth` (without one, `fail_fraction`).
+/// Early: the early-restart rule of the header fired at `fail = start +
+/// first_restart(..)`, whatever the instance (a restart of a job that
+/// fitted is a false one). Either way the run occupied the instance from
+/// `start` to `fail`, drew power meanwhile, and the job was requeued (or
+/// given up: then an [`UnservedRecord`] follows). `attempt` counts from 1
+/// over both kinds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OomRecord {
     #[serde(flatten)]
@@ -149,6 +163,14 @@ pub struct OomRecord {
     pub asked_memory_gb: f64,
     pub fail: f64,
     pub attempt: u32,
+    /// The job's memory curve, when it has one (absent: a step at
+    /// `fail_fraction`, as in logs written before growth existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_growth: Option<MemoryGrowth>,
+    /// An early restart rather than a failure (absent when false, so
+    /// older logs read unchanged).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub early: bool,
 }
 
 /// A job that never ran, and why.
@@ -176,6 +198,9 @@ pub struct SummaryRecord {
     /// Out-of-memory failures (runs that did not complete).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub oom_failures: u64,
+    /// Early restarts (runs the rule ended; not in `oom_failures`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub early_restarts: u64,
     /// Reconfigurations by kind and the jobs served by what fusions and
     /// fissions created (absent in older logs: the audit then skips them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -197,6 +222,10 @@ pub struct KindCounts {
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// Where the simulator sends records. Only called when a sink is given, so a

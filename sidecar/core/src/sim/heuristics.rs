@@ -305,6 +305,7 @@ mod tests {
             requested_slices: None,
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         }
     }
 

@@ -67,6 +67,42 @@ pub struct Metrics {
     /// GPU-seconds (compute slices / GPU slices x seconds) burnt by runs
     /// that failed out of memory.
     pub oom_lost_gpu_s: f64,
+    /// Runs ended by the early-restart rule before they failed (or
+    /// completed); not in `oom_failures`. Omitted from JSON when 0, as the
+    /// next three.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub early_restarts: u64,
+    /// Early restarts of runs whose peak fitted their instance (they would
+    /// have completed).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub false_early_restarts: u64,
+    /// GPU-seconds burnt by early-restarted runs (all of them).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub early_restart_lost_gpu_s: f64,
+    /// Of which by false early restarts.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub false_early_restart_lost_gpu_s: f64,
+    /// GPU-seconds the true early restarts saved, run by run: from the
+    /// restart to where each run would have failed. A counterfactual of
+    /// the run alone (the rest of the schedule would have differed too),
+    /// to weigh against `false_early_restart_lost_gpu_s`.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub early_restart_saved_gpu_s: f64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_f(v: &f64) -> bool {
+    *v == 0.0
+}
+
+impl Metrics {
+    /// GPU-seconds lost to restarts: failed runs plus early-restarted runs.
+    pub fn lost_gpu_s(&self) -> f64 {
+        self.oom_lost_gpu_s + self.early_restart_lost_gpu_s
+    }
 }
 
 /// `ET = (e + alpha * t) / (1 + alpha)`, with `e` and `t` the run's energy and

@@ -23,7 +23,9 @@
 //! - **Out of memory** (only with [`SimConfig::oom`]): instances are chosen
 //!   by the declared memory or a learned estimate; a job whose instance is
 //!   smaller than its true need fails part-way, its partial run's energy is
-//!   counted, and it is requeued for the next larger memory size.
+//!   counted, and it is requeued for the next larger memory size; with an
+//!   early-restart rule, a run whose memory trend predicts an overflow is
+//!   requeued the same way before it fails.
 //! - **Order of simultaneous events.** Completions, then reconfiguration
 //!   ends, then epoch ticks, then arrivals (by id); then placement; then the
 //!   decision epoch, if due.
@@ -41,6 +43,7 @@ pub mod placement_features;
 pub mod placement_onnx;
 pub mod reshape;
 
+pub use crate::workload::{EarlyRestartRule, MemoryGrowth};
 pub use audit::{audit, read_events, AuditError, AuditReport};
 pub use engine::{simulate, RunHooks, SimResult};
 pub use events::{Collect, EventSink, JsonLines, Record};
@@ -112,12 +115,18 @@ pub struct SimConfig {
 pub const DEFAULT_OOM_FAIL_FRACTION: f64 = 0.3;
 /// Restarts after out-of-memory failures before a job is given up.
 pub const DEFAULT_OOM_MAX_RETRIES: u32 = 3;
+/// Seconds between two memory samples of a running job (smartmigd's
+/// `memory.sample_s`), read by the early-restart rule.
+pub const DEFAULT_MEMORY_SAMPLE_S: f64 = 5.0;
 
 /// The out-of-memory mode (`docs/oom-and-memory.md`): instances are chosen
 /// by the *declared* memory (or a learned estimate); a job on an instance
-/// with less memory than its true need fails after `fail_fraction` of its
-/// run time there and is requeued asking for the next larger memory size,
-/// at most `max_retries` times.
+/// with less memory than its true need fails where its memory use crosses
+/// the instance's (`Job::memory_growth`; without one, after `fail_fraction`
+/// of its run time there) and is requeued asking for the next larger
+/// memory size, at most `max_retries` times. With `early_restart`, a run
+/// whose sampled use the rule predicts will overflow is restarted the same
+/// way at once (issue 24).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OomConfig {
     /// In (0, 1]. Default 0.3: OOMs hit at the first big allocation (model
@@ -130,6 +139,16 @@ pub struct OomConfig {
     /// ([`crate::workload::MemoryEstimator`]); `None`: such jobs ask for
     /// the smallest profile.
     pub estimate: Option<crate::workload::EstimatorConfig>,
+    /// Restart a run before it fails when this rule, fed a sample of its
+    /// memory use every `sample_s`, predicts an overflow
+    /// ([`crate::workload::EarlyRestartRule::first_restart`]). Every run is
+    /// watched, also those that fit: a restart of one of those is a false
+    /// early restart (counted). An early restart counts as one of the
+    /// `max_retries` restarts and teaches the estimator nothing (it is a
+    /// prediction, not a bound). `None`: runs fail or complete.
+    pub early_restart: Option<crate::workload::EarlyRestartRule>,
+    /// Seconds between memory samples (> 0; default 5, the daemon's).
+    pub sample_s: f64,
 }
 
 impl Default for OomConfig {
@@ -138,6 +157,8 @@ impl Default for OomConfig {
             fail_fraction: DEFAULT_OOM_FAIL_FRACTION,
             max_retries: DEFAULT_OOM_MAX_RETRIES,
             estimate: None,
+            early_restart: None,
+            sample_s: DEFAULT_MEMORY_SAMPLE_S,
         }
     }
 }
@@ -201,6 +222,15 @@ impl SimConfig {
             }
             if let Some(e) = &o.estimate {
                 e.validate().map_err(|e| SimError::Config(e.to_string()))?;
+            }
+            if !(o.sample_s.is_finite() && o.sample_s > 0.0) {
+                return bad(format!(
+                    "memory sample period {} s is not a finite value > 0",
+                    o.sample_s
+                ));
+            }
+            if let Some(r) = &o.early_restart {
+                r.validate().map_err(|e| SimError::Config(e.to_string()))?;
             }
         }
         Ok(())

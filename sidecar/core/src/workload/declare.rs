@@ -14,13 +14,15 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Job, JobClass, WorkloadError};
+use super::{GrowthShape, Job, JobClass, MemoryGrowth, WorkloadError};
 use crate::mig::GpuModel;
 
 /// Salts of the per-job streams, so the transforms draw independently.
 const SALT_TEMPLATE: u64 = 0x7E3A_11CE_0001;
 const SALT_DECLARE: u64 = 0x7E3A_11CE_0002;
 const SALT_NEED: u64 = 0x7E3A_11CE_0003;
+const SALT_GROWTH_SHAPE: u64 = 0x7E3A_11CE_0004;
+const SALT_GROWTH: u64 = 0x7E3A_11CE_0005;
 
 fn job_rng(seed: u64, salt: u64, id: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ salt);
@@ -141,6 +143,154 @@ pub fn check_spread((lo, hi): (f64, f64)) -> Result<(), WorkloadError> {
     }
 }
 
+/// A family of memory-growth curves ([`MemoryGrowth`]) to draw jobs'
+/// curves from: a share per shape, and uniform ranges for the base (use at
+/// the start, as a share of the peak) and the ramp (share of the run by
+/// which the peak is reached).
+///
+/// **The default family ([`GrowthMix::mixed`]) is an assumption**, not a
+/// measurement: no public trace we have records memory over a job's run.
+/// It is built from how deep-learning jobs take memory:
+///
+/// - `step` 25 %: most memory taken at once (the first forward/backward
+///   pass of a training step, a model load) and held; no warning before an
+///   out-of-memory failure;
+/// - `concave` 35 %: most memory early, then a slow tail (the caching
+///   allocator's fragmentation, growing optimizer state, the first
+///   evaluation); the commonest profile in practice;
+/// - `linear` 20 %: a cache or buffer that grows with the work done
+///   (KV caches of a serving job, a replay buffer);
+/// - `convex` 20 %: slow then fast (a sequence length or batch size that
+///   grows, curriculum learning);
+/// - base U(0.2, 0.6): the CUDA context (~0.3-0.5 GB) plus weights (and
+///   optimizer state) before the first batch;
+/// - ramp U(0.1, 0.5): the peak is reached in the first half of the run;
+///   the mean 0.3 matches the `fail_fraction` of the step-only model, so a
+///   step job fails where it did before growth was modelled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GrowthMix {
+    /// Share of each shape, in [`GrowthShape::ALL`] order (step, linear,
+    /// concave, convex); each in [0, 1], summing to 1.
+    pub shares: [f64; 4],
+    /// Range of `MemoryGrowth::base`, within [0, 1].
+    pub base: (f64, f64),
+    /// Range of `MemoryGrowth::ramp`, within (0, 1].
+    pub ramp: (f64, f64),
+}
+
+impl GrowthMix {
+    /// Default base range (see the type's docs).
+    pub const BASE: (f64, f64) = (0.2, 0.6);
+    /// Default ramp range.
+    pub const RAMP: (f64, f64) = (0.1, 0.5);
+
+    /// The documented default family (`--memory-growth mixed`).
+    pub fn mixed() -> GrowthMix {
+        GrowthMix {
+            shares: [0.25, 0.20, 0.35, 0.20],
+            base: Self::BASE,
+            ramp: Self::RAMP,
+        }
+    }
+
+    /// Every job of one shape, with the default base and ramp ranges.
+    pub fn only(shape: GrowthShape) -> GrowthMix {
+        let mut shares = [0.0; 4];
+        let i = GrowthShape::ALL
+            .iter()
+            .position(|&g| g == shape)
+            .unwrap_or(0);
+        shares[i] = 1.0;
+        GrowthMix {
+            shares,
+            base: Self::BASE,
+            ramp: Self::RAMP,
+        }
+    }
+
+    /// `mixed` or a shape name (`step`, `linear`, `concave`, `convex`).
+    pub fn named(name: &str) -> Result<GrowthMix, WorkloadError> {
+        let name = name.trim().to_ascii_lowercase();
+        if name == "mixed" {
+            return Ok(GrowthMix::mixed());
+        }
+        name.parse::<GrowthShape>()
+            .map(GrowthMix::only)
+            .map_err(|_| {
+                WorkloadError::invalid(
+                    "memory growth",
+                    format!("`{name}` (expected mixed, step, linear, concave or convex)"),
+                )
+            })
+    }
+
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        let sum: f64 = self.shares.iter().sum();
+        if self.shares.iter().any(|s| !(s.is_finite() && *s >= 0.0)) || (sum - 1.0).abs() > 1e-9 {
+            return Err(WorkloadError::invalid(
+                "memory growth shares",
+                format!("{:?} must be >= 0 and add up to 1", self.shares),
+            ));
+        }
+        let (b0, b1) = self.base;
+        if !(b0.is_finite() && b1.is_finite() && 0.0 <= b0 && b0 <= b1 && b1 <= 1.0) {
+            return Err(WorkloadError::invalid(
+                "memory growth base",
+                format!("range ({b0}, {b1}) must satisfy 0 <= low <= high <= 1"),
+            ));
+        }
+        let (r0, r1) = self.ramp;
+        if !(r0.is_finite() && r1.is_finite() && 0.0 < r0 && r0 <= r1 && r1 <= 1.0) {
+            return Err(WorkloadError::invalid(
+                "memory growth ramp",
+                format!("range ({r0}, {r1}) must satisfy 0 < low <= high <= 1"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn shape_at(&self, x: f64) -> GrowthShape {
+        let mut acc = 0.0;
+        for (shape, share) in GrowthShape::ALL.into_iter().zip(self.shares) {
+            acc += share;
+            if x < acc {
+                return shape;
+            }
+        }
+        // Rounding left a sliver above the last share: the last shape with
+        // a share.
+        GrowthShape::ALL
+            .into_iter()
+            .zip(self.shares)
+            .rev()
+            .find(|&(_, s)| s > 0.0)
+            .map_or(GrowthShape::Step, |(g, _)| g)
+    }
+}
+
+/// Sets every job's `memory_growth` from `mix` (valid: see
+/// [`GrowthMix::validate`]). The shape is drawn once per template (a
+/// resubmitted script grows alike; per job when it has none), the base and
+/// ramp per job. Only the memory curve changes, not the peak.
+pub fn assign_growth(jobs: &mut [Job], mix: &GrowthMix, seed: u64) {
+    for j in jobs.iter_mut() {
+        let x: f64 = match j.template {
+            Some(t) => job_rng(seed, SALT_GROWTH_SHAPE, u64::from(t)).random(),
+            None => job_rng(seed, SALT_GROWTH_SHAPE ^ SALT_GROWTH, j.id).random(),
+        };
+        let mut rng = job_rng(seed, SALT_GROWTH, j.id);
+        let (b0, b1) = mix.base;
+        let (r0, r1) = mix.ramp;
+        let base = b0 + (b1 - b0) * rng.random::<f64>();
+        let ramp = (r0 + (r1 - r0) * rng.random::<f64>()).clamp(f64::MIN_POSITIVE, 1.0);
+        j.memory_growth = Some(MemoryGrowth {
+            shape: mix.shape_at(x),
+            base,
+            ramp,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +352,60 @@ mod tests {
         for (t, h) in hi {
             assert!(lo[&t] >= 0.9 * h - 1e-9, "template {t}");
         }
+    }
+
+    #[test]
+    fn growth_is_drawn_per_template_and_deterministic() {
+        let mut jobs = generate_diurnal(&DiurnalConfig::default(), M, 32, 3);
+        assign_templates(&mut jobs, 20, 0.1, 1);
+        let peaks: Vec<f64> = jobs.iter().map(|j| j.memory_gb).collect();
+        let mix = GrowthMix::mixed();
+        mix.validate().unwrap();
+        let mut again = jobs.clone();
+        assign_growth(&mut jobs, &mix, 4);
+        assign_growth(&mut again, &mix, 4);
+        assert_eq!(jobs, again);
+        let mut shape_of: HashMap<u32, GrowthShape> = HashMap::new();
+        let mut count = [0usize; 4];
+        for (j, p) in jobs.iter().zip(&peaks) {
+            let g = j.memory_growth.unwrap();
+            g.validate().unwrap();
+            assert!(
+                (0.2..=0.6).contains(&g.base) && (0.1..=0.5).contains(&g.ramp),
+                "{g:?}"
+            );
+            assert_eq!(j.memory_gb, *p, "the peak is left alone");
+            let s = *shape_of.entry(j.template.unwrap()).or_insert(g.shape);
+            assert_eq!(s, g.shape, "one shape per template");
+            j.validate(M).unwrap();
+        }
+        for s in shape_of.values() {
+            count[GrowthShape::ALL.iter().position(|g| g == s).unwrap()] += 1;
+        }
+        assert!(count.iter().all(|&c| c > 0), "every shape drawn: {count:?}");
+        // Without templates, the shares hold per job.
+        let mut free = generate_diurnal(&DiurnalConfig::default(), M, 32, 3);
+        assign_growth(&mut free, &mix, 4);
+        let n = free.len() as f64;
+        for (k, shape) in GrowthShape::ALL.into_iter().enumerate() {
+            let c = free
+                .iter()
+                .filter(|j| j.memory_growth.unwrap().shape == shape)
+                .count();
+            assert!((c as f64 / n - mix.shares[k]).abs() < 0.03, "{shape}: {c}");
+        }
+        let only = GrowthMix::named("convex").unwrap();
+        assign_growth(&mut free, &only, 4);
+        assert!(free
+            .iter()
+            .all(|j| j.memory_growth.unwrap().shape == GrowthShape::Convex));
+        let e = GrowthMix::named("sawtooth").unwrap_err().to_string();
+        assert!(e.contains("sawtooth") && e.contains("mixed"), "{e}");
+        let bad = GrowthMix {
+            shares: [0.5, 0.5, 0.5, 0.0],
+            ..GrowthMix::mixed()
+        };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -472,6 +472,7 @@ impl JobDrawer {
             requested_slices,
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         }
     }
 }

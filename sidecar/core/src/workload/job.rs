@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{SpeedupCurve, WorkloadError};
+use super::{MemoryGrowth, SpeedupCurve, WorkloadError};
 use crate::mig::{GpuModel, ProfileSpec};
 
 /// Coarse job class. It selects the speed-up curve distribution when a curve
@@ -85,6 +85,15 @@ pub struct Job {
     /// fall back to one key per class).
     #[serde(default)]
     pub template: Option<u32>,
+    /// How the job's memory use rises to its peak `memory_gb` over its run
+    /// ([`MemoryGrowth`]): where a run on too small an instance fails, and
+    /// what an early-restart rule sees. `None`: nothing noticeable, then the
+    /// peak at the simulator's `fail_fraction` of the run
+    /// (`MemoryGrowth::step_at`, the model before growth existed), so
+    /// workloads without it behave as before. Only the simulator's
+    /// out-of-memory mode reads it (`docs/oom-and-memory.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_growth: Option<MemoryGrowth>,
 }
 
 impl Job {
@@ -179,6 +188,9 @@ impl Job {
                 ));
             }
         }
+        if let Some(g) = &self.memory_growth {
+            g.validate()?;
+        }
         self.speedup.validate()?;
         if let Some(k) = self.requested_slices {
             if !model.spec().profiles.iter().any(|p| p.shape.compute == k) {
@@ -232,6 +244,7 @@ mod tests {
             requested_slices: None,
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         }
     }
 

@@ -168,6 +168,7 @@ mod tests {
             requested_slices: Some(7),
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         }
     }
 

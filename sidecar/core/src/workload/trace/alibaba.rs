@@ -180,6 +180,7 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
             requested_slices: Some(k),
             declared_memory_gb: None,
             template: None,
+            memory_growth: None,
         };
         job.deadline = sample_deadline(&mut rng, opts, &job);
         out.push(c.line, c.id, job);

@@ -236,6 +236,7 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
         requested_slices,
         declared_memory_gb: None,
         template: None,
+        memory_growth: None,
     };
     job.deadline = match optional(f, c.deadline) {
         Some(v) => {

@@ -235,6 +235,7 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
         requested_slices: Some(k),
         declared_memory_gb: None,
         template: None,
+        memory_growth: None,
     };
     job.deadline = match limit {
         Some(l) => submit + l,
