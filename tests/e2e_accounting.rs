@@ -116,7 +116,7 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
     // Two slices for at least the two seconds the test held the job.
     let hours = nobody["slice_hours"].as_f64().expect("slice_hours");
     assert!(
-        hours >= 2.0 * 2.0 / 3600.0 && hours < 2.0 * 120.0 / 3600.0,
+        (2.0 * 2.0 / 3600.0..2.0 * 120.0 / 3600.0).contains(&hours),
         "{lines:#}"
     );
     let table = std::process::Command::new(artifact("smartmig"))

@@ -60,9 +60,9 @@ impl SliceTag {
     pub fn find(comment: &str) -> Option<SliceTag> {
         comment
             .split_whitespace()
+            .rev()
             .filter_map(|w| w.strip_prefix(COMMENT_PREFIX))
-            .filter_map(parse_word)
-            .last()
+            .find_map(parse_word)
     }
 }
 

@@ -1518,10 +1518,10 @@ impl Daemon {
             });
             match result {
                 Ok(true) => {
-                    tracing::debug!(job = job_id, tag = %tag.to_word(), "job's AdminComment tagged")
+                    tracing::debug!(job = job_id, tag = %tag.to_word(), "job's AdminComment tagged");
                 }
                 Ok(false) => {
-                    tracing::info!(job = job_id, "job not in squeue: AdminComment not tagged")
+                    tracing::info!(job = job_id, "job not in squeue: AdminComment not tagged");
                 }
                 Err(e) => tracing::warn!(job = job_id, "AdminComment not tagged: {e}"),
             }
