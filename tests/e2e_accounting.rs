@@ -11,6 +11,7 @@
 //!
 //! Needs root and a release build of the workspace; fails, never skips.
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -109,6 +110,12 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
         lines.as_array().is_some_and(|a| !a.is_empty())
     });
     assert!(logged, "no usage: {lines:#}\n{}", cluster.smartmigd_log());
+    let log = cluster.dir().join("smartmigd-state/usage.jsonl");
+    let mode = std::fs::metadata(&log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()))
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the usage log names every user's jobs");
     let nobody = &lines[0];
     assert_eq!(nobody["who"], "nobody", "{lines:#}");
     assert_eq!(nobody["jobs"], 1, "{lines:#}");

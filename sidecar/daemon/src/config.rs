@@ -479,6 +479,23 @@ impl Config {
         Ok(())
     }
 
+    /// Settings that are valid but will not do what they say, for
+    /// `--check-config` and the start-up log.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.oom.early_restart && self.backend == BackendKind::Sim {
+            out.push(
+                "oom.early_restart: the sim backend measures no memory use, so no job will be restarted early (nvml only)".to_string(),
+            );
+        }
+        if self.oom.early_restart && !self.slurm.enabled {
+            out.push(
+                "oom.early_restart: Slurm queries are disabled (slurm.enabled = false), so no job can be requeued".to_string(),
+            );
+        }
+        out
+    }
+
     /// Any policy the daemon can run (see [`super::policy_choice::build`]), checked
     /// against the sim GPUs.
     fn check_policy(&self) -> Result<(), ConfigError> {
@@ -699,6 +716,14 @@ mod tests {
             crate::workload::EarlyRestartRule::default().window
         );
         assert!(!Config::parse(MINIMAL).unwrap().oom.early_restart);
+        // Valid, but the sim backend cannot measure memory: a warning.
+        assert!(Config::parse(MINIMAL).unwrap().warnings().is_empty());
+        let w = c.warnings();
+        assert!(
+            w.iter()
+                .any(|w| w.contains("sim backend measures no memory")),
+            "{w:?}"
+        );
     }
 
     #[test]

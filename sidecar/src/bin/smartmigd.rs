@@ -31,6 +31,9 @@ fn main() -> ExitCode {
         }
     };
     if args.check_config {
+        for w in config.warnings() {
+            eprintln!("smartmigd: warning: {w}");
+        }
         println!("OK");
         return ExitCode::SUCCESS;
     }

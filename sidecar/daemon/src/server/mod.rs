@@ -168,9 +168,11 @@ struct GpuSlot {
 }
 
 /// Appends `text` to `path`, first moving a file of `max_bytes` or more to
-/// `<path>.1`.
+/// `<path>.1`. A new file is mode 0600: it names every user's jobs, which
+/// `status` shows only to root, `slurm_user` and operators.
 fn append_rotating(path: &Path, text: &str, max_bytes: u64) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     if std::fs::metadata(path).is_ok_and(|m| m.len() >= max_bytes) {
         let mut old = path.as_os_str().to_owned();
         old.push(".1");
@@ -179,7 +181,12 @@ fn append_rotating(path: &Path, text: &str, max_bytes: u64) -> std::io::Result<(
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(path)?;
+    // A file left looser (by hand, or an older version) is tightened.
+    if f.metadata()?.permissions().mode() & 0o777 != 0o600 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
     f.write_all(text.as_bytes())
 }
 
@@ -1906,11 +1913,9 @@ pub async fn run(config: Config, config_path: PathBuf) -> Result<(), StartError>
                 }
             }
         });
-    } else if daemon.config().oom.early_restart {
-        tracing::warn!(
-            backend = daemon.backend.name(),
-            "oom.early_restart is on, but this backend measures no memory use: no job will be restarted early"
-        );
+    }
+    for w in daemon.config().warnings() {
+        tracing::warn!("{w}");
     }
     tracing::info!(socket = %socket.display(), admin_socket = %admin_socket.display(), backend = daemon.backend.name(), gpus = daemon.slots.len(),
         policy = %daemon.policy_name(), placement = %daemon.placement_name(), "smartmigd ready");
