@@ -638,6 +638,51 @@ impl Sidecar {
             .unwrap_or_else(|e| panic!("smartmig status failed: {e}"))
     }
 
+    /// The human table of `smartmig status` for this daemon, as an admin
+    /// reads it.
+    pub fn status_table(&self) -> String {
+        let out = Command::new(artifact("smartmig"))
+            .args(["status", "--socket"])
+            .arg(self.socket())
+            .output()
+            .expect("run smartmig status");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The out-of-memory events of `job` in a status reply
+    /// (`memory.oom_events`), oldest first.
+    pub fn oom_events(status: &serde_json::Value, job: u32) -> Vec<serde_json::Value> {
+        status["memory"]["oom_events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["job_id"] == job)
+            .cloned()
+            .collect()
+    }
+
+    /// The decisions of [`Sidecar::oom_events`], e.g. `requeue_scheduled`.
+    pub fn oom_decisions(status: &serde_json::Value, job: u32) -> Vec<String> {
+        Self::oom_events(status, job)
+            .iter()
+            .filter_map(|e| e["decision"].as_str().map(String::from))
+            .collect()
+    }
+
+    /// The learned estimate of (`user`, `job_name`) in a status reply.
+    pub fn estimate(
+        status: &serde_json::Value,
+        user: &str,
+        job_name: &str,
+    ) -> Option<serde_json::Value> {
+        status["memory"]["estimates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["job_name"] == job_name && e["user"] == user)
+            .cloned()
+    }
+
     /// Every instance in a status reply, with its GPU index added as `gpu`.
     pub fn instances(status: &serde_json::Value) -> Vec<serde_json::Value> {
         let mut out = Vec::new();

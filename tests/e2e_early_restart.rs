@@ -17,10 +17,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use smartmig_mig::GpuModel;
 use smartmig_nvml_emu::{Emulator, GpuSetup};
-use smartmig_suite::{artifact, fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
 
 /// Time for the job, its requeue (held cred_expire + 1 s) and its second
 /// run to get where the test waits.
@@ -42,23 +41,6 @@ fn runs(output: &str) -> Vec<(String, String, String)> {
             let get = |k: &str| f.get(k).cloned().unwrap_or_default();
             (get("RUN"), get("CVD"), get("PROFILE"))
         })
-        .collect()
-}
-
-fn events_of(status: &Value, job: u32) -> Vec<Value> {
-    status["memory"]["oom_events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["job_id"] == job)
-        .cloned()
-        .collect()
-}
-
-fn decisions(status: &Value, job: u32) -> Vec<String> {
-    events_of(status, job)
-        .iter()
-        .filter_map(|e| e["decision"].as_str().map(String::from))
         .collect()
 }
 
@@ -133,7 +115,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
             .unwrap_or_else(|e| panic!("set the use of {uuid}: {e}"));
         highest = highest.max(gb);
         let status = sidecar.status();
-        if decisions(&status, job).contains(&"requeue_scheduled".to_string()) {
+        if Sidecar::oom_decisions(&status, job).contains(&"requeue_scheduled".to_string()) {
             break status;
         }
         assert!(
@@ -145,7 +127,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     };
     // The process dies with the requeued run.
     let _ = emu.remove_process(&uuid, PID);
-    let ev = events_of(&scheduled, job)
+    let ev = Sidecar::oom_events(&scheduled, job)
         .into_iter()
         .next()
         .expect("the early-restart event");
@@ -193,7 +175,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     let mut status = sidecar.status();
     let done = smartmig_suite::wait_until(Duration::from_secs(20), || {
         status = sidecar.status();
-        decisions(&status, job).contains(&"requeued".to_string())
+        Sidecar::oom_decisions(&status, job).contains(&"requeued".to_string())
             && !status["memory"]["oom_jobs"]
                 .as_array()
                 .into_iter()
@@ -202,30 +184,20 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     });
     assert!(done, "{status:#}");
     assert_eq!(
-        decisions(&status, job),
+        Sidecar::oom_decisions(&status, job),
         vec!["requeue_scheduled", "requeued"],
         "{status:#}"
     );
     let early = &status["memory"]["early_restart"];
     assert_eq!(early["restarts"], 1, "{status:#}");
     assert_eq!(early["false_restarts"], 0, "{status:#}");
-    let est = status["memory"]["estimates"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["job_name"] == "grow")
-        .cloned()
+    let est = Sidecar::estimate(&status, "nobody", "grow")
         .unwrap_or_else(|| panic!("nothing learned: {status:#}"));
     assert_eq!(est["runs"], 1, "{status:#}");
     assert_eq!(est["ooms"], 0, "{status:#}");
     assert_eq!(est["max_peak_gb"], 6.0, "{status:#}");
 
-    let table = std::process::Command::new(artifact("smartmig"))
-        .args(["status", "--socket"])
-        .arg(sidecar.socket())
-        .output()
-        .expect("run smartmig status");
-    let table = String::from_utf8_lossy(&table.stdout);
+    let table = sidecar.status_table();
     assert!(
         table.contains("early restart on") && table.contains("1 restart(s), 0 false"),
         "{table}"

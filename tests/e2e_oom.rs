@@ -119,32 +119,6 @@ fn wait_for(
     }
 }
 
-fn events_of(status: &Value, job: u32) -> Vec<Value> {
-    status["memory"]["oom_events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["job_id"] == job)
-        .cloned()
-        .collect()
-}
-
-fn decisions(status: &Value, job: u32) -> Vec<String> {
-    events_of(status, job)
-        .iter()
-        .filter_map(|e| e["decision"].as_str().map(String::from))
-        .collect()
-}
-
-fn estimate_of(status: &Value, name: &str) -> Option<Value> {
-    status["memory"]["estimates"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["job_name"] == name && e["user"] == "nobody")
-        .cloned()
-}
-
 /// A job without `--mig-mem` starts on the smallest 1-slice profile
 /// (`1g.5gb`), writes the out-of-memory marker and fails; smartmigd requeues
 /// it and its second run gets the next larger memory size (`1g.10gb`) and
@@ -200,18 +174,19 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         &sidecar,
         &out1,
         "requeue of job 1 recorded",
-        |_, s| decisions(s, job1).contains(&"requeued".to_string()),
+        |_, s| Sidecar::oom_decisions(s, job1).contains(&"requeued".to_string()),
     );
     assert_eq!(
-        decisions(&status, job1),
+        Sidecar::oom_decisions(&status, job1),
         vec!["requeue_scheduled", "requeued"],
         "{status:#}"
     );
-    let ev = &events_of(&status, job1)[0];
+    let ev = &Sidecar::oom_events(&status, job1)[0];
     assert_eq!(ev["profile"], "1g.5gb", "{status:#}");
     assert_eq!(ev["next_memory_gb"], 10, "{status:#}");
     assert_eq!(ev["job_name"], "oomtest", "{status:#}");
-    let est = estimate_of(&status, "oomtest").unwrap_or_else(|| panic!("no estimate: {status:#}"));
+    let est = Sidecar::estimate(&status, "nobody", "oomtest")
+        .unwrap_or_else(|| panic!("no estimate: {status:#}"));
     assert_eq!(est["estimate_gb"], 6.0, "{status:#}");
     assert_eq!(est["ooms"], 1, "{status:#}");
     // The completed restart left the ledger.
@@ -223,12 +198,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
             .any(|j| j["job_id"] == job1),
         "{status:#}"
     );
-    let table = std::process::Command::new(artifact("smartmig"))
-        .args(["status", "--socket"])
-        .arg(sidecar.socket())
-        .output()
-        .expect("run smartmig status");
-    let table = String::from_utf8_lossy(&table.stdout);
+    let table = sidecar.status_table();
     assert!(
         table.contains("OOM restarts") && table.contains("nobody/oomtest"),
         "{table}"
@@ -256,7 +226,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     );
     let status = sidecar.status();
     assert!(
-        events_of(&status, job2).is_empty(),
+        Sidecar::oom_events(&status, job2).is_empty(),
         "exit 0 is no OOM: {status:#}"
     );
     eprintln!("estimate reuse done after {:?}", t0.elapsed());
@@ -271,7 +241,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         &body(&[0, 1, 2, 3], false),
     );
     let (text, status) = wait_for(&cluster, &sidecar, &out3, "job 3 gives up", |_, s| {
-        decisions(s, job3).contains(&"retries_exhausted".to_string())
+        Sidecar::oom_decisions(s, job3).contains(&"retries_exhausted".to_string())
     });
     let state = cluster.wait_job(job3, TIMEOUT);
     assert_eq!(state, "FAILED", "{text}\n{}", cluster.log_tails());
@@ -285,7 +255,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         ],
         "job {job3} output:\n{text}"
     );
-    let d = decisions(&status, job3);
+    let d = Sidecar::oom_decisions(&status, job3);
     assert_eq!(
         d.iter().filter(|x| *x == "requeue_scheduled").count(),
         2,

@@ -295,6 +295,37 @@ fn decide(restarts: u32, inst: &Released, policy: OomPolicy) -> (OomDecision, St
     }
 }
 
+/// The event of a decision about job `job_id` on `inst` (a failure's; an
+/// early restart overrides the cause and what the rule saw).
+fn oom_event(
+    now: u64,
+    job_id: u64,
+    key: Option<&MemoryKey>,
+    inst: &Released,
+    failures: u32,
+    decision: OomDecision,
+    message: String,
+) -> OomEvent {
+    OomEvent {
+        at: now,
+        job_id,
+        user: key.map(|k| k.user.clone()),
+        job_name: key.map(|k| k.name.clone()),
+        gpu: inst.gpu,
+        profile: inst.profile.clone(),
+        memory_gb: inst.memory_gb,
+        failures,
+        decision,
+        next_memory_gb: (decision == OomDecision::RequeueScheduled)
+            .then_some(inst.next_memory_gb)
+            .flatten(),
+        message,
+        cause: OomCause::Failure,
+        used_gb: None,
+        predicted_gb: None,
+    }
+}
+
 /// Sets the estimator's configuration through its serialized form, which
 /// validates the values and trims the history to the new bounds.
 fn reconfigure(
@@ -610,24 +641,15 @@ impl MemoryState {
         if decision == OomDecision::RequeueScheduled {
             rec.restarts += 1;
         }
-        let event = OomEvent {
-            at: now,
+        let event = oom_event(
+            now,
             job_id,
-            user: key.as_ref().map(|k| k.user.clone()),
-            job_name: key.as_ref().map(|k| k.name.clone()),
-            gpu: inst.gpu,
-            profile: inst.profile.clone(),
-            memory_gb: inst.memory_gb,
-            failures: rec.failures,
+            key.as_ref(),
+            inst,
+            rec.failures,
             decision,
-            next_memory_gb: (decision == OomDecision::RequeueScheduled)
-                .then_some(inst.next_memory_gb)
-                .flatten(),
             message,
-            cause: OomCause::Failure,
-            used_gb: None,
-            predicted_gb: None,
-        };
+        );
         self.events.push_back(event.clone());
         self.trim();
         (true, Some(event))
@@ -678,22 +700,10 @@ impl MemoryState {
             )
         };
         let event = OomEvent {
-            at: now,
-            job_id,
-            user: key.as_ref().map(|k| k.user.clone()),
-            job_name: key.as_ref().map(|k| k.name.clone()),
-            gpu: inst.gpu,
-            profile: inst.profile.clone(),
-            memory_gb: inst.memory_gb,
-            failures,
-            decision,
-            next_memory_gb: (decision == OomDecision::RequeueScheduled)
-                .then_some(inst.next_memory_gb)
-                .flatten(),
-            message,
             cause: OomCause::EarlyRestart,
             used_gb: Some(trigger.used_gb),
             predicted_gb: Some(trigger.predicted_gb),
+            ..oom_event(now, job_id, key.as_ref(), inst, failures, decision, message)
         };
         self.events.push_back(event.clone());
         self.trim();

@@ -349,7 +349,7 @@ garbage
             rec("alice", Some("phys"), "1g.10gb", 1, 3600, 10_000),
             rec("alice", Some("phys"), "3g.20gb", 3, 1200, 20_000),
             rec("bob", Some("chem"), "7g.40gb", 7, 3600, 30_000),
-            rec("bob", None, "1g.10gb", 1, 7200, 5_000),
+            rec("bob", None, "1g.10gb", 1, 7200, 8_000),
         ];
         let by_user = summarise(&rs, GroupBy::User, 0);
         assert_eq!(by_user.len(), 2);
