@@ -18,8 +18,8 @@ use serde_json::Value;
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::protocol::{
-    AllocateReply, AllocateRequest, ErrorBody, HealthReply, ReconcileReply, ReleaseReply,
-    ReleaseRequest, Request, StatusReply,
+    AllocateReply, AllocateRequest, ApplyRequest, ErrorBody, HealthReply, PlanReply, PlanStatus,
+    ReconcileReply, ReleaseReply, ReleaseRequest, Request, StatusReply,
 };
 
 /// Largest reply accepted (a status of 64 GPUs is ~100 KiB).
@@ -227,6 +227,16 @@ impl Client {
     /// instances of ended jobs.
     pub fn reconcile(&self) -> Result<ReconcileReply, ClientError> {
         self.request(&Request::Reconcile)
+    }
+
+    /// The plans the policy wants (pending) and made (applied).
+    pub fn plan(&self) -> Result<PlanReply, ClientError> {
+        self.request(&Request::Plan)
+    }
+
+    /// Carries out pending plan `plan` (root and slurm_user).
+    pub fn apply(&self, plan: u64) -> Result<PlanStatus, ClientError> {
+        self.request(&Request::Apply(ApplyRequest { plan }))
     }
 
     pub fn status(&self) -> Result<StatusReply, ClientError> {

@@ -40,6 +40,10 @@ pub enum Request {
     /// Read Slurm's queue now and release the instances of jobs that
     /// ended without a release (the admin's `smartmig reconcile`).
     Reconcile,
+    /// The reconfigurations the policy wants and has made (anyone may ask).
+    Plan,
+    /// Carry out a pending plan (`mode = "confirm"`; root and slurm_user).
+    Apply(ApplyRequest),
 }
 
 impl Request {
@@ -51,6 +55,8 @@ impl Request {
             Request::Status => "status",
             Request::Health => "health",
             Request::Reconcile => "reconcile",
+            Request::Plan => "plan",
+            Request::Apply(_) => "apply",
         }
     }
 
@@ -58,7 +64,7 @@ impl Request {
     pub fn is_write(&self) -> bool {
         matches!(
             self,
-            Request::Allocate(_) | Request::Release(_) | Request::Reconcile
+            Request::Allocate(_) | Request::Release(_) | Request::Reconcile | Request::Apply(_)
         )
     }
 
@@ -114,6 +120,51 @@ pub struct AllocateRequest {
     /// profile (`memory_gb` is ignored). Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+}
+
+/// `apply`: carry out pending plan `plan`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyRequest {
+    pub plan: u64,
+}
+
+/// A reconfiguration of one GPU the policy wants (pending, in `confirm`
+/// mode) or made (applied). Layouts are drawn as in the logs
+/// (`4444333` style pictures); instances as `profile@start`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanStatus {
+    pub id: u64,
+    pub gpu: u32,
+    pub from: String,
+    pub to: String,
+    /// Idle instances it destroys.
+    pub destroy: Vec<String>,
+    pub create: Vec<String>,
+    /// Busy instances it keeps (with their job), which is why it is safe.
+    pub keeps_busy: Vec<String>,
+    /// Unix seconds the policy first wanted it.
+    pub created_at: u64,
+    /// Pending: when it lapses unless applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    /// Applied: when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_at: Option<u64>,
+}
+
+/// The `plan` reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanReply {
+    /// `dynamic` (the policy's targets are applied each epoch) or
+    /// `confirm` (they wait for `apply`).
+    pub mode: String,
+    pub policy: String,
+    /// Seconds a pending plan waits for `apply`.
+    pub plan_timeout_s: u64,
+    pub pending: Vec<PlanStatus>,
+    /// The last reconfigurations made, newest last (bounded).
+    pub applied: Vec<PlanStatus>,
 }
 
 /// `release`: the job ended.
@@ -278,6 +329,9 @@ pub struct StatusReply {
     /// Allocates waiting for room right now, longest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<WaitingJob>,
+    /// Plans waiting for `smartmig apply` (`mode = "confirm"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_plans: Vec<PlanStatus>,
 }
 
 /// A job whose allocate waits for an instance to free up.

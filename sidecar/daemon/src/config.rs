@@ -240,6 +240,28 @@ impl Default for AccountingConfig {
     }
 }
 
+/// Whether the policy's reconfigurations happen at once or wait for an
+/// admin (`mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Each epoch's targets are carried out (destroying idle instances only).
+    #[default]
+    Dynamic,
+    /// Each epoch's targets become plans that wait for `smartmig apply ID`
+    /// and lapse after `plan_timeout_s`; jobs are still served on demand.
+    Confirm,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Dynamic => "dynamic",
+            Mode::Confirm => "confirm",
+        }
+    }
+}
+
 /// The configuration file as written.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -303,6 +325,11 @@ pub struct Config {
     pub oom: OomConfig,
     /// Per-job slice accounting.
     pub accounting: AccountingConfig,
+    /// `dynamic` (default) or `confirm`: whether the policy's
+    /// reconfigurations wait for `smartmig apply` (docs/daemon.md, "Plans").
+    pub mode: Mode,
+    /// Seconds a pending plan waits for `smartmig apply` before it lapses.
+    pub plan_timeout_s: u64,
     /// `tracing` filter (e.g. `info`, `smartmig=debug`); `RUST_LOG` overrides it.
     pub log_level: String,
 }
@@ -336,6 +363,8 @@ impl Default for Config {
             memory: MemoryConfig::default(),
             oom: OomConfig::default(),
             accounting: AccountingConfig::default(),
+            mode: Mode::Dynamic,
+            plan_timeout_s: 600,
             log_level: "info".into(),
         }
     }
@@ -469,6 +498,9 @@ impl Config {
         }
         if self.oom.requeue_timeout_s == 0 {
             return Err(invalid("oom.requeue_timeout_s", "must be at least 1"));
+        }
+        if self.plan_timeout_s == 0 {
+            return Err(invalid("plan_timeout_s", "must be at least 1"));
         }
         self.oom
             .early
@@ -630,6 +662,8 @@ impl Config {
         diff!(memory);
         diff!(oom);
         diff!(accounting);
+        diff!(mode);
+        diff!(plan_timeout_s);
         out
     }
 }

@@ -34,6 +34,7 @@ pub mod journal;
 pub mod memory;
 pub mod metrics;
 pub mod placement;
+pub mod plan;
 pub mod policy_choice;
 pub mod server;
 pub mod slurm;

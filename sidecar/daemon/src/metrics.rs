@@ -82,6 +82,7 @@ pub struct Metrics {
     user_slice_seconds: Family<UserLabel, Counter>,
     wait_seconds: Family<ProfileLabel, Counter>,
     jobs_served: Family<ProfileLabel, Counter>,
+    pending_plans: Gauge,
 }
 
 impl Default for Metrics {
@@ -172,7 +173,14 @@ impl Metrics {
             "Instances released by jobs, by profile",
             jobs_served.clone(),
         );
+        let pending_plans = Gauge::default();
+        registry.register(
+            "pending_plans",
+            "Reconfigurations waiting for `smartmig apply` (mode = confirm)",
+            pending_plans.clone(),
+        );
         Metrics {
+            pending_plans,
             slice_seconds,
             user_slice_seconds,
             wait_seconds,
@@ -241,6 +249,11 @@ impl Metrics {
         self.user_slice_seconds
             .get_or_create(&user)
             .inc_by(r.slice_s);
+    }
+
+    /// Plans waiting for `smartmig apply` now.
+    pub fn pending_plans(&self, n: usize) {
+        self.pending_plans.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// `n` instances freed by the reaper.

@@ -19,6 +19,7 @@ pub mod compare;
 pub mod doctor;
 pub mod layouts;
 pub mod oom;
+pub mod plan;
 pub mod simulate;
 pub mod socket;
 pub mod status;
@@ -58,6 +59,10 @@ pub enum Command {
     Train(train::Args),
     /// Slice-hours per user or account, from the node's usage log or sacct.
     Usage(usage::Args),
+    /// The reconfigurations the policy wants (pending) and made (applied).
+    Plan(plan::PlanArgs),
+    /// Carry out a pending plan (mode = "confirm"; root or slurm_user).
+    Apply(plan::ApplyArgs),
 }
 
 /// Entry point of the `smartmig` binary.
@@ -76,6 +81,8 @@ pub fn main() -> ExitCode {
         Command::Bound(args) => bound::run(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::Usage(args) => usage::run(&args),
+        Command::Plan(args) => plan::plan(&args),
+        Command::Apply(args) => plan::apply(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -163,6 +163,12 @@ pub fn render(s: &StatusReply, now: i64) -> String {
             );
         }
     }
+    if !s.pending_plans.is_empty() {
+        let _ = writeln!(out, "\nPlans waiting for `smartmig apply ID` (mode confirm)");
+        for p in &s.pending_plans {
+            let _ = writeln!(out, "  {}", super::plan::line(p, now));
+        }
+    }
     if let Some(m) = &s.memory {
         render_memory(&mut out, m);
     }
@@ -282,6 +288,7 @@ mod tests {
             }],
             memory: None,
             epilog_missing: false,
+            pending_plans: vec![],
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -381,6 +388,7 @@ mod tests {
                 }),
             }),
             epilog_missing: true,
+            pending_plans: vec![],
             waiting: vec![],
         };
         let t = render(&s, 0);

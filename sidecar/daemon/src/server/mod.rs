@@ -25,17 +25,18 @@ use tokio::task::JoinSet;
 use super::access::{self, Holder, IsolationError};
 use super::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use super::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
-use super::config::{BackendKind, Config, ConfigError};
+use super::config::{BackendKind, Config, ConfigError, Mode};
 use super::fsutil::ensure_dir;
 use super::journal::{self, Durability, Journal};
 use super::memory::{next_larger_memory, EarlyTrigger, MemoryState, OomPolicy, Released, Sizing};
 use super::metrics::{InstanceCount, Metrics};
 use super::placement::{Contender, PlacementChoiceError, PlacementRule, Turn};
+use super::plan::Plans;
 use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
-    ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, ReconcileReply, ReleaseReply,
-    ReleaseRequest, Request, StatusReply, WaitingJob,
+    ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, PlanReply, PlanStatus,
+    ReconcileReply, ReleaseReply, ReleaseRequest, Request, StatusReply, WaitingJob,
 };
 use super::slurm::{
     layout_features, merge_features, CommandSlurm, JobState, NoSlurm, QueueSnapshot, SlurmClient,
@@ -235,6 +236,8 @@ pub struct Daemon {
     /// Slurm accounts of running jobs, as read when their `AdminComment`
     /// was tagged (for the usage log).
     accounts: Arc<std::sync::Mutex<HashMap<u64, String>>>,
+    /// Reconfigurations pending (`mode = "confirm"`) and applied.
+    plans: std::sync::Mutex<Plans>,
     /// Serialises appends to the usage log.
     usage_log: std::sync::Mutex<()>,
     /// The plugin's `oom_requeue`, as the last allocate said.
@@ -617,6 +620,7 @@ impl Daemon {
             waiting: std::sync::Mutex::new(HashMap::new()),
             job_times: std::sync::Mutex::new(HashMap::new()),
             accounts: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            plans: std::sync::Mutex::new(Plans::default()),
             usage_log: std::sync::Mutex::new(()),
             connections: std::sync::Mutex::new(Connections::default()),
             plugin_oom_requeue: std::sync::Mutex::new(None),
@@ -652,6 +656,12 @@ impl Daemon {
 
     /// The memory state, also after a panic elsewhere poisoned the lock
     /// (every update leaves it consistent).
+    fn plans(&self) -> std::sync::MutexGuard<'_, Plans> {
+        self.plans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn memory(&self) -> std::sync::MutexGuard<'_, MemoryState> {
         self.memory
             .lock()
@@ -781,6 +791,15 @@ impl Daemon {
                 Ok(ok_line(&reply))
             }
             Request::Reconcile => self.reconcile().await.map(|r| ok_line(&r)),
+            Request::Plan => {
+                let mut reply = self.plan_reply();
+                if !self.sees_everything(uid) {
+                    redact::redact_plans(&mut reply.pending);
+                    redact::redact_plans(&mut reply.applied);
+                }
+                Ok(ok_line(&reply))
+            }
+            Request::Apply(req) => self.apply_plan(req.plan).await.map(|r| ok_line(&r)),
             Request::Health => Ok(ok_line(&HealthReply {
                 status: "ok".into(),
                 version: env!("CARGO_PKG_VERSION").into(),
@@ -1690,6 +1709,7 @@ impl Daemon {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .epilog_missing(),
             waiting,
+            pending_plans: self.plans().pending(),
         }
     }
 

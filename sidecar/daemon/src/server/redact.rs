@@ -4,7 +4,7 @@
 //! undo Slurm's `PrivateData=jobs` (job ids, uids, user and job names, and
 //! the uuids a job would need to aim at another job's instance).
 
-use crate::protocol::StatusReply;
+use crate::protocol::{PlanStatus, StatusReply};
 
 /// Removes from `reply` what `uid` (user name `user`) may not see; others'
 /// instances are added to each GPU's `others_busy` (so redacting twice
@@ -28,6 +28,19 @@ pub fn redact(reply: &mut StatusReply, uid: u32, user: &str) {
         m.oom_jobs.clear();
     }
     reply.waiting.retain(|w| w.uid == Some(uid));
+    redact_plans(&mut reply.pending_plans);
+}
+
+/// Plans name the jobs on the busy instances they keep (`3g.20gb@4 (job
+/// 17)`): for users who may not see every job, the instances only.
+pub fn redact_plans(plans: &mut [PlanStatus]) {
+    for p in plans {
+        for k in &mut p.keeps_busy {
+            if let Some(i) = k.find(" (job ") {
+                k.truncate(i);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -78,6 +91,7 @@ mod tests {
             }],
             memory: Some(MemoryStatus::default()),
             epilog_missing: false,
+            pending_plans: vec![],
             waiting: vec![
                 WaitingJob {
                     job_id: 7,

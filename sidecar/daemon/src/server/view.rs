@@ -20,7 +20,117 @@ pub(super) fn expected_end(a: &Assignment, queued: Option<&crate::slurm::QueuedJ
     a.since as f64 + limit
 }
 
+/// How `slot` would go to `target`, for `smartmig plan`: `None` when
+/// there is nothing to do, the target is invalid or it would destroy a
+/// busy instance (which is never done).
+pub(super) fn plan_status(slot: &GpuSlot, st: &GpuState, target: Layout) -> Option<PlanStatus> {
+    let g = st.book.geometry;
+    let current = st.book.layout();
+    if !g.is_valid(target) {
+        return None;
+    }
+    let t = g.transition(current, target);
+    if t.is_noop() || t.touches(st.book.busy()) {
+        return None;
+    }
+    let names = |l: Layout| g.describe(l).iter().map(ToString::to_string).collect();
+    let keeps_busy = st
+        .book
+        .instances
+        .iter()
+        .filter_map(|i| {
+            let job = i.job.as_ref()?.job_id;
+            Some(format!("{} (job {job})", g.placement(i.placement).describe()))
+        })
+        .collect();
+    Some(PlanStatus {
+        id: 0,
+        gpu: slot.index,
+        from: g.picture(current),
+        to: g.picture(target),
+        destroy: names(t.destroy),
+        create: names(t.create),
+        keeps_busy,
+        created_at: 0,
+        expires_at: None,
+        applied_at: None,
+    })
+}
+
 impl Daemon {
+    /// `mode = "confirm"`: the policy wants `slot` at `target`; keep (or
+    /// replace) the GPU's pending plan, or withdraw it when there is
+    /// nothing to do any more.
+    fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
+        let Some(shown) = plan_status(slot, st, target) else {
+            if let Some(p) = self.plans().withdraw(slot.index) {
+                tracing::info!(plan = p.shown.id, gpu = slot.index, "plan withdrawn: the policy wants something else, or it is no longer safe");
+            }
+            return;
+        };
+        let (from, to) = (shown.from.clone(), shown.to.clone());
+        let (id, new) =
+            self.plans()
+                .propose(slot.index, st.book.layout(), target, shown, unix_now(), timeout_s);
+        if new {
+            tracing::info!(plan = id, gpu = slot.index, %from, %to,
+                "plan waits for `smartmig apply {id}` (mode = confirm; lapses after {timeout_s} s)");
+        }
+    }
+
+    /// `smartmig plan`: the mode, pending and applied plans.
+    pub fn plan_reply(&self) -> PlanReply {
+        let cfg = self.config();
+        let plans = self.plans();
+        PlanReply {
+            mode: cfg.mode.as_str().into(),
+            policy: self.policy_name(),
+            plan_timeout_s: cfg.plan_timeout_s,
+            pending: plans.pending(),
+            applied: plans.applied(),
+        }
+    }
+
+    /// `smartmig apply ID`: carries out pending plan `id` if the GPU is
+    /// still where the plan started and it destroys no busy instance.
+    pub async fn apply_plan(&self, id: u64) -> Result<PlanStatus, ErrorBody> {
+        let now = unix_now();
+        let plan = self
+            .plans()
+            .take(id, now)
+            .map_err(|e| ErrorBody::new(ErrorKind::InvalidRequest, e.to_string()))?;
+        let refuse = |m: String| Err(ErrorBody::new(ErrorKind::InvalidRequest, m));
+        let Some(slot) = self.slots.get(plan.shown.gpu as usize) else {
+            return refuse(format!("plan {id}: no GPU {}", plan.shown.gpu));
+        };
+        let mut st = slot.state.lock().await;
+        let current = st.book.layout();
+        if current != plan.from {
+            return refuse(format!(
+                "plan {id} was made for GPU {} at {}, which is now {}: not applied; the next epoch proposes a new plan",
+                slot.index,
+                plan.shown.from,
+                st.book.geometry.picture(current)
+            ));
+        }
+        if !self.apply_target(slot, &mut st, plan.to, "apply") {
+            return refuse(format!(
+                "plan {id} would now destroy a busy instance on GPU {} (or a create failed, see the log): not applied",
+                slot.index
+            ));
+        }
+        drop(st);
+        tracing::info!(plan = id, gpu = plan.shown.gpu, from = %plan.shown.from, to = %plan.shown.to, "plan applied");
+        let mut plans = self.plans();
+        plans.record_applied(plan.shown.clone(), now);
+        self.metrics.pending_plans(plans.pending().len());
+        Ok(plans
+            .applied()
+            .last()
+            .cloned()
+            .unwrap_or(plan.shown))
+    }
+
     /// Moves `slot` towards `target`, destroying idle instances only. A
     /// target that would destroy a busy instance is refused (and logged).
     pub(super) fn apply_target(
@@ -170,14 +280,30 @@ impl Daemon {
             pending_by_profile: &by_profile,
         };
         let decisions = live.policy.lock().await.decide(&view);
+        let lapsed = self.plans().expire(unix_now());
+        for p in lapsed {
+            tracing::info!(plan = p.shown.id, gpu = p.shown.gpu, from = %p.shown.from, to = %p.shown.to,
+                "plan lapsed: not applied within plan_timeout_s");
+        }
         for d in decisions {
             let Some(slot) = self.slots.get(d.gpu) else {
                 tracing::warn!(gpu = d.gpu, "policy decided for a GPU that does not exist");
                 continue;
             };
             let mut st = slot.state.lock().await;
-            self.apply_target(slot, &mut st, d.target, "policy");
+            match cfg.mode {
+                Mode::Dynamic => {
+                    let shown = plan_status(slot, &st, d.target);
+                    if self.apply_target(slot, &mut st, d.target, "policy") {
+                        if let Some(shown) = shown {
+                            self.plans().record_applied(shown, unix_now());
+                        }
+                    }
+                }
+                Mode::Confirm => self.propose(slot, &st, d.target, cfg.plan_timeout_s),
+            }
         }
+        self.metrics.pending_plans(self.plans().pending().len());
         // Without Slurm queries there is nowhere to publish to, nothing to resume.
         if cfg.slurm.enabled {
             if let Some(info) = self.read_node().await {

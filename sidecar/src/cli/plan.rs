@@ -1,0 +1,165 @@
+//! `smartmig plan` and `smartmig apply ID`: the reconfigurations the
+//! policy wants before they happen (issue 22, part 2). With `mode =
+//! "confirm"` in smartmig.toml the daemon keeps each epoch's targets as
+//! pending plans, one per GPU, until an admin applies one (root or
+//! slurm_user) or it lapses after `plan_timeout_s`; with the default
+//! `mode = "dynamic"` it carries them out at once and `plan` lists what it
+//! did. Either way a plan never destroys a busy instance: `apply` checks
+//! again against the GPU as it is then.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::socket::SocketArgs;
+use crate::daemon::protocol::{PlanReply, PlanStatus};
+use crate::daemon::Client;
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Print the daemon's JSON reply instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The plan's id, as `smartmig plan` shows it.
+    pub plan: u64,
+    #[command(flatten)]
+    pub socket: SocketArgs,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {
+    let client = Client::new(args.socket.socket()?).with_io_timeout(Duration::from_secs(10));
+    let reply = client.plan().context("asking smartmigd for its plans")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    } else {
+        print!("{}", render(&reply, now()));
+    }
+    Ok(())
+}
+
+pub fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
+    let client = Client::new(args.socket.socket()?).with_io_timeout(Duration::from_secs(60));
+    let done = client
+        .apply(args.plan)
+        .with_context(|| format!("applying plan {}", args.plan))?;
+    println!("applied: {}", line(&done, now()));
+    Ok(())
+}
+
+/// One plan on one line: `plan 3  GPU 0  7 -> 4444|3333  destroy 7g.40gb@0
+/// create ...  keeps 3g.20gb@4 (job 17)  lapses in 9m58s`.
+pub fn line(p: &PlanStatus, now: i64) -> String {
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(" ")
+        }
+    };
+    let mut s = format!(
+        "plan {:<4} GPU {}  {} -> {}  destroy {}  create {}  keeps {}",
+        p.id,
+        p.gpu,
+        p.from,
+        p.to,
+        list(&p.destroy),
+        list(&p.create),
+        list(&p.keeps_busy)
+    );
+    if let Some(e) = p.expires_at {
+        let left = e as i64 - now;
+        let _ = if left > 0 {
+            write!(s, "  lapses in {}s", left)
+        } else {
+            write!(s, "  lapsed")
+        };
+    }
+    if let Some(a) = p.applied_at {
+        let _ = write!(s, "  applied {}s ago", (now - a as i64).max(0));
+    }
+    s
+}
+
+fn render(r: &PlanReply, now: i64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "mode {}, policy {}{}",
+        r.mode,
+        r.policy,
+        if r.mode == "confirm" {
+            format!(", plans lapse after {} s", r.plan_timeout_s)
+        } else {
+            " (targets are applied each epoch; mode = \"confirm\" makes them wait)".to_string()
+        }
+    );
+    let _ = writeln!(out, "\nPending (smartmig apply ID)");
+    if r.pending.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for p in &r.pending {
+        let _ = writeln!(out, "  {}", line(p, now));
+    }
+    let _ = writeln!(out, "\nApplied (newest last)");
+    if r.applied.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for p in &r.applied {
+        let _ = writeln!(out, "  {}", line(p, now));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(id: u64) -> PlanStatus {
+        PlanStatus {
+            id,
+            gpu: 1,
+            from: "7".into(),
+            to: "4444|3333".into(),
+            destroy: vec!["7g.40gb@0".into()],
+            create: vec!["4g.20gb@0".into(), "3g.20gb@4".into()],
+            keeps_busy: vec![],
+            created_at: 100,
+            expires_at: Some(700),
+            applied_at: None,
+        }
+    }
+
+    #[test]
+    fn pending_and_applied_plans_read_as_one_line_each() {
+        let mut done = p(1);
+        done.expires_at = None;
+        done.applied_at = Some(90);
+        let r = PlanReply {
+            mode: "confirm".into(),
+            policy: "greedy".into(),
+            plan_timeout_s: 600,
+            pending: vec![p(2)],
+            applied: vec![done],
+        };
+        let t = render(&r, 100);
+        assert!(t.starts_with("mode confirm, policy greedy, plans lapse after 600 s\n"), "{t}");
+        assert!(
+            t.contains("plan 2    GPU 1  7 -> 4444|3333  destroy 7g.40gb@0  create 4g.20gb@0 3g.20gb@4  keeps -  lapses in 600s"),
+            "{t}"
+        );
+        assert!(t.contains("applied 10s ago"), "{t}");
+    }
+}
