@@ -728,7 +728,17 @@ impl Daemon {
                 let mut p = policy.lock().await;
                 p.initial_layout(slot.index as usize, st.book.geometry)
             };
-            self.apply_target(slot, &mut st, target, "initial layout");
+            let cfg = self.config();
+            if cfg.mode == Mode::Confirm {
+                self.propose(slot, &st, target, cfg.plan_timeout_s);
+                continue;
+            }
+            let shown = view::plan_status(slot, &st, target);
+            if self.apply_target(slot, &mut st, target, "initial layout") {
+                if let Some(shown) = shown {
+                    self.plans().record_applied(shown, unix_now());
+                }
+            }
         }
     }
 

@@ -61,7 +61,7 @@ impl Daemon {
     /// `mode = "confirm"`: the policy wants `slot` at `target`; keep (or
     /// replace) the GPU's pending plan, or withdraw it when there is
     /// nothing to do any more.
-    fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
+    pub(super) fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
         let Some(shown) = plan_status(slot, st, target) else {
             if let Some(p) = self.plans().withdraw(slot.index) {
                 tracing::info!(plan = p.shown.id, gpu = slot.index, "plan withdrawn: the policy wants something else, or it is no longer safe");
