@@ -66,12 +66,12 @@ fn confirm_mode_waits_for_apply_and_plans_lapse() {
     // Jobs are still served on demand on the GPU that waits.
     let a = d.client().allocate(req(7, 1, 1, None)).expect("allocate");
     assert_eq!(a.profile, "1g.5gb");
-    // With a busy instance the policy's target would destroy it? The
-    // plan for GPU 1 is withdrawn or kept safe: never applied over a job.
-    std::thread::sleep(Duration::from_millis(1500));
-    for p in plans(&d).pending {
-        assert!(p.gpu != 1 || p.keeps_busy.iter().any(|k| k.contains("job 7")), "{p:?}");
-    }
+    // Every 1-slice placement overlaps `4444|3333`'s instances, so the
+    // target would now destroy job 7's instance: the plan is withdrawn.
+    d.wait_until("GPU 1's plan withdrawn", || {
+        plans(&d).pending.iter().all(|p| p.gpu != 1)
+    });
+    assert_eq!(instances_on(&d, 1), ["1g.5gb"]);
 }
 
 #[test]
