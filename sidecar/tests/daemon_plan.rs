@@ -13,17 +13,18 @@ use smartmig::daemon::protocol::PlanReply;
 
 fn start(name: &str, extra: &str) -> TestDaemon {
     TestDaemon::start_with(name, |dir| {
-        base_config(
-            dir,
-            &format!("policy = \"static:4444|3333\"\n{extra}"),
-        )
-        .replace("epoch_s = 3600\n", "epoch_s = 1\n")
+        base_config(dir, &format!("policy = \"static:4444|3333\"\n{extra}"))
+            .replace("epoch_s = 3600\n", "epoch_s = 1\n")
     })
 }
 
 fn instances_on(d: &TestDaemon, gpu: usize) -> Vec<String> {
     let s = d.client().status().expect("status");
-    s.gpus[gpu].instances.iter().map(|i| i.profile.clone()).collect()
+    s.gpus[gpu]
+        .instances
+        .iter()
+        .map(|i| i.profile.clone())
+        .collect()
 }
 
 fn plans(d: &TestDaemon) -> PlanReply {
@@ -32,21 +33,33 @@ fn plans(d: &TestDaemon) -> PlanReply {
 
 #[test]
 fn confirm_mode_waits_for_apply_and_plans_lapse() {
-    let d = start("plan-confirm", "mode = \"confirm\"\nplan_timeout_s = 3600\n");
+    let d = start(
+        "plan-confirm",
+        "mode = \"confirm\"\nplan_timeout_s = 3600\n",
+    );
     d.wait_until("a plan per GPU", || plans(&d).pending.len() == 2);
     let r = plans(&d);
     assert_eq!(r.mode, "confirm");
     // Nothing happened to the GPUs: the plans wait.
     assert!(instances_on(&d, 0).is_empty(), "{r:?}");
     assert!(instances_on(&d, 1).is_empty(), "{r:?}");
-    let p0 = r.pending.iter().find(|p| p.gpu == 0).expect("GPU 0's plan").clone();
+    let p0 = r
+        .pending
+        .iter()
+        .find(|p| p.gpu == 0)
+        .expect("GPU 0's plan")
+        .clone();
     assert_eq!(p0.create.len(), 2, "{p0:?}");
     assert!(p0.expires_at.is_some(), "{p0:?}");
     // The status shows them too.
     assert_eq!(d.client().status().unwrap().pending_plans.len(), 2);
     // The id stays while the policy wants the same thing.
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(plans(&d).pending.iter().any(|p| p.id == p0.id), "{:?}", plans(&d));
+    assert!(
+        plans(&d).pending.iter().any(|p| p.id == p0.id),
+        "{:?}",
+        plans(&d)
+    );
 
     // Apply GPU 0's plan: its layout is built; GPU 1 still waits.
     let done = d.client().apply(p0.id).expect("apply");
@@ -100,7 +113,10 @@ fn dynamic_mode_applies_and_lists_what_it_did() {
     assert_eq!(r.mode, "dynamic");
     assert!(r.pending.is_empty(), "{r:?}");
     assert_eq!(r.applied.len(), 2, "{r:?}");
-    assert!(r.applied.iter().all(|p| p.applied_at.is_some() && p.create.len() == 2));
+    assert!(r
+        .applied
+        .iter()
+        .all(|p| p.applied_at.is_some() && p.create.len() == 2));
     // Apply is for confirm mode: nothing pending, refused by name.
     let e = d.client().apply(1).unwrap_err().to_string();
     assert!(e.contains("no pending plan 1 (pending: none)"), "{e}");

@@ -83,7 +83,7 @@ fn message_cases() -> Vec<Case> {
         m("missing v", r#"{"op":"status"}"#, "bad_request: missing `v` (protocol version, 1)"),
         m("unknown version", r#"{"v":2,"op":"status"}"#, "unsupported_version: protocol version 2 is not supported (this daemon speaks 1)"),
         m("version as string", r#"{"v":"1","op":"status"}"#, "unsupported_version: protocol version \"1\" is not supported (this daemon speaks 1)"),
-        m("unknown op", r#"{"v":1,"op":"format_disk"}"#, "unknown_op: unknown op `format_disk` (known: allocate, release, status, health, reconcile)"),
+        m("unknown op", r#"{"v":1,"op":"format_disk"}"#, "unknown_op: unknown op `format_disk` (known: allocate, release, status, health, reconcile, plan, apply)"),
         m("op not a string", r#"{"v":1,"op":7}"#, "bad_request: `op` must be a string"),
         m("job_id wrong type", r#"{"v":1,"op":"allocate","job_id":"x","uid":0,"gpu":0,"slices":1}"#, "bad_request: invalid request: invalid type: string \"x\", expected u64"),
         m("unknown field", r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0,"slices":1,"colour":"red"}"#, "bad_request: invalid request: unknown field `colour`, expected one of `job_id`, `step`, `uid`, `gpu`, `slices`, `memory_gb`, `deadline`, `time_limit_s`, `job_name`, `oom_marker`, `profile`"),

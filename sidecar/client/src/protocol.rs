@@ -25,6 +25,17 @@ pub const DEFAULT_SOCKET: &str = "/run/smartmig/smartmig.sock";
 /// no user can crowd it with connections.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/run/smartmig/smartmig-root.sock";
 
+/// Every `op` a daemon of this build answers ([`Request::op`]).
+pub const OPS: [&str; 7] = [
+    "allocate",
+    "release",
+    "status",
+    "health",
+    "reconcile",
+    "plan",
+    "apply",
+];
+
 /// A request, keyed by `op`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -641,12 +652,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ErrorBody> {
     match map.get("op") {
         None => return Err(bad("missing `op`".into())),
         Some(Value::String(op)) => {
-            if !["allocate", "release", "status", "health", "reconcile"].contains(&op.as_str()) {
+            if !OPS.contains(&op.as_str()) {
                 return Err(ErrorBody::new(
                     ErrorKind::UnknownOp,
-                    format!(
-                        "unknown op `{op}` (known: allocate, release, status, health, reconcile)"
-                    ),
+                    format!("unknown op `{op}` (known: {})", OPS.join(", ")),
                 ));
             }
         }
@@ -658,6 +667,24 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ErrorBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_known_op_parses_to_its_request() {
+        let lines = [
+            r#"{"v":1,"op":"allocate","job_id":1,"uid":0,"gpu":0,"slices":1}"#,
+            r#"{"v":1,"op":"release","job_id":1}"#,
+            r#"{"v":1,"op":"status"}"#,
+            r#"{"v":1,"op":"health"}"#,
+            r#"{"v":1,"op":"reconcile"}"#,
+            r#"{"v":1,"op":"plan"}"#,
+            r#"{"v":1,"op":"apply","plan":3}"#,
+        ];
+        let ops: Vec<&str> = lines
+            .iter()
+            .map(|l| parse_request(l.as_bytes()).expect(l).op())
+            .collect();
+        assert_eq!(ops, OPS);
+    }
 
     fn kind(line: &str) -> ErrorKind {
         parse_request(line.as_bytes()).unwrap_err().kind

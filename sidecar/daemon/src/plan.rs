@@ -33,7 +33,9 @@ pub struct Plan {
 pub enum PlanError {
     #[error("no pending plan {id} (pending: {pending})")]
     NoSuchPlan { id: u64, pending: String },
-    #[error("plan {id} lapsed {ago} s ago (plan_timeout_s); `smartmig plan` shows the current one")]
+    #[error(
+        "plan {id} lapsed {ago} s ago (plan_timeout_s); `smartmig plan` shows the current one"
+    )]
     Lapsed { id: u64, ago: u64 },
 }
 
@@ -77,6 +79,16 @@ impl Plans {
     /// `gpu` needs no reconfiguration any more: its pending plan goes.
     pub fn withdraw(&mut self, gpu: u32) -> Option<Plan> {
         self.pending.remove(&gpu)
+    }
+
+    /// `gpu`'s pending plan, withdrawn when `stale` says it no longer
+    /// fits the GPU (its layout changed, or it would now destroy a busy
+    /// instance).
+    pub fn withdraw_if(&mut self, gpu: u32, stale: impl FnOnce(&Plan) -> bool) -> Option<Plan> {
+        if self.pending.get(&gpu).is_some_and(stale) {
+            return self.pending.remove(&gpu);
+        }
+        None
     }
 
     /// Removes and returns the plans whose time ran out at `now`.
@@ -173,7 +185,12 @@ mod tests {
     fn layouts() -> (Layout, Layout) {
         let g = Geometry::of(GpuModel::A100_40gb);
         let a = g.whole_gpu();
-        let b = g.maximal().iter().copied().find(|l| *l != a).expect("another layout");
+        let b = g
+            .maximal()
+            .iter()
+            .copied()
+            .find(|l| *l != a)
+            .expect("another layout");
         (a, b)
     }
 
@@ -201,7 +218,10 @@ mod tests {
         let e = p.take(id, 150).unwrap_err();
         assert_eq!(e.to_string(), "no pending plan 1 (pending: none)");
         let (id, _) = p.propose(0, a, b, shown(), 200, 60);
-        assert!(matches!(p.take(id, 260), Err(PlanError::Lapsed { ago: 0, .. })));
+        assert!(matches!(
+            p.take(id, 260),
+            Err(PlanError::Lapsed { ago: 0, .. })
+        ));
         let (_, _) = p.propose(0, a, b, shown(), 300, 60);
         assert_eq!(p.expire(360).len(), 1);
         assert!(p.pending().is_empty());
@@ -215,7 +235,9 @@ mod tests {
         }
         let a = p.applied();
         assert_eq!(a.len(), MAX_APPLIED);
-        assert!(a.iter().all(|s| s.applied_at.is_some() && s.expires_at.is_none()));
+        assert!(a
+            .iter()
+            .all(|s| s.applied_at.is_some() && s.expires_at.is_none()));
         assert!(a.windows(2).all(|w| w[0].id < w[1].id));
     }
 }

@@ -155,7 +155,10 @@ mod tests {
             applied: vec![done],
         };
         let t = render(&r, 100);
-        assert!(t.starts_with("mode confirm, policy greedy, plans lapse after 600 s\n"), "{t}");
+        assert!(
+            t.starts_with("mode confirm, policy greedy, plans lapse after 600 s\n"),
+            "{t}"
+        );
         assert!(
             t.contains("plan 2    GPU 1  7 -> 4444|3333  destroy 7g.40gb@0  create 4g.20gb@0 3g.20gb@4  keeps -  lapses in 600s"),
             "{t}"

@@ -164,7 +164,10 @@ pub fn render(s: &StatusReply, now: i64) -> String {
         }
     }
     if !s.pending_plans.is_empty() {
-        let _ = writeln!(out, "\nPlans waiting for `smartmig apply ID` (mode confirm)");
+        let _ = writeln!(
+            out,
+            "\nPlans waiting for `smartmig apply ID` (mode confirm)"
+        );
         for p in &s.pending_plans {
             let _ = writeln!(out, "  {}", super::plan::line(p, now));
         }

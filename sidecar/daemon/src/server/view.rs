@@ -40,7 +40,10 @@ pub(super) fn plan_status(slot: &GpuSlot, st: &GpuState, target: Layout) -> Opti
         .iter()
         .filter_map(|i| {
             let job = i.job.as_ref()?.job_id;
-            Some(format!("{} (job {job})", g.placement(i.placement).describe()))
+            Some(format!(
+                "{} (job {job})",
+                g.placement(i.placement).describe()
+            ))
         })
         .collect();
     Some(PlanStatus {
@@ -64,14 +67,23 @@ impl Daemon {
     pub(super) fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
         let Some(shown) = plan_status(slot, st, target) else {
             if let Some(p) = self.plans().withdraw(slot.index) {
-                tracing::info!(plan = p.shown.id, gpu = slot.index, "plan withdrawn: the policy wants something else, or it is no longer safe");
+                tracing::info!(
+                    plan = p.shown.id,
+                    gpu = slot.index,
+                    "plan withdrawn: the policy wants something else, or it is no longer safe"
+                );
             }
             return;
         };
         let (from, to) = (shown.from.clone(), shown.to.clone());
-        let (id, new) =
-            self.plans()
-                .propose(slot.index, st.book.layout(), target, shown, unix_now(), timeout_s);
+        let (id, new) = self.plans().propose(
+            slot.index,
+            st.book.layout(),
+            target,
+            shown,
+            unix_now(),
+            timeout_s,
+        );
         if new {
             tracing::info!(plan = id, gpu = slot.index, %from, %to,
                 "plan waits for `smartmig apply {id}` (mode = confirm; lapses after {timeout_s} s)");
@@ -124,11 +136,7 @@ impl Daemon {
         let mut plans = self.plans();
         plans.record_applied(plan.shown.clone(), now);
         self.metrics.pending_plans(plans.pending().len());
-        Ok(plans
-            .applied()
-            .last()
-            .cloned()
-            .unwrap_or(plan.shown))
+        Ok(plans.applied().last().cloned().unwrap_or(plan.shown))
     }
 
     /// Moves `slot` towards `target`, destroying idle instances only. A
@@ -284,6 +292,19 @@ impl Daemon {
         for p in lapsed {
             tracing::info!(plan = p.shown.id, gpu = p.shown.gpu, from = %p.shown.from, to = %p.shown.to,
                 "plan lapsed: not applied within plan_timeout_s");
+        }
+        // A plan made for a layout the GPU no longer has (jobs were served
+        // on demand meanwhile), or that would now destroy a busy instance,
+        // is withdrawn; the policy proposes anew when it still wants to.
+        for slot in &self.slots {
+            let st = slot.state.lock().await;
+            let stale = self.plans().withdraw_if(slot.index, |p| {
+                p.from != st.book.layout() || plan_status(slot, &st, p.to).is_none()
+            });
+            if let Some(p) = stale {
+                tracing::info!(plan = p.shown.id, gpu = slot.index, from = %p.shown.from, to = %p.shown.to,
+                    "plan withdrawn: the GPU changed since (jobs served on demand)");
+            }
         }
         for d in decisions {
             let Some(slot) = self.slots.get(d.gpu) else {
