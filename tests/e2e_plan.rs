@@ -54,8 +54,17 @@ fn confirm_mode_waits_for_the_admin_while_jobs_run() {
     let job = cluster.sbatch_wrap(&["--gres=shard:1"], "echo PROFILE=$SMARTMIG_PROFILE");
     cluster.assert_completed(job, TIMEOUT);
 
-    // The admin applies the plan of a GPU still as the plan found it.
-    let p = plans(&sidecar);
+    // The job's GPU changed under its plan: withdrawn at the next epoch.
+    let mut p = Value::Null;
+    assert!(
+        smartmig_suite::wait_until(TIMEOUT, || {
+            p = plans(&sidecar);
+            p["pending"].as_array().is_some_and(|a| a.len() == 1)
+        }),
+        "the changed GPU's plan was not withdrawn: {p:#}"
+    );
+
+    // The admin applies the plan of the GPU that is still as it found it.
     let pending = p["pending"].as_array().cloned().unwrap_or_default();
     let plan = pending
         .iter()
