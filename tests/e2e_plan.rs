@@ -48,7 +48,10 @@ fn confirm_mode_waits_for_the_admin_while_jobs_run() {
         cluster.smartmigd_log()
     );
     assert_eq!(p["mode"], "confirm");
-    assert!(Sidecar::instances(&sidecar.status()).is_empty(), "nothing is built before apply");
+    assert!(
+        Sidecar::instances(&sidecar.status()).is_empty(),
+        "nothing is built before apply"
+    );
 
     // A job runs meanwhile: served on demand.
     let job = cluster.sbatch_wrap(&["--gres=shard:1"], "echo PROFILE=$SMARTMIG_PROFILE");
@@ -68,7 +71,11 @@ fn confirm_mode_waits_for_the_admin_while_jobs_run() {
     let pending = p["pending"].as_array().cloned().unwrap_or_default();
     let plan = pending
         .iter()
-        .find(|x| x["from"].as_str().is_some_and(|f| f.chars().all(|c| c == '.')))
+        .find(|x| {
+            x["from"]
+                .as_str()
+                .is_some_and(|f| f.chars().all(|c| c == '.'))
+        })
         .unwrap_or_else(|| panic!("no plan for an empty GPU: {p:#}"));
     let id = plan["id"].as_u64().expect("id").to_string();
     let gpu = plan["gpu"].as_u64().expect("gpu");
