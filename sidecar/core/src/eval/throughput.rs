@@ -45,7 +45,6 @@ use std::str::FromStr;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
 use crate::mig::GpuModel;
@@ -56,7 +55,8 @@ use crate::workload::declare::{underdeclare, Underdeclare};
 use crate::workload::scenario::BatchConfig;
 use crate::workload::speedup::MIGPROFILER_FITS;
 use crate::workload::{
-    DeadlineRegime, DiurnalConfig, Family, Job, JobClass, Scenario, SpeedupCurve, WorkloadError,
+    DeadlineRegime, DiurnalConfig, Family, Job, JobClass, Scenario, SpeedupCurve, WorkDist,
+    WorkloadError,
 };
 
 /// Framebuffer use (MiB, `fb_used_mean`) of each MIGProfiler run on
@@ -97,16 +97,14 @@ pub const MIGPROFILER_MEMORY_MIB: &[(&str, u32, f64)] = &[
 /// slice (the most efficient one) and `edf` keeps the bag's (random) order.
 pub const NO_DEADLINE_S: f64 = 30.0 * 86_400.0;
 
-/// Inference work, s on the whole GPU: exponential with this mean (the
-/// diurnal generator's `inference_work_mean_s`).
-const INFERENCE_WORK_MEAN_S: f64 = 600.0;
-/// Training work: log-normal, median 45 min, sigma 1 (the diurnal
-/// generator's `training_work_*`).
-const TRAINING_WORK_MEDIAN_S: f64 = 2700.0;
-const TRAINING_WORK_SIGMA: f64 = 1.0;
-/// Scientific kernels: log-normal, median 10 min, sigma 0.8 (assumed).
-const KERNEL_WORK_MEDIAN_S: f64 = 600.0;
-const KERNEL_WORK_SIGMA: f64 = 0.8;
+/// Scientific kernels' work, s on the whole GPU: log-normal, median 10
+/// min, sigma 0.8 (assumed). Inference and training work are the diurnal
+/// generator's (`DiurnalConfig::default()`: exponential, mean 10 min;
+/// log-normal, median 45 min, sigma 1).
+const KERNEL_WORK: WorkDist = WorkDist::Lognormal {
+    median_s: 600.0,
+    sigma: 0.8,
+};
 /// Kernel curves: saturation in [0.10, 0.30] of the GPU (1g = 0.143, 2g =
 /// 0.286), concavity in [0.5, 1].
 const KERNEL_SATURATION: (f64, f64) = (0.10, 0.30);
@@ -115,8 +113,6 @@ const KERNEL_BETA: (f64, f64) = (0.5, 1.0);
 const KERNEL_MEMORY_GB: (f64, f64) = (0.5, 8.0);
 /// Distinct kernels (templates: "the same binary resubmitted") per bag.
 const KERNEL_TEMPLATES: u32 = 16;
-/// Work clamp, s (as the diurnal generator's).
-const WORK_CLAMP_S: (f64, f64) = (1.0, 172_800.0);
 /// A run's peak memory is the profiled mean use x U(1, 1.1): the CSV gives
 /// the mean over the run; the peak is assumed up to 10 % above it.
 const PEAK_OVER_MEAN: (f64, f64) = (1.0, 1.1);
@@ -208,7 +204,7 @@ impl Bag {
                             curve,
                             memory_gb,
                             template: t,
-                            work: work(&mut rng, Work::Kernel),
+                            work: work(&mut rng, KERNEL_WORK),
                         }
                     }
                 };
@@ -252,28 +248,14 @@ struct Kind {
     work: f64,
 }
 
-#[derive(Clone, Copy)]
-enum Work {
-    Inference,
-    Training,
-    Kernel,
-}
-
 fn uniform<R: Rng + ?Sized>(rng: &mut R, (lo, hi): (f64, f64)) -> f64 {
     lo + (hi - lo) * rng.random::<f64>()
 }
 
-fn work<R: Rng + ?Sized>(rng: &mut R, w: Work) -> f64 {
-    let lognormal = |rng: &mut R, median: f64, sigma: f64| {
-        let z: f64 = StandardNormal.sample(rng);
-        (median.ln() + sigma * z).exp()
-    };
-    let x = match w {
-        Work::Inference => -INFERENCE_WORK_MEAN_S * (1.0 - rng.random::<f64>()).ln(),
-        Work::Training => lognormal(rng, TRAINING_WORK_MEDIAN_S, TRAINING_WORK_SIGMA),
-        Work::Kernel => lognormal(rng, KERNEL_WORK_MEDIAN_S, KERNEL_WORK_SIGMA),
-    };
-    x.clamp(WORK_CLAMP_S.0, WORK_CLAMP_S.1)
+/// One job's work from `dist`, clamped as the diurnal generator clamps it.
+fn work<R: Rng + ?Sized>(rng: &mut R, dist: WorkDist) -> f64 {
+    let d = DiurnalConfig::default();
+    dist.sample(rng).clamp(d.min_work_s, d.max_work_s)
 }
 
 /// A third each of small-batch inference, large-batch inference and BERT
@@ -306,22 +288,15 @@ fn ml_kind<R: Rng + ?Sized>(rng: &mut R) -> Kind {
         curve: SpeedupCurve { beta, saturation },
         memory_gb: mib / 1024.0,
         template: u32::try_from(i).unwrap_or(u32::MAX),
-        work: work(
-            rng,
+        work: work(rng, {
+            let d = DiurnalConfig::default();
             if training {
-                Work::Training
+                d.training_kind().work
             } else {
-                Work::Inference
-            },
-        ),
+                d.inference_kind().work
+            }
+        }),
     }
-}
-
-/// What users declare: a share declares the smallest profile's memory, a
-/// share nothing ([`underdeclare`], seeded by the bag's seed), the rest
-/// their true need.
-pub fn declare(jobs: &mut [Job], model: GpuModel, u: &Underdeclare, seed: u64) {
-    underdeclare(jobs, model, u, seed);
 }
 
 /// What no arm can beat on a bag (`docs/oom-and-memory.md`, section 7).
@@ -467,7 +442,9 @@ impl ThroughputConfig {
     /// The jobs of one bag as the arms see them (declarations applied).
     pub fn bag_jobs(&self, bag: Bag, seed: u64) -> Vec<Job> {
         let mut jobs = bag.generate(self.model, self.gpus, self.jobs_per_gpu, seed);
-        declare(&mut jobs, self.model, &self.underdeclare, seed);
+        // A share declares the smallest profile's memory, a share nothing,
+        // the rest their true need (seeded by the bag's seed).
+        underdeclare(&mut jobs, self.model, &self.underdeclare, seed);
         jobs
     }
 

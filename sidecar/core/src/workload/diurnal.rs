@@ -269,7 +269,7 @@ pub enum WorkDist {
 
 impl WorkDist {
     /// One draw (one standard normal or one uniform from `rng`).
-    fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
+    pub(crate) fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
         match *self {
             WorkDist::Lognormal { median_s, sigma } => {
                 let z: f64 = StandardNormal.sample(rng);
