@@ -122,6 +122,25 @@ pub struct OomPolicy {
     pub slurm_enabled: bool,
 }
 
+impl OomPolicy {
+    /// The settings of `cfg` (`[oom]` and `slurm.enabled`).
+    pub fn of(cfg: &crate::config::Config) -> OomPolicy {
+        OomPolicy {
+            requeue: cfg.oom.requeue,
+            max_retries: cfg.oom.max_retries,
+            slurm_enabled: cfg.slurm.enabled,
+        }
+    }
+}
+
+/// The larger of two memory figures, either of which may be unknown.
+fn larger(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// One job in the out-of-memory ledger.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OomRecord {
@@ -505,7 +524,13 @@ impl MemoryState {
             return;
         }
         let r = self.running.entry(job_id).or_default();
-        r.peak_gb = Some(r.peak_gb.map_or(gb, |p| p.max(gb)));
+        r.peak_gb = larger(r.peak_gb, Some(gb));
+    }
+
+    /// A running job's peak so far: its largest sample, or `reported` (a
+    /// release's `used_memory_gb`) when that is larger.
+    pub fn peak(&self, job_id: u64, reported: Option<f64>) -> Option<f64> {
+        larger(self.running(job_id).and_then(|r| r.peak_gb), reported)
     }
 
     /// A periodic sample (GB) of a job on an instance of `instance_gb`,
@@ -537,8 +562,7 @@ impl MemoryState {
         if r.exact || r.early_decided {
             return None;
         }
-        let recent: Vec<MemorySample> = r.recent.iter().copied().collect();
-        let predicted_gb = rule.predicts_overflow(&recent, instance_gb)?;
+        let predicted_gb = rule.predicts_overflow(r.recent.make_contiguous(), instance_gb)?;
         r.early_decided = true;
         Some(EarlyTrigger {
             used_gb: gb,
@@ -585,10 +609,7 @@ impl MemoryState {
                     return (true, None);
                 }
             }
-            let peak = match (running.and_then(|r| r.peak_gb), used_gb) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
+            let peak = larger(running.and_then(|r| r.peak_gb), used_gb);
             let left = self.oom_jobs.remove(&job_id);
             let mut changed = left.is_some();
             if let (Some(from), Some(peak)) = (left.and_then(|r| r.early_from_gb), peak) {

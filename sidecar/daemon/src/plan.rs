@@ -138,8 +138,8 @@ impl Plans {
     }
 
     /// A reconfiguration was carried out (an applied plan, or a dynamic
-    /// epoch's target).
-    pub fn record_applied(&mut self, mut shown: PlanStatus, now: u64) {
+    /// epoch's target); returns it as recorded (id and times set).
+    pub fn record_applied(&mut self, mut shown: PlanStatus, now: u64) -> PlanStatus {
         if shown.id == 0 {
             self.next_id += 1;
             shown.id = self.next_id;
@@ -147,10 +147,15 @@ impl Plans {
         }
         shown.expires_at = None;
         shown.applied_at = Some(now);
-        self.applied.push_back(shown);
+        self.applied.push_back(shown.clone());
         while self.applied.len() > MAX_APPLIED {
             self.applied.pop_front();
         }
+        shown
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
     }
 
     pub fn pending(&self) -> Vec<PlanStatus> {

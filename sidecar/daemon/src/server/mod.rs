@@ -194,8 +194,8 @@ fn append_rotating(path: &Path, text: &str, max_bytes: u64) -> std::io::Result<(
 /// What a job on `placement` of `slot` holds, as the memory bookkeeping
 /// sees it (profile, memory, and the next larger memory size for its
 /// compute slices).
-fn released_of(slot: &GpuSlot, book: &GpuBook, placement: PlacementId) -> Released {
-    let p = book.geometry.placement(placement);
+fn released_of(slot: &GpuSlot, geometry: &Geometry, placement: PlacementId) -> Released {
+    let p = geometry.placement(placement);
     Released {
         gpu: slot.index,
         profile: p.profile.name(),
@@ -654,14 +654,15 @@ impl Daemon {
         self.live().policy.clone()
     }
 
-    /// The memory state, also after a panic elsewhere poisoned the lock
-    /// (every update leaves it consistent).
+    /// The plans, also after a panic elsewhere poisoned the lock.
     fn plans(&self) -> std::sync::MutexGuard<'_, Plans> {
         self.plans
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The memory state, also after a panic elsewhere poisoned the lock
+    /// (every update leaves it consistent).
     fn memory(&self) -> std::sync::MutexGuard<'_, MemoryState> {
         self.memory
             .lock()
@@ -728,17 +729,7 @@ impl Daemon {
                 let mut p = policy.lock().await;
                 p.initial_layout(slot.index as usize, st.book.geometry)
             };
-            let cfg = self.config();
-            if cfg.mode == Mode::Confirm {
-                self.propose(slot, &st, target, cfg.plan_timeout_s);
-                continue;
-            }
-            let shown = view::plan_status(slot, &st, target);
-            if self.apply_target(slot, &mut st, target, "initial layout") {
-                if let Some(shown) = shown {
-                    self.plans().record_applied(shown, unix_now());
-                }
-            }
+            self.pursue(slot, &mut st, target, "initial layout", &self.config());
         }
     }
 
@@ -1342,7 +1333,7 @@ impl Daemon {
                 continue;
             };
             let uuid = inst.uuid.clone();
-            let h = released_of(slot, &st.book, inst.placement);
+            let h = released_of(slot, st.book.geometry, inst.placement);
             held = Some(h.clone());
             // A blocking section hands the worker thread over (futex
             // wake-ups): only for a backend that measures anything.
@@ -1353,11 +1344,7 @@ impl Daemon {
                 self.memory().sample(job_id, gb);
             }
             if let Some(a) = &inst.job {
-                let peak = self.memory().running(job_id).and_then(|r| r.peak_gb);
-                let peak = match (peak, req.used_memory_gb) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    (a, b) => a.or(b),
-                };
+                let peak = self.memory().peak(job_id, req.used_memory_gb);
                 usage.push(UsageRecord {
                     job_id,
                     uid: a.uid,
@@ -1397,11 +1384,7 @@ impl Daemon {
             self.record_usage(usage);
         }
         let cfg = self.config();
-        let policy = OomPolicy {
-            requeue: cfg.oom.requeue,
-            max_retries: cfg.oom.max_retries,
-            slurm_enabled: cfg.slurm.enabled,
-        };
+        let policy = OomPolicy::of(&cfg);
         let event = {
             let mut m = self.memory();
             let (changed, event) = m.on_release(
@@ -1464,22 +1447,17 @@ impl Daemon {
         let cfg = self.config();
         let rule = cfg.oom.early_restart.then_some(&cfg.oom.early);
         for slot in &self.slots {
-            let busy: Vec<(u64, String, Released)> = {
+            let (geometry, busy) = {
                 let st = slot.state.lock().await;
-                st.book
+                let busy: Vec<(u64, String, PlacementId)> = st
+                    .book
                     .instances
                     .iter()
-                    .filter_map(|i| {
-                        let job = i.job.as_ref()?.job_id;
-                        Some((
-                            job,
-                            i.uuid.clone(),
-                            released_of(slot, &st.book, i.placement),
-                        ))
-                    })
-                    .collect()
+                    .filter_map(|i| Some((i.job.as_ref()?.job_id, i.uuid.clone(), i.placement)))
+                    .collect();
+                (st.book.geometry, busy)
             };
-            for (job, uuid, held) in busy {
+            for (job, uuid, placement) in busy {
                 let Some(now) =
                     tokio::task::block_in_place(|| self.backend.memory_use(slot.index, &uuid))
                 else {
@@ -1489,12 +1467,13 @@ impl Daemon {
                 let size = if now.total_gb > 0.0 {
                     now.total_gb
                 } else {
-                    f64::from(held.memory_gb)
+                    f64::from(geometry.placement(placement).profile.memory_gb)
                 };
                 let fired = self
                     .memory()
                     .observe(job, now.used_gb, unix_now_f64(), size, rule);
                 if let Some(trigger) = fired {
+                    let held = released_of(slot, geometry, placement);
                     self.early_restart(job, &held, trigger, &cfg);
                 }
             }
@@ -1504,14 +1483,9 @@ impl Daemon {
     /// The early-restart rule fired for `job`: decide as for an
     /// out-of-memory failure and, when allowed, requeue the running job.
     fn early_restart(&self, job: u64, held: &Released, trigger: EarlyTrigger, cfg: &Config) {
-        let policy = OomPolicy {
-            requeue: cfg.oom.requeue,
-            max_retries: cfg.oom.max_retries,
-            slurm_enabled: cfg.slurm.enabled,
-        };
         let ev = self
             .memory()
-            .on_early_restart(job, held, trigger, policy, unix_now());
+            .on_early_restart(job, held, trigger, OomPolicy::of(cfg), unix_now());
         self.metrics.memory_restart("early", ev.decision.as_str());
         tracing::warn!(job, gpu = ev.gpu, profile = %ev.profile, used_gb = trigger.used_gb,
             predicted_gb = trigger.predicted_gb, decision = %ev.decision,

@@ -61,10 +61,34 @@ pub(super) fn plan_status(slot: &GpuSlot, st: &GpuState, target: Layout) -> Opti
 }
 
 impl Daemon {
+    /// The policy wants `slot` at `target` (`why`: the initial layout or an
+    /// epoch's decision): carried out and recorded as applied (`mode =
+    /// "dynamic"`), or kept as a pending plan (`"confirm"`).
+    pub(super) fn pursue(
+        &self,
+        slot: &GpuSlot,
+        st: &mut GpuState,
+        target: Layout,
+        why: &str,
+        cfg: &Config,
+    ) {
+        match cfg.mode {
+            Mode::Dynamic => {
+                let shown = plan_status(slot, st, target);
+                if self.apply_target(slot, st, target, why) {
+                    if let Some(shown) = shown {
+                        self.plans().record_applied(shown, unix_now());
+                    }
+                }
+            }
+            Mode::Confirm => self.propose(slot, st, target, cfg.plan_timeout_s),
+        }
+    }
+
     /// `mode = "confirm"`: the policy wants `slot` at `target`; keep (or
     /// replace) the GPU's pending plan, or withdraw it when there is
     /// nothing to do any more.
-    pub(super) fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
+    fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
         let Some(shown) = plan_status(slot, st, target) else {
             if let Some(p) = self.plans().withdraw(slot.index) {
                 tracing::info!(
@@ -134,9 +158,8 @@ impl Daemon {
         drop(st);
         tracing::info!(plan = id, gpu = plan.shown.gpu, from = %plan.shown.from, to = %plan.shown.to, "plan applied");
         let mut plans = self.plans();
-        plans.record_applied(plan.shown.clone(), now);
-        self.metrics.pending_plans(plans.pending().len());
-        Ok(plans.applied().last().cloned().unwrap_or(plan.shown))
+        self.metrics.pending_plans(plans.pending_count());
+        Ok(plans.record_applied(plan.shown, now))
     }
 
     /// Moves `slot` towards `target`, destroying idle instances only. A
@@ -312,19 +335,9 @@ impl Daemon {
                 continue;
             };
             let mut st = slot.state.lock().await;
-            match cfg.mode {
-                Mode::Dynamic => {
-                    let shown = plan_status(slot, &st, d.target);
-                    if self.apply_target(slot, &mut st, d.target, "policy") {
-                        if let Some(shown) = shown {
-                            self.plans().record_applied(shown, unix_now());
-                        }
-                    }
-                }
-                Mode::Confirm => self.propose(slot, &st, d.target, cfg.plan_timeout_s),
-            }
+            self.pursue(slot, &mut st, d.target, "policy", cfg);
         }
-        self.metrics.pending_plans(self.plans().pending().len());
+        self.metrics.pending_plans(self.plans().pending_count());
         // Without Slurm queries there is nowhere to publish to, nothing to resume.
         if cfg.slurm.enabled {
             if let Some(info) = self.read_node().await {
