@@ -112,7 +112,7 @@ impl Plans {
             .iter()
             .find(|(_, p)| p.shown.id == id)
             .map(|(g, _)| *g);
-        let Some(gpu) = gpu else {
+        let Some(plan) = gpu.and_then(|g| self.pending.remove(&g)) else {
             let ids: Vec<String> = self
                 .pending
                 .values()
@@ -127,10 +127,6 @@ impl Plans {
                 },
             });
         };
-        let plan = self.pending.remove(&gpu).ok_or(PlanError::NoSuchPlan {
-            id,
-            pending: "none".into(),
-        })?;
         match plan.shown.expires_at {
             Some(e) if e <= now => Err(PlanError::Lapsed { id, ago: now - e }),
             _ => Ok(plan),

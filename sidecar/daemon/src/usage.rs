@@ -22,6 +22,7 @@
 //! parsing and sums; the daemon does the IO.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,13 @@ pub const USAGE_LOG: &str = "usage.jsonl";
 /// Size past which the usage log is moved to `usage.jsonl.1` (the one
 /// before that is dropped): two files of at most this size.
 pub const USAGE_LOG_MAX_BYTES: u64 = 32 << 20;
+
+/// Where a usage log goes when it is rotated: `<path>.1`.
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut old = path.as_os_str().to_owned();
+    old.push(".1");
+    PathBuf::from(old)
+}
 
 /// The word smartmigd owns in a job's `AdminComment`.
 pub const COMMENT_PREFIX: &str = "smartmig:";
@@ -121,17 +129,6 @@ pub struct UsageRecord {
     /// Largest memory use sampled (GB; nvml backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_gb: Option<f64>,
-}
-
-impl UsageRecord {
-    pub fn tag(&self) -> SliceTag {
-        SliceTag {
-            profile: self.profile.clone(),
-            gpu: self.gpu,
-            memory_gb: self.memory_gb,
-            wait_s: self.wait_s,
-        }
-    }
 }
 
 /// Slice-seconds of `compute` slices held from `start` to `end`.

@@ -34,9 +34,7 @@ pub struct ApplyArgs {
 }
 
 fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    super::status::unix_now() as i64
 }
 
 pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {

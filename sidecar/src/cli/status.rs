@@ -26,10 +26,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
     } else {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        print!("{}", render(&status, now));
+        print!("{}", render(&status, unix_now() as i64));
     }
     Ok(())
 }
@@ -48,7 +45,8 @@ fn local_time(unix: u64) -> String {
         .unwrap_or_else(|| unix.to_string())
 }
 
-fn unix_now() -> u64 {
+/// Seconds since the Unix epoch (0 on a clock before it).
+pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -12,7 +12,8 @@ use anyhow::{bail, Context};
 use super::socket::DEFAULT_CONFIG;
 use crate::daemon::config::Config;
 use crate::daemon::usage::{
-    records_from_sacct, summarise, GroupBy, UsageLine, UsageRecord, SACCT_FIELDS, USAGE_LOG,
+    records_from_sacct, rotated, summarise, GroupBy, UsageLine, UsageRecord, SACCT_FIELDS,
+    USAGE_LOG,
 };
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -63,9 +64,7 @@ fn parse_since(text: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = super::status::unix_now();
     let since = args.since.map_or(0, |s| now.saturating_sub(s));
     let (records, source) = if args.sacct {
         (read_sacct(args.since)?, "sacct (AdminComment)".to_string())
@@ -105,10 +104,10 @@ fn logs(args: &Args) -> anyhow::Result<Vec<PathBuf>> {
             .state_dir
     };
     let main = state_dir.join(USAGE_LOG);
-    let mut old = main.clone().into_os_string();
-    old.push(".1");
-    let old = PathBuf::from(old);
-    let mut out: Vec<PathBuf> = [old, main].into_iter().filter(|p| p.exists()).collect();
+    let out: Vec<PathBuf> = [rotated(&main), main]
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect();
     if out.is_empty() {
         bail!(
             "no usage log in {} (smartmigd writes {USAGE_LOG} there when jobs release their instances; \
@@ -116,7 +115,6 @@ fn logs(args: &Args) -> anyhow::Result<Vec<PathBuf>> {
             state_dir.display()
         );
     }
-    out.dedup();
     Ok(out)
 }
 

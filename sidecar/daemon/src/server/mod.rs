@@ -175,9 +175,7 @@ fn append_rotating(path: &Path, text: &str, max_bytes: u64) -> std::io::Result<(
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if std::fs::metadata(path).is_ok_and(|m| m.len() >= max_bytes) {
-        let mut old = path.as_os_str().to_owned();
-        old.push(".1");
-        std::fs::rename(path, old)?;
+        std::fs::rename(path, super::usage::rotated(path))?;
     }
     let mut f = std::fs::OpenOptions::new()
         .create(true)
