@@ -2,6 +2,9 @@
 //! would run without it (`docs/evaluation.md` gives every definition and
 //! the reasons).
 //!
+//! - [`advise`]: advise mode's record of a node (observed jobs and layouts,
+//!   the policy's wishes), written by smartmigd and replayed by
+//!   `smartmig advise report`.
 //! - [`days`]: a set of simulated days (jobs + run settings) with their
 //!   `none` (whole-GPU) reference runs, and the search objective over them.
 //! - [`baselines`]: the fixed competitors, fitted *causally* on training
@@ -24,6 +27,7 @@
 //! Everything here is pure computation over the simulator (no IO): the CLI
 //! prints, plots and writes files.
 
+pub mod advise;
 pub mod baselines;
 pub mod days;
 pub mod fallback;

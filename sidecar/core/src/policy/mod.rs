@@ -33,6 +33,7 @@ pub mod greedy;
 pub mod onnx;
 pub mod onnx_contract;
 pub mod search;
+pub mod share;
 
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape, MAX_PROFILES};
 use crate::workload::SpeedupCurve;
