@@ -18,6 +18,10 @@
 # slurm.conf, where Slurm's job_submit/lua plugin looks for it) and sets
 # JobSubmitPlugins=lua, e.g. etc/slurm/job_submit.lua; unset: no job_submit
 # plugin.
+# SMARTMIG_SLURM_MIG_GRES=4g.20gb,3g.20gb,... declares the node the way a site
+# without smartmig runs a static MIG setup (advise mode watches one): one
+# typed `gpu` GRES per MIG device, in that order, backed by fake devices
+# DIR/dev/nvidia-mig<N>, and no shards; jobs ask `--gres=gpu:3g.20gb:1`.
 #
 # The node is declared like a real smartmig node (see etc/slurm/*.snippet and
 # docs): two GPUs, each one `gpu` GRES with 7 `shard` GRES, backed by fake
@@ -126,6 +130,9 @@ cluster_up() {
         [[ -f $job_submit && -r $job_submit ]] ||
             die "SMARTMIG_SLURM_JOB_SUBMIT=$job_submit: no such readable file"
     fi
+    # Optional static MIG devices instead of GPUs with shards.
+    local mig_gres=${SMARTMIG_SLURM_MIG_GRES:-}
+    [[ $mig_gres =~ ^[0-9a-z.+,]*$ ]] || die "SMARTMIG_SLURM_MIG_GRES: MIG profile names separated by commas expected"
     local ctld_port=${SMARTMIG_SLURMCTLD_PORT:-6917}
     local slurmd_port=${SMARTMIG_SLURMD_PORT:-6918}
     local port
@@ -147,6 +154,22 @@ cluster_up() {
     for i in 0 1; do
         [[ -c $dir/dev/nvidia$i ]] || mknod "$dir/dev/nvidia$i" c 195 "$i"
     done
+    # Static MIG devices (SMARTMIG_SLURM_MIG_GRES): their node GRES and
+    # gres.conf lines.
+    local -a mig_types=()
+    local node_gres="gpu:2,shard:14" gres_types="gpu,shard" t
+    if [[ -n $mig_gres ]]; then
+        IFS=, read -r -a mig_types <<<"$mig_gres"
+        node_gres=""
+        gres_types="gpu"
+        for i in "${!mig_types[@]}"; do
+            t=${mig_types[$i]}
+            [[ -c $dir/dev/nvidia-mig$i ]] || mknod "$dir/dev/nvidia-mig$i" c 195 $((10 + i))
+        done
+        for t in $(printf '%s\n' "${mig_types[@]}" | sort -u); do
+            node_gres+="${node_gres:+,}gpu:$t:$(printf '%s\n' "${mig_types[@]}" | grep -cxF "$t")"
+        done
+    fi
 
     # munged with its own key and socket.
     local key=$dir/munge/etc/munge.key
@@ -216,8 +239,8 @@ KillWait=2
 # memory with `scontrol requeue`); 1 is Slurm's default, stated for clarity.
 JobRequeue=1
 PlugStackConfig=$dir/plugstack.conf
-GresTypes=gpu,shard
-NodeName=$node $hw Gres=gpu:2,shard:14 State=UNKNOWN
+GresTypes=$gres_types
+NodeName=$node $hw Gres=$node_gres State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:32
 CONF
 
@@ -230,13 +253,22 @@ JobSubmitPlugins=lua
 CONF
     fi
 
-    cat >"$dir/gres.conf" <<CONF
+    if [[ -n $mig_gres ]]; then
+        {
+            echo "# A static MIG setup: one typed gpu GRES per MIG device."
+            for i in "${!mig_types[@]}"; do
+                echo "NodeName=$node Name=gpu Type=${mig_types[$i]} File=$dir/dev/nvidia-mig$i"
+            done
+        } >"$dir/gres.conf"
+    else
+        cat >"$dir/gres.conf" <<CONF
 # One gpu GRES per GPU, and as many shards per GPU as it has MIG compute
 # slices (7 on A100/H100/H200); see etc/slurm/gres.conf.snippet.
 NodeName=$node Name=gpu File=$dir/dev/nvidia[0-1]
 NodeName=$node Name=shard Count=7 File=$dir/dev/nvidia0
 NodeName=$node Name=shard Count=7 File=$dir/dev/nvidia1
 CONF
+    fi
 
     [[ -f $dir/plugstack.conf ]] || : >"$dir/plugstack.conf"
 

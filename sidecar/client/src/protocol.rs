@@ -343,6 +343,25 @@ pub struct StatusReply {
     /// Plans waiting for `smartmig apply` (`mode = "confirm"`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_plans: Vec<PlanStatus>,
+    /// What advise mode watched and recorded (`mode = "advise"` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advise: Option<AdviseStatus>,
+}
+
+/// The `advise` section of a status reply: smartmigd watches the node's
+/// own MIG setup and records what its policy would do, changing nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdviseStatus {
+    /// The advice log (`smartmig advise report` reads it).
+    pub log: String,
+    /// Jobs running on the node's instances now (typed GRES).
+    pub watched_jobs: u32,
+    /// Ended jobs recorded since smartmigd started.
+    pub jobs_recorded: u64,
+    /// Reshapes the policy wished since smartmigd started.
+    pub advice_recorded: u64,
+    /// The policy's current wish per GPU (nothing is carried out).
+    pub wishes: Vec<PlanStatus>,
 }
 
 /// A job whose allocate waits for an instance to free up.

@@ -251,13 +251,24 @@ pub enum Mode {
     /// Each epoch's targets become plans that wait for `smartmig apply ID`
     /// and lapse after `plan_timeout_s`; jobs are still served on demand.
     Confirm,
+    /// A dry run beside the site's own static MIG setup: smartmigd watches
+    /// the real layout and the jobs that run on it through Slurm's typed
+    /// GRES, records what its policy would do (`<state_dir>/advice.jsonl`)
+    /// and changes nothing: no instance is made or destroyed, no device
+    /// file touched, no node feature published, and `allocate` is refused.
+    Advise,
 }
 
 impl Mode {
+    fn is_one_of(self, a: Mode, b: Mode) -> bool {
+        self == a || self == b
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Dynamic => "dynamic",
             Mode::Confirm => "confirm",
+            Mode::Advise => "advise",
         }
     }
 }
@@ -525,6 +536,16 @@ impl Config {
                 "oom.early_restart: Slurm queries are disabled (slurm.enabled = false), so no job can be requeued".to_string(),
             );
         }
+        if self.mode == Mode::Advise && !self.slurm.enabled {
+            out.push(
+                "mode = \"advise\": Slurm queries are disabled (slurm.enabled = false), so no job is watched and the report will have nothing to replay".to_string(),
+            );
+        }
+        if self.mode == Mode::Advise && self.policy.trim() == "none" {
+            out.push(
+                "mode = \"advise\" with policy = \"none\": the policy never wants a reshape, so the advice log will hold no advice (name the policy you consider, e.g. \"greedy\")".to_string(),
+            );
+        }
         out
     }
 
@@ -589,6 +610,18 @@ impl Config {
         })
     }
 
+    /// Whether smartmigd manages the instances' access files: on with
+    /// `isolate_devices`, never in advise mode (the site's own setup owns
+    /// them).
+    pub fn isolates(&self) -> bool {
+        self.isolate_devices && self.mode != Mode::Advise
+    }
+
+    /// Advise mode's record (`eval::advise::AdviceRecord` per line).
+    pub fn advice_log(&self) -> PathBuf {
+        self.state_dir.join("advice.jsonl")
+    }
+
     /// The journal's directory: `journal_dir`, or `<state_dir>/journal`.
     pub fn journal_dir(&self) -> PathBuf {
         self.journal_dir
@@ -627,6 +660,13 @@ impl Config {
         keep!("metrics_listen", metrics_listen);
         keep!("log_level", log_level);
         keep!("memory.estimator", memory.estimator);
+        // Into or out of advise mode only by a restart: a node leaving
+        // advise still runs jobs smartmigd never allocated (drain it first,
+        // docs/slurm-integration.md "Adopting smartmig").
+        if self.mode != new.mode && Mode::Advise.is_one_of(self.mode, new.mode) {
+            kept.push("mode (into or out of advise)");
+            merged.mode = self.mode;
+        }
         (merged, kept)
     }
 

@@ -137,6 +137,10 @@ pub struct QueuedJob {
     pub account: Option<String>,
     /// The job's `AdminComment` (`""` when none).
     pub admin_comment: String,
+    /// The MIG profile of a native typed GPU request
+    /// (`--gres=gpu:3g.20gb:1`), the way a site without smartmig runs
+    /// jobs on a static MIG layout; `mode = "advise"` watches these.
+    pub mig_profile: Option<String>,
 }
 
 impl QueuedJob {
@@ -174,6 +178,13 @@ impl QueueSnapshot {
 
     pub fn job(&self, job_id: u64) -> Option<&QueuedJob> {
         self.jobs.iter().find(|j| j.job_id == job_id)
+    }
+
+    /// Pending jobs with a typed MIG request (`--gres=gpu:3g.20gb:1`).
+    pub fn pending_typed(&self) -> impl Iterator<Item = &QueuedJob> {
+        self.jobs
+            .iter()
+            .filter(|j| j.state == JobState::Pending && j.mig_profile.is_some())
     }
 }
 
@@ -355,6 +366,21 @@ pub fn shard_count(tres: &str) -> u8 {
         .unwrap_or(0)
 }
 
+/// The MIG profile of a typed GPU request in a TRES string:
+/// `gres:gpu:3g.20gb:1`, `gres/gpu:3g.20gb=1` or `gres:gpu:1g.5gb` give
+/// `1g.5gb`-style names; untyped (`gres:gpu:1`) and non-MIG types
+/// (`gres:gpu:a100:1`) give `None`.
+pub fn mig_type(tres: &str) -> Option<String> {
+    tres.split(',').find_map(|part| {
+        let part = part.trim().replace(['/', '='], ":");
+        let rest = part.strip_prefix("gres:gpu:")?;
+        let ty = rest.split(':').next()?;
+        let (compute, memory) = ty.split_once("g.")?;
+        let mem = memory.split('+').next()?.strip_suffix("gb")?;
+        (compute.parse::<u8>().is_ok() && mem.parse::<f64>().is_ok()).then(|| ty.to_string())
+    })
+}
+
 /// The GPU index of a `gres_detail` entry such as `shard:3(IDX:0)` or
 /// `gpu:1(IDX:1),shard:2(IDX:1)`.
 fn gres_gpu(detail: &Value) -> Option<u32> {
@@ -437,6 +463,10 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
                     .and_then(Value::as_str)
                     .unwrap_or("")
                     .to_string(),
+                mig_profile: ["tres_per_node", "tres_per_job", "tres_per_task"]
+                    .iter()
+                    .filter_map(|k| j.get(*k).and_then(Value::as_str))
+                    .find_map(mig_type),
             })
         })
         .collect();
@@ -720,6 +750,23 @@ impl SlurmClient for NoSlurm {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn typed_mig_requests_from_tres_strings() {
+        assert_eq!(mig_type("gres:gpu:3g.20gb:1").as_deref(), Some("3g.20gb"));
+        assert_eq!(mig_type("gres/gpu:1g.5gb=2").as_deref(), Some("1g.5gb"));
+        assert_eq!(
+            mig_type("cpu=1,gres:gpu:1g.10gb").as_deref(),
+            Some("1g.10gb")
+        );
+        assert_eq!(
+            mig_type("gres:gpu:1g.5gb+me:1").as_deref(),
+            Some("1g.5gb+me")
+        );
+        assert_eq!(mig_type("gres:gpu:1"), None);
+        assert_eq!(mig_type("gres:gpu:a100:1"), None);
+        assert_eq!(mig_type("gres:shard:3"), None);
+    }
 
     #[test]
     fn shard_counts_from_tres_strings() {

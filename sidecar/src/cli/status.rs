@@ -170,6 +170,20 @@ pub fn render(s: &StatusReply, now: i64) -> String {
             let _ = writeln!(out, "  {}", super::plan::line(p, now));
         }
     }
+    if let Some(a) = &s.advise {
+        let _ = writeln!(
+            out,
+            "\nAdvise mode: watching, changing nothing ({} job(s) running on the node's instances, {} ended job(s) and {} wish(es) recorded in {})",
+            a.watched_jobs, a.jobs_recorded, a.advice_recorded, a.log
+        );
+        for p in &a.wishes {
+            let _ = writeln!(out, "  would reshape GPU {}: {} -> {}", p.gpu, p.from, p.to);
+        }
+        let _ = writeln!(
+            out,
+            "  `smartmig advise report` estimates what dynamic mode would change"
+        );
+    }
     if let Some(m) = &s.memory {
         render_memory(&mut out, m);
     }
@@ -290,6 +304,7 @@ mod tests {
             memory: None,
             epilog_missing: false,
             pending_plans: vec![],
+            advise: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -390,6 +405,7 @@ mod tests {
             }),
             epilog_missing: true,
             pending_plans: vec![],
+            advise: None,
             waiting: vec![],
         };
         let t = render(&s, 0);

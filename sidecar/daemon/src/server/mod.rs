@@ -51,6 +51,7 @@ use crate::policy::{
 use crate::workload::memory_estimate::EstimateError;
 use crate::workload::{gpu_load, MemoryKey, PowerModel, SpeedupCurve};
 
+mod advise;
 mod http;
 mod reconcile;
 pub mod redact;
@@ -240,6 +241,8 @@ pub struct Daemon {
     usage_log: std::sync::Mutex<()>,
     /// The plugin's `oom_requeue`, as the last allocate said.
     plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
+    /// What advise mode watches and last recorded (`mode = "advise"`).
+    advise: std::sync::Mutex<advise::AdviseBook>,
 }
 
 /// The settings in effect, and what is built from them: one immutable
@@ -471,7 +474,7 @@ impl Daemon {
 
     /// [`enforce_access`] when `isolate_devices` is on.
     fn isolate(&self, book: &GpuBook, only: Option<&str>) -> Result<(), IsolationError> {
-        if self.config().isolate_devices {
+        if self.config().isolates() {
             enforce_access(self.backend.as_ref(), book, only)
         } else {
             Ok(())
@@ -561,7 +564,12 @@ impl Daemon {
                 .and_then(|h| h.into_string().ok())
                 .unwrap_or_else(|| "localhost".into())
         });
-        if config.slurm.enabled {
+        if config.mode == Mode::Advise {
+            // The site's gpu GRES are its MIG devices, not whole GPUs.
+            tracing::info!(node = %node, log = %config.advice_log().display(),
+                "advise mode: watching the node's own MIG setup and recording what the policy would do; \
+                 no instance is created or destroyed, no device file changed, allocate is refused");
+        } else if config.slurm.enabled {
             tracing::info!(node = %node, "asking Slurm (slurmd -G, squeue) about this node; smartmigd waits up to slurm.command_timeout_s for each answer");
             check_gpu_order(backend.as_ref(), slurm.as_ref(), &node)?;
         }
@@ -592,7 +600,7 @@ impl Daemon {
             journal.save(book)?;
             // Whatever a crash left (a release whose files were not given
             // back, a file changed by hand), repaired before serving.
-            if config.isolate_devices {
+            if config.isolates() {
                 if let Err(e) = enforce_access(backend.as_ref(), book, None) {
                     tracing::error!(
                         gpu = slot.index,
@@ -622,6 +630,7 @@ impl Daemon {
             usage_log: std::sync::Mutex::new(()),
             connections: std::sync::Mutex::new(Connections::default()),
             plugin_oom_requeue: std::sync::Mutex::new(None),
+            advise: std::sync::Mutex::new(advise::AdviseBook::default()),
         };
         Ok(Arc::new(daemon))
     }
@@ -715,7 +724,9 @@ impl Daemon {
     /// on demand, which is what `none` means for a sidecar.
     pub async fn install_initial_layouts(&self) {
         let policy = self.policy();
-        if !policy.lock().await.installs_initial_layout() {
+        // Advise mode keeps the site's layout; its first epoch records
+        // what the policy would change.
+        if self.config().mode == Mode::Advise || !policy.lock().await.installs_initial_layout() {
             return;
         }
         for slot in &self.slots {
@@ -835,6 +846,17 @@ impl Daemon {
     /// up to `allocate_wait_s` for a release when nothing fits.
     pub async fn allocate(&self, req: AllocateRequest) -> Result<AllocateReply, ErrorBody> {
         let start = Instant::now();
+        if self.config().mode == Mode::Advise {
+            return Err(ErrorBody::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "smartmigd on {} runs in advise mode: it watches the node's own MIG setup and hands out no \
+                     instance; request a MIG device through Slurm (--gres=gpu:<profile>:1), or ask the admin \
+                     to switch the node to mode = \"dynamic\"",
+                    self.node
+                ),
+            ));
+        }
         let Some(slot) = self.slots.get(req.gpu as usize) else {
             return Err(ErrorBody::new(
                 ErrorKind::InvalidRequest,
@@ -1692,6 +1714,7 @@ impl Daemon {
                 .epilog_missing(),
             waiting,
             pending_plans: self.plans().pending(),
+            advise: self.advise_status(&cfg),
         }
     }
 

@@ -92,6 +92,7 @@ mod tests {
             memory: Some(MemoryStatus::default()),
             epilog_missing: false,
             pending_plans: vec![],
+            advise: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 7,

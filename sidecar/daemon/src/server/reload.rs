@@ -37,7 +37,7 @@ impl Daemon {
                 restart.join(", ")
             );
         }
-        let live = old.live_changes(&new);
+        let live = old.live_changes(&merged);
         if live.is_empty() {
             tracing::info!("SIGHUP: configuration reloaded, nothing changed");
         } else {

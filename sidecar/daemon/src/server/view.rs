@@ -20,6 +20,14 @@ pub(super) fn expected_end(a: &Assignment, queued: Option<&crate::slurm::QueuedJ
     a.since as f64 + limit
 }
 
+/// Compute slices and memory (GB) a MIG profile's name states:
+/// `3g.20gb` is (3, 20.0), `1g.5gb+me` (1, 5.0); `None` for other names.
+pub(super) fn typed_size(profile: &str) -> Option<(u8, f64)> {
+    let (compute, rest) = profile.split_once("g.")?;
+    let memory = rest.split('+').next()?.strip_suffix("gb")?;
+    Some((compute.parse().ok()?, memory.parse().ok()?))
+}
+
 /// How `slot` would go to `target`, for `smartmig plan`: `None` when
 /// there is nothing to do, the target is invalid or it would destroy a
 /// busy instance (which is never done).
@@ -82,6 +90,8 @@ impl Daemon {
                 }
             }
             Mode::Confirm => self.propose(slot, st, target, cfg.plan_timeout_s),
+            // Advise mode records wishes (`advise`) and never pursues them.
+            Mode::Advise => {}
         }
     }
 
@@ -131,6 +141,12 @@ impl Daemon {
     /// still where the plan started and it destroys no busy instance.
     pub async fn apply_plan(&self, id: u64) -> Result<PlanStatus, ErrorBody> {
         let now = unix_now();
+        if self.config().mode == Mode::Advise {
+            return Err(ErrorBody::new(
+                ErrorKind::InvalidRequest,
+                "advise mode carries out nothing: its wishes are in `smartmig status` and the advice log",
+            ));
+        }
         let plan = self
             .plans()
             .take(id, now)
@@ -243,16 +259,20 @@ impl Daemon {
         // One snapshot for the epoch: a SIGHUP during it takes effect next epoch.
         let live = self.live();
         let cfg = &live.config;
-        let queue = match self.read_queue().await {
-            Some((q, t0)) => {
-                let _ = self.reap_ended_jobs(&q, t0).await;
-                q
-            }
-            None => QueueSnapshot::default(),
+        let read = self.read_queue().await;
+        if let Some((q, t0)) = &read {
+            let _ = self.reap_ended_jobs(q, *t0).await;
+        }
+        let advise = cfg.mode == Mode::Advise;
+        let occupied = if advise {
+            Some(self.observe(read.as_ref().map(|(q, _)| q), cfg).await)
+        } else {
+            None
         };
+        let queue = read.map(|(q, _)| q).unwrap_or_default();
         let now = unix_now_f64();
         let mut statuses = Vec::new();
-        for slot in &self.slots {
+        for (k, slot) in self.slots.iter().enumerate() {
             let st = slot.state.lock().await;
             // Every epoch re-asserts who may open each instance (a driver
             // tool or an admin may have reset a mode since).
@@ -268,15 +288,28 @@ impl Daemon {
                 }
             }
             s.busy_until = until;
+            // Advise mode: the jobs Slurm runs on the site's instances.
+            if let Some(o) = occupied.as_ref().and_then(|o| o.get(k)) {
+                s.busy = o.busy;
+                s.busy_until = o.until;
+            }
             statuses.push(s);
         }
         let mut by_profile = PendingByProfile::default();
+        // Advise mode also counts typed requests (`gpu:3g.20gb:1`) as
+        // demand for that profile's compute and memory.
+        let typed = queue.pending_typed().filter(|_| advise).filter_map(|p| {
+            let (compute, memory) = typed_size(p.mig_profile.as_deref()?)?;
+            Some((p, compute, Some(memory)))
+        });
         let jobs: Vec<PendingJob> = queue
             .pending_shards()
-            .map(|p| {
+            .map(|p| (p, p.shards, None))
+            .chain(typed)
+            .map(|(p, shards, memory)| {
                 let mut shapes = [None; MODEL_COUNT];
                 for m in GpuModel::ALL {
-                    if let Ok(prof) = crate::mig::select_profile(m.spec(), p.shards, None) {
+                    if let Ok(prof) = crate::mig::select_profile(m.spec(), shards, memory) {
                         shapes[m as usize] = Some(prof.shape);
                         if let Some(ix) =
                             m.spec().profiles.iter().position(|q| q.shape == prof.shape)
@@ -294,9 +327,9 @@ impl Daemon {
                         now
                     },
                     deadline: p.deadline.map_or(f64::INFINITY, |d| d as f64),
-                    work: crate::placement::pending_work(p.time_limit_s, p.shards, &speedup),
-                    memory_gb: 0.0,
-                    min_compute: p.shards,
+                    work: crate::placement::pending_work(p.time_limit_s, shards, &speedup),
+                    memory_gb: memory.unwrap_or(0.0),
+                    min_compute: shards,
                     speedup,
                     shapes,
                 }
@@ -310,7 +343,20 @@ impl Daemon {
             pending: &jobs,
             pending_by_profile: &by_profile,
         };
-        let decisions = live.policy.lock().await.decide(&view);
+        let mut decisions = live.policy.lock().await.decide(&view);
+        // Advise mode, first epoch: the layout the policy would have
+        // installed is its first wish (a static policy never wishes again).
+        if advise && self.advise_first_epoch() {
+            let mut p = live.policy.lock().await;
+            if p.installs_initial_layout() {
+                for (k, slot) in self.slots.iter().enumerate() {
+                    if !decisions.iter().any(|d| d.gpu == k) {
+                        let target = p.initial_layout(k, Geometry::of(slot.model));
+                        decisions.push(policy::Decision { gpu: k, target });
+                    }
+                }
+            }
+        }
         let lapsed = self.plans().expire(unix_now());
         for p in lapsed {
             tracing::info!(plan = p.shown.id, gpu = p.shown.gpu, from = %p.shown.from, to = %p.shown.to,
@@ -335,14 +381,17 @@ impl Daemon {
                 continue;
             };
             let mut st = slot.state.lock().await;
-            self.pursue(slot, &mut st, d.target, "policy", cfg);
+            match occupied.as_ref().and_then(|o| o.get(d.gpu)) {
+                Some(o) => self.advise(slot, &st, d.target, o.busy, cfg),
+                None => self.pursue(slot, &mut st, d.target, "policy", cfg),
+            }
         }
         self.metrics.pending_plans(self.plans().pending_count());
         // Without Slurm queries there is nowhere to publish to, nothing to resume.
         if cfg.slurm.enabled {
             if let Some(info) = self.read_node().await {
                 self.resume_if_drained_by_us(&info).await;
-                if cfg.publish_layout {
+                if cfg.publish_layout && !advise {
                     self.publish_layout(&info.features).await;
                 }
             }
@@ -402,12 +451,20 @@ mod tests {
             array_task: None,
             account: None,
             admin_comment: String::new(),
+            mig_profile: None,
         }
     }
 
     /// A running instance frees up at Slurm's end time (start + time
     /// limit); without it, at the allocation's own limit; else never.
     /// Before, every instance looked as if it never ended.
+    #[test]
+    fn profile_names_state_their_size() {
+        assert_eq!(typed_size("3g.20gb"), Some((3, 20.0)));
+        assert_eq!(typed_size("1g.5gb+me"), Some((1, 5.0)));
+        assert_eq!(typed_size("a100"), None);
+    }
+
     #[test]
     fn running_jobs_end_when_slurm_says() {
         let a = Assignment {

@@ -1,0 +1,387 @@
+//! `mode = "advise"`: a dry run beside the site's own static MIG setup.
+//!
+//! Each epoch smartmigd re-reads the real layout from the backend, follows
+//! the jobs that Slurm runs on it through native typed GRES
+//! (`--gres=gpu:3g.20gb:1`), asks its policy as in dynamic mode and
+//! records what the policy would do in `<state_dir>/advice.jsonl`
+//! ([`AdviceRecord`], read back by `smartmig advise report`). It creates,
+//! destroys and chowns nothing, publishes no node feature and refuses
+//! `allocate` (docs/daemon.md, "Advise mode").
+
+use super::*;
+use smartmig_client::protocol::AdviseStatus;
+use smartmig_core::eval::advise::AdviceRecord;
+
+/// The advice log rotates to `advice.jsonl.1` at this size.
+const ADVICE_LOG_MAX_BYTES: u64 = 32 << 20;
+
+/// A typed-GRES job seen running on this node.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Watched {
+    profile: String,
+    submit: u64,
+    start: u64,
+    /// Slurm's end time while running (start + time limit; 0: unknown).
+    end_time: u64,
+    time_limit_s: Option<u64>,
+    deadline: Option<u64>,
+}
+
+/// What advise mode keeps between epochs.
+#[derive(Debug, Default)]
+pub(super) struct AdviseBook {
+    /// Jobs running on the node's instances now, by job id.
+    watched: HashMap<u64, Watched>,
+    /// The layout last recorded per GPU.
+    layouts: HashMap<u32, Layout>,
+    /// The policy's wish last recorded per GPU (the target and how it
+    /// reads), so a wish is written when it changes, not every epoch.
+    wishes: HashMap<u32, (Layout, PlanStatus)>,
+    jobs_recorded: u64,
+    advice_recorded: u64,
+    /// Whether the first epoch has run (it records the initial layout the
+    /// policy would have installed).
+    started: bool,
+}
+
+/// Per GPU, the instances the watched jobs occupy and until when.
+pub(super) struct Occupied {
+    pub busy: Layout,
+    pub until: [f64; MAX_PLACEMENTS],
+}
+
+/// Expands a Slurm host list (`gpu01`, `gpu[01-03,07]`, `a,b[1-2]`)
+/// enough to tell whether it names `node`: top-level commas split names,
+/// and one bracket group of numbers and ranges (zero padding kept) per
+/// name is expanded.
+pub(super) fn runs_on(nodes: &str, node: &str) -> bool {
+    let mut depth = 0;
+    let mut items = Vec::new();
+    let mut from = 0;
+    for (i, c) in nodes.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&nodes[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&nodes[from..]);
+    items.into_iter().any(|item| {
+        let Some((prefix, rest)) = item.split_once('[') else {
+            return item == node;
+        };
+        let Some((ranges, suffix)) = rest.split_once(']') else {
+            return false;
+        };
+        let Some(middle) = node
+            .strip_prefix(prefix)
+            .and_then(|n| n.strip_suffix(suffix))
+        else {
+            return false;
+        };
+        ranges.split(',').any(|r| {
+            let (lo, hi) = r.split_once('-').unwrap_or((r, r));
+            let width = lo.len();
+            let (Ok(lo), Ok(hi), Ok(n)) =
+                (lo.parse::<u64>(), hi.parse::<u64>(), middle.parse::<u64>())
+            else {
+                return false;
+            };
+            (lo..=hi).contains(&n)
+                && (middle.len() == width || width == 1 && !middle.starts_with('0'))
+        })
+    })
+}
+
+impl Daemon {
+    fn advise_book(&self) -> std::sync::MutexGuard<'_, AdviseBook> {
+        self.advise
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// True once: at the first advise epoch.
+    pub(super) fn advise_first_epoch(&self) -> bool {
+        !std::mem::replace(&mut self.advise_book().started, true)
+    }
+
+    /// Appends `records` to the advice log (0600, rotated at 32 MiB).
+    fn record_advice(&self, records: &[AdviceRecord], cfg: &Config) {
+        let mut lines = String::new();
+        for r in records {
+            match serde_json::to_string(r) {
+                Ok(l) => {
+                    lines.push_str(&l);
+                    lines.push('\n');
+                }
+                Err(e) => tracing::error!("advice record not encoded: {e}"),
+            }
+        }
+        if lines.is_empty() {
+            return;
+        }
+        let path = cfg.advice_log();
+        if let Err(e) =
+            tokio::task::block_in_place(|| append_rotating(&path, &lines, ADVICE_LOG_MAX_BYTES))
+        {
+            tracing::error!(path = %path.display(), "advice log not written: {e}");
+        }
+    }
+
+    /// One advise epoch's observation: re-reads each GPU's real layout
+    /// (recording a change), follows the typed-GRES jobs running on this
+    /// node (recording those that ended) and says which instances they
+    /// occupy. `queue` is `None` when Slurm could not be read: then no job
+    /// is taken for ended.
+    pub(super) async fn observe(
+        &self,
+        queue: Option<&QueueSnapshot>,
+        cfg: &Config,
+    ) -> Vec<Occupied> {
+        let now = unix_now();
+        let mut records = Vec::new();
+        let mut layouts = Vec::new();
+        for slot in &self.slots {
+            let mut st = slot.state.lock().await;
+            match tokio::task::block_in_place(|| self.backend.list(slot.index)) {
+                Ok(real) => sync_instances(&mut st.book, &real, now),
+                Err(e) => tracing::warn!(gpu = slot.index, "advise: cannot read the layout: {e}"),
+            }
+            let (g, layout) = (st.book.geometry, st.book.layout());
+            let names: Vec<(PlacementId, String)> = st
+                .book
+                .instances
+                .iter()
+                .map(|i| (i.placement, g.placement(i.placement).profile.name()))
+                .collect();
+            layouts.push(names);
+            let mut book = self.advise_book();
+            if book.layouts.get(&slot.index) != Some(&layout) {
+                book.layouts.insert(slot.index, layout);
+                tracing::info!(gpu = slot.index, layout = %g.picture(layout), "advise: the GPU's layout");
+                records.push(AdviceRecord::Layout {
+                    t: now as f64,
+                    gpu: slot.index,
+                    model: slot.model,
+                    layout: layout.0,
+                    picture: g.picture(layout),
+                });
+            }
+        }
+        let mut book = self.advise_book();
+        if let Some(queue) = queue {
+            for j in &queue.jobs {
+                let (Some(profile), JobState::Running) = (&j.mig_profile, j.state) else {
+                    continue;
+                };
+                if !runs_on(&j.nodes, &self.node) {
+                    continue;
+                }
+                book.watched.insert(
+                    j.job_id,
+                    Watched {
+                        profile: profile.clone(),
+                        submit: j.submit_time,
+                        start: j.start_time,
+                        end_time: j.end_time,
+                        time_limit_s: j.time_limit_s,
+                        deadline: j.deadline,
+                    },
+                );
+            }
+            let ended: Vec<u64> = book
+                .watched
+                .keys()
+                .copied()
+                .filter(|id| queue.job(*id).is_none_or(|j| j.state != JobState::Running))
+                .collect();
+            for id in ended {
+                let Some(w) = book.watched.remove(&id) else {
+                    continue;
+                };
+                // Slurm's end time once the job is done; else the first
+                // epoch that did not see it running.
+                let end = queue
+                    .job(id)
+                    .map(|j| j.end_time)
+                    .filter(|&e| e > 0 && e <= now && e >= w.start)
+                    .unwrap_or(now);
+                book.jobs_recorded += 1;
+                tracing::info!(job = id, profile = %w.profile, "advise: job ended; recorded");
+                records.push(AdviceRecord::Job {
+                    job_id: id,
+                    gpu: None,
+                    profile: w.profile,
+                    submit: w.submit as f64,
+                    start: w.start as f64,
+                    end: end as f64,
+                    time_limit_s: w.time_limit_s,
+                    deadline: w.deadline.map(|d| d as f64),
+                });
+            }
+        }
+        // Slurm's gres index of a MIG device is not the physical GPU, so a
+        // watched job occupies the first free instance of its profile.
+        let mut occupied: Vec<Occupied> = layouts
+            .iter()
+            .map(|_| Occupied {
+                busy: Layout::EMPTY,
+                until: [0.0; MAX_PLACEMENTS],
+            })
+            .collect();
+        let mut watched: Vec<(&u64, &Watched)> = book.watched.iter().collect();
+        watched.sort_by_key(|(id, _)| **id);
+        for (id, w) in watched {
+            let spot = layouts.iter().enumerate().find_map(|(k, names)| {
+                names
+                    .iter()
+                    .find(|(p, name)| *name == w.profile && !occupied[k].busy.contains(*p))
+                    .map(|(p, _)| (k, *p))
+            });
+            match spot {
+                Some((k, p)) => {
+                    occupied[k].busy = occupied[k].busy.with(p);
+                    occupied[k].until[p.0 as usize] = if w.end_time > 0 {
+                        w.end_time as f64
+                    } else {
+                        w.time_limit_s
+                            .map_or(f64::INFINITY, |l| (w.start + l) as f64)
+                    };
+                }
+                None => tracing::warn!(job = id, profile = %w.profile,
+                    "advise: a job runs on a {} but no such instance is free here", w.profile),
+            }
+        }
+        drop(book);
+        self.record_advice(&records, cfg);
+        occupied
+    }
+
+    /// Records what the policy would do to `slot` (its wish `target`, with
+    /// the watched jobs' instances `busy`) when the wish changed since the
+    /// last epoch. Nothing is carried out.
+    pub(super) fn advise(
+        &self,
+        slot: &GpuSlot,
+        st: &GpuState,
+        target: Layout,
+        busy: Layout,
+        cfg: &Config,
+    ) {
+        let g = st.book.geometry;
+        let current = st.book.layout();
+        let t = g.transition(current, target);
+        let wish = (g.is_valid(target) && !t.is_noop() && !t.touches(busy)).then_some(target);
+        let mut book = self.advise_book();
+        let Some(target) = wish else {
+            book.wishes.remove(&slot.index);
+            return;
+        };
+        if book
+            .wishes
+            .get(&slot.index)
+            .is_some_and(|(l, _)| *l == target)
+        {
+            return;
+        }
+        let names = |l: Layout| {
+            g.describe(l)
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        };
+        let keeps_busy: Vec<String> = busy
+            .iter()
+            .map(|p| g.placement(p).describe().to_string())
+            .collect();
+        let now = unix_now();
+        let shown = PlanStatus {
+            id: 0,
+            gpu: slot.index,
+            from: g.picture(current),
+            to: g.picture(target),
+            destroy: names(t.destroy),
+            create: names(t.create),
+            keeps_busy: keeps_busy.clone(),
+            created_at: now,
+            expires_at: None,
+            applied_at: None,
+        };
+        tracing::info!(gpu = slot.index, from = %shown.from, to = %shown.to,
+            "advise: the policy would reshape this GPU (nothing done)");
+        let record = AdviceRecord::Advice {
+            t: now as f64,
+            gpu: slot.index,
+            policy: self.policy_name(),
+            from: shown.from.clone(),
+            to: shown.to.clone(),
+            to_layout: target.0,
+            destroy: shown.destroy.clone(),
+            create: shown.create.clone(),
+            keeps_busy,
+        };
+        book.wishes.insert(slot.index, (target, shown));
+        book.advice_recorded += 1;
+        drop(book);
+        self.record_advice(&[record], cfg);
+    }
+
+    /// The `advise` section of a status reply (advise mode only).
+    pub(super) fn advise_status(&self, cfg: &Config) -> Option<AdviseStatus> {
+        if cfg.mode != Mode::Advise {
+            return None;
+        }
+        let book = self.advise_book();
+        let mut wishes: Vec<PlanStatus> = book.wishes.values().map(|(_, s)| s.clone()).collect();
+        wishes.sort_by_key(|w| w.gpu);
+        Some(AdviseStatus {
+            log: cfg.advice_log().display().to_string(),
+            watched_jobs: book.watched.len() as u32,
+            jobs_recorded: book.jobs_recorded,
+            advice_recorded: book.advice_recorded,
+            wishes,
+        })
+    }
+}
+
+/// Makes `book`'s instances those the backend lists (advise mode: an
+/// admin's tool may reshape the GPU at any time; smartmigd never does).
+fn sync_instances(book: &mut GpuBook, real: &[crate::backend::BackendInstance], now: u64) {
+    let gone: Vec<String> = book
+        .instances
+        .iter()
+        .filter(|i| !real.iter().any(|r| r.uuid == i.uuid))
+        .map(|i| i.uuid.clone())
+        .collect();
+    for uuid in gone {
+        book.remove_instance(&uuid);
+    }
+    for r in real {
+        if book.find_uuid(&r.uuid).is_none() && book.geometry.fits(book.layout(), r.placement) {
+            book.add_instance(r.placement, r.uuid.clone(), now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs_on;
+
+    #[test]
+    fn host_lists_name_the_node() {
+        assert!(runs_on("gpu01", "gpu01"));
+        assert!(!runs_on("gpu01", "gpu1"));
+        assert!(runs_on("gpu[01-03,07]", "gpu02"));
+        assert!(runs_on("gpu[01-03,07]", "gpu07"));
+        assert!(!runs_on("gpu[01-03,07]", "gpu05"));
+        assert!(!runs_on("gpu[01-03]", "gpu2"));
+        assert!(runs_on("a,b[1-12]", "b10"));
+        assert!(runs_on("x[1-2]-ib,node9", "x2-ib"));
+        assert!(!runs_on("", "node"));
+        assert!(!runs_on("gpu[01-", "gpu01"));
+    }
+}
