@@ -336,8 +336,9 @@ pub struct Config {
     pub oom: OomConfig,
     /// Per-job slice accounting.
     pub accounting: AccountingConfig,
-    /// `dynamic` (default) or `confirm`: whether the policy's
-    /// reconfigurations wait for `smartmig apply` (docs/daemon.md, "Plans").
+    /// `dynamic` (default), `confirm` (the policy's reconfigurations wait
+    /// for `smartmig apply`, docs/daemon.md "Plans") or `advise` (a dry run
+    /// that changes nothing, docs/daemon.md "Advise mode").
     pub mode: Mode,
     /// Seconds a pending plan waits for `smartmig apply` before it lapses.
     pub plan_timeout_s: u64,
@@ -713,6 +714,28 @@ mod tests {
     use super::*;
 
     const MINIMAL: &str = "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n";
+
+    #[test]
+    fn advise_mode_is_entered_and_left_only_by_a_restart() {
+        let running = Config::parse(&format!("mode = \"advise\"\n{MINIMAL}")).unwrap();
+        assert!(
+            !running.isolates(),
+            "advise mode never touches device files"
+        );
+        let new = Config::parse(&format!("mode = \"dynamic\"\n{MINIMAL}")).unwrap();
+        let (merged, kept) = running.reloaded(&new);
+        assert_eq!(merged.mode, Mode::Advise);
+        assert_eq!(kept, vec!["mode (into or out of advise)"]);
+        assert!(running.live_changes(&merged).is_empty());
+        // Between confirm and dynamic, SIGHUP is enough.
+        let confirm = Config::parse(&format!("mode = \"confirm\"\n{MINIMAL}")).unwrap();
+        let (merged, kept) = new.reloaded(&confirm);
+        assert_eq!((merged.mode, kept.len()), (Mode::Confirm, 0));
+        assert!(Config::parse(&format!("mode = \"advice\"\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string()
+            .contains("mode"));
+    }
 
     #[test]
     fn defaults_are_documented_values() {
