@@ -18,6 +18,10 @@
 # slurm.conf, where Slurm's job_submit/lua plugin looks for it) and sets
 # JobSubmitPlugins=lua, e.g. etc/slurm/job_submit.lua; unset: no job_submit
 # plugin.
+# SMARTMIG_SLURM_EXTRA_NODES=N declares N more smartmig nodes smnode1..N (same
+# GRES, in the partition, no slurmd: DOWN), so several smartmigd with
+# node_name = "smnodeK" can stand for a bigger cluster's nodes (the control-
+# plane measurement of docs/architecture.md, "Cluster scale").
 # SMARTMIG_SLURM_MIG_GRES=4g.20gb,3g.20gb,... declares the node the way a site
 # without smartmig runs a static MIG setup (advise mode watches one): one
 # typed `gpu` GRES per MIG device, in that order, backed by fake devices
@@ -133,6 +137,8 @@ cluster_up() {
     # Optional static MIG devices instead of GPUs with shards.
     local mig_gres=${SMARTMIG_SLURM_MIG_GRES:-}
     [[ $mig_gres =~ ^[0-9a-z.+,]*$ ]] || die "SMARTMIG_SLURM_MIG_GRES: MIG profile names separated by commas expected"
+    local extra_nodes=${SMARTMIG_SLURM_EXTRA_NODES:-0}
+    [[ $extra_nodes =~ ^[0-9]+$ ]] || die "SMARTMIG_SLURM_EXTRA_NODES must be a number of nodes"
     local ctld_port=${SMARTMIG_SLURMCTLD_PORT:-6917}
     local slurmd_port=${SMARTMIG_SLURMD_PORT:-6918}
     local port
@@ -241,8 +247,13 @@ JobRequeue=1
 PlugStackConfig=$dir/plugstack.conf
 GresTypes=$gres_types
 NodeName=$node $hw Gres=$node_gres State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:32
 CONF
+    local part_nodes=$node
+    if ((extra_nodes > 0)); then
+        echo "NodeName=smnode[1-$extra_nodes] NodeAddr=127.0.0.1 Port=9 CPUs=2 RealMemory=1000 Gres=$node_gres State=DOWN" >>"$dir/slurm.conf"
+        part_nodes+=",smnode[1-$extra_nodes]"
+    fi
+    echo "PartitionName=debug Nodes=$part_nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:32" >>"$dir/slurm.conf"
 
     if [[ -n $job_submit ]]; then
         cp "$job_submit" "$dir/job_submit.lua"

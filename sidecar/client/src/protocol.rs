@@ -346,6 +346,35 @@ pub struct StatusReply {
     /// What advise mode watched and recorded (`mode = "advise"` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advise: Option<AdviseStatus>,
+    /// Where the node's view of the Slurm queue comes from (absent from
+    /// daemons that predate the cluster summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterViewStatus>,
+}
+
+/// The `cluster` section of a status reply.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterViewStatus {
+    /// `summary` (the publisher's file), `squeue` (asking Slurm itself),
+    /// `hold` (no fresh summary, layout kept) or `none` (Slurm queries off).
+    pub source: String,
+    /// Where the node looks for `<node>.json`.
+    pub summary_dir: String,
+    /// The summary's age, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_s: Option<u64>,
+    /// smartmig nodes the publisher split the pending jobs over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    /// Pending jobs this node claims (its share of the demand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed: Option<u32>,
+    /// Pending shard jobs in the whole cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_cluster: Option<u32>,
+    /// Why no summary is used, when one was looked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// The `advise` section of a status reply: smartmigd watches the node's

@@ -97,6 +97,46 @@ impl Default for SlurmConfig {
     }
 }
 
+/// What a node does when it has no fresh cluster summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SummaryFallback {
+    /// Ask Slurm itself (`squeue --json`, `sinfo --json`), as a node
+    /// without a publisher does: correct, at the old cost to slurmctld.
+    #[default]
+    Squeue,
+    /// Keep the layout: no policy decision and no reaping until a fresh
+    /// summary is back (jobs are still served on demand). For large
+    /// clusters, where a thousand nodes falling back at once is the load
+    /// the summary exists to avoid.
+    Hold,
+}
+
+/// The cluster summary (`[cluster]`; docs/architecture.md, "Cluster
+/// scale"): one `smartmig publish` reads Slurm once per epoch for the
+/// whole cluster and writes each node its share.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The directory `smartmig publish --dir` writes (shared with the
+    /// nodes, read-only is enough); this node reads `<summary_dir>/<node>.json`.
+    pub summary_dir: PathBuf,
+    /// A summary older than this many of the publisher's epochs is stale.
+    pub stale_epochs: u64,
+    /// Without a fresh summary: `squeue` (default) or `hold`.
+    pub fallback: SummaryFallback,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            summary_dir: PathBuf::from("/var/spool/smartmig/summary"),
+            stale_epochs: 3,
+            fallback: SummaryFallback::Squeue,
+        }
+    }
+}
+
 /// One injected backend failure (sim backend only), for fault tests.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -342,6 +382,8 @@ pub struct Config {
     pub mode: Mode,
     /// Seconds a pending plan waits for `smartmig apply` before it lapses.
     pub plan_timeout_s: u64,
+    /// Where the cluster summary comes from, and what to do without it.
+    pub cluster: ClusterConfig,
     /// `tracing` filter (e.g. `info`, `smartmig=debug`); `RUST_LOG` overrides it.
     pub log_level: String,
 }
@@ -377,6 +419,7 @@ impl Default for Config {
             accounting: AccountingConfig::default(),
             mode: Mode::Dynamic,
             plan_timeout_s: 600,
+            cluster: ClusterConfig::default(),
             log_level: "info".into(),
         }
     }
@@ -467,6 +510,15 @@ impl Config {
         }
         if self.epoch_s == 0 {
             return Err(invalid("epoch_s", "must be at least 1"));
+        }
+        if self.cluster.stale_epochs == 0 {
+            return Err(invalid("cluster.stale_epochs", "must be at least 1"));
+        }
+        if !self.cluster.summary_dir.is_absolute() {
+            return Err(invalid(
+                "cluster.summary_dir",
+                format!("must be an absolute path, not \"{}\"", self.cluster.summary_dir.display()),
+            ));
         }
         self.check_policy()?;
         self.check_placement()?;
@@ -705,6 +757,7 @@ impl Config {
         diff!(accounting);
         diff!(mode);
         diff!(plan_timeout_s);
+        diff!(cluster);
         out
     }
 }

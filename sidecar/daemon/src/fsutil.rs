@@ -10,6 +10,13 @@ use std::path::Path;
 /// content, never a mix: write a temporary file in the same directory, fsync
 /// it, rename it over `path`, fsync the directory (so the rename is durable).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    atomic_write_mode(path, bytes, 0o600)
+}
+
+/// [`atomic_write`] giving the new file `mode` (the cluster summary's
+/// files are read by every node, as root, over NFS where root may be
+/// squashed to nobody: 0644).
+pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -21,8 +28,9 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o600)
+            .mode(mode)
             .open(&tmp)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
         f.sync_all()?;
     }

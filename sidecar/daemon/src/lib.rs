@@ -38,6 +38,7 @@ pub mod plan;
 pub mod policy_choice;
 pub mod server;
 pub mod slurm;
+pub mod summary;
 pub mod usage;
 
 pub use smartmig_client::{client, plugstack, protocol};

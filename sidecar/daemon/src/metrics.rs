@@ -83,6 +83,13 @@ pub struct Metrics {
     wait_seconds: Family<ProfileLabel, Counter>,
     jobs_served: Family<ProfileLabel, Counter>,
     pending_plans: Gauge,
+    queue_reads: Family<SourceLabel, Counter>,
+    summary_age: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: String,
 }
 
 impl Default for Metrics {
@@ -179,7 +186,21 @@ impl Metrics {
             "Reconfigurations waiting for `smartmig apply` (mode = confirm)",
             pending_plans.clone(),
         );
+        let queue_reads = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "queue_reads",
+            "How the node learned the Slurm queue, by source (summary: the publisher's file; squeue: asked slurmctld itself; none: held, nothing read)",
+            queue_reads.clone(),
+        );
+        let summary_age = Gauge::default();
+        registry.register(
+            "cluster_summary_age_seconds",
+            "Age of the last cluster summary read (-1: none could be used)",
+            summary_age.clone(),
+        );
         Metrics {
+            queue_reads,
+            summary_age,
             pending_plans,
             slice_seconds,
             user_slice_seconds,
@@ -249,6 +270,18 @@ impl Metrics {
         self.user_slice_seconds
             .get_or_create(&user)
             .inc_by(r.slice_s);
+    }
+
+    /// One read of the queue from `source` (`summary`, `squeue`, `none`),
+    /// and the summary's age (`None`: no usable summary).
+    pub fn queue_read(&self, source: &str, summary_age_s: Option<u64>) {
+        self.queue_reads
+            .get_or_create(&SourceLabel {
+                source: source.into(),
+            })
+            .inc();
+        self.summary_age
+            .set(summary_age_s.map_or(-1, |a| i64::try_from(a).unwrap_or(i64::MAX)));
     }
 
     /// Plans waiting for `smartmig apply` now.

@@ -18,6 +18,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Why a Slurm query failed.
@@ -55,7 +56,8 @@ pub enum ParseError {
 }
 
 /// Where a job is in its life, from `squeue --json`'s `job_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum JobState {
     Pending,
     /// Running, suspended, configuring, resizing, signaling, ...: it may
@@ -109,8 +111,9 @@ impl JobState {
     }
 }
 
-/// One job of `squeue --json`, with what the daemon uses.
-#[derive(Clone, Debug, PartialEq)]
+/// One job of `squeue --json`, with what the daemon uses (also the
+/// cluster summary's job record, [`crate::summary`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QueuedJob {
     pub job_id: u64,
     pub state: JobState,
@@ -140,7 +143,12 @@ pub struct QueuedJob {
     /// The MIG profile of a native typed GPU request
     /// (`--gres=gpu:3g.20gb:1`), the way a site without smartmig runs
     /// jobs on a static MIG layout; `mode = "advise"` watches these.
+    #[serde(default)]
     pub mig_profile: Option<String>,
+    /// How often Slurm restarted (requeued) it: a pending job with
+    /// restarts may still be some node's to release.
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 impl QueuedJob {
@@ -189,7 +197,7 @@ impl QueueSnapshot {
 }
 
 /// The node's features (`AvailableFeatures`, `ActiveFeatures`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeFeatures {
     pub available: Vec<String>,
     pub active: Vec<String>,
@@ -262,7 +270,7 @@ pub fn gpu_order_mismatches(
 }
 
 /// What `sinfo --json` says of one node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub features: NodeFeatures,
     /// DRAIN is among its state flags (draining or drained).
@@ -289,6 +297,14 @@ pub trait SlurmClient: Send + Sync {
     /// requests, time limits, deadlines and recently ended jobs' states.
     fn queue(&self) -> Result<QueueSnapshot, SlurmError>;
     fn node(&self, node: &str) -> Result<NodeInfo, SlurmError>;
+    /// Every node (one `sinfo --json`): the cluster summary's publisher.
+    fn nodes(&self) -> Result<Vec<ListedNode>, SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: "sinfo --json".into(),
+            status: "not supported by this client".into(),
+            stderr: String::new(),
+        })
+    }
     fn set_node_features(&self, node: &str, features: &NodeFeatures) -> Result<(), SlurmError>;
     /// `scontrol update NodeName=N State=RESUME`.
     fn resume(&self, node: &str) -> Result<(), SlurmError>;
@@ -467,6 +483,11 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
                     .iter()
                     .filter_map(|k| j.get(*k).and_then(Value::as_str))
                     .find_map(mig_type),
+                restarts: j
+                    .get("restart_cnt")
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0),
             })
         })
         .collect();
@@ -491,29 +512,108 @@ fn split_features(v: Option<&Value>) -> Vec<String> {
 
 /// Parses `sinfo --json`: the features, drain flag and reason of `node`.
 pub fn parse_node(json: &Value, node: &str) -> Result<NodeInfo, ParseError> {
+    parse_nodes(json)?
+        .into_iter()
+        .find(|n| n.name == node)
+        .map(|n| n.info)
+        .ok_or_else(|| ParseError::NodeNotListed(node.to_string()))
+}
+
+/// One node of `sinfo --json`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedNode {
+    pub name: String,
+    pub info: NodeInfo,
+    /// Its GRES (`gres`, e.g. `gpu:2,shard:14`) name shards: a smartmig
+    /// node (docs/slurm-integration.md §1).
+    pub has_shards: bool,
+}
+
+/// Parses every node of `sinfo --json` (a node listed in several
+/// partitions once).
+pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
     let nodes = json
         .get("nodes")
         .and_then(Value::as_array)
         .ok_or(ParseError::MissingArray("nodes"))?;
-    let n = nodes
-        .iter()
-        .find(|n| n.get("name").and_then(Value::as_str) == Some(node))
-        .ok_or_else(|| ParseError::NodeNotListed(node.to_string()))?;
-    let drain = split_features(n.get("state_flags"))
-        .iter()
-        .chain(split_features(n.get("state")).iter())
-        .any(|f| f.eq_ignore_ascii_case("DRAIN") || f.to_ascii_uppercase().starts_with("DRAIN"));
-    Ok(NodeInfo {
-        features: NodeFeatures {
-            available: split_features(n.get("features")),
-            active: split_features(n.get("active_features")),
-        },
-        drain,
-        reason: n
-            .get("reason")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+    let mut out: Vec<ListedNode> = Vec::new();
+    for n in nodes {
+        let Some(name) = n.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        if out.iter().any(|x| x.name == name) {
+            continue;
+        }
+        let drain = split_features(n.get("state_flags"))
+            .iter()
+            .chain(split_features(n.get("state")).iter())
+            .any(|f| f.to_ascii_uppercase().starts_with("DRAIN"));
+        out.push(ListedNode {
+            name: name.to_string(),
+            info: NodeInfo {
+                features: NodeFeatures {
+                    available: split_features(n.get("features")),
+                    active: split_features(n.get("active_features")),
+                },
+                drain,
+                reason: n
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            },
+            has_shards: n
+                .get("gres")
+                .and_then(Value::as_str)
+                .is_some_and(|g| g.contains("shard")),
+        });
+    }
+    Ok(out)
+}
+
+/// Whether Slurm's host list `nodes` (`gpu01`, `gpu[01-03,07]`,
+/// `a,b[1-2]`) names `node`: top-level commas split names, and one bracket
+/// group of numbers and ranges per name is expanded (zero padding kept).
+pub fn names_node(nodes: &str, node: &str) -> bool {
+    let mut depth = 0;
+    let mut items = Vec::new();
+    let mut from = 0;
+    for (i, c) in nodes.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&nodes[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&nodes[from..]);
+    items.into_iter().any(|item| {
+        let Some((prefix, rest)) = item.split_once('[') else {
+            return item == node;
+        };
+        let Some((ranges, suffix)) = rest.split_once(']') else {
+            return false;
+        };
+        let Some(middle) = node
+            .strip_prefix(prefix)
+            .and_then(|n| n.strip_suffix(suffix))
+        else {
+            return false;
+        };
+        ranges.split(',').any(|r| {
+            let (lo, hi) = r.split_once('-').unwrap_or((r, r));
+            let width = lo.len();
+            let (Ok(lo), Ok(hi), Ok(n)) =
+                (lo.parse::<u64>(), hi.parse::<u64>(), middle.parse::<u64>())
+            else {
+                return false;
+            };
+            (lo..=hi).contains(&n)
+                && (middle.len() == width || width == 1 && !middle.starts_with('0'))
+        })
     })
 }
 
@@ -668,6 +768,14 @@ impl SlurmClient for CommandSlurm {
         })
     }
 
+    fn nodes(&self) -> Result<Vec<ListedNode>, SlurmError> {
+        let v = self.json(&self.sinfo, &["--json"])?;
+        parse_nodes(&v).map_err(|source| SlurmError::Parse {
+            cmd: self.sinfo.clone(),
+            source,
+        })
+    }
+
     fn set_node_features(&self, node: &str, f: &NodeFeatures) -> Result<(), SlurmError> {
         let node_arg = format!("nodename={node}");
         let avail = format!("AvailableFeatures={}", f.available.join(","));
@@ -750,6 +858,20 @@ impl SlurmClient for NoSlurm {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn host_lists_name_the_node() {
+        assert!(names_node("gpu01", "gpu01"));
+        assert!(!names_node("gpu01", "gpu1"));
+        assert!(names_node("gpu[01-03,07]", "gpu02"));
+        assert!(names_node("gpu[01-03,07]", "gpu07"));
+        assert!(!names_node("gpu[01-03,07]", "gpu05"));
+        assert!(!names_node("gpu[01-03]", "gpu2"));
+        assert!(names_node("a,b[1-12]", "b10"));
+        assert!(names_node("x[1-2]-ib,node9", "x2-ib"));
+        assert!(!names_node("", "node"));
+        assert!(!names_node("gpu[01-", "gpu01"));
+    }
 
     #[test]
     fn typed_mig_requests_from_tres_strings() {

@@ -20,6 +20,7 @@ pub mod doctor;
 pub mod layouts;
 pub mod oom;
 pub mod plan;
+pub mod publish;
 pub mod simulate;
 pub mod socket;
 pub mod status;
@@ -63,6 +64,8 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Carry out a pending plan (mode = "confirm"; root or slurm_user).
     Apply(plan::ApplyArgs),
+    /// Read Slurm once per epoch for the whole cluster and write each node's summary (run one, e.g. on the controller).
+    Publish(publish::Args),
 }
 
 /// Entry point of the `smartmig` binary.
@@ -83,6 +86,7 @@ pub fn main() -> ExitCode {
         Command::Usage(args) => usage::run(&args),
         Command::Plan(args) => plan::plan(&args),
         Command::Apply(args) => plan::apply(&args),
+        Command::Publish(args) => publish::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -170,6 +170,34 @@ pub fn render(s: &StatusReply, now: i64) -> String {
             let _ = writeln!(out, "  {}", super::plan::line(p, now));
         }
     }
+    if let Some(c) = &s.cluster {
+        match c.source.as_str() {
+            "summary" => {
+                let _ = writeln!(
+                    out,
+                    "\nCluster view: summary {}s old from {} ({} node(s); this node claims {} of {} pending shard job(s))",
+                    c.age_s.unwrap_or(0),
+                    c.summary_dir,
+                    c.nodes.unwrap_or(0),
+                    c.claimed.unwrap_or(0),
+                    c.pending_cluster.unwrap_or(0)
+                );
+            }
+            "squeue" | "hold" => {
+                let _ = writeln!(
+                    out,
+                    "\nCluster view: {} ({})",
+                    if c.source == "hold" {
+                        "no summary, layout held (cluster.fallback = hold)"
+                    } else {
+                        "asking Slurm directly (squeue, sinfo each epoch)"
+                    },
+                    c.problem.as_deref().unwrap_or("no summary read yet")
+                );
+            }
+            _ => {}
+        }
+    }
     if let Some(a) = &s.advise {
         let _ = writeln!(
             out,
@@ -305,6 +333,7 @@ mod tests {
             epilog_missing: false,
             pending_plans: vec![],
             advise: None,
+            cluster: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -406,6 +435,7 @@ mod tests {
             epilog_missing: true,
             pending_plans: vec![],
             advise: None,
+            cluster: None,
             waiting: vec![],
         };
         let t = render(&s, 0);

@@ -50,53 +50,6 @@ pub(super) struct Occupied {
     pub until: [f64; MAX_PLACEMENTS],
 }
 
-/// Expands a Slurm host list (`gpu01`, `gpu[01-03,07]`, `a,b[1-2]`)
-/// enough to tell whether it names `node`: top-level commas split names,
-/// and one bracket group of numbers and ranges (zero padding kept) per
-/// name is expanded.
-pub(super) fn runs_on(nodes: &str, node: &str) -> bool {
-    let mut depth = 0;
-    let mut items = Vec::new();
-    let mut from = 0;
-    for (i, c) in nodes.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(&nodes[from..i]);
-                from = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&nodes[from..]);
-    items.into_iter().any(|item| {
-        let Some((prefix, rest)) = item.split_once('[') else {
-            return item == node;
-        };
-        let Some((ranges, suffix)) = rest.split_once(']') else {
-            return false;
-        };
-        let Some(middle) = node
-            .strip_prefix(prefix)
-            .and_then(|n| n.strip_suffix(suffix))
-        else {
-            return false;
-        };
-        ranges.split(',').any(|r| {
-            let (lo, hi) = r.split_once('-').unwrap_or((r, r));
-            let width = lo.len();
-            let (Ok(lo), Ok(hi), Ok(n)) =
-                (lo.parse::<u64>(), hi.parse::<u64>(), middle.parse::<u64>())
-            else {
-                return false;
-            };
-            (lo..=hi).contains(&n)
-                && (middle.len() == width || width == 1 && !middle.starts_with('0'))
-        })
-    })
-}
-
 impl Daemon {
     fn advise_book(&self) -> std::sync::MutexGuard<'_, AdviseBook> {
         self.advise
@@ -178,7 +131,7 @@ impl Daemon {
                 let (Some(profile), JobState::Running) = (&j.mig_profile, j.state) else {
                     continue;
                 };
-                if !runs_on(&j.nodes, &self.node) {
+                if !crate::slurm::names_node(&j.nodes, &self.node) {
                     continue;
                 }
                 book.watched.insert(
@@ -364,24 +317,5 @@ fn sync_instances(book: &mut GpuBook, real: &[crate::backend::BackendInstance], 
         if book.find_uuid(&r.uuid).is_none() && book.geometry.fits(book.layout(), r.placement) {
             book.add_instance(r.placement, r.uuid.clone(), now);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::runs_on;
-
-    #[test]
-    fn host_lists_name_the_node() {
-        assert!(runs_on("gpu01", "gpu01"));
-        assert!(!runs_on("gpu01", "gpu1"));
-        assert!(runs_on("gpu[01-03,07]", "gpu02"));
-        assert!(runs_on("gpu[01-03,07]", "gpu07"));
-        assert!(!runs_on("gpu[01-03,07]", "gpu05"));
-        assert!(!runs_on("gpu[01-03]", "gpu2"));
-        assert!(runs_on("a,b[1-12]", "b10"));
-        assert!(runs_on("x[1-2]-ib,node9", "x2-ib"));
-        assert!(!runs_on("", "node"));
-        assert!(!runs_on("gpu[01-", "gpu01"));
     }
 }

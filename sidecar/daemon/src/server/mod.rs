@@ -243,6 +243,8 @@ pub struct Daemon {
     plugin_oom_requeue: std::sync::Mutex<Option<bool>>,
     /// What advise mode watches and last recorded (`mode = "advise"`).
     advise: std::sync::Mutex<advise::AdviseBook>,
+    /// Where the view of the queue came from last (summary or Slurm).
+    view_source: std::sync::Mutex<reconcile::ViewSource>,
 }
 
 /// The settings in effect, and what is built from them: one immutable
@@ -631,6 +633,7 @@ impl Daemon {
             connections: std::sync::Mutex::new(Connections::default()),
             plugin_oom_requeue: std::sync::Mutex::new(None),
             advise: std::sync::Mutex::new(advise::AdviseBook::default()),
+            view_source: std::sync::Mutex::new(reconcile::ViewSource::default()),
         };
         Ok(Arc::new(daemon))
     }
@@ -1715,6 +1718,7 @@ impl Daemon {
             waiting,
             pending_plans: self.plans().pending(),
             advise: self.advise_status(&cfg),
+            cluster: Some(self.cluster_status(&cfg)),
         }
     }
 

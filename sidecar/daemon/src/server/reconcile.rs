@@ -2,10 +2,14 @@
 //! frees what ended jobs still hold, `smartmig reconcile`, resuming a node
 //! the plugin drained, the start-up check of Slurm's GPU order, and the
 //! out-of-memory requeue (only a FAILED job, its shard request raised when
-//! the restart needs more compute slices).
+//! the restart needs more compute slices), and where the queue comes from:
+//! the cluster summary ([`crate::summary`]) or Slurm itself.
 
 use super::*;
+use crate::config::SummaryFallback;
 use crate::slurm::NodeInfo;
+use crate::summary::NodeSummary;
+use smartmig_client::protocol::ClusterViewStatus;
 
 /// Refuses to start when Slurm's GPU i (by device name, from `slurmd -G`)
 /// is another device than the backend's GPU i: every job would get an
@@ -248,12 +252,32 @@ impl Daemon {
         last.is_none_or(|t| t.elapsed() >= QUEUE_REFRESH)
     }
 
-    /// One `squeue --json` call, with the Unix second it started (an
-    /// assignment made in or after that second may be missing from it).
-    /// `None` (and a warning) when Slurm queries are off or fail.
+    /// The queue as this node sees it, with the Unix second it was read
+    /// (an assignment made in or after that second may be missing from
+    /// it): from the cluster summary when a fresh one is there (no call to
+    /// Slurm), else by one `squeue --json` call (`fallback = "squeue"`) or
+    /// not at all (`"hold"`). `None` (and a warning) when Slurm queries are
+    /// off or fail.
     pub(super) async fn read_queue(&self) -> Option<(QueueSnapshot, u64)> {
-        if !self.config().slurm.enabled {
+        let cfg = self.config();
+        if !cfg.slurm.enabled {
             return None;
+        }
+        match self.read_summary(&cfg) {
+            Ok(s) => {
+                *self
+                    .queue_read
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+                let q = s.snapshot();
+                self.remember_job_times(&q);
+                return Some((q, s.generated_at));
+            }
+            Err(()) if cfg.cluster.fallback == SummaryFallback::Hold => {
+                self.metrics.queue_read("none", None);
+                return None;
+            }
+            Err(()) => self.metrics.queue_read("squeue", None),
         }
         *self
             .queue_read
@@ -406,6 +430,10 @@ impl Daemon {
     /// both the resume below and the layout features); `None`, logged,
     /// when Slurm does not answer.
     pub(super) async fn read_node(&self) -> Option<NodeInfo> {
+        // The summary read this epoch carries the node's state.
+        if let Some(info) = self.view_source().node_info.clone() {
+            return Some(info);
+        }
         let slurm = self.slurm();
         let node = self.node.clone();
         match tokio::task::spawn_blocking(move || slurm.node(&node)).await {
@@ -435,6 +463,105 @@ impl Daemon {
                 "node was drained by smartmig; smartmigd is serving again: node resumed"),
             Ok(Err(e)) => tracing::warn!(node = %self.node, "cannot resume the node: {e}"),
             Err(e) => tracing::error!("node resume task failed: {e}"),
+        }
+    }
+}
+
+/// Where the node's view of the queue came from last, for status,
+/// metrics and `read_node`.
+#[derive(Clone, Debug, Default)]
+pub(super) struct ViewSource {
+    /// The last fresh summary's figures (`None`: none usable).
+    pub summary: Option<SummaryFigures>,
+    /// Why the summary could not be used (`None`: it was, or never tried).
+    pub problem: Option<String>,
+    /// The node's Slurm state from the summary (cleared without one).
+    pub node_info: Option<NodeInfo>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SummaryFigures {
+    pub generated_at: u64,
+    pub nodes: u32,
+    pub claimed: u32,
+    pub pending_cluster: u32,
+}
+
+impl Daemon {
+    pub(super) fn view_source(&self) -> std::sync::MutexGuard<'_, ViewSource> {
+        self.view_source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads `<summary_dir>/<node>.json` and checks it; records the
+    /// outcome (logged when it changes). `Err` when it cannot be used.
+    fn read_summary(&self, cfg: &Config) -> Result<NodeSummary, ()> {
+        let path = cfg.cluster.summary_dir.join(format!("{}.json", self.node));
+        let now = unix_now();
+        let read = std::fs::read(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|b| {
+                serde_json::from_slice::<NodeSummary>(&b)
+                    .map_err(|e| format!("{}: not a cluster summary: {e}", path.display()))
+            })
+            .and_then(|s| {
+                s.check(&self.node, now, cfg.cluster.stale_epochs, 2 * cfg.epoch_s)
+                    .map(|()| s)
+                    .map_err(|why| format!("{}: {why}", path.display()))
+            });
+        let mut v = self.view_source();
+        match read {
+            Ok(s) => {
+                if v.problem.take().is_some() || v.summary.is_none() {
+                    tracing::info!(path = %path.display(), nodes = s.nodes,
+                        "reading the cluster summary instead of asking Slurm");
+                }
+                v.summary = Some(SummaryFigures {
+                    generated_at: s.generated_at,
+                    nodes: s.nodes,
+                    claimed: s.claimed() as u32,
+                    pending_cluster: s.pending_by_shards.iter().sum(),
+                });
+                v.node_info = Some(s.info.clone());
+                self.metrics
+                    .queue_read("summary", Some(now.saturating_sub(s.generated_at)));
+                Ok(s)
+            }
+            Err(why) => {
+                if v.problem.as_deref() != Some(why.as_str()) {
+                    let then = match cfg.cluster.fallback {
+                        SummaryFallback::Squeue => "asking Slurm directly (squeue, sinfo)",
+                        SummaryFallback::Hold => "holding the layout (cluster.fallback = \"hold\")",
+                    };
+                    tracing::warn!("no usable cluster summary ({why}); {then}");
+                }
+                v.summary = None;
+                v.node_info = None;
+                v.problem = Some(why);
+                Err(())
+            }
+        }
+    }
+
+    /// The `cluster` section of a status reply.
+    pub(super) fn cluster_status(&self, cfg: &Config) -> ClusterViewStatus {
+        let v = self.view_source();
+        let now = unix_now();
+        ClusterViewStatus {
+            source: match (&v.summary, cfg.slurm.enabled, cfg.cluster.fallback) {
+                (_, false, _) => "none",
+                (Some(_), _, _) => "summary",
+                (None, _, SummaryFallback::Squeue) => "squeue",
+                (None, _, SummaryFallback::Hold) => "hold",
+            }
+            .into(),
+            summary_dir: cfg.cluster.summary_dir.display().to_string(),
+            age_s: v.summary.map(|s| now.saturating_sub(s.generated_at)),
+            nodes: v.summary.map(|s| s.nodes),
+            claimed: v.summary.map(|s| s.claimed),
+            pending_cluster: v.summary.map(|s| s.pending_cluster),
+            problem: v.problem.clone(),
         }
     }
 }

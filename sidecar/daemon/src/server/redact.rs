@@ -93,6 +93,7 @@ mod tests {
             epilog_missing: false,
             pending_plans: vec![],
             advise: None,
+            cluster: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 7,

@@ -262,6 +262,12 @@ impl Daemon {
         let read = self.read_queue().await;
         if let Some((q, t0)) = &read {
             let _ = self.reap_ended_jobs(q, *t0).await;
+        } else if cfg.slurm.enabled
+            && cfg.cluster.fallback == crate::config::SummaryFallback::Hold
+            && self.view_source().problem.is_some()
+        {
+            // No fresh summary and told not to ask Slurm: keep the layout.
+            return;
         }
         let advise = cfg.mode == Mode::Advise;
         let occupied = if advise {
@@ -452,6 +458,7 @@ mod tests {
             account: None,
             admin_comment: String::new(),
             mig_profile: None,
+            restarts: 0,
         }
     }
 

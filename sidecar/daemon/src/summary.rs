@@ -1,0 +1,253 @@
+//! The cluster summary (issue 23; docs/architecture.md, "Cluster scale").
+//!
+//! Without it every node's smartmigd reads the whole queue (`squeue
+//! --json`) and every node (`sinfo --json`) each epoch, so slurmctld
+//! serialises the cluster once per node per epoch, and every node sees
+//! the same pending demand and may reshape for it at once. With it, one
+//! publisher (`smartmig publish`, on the controller or any host with the
+//! Slurm client) reads both once per epoch and writes one small file per
+//! smartmig node into a directory the nodes share (read-only NFS or the
+//! cluster file system): the node's own jobs, its Slurm state, and the
+//! pending jobs it *claims* by rendezvous hashing of the job id over the
+//! node names ([`smartmig_core::policy::share`]), so each pending job is
+//! one node's demand. A node reads its file instead of asking Slurm, and
+//! falls back to asking Slurm itself (or to holding its layout) when the
+//! file is missing, stale or unreadable, and says so in status and
+//! metrics.
+//!
+//! Everything here is pure: the publisher and the daemon do the IO.
+
+use serde::{Deserialize, Serialize};
+
+use crate::slurm::{names_node, JobState, ListedNode, NodeInfo, QueueSnapshot, QueuedJob};
+use smartmig_core::policy::share;
+
+/// The format's version; a node refuses another one by name.
+pub const SUMMARY_VERSION: u32 = 1;
+
+/// What one node reads each epoch: `<summary_dir>/<node>.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub version: u32,
+    /// Unix seconds when the publisher read Slurm.
+    pub generated_at: u64,
+    /// The publisher's epoch, s (a node allows a few before it calls the
+    /// file stale).
+    pub epoch_s: u64,
+    pub node: String,
+    /// smartmig nodes (with shard GRES) the pending jobs were split over.
+    pub nodes: u32,
+    /// The node's Slurm state (features, drain and reason), as `sinfo`
+    /// showed it.
+    pub info: NodeInfo,
+    /// The node's jobs (any state Slurm still lists, with the node in
+    /// their node list) and the pending shard (or typed MIG) jobs it claims.
+    pub jobs: Vec<QueuedJob>,
+    /// Pending jobs that ran before (requeued): they may still hold an
+    /// instance here until the epilog's release, so they count as live.
+    pub requeued: Vec<u64>,
+    /// Pending shard jobs in the whole cluster, by shard count (index 0:
+    /// one shard), for the record and the status.
+    pub pending_by_shards: [u32; 8],
+}
+
+impl NodeSummary {
+    /// Pending jobs this node claims.
+    pub fn claimed(&self) -> usize {
+        self.jobs
+            .iter()
+            .filter(|j| j.state == JobState::Pending)
+            .count()
+    }
+
+    /// The queue as this node sees it: its jobs, its claimed pending jobs
+    /// and the requeued ones (as pending jobs without a request, so they
+    /// are live but no demand).
+    pub fn snapshot(&self) -> QueueSnapshot {
+        let mut jobs = self.jobs.clone();
+        for &id in &self.requeued {
+            if jobs.iter().all(|j| j.job_id != id) {
+                jobs.push(QueuedJob {
+                    job_id: id,
+                    state: JobState::Pending,
+                    shards: 0,
+                    gpu: None,
+                    nodes: String::new(),
+                    time_limit_s: None,
+                    start_time: 0,
+                    end_time: 0,
+                    deadline: None,
+                    submit_time: 0,
+                    array_task: None,
+                    account: None,
+                    admin_comment: String::new(),
+                    mig_profile: None,
+                    restarts: 1,
+                });
+            }
+        }
+        QueueSnapshot { jobs }
+    }
+
+    /// Whether the file can stand for Slurm at `now` for `node`: right
+    /// version, right node, and no older than `max_epochs` of the
+    /// publisher's epochs (at least `min_age_s`). The reason otherwise.
+    pub fn check(&self, node: &str, now: u64, max_epochs: u64, min_age_s: u64) -> Result<(), String> {
+        if self.version != SUMMARY_VERSION {
+            return Err(format!(
+                "version {} (this smartmigd reads version {SUMMARY_VERSION}): update the publisher and the nodes together",
+                self.version
+            ));
+        }
+        if self.node != node {
+            return Err(format!("written for node {}, not {node}", self.node));
+        }
+        let age = now.saturating_sub(self.generated_at);
+        let limit = (self.epoch_s.saturating_mul(max_epochs)).max(min_age_s);
+        if age > limit {
+            return Err(format!(
+                "{age} s old (stale after {limit} s: {max_epochs} of the publisher's {} s epochs); is `smartmig publish` running?",
+                self.epoch_s
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Splits one read of the queue and the nodes into each smartmig node's
+/// summary. Nodes without shard GRES get none; a pending job goes to the
+/// one node that claims it among the smartmig nodes (none when there are
+/// none).
+pub fn build(queue: &QueueSnapshot, nodes: &[ListedNode], now: u64, epoch_s: u64) -> Vec<NodeSummary> {
+    let ours: Vec<&ListedNode> = nodes.iter().filter(|n| n.has_shards).collect();
+    let names: Vec<&str> = ours.iter().map(|n| n.name.as_str()).collect();
+    let mut out: Vec<NodeSummary> = ours
+        .iter()
+        .map(|n| NodeSummary {
+            version: SUMMARY_VERSION,
+            generated_at: now,
+            epoch_s,
+            node: n.name.clone(),
+            nodes: names.len() as u32,
+            info: n.info.clone(),
+            jobs: Vec::new(),
+            requeued: Vec::new(),
+            pending_by_shards: [0; 8],
+        })
+        .collect();
+    let mut by_shards = [0u32; 8];
+    let mut requeued = Vec::new();
+    for j in &queue.jobs {
+        if j.state == JobState::Pending {
+            if j.shards > 0 {
+                by_shards[usize::from(j.shards.min(8)) - 1] += 1;
+            }
+            if j.restarts > 0 {
+                requeued.push(j.job_id);
+            }
+            if j.shards > 0 || j.mig_profile.is_some() {
+                if let Some(k) = share::claimant(j.job_id, &names) {
+                    out[k].jobs.push(j.clone());
+                }
+            }
+            continue;
+        }
+        if j.nodes.is_empty() {
+            continue;
+        }
+        for s in &mut out {
+            if names_node(&j.nodes, &s.node) {
+                s.jobs.push(j.clone());
+            }
+        }
+    }
+    for s in &mut out {
+        s.pending_by_shards = by_shards;
+        s.requeued.clone_from(&requeued);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: u64, state: JobState, shards: u8, nodes: &str) -> QueuedJob {
+        QueuedJob {
+            job_id: id,
+            state,
+            shards,
+            gpu: None,
+            nodes: nodes.into(),
+            time_limit_s: Some(600),
+            start_time: 0,
+            end_time: 0,
+            deadline: None,
+            submit_time: 1,
+            array_task: None,
+            account: None,
+            admin_comment: String::new(),
+            mig_profile: None,
+            restarts: 0,
+        }
+    }
+
+    fn node(name: &str, shards: bool) -> ListedNode {
+        ListedNode {
+            name: name.into(),
+            info: NodeInfo::default(),
+            has_shards: shards,
+        }
+    }
+
+    #[test]
+    fn every_pending_job_goes_to_one_node_and_running_jobs_to_theirs() {
+        let nodes: Vec<ListedNode> = (0..5)
+            .map(|i| node(&format!("gpu{i}"), true))
+            .chain([node("cpu0", false)])
+            .collect();
+        let mut jobs: Vec<QueuedJob> = (0..200).map(|i| job(i, JobState::Pending, 1 + (i % 7) as u8, "")).collect();
+        jobs.push(job(1000, JobState::Running, 2, "gpu[1-2]"));
+        jobs.push(job(1001, JobState::Completed, 2, "gpu3"));
+        jobs.push(job(1002, JobState::Pending, 0, ""));
+        let mut requeued = job(1003, JobState::Pending, 3, "");
+        requeued.restarts = 1;
+        jobs.push(requeued);
+        let q = QueueSnapshot { jobs };
+        let out = build(&q, &nodes, 50, 60);
+        assert_eq!(out.len(), 5, "no summary for a node without shards");
+        let claimed: usize = out.iter().map(NodeSummary::claimed).sum();
+        assert_eq!(claimed, 201, "200 + the requeued shard job, each once");
+        assert!(out.iter().all(|s| s.claimed() > 10), "shares are spread");
+        let holders: Vec<&str> = out
+            .iter()
+            .filter(|s| s.jobs.iter().any(|j| j.job_id == 1000))
+            .map(|s| s.node.as_str())
+            .collect();
+        assert_eq!(holders, ["gpu1", "gpu2"]);
+        assert!(out[3].jobs.iter().any(|j| j.job_id == 1001));
+        assert!(out.iter().all(|s| s.requeued == [1003]));
+        assert!(out.iter().all(|s| s.pending_by_shards.iter().sum::<u32>() == 201));
+        // Every node's view keeps the requeued job live.
+        for s in &out {
+            assert!(s.snapshot().live().contains(&1003));
+            assert_eq!(s.snapshot().pending_shards().count(), s.claimed());
+        }
+    }
+
+    #[test]
+    fn a_stale_or_foreign_file_is_refused_by_name() {
+        let s = build(&QueueSnapshot::default(), &[node("gpu0", true)], 1_000, 60)
+            .pop()
+            .unwrap();
+        assert!(s.check("gpu0", 1_100, 3, 10).is_ok());
+        let err = s.check("gpu0", 1_200, 3, 10).unwrap_err();
+        assert!(err.starts_with("200 s old (stale after 180 s"), "{err}");
+        assert!(s.check("gpu1", 1_000, 3, 10).unwrap_err().contains("not gpu1"));
+        let mut v2 = s.clone();
+        v2.version = 2;
+        assert!(v2.check("gpu0", 1_000, 3, 10).unwrap_err().starts_with("version 2"));
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<NodeSummary>(&text).unwrap(), s);
+    }
+}
