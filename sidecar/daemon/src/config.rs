@@ -517,7 +517,10 @@ impl Config {
         if !self.cluster.summary_dir.is_absolute() {
             return Err(invalid(
                 "cluster.summary_dir",
-                format!("must be an absolute path, not \"{}\"", self.cluster.summary_dir.display()),
+                format!(
+                    "must be an absolute path, not \"{}\"",
+                    self.cluster.summary_dir.display()
+                ),
             ));
         }
         self.check_policy()?;

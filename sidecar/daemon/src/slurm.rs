@@ -196,6 +196,36 @@ impl QueueSnapshot {
     }
 }
 
+/// A job's account and `AdminComment`, as `scontrol show job` prints them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobComment {
+    /// `None` for Slurm's `(null)`.
+    pub account: Option<String>,
+    /// `""` when none.
+    pub admin_comment: String,
+}
+
+/// Parses `scontrol show job ID` (22.05's multi-line form: `Account=` on
+/// the `Priority=` line, `AdminComment=TEXT ` on a line of its own when
+/// set, and its text may hold spaces). `None` when no `JobId=` line.
+pub fn parse_job_comment(text: &str) -> Option<JobComment> {
+    if !text.trim_start().starts_with("JobId=") {
+        return None;
+    }
+    let mut out = JobComment::default();
+    for line in text.lines().map(str::trim) {
+        if let Some(c) = line.strip_prefix("AdminComment=") {
+            out.admin_comment = c.trim_end().to_string();
+        } else if let Some(a) = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("Account="))
+        {
+            out.account = (!a.is_empty() && a != "(null)").then(|| a.to_string());
+        }
+    }
+    Some(out)
+}
+
 /// The node's features (`AvailableFeatures`, `ActiveFeatures`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeFeatures {
@@ -337,10 +367,15 @@ pub trait SlurmClient: Send + Sync {
             stderr: "this Slurm client cannot requeue jobs".into(),
         })
     }
-    /// One job (`squeue --json --jobs=ID`), `None` when Slurm no longer
-    /// lists it: a read whose cost does not grow with the queue.
-    fn job(&self, job_id: u64) -> Result<Option<QueuedJob>, SlurmError> {
-        Ok(self.queue()?.job(job_id).cloned())
+    /// One job's account and `AdminComment` (`scontrol show job ID`, one
+    /// single-job RPC: `squeue --json --jobs=ID` would serialise the whole
+    /// queue, 22.05 ignoring the filter), `None` when Slurm no longer
+    /// lists it.
+    fn job_comment(&self, job_id: u64) -> Result<Option<JobComment>, SlurmError> {
+        Ok(self.queue()?.job(job_id).map(|j| JobComment {
+            account: j.account.clone(),
+            admin_comment: j.admin_comment.clone(),
+        }))
     }
     /// Sets a running job's `AdminComment` (`scontrol update JobId=J
     /// AdminComment=TEXT`); Slurm refuses it once the job has finished.
@@ -788,14 +823,13 @@ impl SlurmClient for CommandSlurm {
         self.run(&self.scontrol, &["requeue", job]).map(|_| ())
     }
 
-    fn job(&self, job_id: u64) -> Result<Option<QueuedJob>, SlurmError> {
-        let jobs = format!("--jobs={job_id}");
-        let v = self.json(&self.squeue, &["--json", &jobs])?;
-        let q = parse_queue(&v).map_err(|source| SlurmError::Parse {
-            cmd: self.squeue.clone(),
-            source,
-        })?;
-        Ok(q.job(job_id).cloned())
+    fn job_comment(&self, job_id: u64) -> Result<Option<JobComment>, SlurmError> {
+        let id = job_id.to_string();
+        match self.run(&self.scontrol, &["show", "job", &id]) {
+            Ok(text) => Ok(parse_job_comment(&text)),
+            Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
@@ -858,6 +892,23 @@ impl SlurmClient for NoSlurm {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn scontrol_show_job_gives_account_and_admin_comment() {
+        let text = "JobId=12 JobName=wrap\n   UserId=root(0) GroupId=root(0) MCS_label=N/A\n   \
+            Priority=4294901748 Nice=0 Account=physics QOS=normal\n   JobState=RUNNING Reason=None\n   \
+            WorkDir=/tmp\n   AdminComment=site=abc ticket=7 \n   StdErr=/tmp/slurm-12.out\n";
+        let c = parse_job_comment(text).unwrap();
+        assert_eq!(c.account.as_deref(), Some("physics"));
+        assert_eq!(c.admin_comment, "site=abc ticket=7");
+        let bare =
+            "JobId=13 JobName=x\n   Priority=1 Nice=0 Account=(null) QOS=normal\n   WorkDir=/\n";
+        assert_eq!(parse_job_comment(bare), Some(JobComment::default()));
+        assert_eq!(
+            parse_job_comment("slurm_load_jobs error: Invalid job id specified"),
+            None
+        );
+    }
 
     #[test]
     fn host_lists_name_the_node() {

@@ -92,7 +92,13 @@ impl NodeSummary {
     /// Whether the file can stand for Slurm at `now` for `node`: right
     /// version, right node, and no older than `max_epochs` of the
     /// publisher's epochs (at least `min_age_s`). The reason otherwise.
-    pub fn check(&self, node: &str, now: u64, max_epochs: u64, min_age_s: u64) -> Result<(), String> {
+    pub fn check(
+        &self,
+        node: &str,
+        now: u64,
+        max_epochs: u64,
+        min_age_s: u64,
+    ) -> Result<(), String> {
         if self.version != SUMMARY_VERSION {
             return Err(format!(
                 "version {} (this smartmigd reads version {SUMMARY_VERSION}): update the publisher and the nodes together",
@@ -118,7 +124,12 @@ impl NodeSummary {
 /// summary. Nodes without shard GRES get none; a pending job goes to the
 /// one node that claims it among the smartmig nodes (none when there are
 /// none).
-pub fn build(queue: &QueueSnapshot, nodes: &[ListedNode], now: u64, epoch_s: u64) -> Vec<NodeSummary> {
+pub fn build(
+    queue: &QueueSnapshot,
+    nodes: &[ListedNode],
+    now: u64,
+    epoch_s: u64,
+) -> Vec<NodeSummary> {
     let ours: Vec<&ListedNode> = nodes.iter().filter(|n| n.has_shards).collect();
     let names: Vec<&str> = ours.iter().map(|n| n.name.as_str()).collect();
     let mut out: Vec<NodeSummary> = ours
@@ -206,7 +217,9 @@ mod tests {
             .map(|i| node(&format!("gpu{i}"), true))
             .chain([node("cpu0", false)])
             .collect();
-        let mut jobs: Vec<QueuedJob> = (0..200).map(|i| job(i, JobState::Pending, 1 + (i % 7) as u8, "")).collect();
+        let mut jobs: Vec<QueuedJob> = (0..200)
+            .map(|i| job(i, JobState::Pending, 1 + (i % 7) as u8, ""))
+            .collect();
         jobs.push(job(1000, JobState::Running, 2, "gpu[1-2]"));
         jobs.push(job(1001, JobState::Completed, 2, "gpu3"));
         jobs.push(job(1002, JobState::Pending, 0, ""));
@@ -227,7 +240,9 @@ mod tests {
         assert_eq!(holders, ["gpu1", "gpu2"]);
         assert!(out[3].jobs.iter().any(|j| j.job_id == 1001));
         assert!(out.iter().all(|s| s.requeued == [1003]));
-        assert!(out.iter().all(|s| s.pending_by_shards.iter().sum::<u32>() == 201));
+        assert!(out
+            .iter()
+            .all(|s| s.pending_by_shards.iter().sum::<u32>() == 201));
         // Every node's view keeps the requeued job live.
         for s in &out {
             assert!(s.snapshot().live().contains(&1003));
@@ -243,10 +258,16 @@ mod tests {
         assert!(s.check("gpu0", 1_100, 3, 10).is_ok());
         let err = s.check("gpu0", 1_200, 3, 10).unwrap_err();
         assert!(err.starts_with("200 s old (stale after 180 s"), "{err}");
-        assert!(s.check("gpu1", 1_000, 3, 10).unwrap_err().contains("not gpu1"));
+        assert!(s
+            .check("gpu1", 1_000, 3, 10)
+            .unwrap_err()
+            .contains("not gpu1"));
         let mut v2 = s.clone();
         v2.version = 2;
-        assert!(v2.check("gpu0", 1_000, 3, 10).unwrap_err().starts_with("version 2"));
+        assert!(v2
+            .check("gpu0", 1_000, 3, 10)
+            .unwrap_err()
+            .starts_with("version 2"));
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeSummary>(&text).unwrap(), s);
     }

@@ -90,8 +90,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.command_timeout_s == 0 {
         bail!("--command-timeout-s must be at least 1");
     }
-    ensure_dir(&args.dir, 0o755)
-        .with_context(|| format!("creating {}", args.dir.display()))?;
+    ensure_dir(&args.dir, 0o755).with_context(|| format!("creating {}", args.dir.display()))?;
     let defaults = SlurmConfig::default();
     let slurm = CommandSlurm {
         squeue: defaults.squeue,

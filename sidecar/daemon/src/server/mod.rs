@@ -1525,8 +1525,8 @@ impl Daemon {
     }
 
     /// Adds the job's [`SliceTag`] to its `AdminComment` in the background
-    /// (`accounting.admin_comment` and Slurm queries on): one `squeue
-    /// --jobs` for the comment the site may have set and the account, one
+    /// (`accounting.admin_comment` and Slurm queries on): one `scontrol
+    /// show job` for the comment the site may have set and the account, one
     /// `scontrol update`. A failure is logged, never the job's problem.
     fn spawn_tag(&self, job_id: u64, tag: SliceTag) {
         let cfg = self.config();
@@ -1536,7 +1536,7 @@ impl Daemon {
         let slurm = self.slurm();
         let accounts = Arc::clone(&self.accounts);
         tokio::task::spawn_blocking(move || {
-            let result = slurm.job(job_id).and_then(|job| {
+            let result = slurm.job_comment(job_id).and_then(|job| {
                 let Some(job) = job else {
                     return Ok(false);
                 };
@@ -1554,7 +1554,10 @@ impl Daemon {
                     tracing::debug!(job = job_id, tag = %tag.to_word(), "job's AdminComment tagged");
                 }
                 Ok(false) => {
-                    tracing::info!(job = job_id, "job not in squeue: AdminComment not tagged");
+                    tracing::info!(
+                        job = job_id,
+                        "Slurm no longer lists the job: AdminComment not tagged"
+                    );
                 }
                 Err(e) => tracing::warn!(job = job_id, "AdminComment not tagged: {e}"),
             }
