@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod admin;
+pub mod advise;
 pub mod audit;
 pub mod bench;
 pub mod bench_daemon;
@@ -63,6 +64,9 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Carry out a pending plan (mode = "confirm"; root or slurm_user).
     Apply(plan::ApplyArgs),
+    /// Advise mode (`mode = "advise"`): what the policy would have changed
+    /// on a node smartmigd only watched (`advise report`).
+    Advise(advise::Args),
 }
 
 /// Entry point of the `smartmig` binary.
@@ -83,6 +87,7 @@ pub fn main() -> ExitCode {
         Command::Usage(args) => usage::run(&args),
         Command::Plan(args) => plan::plan(&args),
         Command::Apply(args) => plan::apply(&args),
+        Command::Advise(args) => advise::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
