@@ -273,3 +273,20 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
         horizon_s: horizon,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_is_the_mean_queue_per_bin_and_the_last_bin_is_shorter() {
+        // One job waits over [0, 100), one over [50, 150), one not at all;
+        // the horizon (250 s) cuts the third bin to 50 s.
+        let s = waiting(&[(0.0, 100.0), (50.0, 150.0), (120.0, 120.0)], 250.0, 100.0).unwrap();
+        assert_eq!(s.start_s, [0.0, 100.0, 200.0]);
+        assert_eq!(s.bin_len_s, [100.0, 100.0, 50.0]);
+        assert_eq!(s.queue, [1.5, 0.5, 0.0]);
+        assert!(s.power_w.is_empty());
+        assert!(waiting(&[], 10.0, 0.0).is_err());
+    }
+}
