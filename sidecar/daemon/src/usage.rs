@@ -39,6 +39,16 @@ pub fn rotated(path: &Path) -> PathBuf {
     PathBuf::from(old)
 }
 
+/// The files of the log at `path` that exist: the rotated one first, so
+/// their records stay in time order (what `smartmig usage` and `smartmig
+/// advise report` read). Reads only whether they exist.
+pub fn existing_with_rotated(path: &Path) -> Vec<PathBuf> {
+    [rotated(path), path.to_path_buf()]
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect()
+}
+
 /// The word smartmigd owns in a job's `AdminComment`.
 pub const COMMENT_PREFIX: &str = "smartmig:";
 

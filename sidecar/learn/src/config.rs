@@ -197,6 +197,7 @@ impl TrainConfig {
             start_hour: self.workload.start_hour,
             power: Vec::new(),
             oom: None,
+            exact_size: false,
         }
     }
 }

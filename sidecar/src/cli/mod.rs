@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod admin;
+pub mod advise;
 pub mod audit;
 pub mod bench;
 pub mod bench_daemon;
@@ -66,6 +67,9 @@ pub enum Command {
     Apply(plan::ApplyArgs),
     /// Read Slurm once per epoch for the whole cluster and write each node's summary (run one, e.g. on the controller).
     Publish(publish::Args),
+    /// Advise mode (`mode = "advise"`): what the policy would have changed
+    /// on a node smartmigd only watched (`advise report`).
+    Advise(advise::Args),
 }
 
 /// Entry point of the `smartmig` binary.
@@ -87,6 +91,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => plan::plan(&args),
         Command::Apply(args) => plan::apply(&args),
         Command::Publish(args) => publish::run(&args),
+        Command::Advise(args) => advise::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -33,7 +33,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 /// A Unix time in the local time zone (`TZ`, else /etc/localtime), e.g.
 /// `2026-11-26 06:30:12`; the raw number if it is out of range.
-fn local_time(unix: u64) -> String {
+pub(super) fn local_time(unix: u64) -> String {
     i64::try_from(unix)
         .ok()
         .and_then(|s| jiff::Timestamp::from_second(s).ok())

@@ -12,8 +12,8 @@ use anyhow::{bail, Context};
 use super::socket::DEFAULT_CONFIG;
 use crate::daemon::config::Config;
 use crate::daemon::usage::{
-    records_from_sacct, rotated, summarise, GroupBy, UsageLine, UsageRecord, SACCT_FIELDS,
-    USAGE_LOG,
+    existing_with_rotated, records_from_sacct, summarise, GroupBy, UsageLine, UsageRecord,
+    SACCT_FIELDS, USAGE_LOG,
 };
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -47,7 +47,7 @@ pub struct Args {
 }
 
 /// Seconds in a duration such as `7d`, `12h` or `1w` (days of 24 h).
-fn parse_since(text: &str) -> Result<u64, String> {
+pub(super) fn parse_since(text: &str) -> Result<u64, String> {
     let span: jiff::Span = text
         .parse()
         .map_err(|e| format!("`{text}` is not a duration like 7d, 12h or 1w ({e})"))?;
@@ -103,11 +103,7 @@ fn logs(args: &Args) -> anyhow::Result<Vec<PathBuf>> {
             .with_context(|| format!("reading the state_dir from {}", args.config.display()))?
             .state_dir
     };
-    let main = state_dir.join(USAGE_LOG);
-    let out: Vec<PathBuf> = [rotated(&main), main]
-        .into_iter()
-        .filter(|p| p.exists())
-        .collect();
+    let out = existing_with_rotated(&state_dir.join(USAGE_LOG));
     if out.is_empty() {
         bail!(
             "no usage log in {} (smartmigd writes {USAGE_LOG} there when jobs release their instances; \

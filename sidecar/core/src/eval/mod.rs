@@ -48,6 +48,46 @@ pub use score::{DayScore, PolicyRow, Reference, RowKind};
 pub use suite::{run_scenario, ScenarioDays, ScenarioResult, SuiteConfig, SuiteReport};
 pub use throughput::{run_bag, Bag, BagResult, ThroughputConfig, ThroughputError};
 
+/// Why a run's event log was refused by [`audit_run`].
+#[derive(Debug)]
+pub(crate) enum AuditFailure {
+    /// The log itself fails the audit.
+    Audit(crate::sim::AuditError),
+    /// The audit recomputed a total the run reported differently.
+    Mismatch {
+        what: &'static str,
+        audited: f64,
+        reported: f64,
+    },
+}
+
+/// Re-checks a run's event log from scratch ([`crate::sim::audit`]) and
+/// compares its energy and total tardiness with the run's metrics (to
+/// 1e-6 relative): how `suite` and `advise` trust a run.
+pub(crate) fn audit_run(
+    log: &[crate::sim::Record],
+    m: &crate::sim::Metrics,
+) -> Result<crate::sim::AuditReport, AuditFailure> {
+    let a = crate::sim::audit(log).map_err(AuditFailure::Audit)?;
+    for (what, audited, reported) in [
+        ("energy (J)", a.energy_j, m.energy_j),
+        (
+            "total tardiness (s)",
+            a.total_tardiness_s,
+            m.total_tardiness_s,
+        ),
+    ] {
+        if (audited - reported).abs() > 1e-6 * reported.abs().max(1.0) {
+            return Err(AuditFailure::Mismatch {
+                what,
+                audited,
+                reported,
+            });
+        }
+    }
+    Ok(a)
+}
+
 /// Small generated days and a small search for the unit tests of `eval`.
 #[cfg(test)]
 pub(crate) mod testing {

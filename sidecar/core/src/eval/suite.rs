@@ -12,12 +12,13 @@ use crate::bound::{self, BoundGpu};
 use crate::mig::GpuModel;
 use crate::policy::search::SearchConfig;
 use crate::policy::{parse_policy, NoPartition, PolicyParseError, RepartitionPolicy};
-use crate::sim::{audit, AuditError, Collect, Heuristic, Metrics, SimError};
+use crate::sim::{AuditError, Collect, Heuristic, Metrics, SimError};
 
 use super::baselines::{fit, Fitted};
 use super::days::{Day, DaySet};
 use super::fallback::{cross_validate, FallbackChoice, FallbackError};
 use super::score::{DayScore, PolicyRow, Reference, RowKind};
+use super::{audit_run, AuditFailure};
 
 /// Why a scenario could not be scored.
 #[derive(Debug, thiserror::Error)]
@@ -208,31 +209,26 @@ impl Scorer<'_> {
         log: &Collect,
         m: &Metrics,
     ) -> Result<(), SuiteError> {
-        let a = audit(&log.0).map_err(|source| SuiteError::Audit {
-            scenario: self.s.name.clone(),
-            policy: policy.to_string(),
-            day: day.to_string(),
-            source,
+        audit_run(&log.0, m).map_err(|failure| match failure {
+            AuditFailure::Audit(source) => SuiteError::Audit {
+                scenario: self.s.name.clone(),
+                policy: policy.to_string(),
+                day: day.to_string(),
+                source,
+            },
+            AuditFailure::Mismatch {
+                what,
+                audited,
+                reported,
+            } => SuiteError::AuditMismatch {
+                scenario: self.s.name.clone(),
+                policy: policy.to_string(),
+                day: day.to_string(),
+                what,
+                audited,
+                reported,
+            },
         })?;
-        for (what, audited, reported) in [
-            ("energy (J)", a.energy_j, m.energy_j),
-            (
-                "total tardiness (s)",
-                a.total_tardiness_s,
-                m.total_tardiness_s,
-            ),
-        ] {
-            if (audited - reported).abs() > 1e-6 * reported.abs().max(1.0) {
-                return Err(SuiteError::AuditMismatch {
-                    scenario: self.s.name.clone(),
-                    policy: policy.to_string(),
-                    day: day.to_string(),
-                    what,
-                    audited,
-                    reported,
-                });
-            }
-        }
         self.audited += 1;
         Ok(())
     }

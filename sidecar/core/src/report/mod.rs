@@ -19,6 +19,7 @@
 //! | reconf. | reconfigurations applied |
 //! | fus/fis/resh | of which fusions, fissions, reshapes (`sim::reshape`) |
 
+pub mod advise;
 pub mod plot;
 pub mod series;
 pub mod suite;

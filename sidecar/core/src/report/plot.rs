@@ -149,3 +149,58 @@ pub fn layout_mix(title: &str, s: &TimeSeries, gpus: usize) -> Result<String, Re
     }
     Ok(svg)
 }
+
+/// Horizontal bars, one per `(label, value, colour index)` from the top
+/// (the colour is `PALETTE[index]`, so a row keeps its line plots' colour).
+pub fn bars(
+    title: &str,
+    x_label: &str,
+    values: &[(String, f64, usize)],
+) -> Result<String, ReportError> {
+    let mut svg = String::new();
+    {
+        let n = values.len().max(1);
+        let height = 120 + 40 * u32::try_from(n).unwrap_or(u32::MAX / 64);
+        let root = SVGBackend::with_string(&mut svg, (SIZE.0, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let x_max = values
+            .iter()
+            .map(|v| v.1)
+            .filter(|v| v.is_finite())
+            .fold(0.0_f64, f64::max)
+            .max(1e-9)
+            * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(200)
+            .build_cartesian_2d(0.0..x_max, (0..n).into_segmented())
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc(x_label)
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => {
+                    values.get(*i).map(|b| b.0.clone()).unwrap_or_default()
+                }
+                _ => String::new(),
+            })
+            .draw()
+            .map_err(plot_err)?;
+        chart
+            .draw_series(values.iter().enumerate().map(|(i, (_, v, c))| {
+                Rectangle::new(
+                    [
+                        (0.0, SegmentValue::Exact(i)),
+                        (v.max(0.0), SegmentValue::Exact(i + 1)),
+                    ],
+                    PALETTE[c % PALETTE.len()].filled(),
+                )
+            }))
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(svg)
+}

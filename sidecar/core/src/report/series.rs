@@ -86,13 +86,60 @@ fn picture(header: &Header, gpu: usize, set: &BTreeSet<(u8, u8, u8)>) -> String 
         .unwrap_or_else(|_| "invalid".to_string())
 }
 
+/// The bins of `[0, horizon]`: their starts and lengths (the last may be
+/// shorter).
+fn bins_of(horizon: f64, bin_s: f64) -> (Vec<f64>, Vec<f64>) {
+    let bins = ((horizon / bin_s).ceil() as usize).max(1);
+    let start_s: Vec<f64> = (0..bins).map(|i| i as f64 * bin_s).collect();
+    let bin_len_s: Vec<f64> = start_s
+        .iter()
+        .map(|&s| (horizon.min(s + bin_s) - s).max(0.0))
+        .collect();
+    (start_s, bin_len_s)
+}
+
+fn check_bin(bin_s: f64) -> Result<(), ReportError> {
+    if bin_s.is_finite() && bin_s > 0.0 {
+        Ok(())
+    } else {
+        Err(ReportError::Invalid(format!(
+            "bin width {bin_s} s is not > 0"
+        )))
+    }
+}
+
+/// Time-weighted sums -> means over each bin.
+fn per_second(v: &mut [f64], bin_len_s: &[f64]) {
+    v.iter_mut().zip(bin_len_s).for_each(|(x, l)| {
+        *x = if *l > 0.0 { *x / l } else { 0.0 };
+    });
+}
+
+/// The mean number of waiting jobs per bin from their waits alone,
+/// `(arrival, start)` in seconds since time 0 (what a node's log shows
+/// of a queue, e.g. `smartmig advise report`'s observed jobs); the other
+/// series are empty.
+pub fn waiting(waits: &[(f64, f64)], horizon: f64, bin_s: f64) -> Result<TimeSeries, ReportError> {
+    check_bin(bin_s)?;
+    let (start_s, bin_len_s) = bins_of(horizon, bin_s);
+    let mut queue = vec![0.0; start_s.len()];
+    for &(a, b) in waits {
+        spread(&mut queue, bin_s, a, b.min(horizon), 1.0);
+    }
+    per_second(&mut queue, &bin_len_s);
+    Ok(TimeSeries {
+        bin_s,
+        start_s,
+        bin_len_s,
+        queue,
+        horizon_s: horizon,
+        ..TimeSeries::default()
+    })
+}
+
 /// Builds the per-bin series of a run from its event log.
 pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, ReportError> {
-    if !(bin_s.is_finite() && bin_s > 0.0) {
-        return Err(ReportError::Invalid(format!(
-            "bin width {bin_s} s is not > 0"
-        )));
-    }
+    check_bin(bin_s)?;
     let Some(Record::Header(header)) = records.first() else {
         return Err(ReportError::Invalid(
             "the event log does not start with a header".into(),
@@ -107,12 +154,8 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
         })
         .ok_or_else(|| ReportError::Invalid("the event log has no summary".into()))?;
     let n_gpus = header.gpus.len();
-    let bins = ((horizon / bin_s).ceil() as usize).max(1);
-    let start_s: Vec<f64> = (0..bins).map(|i| i as f64 * bin_s).collect();
-    let bin_len_s: Vec<f64> = start_s
-        .iter()
-        .map(|&s| (horizon.min(s + bin_s) - s).max(0.0))
-        .collect();
+    let (start_s, bin_len_s) = bins_of(horizon, bin_s);
+    let bins = start_s.len();
 
     // Power: per GPU, the load is piecewise constant between job starts and ends.
     let mut power = vec![0.0; bins];
@@ -215,15 +258,10 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
     }
 
     // Time-weighted sums -> means over each bin.
-    let mean = |v: &mut Vec<f64>| {
-        v.iter_mut().zip(&bin_len_s).for_each(|(x, l)| {
-            *x = if *l > 0.0 { *x / l } else { 0.0 };
-        });
-    };
-    mean(&mut power);
-    mean(&mut queue);
+    per_second(&mut power, &bin_len_s);
+    per_second(&mut queue, &bin_len_s);
     for (_, v) in &mut layouts {
-        mean(v);
+        per_second(v, &bin_len_s);
     }
     Ok(TimeSeries {
         bin_s,
@@ -234,4 +272,21 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
         layouts,
         horizon_s: horizon,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_is_the_mean_queue_per_bin_and_the_last_bin_is_shorter() {
+        // One job waits over [0, 100), one over [50, 150), one not at all;
+        // the horizon (250 s) cuts the third bin to 50 s.
+        let s = waiting(&[(0.0, 100.0), (50.0, 150.0), (120.0, 120.0)], 250.0, 100.0).unwrap();
+        assert_eq!(s.start_s, [0.0, 100.0, 200.0]);
+        assert_eq!(s.bin_len_s, [100.0, 100.0, 50.0]);
+        assert_eq!(s.queue, [1.5, 0.5, 0.0]);
+        assert!(s.power_w.is_empty());
+        assert!(waiting(&[], 10.0, 0.0).is_err());
+    }
 }

@@ -232,14 +232,14 @@ impl<'j> Engine<'j> {
         let mut rejected = Vec::new();
         let oom_on = cfg.oom.is_some();
         for (i, j) in jobs.iter().enumerate() {
-            let k = j.requested_slices.unwrap_or(1).max(1);
+            let (k, exact) = request(j, cfg.exact_size);
             // In the OOM mode the scheduler only knows the declaration.
             let mem = if oom_on {
                 j.declared_memory_gb.unwrap_or(j.memory_gb)
             } else {
                 j.memory_gb
             };
-            let mask = mask_for(&classes, mem, k);
+            let mask = mask_for(&classes, mem, k, exact);
             fit_mask[i] = mask;
             if mask == 0 {
                 rejected.push((
@@ -495,11 +495,11 @@ impl<'j> Engine<'j> {
         }
         if self.oom.is_some() {
             let asked = self.asked_memory(i);
-            let k = self.jobs[i as usize].requested_slices.unwrap_or(1).max(1);
+            let (k, exact) = request(&self.jobs[i as usize], self.cfg.exact_size);
             if let Some(o) = self.oom.as_mut() {
                 o.asked[i as usize] = asked;
             }
-            let mask = mask_for(&self.classes, asked, k);
+            let mask = mask_for(&self.classes, asked, k, exact);
             self.fit_mask[i as usize] = mask;
             if mask == 0 {
                 let reason = format!(
@@ -913,7 +913,7 @@ impl<'j> Engine<'j> {
             .map(|c| c.profile.memory_gb)
             .filter(|&m| m > instance_gb)
             .min();
-        let k = job.requested_slices.unwrap_or(1).max(1);
+        let (k, exact) = request(job, self.cfg.exact_size);
         let reason = match next {
             _ if failures > o.cfg.max_retries => Some(format!(
                 "{} {failures} times (last on {instance_gb} GB; needs {} GB), more than {} restarts",
@@ -937,7 +937,7 @@ impl<'j> Engine<'j> {
             Some(m) => {
                 let asked = o.asked[i as usize].max(f64::from(m));
                 o.asked[i as usize] = asked;
-                let mask = mask_for(&self.classes, asked, k);
+                let mask = mask_for(&self.classes, asked, k, exact);
                 self.fit_mask[i as usize] = mask;
                 (mask == 0).then(|| format!("no instance with {asked} GB after out of memory"))
             }
@@ -1188,7 +1188,7 @@ fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
 }
 
 /// The `q` quantile (nearest rank) of `v`, reordering it; 0 when empty.
-fn percentile(v: &mut [f32], q: f64) -> f64 {
+pub(crate) fn percentile(v: &mut [f32], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -1197,12 +1197,25 @@ fn percentile(v: &mut [f32], q: f64) -> f64 {
     f64::from(*x)
 }
 
-/// Classes whose profile has at least `k` compute slices and `mem` GB.
-fn mask_for(classes: &[Option<Class>], mem: f64, k: u8) -> u64 {
+/// The compute slices a job asks for (1 when it leaves the size open),
+/// and whether it must get exactly that many ([`SimConfig::exact_size`],
+/// only for a job that asked for a size).
+fn request(j: &Job, exact_size: bool) -> (u8, bool) {
+    (
+        j.requested_slices.unwrap_or(1).max(1),
+        exact_size && j.requested_slices.is_some(),
+    )
+}
+
+/// Classes whose profile has at least `mem` GB and at least (`exact`:
+/// exactly) `k` compute slices.
+fn mask_for(classes: &[Option<Class>], mem: f64, k: u8, exact: bool) -> u64 {
     let mut mask = 0u64;
     for (c, class) in classes.iter().enumerate() {
         if let Some(cl) = class {
-            if cl.profile.shape.compute >= k && f64::from(cl.profile.memory_gb) >= mem {
+            let compute = cl.profile.shape.compute;
+            let size_fits = if exact { compute == k } else { compute >= k };
+            if size_fits && f64::from(cl.profile.memory_gb) >= mem {
                 mask |= 1 << c;
             }
         }

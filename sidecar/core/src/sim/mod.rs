@@ -7,7 +7,8 @@
 //!
 //! - **Fit.** A job runs only on an instance whose profile memory (GB in the
 //!   profile name) is at least its need and, if it requested `K` slices,
-//!   whose compute slices are at least `K`. It runs for `work / speed(k)`
+//!   whose compute slices are at least `K` (exactly `K` with
+//!   [`SimConfig::exact_size`]). It runs for `work / speed(k)`
 //!   (`work` = seconds on the whole GPU), without interruption.
 //! - **Placement.** Work-conserving: whenever a free, ready instance fits a
 //!   waiting job, the [`heuristics`] (or a learned placement,
@@ -109,6 +110,12 @@ pub struct SimConfig {
     /// true memory need (an oracle scheduler; `declared_memory_gb` is
     /// ignored), so no job ever runs out of memory.
     pub oom: Option<OomConfig>,
+    /// A job that requested `K` compute slices runs only on instances of
+    /// exactly `K` (what smartmigd's allocation hands out, and what Slurm's
+    /// typed GRES does), never on a larger idle one. Default `false`: any
+    /// instance of at least `K` (work-conserving). Jobs without a request
+    /// are not affected. The audit checks the looser rule only.
+    pub exact_size: bool,
 }
 
 /// Share of the run time after which an out-of-memory job fails.
@@ -173,6 +180,7 @@ impl Default for SimConfig {
             start_hour: 0.0,
             power: Vec::new(),
             oom: None,
+            exact_size: false,
         }
     }
 }
