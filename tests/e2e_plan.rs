@@ -34,6 +34,11 @@ fn confirm_mode_waits_for_the_admin_while_jobs_run() {
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, "")).expect("plugstack");
     });
+    // Two held jobs wait in the queue: each plan's expected effect is
+    // simulated over them.
+    for _ in 0..2 {
+        cluster.sbatch(&["-H", "--gres=shard:3", "--wrap=sleep 1"]);
+    }
     let sidecar = Sidecar::start_with_slurm(
         cluster.dir(),
         "epoch_s = 1\npolicy = \"static:4444|3333\"\nmode = \"confirm\"\n",
@@ -42,12 +47,29 @@ fn confirm_mode_waits_for_the_admin_while_jobs_run() {
     assert!(
         smartmig_suite::wait_until(TIMEOUT, || {
             p = plans(&sidecar);
-            p["pending"].as_array().is_some_and(|a| a.len() == 2)
+            p["pending"]
+                .as_array()
+                .is_some_and(|a| a.len() == 2 && a.iter().all(|x| x["effect"]["waiting"] == 2))
         }),
-        "no plans: {p:#}\n{}",
+        "no plans with their expected effect: {p:#}\n{}",
         cluster.smartmigd_log()
     );
     assert_eq!(p["mode"], "confirm");
+    // Empty GPUs fit no 3-slice job; the plan builds a 3g.20gb on each.
+    let e = &p["pending"][0]["effect"];
+    assert_eq!(
+        (e["unfit_keep"].as_u64(), e["unfit_plan"].as_u64()),
+        (Some(2), Some(0)),
+        "{p:#}"
+    );
+    let text = String::from_utf8_lossy(&smartmig(&sidecar, &["plan"]).stdout).to_string();
+    assert!(text.contains("expected for the 2 waiting job(s)"), "{text}");
+    let out = cluster
+        .command("scancel")
+        .arg("--state=PENDING")
+        .output()
+        .expect("scancel");
+    assert!(out.status.success(), "{out:?}");
     assert!(
         Sidecar::instances(&sidecar.status()).is_empty(),
         "nothing is built before apply"

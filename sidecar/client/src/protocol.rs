@@ -162,6 +162,34 @@ pub struct PlanStatus {
     /// Applied: when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_at: Option<u64>,
+    /// What a short simulation of the node's queue expects of it (absent
+    /// when nothing waits, or from daemons that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<PlanEffect>,
+}
+
+/// A plan's expected effect: the node's waiting jobs (its share on a
+/// cluster) and running jobs simulated until the queue drains, with every
+/// layout held as it is (`keep`) and with the plan applied (`plan`);
+/// instances of exactly the requested size, run times from time limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanEffect {
+    /// Waiting jobs simulated (the oldest, at most 200).
+    pub waiting: u32,
+    pub running: u32,
+    /// Mean wait of the waiting jobs from now, s.
+    pub wait_keep_s: u64,
+    pub wait_plan_s: u64,
+    /// Energy of the node's GPUs until the queue drains, kJ.
+    pub energy_keep_kj: u64,
+    pub energy_plan_kj: u64,
+    /// Waiting jobs that would miss their deadline.
+    pub late_keep: u32,
+    pub late_plan: u32,
+    /// Waiting jobs no instance of the held layouts fits (served only by
+    /// an on-demand reshape at allocate).
+    pub unfit_keep: u32,
+    pub unfit_plan: u32,
 }
 
 /// The `plan` reply.

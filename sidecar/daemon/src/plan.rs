@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::mig::Layout;
-use crate::protocol::PlanStatus;
+use crate::protocol::{PlanEffect, PlanStatus};
 
 /// Applied plans kept for `smartmig plan`.
 pub const MAX_APPLIED: usize = 32;
@@ -61,8 +61,10 @@ impl Plans {
         now: u64,
         timeout_s: u64,
     ) -> (u64, bool) {
-        if let Some(p) = self.pending.get(&gpu) {
+        if let Some(p) = self.pending.get_mut(&gpu) {
             if p.from == from && p.to == to {
+                // The same plan; its expected effect follows the queue.
+                p.shown.effect = shown.effect;
                 return (p.shown.id, false);
             }
         }
@@ -154,6 +156,19 @@ impl Plans {
         self.pending.len()
     }
 
+    /// Pending plans as (GPU, target), to refresh their expected effect.
+    pub fn pending_targets(&self) -> Vec<(u32, Layout)> {
+        self.pending.iter().map(|(&g, p)| (g, p.to)).collect()
+    }
+
+    /// Sets the expected effect of `gpu`'s pending plan (the queue moves
+    /// each epoch, and so does what the plan would do to it).
+    pub fn set_effect(&mut self, gpu: u32, effect: Option<PlanEffect>) {
+        if let Some(p) = self.pending.get_mut(&gpu) {
+            p.shown.effect = effect;
+        }
+    }
+
     pub fn pending(&self) -> Vec<PlanStatus> {
         self.pending.values().map(|p| p.shown.clone()).collect()
     }
@@ -180,6 +195,7 @@ mod tests {
             created_at: 0,
             expires_at: None,
             applied_at: None,
+            effect: None,
         }
     }
 

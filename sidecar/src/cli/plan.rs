@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::socket::SocketArgs;
-use crate::daemon::protocol::{PlanReply, PlanStatus};
+use crate::daemon::protocol::{PlanEffect, PlanReply, PlanStatus};
 use crate::daemon::Client;
 
 #[derive(Debug, clap::Args)]
@@ -88,6 +88,28 @@ pub fn line(p: &PlanStatus, now: i64) -> String {
     if let Some(a) = p.applied_at {
         let _ = write!(s, "  applied {}s ago", (now - a as i64).max(0));
     }
+    if let Some(e) = &p.effect {
+        let _ = write!(s, "\n           {}", effect_line(e));
+    }
+    s
+}
+
+/// A plan's expected effect, held layouts -> plan applied.
+pub fn effect_line(e: &PlanEffect) -> String {
+    let mut s = format!(
+        "expected for the {} waiting job(s) ({} running): mean wait {}s -> {}s, energy until drained {} -> {} kJ",
+        e.waiting, e.running, e.wait_keep_s, e.wait_plan_s, e.energy_keep_kj, e.energy_plan_kj
+    );
+    if e.late_keep + e.late_plan > 0 {
+        let _ = write!(s, ", late {} -> {}", e.late_keep, e.late_plan);
+    }
+    if e.unfit_keep + e.unfit_plan > 0 {
+        let _ = write!(
+            s,
+            ", fitting no instance (reshaped on demand) {} -> {}",
+            e.unfit_keep, e.unfit_plan
+        );
+    }
     s
 }
 
@@ -137,6 +159,7 @@ mod tests {
             created_at: 100,
             expires_at: Some(700),
             applied_at: None,
+            effect: None,
         }
     }
 
@@ -162,5 +185,27 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("applied 10s ago"), "{t}");
+    }
+
+    #[test]
+    fn the_expected_effect_is_a_second_line() {
+        let mut x = p(3);
+        x.effect = Some(PlanEffect {
+            waiting: 4,
+            running: 1,
+            wait_keep_s: 900,
+            wait_plan_s: 120,
+            energy_keep_kj: 1500,
+            energy_plan_kj: 1400,
+            late_keep: 0,
+            late_plan: 0,
+            unfit_keep: 4,
+            unfit_plan: 0,
+        });
+        let t = line(&x, 100);
+        assert!(
+            t.ends_with("\n           expected for the 4 waiting job(s) (1 running): mean wait 900s -> 120s, energy until drained 1500 -> 1400 kJ, fitting no instance (reshaped on demand) 4 -> 0"),
+            "{t}"
+        );
     }
 }

@@ -224,6 +224,7 @@ impl Daemon {
         target: Layout,
         busy: Layout,
         cfg: &Config,
+        effect: Option<PlanEffect>,
     ) {
         let g = st.book.geometry;
         let current = st.book.layout();
@@ -263,6 +264,7 @@ impl Daemon {
             created_at: now,
             expires_at: None,
             applied_at: None,
+            effect,
         };
         tracing::info!(gpu = slot.index, from = %shown.from, to = %shown.to,
             "advise: the policy would reshape this GPU (nothing done)");

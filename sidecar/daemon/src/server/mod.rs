@@ -35,8 +35,8 @@ use super::plan::Plans;
 use super::policy_choice::{build as build_policy, Built, PolicyChoiceError};
 use super::protocol::{
     error_line, ok_line, parse_request, AllocAction, AllocateReply, AllocateRequest, ErrorBody,
-    ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, PlanReply, PlanStatus,
-    ReconcileReply, ReleaseReply, ReleaseRequest, Request, StatusReply, WaitingJob,
+    ErrorKind, GpuStatus, HealthReply, InstanceStatus, OomDecision, PlanEffect, PlanReply,
+    PlanStatus, ReconcileReply, ReleaseReply, ReleaseRequest, Request, StatusReply, WaitingJob,
 };
 use super::slurm::{
     layout_features, merge_features, CommandSlurm, JobState, NoSlurm, QueueSnapshot, SlurmClient,
@@ -741,7 +741,14 @@ impl Daemon {
                 let mut p = policy.lock().await;
                 p.initial_layout(slot.index as usize, st.book.geometry)
             };
-            self.pursue(slot, &mut st, target, "initial layout", &self.config());
+            self.pursue(
+                slot,
+                &mut st,
+                target,
+                "initial layout",
+                &self.config(),
+                None,
+            );
         }
     }
 

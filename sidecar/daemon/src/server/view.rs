@@ -28,6 +28,72 @@ pub(super) fn typed_size(profile: &str) -> Option<(u8, f64)> {
     Some((compute.parse().ok()?, memory.parse().ok()?))
 }
 
+/// What a short simulation of the node's queue expects of setting GPU
+/// `gpu` to `target` ([`smartmig_core::eval::lookahead`]): the node's
+/// GPUs as the policy saw them this epoch, its running jobs until their
+/// end times (at most a day), its waiting jobs. `None` when nothing waits
+/// or the simulation fails (logged).
+pub(super) fn expected_effect(
+    statuses: &[policy::GpuStatus],
+    pending: &[PendingJob],
+    now: f64,
+    gpu: usize,
+    target: Layout,
+) -> Option<PlanEffect> {
+    use smartmig_core::eval::lookahead::{effect, NodeNow, Running, Waiting};
+    const DAY_S: f64 = 86_400.0;
+    let running = statuses
+        .iter()
+        .flat_map(|s| {
+            s.busy.iter().map(move |p| {
+                let pl = s.geometry.placement(p);
+                Running {
+                    compute: pl.compute(),
+                    memory_gb: f64::from(pl.profile.memory_gb),
+                    remaining_s: s.remaining(p, now).min(DAY_S),
+                }
+            })
+        })
+        .collect();
+    let waiting = pending
+        .iter()
+        .map(|p| Waiting {
+            compute: p.min_compute.max(1),
+            memory_gb: p.memory_gb,
+            work_s: p.work.min(DAY_S),
+            deadline_in_s: p.deadline.is_finite().then(|| (p.deadline - now).max(0.0)),
+            waited_s: (now - p.arrival).max(0.0),
+        })
+        .collect();
+    let node = NodeNow {
+        models: statuses.iter().map(|s| s.model).collect(),
+        layouts: statuses.iter().map(|s| s.layout).collect(),
+        running,
+        waiting,
+        speedup: SpeedupCurve::default(),
+    };
+    let e = match effect(&node, gpu, target) {
+        Ok(e) => e?,
+        Err(err) => {
+            tracing::warn!(gpu, "plan look-ahead failed: {err}");
+            return None;
+        }
+    };
+    let kj = |j: f64| (j / 1000.0).round() as u64;
+    Some(PlanEffect {
+        waiting: e.waiting as u32,
+        running: e.running as u32,
+        wait_keep_s: e.keep.mean_wait_s.round() as u64,
+        wait_plan_s: e.plan.mean_wait_s.round() as u64,
+        energy_keep_kj: kj(e.keep.energy_j),
+        energy_plan_kj: kj(e.plan.energy_j),
+        late_keep: e.keep.late as u32,
+        late_plan: e.plan.late as u32,
+        unfit_keep: e.keep.unserved as u32,
+        unfit_plan: e.plan.unserved as u32,
+    })
+}
+
 /// How `slot` would go to `target`, for `smartmig plan`: `None` when
 /// there is nothing to do, the target is invalid or it would destroy a
 /// busy instance (which is never done).
@@ -65,6 +131,7 @@ pub(super) fn plan_status(slot: &GpuSlot, st: &GpuState, target: Layout) -> Opti
         created_at: 0,
         expires_at: None,
         applied_at: None,
+        effect: None,
     })
 }
 
@@ -79,17 +146,19 @@ impl Daemon {
         target: Layout,
         why: &str,
         cfg: &Config,
+        effect: Option<PlanEffect>,
     ) {
         match cfg.mode {
             Mode::Dynamic => {
                 let shown = plan_status(slot, st, target);
                 if self.apply_target(slot, st, target, why) {
-                    if let Some(shown) = shown {
+                    if let Some(mut shown) = shown {
+                        shown.effect = effect;
                         self.plans().record_applied(shown, unix_now());
                     }
                 }
             }
-            Mode::Confirm => self.propose(slot, st, target, cfg.plan_timeout_s),
+            Mode::Confirm => self.propose(slot, st, target, cfg.plan_timeout_s, effect),
             // Advise mode records wishes (`advise`) and never pursues them.
             Mode::Advise => {}
         }
@@ -98,8 +167,15 @@ impl Daemon {
     /// `mode = "confirm"`: the policy wants `slot` at `target`; keep (or
     /// replace) the GPU's pending plan, or withdraw it when there is
     /// nothing to do any more.
-    fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
-        let Some(shown) = plan_status(slot, st, target) else {
+    fn propose(
+        &self,
+        slot: &GpuSlot,
+        st: &GpuState,
+        target: Layout,
+        timeout_s: u64,
+        effect: Option<PlanEffect>,
+    ) {
+        let Some(mut shown) = plan_status(slot, st, target) else {
             if let Some(p) = self.plans().withdraw(slot.index) {
                 tracing::info!(
                     plan = p.shown.id,
@@ -109,6 +185,7 @@ impl Daemon {
             }
             return;
         };
+        shown.effect = effect;
         let (from, to) = (shown.from.clone(), shown.to.clone());
         let (id, new) = self.plans().propose(
             slot.index,
@@ -387,10 +464,24 @@ impl Daemon {
                 continue;
             };
             let mut st = slot.state.lock().await;
+            // The plan's expected effect on this node's queue (not for a
+            // target that changes nothing).
+            let effect = if plan_status(slot, &st, d.target).is_some() {
+                expected_effect(&statuses, &jobs, now, d.gpu, d.target)
+            } else {
+                None
+            };
             match occupied.as_ref().and_then(|o| o.get(d.gpu)) {
-                Some(o) => self.advise(slot, &st, d.target, o.busy, cfg),
-                None => self.pursue(slot, &mut st, d.target, "policy", cfg),
+                Some(o) => self.advise(slot, &st, d.target, o.busy, cfg, effect),
+                None => self.pursue(slot, &mut st, d.target, "policy", cfg, effect),
             }
+        }
+        // Every pending plan's expected effect follows this epoch's queue
+        // (also those made before any queue was read: the initial layout).
+        let targets = self.plans().pending_targets();
+        for (gpu, to) in targets {
+            let effect = expected_effect(&statuses, &jobs, now, gpu as usize, to);
+            self.plans().set_effect(gpu, effect);
         }
         self.metrics.pending_plans(self.plans().pending_count());
         // Without Slurm queries there is nowhere to publish to, nothing to resume.
