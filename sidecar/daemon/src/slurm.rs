@@ -239,6 +239,9 @@ pub struct GresGpu {
     /// Slurm's index: what `CUDA_VISIBLE_DEVICES`/`SLURM_JOB_GPUS` name.
     pub index: u32,
     pub file: String,
+    /// `Type=` when it names a MIG profile (`3g.20gb`): a static MIG
+    /// setup's device, not a whole GPU.
+    pub mig_type: Option<String>,
 }
 
 /// Parses `slurmd -G` (22.05 prints one log line per GRES, e.g.
@@ -256,6 +259,7 @@ pub fn parse_gres_gpus(text: &str) -> Vec<GresGpu> {
             Some(GresGpu {
                 index: field("Index=")?.parse().ok()?,
                 file: field("File=")?,
+                mig_type: field("Type=").and_then(|t| mig_type(&format!("gres:gpu:{t}"))),
             })
         })
         .collect()
@@ -559,9 +563,11 @@ pub fn parse_node(json: &Value, node: &str) -> Result<NodeInfo, ParseError> {
 pub struct ListedNode {
     pub name: String,
     pub info: NodeInfo,
-    /// Its GRES (`gres`, e.g. `gpu:2,shard:14`) name shards: a smartmig
-    /// node (docs/slurm-integration.md §1).
-    pub has_shards: bool,
+    /// Its GRES (`gres`, e.g. `gpu:2,shard:14`) name shards (a smartmig
+    /// node, docs/slurm-integration.md §1) or typed MIG devices
+    /// (`gpu:3g.20gb:2`: a static MIG node, which smartmigd may watch in
+    /// advise mode).
+    pub mig_node: bool,
 }
 
 /// Parses every node of `sinfo --json` (a node listed in several
@@ -597,10 +603,11 @@ pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
                     .unwrap_or("")
                     .to_string(),
             },
-            has_shards: n
-                .get("gres")
-                .and_then(Value::as_str)
-                .is_some_and(|g| g.contains("shard")),
+            mig_node: n.get("gres").and_then(Value::as_str).is_some_and(|g| {
+                g.contains("shard")
+                    || g.split(',')
+                        .any(|x| mig_type(&format!("gres:{x}")).is_some())
+            }),
         });
     }
     Ok(out)
@@ -1010,14 +1017,21 @@ mod tests {
             vec![
                 GresGpu {
                     index: 0,
-                    file: "/d/nvidia1".into()
+                    file: "/d/nvidia1".into(),
+                    mig_type: None,
                 },
                 GresGpu {
                     index: 1,
-                    file: "/d/nvidia0".into()
+                    file: "/d/nvidia0".into(),
+                    mig_type: None,
                 }
             ]
         );
+        // A static MIG setup's device names its profile.
+        let typed = parse_gres_gpus(
+            "slurmd: Gres Name=gpu Type=3g.20gb Count=1 Index=0 ID=7 File=/d/nvidia-mig0 (null)\n",
+        );
+        assert_eq!(typed[0].mig_type.as_deref(), Some("3g.20gb"));
         let minor = |f: &str| f.strip_prefix("/d/nvidia")?.parse().ok();
         let swapped = gpu_order_mismatches(&[(0, Some(0)), (1, Some(1))], &gres, minor);
         assert_eq!(swapped.len(), 2, "{swapped:?}");

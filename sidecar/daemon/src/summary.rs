@@ -121,7 +121,7 @@ impl NodeSummary {
 }
 
 /// Splits one read of the queue and the nodes into each smartmig node's
-/// summary. Nodes without shard GRES get none; a pending job goes to the
+/// summary. Nodes without shard or MIG GRES get none; a pending job goes to the
 /// one node that claims it among the smartmig nodes (none when there are
 /// none).
 pub fn build(
@@ -130,7 +130,7 @@ pub fn build(
     now: u64,
     epoch_s: u64,
 ) -> Vec<NodeSummary> {
-    let ours: Vec<&ListedNode> = nodes.iter().filter(|n| n.has_shards).collect();
+    let ours: Vec<&ListedNode> = nodes.iter().filter(|n| n.mig_node).collect();
     let names: Vec<&str> = ours.iter().map(|n| n.name.as_str()).collect();
     let mut out: Vec<NodeSummary> = ours
         .iter()
@@ -207,7 +207,7 @@ mod tests {
         ListedNode {
             name: name.into(),
             info: NodeInfo::default(),
-            has_shards: shards,
+            mig_node: shards,
         }
     }
 

@@ -62,6 +62,12 @@ fn epoch(slurm: &dyn SlurmClient, dir: &Path, epoch_s: u64) -> anyhow::Result<Wr
     let queue = slurm.queue().context("reading the queue")?;
     let nodes = slurm.nodes().context("reading the nodes")?;
     let summaries: Vec<NodeSummary> = build(&queue, &nodes, now, epoch_s);
+    if summaries.is_empty() {
+        tracing::warn!(
+            nodes = nodes.len(),
+            "no node's GRES names shards or MIG devices (gres.conf, docs/slurm-integration.md §1): no summary to write"
+        );
+    }
     let mut bytes = 0;
     let mut claimed = 0;
     for s in &summaries {

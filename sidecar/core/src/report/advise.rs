@@ -123,6 +123,12 @@ pub fn table(r: &AdviseReport, period: &str) -> String {
         f.replayed_mean_wait_s,
         f.observed_mean_wait_s,
     ));
+    if f.jobs_on_their_profile < f.jobs {
+        out.push_str(&format!(
+            "WARNING: {} observed job(s) did not run on their profile in the replay of the recorded layout, so the layout smartmigd recorded is not the one Slurm ran them on (does smartmigd see the node's real GPUs? the sim backend does not): read the rows below with care.\n",
+            f.jobs - f.jobs_on_their_profile
+        ));
+    }
     let a = &o.advice;
     if a.total == 0 {
         out.push_str("Advice in the log: none in the window (the policy wished no change).\n");

@@ -34,6 +34,16 @@ pub(super) fn check_gpu_order(
             return Ok(());
         }
     };
+    let typed: Vec<&str> = gres.iter().filter_map(|g| g.mig_type.as_deref()).collect();
+    if !typed.is_empty() {
+        return Err(StartError::GpuOrder(format!(
+            "Slurm's gpu GRES on {node} are MIG devices (Type={}): the node still runs a static MIG setup. \
+             Keep mode = \"advise\" there, or drain the node and change its gres.conf to one gpu and one \
+             shard per compute slice for each GPU (docs/slurm-integration.md §1 and §2d) before running \
+             smartmigd in dynamic or confirm mode",
+            typed.join(",")
+        )));
+    }
     let ours: Vec<(u32, Option<u32>)> = backend.gpus().iter().map(|g| (g.index, g.minor)).collect();
     let minor_of = |file: &str| {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
