@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 pub mod admin;
 pub mod audit;
 pub mod bench;
+pub mod bench_coordination;
 pub mod bench_daemon;
 pub mod bench_oracle;
 pub mod bench_placement;

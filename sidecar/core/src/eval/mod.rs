@@ -24,11 +24,17 @@
 //!   chosen on other bags and dynamic policies, beside the MIG study's
 //!   headline ratios, the engine of `smartmig bench throughput`.
 //!
+//! - [`coordination`]: one policy deciding the whole cluster against one
+//!   instance per node seeing the whole queue or only the jobs it claims
+//!   (reconfigurations, wasted reshapes, ET), the engine of
+//!   `smartmig bench coordination`.
+//!
 //! Everything here is pure computation over the simulator (no IO): the CLI
 //! prints, plots and writes files.
 
 pub mod advise;
 pub mod baselines;
+pub mod coordination;
 pub mod days;
 pub mod fallback;
 pub mod gates;
@@ -38,6 +44,10 @@ pub mod suite;
 pub mod throughput;
 
 pub use baselines::{fit, Fitted};
+pub use coordination::{
+    run_coordination, Arrangement, CoordinationConfig, CoordinationError, CoordinationReport,
+    CoordinationRow,
+};
 pub use days::{search_score, Day, DaySet};
 pub use fallback::{FallbackChoice, HistoryScore};
 pub use gates::{gate_rows, GateRow};

@@ -155,6 +155,43 @@ pub struct SuiteReport {
     pub elapsed_s: f64,
 }
 
+/// Why a run's event log did not check out ([`check_log`]).
+#[derive(Debug)]
+pub(crate) enum LogCheck {
+    Audit(AuditError),
+    Mismatch {
+        what: &'static str,
+        audited: f64,
+        reported: f64,
+    },
+}
+
+/// Audits `log` ([`crate::sim::audit`]) and compares its recomputed energy
+/// and total tardiness with the run's metrics `m` (relative 1e-6).
+pub(crate) fn check_log(
+    log: &[crate::sim::Record],
+    m: &Metrics,
+) -> Result<crate::sim::AuditReport, LogCheck> {
+    let a = audit(log).map_err(LogCheck::Audit)?;
+    for (what, audited, reported) in [
+        ("energy (J)", a.energy_j, m.energy_j),
+        (
+            "total tardiness (s)",
+            a.total_tardiness_s,
+            m.total_tardiness_s,
+        ),
+    ] {
+        if (audited - reported).abs() > 1e-6 * reported.abs().max(1.0) {
+            return Err(LogCheck::Mismatch {
+                what,
+                audited,
+                reported,
+            });
+        }
+    }
+    Ok(a)
+}
+
 struct Scorer<'a> {
     s: &'a ScenarioDays,
     cfg: &'a SuiteConfig,
@@ -208,31 +245,27 @@ impl Scorer<'_> {
         log: &Collect,
         m: &Metrics,
     ) -> Result<(), SuiteError> {
-        let a = audit(&log.0).map_err(|source| SuiteError::Audit {
-            scenario: self.s.name.clone(),
-            policy: policy.to_string(),
-            day: day.to_string(),
-            source,
+        let (scenario, policy, day) = (self.s.name.clone(), policy.to_string(), day.to_string());
+        check_log(&log.0, m).map_err(|e| match e {
+            LogCheck::Audit(source) => SuiteError::Audit {
+                scenario,
+                policy,
+                day,
+                source,
+            },
+            LogCheck::Mismatch {
+                what,
+                audited,
+                reported,
+            } => SuiteError::AuditMismatch {
+                scenario,
+                policy,
+                day,
+                what,
+                audited,
+                reported,
+            },
         })?;
-        for (what, audited, reported) in [
-            ("energy (J)", a.energy_j, m.energy_j),
-            (
-                "total tardiness (s)",
-                a.total_tardiness_s,
-                m.total_tardiness_s,
-            ),
-        ] {
-            if (audited - reported).abs() > 1e-6 * reported.abs().max(1.0) {
-                return Err(SuiteError::AuditMismatch {
-                    scenario: self.s.name.clone(),
-                    policy: policy.to_string(),
-                    day: day.to_string(),
-                    what,
-                    audited,
-                    reported,
-                });
-            }
-        }
         self.audited += 1;
         Ok(())
     }
