@@ -4,7 +4,9 @@
 //! burst, and the wasted-reshape counter.
 
 use smartmig::eval::coordination::build;
-use smartmig::eval::{run_coordination, Arrangement, CoordinationConfig, Day, DaySet};
+use smartmig::eval::{
+    run_coordination, Arrangement, CoordinationConfig, CoordinationRow, Day, DaySet,
+};
 use smartmig::mig::{Geometry, GpuModel, Layout};
 use smartmig::policy::nodes::{Nodes, PerNode, Split};
 use smartmig::policy::share::{claimant, claims};
@@ -342,7 +344,7 @@ fn the_experiment_runs_every_arrangement_on_the_same_days() {
     let r = run_coordination(&cfg, &mut |_| {}).unwrap();
     assert_eq!(r.nodes, 8);
     assert_eq!(r.audited_logs, 3);
-    let labels: Vec<String> = r.rows.iter().map(|x| x.label()).collect();
+    let labels: Vec<String> = r.rows.iter().map(CoordinationRow::label).collect();
     assert_eq!(
         labels,
         [

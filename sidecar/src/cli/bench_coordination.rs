@@ -33,8 +33,9 @@ pub struct CoordinationArgs {
     /// scenario's rates are per GPU; 1 = its calibration).
     #[arg(long, default_value_t = 1.0)]
     pub load: f64,
-    /// Days (seeds --seed, --seed + 1, ...).
-    #[arg(long, default_value_t = 2)]
+    /// Days (seeds --seed, --seed + 1, ...). At the default size a day
+    /// takes about 20 s, most of it the per-node whole-queue row.
+    #[arg(long, default_value_t = 5)]
     pub days: u64,
     /// First seed.
     #[arg(long, default_value_t = 1000)]

@@ -142,9 +142,10 @@ impl Nodes {
     }
 }
 
-/// The pending jobs grouped by claiming node: `jobs[offsets[n]..offsets[n
-/// + 1]]` are node `n`'s, in the order of the cluster's pending list, and
-/// `counts[n]` their `pending_by_profile`. Buffers are reused between
+/// The pending jobs grouped by claiming node: node `n`'s are
+/// `jobs[offsets[n]..offsets[n + 1]]` ([`ClaimedQueue::of`]), in the order
+/// of the cluster's pending list, and `counts[n]` their
+/// `pending_by_profile`. Buffers are reused between
 /// epochs; each job's claimant is cached by id (a job waits over many
 /// epochs, and its claimant never changes while the node list does not).
 #[derive(Debug, Default)]
@@ -482,7 +483,9 @@ mod tests {
         let gpus: Vec<GpuStatus> = (0..10).map(|_| GpuStatus::new(M, g.whole_gpu())).collect();
         let pending: Vec<PendingJob> = (0..40).map(|i| job(i, Shape::new(1, 1))).collect();
         let mut counts = PendingByProfile::default();
-        pending.iter().for_each(|p| count_job(&mut counts, p));
+        for p in &pending {
+            count_job(&mut counts, p);
+        }
         let view = ClusterView {
             now: 5.0,
             hour_of_day: 1.0,
