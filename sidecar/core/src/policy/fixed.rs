@@ -10,7 +10,7 @@ use crate::mig::{Geometry, GpuModel, Layout};
 /// Why a `--policy` value was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyParseError {
-    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., twice:<hour>=<layout>/<hour>=<layout>, greedy, greedy:window=<s>,init=<index>, nodes:<GPUs per node>:<whole|claimed>:<policy>, e.g. static:0 or static:4444|3333)")]
+    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., twice:<hour>=<layout>/<hour>=<layout>, greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)")]
     Unknown(String),
     #[error("static layout `{given}`: catalog index {index} is out of range for {model} (its catalog has {len} layouts; see `smartmig layouts --catalog --gpu {model}`)")]
     IndexOutOfRange {
