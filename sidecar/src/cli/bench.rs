@@ -42,6 +42,10 @@ pub enum Target {
     /// Bags of jobs on whole GPUs, a static layout chosen on other bags and
     /// dynamic policies, beside the MIG study's ratios (docs/oom-and-memory.md, section 7).
     Throughput(super::bench_throughput::ThroughputArgs),
+    /// Per-node decisions (whole queue, claimed share) against one central
+    /// decider on a large cluster: reconfigurations, wasted reshapes, ET
+    /// (docs/evaluation.md, "Coordination across nodes").
+    Coordination(super::bench_coordination::CoordinationArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -102,6 +106,7 @@ pub fn run(a: &Args) -> Result<()> {
         Target::Suite(s) => super::bench_suite::run(s),
         Target::Placement(p) => super::bench_placement::run(p),
         Target::Throughput(t) => super::bench_throughput::run(t),
+        Target::Coordination(c) => super::bench_coordination::run(c),
     }
 }
 

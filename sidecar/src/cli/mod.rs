@@ -9,6 +9,7 @@ pub mod admin;
 pub mod advise;
 pub mod audit;
 pub mod bench;
+pub mod bench_coordination;
 pub mod bench_daemon;
 pub mod bench_oracle;
 pub mod bench_placement;

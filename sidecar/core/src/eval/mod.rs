@@ -26,11 +26,17 @@
 //!   chosen on other bags and dynamic policies, beside the MIG study's
 //!   headline ratios, the engine of `smartmig bench throughput`.
 //!
+//! - [`coordination`]: one policy deciding the whole cluster against one
+//!   instance per node seeing the whole queue or only the jobs it claims
+//!   (reconfigurations, wasted reshapes, ET), the engine of
+//!   `smartmig bench coordination`.
+//!
 //! Everything here is pure computation over the simulator (no IO): the CLI
 //! prints, plots and writes files.
 
 pub mod advise;
 pub mod baselines;
+pub mod coordination;
 pub mod days;
 pub mod fallback;
 pub mod gates;
@@ -41,6 +47,10 @@ pub mod suite;
 pub mod throughput;
 
 pub use baselines::{fit, Fitted};
+pub use coordination::{
+    run_coordination, Arrangement, CoordinationConfig, CoordinationError, CoordinationReport,
+    CoordinationRow,
+};
 pub use days::{search_score, Day, DaySet};
 pub use fallback::{FallbackChoice, HistoryScore};
 pub use gates::{gate_rows, GateRow};
@@ -66,7 +76,7 @@ pub(crate) enum AuditFailure {
 
 /// Re-checks a run's event log from scratch ([`crate::sim::audit`]) and
 /// compares its energy and total tardiness with the run's metrics (to
-/// 1e-6 relative): how `suite` and `advise` trust a run.
+/// 1e-6 relative): how `suite`, `advise` and `coordination` trust a run.
 pub(crate) fn audit_run(
     log: &[crate::sim::Record],
     m: &crate::sim::Metrics,

@@ -31,6 +31,8 @@ pub enum PolicyParseError {
     NeedsCluster(String),
     #[error(transparent)]
     Greedy(#[from] super::greedy::GreedyParseError),
+    #[error(transparent)]
+    PerNode(#[from] super::nodes::NodesError),
     #[error("`{0}` is searched on days of a workload: run `smartmig simulate --compare` or `smartmig bench suite` (they print the assignment the search chose; pass it back as static:<N>x<layout>+...)")]
     NeedsWorkload(String),
     /// A `policy:FILE.onnx` that could not be loaded (the message of
@@ -173,8 +175,10 @@ impl RepartitionPolicy for StaticLayout {
 
 /// [`parse_policy`] for a known cluster (one model per GPU, in order), which
 /// also takes an admin's twice-daily schedule,
-/// `twice:DAY=SPEC/NIGHT=SPEC` ([`super::search::TwiceDaily::parse`]);
-/// `start_hour` is the hour of day at time 0.
+/// `twice:DAY=SPEC/NIGHT=SPEC` ([`super::search::TwiceDaily::parse`]), and
+/// per-node decisions, `nodes:<GPUs per node>:<whole|claimed>:<policy>`
+/// ([`super::nodes::parse_per_node`]); `start_hour` is the hour of day at
+/// time 0.
 pub fn parse_policy_on(
     spec: &str,
     cluster: &[GpuModel],
@@ -184,6 +188,9 @@ pub fn parse_policy_on(
         return Ok(Box::new(super::search::TwiceDaily::parse(
             rest, cluster, start_hour,
         )?));
+    }
+    if let Some(per_node) = super::nodes::parse_per_node(spec, cluster) {
+        return per_node;
     }
     parse_policy(spec, &GpuModel::distinct(cluster))
 }
@@ -204,7 +211,7 @@ pub fn parse_policy(
     if let Some(greedy) = super::greedy::Greedy::parse(s) {
         return Ok(Box::new(greedy?));
     }
-    if s.starts_with("twice:") {
+    if s.starts_with("twice:") || s.starts_with("nodes:") {
         return Err(PolicyParseError::NeedsCluster(s.to_string()));
     }
     if matches!(

@@ -30,6 +30,7 @@ pub mod adaptive;
 pub mod features;
 pub mod fixed;
 pub mod greedy;
+pub mod nodes;
 pub mod onnx;
 pub mod onnx_contract;
 pub mod search;
@@ -40,6 +41,7 @@ use crate::workload::SpeedupCurve;
 
 pub use fixed::{parse_policy, parse_policy_on, NoPartition, PolicyParseError, StaticLayout};
 pub use greedy::{Greedy, GreedyConfig};
+pub use nodes::{Nodes, NodesError, PerNode, Split};
 pub use search::{SearchConfig, StaticMix, TwiceDaily};
 
 /// Most placements a model has (the [`Layout`] bit set is 32 bits wide).

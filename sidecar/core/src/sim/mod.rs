@@ -32,7 +32,8 @@
 //!   decision epoch, if due.
 //!
 //! The run can write an auditable event log ([`events`]) that [`audit`]
-//! re-checks from scratch.
+//! re-checks from scratch, and from which [`waste`] counts the instances
+//! reconfigurations created in vain.
 
 pub mod audit;
 pub mod engine;
@@ -43,6 +44,7 @@ pub mod placement;
 pub mod placement_features;
 pub mod placement_onnx;
 pub mod reshape;
+pub mod waste;
 
 pub use crate::workload::{EarlyRestartRule, MemoryGrowth};
 pub use audit::{audit, read_events, AuditError, AuditReport};
@@ -54,6 +56,7 @@ pub use heuristics::{
 pub use metrics::{EtScore, Metrics};
 pub use placement::{PlacementSpec, PlacementSpecError};
 pub use reshape::{classify, ReconfigKind};
+pub use waste::{count_waste, Waste};
 
 use crate::mig::GpuModel;
 use crate::policy::RepartitionPolicy;
