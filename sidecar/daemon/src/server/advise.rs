@@ -227,11 +227,14 @@ impl Daemon {
         effect: Option<PlanEffect>,
     ) {
         let g = st.book.geometry;
-        let current = st.book.layout();
-        let t = g.transition(current, target);
-        let wish = (g.is_valid(target) && !t.is_noop() && !t.touches(busy)).then_some(target);
+        let keeps: Vec<String> = busy
+            .iter()
+            .map(|p| g.placement(p).describe().to_string())
+            .collect();
+        let shown =
+            super::view::reshape_shown(slot.index, g, st.book.layout(), target, busy, keeps);
         let mut book = self.advise_book();
-        let Some(target) = wish else {
+        let Some(mut shown) = shown else {
             book.wishes.remove(&slot.index);
             return;
         };
@@ -242,30 +245,9 @@ impl Daemon {
         {
             return;
         }
-        let names = |l: Layout| {
-            g.describe(l)
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-        };
-        let keeps_busy: Vec<String> = busy
-            .iter()
-            .map(|p| g.placement(p).describe().to_string())
-            .collect();
         let now = unix_now();
-        let shown = PlanStatus {
-            id: 0,
-            gpu: slot.index,
-            from: g.picture(current),
-            to: g.picture(target),
-            destroy: names(t.destroy),
-            create: names(t.create),
-            keeps_busy: keeps_busy.clone(),
-            created_at: now,
-            expires_at: None,
-            applied_at: None,
-            effect,
-        };
+        shown.created_at = now;
+        shown.effect = effect;
         tracing::info!(gpu = slot.index, from = %shown.from, to = %shown.to,
             "advise: the policy would reshape this GPU (nothing done)");
         let record = AdviceRecord::Advice {
@@ -277,7 +259,7 @@ impl Daemon {
             to_layout: target.0,
             destroy: shown.destroy.clone(),
             create: shown.create.clone(),
-            keeps_busy,
+            keeps_busy: shown.keeps_busy.clone(),
         };
         book.wishes.insert(slot.index, (target, shown));
         book.advice_recorded += 1;

@@ -99,15 +99,6 @@ pub(super) fn expected_effect(
 /// busy instance (which is never done).
 pub(super) fn plan_status(slot: &GpuSlot, st: &GpuState, target: Layout) -> Option<PlanStatus> {
     let g = st.book.geometry;
-    let current = st.book.layout();
-    if !g.is_valid(target) {
-        return None;
-    }
-    let t = g.transition(current, target);
-    if t.is_noop() || t.touches(st.book.busy()) {
-        return None;
-    }
-    let names = |l: Layout| g.describe(l).iter().map(ToString::to_string).collect();
     let keeps_busy = st
         .book
         .instances
@@ -120,9 +111,39 @@ pub(super) fn plan_status(slot: &GpuSlot, st: &GpuState, target: Layout) -> Opti
             ))
         })
         .collect();
+    reshape_shown(
+        slot.index,
+        g,
+        st.book.layout(),
+        target,
+        st.book.busy(),
+        keeps_busy,
+    )
+}
+
+/// How GPU `gpu` would go from `current` to `target` keeping the `busy`
+/// instances (described in `keeps_busy`), as plans and advice show it:
+/// `None` when there is nothing to do, the target is invalid or it would
+/// destroy a busy instance (which is never done).
+pub(super) fn reshape_shown(
+    gpu: u32,
+    g: &Geometry,
+    current: Layout,
+    target: Layout,
+    busy: Layout,
+    keeps_busy: Vec<String>,
+) -> Option<PlanStatus> {
+    if !g.is_valid(target) {
+        return None;
+    }
+    let t = g.transition(current, target);
+    if t.is_noop() || t.touches(busy) {
+        return None;
+    }
+    let names = |l: Layout| g.describe(l).iter().map(ToString::to_string).collect();
     Some(PlanStatus {
         id: 0,
-        gpu: slot.index,
+        gpu,
         from: g.picture(current),
         to: g.picture(target),
         destroy: names(t.destroy),
