@@ -149,6 +149,9 @@ pub struct QueuedJob {
     /// restarts may still be some node's to release.
     #[serde(default)]
     pub restarts: u32,
+    /// Its partition(s), comma-separated (`""`: not shown).
+    #[serde(default)]
+    pub partition: String,
 }
 
 impl QueuedJob {
@@ -522,6 +525,11 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
                     .iter()
                     .filter_map(|k| j.get(*k).and_then(Value::as_str))
                     .find_map(mig_type),
+                partition: j
+                    .get("partition")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
                 restarts: j
                     .get("restart_cnt")
                     .and_then(Value::as_u64)
@@ -568,6 +576,41 @@ pub struct ListedNode {
     /// (`gpu:3g.20gb:2`: a static MIG node, which smartmigd may watch in
     /// advise mode).
     pub mig_node: bool,
+    /// Its partitions (`partitions`).
+    pub partitions: Vec<String>,
+    /// Shards per GPU (shard count / untyped gpu count; 0: unknown).
+    pub shards_per_gpu: u8,
+    /// MIG profiles of its typed gpu GRES (`gpu:3g.20gb:2` gives `3g.20gb`).
+    pub mig_types: Vec<String>,
+}
+
+/// What a node's `gres` string (`gpu:2,shard:14`, `gpu:3g.20gb:2(S:0)`)
+/// says: shards per GPU (0 when it cannot tell) and its MIG device types.
+pub fn gres_capacity(gres: &str) -> (u8, Vec<String>) {
+    let (mut gpus, mut shards, mut types) = (0u32, 0u32, Vec::new());
+    for part in gres.split(',') {
+        let part = part.split('(').next().unwrap_or("").trim();
+        let fields: Vec<&str> = part.split(':').collect();
+        let count = fields
+            .last()
+            .and_then(|c| c.parse::<u32>().ok())
+            .unwrap_or(1);
+        match fields.first().copied() {
+            Some("shard") => shards += count,
+            Some("gpu") => {
+                if let Some(t) = mig_type(&format!("gres:{part}")) {
+                    types.push(t);
+                } else {
+                    gpus += count;
+                }
+            }
+            _ => {}
+        }
+    }
+    let per_gpu = shards
+        .checked_div(gpus)
+        .map_or(0, |n| n.min(u32::from(u8::MAX)) as u8);
+    (per_gpu, types)
 }
 
 /// Parses every node of `sinfo --json` (a node listed in several
@@ -608,6 +651,9 @@ pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
                     || g.split(',')
                         .any(|x| mig_type(&format!("gres:{x}")).is_some())
             }),
+            partitions: split_features(n.get("partitions")),
+            shards_per_gpu: gres_capacity(n.get("gres").and_then(Value::as_str).unwrap_or("")).0,
+            mig_types: gres_capacity(n.get("gres").and_then(Value::as_str).unwrap_or("")).1,
         });
     }
     Ok(out)
@@ -915,6 +961,20 @@ mod tests {
             parse_job_comment("slurm_load_jobs error: Invalid job id specified"),
             None
         );
+    }
+
+    #[test]
+    fn gres_strings_give_shards_per_gpu_and_mig_types() {
+        assert_eq!(gres_capacity("gpu:2,shard:14"), (7, vec![]));
+        assert_eq!(
+            gres_capacity("gpu:a30:2(S:0-1),shard:8(S:0-1)"),
+            (4, vec![])
+        );
+        assert_eq!(
+            gres_capacity("gpu:3g.20gb:2,gpu:4g.20gb:2"),
+            (0, vec!["3g.20gb".to_string(), "4g.20gb".to_string()])
+        );
+        assert_eq!(gres_capacity(""), (0, vec![]));
     }
 
     #[test]

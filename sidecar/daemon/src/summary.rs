@@ -17,6 +17,8 @@
 //!
 //! Everything here is pure: the publisher and the daemon do the IO.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::slurm::{names_node, JobState, ListedNode, NodeInfo, QueueSnapshot, QueuedJob};
@@ -83,6 +85,7 @@ impl NodeSummary {
                     admin_comment: String::new(),
                     mig_profile: None,
                     restarts: 1,
+                    partition: String::new(),
                 });
             }
         }
@@ -148,6 +151,9 @@ pub fn build(
         .collect();
     let mut by_shards = [0u32; 8];
     let mut requeued = Vec::new();
+    // Jobs alike (partition, size, profile) have the same eligible nodes.
+    type Class = (String, u8, Option<String>);
+    let mut classes: HashMap<Class, (Vec<usize>, Vec<&str>)> = HashMap::new();
     for j in &queue.jobs {
         if j.state == JobState::Pending {
             if j.shards > 0 {
@@ -157,8 +163,12 @@ pub fn build(
                 requeued.push(j.job_id);
             }
             if j.shards > 0 || j.mig_profile.is_some() {
-                if let Some(k) = share::claimant(j.job_id, &names) {
-                    out[k].jobs.push(j.clone());
+                let key = (j.partition.clone(), j.shards, j.mig_profile.clone());
+                let (idx, eligible) = classes
+                    .entry(key)
+                    .or_insert_with(|| eligible_nodes(&ours, j));
+                if let Some(k) = share::claimant(j.job_id, eligible) {
+                    out[idx[k]].jobs.push(j.clone());
                 }
             }
             continue;
@@ -177,6 +187,34 @@ pub fn build(
         s.requeued.clone_from(&requeued);
     }
     out
+}
+
+/// The nodes (indices into `ours`, and their names) where pending job `j`
+/// could run: in one of its partitions (any, when it shows none), with
+/// shards and a GPU of at least its size (when the node's GRES tell), or
+/// for a typed request a device of its MIG profile. Only these claim it, so no job is claimed by a
+/// node where it fits no GPU.
+fn eligible_nodes<'a>(ours: &[&'a ListedNode], j: &QueuedJob) -> (Vec<usize>, Vec<&'a str>) {
+    let parts: Vec<&str> = j.partition.split(',').filter(|p| !p.is_empty()).collect();
+    ours.iter()
+        .enumerate()
+        .filter(|(_, n)| {
+            parts.is_empty() || n.partitions.iter().any(|p| parts.contains(&p.as_str()))
+        })
+        .filter(|(_, n)| {
+            // A shard job needs shards: not a static-MIG node, and a GPU
+            // of at least its size where the GRES tell.
+            j.shards == 0
+                || (n.shards_per_gpu == 0 && n.mig_types.is_empty())
+                || j.shards <= n.shards_per_gpu
+        })
+        .filter(|(_, n)| {
+            j.mig_profile
+                .as_ref()
+                .is_none_or(|t| n.mig_types.contains(t))
+        })
+        .map(|(i, n)| (i, n.name.as_str()))
+        .unzip()
 }
 
 #[cfg(test)]
@@ -200,6 +238,7 @@ mod tests {
             admin_comment: String::new(),
             mig_profile: None,
             restarts: 0,
+            partition: String::new(),
         }
     }
 
@@ -208,6 +247,9 @@ mod tests {
             name: name.into(),
             info: NodeInfo::default(),
             mig_node: shards,
+            partitions: vec!["gpu".into()],
+            shards_per_gpu: 7,
+            mig_types: Vec::new(),
         }
     }
 
@@ -248,6 +290,64 @@ mod tests {
             assert!(s.snapshot().live().contains(&1003));
             assert_eq!(s.snapshot().pending_shards().count(), s.claimed());
         }
+    }
+
+    #[test]
+    fn a_job_is_claimed_only_where_it_can_run() {
+        // Two A100 nodes (7 shards a GPU) in `gpu`, two A30 nodes (4) in
+        // `small`, one static-MIG node with 3g.20gb devices in `gpu`.
+        let mut nodes: Vec<ListedNode> = (0..4).map(|i| node(&format!("n{i}"), true)).collect();
+        for n in &mut nodes[2..] {
+            n.shards_per_gpu = 4;
+            n.partitions = vec!["small".into()];
+        }
+        let mut mig = node("m0", true);
+        mig.shards_per_gpu = 0;
+        mig.mig_types = vec!["3g.20gb".into()];
+        nodes.push(mig);
+        let mut jobs = Vec::new();
+        for i in 0..300u64 {
+            let mut j = job(i, JobState::Pending, if i % 2 == 0 { 7 } else { 2 }, "");
+            j.partition = if i % 3 == 0 {
+                "small".into()
+            } else {
+                String::new()
+            };
+            jobs.push(j);
+        }
+        let mut typed = job(1000, JobState::Pending, 0, "");
+        typed.mig_profile = Some("3g.20gb".into());
+        typed.partition = "gpu".into();
+        jobs.push(typed);
+        let out = build(&QueueSnapshot { jobs }, &nodes, 1, 60);
+        let at = |name: &str| out.iter().find(|s| s.node == name).unwrap();
+        for s in &out {
+            for j in &s.jobs {
+                let small = s.node.starts_with("n2") || s.node.starts_with("n3");
+                assert!(
+                    !(small && j.shards == 7),
+                    "a 7-shard job claimed by A30 node {}",
+                    s.node
+                );
+                assert!(
+                    j.partition != "small" || small,
+                    "job {} outside its partition on {}",
+                    j.job_id,
+                    s.node
+                );
+            }
+        }
+        // 7-shard jobs in `small` fit nowhere: nobody claims them.
+        let claimed: usize = out.iter().map(NodeSummary::claimed).sum();
+        let unfit = (0..300u64).filter(|i| i % 2 == 0 && i % 3 == 0).count();
+        assert_eq!(claimed, 301 - unfit);
+        assert!(at("n0").claimed() > 0 && at("n2").claimed() > 0);
+        assert!(
+            out.iter()
+                .filter(|s| s.jobs.iter().any(|j| j.job_id == 1000))
+                .count()
+                == 1
+        );
     }
 
     #[test]

@@ -571,6 +571,7 @@ mod tests {
             admin_comment: String::new(),
             mig_profile: None,
             restarts: 0,
+            partition: String::new(),
         }
     }
 
