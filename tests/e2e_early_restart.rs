@@ -17,8 +17,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use smartmig_mig::GpuModel;
-use smartmig_nvml_emu::{Emulator, GpuSetup};
+mod common;
+
 use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
 
 /// Time for the job, its requeue (held cred_expire + 1 s) and its second
@@ -54,15 +54,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, "")).expect("plugstack");
     });
-    let emu_dir = cluster.dir().join("nvml-emu");
-    let emu = Emulator::create(
-        &emu_dir,
-        &[
-            GpuSetup::mig(GpuModel::A100_40gb),
-            GpuSetup::mig(GpuModel::A100_40gb),
-        ],
-    )
-    .expect("create the emulator's GPUs");
+    let (emu_dir, emu) = common::two_a100s(cluster.dir());
     let backend = SidecarBackend::NvmlEmulator(emu_dir.clone());
     // As docs/daemon.md tells an admin: early restarts on, samples every
     // second (5 s by default) so the test is short, and a rule that looks

@@ -16,12 +16,14 @@
 //!
 //! Needs root and a release build of the workspace; fails, never skips.
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use smartmig_mig::{GpuModel, Shape};
-use smartmig_nvml_emu::{Emulator, Fault, GpuSetup};
+use smartmig_nvml_emu::{Emulator, Fault};
 use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
@@ -105,15 +107,7 @@ fn jobs_on_the_nvml_backend_allocate_reuse_survive_a_crash_and_reshape() {
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, "")).expect("plugstack");
     });
-    let emu_dir = cluster.dir().join("nvml-emu");
-    let emu = Emulator::create(
-        &emu_dir,
-        &[
-            GpuSetup::mig(GpuModel::A100_40gb),
-            GpuSetup::mig(GpuModel::A100_40gb),
-        ],
-    )
-    .expect("create the emulator's GPUs");
+    let (emu_dir, emu) = common::two_a100s(cluster.dir());
     let backend = SidecarBackend::NvmlEmulator(emu_dir.clone());
     let config = "allocate_wait_s = 20";
     let mut sidecar = Sidecar::start_on(cluster.dir(), config, true, &backend);

@@ -19,13 +19,14 @@
 //!
 //! Needs root; fails, never skips, when something is missing.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use smartmig_mig::GpuModel;
-use smartmig_nvml_emu::{Emulator, GpuSetup};
+use smartmig_nvml_emu::Emulator;
 use smartmig_suite::{artifact, describe, fields, repo_root, require_root, SlurmCluster};
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
@@ -275,14 +276,7 @@ fn installed_packages_run_a_shard_job() {
     });
     let dir = cluster.dir().to_path_buf();
     std::fs::create_dir_all(dir.join("run")).expect("mkdir run");
-    let emu = Emulator::create(
-        &dir.join("nvml-emu"),
-        &[
-            GpuSetup::mig(GpuModel::A100_40gb),
-            GpuSetup::mig(GpuModel::A100_40gb),
-        ],
-    )
-    .expect("emulated GPUs");
+    let (_, emu) = common::two_a100s(&dir);
     let installed =
         std::fs::read_to_string("/etc/smartmig/smartmig.toml").expect("read the installed config");
     let config = dir.join("smartmig.toml");

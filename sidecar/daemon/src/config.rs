@@ -300,10 +300,6 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn is_one_of(self, a: Mode, b: Mode) -> bool {
-        self == a || self == b
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Dynamic => "dynamic",
@@ -719,7 +715,7 @@ impl Config {
         // Into or out of advise mode only by a restart: a node leaving
         // advise still runs jobs smartmigd never allocated (drain it first,
         // docs/slurm-integration.md "Adopting smartmig").
-        if self.mode != new.mode && Mode::Advise.is_one_of(self.mode, new.mode) {
+        if self.mode != new.mode && (self.mode == Mode::Advise || new.mode == Mode::Advise) {
             kept.push("mode (into or out of advise)");
             merged.mode = self.mode;
         }

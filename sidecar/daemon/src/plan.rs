@@ -61,10 +61,8 @@ impl Plans {
         now: u64,
         timeout_s: u64,
     ) -> (u64, bool) {
-        if let Some(p) = self.pending.get_mut(&gpu) {
+        if let Some(p) = self.pending.get(&gpu) {
             if p.from == from && p.to == to {
-                // The same plan; its expected effect follows the queue.
-                p.shown.effect = shown.effect;
                 return (p.shown.id, false);
             }
         }

@@ -155,6 +155,29 @@ pub struct QueuedJob {
 }
 
 impl QueuedJob {
+    /// A job of which only the id and state are known; everything else
+    /// empty (no request, no times, no node).
+    pub fn new(job_id: u64, state: JobState) -> QueuedJob {
+        QueuedJob {
+            job_id,
+            state,
+            shards: 0,
+            gpu: None,
+            nodes: String::new(),
+            time_limit_s: None,
+            start_time: 0,
+            end_time: 0,
+            deadline: None,
+            submit_time: 0,
+            array_task: None,
+            account: None,
+            admin_comment: String::new(),
+            mig_profile: None,
+            restarts: 0,
+            partition: String::new(),
+        }
+    }
+
     /// How `scontrol` names this job alone (`A_T` for an array task).
     pub fn slurm_id(&self) -> String {
         match self.array_task {
@@ -433,9 +456,7 @@ pub fn mig_type(tres: &str) -> Option<String> {
         let part = part.trim().replace(['/', '='], ":");
         let rest = part.strip_prefix("gres:gpu:")?;
         let ty = rest.split(':').next()?;
-        let (compute, memory) = ty.split_once("g.")?;
-        let mem = memory.split('+').next()?.strip_suffix("gb")?;
-        (compute.parse::<u8>().is_ok() && mem.parse::<f64>().is_ok()).then(|| ty.to_string())
+        crate::mig::profile_size(ty).map(|_| ty.to_string())
     })
 }
 
@@ -621,17 +642,20 @@ pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
         .and_then(Value::as_array)
         .ok_or(ParseError::MissingArray("nodes"))?;
     let mut out: Vec<ListedNode> = Vec::new();
+    let mut seen = HashSet::new();
     for n in nodes {
         let Some(name) = n.get("name").and_then(Value::as_str) else {
             continue;
         };
-        if out.iter().any(|x| x.name == name) {
+        if !seen.insert(name) {
             continue;
         }
         let drain = split_features(n.get("state_flags"))
             .iter()
             .chain(split_features(n.get("state")).iter())
             .any(|f| f.to_ascii_uppercase().starts_with("DRAIN"));
+        let gres = n.get("gres").and_then(Value::as_str).unwrap_or("");
+        let (shards_per_gpu, mig_types) = gres_capacity(gres);
         out.push(ListedNode {
             name: name.to_string(),
             info: NodeInfo {
@@ -646,14 +670,10 @@ pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
                     .unwrap_or("")
                     .to_string(),
             },
-            mig_node: n.get("gres").and_then(Value::as_str).is_some_and(|g| {
-                g.contains("shard")
-                    || g.split(',')
-                        .any(|x| mig_type(&format!("gres:{x}")).is_some())
-            }),
+            mig_node: gres.contains("shard") || !mig_types.is_empty(),
             partitions: split_features(n.get("partitions")),
-            shards_per_gpu: gres_capacity(n.get("gres").and_then(Value::as_str).unwrap_or("")).0,
-            mig_types: gres_capacity(n.get("gres").and_then(Value::as_str).unwrap_or("")).1,
+            shards_per_gpu,
+            mig_types,
         });
     }
     Ok(out)

@@ -70,22 +70,8 @@ impl NodeSummary {
         for &id in &self.requeued {
             if jobs.iter().all(|j| j.job_id != id) {
                 jobs.push(QueuedJob {
-                    job_id: id,
-                    state: JobState::Pending,
-                    shards: 0,
-                    gpu: None,
-                    nodes: String::new(),
-                    time_limit_s: None,
-                    start_time: 0,
-                    end_time: 0,
-                    deadline: None,
-                    submit_time: 0,
-                    array_task: None,
-                    account: None,
-                    admin_comment: String::new(),
-                    mig_profile: None,
                     restarts: 1,
-                    partition: String::new(),
+                    ..QueuedJob::new(id, JobState::Pending)
                 });
             }
         }
@@ -223,22 +209,11 @@ mod tests {
 
     fn job(id: u64, state: JobState, shards: u8, nodes: &str) -> QueuedJob {
         QueuedJob {
-            job_id: id,
-            state,
             shards,
-            gpu: None,
             nodes: nodes.into(),
             time_limit_s: Some(600),
-            start_time: 0,
-            end_time: 0,
-            deadline: None,
             submit_time: 1,
-            array_task: None,
-            account: None,
-            admin_comment: String::new(),
-            mig_profile: None,
-            restarts: 0,
-            partition: String::new(),
+            ..QueuedJob::new(id, state)
         }
     }
 

@@ -29,6 +29,6 @@ pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
 pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MAX_PROFILES, MODELS};
 pub use placement::Transition;
 pub use profile::{
-    parse_profile, requested_profile, select_profile, ProfileParseError, RequestedProfileError,
-    SelectError,
+    parse_profile, profile_size, requested_profile, select_profile, ProfileParseError,
+    RequestedProfileError, SelectError,
 };

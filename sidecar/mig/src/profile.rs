@@ -97,9 +97,11 @@ pub fn requested_profile(
     Ok(profile)
 }
 
-/// Pulls `(compute, memory_gb, media_extension)` out of a name such as
-/// `nvidia_a100_3g.20gb`, `MIG 1g.10gb+me` or `3g.39gb`.
-fn split_name(name: &str) -> Option<(u8, u32)> {
+/// Pulls `(compute slices, memory GB)` out of a name such as
+/// `nvidia_a100_3g.20gb`, `MIG 1g.10gb+me` or `3g.39gb` (`None` when it
+/// names no profile): what `--mig-profile`, Slurm's typed GRES and NVML
+/// names say, before the model is known.
+pub fn profile_size(name: &str) -> Option<(u8, u32)> {
     let lower = name.trim().to_ascii_lowercase();
     lower
         .split(|c: char| c == '_' || c == ':' || c == '/' || c == '-' || c.is_whitespace())
@@ -126,7 +128,7 @@ pub fn parse_profile(
         return Err(ProfileParseError::Empty);
     }
     let (compute, memory_gb) =
-        split_name(name).ok_or_else(|| ProfileParseError::NoProfile(name.to_string()))?;
+        profile_size(name).ok_or_else(|| ProfileParseError::NoProfile(name.to_string()))?;
     let list = |ps: &mut dyn Iterator<Item = &ProfileSpec>| {
         ps.map(ProfileSpec::name).collect::<Vec<_>>().join(", ")
     };
@@ -207,6 +209,13 @@ pub fn select_profile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn profile_names_state_their_size() {
+        assert_eq!(profile_size("3g.20gb"), Some((3, 20)));
+        assert_eq!(profile_size("1g.5gb+me"), Some((1, 5)));
+        assert_eq!(profile_size("a100"), None);
+    }
 
     #[test]
     fn a_requested_profile_must_exist_and_match_the_shards() {

@@ -178,25 +178,51 @@ fn run(
     })
 }
 
-/// The expected effect of setting GPU `gpu` to `target`, against keeping
-/// every layout. `None` when there is nothing waiting (no effect to
-/// estimate) or `gpu` is not one of the node's.
-pub fn effect(now: &NodeNow, gpu: usize, target: Layout) -> Result<Option<Effect>, SimError> {
-    if now.waiting.is_empty() || gpu >= now.layouts.len() || now.models.len() != now.layouts.len() {
-        return Ok(None);
+/// One epoch's look-ahead of a node: the jobs are built once, and the
+/// run with every layout held once, however many plans are scored.
+pub struct Lookahead {
+    node: NodeNow,
+    jobs: Vec<Job>,
+    waiting: usize,
+    keep: Option<Outcome>,
+}
+
+impl Lookahead {
+    pub fn new(node: NodeNow) -> Lookahead {
+        let jobs = jobs_of(&node);
+        let waiting = jobs.len() - node.running.len();
+        Lookahead {
+            node,
+            jobs,
+            waiting,
+            keep: None,
+        }
     }
-    let jobs = jobs_of(now);
-    let waiting = jobs.len() - now.running.len();
-    let keep = run(now, now.layouts.clone(), &jobs, waiting)?;
-    let mut planned = now.layouts.clone();
-    planned[gpu] = target;
-    let plan = run(now, planned, &jobs, waiting)?;
-    Ok(Some(Effect {
-        waiting,
-        running: now.running.len(),
-        keep,
-        plan,
-    }))
+
+    /// The expected effect of setting GPU `gpu` to `target`, against
+    /// keeping every layout. `None` when there is nothing waiting (no
+    /// effect to estimate) or `gpu` is not one of the node's.
+    pub fn effect(&mut self, gpu: usize, target: Layout) -> Result<Option<Effect>, SimError> {
+        let n = &self.node;
+        if self.waiting == 0 || gpu >= n.layouts.len() || n.models.len() != n.layouts.len() {
+            return Ok(None);
+        }
+        let keep = match self.keep {
+            Some(k) => k,
+            None => *self
+                .keep
+                .insert(run(n, n.layouts.clone(), &self.jobs, self.waiting)?),
+        };
+        let mut planned = n.layouts.clone();
+        planned[gpu] = target;
+        let plan = run(n, planned, &self.jobs, self.waiting)?;
+        Ok(Some(Effect {
+            waiting: self.waiting,
+            running: n.running.len(),
+            keep,
+            plan,
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -238,7 +264,16 @@ mod tests {
             vec![g.whole_gpu()],
             (0..4).map(|_| wait(1, 600.0)).collect(),
         );
-        let e = effect(&now, 0, sevens).unwrap().unwrap();
+        let e = Lookahead::new(now.clone())
+            .effect(0, sevens)
+            .unwrap()
+            .unwrap();
+        // One look-ahead scoring several plans: the held run is shared and
+        // each plan's answer is what it would be alone.
+        let mut shared = Lookahead::new(now.clone());
+        let held = shared.effect(0, g.whole_gpu()).unwrap().unwrap();
+        assert_eq!(shared.effect(0, sevens).unwrap().unwrap(), e);
+        assert_eq!(held.keep, e.keep);
         assert_eq!(e.waiting, 4);
         assert_eq!(
             e.keep.unserved, 4,
@@ -247,7 +282,10 @@ mod tests {
         assert_eq!(e.plan.unserved, 0);
         // And the other way round: the plan would strand them.
         let now = node(vec![sevens], (0..4).map(|_| wait(1, 600.0)).collect());
-        let e = effect(&now, 0, g.whole_gpu()).unwrap().unwrap();
+        let e = Lookahead::new(now.clone())
+            .effect(0, g.whole_gpu())
+            .unwrap()
+            .unwrap();
         assert_eq!((e.keep.unserved, e.plan.unserved), (0, 4));
     }
 
@@ -255,19 +293,28 @@ mod tests {
     fn running_jobs_keep_their_instances_and_delay_the_queue() {
         let g = Geometry::of(GpuModel::A100_40gb);
         let mut now = node(vec![g.whole_gpu()], vec![wait(7, 100.0)]);
-        assert!(effect(&now, 0, g.whole_gpu()).unwrap().is_some());
+        assert!(Lookahead::new(now.clone())
+            .effect(0, g.whole_gpu())
+            .unwrap()
+            .is_some());
         now.running.push(Running {
             compute: 7,
             memory_gb: 40.0,
             remaining_s: 500.0,
         });
-        let e = effect(&now, 0, g.whole_gpu()).unwrap().unwrap();
+        let e = Lookahead::new(now.clone())
+            .effect(0, g.whole_gpu())
+            .unwrap()
+            .unwrap();
         assert!(
             (e.keep.mean_wait_s - 500.0).abs() < 1.0,
             "the waiting job starts when the running one ends: {e:?}"
         );
         assert_eq!(e.keep, e.plan, "the same layout, the same outcome");
         now.waiting.clear();
-        assert!(effect(&now, 0, g.whole_gpu()).unwrap().is_none());
+        assert!(Lookahead::new(now.clone())
+            .effect(0, g.whole_gpu())
+            .unwrap()
+            .is_none());
     }
 }

@@ -273,26 +273,24 @@ impl Daemon {
         if !cfg.slurm.enabled {
             return None;
         }
-        match self.read_summary(&cfg) {
-            Ok(s) => {
-                *self
-                    .queue_read
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
-                let q = s.snapshot();
-                self.remember_job_times(&q);
-                return Some((q, s.generated_at));
-            }
-            Err(()) if cfg.cluster.fallback == SummaryFallback::Hold => {
+        // A small file, but on a shared file system: off the async workers.
+        let summary = tokio::task::block_in_place(|| self.read_summary(&cfg));
+        if summary.is_err() {
+            if cfg.cluster.fallback == SummaryFallback::Hold {
                 self.metrics.queue_read("none", None);
                 return None;
             }
-            Err(()) => self.metrics.queue_read("squeue", None),
+            self.metrics.queue_read("squeue", None);
         }
         *self
             .queue_read
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        if let Ok(s) = summary {
+            let q = s.snapshot();
+            self.remember_job_times(&q);
+            return Some((q, s.generated_at));
+        }
         let t0 = unix_now();
         let slurm = self.slurm();
         match tokio::task::spawn_blocking(move || slurm.queue()).await {

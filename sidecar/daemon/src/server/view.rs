@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::slurm::NodeFeatures;
+use smartmig_core::eval::lookahead::{Lookahead, NodeNow, Running, Waiting};
 
 /// When a running job's instance frees up, as Unix seconds: Slurm's
 /// `end_time` (start + time limit) when the queue lists the job, else the
@@ -20,27 +21,15 @@ pub(super) fn expected_end(a: &Assignment, queued: Option<&crate::slurm::QueuedJ
     a.since as f64 + limit
 }
 
-/// Compute slices and memory (GB) a MIG profile's name states:
-/// `3g.20gb` is (3, 20.0), `1g.5gb+me` (1, 5.0); `None` for other names.
-pub(super) fn typed_size(profile: &str) -> Option<(u8, f64)> {
-    let (compute, rest) = profile.split_once("g.")?;
-    let memory = rest.split('+').next()?.strip_suffix("gb")?;
-    Some((compute.parse().ok()?, memory.parse().ok()?))
-}
-
-/// What a short simulation of the node's queue expects of setting GPU
-/// `gpu` to `target` ([`smartmig_core::eval::lookahead`]): the node's
-/// GPUs as the policy saw them this epoch, its running jobs until their
-/// end times (at most a day), its waiting jobs. `None` when nothing waits
-/// or the simulation fails (logged).
-pub(super) fn expected_effect(
+/// This epoch's short simulation of the node's queue
+/// ([`smartmig_core::eval::lookahead`]), built once for every plan it
+/// scores: the node's GPUs as the policy saw them this epoch, its running
+/// jobs until their end times (at most a day), its waiting jobs.
+pub(super) fn lookahead_of(
     statuses: &[policy::GpuStatus],
     pending: &[PendingJob],
     now: f64,
-    gpu: usize,
-    target: Layout,
-) -> Option<PlanEffect> {
-    use smartmig_core::eval::lookahead::{effect, NodeNow, Running, Waiting};
+) -> Lookahead {
     const DAY_S: f64 = 86_400.0;
     let running = statuses
         .iter()
@@ -65,14 +54,23 @@ pub(super) fn expected_effect(
             waited_s: (now - p.arrival).max(0.0),
         })
         .collect();
-    let node = NodeNow {
+    Lookahead::new(NodeNow {
         models: statuses.iter().map(|s| s.model).collect(),
         layouts: statuses.iter().map(|s| s.layout).collect(),
         running,
         waiting,
         speedup: SpeedupCurve::default(),
-    };
-    let e = match effect(&node, gpu, target) {
+    })
+}
+
+/// What the look-ahead expects of setting GPU `gpu` to `target`, as plans
+/// show it. `None` when nothing waits or the simulation fails (logged).
+pub(super) fn expected_effect(
+    ahead: &mut Lookahead,
+    gpu: usize,
+    target: Layout,
+) -> Option<PlanEffect> {
+    let e = match ahead.effect(gpu, target) {
         Ok(e) => e?,
         Err(err) => {
             tracing::warn!(gpu, "plan look-ahead failed: {err}");
@@ -179,7 +177,8 @@ impl Daemon {
                     }
                 }
             }
-            Mode::Confirm => self.propose(slot, st, target, cfg.plan_timeout_s, effect),
+            // A pending plan's effect is refreshed with the others' each epoch.
+            Mode::Confirm => self.propose(slot, st, target, cfg.plan_timeout_s),
             // Advise mode records wishes (`advise`) and never pursues them.
             Mode::Advise => {}
         }
@@ -188,15 +187,8 @@ impl Daemon {
     /// `mode = "confirm"`: the policy wants `slot` at `target`; keep (or
     /// replace) the GPU's pending plan, or withdraw it when there is
     /// nothing to do any more.
-    fn propose(
-        &self,
-        slot: &GpuSlot,
-        st: &GpuState,
-        target: Layout,
-        timeout_s: u64,
-        effect: Option<PlanEffect>,
-    ) {
-        let Some(mut shown) = plan_status(slot, st, target) else {
+    fn propose(&self, slot: &GpuSlot, st: &GpuState, target: Layout, timeout_s: u64) {
+        let Some(shown) = plan_status(slot, st, target) else {
             if let Some(p) = self.plans().withdraw(slot.index) {
                 tracing::info!(
                     plan = p.shown.id,
@@ -206,7 +198,6 @@ impl Daemon {
             }
             return;
         };
-        shown.effect = effect;
         let (from, to) = (shown.from.clone(), shown.to.clone());
         let (id, new) = self.plans().propose(
             slot.index,
@@ -403,8 +394,8 @@ impl Daemon {
         // Advise mode also counts typed requests (`gpu:3g.20gb:1`) as
         // demand for that profile's compute and memory.
         let typed = queue.pending_typed().filter(|_| advise).filter_map(|p| {
-            let (compute, memory) = typed_size(p.mig_profile.as_deref()?)?;
-            Some((p, compute, Some(memory)))
+            let (compute, memory) = crate::mig::profile_size(p.mig_profile.as_deref()?)?;
+            Some((p, compute, Some(f64::from(memory))))
         });
         let jobs: Vec<PendingJob> = queue
             .pending_shards()
@@ -479,16 +470,19 @@ impl Daemon {
                     "plan withdrawn: the GPU changed since (jobs served on demand)");
             }
         }
+        let mut ahead = lookahead_of(&statuses, &jobs, now);
         for d in decisions {
             let Some(slot) = self.slots.get(d.gpu) else {
                 tracing::warn!(gpu = d.gpu, "policy decided for a GPU that does not exist");
                 continue;
             };
             let mut st = slot.state.lock().await;
-            // The plan's expected effect on this node's queue (not for a
-            // target that changes nothing).
-            let effect = if plan_status(slot, &st, d.target).is_some() {
-                expected_effect(&statuses, &jobs, now, d.gpu, d.target)
+            // The expected effect of a reshape carried out now (dynamic) or
+            // recorded (advise); pending plans (confirm) get theirs below,
+            // once per epoch.
+            let effect = if cfg.mode != Mode::Confirm && plan_status(slot, &st, d.target).is_some()
+            {
+                expected_effect(&mut ahead, d.gpu, d.target)
             } else {
                 None
             };
@@ -501,7 +495,7 @@ impl Daemon {
         // (also those made before any queue was read: the initial layout).
         let targets = self.plans().pending_targets();
         for (gpu, to) in targets {
-            let effect = expected_effect(&statuses, &jobs, now, gpu as usize, to);
+            let effect = expected_effect(&mut ahead, gpu as usize, to);
             self.plans().set_effect(gpu, effect);
         }
         self.metrics.pending_plans(self.plans().pending_count());
@@ -556,35 +550,20 @@ mod tests {
 
     fn queued(state: JobState, end_time: u64, limit: Option<u64>) -> QueuedJob {
         QueuedJob {
-            job_id: 1,
-            state,
             shards: 3,
             gpu: Some(0),
             nodes: "n1".into(),
             time_limit_s: limit,
             start_time: 100,
             end_time,
-            deadline: None,
             submit_time: 50,
-            array_task: None,
-            account: None,
-            admin_comment: String::new(),
-            mig_profile: None,
-            restarts: 0,
-            partition: String::new(),
+            ..QueuedJob::new(1, state)
         }
     }
 
     /// A running instance frees up at Slurm's end time (start + time
     /// limit); without it, at the allocation's own limit; else never.
     /// Before, every instance looked as if it never ended.
-    #[test]
-    fn profile_names_state_their_size() {
-        assert_eq!(typed_size("3g.20gb"), Some((3, 20.0)));
-        assert_eq!(typed_size("1g.5gb+me"), Some((1, 5.0)));
-        assert_eq!(typed_size("a100"), None);
-    }
-
     #[test]
     fn running_jobs_end_when_slurm_says() {
         let a = Assignment {
