@@ -350,7 +350,7 @@ fn bench_placement_writes_its_report() {
         let late = |r: &serde_json::Value| r["late_jobs"].as_u64().expect("late");
         let min = rows
             .iter()
-            .filter(|r| r["learned"] == false)
+            .filter(|r| r["candidate"] == false)
             .map(late)
             .min()
             .expect("heuristics");
@@ -394,6 +394,71 @@ fn bench_placement_writes_its_report() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("not a job-placement policy"),
+        "{stderr}"
+    );
+}
+
+/// A deferral rule (`sim::deferral`) is scored like a learned file: a gate
+/// row against the opponent, marked a candidate, never chosen as the
+/// opponent; a malformed rule is refused naming it, before any run.
+#[test]
+fn bench_placement_scores_a_deferral_rule() {
+    let json = tmp("bench-rule.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smartmig"))
+        .args([
+            "bench",
+            "placement",
+            "--quick",
+            "--only",
+            "campaigns/tight",
+            "--placement",
+            "cedf+rescue",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run smartmig");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("cedf+rescue:0.5:3:6"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
+    let gates = v["gates"].as_array().expect("gates");
+    assert!(!gates.is_empty());
+    for g in gates {
+        assert_eq!(g["placement"], "cedf+rescue:0.5:3:6", "{g}");
+        assert_ne!(g["opponent"], g["placement"], "{g}");
+    }
+    for b in v["scenarios"][0]["blocks"].as_array().expect("blocks") {
+        let rows = b["rows"].as_array().expect("rows");
+        let rule = rows
+            .iter()
+            .find(|r| r["placement"] == "cedf+rescue:0.5:3:6")
+            .expect("the rule's row");
+        assert_eq!(rule["candidate"], true, "{rule}");
+        assert_eq!(
+            rows.iter().filter(|r| r["candidate"] == false).count(),
+            7,
+            "the seven heuristics"
+        );
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smartmig"))
+        .args([
+            "bench",
+            "placement",
+            "--quick",
+            "--placement",
+            "cedf+rescue:x",
+        ])
+        .output()
+        .expect("run smartmig");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("`x` is not a number"),
         "{stderr}"
     );
 }

@@ -38,6 +38,7 @@ use crate::eval::Day;
 use crate::mig::GpuModel;
 use crate::policy::features::argmax_masked;
 use crate::policy::parse_policy;
+use crate::sim::deferral::{DeferSpec, DeferSpecError};
 use crate::sim::placement_features::PlacementFeatures;
 use crate::sim::{
     simulate, Candidate, Heuristic, Metrics, Pick, PlacementContext, PlacementHeuristic, RunHooks,
@@ -427,72 +428,21 @@ impl PlacementHeuristic for Actor<'_> {
     }
 }
 
-/// A teacher: a heuristic's instance choice in earliest-deadline order,
-/// and a job that would be late on every offered instance deferred behind
-/// the others of the round, unless it is already overdue by more than
-/// `overdue_work` times its work (so no job waits for ever). Written
-/// `<heuristic>+defer-late[:K]` in the config (K default 2).
-pub struct DeferLate {
-    pub inner: Box<dyn PlacementHeuristic + Send>,
-    pub overdue_work: f64,
-}
-
-/// `<heuristic>` or `<heuristic>+defer-late[:K]`.
+/// A teacher: a heuristic (`cedf`, ...) or a heuristic with a deferral
+/// rule (`cedf+rescue:0.25:6`, `cedf+defer-late:2`; see
+/// `smartmig_core::sim::deferral`).
 pub fn parse_teacher(spec: &str) -> Result<Box<dyn PlacementHeuristic + Send>, LearnError> {
     let bad = |e: String| LearnError::Config(format!("teacher `{spec}`: {e}"));
-    let (h, defer) = match spec.split_once('+') {
-        Some((h, d)) => (h, Some(d)),
-        None => (spec, None),
-    };
-    let inner = h
+    if spec.contains('+') {
+        let d: DeferSpec = spec
+            .parse()
+            .map_err(|e: DeferSpecError| bad(e.to_string()))?;
+        return Ok(d.build(0));
+    }
+    Ok(spec
         .parse::<Heuristic>()
         .map_err(|e| bad(e.to_string()))?
-        .build(0);
-    let Some(d) = defer else { return Ok(inner) };
-    let k = match d.strip_prefix("defer-late") {
-        Some("") => 2.0,
-        Some(k) => k
-            .strip_prefix(':')
-            .and_then(|k| k.parse::<f64>().ok())
-            .filter(|k| k.is_finite())
-            .ok_or_else(|| bad(format!("`{d}` is not defer-late[:K]")))?,
-        None => return Err(bad(format!("`{d}` is not defer-late[:K]"))),
-    };
-    Ok(Box::new(DeferLate {
-        inner,
-        overdue_work: k,
-    }))
-}
-
-impl PlacementHeuristic for DeferLate {
-    fn name(&self) -> &'static str {
-        "defer-late"
-    }
-
-    fn priority(&self, job: &Job) -> f64 {
-        job.deadline
-    }
-
-    fn choose(&mut self, job: &Job, candidates: &[Candidate]) -> Pick {
-        self.inner.choose(job, candidates)
-    }
-
-    fn choose_in(
-        &mut self,
-        job: &Job,
-        candidates: &[Candidate],
-        ctx: &PlacementContext<'_>,
-    ) -> Pick {
-        let pick = self.inner.choose_in(job, candidates, ctx);
-        let late_everywhere = candidates.iter().all(|c| {
-            ctx.now + job.work / job.speed(c.compute, c.total_compute).max(1e-9) > job.deadline
-        });
-        let young = ctx.now - job.deadline < self.overdue_work * job.work;
-        Pick {
-            defer: ctx.may_defer && ctx.waiting.len() > 1 && late_everywhere && young,
-            ..pick
-        }
-    }
+        .build(0))
 }
 
 /// Runs one episode; returns its metrics and its transitions.

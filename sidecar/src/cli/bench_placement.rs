@@ -44,8 +44,10 @@ pub struct PlacementArgs {
     /// 8 GPUs, 3 training and 2 test days, a smaller search.
     #[arg(long)]
     pub quick: bool,
-    /// Learned placement to score (repeatable, `learned:FILE.onnx`); the
-    /// shipped one joins by itself when none is given.
+    /// Placement to score against the heuristics (repeatable): a learned
+    /// file, `learned:FILE.onnx`, or a deferral rule such as
+    /// `cedf+rescue`; the shipped learned one joins by itself when none is
+    /// given.
     #[arg(long, value_name = "SPEC")]
     pub placement: Vec<String>,
     /// Extra repartitioning policy (repeatable) besides none, static-hist
@@ -56,7 +58,7 @@ pub struct PlacementArgs {
     #[arg(long, default_value_t = 1.0)]
     pub alpha: f64,
     /// Print every placement's row, not only the best heuristic's and the
-    /// learned ones.
+    /// scored ones.
     #[arg(long)]
     pub all_rows: bool,
     /// Write the results as JSON here.
@@ -88,20 +90,20 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
             a.test_seed
         );
     }
-    let mut learned = Vec::new();
+    let mut candidates = Vec::new();
     for p in &a.placement {
         let spec: PlacementSpec = p.parse().with_context(|| format!("--placement {p}"))?;
         if spec.rule().is_some() {
-            bail!("--placement {p}: the heuristics always run; give learned:FILE.onnx");
+            bail!("--placement {p}: the heuristics always run; give learned:FILE.onnx or a deferral rule (cedf+rescue)");
         }
         // Refuse a wrong file before minutes of simulation.
         spec.build(0, Some(a.model))
             .with_context(|| format!("--placement {p}"))?;
-        learned.push(spec);
+        candidates.push(spec);
     }
-    if learned.is_empty() {
+    if candidates.is_empty() {
         match crate::policy::onnx::shipped_placement(a.model) {
-            Some(p) => learned.push(PlacementSpec::Learned(p)),
+            Some(p) => candidates.push(PlacementSpec::Learned(p)),
             None => eprintln!("smartmig: no shipped learned placement for {}", a.model),
         }
     }
@@ -135,7 +137,7 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
             SearchConfig::default()
         },
         policies,
-        learned,
+        candidates,
     };
     let list = select_scenarios(default_scenarios(), &a.only).context("--only")?;
     let started = Instant::now();
@@ -202,7 +204,7 @@ fn short(placement: &str) -> String {
 }
 
 /// One scenario: per repartitioning policy, the opponent's row (chosen on
-/// the training days), the hindsight-best heuristic's, the learned rows
+/// the training days), the hindsight-best heuristic's, the scored rows
 /// (and every heuristic with `all`).
 fn scenario_table(s: &PlacementScenario, all: bool) -> String {
     let mut t = format!(
@@ -222,7 +224,7 @@ fn scenario_table(s: &PlacementScenario, all: bool) -> String {
         for r in &b.rows {
             let opponent = r.placement == b.opponent;
             let best = r.placement == b.best_heuristic;
-            if !(all || opponent || best || r.learned) {
+            if !(all || opponent || best || r.candidate) {
                 continue;
             }
             let mark = match (opponent, best) {
@@ -250,7 +252,7 @@ fn line(policy: &str, name: &str, r: &PlacementRow) -> String {
     )
 }
 
-/// Every learned row against its block's opponent, the hindsight-best
+/// Every scored row against its block's opponent, the hindsight-best
 /// heuristic beside it, and the means over all rows.
 fn gates_table(g: &[PlacementGate]) -> String {
     if g.is_empty() {

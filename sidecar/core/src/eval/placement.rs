@@ -3,14 +3,15 @@
 //!
 //! For one scenario, every repartitioning policy (`none`, the static
 //! layout fitted on the training days, `greedy`, a learned one) runs every
-//! placement (the seven heuristics and the learned placements) on every
-//! test day. A learned placement is judged against **the opponent**: the
+//! placement (the seven heuristics, the learned placements and any
+//! deferral rule given, `sim::deferral`) on every test day. Each of the
+//! latter, a *candidate*, is judged against **the opponent**: the
 //! heuristic a site would pick from its past days, the one with the fewest
 //! late jobs over the *training* days under the same repartitioning (ties:
 //! less energy). The heuristic with the fewest late jobs over the test days
 //! themselves is shown beside it as a hindsight reference, never as the
 //! opponent. Late jobs, energy, tardiness and ET are summed over the test
-//! days, with the worst day. Each decision of a learned placement is
+//! days, with the worst day. Each decision of a candidate is
 //! timed.
 
 use std::time::Instant;
@@ -33,9 +34,11 @@ use super::suite::ScenarioDays;
 /// Totals of one placement under one repartitioning policy.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PlacementRow {
-    /// `edf`, ..., or `learned:FILE`.
+    /// `edf`, ..., `learned:FILE` or a deferral rule (`cedf+rescue:...`).
     pub placement: String,
-    pub learned: bool,
+    /// Scored against the opponent (a learned file or a deferral rule),
+    /// not one of the seven heuristics it is chosen from.
+    pub candidate: bool,
     pub late_jobs: u64,
     pub jobs: u64,
     pub energy_j: f64,
@@ -46,7 +49,7 @@ pub struct PlacementRow {
     pub et: f64,
     /// Late jobs per test day.
     pub late_per_day: Vec<u64>,
-    /// Mean wall time of one decision, microseconds (learned only).
+    /// Mean wall time of one decision, microseconds (candidates only).
     pub decision_us: Option<f64>,
     pub decisions: u64,
 }
@@ -100,8 +103,9 @@ pub struct PlacementBenchConfig {
     /// `(row name, spec)` of the repartitioning policies besides `none`
     /// and `static-hist` (e.g. `("greedy", "greedy")`).
     pub policies: Vec<(String, String)>,
-    /// Learned placements to score beside the heuristics.
-    pub learned: Vec<PlacementSpec>,
+    /// Placements to score beside the heuristics: learned files and
+    /// deferral rules.
+    pub candidates: Vec<PlacementSpec>,
 }
 
 /// Times a placement's decisions.
@@ -146,7 +150,7 @@ fn row(
 ) -> Result<PlacementRow, SimError> {
     let mut r = PlacementRow {
         placement: spec.to_string(),
-        learned: spec.rule().is_none(),
+        candidate: spec.rule().is_none(),
         ..PlacementRow::default()
     };
     let (mut nanos, mut timed) = (0u128, 0u64);
@@ -174,7 +178,7 @@ fn row(
     }
     let n = days.len().max(1) as f64;
     r.et = reference.et(r.energy_j / n, mean_tardiness / n, alpha);
-    if r.learned {
+    if r.candidate {
         r.decisions = timed;
         r.decision_us = (timed > 0).then(|| nanos as f64 / timed as f64 / 1000.0);
     }
@@ -206,7 +210,7 @@ pub fn run_placement_scenario(
         .iter()
         .map(|&h| PlacementSpec::Rule(h))
         .collect();
-    placements.extend(cfg.learned.iter().cloned());
+    placements.extend(cfg.candidates.iter().cloned());
     let mut policies: Vec<(String, String)> = vec![("none".into(), "none".into())];
     policies.push(("static-hist".into(), String::new()));
     policies.extend(cfg.policies.iter().cloned());
@@ -256,7 +260,7 @@ pub fn run_placement_scenario(
 /// The heuristic row with the fewest late jobs (ties: less energy).
 fn fewest_late(rows: &[PlacementRow]) -> String {
     rows.iter()
-        .filter(|r| !r.learned)
+        .filter(|r| !r.candidate)
         .min_by(|a, b| {
             a.late_jobs
                 .cmp(&b.late_jobs)
@@ -317,7 +321,7 @@ pub fn placement_gates(scenarios: &[PlacementScenario]) -> Vec<PlacementGate> {
             let (Some(opp), Some(best)) = (b.opponent(), b.best()) else {
                 continue;
             };
-            for r in b.rows.iter().filter(|r| r.learned) {
+            for r in b.rows.iter().filter(|r| r.candidate) {
                 let worst_day_late = r
                     .late_per_day
                     .iter()
@@ -353,9 +357,9 @@ mod tests {
     /// the training days), not with the hindsight-best heuristic.
     #[test]
     fn gates_are_relative_to_the_opponent() {
-        let r = |name: &str, learned: bool, late: u64, days: Vec<u64>| PlacementRow {
+        let r = |name: &str, candidate: bool, late: u64, days: Vec<u64>| PlacementRow {
             placement: name.into(),
-            learned,
+            candidate,
             late_jobs: late,
             energy_j: 100.0,
             tardiness_s: 10.0,

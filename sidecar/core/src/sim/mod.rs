@@ -36,6 +36,7 @@
 //! reconfigurations created in vain.
 
 pub mod audit;
+pub mod deferral;
 pub mod engine;
 pub mod events;
 pub mod heuristics;

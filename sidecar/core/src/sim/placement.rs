@@ -8,6 +8,7 @@ use std::str::FromStr;
 use crate::mig::GpuModel;
 use crate::policy::onnx::PolicyLoadError;
 
+use super::deferral::{DeferSpec, DeferSpecError};
 use super::heuristics::{Heuristic, PlacementHeuristic, UnknownHeuristic};
 use super::placement_onnx::OnnxPlacement;
 
@@ -15,6 +16,9 @@ use super::placement_onnx::OnnxPlacement;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum PlacementSpec {
     Rule(Heuristic),
+    /// `<heuristic>+defer-late[:K]` or `<heuristic>+rescue[:R]`
+    /// ([`super::deferral`]): a rule that defers, not one of the seven.
+    Deferring(DeferSpec),
     /// `learned:FILE.onnx`.
     Learned(PathBuf),
 }
@@ -26,6 +30,8 @@ pub enum PlacementSpecError {
     Unknown(#[from] UnknownHeuristic),
     #[error("`learned:` needs a file: `learned:FILE.onnx`")]
     NoFile,
+    #[error(transparent)]
+    Deferring(#[from] DeferSpecError),
 }
 
 impl FromStr for PlacementSpec {
@@ -34,6 +40,7 @@ impl FromStr for PlacementSpec {
         match s.trim().strip_prefix("learned:") {
             Some("") => Err(PlacementSpecError::NoFile),
             Some(path) => Ok(PlacementSpec::Learned(PathBuf::from(path))),
+            None if s.contains('+') => Ok(PlacementSpec::Deferring(s.parse()?)),
             None => Ok(PlacementSpec::Rule(s.parse()?)),
         }
     }
@@ -43,6 +50,7 @@ impl std::fmt::Display for PlacementSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PlacementSpec::Rule(h) => write!(f, "{h}"),
+            PlacementSpec::Deferring(d) => write!(f, "{d}"),
             PlacementSpec::Learned(p) => write!(f, "learned:{}", p.display()),
         }
     }
@@ -65,6 +73,7 @@ impl PlacementSpec {
     ) -> Result<Box<dyn PlacementHeuristic + Send>, PolicyLoadError> {
         match self {
             PlacementSpec::Rule(h) => Ok(h.build(seed)),
+            PlacementSpec::Deferring(d) => Ok(d.build(seed)),
             PlacementSpec::Learned(path) => Ok(Box::new(OnnxPlacement::load(path, model)?)),
         }
     }
@@ -73,7 +82,7 @@ impl PlacementSpec {
     pub fn rule(&self) -> Option<Heuristic> {
         match self {
             PlacementSpec::Rule(h) => Some(*h),
-            PlacementSpec::Learned(_) => None,
+            PlacementSpec::Deferring(_) | PlacementSpec::Learned(_) => None,
         }
     }
 }

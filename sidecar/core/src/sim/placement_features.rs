@@ -28,6 +28,8 @@
 //! | slack | (deadline - now) / work, clipped to [-4, 4], / 4 |
 //! | rank | share of waiting jobs with an earlier deadline |
 //! | one-slice speed | speed on one compute slice (1 = whole-GPU speed) |
+//! | rescue | 1 if deferring would save another job cheaply, as the `rescue` rule's defaults judge it ([`super::deferral::Rescue::possible`]) |
+//! | overdue | (now - deadline) / work, clipped to [0, 8], / 8 |
 //! | may defer | 1 if the defer action is allowed |
 //!
 //! | per profile | meaning |
@@ -44,13 +46,14 @@
 use crate::mig::GpuModel;
 use crate::workload::Job;
 
+use super::deferral::{shortest_run_s, Rescue};
 use super::heuristics::{Candidate, PlacementContext};
 
 /// Version of the row layout above; a policy file trained with another
 /// version is refused.
-pub const PLACEMENT_SPEC_VERSION: u32 = 1;
+pub const PLACEMENT_SPEC_VERSION: u32 = 2;
 /// Numbers about the job and the cluster, at the start of the row.
-pub const GLOBAL_FEATURES: usize = 10;
+pub const GLOBAL_FEATURES: usize = 12;
 /// Numbers per profile.
 pub const PROFILE_FEATURES: usize = 8;
 
@@ -146,6 +149,12 @@ impl PlacementFeatures {
             f(((job.deadline - now) / work).clamp(-4.0, 4.0) / 4.0),
             f(earlier / waiting),
             f(job.speed(1, total)),
+            if Rescue::DEFAULT.possible(job.id, shortest_run_s(job, candidates), candidates, ctx) {
+                1.0
+            } else {
+                0.0
+            },
+            f(((now - job.deadline) / work).clamp(0.0, 8.0) / 8.0),
             if ctx.may_defer && ctx.waiting.len() > 1 {
                 1.0
             } else {
@@ -237,7 +246,7 @@ mod tests {
     fn rows_have_the_spec_width_and_mark_the_offered_profiles() {
         let spec = PlacementFeatures::new(M);
         assert_eq!(spec.actions, 7);
-        assert_eq!(spec.obs_dim, 10 + 8 * 6);
+        assert_eq!(spec.obs_dim, 12 + 8 * 6);
         let j = job(700.0, 1000.0, 15.0);
         let waiting = [PendingJob {
             id: 7,
