@@ -645,8 +645,12 @@ pub fn train_placement(
                 .then(a.1.energy_j.total_cmp(&b.1.energy_j))
         })
         .map_or((Heuristic::Edf, Totals::default()), |(h, t)| (*h, *t));
+    // The teacher as it ran: a rule's defaults are written out, so the
+    // metadata says what taught the file even if the defaults change.
     let teacher_spec = if cfg.teacher == "auto" {
         best_rule.to_string()
+    } else if let Ok(rule) = cfg.teacher.parse::<DeferSpec>() {
+        rule.to_string()
     } else {
         cfg.teacher.clone()
     };

@@ -58,7 +58,9 @@ pub struct Args {
     #[arg(long, default_value_t = 24.0)]
     pub hours: f64,
     /// Job placement: a heuristic (edf, cedf, eft, largest-first,
-    /// smallest-first, best-fit, random) or `learned:FILE.onnx`.
+    /// smallest-first, best-fit, random), a heuristic with a deferral rule
+    /// (`cedf+rescue[:R[:S[:K]]]`, `cedf+defer-late[:K]`) or
+    /// `learned:FILE.onnx`.
     #[arg(long, default_value = "edf")]
     pub placement: String,
     /// Repartitioning policy: none, static:<catalog index>, static:<picture>,
