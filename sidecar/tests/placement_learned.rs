@@ -346,6 +346,25 @@ fn shipped_placement_loads_and_decides() {
     assert_eq!(&json, p.metadata());
 }
 
+/// Runs `smartmig bench placement --quick ARGS --json JSON`, which must
+/// succeed; returns its standard output.
+fn bench_placement(args: &[&str], json: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smartmig"))
+        .args(["bench", "placement", "--quick"])
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("run smartmig");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// `smartmig bench placement` runs the shipped placement against the
 /// seven heuristics and writes its report: one gate row per
 /// repartitioning policy, each against the heuristic with the fewest late
@@ -353,24 +372,7 @@ fn shipped_placement_loads_and_decides() {
 #[test]
 fn bench_placement_writes_its_report() {
     let json = tmp("bench.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smartmig"))
-        .args([
-            "bench",
-            "placement",
-            "--quick",
-            "--only",
-            "diurnal/tight",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run smartmig");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = bench_placement(&["--only", "diurnal/tight"], &json);
     assert!(
         stdout.contains("learned placement vs the opponent"),
         "{stdout}"
@@ -441,25 +443,9 @@ fn bench_placement_writes_its_report() {
 #[test]
 fn bench_placement_scores_a_deferral_rule() {
     let json = tmp("bench-rule.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smartmig"))
-        .args([
-            "bench",
-            "placement",
-            "--quick",
-            "--only",
-            "campaigns/tight",
-            "--placement",
-            "cedf+rescue",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run smartmig");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = bench_placement(
+        &["--only", "campaigns/tight", "--placement", "cedf+rescue"],
+        &json,
     );
     assert!(stdout.contains("cedf+rescue:0.5:3:6"), "{stdout}");
     let v: serde_json::Value =

@@ -319,8 +319,8 @@ mod tests {
             free: 1,
         };
         let head = job(1, 1000.0, 500.0);
-        let decide = |rule: &str, other: &Job| {
-            let waiting = [pending(&head), pending(other)];
+        let decide_for = |rule: &str, head: &Job, other: &Job| {
+            let waiting = [pending(head), pending(other)];
             let demand = PendingByProfile::default();
             let ctx = PlacementContext {
                 now: 0.0,
@@ -332,8 +332,9 @@ mod tests {
                 may_defer: true,
             };
             let spec: DeferSpec = rule.parse().unwrap();
-            spec.build(0).choose_in(&head, &[whole], &ctx).defer
+            spec.build(0).choose_in(head, &[whole], &ctx).defer
         };
+        let decide = |rule: &str, other: &Job| decide_for(rule, &head, other);
         // 300 s of work due at 400 s: on time now, late after waiting
         // 150 s (R = 0.5), and shorter than the head: saved.
         let saved = job(2, 300.0, 400.0);
@@ -352,18 +353,6 @@ mod tests {
         // Overdue by more than K = 6 works: passed over no more.
         let mut old = head;
         old.deadline = -6001.0;
-        let waiting = [pending(&old), pending(&saved)];
-        let demand = PendingByProfile::default();
-        let ctx = PlacementContext {
-            now: 0.0,
-            gpus: 1,
-            total_compute: 7,
-            busy_compute: 0,
-            waiting: &waiting,
-            pending_by_profile: &demand,
-            may_defer: true,
-        };
-        let mut rule = "cedf+rescue".parse::<DeferSpec>().unwrap().build(0);
-        assert!(!rule.choose_in(&old, &[whole], &ctx).defer);
+        assert!(!decide_for("cedf+rescue", &old, &saved));
     }
 }
