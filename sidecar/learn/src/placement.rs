@@ -429,7 +429,7 @@ impl PlacementHeuristic for Actor<'_> {
 }
 
 /// A teacher: a heuristic (`cedf`, ...) or a heuristic with a deferral
-/// rule (`cedf+rescue:0.25:6`, `cedf+defer-late:2`; see
+/// rule (`cedf+rescue:0.5:3:6`, `cedf+defer-late:2`; see
 /// `smartmig_core::sim::deferral`).
 pub fn parse_teacher(spec: &str) -> Result<Box<dyn PlacementHeuristic + Send>, LearnError> {
     let bad = |e: String| LearnError::Config(format!("teacher `{spec}`: {e}"));
