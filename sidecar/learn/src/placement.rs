@@ -38,10 +38,11 @@ use crate::eval::Day;
 use crate::mig::GpuModel;
 use crate::policy::features::argmax_masked;
 use crate::policy::parse_policy;
-use crate::sim::deferral::{DeferSpec, DeferSpecError};
+use crate::sim::deferral::DeferSpec;
 use crate::sim::placement_features::PlacementFeatures;
 use crate::sim::{
-    simulate, Candidate, Heuristic, Metrics, Pick, PlacementContext, PlacementHeuristic, RunHooks,
+    simulate, Candidate, Heuristic, Metrics, Pick, PlacementContext, PlacementHeuristic,
+    PlacementSpec, RunHooks,
 };
 use crate::workload::{default_scenarios, select_scenarios, Job, Scenario};
 
@@ -430,19 +431,19 @@ impl PlacementHeuristic for Actor<'_> {
 
 /// A teacher: a heuristic (`cedf`, ...) or a heuristic with a deferral
 /// rule (`cedf+rescue:0.5:3:6`, `cedf+defer-late:2`; see
-/// `smartmig_core::sim::deferral`).
+/// `smartmig_core::sim::deferral`), parsed as `--placement` parses them;
+/// a learned file is not a teacher.
 pub fn parse_teacher(spec: &str) -> Result<Box<dyn PlacementHeuristic + Send>, LearnError> {
     let bad = |e: String| LearnError::Config(format!("teacher `{spec}`: {e}"));
-    if spec.contains('+') {
-        let d: DeferSpec = spec
-            .parse()
-            .map_err(|e: DeferSpecError| bad(e.to_string()))?;
-        return Ok(d.build(0));
-    }
-    Ok(spec
-        .parse::<Heuristic>()
+    match spec
+        .parse::<PlacementSpec>()
         .map_err(|e| bad(e.to_string()))?
-        .build(0))
+    {
+        PlacementSpec::Learned(_) => Err(bad(
+            "a teacher is a heuristic or a deferral rule, not a learned file".into(),
+        )),
+        rule => rule.build(0, None).map_err(|e| bad(e.to_string())),
+    }
 }
 
 /// Runs one episode; returns its metrics and its transitions.
@@ -886,5 +887,28 @@ mod tests {
         let mut c = PlacementTrainConfig::default();
         c.data.policies = vec!["policy:x.onnx".into()];
         assert!(c.validate().is_err());
+    }
+
+    /// Teachers parse as `--placement` does: heuristics and deferral
+    /// rules; a learned file or a malformed rule is refused by name.
+    #[test]
+    fn teachers_are_heuristics_or_deferral_rules() {
+        for ok in ["cedf", "eft", "cedf+rescue", "cedf+defer-late:2"] {
+            assert!(parse_teacher(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("fifo", "unknown placement heuristic"),
+            ("cedf+rescue:x", "`x` is not a number"),
+            ("learned:p.onnx", "not a learned file"),
+        ] {
+            let e = parse_teacher(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                e.contains(&format!("teacher `{bad}`")) && e.contains(why),
+                "{e}"
+            );
+        }
     }
 }

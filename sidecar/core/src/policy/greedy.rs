@@ -189,7 +189,7 @@ fn demanded_compute(job: &PendingJob, model: GpuModel, start: f64) -> Option<u8>
     }
     let fitting = &mut fitting[..n];
     fitting.sort_unstable();
-    let runtime = |k: u8| job.work / job.speedup.speed(k, total);
+    let runtime = |k: u8| job.runtime_on(k, total);
     fitting
         .iter()
         .copied()
@@ -325,7 +325,7 @@ impl RepartitionPolicy for Greedy {
                 // the size it needs now too slow.
                 let model = view.gpus.first().map_or(GpuModel::A100_40gb, |g| g.model);
                 demanded_compute(p, model, start).is_some_and(|k| {
-                    let runtime = p.work / p.speedup.speed(k, model.spec().compute_slices);
+                    let runtime = p.runtime_on(k, model.spec().compute_slices);
                     start + self.cfg.window_s + runtime > p.deadline
                 })
             })

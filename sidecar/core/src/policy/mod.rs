@@ -143,6 +143,12 @@ impl PendingJob {
     pub fn shape(&self, model: GpuModel) -> Option<Shape> {
         self.shapes[model as usize]
     }
+
+    /// Run time on a `compute`-slice instance, as [`crate::workload::Job::runtime_on`].
+    #[inline]
+    pub fn runtime_on(&self, compute: u8, total_compute: u8) -> f64 {
+        self.work / self.speedup.speed(compute, total_compute)
+    }
 }
 
 /// Everything a policy may read at a decision epoch. Cheap to build: only

@@ -81,7 +81,7 @@ impl Rescue {
                 if f64::from(c.memory_gb) < w.memory_gb || c.compute < w.min_compute {
                     return false;
                 }
-                let run = run_s(w.speedup.speed(c.compute, c.total_compute), w.work);
+                let run = w.runtime_on(c.compute, c.total_compute);
                 let slack = w.deadline - (ctx.now + run);
                 run <= longest && slack >= 0.0 && slack < self.slack_runs * run
             })
@@ -179,16 +179,11 @@ pub struct Deferring {
     pub rule: DeferRule,
 }
 
-/// Seconds `work` takes at `speed` (1 = whole GPU).
-fn run_s(speed: f64, work: f64) -> f64 {
-    work / speed.max(1e-9)
-}
-
 /// The shortest run of `job` on the offered instances, s.
 pub fn shortest_run_s(job: &Job, candidates: &[Candidate]) -> f64 {
     candidates
         .iter()
-        .map(|c| run_s(job.speed(c.compute, c.total_compute), job.work))
+        .map(|c| job.runtime_on(c.compute, c.total_compute))
         .fold(f64::INFINITY, f64::min)
 }
 
