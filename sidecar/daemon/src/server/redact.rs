@@ -4,7 +4,22 @@
 //! undo Slurm's `PrivateData=jobs` (job ids, uids, user and job names, and
 //! the uuids a job would need to aim at another job's instance).
 
+use super::auth::Roles;
 use crate::protocol::{PlanStatus, StatusReply};
+
+/// Redacts `reply` for the caller `uid`: nothing for those who see every
+/// job ([`Roles::sees_everything`]: root, `slurm_user`, `operators`),
+/// [`redact`] for anyone else (`user` names the caller; asked only then).
+pub(super) fn for_viewer(
+    reply: &mut StatusReply,
+    uid: u32,
+    roles: &Roles,
+    user: impl FnOnce() -> String,
+) {
+    if !roles.sees_everything(uid) {
+        redact(reply, uid, &user());
+    }
+}
 
 /// Removes from `reply` what `uid` (user name `user`) may not see; others'
 /// instances are added to each GPU's `others_busy` (so redacting twice
