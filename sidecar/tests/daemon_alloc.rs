@@ -5,7 +5,7 @@ mod daemon_common;
 
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, TestDaemon};
+use daemon_common::{free_port, req, scrape, TestDaemon};
 use smartmig::daemon::protocol::{AllocAction, AllocateRequest};
 use smartmig::daemon::{ClientError, ErrorKind};
 
@@ -200,20 +200,11 @@ fn concurrent_allocations_never_share_an_instance() {
 
 #[test]
 fn metrics_endpoint_serves_prometheus_text() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let d = TestDaemon::start("metrics", &format!("metrics_listen = \"127.0.0.1:{port}\""));
     let c = d.client();
     c.allocate(req(1, 0, 3, None)).unwrap();
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let body = scrape(port);
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
     for needle in [
         "smartmig_allocations_total{result=\"created\"} 1",
