@@ -83,13 +83,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn others_jobs_become_counts_per_profile() {
-        let mut r = StatusReply {
+    /// A status reply of one A100-40GB holding `instances`, with `memory`
+    /// and nothing waiting or planned.
+    fn reply(instances: Vec<InstanceStatus>, memory: MemoryStatus) -> StatusReply {
+        StatusReply {
             node: "n".into(),
             version: "v".into(),
             backend: "sim".into(),
-            policy: "none".into(),
+            policy: "greedy".into(),
             placement: None,
             uptime_s: 1,
             gpus: vec![GpuStatus {
@@ -97,21 +98,23 @@ mod tests {
                 model: GpuModel::A100_40gb,
                 picture: String::new(),
                 layout: String::new(),
-                instances: vec![
-                    inst("MIG-a", "3g.20gb", Some(1001)),
-                    inst("MIG-b", "3g.20gb", Some(1002)),
-                    inst("MIG-c", "1g.5gb", Some(1002)),
-                    inst("MIG-idle", "1g.5gb", None),
-                ],
+                instances,
                 idle_s: 0,
                 energy_j: None,
                 others_busy: BTreeMap::new(),
             }],
-            memory: Some(MemoryStatus::default()),
+            memory: Some(memory),
             epilog_missing: false,
             pending_plans: vec![],
             advise: None,
             cluster: None,
+            waiting: vec![],
+        }
+    }
+
+    #[test]
+    fn others_jobs_become_counts_per_profile() {
+        let mut r = StatusReply {
             waiting: vec![
                 WaitingJob {
                     job_id: 7,
@@ -130,6 +133,15 @@ mod tests {
                     deadline: None,
                 },
             ],
+            ..reply(
+                vec![
+                    inst("MIG-a", "3g.20gb", Some(1001)),
+                    inst("MIG-b", "3g.20gb", Some(1002)),
+                    inst("MIG-c", "1g.5gb", Some(1002)),
+                    inst("MIG-idle", "1g.5gb", None),
+                ],
+                MemoryStatus::default(),
+            )
         };
         redact(&mut r, 1001, "alice");
         let uuids: Vec<&str> = r.gpus[0]
@@ -202,54 +214,36 @@ mod tests {
     /// (job 41); bob (uid 1002) runs job 10020 and had one too (job 42);
     /// a pending plan keeps bob's instance.
     fn full_status() -> StatusReply {
-        StatusReply {
-            node: "n".into(),
-            version: "v".into(),
-            backend: "sim".into(),
-            policy: "greedy".into(),
-            placement: None,
-            uptime_s: 1,
-            gpus: vec![GpuStatus {
-                index: 0,
-                model: GpuModel::A100_40gb,
-                picture: String::new(),
-                layout: String::new(),
-                instances: vec![
-                    inst("MIG-alice", "3g.20gb", Some(1001)),
-                    inst("MIG-bob", "3g.20gb", Some(1002)),
-                ],
-                idle_s: 0,
-                energy_j: None,
-                others_busy: BTreeMap::new(),
+        let memory = MemoryStatus {
+            estimate: true,
+            oom_requeue: true,
+            max_retries: 2,
+            oom_events: vec![
+                oom_event(41, "alice", "train-alice.sh"),
+                oom_event(42, "bob", "train-bob.sh"),
+            ],
+            oom_jobs: vec![OomJob {
+                job_id: 42,
+                restarts: 1,
+                failures: 1,
+                last_profile: "1g.5gb".into(),
+                last_memory_gb: 5,
+                early_restarts: 0,
             }],
-            memory: Some(MemoryStatus {
-                estimate: true,
-                oom_requeue: true,
-                max_retries: 2,
-                oom_events: vec![
-                    oom_event(41, "alice", "train-alice.sh"),
-                    oom_event(42, "bob", "train-bob.sh"),
-                ],
-                oom_jobs: vec![OomJob {
-                    job_id: 42,
-                    restarts: 1,
-                    failures: 1,
-                    last_profile: "1g.5gb".into(),
-                    last_memory_gb: 5,
-                    early_restarts: 0,
-                }],
-                estimates: vec![
-                    estimate("alice", "train-alice.sh"),
-                    estimate("bob", "train-bob.sh"),
-                ],
-                plugin_oom_requeue: Some(true),
-                early_restart: None,
-            }),
-            epilog_missing: false,
+            estimates: vec![
+                estimate("alice", "train-alice.sh"),
+                estimate("bob", "train-bob.sh"),
+            ],
+            plugin_oom_requeue: Some(true),
+            early_restart: None,
+        };
+        let instances = vec![
+            inst("MIG-alice", "3g.20gb", Some(1001)),
+            inst("MIG-bob", "3g.20gb", Some(1002)),
+        ];
+        StatusReply {
             pending_plans: vec![plan(3, &["3g.20gb@0 (job 10020)"])],
-            advise: None,
-            cluster: None,
-            waiting: vec![],
+            ..reply(instances, memory)
         }
     }
 

@@ -132,34 +132,34 @@ async fn serve_requests(daemon: &Arc<Daemon>, peer: Peer, stream: UnixStream) {
             Line::Request(buf) => daemon.handle_line(&buf, peer).await,
             Line::Blank => continue,
             Line::Done => break,
-            Line::Timeout => {
-                daemon.svc.metrics.failure(ErrorKind::Timeout.as_str());
-                let e = ErrorBody::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "no complete request line within {} s",
-                        cfg.request_timeout_s
-                    ),
-                );
-                (error_line(&e), true)
-            }
-            Line::TooLarge => {
-                daemon.svc.metrics.failure(ErrorKind::TooLarge.as_str());
-                let e = ErrorBody::new(
-                    ErrorKind::TooLarge,
-                    format!(
-                        "request line longer than max_message_bytes ({})",
-                        cfg.max_message_bytes
-                    ),
-                );
-                (error_line(&e), true)
-            }
+            Line::Timeout => closing(
+                daemon,
+                ErrorKind::Timeout,
+                format!(
+                    "no complete request line within {} s",
+                    cfg.request_timeout_s
+                ),
+            ),
+            Line::TooLarge => closing(
+                daemon,
+                ErrorKind::TooLarge,
+                format!(
+                    "request line longer than max_message_bytes ({})",
+                    cfg.max_message_bytes
+                ),
+            ),
         };
         if wr.write_all(reply.as_bytes()).await.is_err() || close {
             break;
         }
     }
     let _ = wr.shutdown().await;
+}
+
+/// The error that closes a connection, counted.
+fn closing(daemon: &Daemon, kind: ErrorKind, message: String) -> (String, bool) {
+    daemon.svc.metrics.failure(kind.as_str());
+    (error_line(&ErrorBody::new(kind, message)), true)
 }
 
 /// Reads one request line of at most `max` bytes within `timeout_s`.
