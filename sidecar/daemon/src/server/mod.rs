@@ -185,7 +185,9 @@ fn request_span(request: &Request, peer: u32) -> tracing::Span {
         Request::Allocate(r) => {
             span.record("job", r.job_id);
             if let Some(step) = r.step {
-                span.record("step", step);
+                // As the plugin logs it in slurmd.log (the batch step is
+                // 0xfffffffb).
+                span.record("step", tracing::field::display(format_args!("{step:#x}")));
             }
             span.record("gpu", r.gpu);
             span.record("uid", r.uid);
