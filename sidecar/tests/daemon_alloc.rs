@@ -119,7 +119,20 @@ fn eighth_one_g_waits_then_fails_with_reason() {
     assert!(waited >= Duration::from_millis(950), "{waited:?}");
     // GPU 1 is unaffected.
     assert!(c.allocate(req(9, 1, 1, None)).is_ok());
-    // A release during the wait lets the waiter through.
+    // A release during the wait lets the waiter through. The waiter gets
+    // 30 s (allocate_wait_s changes live, at SIGHUP): the test sees it
+    // waiting through a status call, which can take a second on a loaded
+    // machine over the NVML emulator, longer than the 1 s wait above.
+    let text = std::fs::read_to_string(&d.config).unwrap();
+    std::fs::write(
+        &d.config,
+        text.replace("allocate_wait_s = 1\n", "allocate_wait_s = 30\n"),
+    )
+    .unwrap();
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    d.wait_until("allocate_wait_s reloaded", || {
+        d.log().contains("allocate_wait_s: 1 -> 30")
+    });
     let c2 = d.client();
     let waiter = std::thread::spawn(move || c2.allocate(req(10, 0, 1, None)));
     d.wait_until("job 10 waiting in status", || {
