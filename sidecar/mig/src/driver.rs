@@ -472,7 +472,7 @@ mod tests {
                 instance_count: 1,
                 name: Some("8g.180gb".into()),
                 placements: Ok(vec![(0, 8)]),
-            })
+            });
         });
         assert!(
             t.contains("8g.180gb (id 50, 8 compute slices, NVML index 5)"),

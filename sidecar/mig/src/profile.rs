@@ -371,3 +371,87 @@ mod tests {
         assert_eq!(select_profile(a30, 3, None).unwrap().name(), "4g.24gb");
     }
 }
+
+/// The user guide's K-to-profile tables (docs/user-guide.md, section 1)
+/// say what [`select_profile`] does, cell by cell.
+#[cfg(test)]
+mod user_guide {
+    use super::*;
+    use crate::models::{GpuModel, MODELS};
+
+    const GUIDE: &str = include_str!("../../../docs/user-guide.md");
+
+    /// The models a header cell names (`A100-80GB, H100-80GB`, `RTX PRO 6000`).
+    fn models_of(header: &str) -> Vec<GpuModel> {
+        header
+            .split(", ")
+            .map(|name| {
+                let name = name.trim();
+                MODELS
+                    .iter()
+                    .find(|m| m.display == name || m.display.starts_with(&format!("{name} ")))
+                    .unwrap_or_else(|| panic!("user guide header `{name}` names no model"))
+                    .model
+            })
+            .collect()
+    }
+
+    fn expected(model: GpuModel, row: &str) -> String {
+        let spec = model.spec();
+        let ks: Vec<u8> = match row {
+            "1, more memory (`--mig-mem`)" => {
+                let wide = spec
+                    .profiles
+                    .iter()
+                    .filter(|p| p.shape.compute == 1)
+                    .max_by_key(|p| p.shape.memory)
+                    .filter(|p| p.shape.memory > 1);
+                return wide.map_or("-".into(), |p| format!("`{}`", p.name()));
+            }
+            k => k.split(", ").map(|k| k.parse().unwrap()).collect(),
+        };
+        let names: Vec<String> = ks
+            .iter()
+            .map(|&k| match select_profile(spec, k, None) {
+                Ok(p) => format!("`{}`", p.name()),
+                Err(_) => "not possible".into(),
+            })
+            .collect();
+        assert!(
+            names.windows(2).all(|w| w[0] == w[1]),
+            "{model} {row}: {names:?}"
+        );
+        names[0].clone()
+    }
+
+    #[test]
+    fn user_guide_tables_match_select_profile() {
+        let lines: Vec<&str> = GUIDE.lines().collect();
+        let mut tables = 0;
+        let mut covered = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.starts_with("| K |") {
+                continue;
+            }
+            tables += 1;
+            let headers: Vec<&str> = line.split('|').map(str::trim).collect();
+            let columns: Vec<Vec<GpuModel>> = headers[2..headers.len() - 1]
+                .iter()
+                .map(|h| models_of(h))
+                .collect();
+            covered.extend(columns.iter().flatten().copied());
+            for row in lines[i + 2..].iter().take_while(|l| l.starts_with('|')) {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                for (models, cell) in columns.iter().zip(&cells[2..]) {
+                    for &m in models {
+                        assert_eq!(*cell, expected(m, cells[1]), "{m}, K = {}", cells[1]);
+                    }
+                }
+            }
+        }
+        assert_eq!(tables, 2);
+        covered.sort();
+        covered.dedup();
+        assert_eq!(covered, GpuModel::ALL.to_vec(), "every model has a column");
+    }
+}
