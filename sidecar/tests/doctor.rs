@@ -556,3 +556,65 @@ fn a_driver_that_differs_fails_and_a_renamed_profile_warns() {
     assert_eq!(status(&checks, "nvml.gpu1.profiles"), "ok");
     assert_eq!(status(&checks, "daemon.gpus"), "ok");
 }
+
+/// `doctor --nvml-survey`: every profile the driver offers, MIG mode and
+/// the table's verdict as JSON, read only (the command a real GPU is
+/// surveyed with; docs/mig-geometry.md).
+#[test]
+fn the_nvml_survey_reports_every_profile_and_changes_nothing() {
+    let node = Node::new(
+        "survey",
+        &[
+            GpuSetup::mig(GpuModel::H200_141gb),
+            GpuSetup {
+                model: GpuModel::RtxPro6000_96gb,
+                mig_current: false,
+                mig_pending: false,
+            },
+        ],
+    );
+    let emu = node.emulator();
+    let before = emu.calls().unwrap();
+    let out = node.doctor(&["--nvml-survey"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let h200 = &v["gpus"][0];
+    assert_eq!(h200["model"], "h200-141gb");
+    assert_eq!(h200["mig_current"]["Ok"], true);
+    let profiles = h200["driver_profiles"]["Ok"].as_array().expect("profiles");
+    // Six default profiles and the +me variant, each with its placements.
+    assert_eq!(profiles.len(), 7, "{profiles:#?}");
+    let three = profiles.iter().find(|p| p["id"] == 9).expect("id 9");
+    assert_eq!(three["slices"], 3);
+    assert_eq!(three["name"], "3g.71gb");
+    assert_eq!(
+        three["placements"]["Ok"],
+        serde_json::json!([[0, 4], [4, 4]])
+    );
+    assert_eq!(h200["table"]["agrees"], true);
+    let rtx = &v["gpus"][1];
+    assert_eq!(rtx["mig_current"]["Ok"], false);
+    assert_eq!(rtx["table"]["agrees"], true);
+    assert_eq!(
+        rtx["driver_profiles"]["Ok"].as_array().map(Vec::len),
+        Some(11)
+    );
+    assert!(rtx["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["check"] == "nvml.gpu1.mig" && c["status"] == "fail"));
+    // Nothing was created, destroyed or switched.
+    let after = emu.calls().unwrap();
+    for f in [
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        "nvmlDeviceCreateGpuInstance",
+        "nvmlGpuInstanceDestroy",
+        "nvmlGpuInstanceCreateComputeInstance",
+        "nvmlComputeInstanceDestroy",
+    ] {
+        assert_eq!(after.get(f), before.get(f), "{f} was called");
+    }
+    assert!(emu.instances(0).unwrap().is_empty() && emu.instances(1).unwrap().is_empty());
+}

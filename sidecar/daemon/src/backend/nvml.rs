@@ -244,12 +244,10 @@ pub unsafe fn driver_profiles(
         let Some((info, name)) = (unsafe { profile_at(nvml, device, gpu, index)? }) else {
             continue;
         };
-        // SAFETY: as above. Placements need a privileged user: without
-        // one nothing can be matched, so that is the error, not the list.
-        let placements = match unsafe { possible_placements(nvml, device, gpu, info.id) } {
-            Err(e @ BackendError::NoPermission { .. }) => return Err(e),
-            other => other.map_err(|e| e.to_string()),
-        };
+        // SAFETY: as above. Placements need a privileged user
+        // (nvml.h); without one the reason is kept per profile.
+        let placements =
+            unsafe { possible_placements(nvml, device, gpu, info.id) }.map_err(|e| e.to_string());
         out.push(DriverProfile {
             index,
             id: info.id,
@@ -342,6 +340,18 @@ impl NvmlBackend {
             }
             // SAFETY: a live device handle of this library.
             let offered = unsafe { driver_profiles(&nvml, device.handle(), index)? };
+            // Placements are privileged: as another user, say so rather
+            // than report every profile as a difference.
+            if offered.iter().any(|p| {
+                p.placements
+                    .as_ref()
+                    .is_err_and(|e| e.contains("NVML_ERROR_NO_PERMISSION"))
+            }) {
+                return Err(BackendError::NoPermission {
+                    gpu: index,
+                    what: "possible placements".into(),
+                });
+            }
             let driver = match_driver(model, &offered);
             if !driver.agrees() {
                 return Err(BackendError::TableMismatch {
