@@ -161,6 +161,17 @@ fn scenario_on(model: GpuModel) -> (Vec<GpuStatus>, PendingByProfile) {
     (gpus, by_profile)
 }
 
+/// The view of [`scenario`]'s cluster at 14:30.
+fn view_of<'a>(gpus: &'a [GpuStatus], by_profile: &'a PendingByProfile) -> ClusterView<'a> {
+    ClusterView {
+        now: 100.0,
+        hour_of_day: 14.5,
+        gpus,
+        pending: &[],
+        pending_by_profile: by_profile,
+    }
+}
+
 /// `policy:FILE?serve=MODEL`: the shipped H100-80GB policy acts on B200s
 /// (the same slice geometry) and proposes only layouts they accept; it
 /// cannot serve a four-slice RTX PRO 6000, which the A30's policy can.
@@ -177,13 +188,7 @@ fn a_policy_serves_models_of_its_geometry_only() {
         policy.name()
     );
     let (gpus, by_profile) = scenario_on(GpuModel::B200_180gb);
-    let view = ClusterView {
-        now: 100.0,
-        hour_of_day: 14.5,
-        gpus: &gpus,
-        pending: &[],
-        pending_by_profile: &by_profile,
-    };
+    let view = view_of(&gpus, &by_profile);
     let decisions = policy.decide(&view);
     assert!(!decisions.is_empty(), "no decision on B200s with a queue");
     for d in &decisions {
@@ -215,13 +220,7 @@ fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
     assert_eq!(meta.gpu_model, GpuModel::A100_40gb);
     assert_eq!(meta.feature_spec_version, FEATURE_SPEC_VERSION);
     let (gpus, by_profile) = scenario();
-    let view = ClusterView {
-        now: 100.0,
-        hour_of_day: 14.5,
-        gpus: &gpus,
-        pending: &[],
-        pending_by_profile: &by_profile,
-    };
+    let view = view_of(&gpus, &by_profile);
     let decisions = policy.decide(&view);
     // The shipped policy moves some GPUs here (4 of 12 when written): an
     // empty list would leave the checks below with nothing to check.
