@@ -207,8 +207,8 @@ impl DriverMatch {
     }
 }
 
-/// The table's placements of `p`: (start, memory slices).
-fn table_placements(p: &ProfileSpec) -> Vec<(u32, u32)> {
+/// The table's placements of `p`: (start, memory slices), in start order.
+pub fn table_placements(p: &ProfileSpec) -> Vec<(u32, u32)> {
     p.starts
         .iter()
         .map(|&s| (u32::from(s), u32::from(p.shape.memory)))

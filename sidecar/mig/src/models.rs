@@ -793,6 +793,12 @@ mod tests {
                     );
                 }
                 assert!(p.shape.compute <= m.compute_slices);
+                assert!(
+                    p.starts.windows(2).all(|w| w[0] < w[1]),
+                    "{} {}: starts must ascend (the NVML match compares sorted lists)",
+                    m.id,
+                    p.name()
+                );
             }
             assert_eq!(m.full_profile().memory_gb, m.memory_gb);
             assert_eq!(

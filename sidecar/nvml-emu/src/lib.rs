@@ -314,19 +314,14 @@ impl Emulator {
                 message: format!("GPU {gpu} has no profile id {profile_id}"),
             })?;
             let size = mig::placements(&p).first().map_or(0, |&(_, size)| size);
-            let ci_profile = match p.slices {
-                1 => 0,
-                2 => 1,
-                3 => 2,
-                4 => 3,
-                _ => 4,
-            };
             let refused = |what: &str, code| EmuError::Refused {
                 path: self.state_path(),
                 message: format!(
                     "GPU {gpu}: {what} of profile {profile_id} at {start}: NVML error {code}"
                 ),
             };
+            let ci_profile = mig::ci_profile_of(p.slices)
+                .ok_or_else(|| refused("compute instance", mig::NOT_SUPPORTED))?;
             let gi = mig::create_gi(&self.dir, st, gpu, profile_id, Some((start, size)))
                 .map_err(|c| refused("GPU instance", c))?;
             mig::create_ci(&self.dir, st, gpu, gi, ci_profile)

@@ -256,6 +256,19 @@ pub fn ci_slices(profile: u32) -> Result<u32, Code> {
     })
 }
 
+/// The full-size `NVML_COMPUTE_INSTANCE_PROFILE_*` index of a GPU instance
+/// of `slices` compute slices (the inverse of [`ci_slices`]).
+pub fn ci_profile_of(slices: u32) -> Option<u32> {
+    Some(match slices {
+        1 => sys::NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+        2 => sys::NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+        3 => sys::NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        4 => sys::NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+        7 => sys::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+        _ => return None,
+    })
+}
+
 /// Compute slices of GPU instance `gi` of `gpu`.
 pub fn gi_compute(gpu: &GpuState, gi: &GpuInstance) -> u32 {
     profile_by_id(gpu, gi.profile_id).map_or(0, |p| p.slices)

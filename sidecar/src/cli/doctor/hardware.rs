@@ -21,6 +21,7 @@ use crate::daemon::backend::nvml::NvmlBackend;
 use crate::daemon::backend::Backend;
 use crate::daemon::config::Config;
 use crate::daemon::Client;
+use crate::mig::driver::table_placements;
 use crate::mig::{DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec};
 
 pub fn run(args: &Args) -> anyhow::Result<Vec<Check>> {
@@ -120,12 +121,7 @@ fn test_profile(
         }
         None => return Check::fail(name, "the driver does not offer this profile", fix),
     };
-    let mut table: Vec<(u32, u32)> = spec
-        .starts
-        .iter()
-        .map(|&s| (u32::from(s), u32::from(spec.shape.memory)))
-        .collect();
-    table.sort_unstable();
+    let table = table_placements(spec);
     let mut sorted = driver.clone();
     sorted.sort_unstable();
     let mut problems = Vec::new();
