@@ -458,6 +458,10 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
             "no MIG-capable GPU model has this profile",
         ),
         (
+            vec!["--mig-profile=3g.20gb+me"],
+            "--mig-profile=3g.20gb+me is a `+me` variant",
+        ),
+        (
             vec!["--mig-profile=3g.20gb", "--mig-mem=10G"],
             "use either --mig-mem or --mig-profile",
         ),

@@ -2,7 +2,8 @@
 smartmig: submit-time checks for shard jobs (Slurm job_submit/lua plugin).
 
 Slurm accounts MIG capacity in `shard` GRES, one per compute slice (7 per
-A100/H100/H200, 4 per A30), while the node's smartmig sidecar builds MIG
+A100/H100/H200/B200/GB200/B300/GB300, 4 per A30 and RTX PRO 6000, 2 per
+RTX PRO 5000), while the node's smartmig sidecar builds MIG
 instances. Some counts cannot be built as asked: there is no 5- or 6-slice
 profile (`--gres=shard:5` gets a 7g instance), and `--mig-mem`/`--mig-profile`
 can need a bigger profile than K slices (A100-40GB: `shard:1 --mig-mem=20G`
@@ -44,7 +45,8 @@ passes `--mig-mem`/`--mig-profile` to slurmctld as
 
 -- GPU model of the nodes with shard GRES, as a smartmig model id (the same
 -- ids as `[[gpus]] model` in smartmig.toml): a30-24gb, a100-40gb, a100-80gb,
--- h100-80gb, h100-94gb, h200-141gb. slurmctld does not know a node's GPU
+-- h100-80gb, h100-94gb, h200-141gb, b200-180gb, gb200-186gb, b300-288gb,
+-- gb300-288gb, rtx-pro-6000-96gb, rtx-pro-5000-48gb. slurmctld does not know a node's GPU
 -- model at submit time, so it is configured here.
 local SMARTMIG_DEFAULT_MODEL = "a100-40gb"
 
@@ -57,9 +59,10 @@ local SMARTMIG_PARTITION_MODELS = {
 }
 
 ------------------------------------------------------------------------------
--- MIG tables: must equal sidecar/mig/src/models.rs (media-extension "+me"
--- profiles left out, as there). `cargo test -p smartmig-mig lua_tables` fails
--- when they differ and prints the block to paste here. compute and memory
+-- MIG tables: must equal sidecar/mig/src/models.rs (the default profiles;
+-- the "+me", "-me", "+gfx", "+me.all" variants are refused by name below).
+-- `cargo test -p smartmig-mig lua_tables` fails when they differ and prints
+-- the block to paste here. compute and memory
 -- are slices, memory_gb is the GB in the profile name.
 ------------------------------------------------------------------------------
 -- BEGIN SMARTMIG MIG TABLES
@@ -108,6 +111,47 @@ local MIG_MODELS = {
         { compute = 3, memory = 4, memory_gb = 71, name = "3g.71gb" },
         { compute = 4, memory = 4, memory_gb = 71, name = "4g.71gb" },
         { compute = 7, memory = 8, memory_gb = 141, name = "7g.141gb" },
+    } },
+    { id = "b200-180gb", compute_slices = 7, memory_slices = 8, memory_gb = 180, profiles = {
+        { compute = 1, memory = 1, memory_gb = 23, name = "1g.23gb" },
+        { compute = 1, memory = 2, memory_gb = 45, name = "1g.45gb" },
+        { compute = 2, memory = 2, memory_gb = 45, name = "2g.45gb" },
+        { compute = 3, memory = 4, memory_gb = 90, name = "3g.90gb" },
+        { compute = 4, memory = 4, memory_gb = 90, name = "4g.90gb" },
+        { compute = 7, memory = 8, memory_gb = 180, name = "7g.180gb" },
+    } },
+    { id = "gb200-186gb", compute_slices = 7, memory_slices = 8, memory_gb = 186, profiles = {
+        { compute = 1, memory = 1, memory_gb = 23, name = "1g.23gb" },
+        { compute = 1, memory = 2, memory_gb = 47, name = "1g.47gb" },
+        { compute = 2, memory = 2, memory_gb = 47, name = "2g.47gb" },
+        { compute = 3, memory = 4, memory_gb = 93, name = "3g.93gb" },
+        { compute = 4, memory = 4, memory_gb = 93, name = "4g.93gb" },
+        { compute = 7, memory = 8, memory_gb = 186, name = "7g.186gb" },
+    } },
+    { id = "b300-288gb", compute_slices = 7, memory_slices = 8, memory_gb = 269, profiles = {
+        { compute = 1, memory = 1, memory_gb = 34, name = "1g.34gb" },
+        { compute = 1, memory = 2, memory_gb = 67, name = "1g.67gb" },
+        { compute = 2, memory = 2, memory_gb = 67, name = "2g.67gb" },
+        { compute = 3, memory = 4, memory_gb = 135, name = "3g.135gb" },
+        { compute = 4, memory = 4, memory_gb = 135, name = "4g.135gb" },
+        { compute = 7, memory = 8, memory_gb = 269, name = "7g.269gb" },
+    } },
+    { id = "gb300-288gb", compute_slices = 7, memory_slices = 8, memory_gb = 278, profiles = {
+        { compute = 1, memory = 1, memory_gb = 35, name = "1g.35gb" },
+        { compute = 1, memory = 2, memory_gb = 70, name = "1g.70gb" },
+        { compute = 2, memory = 2, memory_gb = 70, name = "2g.70gb" },
+        { compute = 3, memory = 4, memory_gb = 139, name = "3g.139gb" },
+        { compute = 4, memory = 4, memory_gb = 139, name = "4g.139gb" },
+        { compute = 7, memory = 8, memory_gb = 278, name = "7g.278gb" },
+    } },
+    { id = "rtx-pro-6000-96gb", compute_slices = 4, memory_slices = 4, memory_gb = 96, profiles = {
+        { compute = 1, memory = 1, memory_gb = 24, name = "1g.24gb" },
+        { compute = 2, memory = 2, memory_gb = 48, name = "2g.48gb" },
+        { compute = 4, memory = 4, memory_gb = 96, name = "4g.96gb" },
+    } },
+    { id = "rtx-pro-5000-48gb", compute_slices = 2, memory_slices = 2, memory_gb = 48, profiles = {
+        { compute = 1, memory = 1, memory_gb = 24, name = "1g.24gb" },
+        { compute = 2, memory = 2, memory_gb = 48, name = "2g.48gb" },
     } },
 }
 -- END SMARTMIG MIG TABLES
@@ -235,12 +279,32 @@ local function split_name(name)
     return nil
 end
 
+-- A profile variant's suffix at the end of a name (`1g.24gb+gfx` -> "+gfx"),
+-- or nil (models.rs VariantKind::of_name).
+local VARIANT_SUFFIXES = { "+me.all", "+gfx", "-me", "+me" }
+local function variant_suffix(name)
+    local lower = string.lower(trim(name))
+    for _, suffix in ipairs(VARIANT_SUFFIXES) do
+        if string.sub(lower, -#suffix) == suffix then
+            return suffix
+        end
+    end
+    return nil
+end
+
 -- The profile a --mig-profile name means on `model`, or nil and the reason
--- (profile.rs parse_profile: memory may differ by 10 %, at least 1 GB).
+-- (profile.rs parse_profile: memory may differ by 10 %, at least 1 GB; a
+-- variant is refused as requested_profile refuses it).
 local function parse_profile(model, name)
     local prefix = "--mig-profile=" .. name .. ": "
     if trim(name) == "" then
         return nil, prefix .. "empty profile name"
+    end
+    local suffix = variant_suffix(name)
+    if suffix ~= nil then
+        local base = string.sub(trim(name), 1, -#suffix - 1)
+        return nil, string.format("--mig-profile=%s is a `%s` variant; smartmig creates only the default profiles: ask for --mig-profile=%s (docs/user-guide.md, \"Profile variants\")",
+            name, suffix, base)
     end
     local compute, memory_gb = split_name(name)
     if compute == nil then

@@ -468,3 +468,153 @@ fn an_orphan_gpu_instance_warns_and_stops_the_hardware_test() {
     );
     assert_eq!(node.emulator().instances(1).unwrap().len(), 1);
 }
+
+/// Two B200s: GPU 0's driver renames a profile (same id and slices: a
+/// warning, and smartmigd manages it under the driver's name), GPU 1's
+/// driver gives the 2g profile another id (a failure naming it, and
+/// smartmigd refuses to start rather than guess).
+#[test]
+fn a_driver_that_differs_fails_and_a_renamed_profile_warns() {
+    let model = GpuModel::B200_180gb;
+    let mut node = Node::new("driver", &[GpuSetup::mig(model), GpuSetup::mig(model)]);
+    let emu = node.emulator();
+    let table = emu.driver_profiles(0).unwrap();
+    let mut renamed = table.clone();
+    let three = renamed.iter_mut().find(|p| p.id == 9).unwrap();
+    three.name = Some("3g.85gb".into());
+    three.memory_mib = 85 * 1024;
+    emu.set_driver_profiles(0, renamed).unwrap();
+    let mut other = table.clone();
+    other.iter_mut().find(|p| p.id == 14).unwrap().id = 13;
+    emu.set_driver_profiles(1, other).unwrap();
+
+    let (checks, out) = node.checks(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(status(&checks, "nvml.gpu0.model"), "ok");
+    let warn = find(&checks, "nvml.gpu0.profiles");
+    assert_eq!(warn["status"], "warn", "{warn}");
+    let detail = warn["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("3g.90gb (id 9) is named 3g.85gb") && detail.contains("3g.85gb 85.00 GiB"),
+        "{detail}"
+    );
+    assert_eq!(status(&checks, "nvml.gpu0.placements"), "ok");
+    let fail = find(&checks, "nvml.gpu1.profiles");
+    assert_eq!(fail["status"], "fail", "{fail}");
+    assert!(
+        fail["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("2g.45gb: driver id 13, table id 14"),
+        "{fail}"
+    );
+    assert!(
+        fail["fix"]
+            .as_str()
+            .unwrap_or("")
+            .contains("refuses to manage"),
+        "{fail}"
+    );
+
+    // smartmigd will not start on a GPU it cannot describe.
+    let log = std::fs::File::create(node.dir.join("daemon.log")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+        .arg("--config")
+        .arg(node.dir.join("smartmig.toml"))
+        .env(DIR_ENV, &node.emu_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status_code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("smartmigd kept running: {}", node.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status_code.success());
+    let log = node.log();
+    assert!(
+        log.contains("GPU 1") && log.contains("differ from smartmig's b200-180gb table"),
+        "{log}"
+    );
+    assert!(emu.instances(0).unwrap().is_empty() && emu.instances(1).unwrap().is_empty());
+
+    // With GPU 1's driver as the table says, it starts; the rename stays a
+    // warning and the node passes.
+    emu.set_driver_profiles(1, table).unwrap();
+    node.start_daemon();
+    assert!(node.log().contains("is named 3g.85gb"), "{}", node.log());
+    let (checks, out) = node.checks(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(status(&checks, "nvml.gpu1.profiles"), "ok");
+    assert_eq!(status(&checks, "daemon.gpus"), "ok");
+}
+
+/// `doctor --nvml-survey`: every profile the driver offers, MIG mode and
+/// the table's verdict as JSON, read only (the command a real GPU is
+/// surveyed with; docs/mig-geometry.md).
+#[test]
+fn the_nvml_survey_reports_every_profile_and_changes_nothing() {
+    let node = Node::new(
+        "survey",
+        &[
+            GpuSetup::mig(GpuModel::H200_141gb),
+            GpuSetup {
+                model: GpuModel::RtxPro6000_96gb,
+                mig_current: false,
+                mig_pending: false,
+            },
+        ],
+    );
+    let emu = node.emulator();
+    let before = emu.calls().unwrap();
+    let out = node.doctor(&["--nvml-survey"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let h200 = &v["gpus"][0];
+    assert_eq!(h200["model"], "h200-141gb");
+    assert_eq!(h200["mig_current"]["Ok"], true);
+    let profiles = h200["driver_profiles"]["Ok"].as_array().expect("profiles");
+    // Six default profiles and the +me variant, each with its placements.
+    assert_eq!(profiles.len(), 7, "{profiles:#?}");
+    let three = profiles.iter().find(|p| p["id"] == 9).expect("id 9");
+    assert_eq!(three["slices"], 3);
+    assert_eq!(three["name"], "3g.71gb");
+    assert_eq!(
+        three["placements"]["Ok"],
+        serde_json::json!([[0, 4], [4, 4]])
+    );
+    assert_eq!(h200["table"]["agrees"], true);
+    let rtx = &v["gpus"][1];
+    assert_eq!(rtx["mig_current"]["Ok"], false);
+    assert_eq!(rtx["table"]["agrees"], true);
+    assert_eq!(
+        rtx["driver_profiles"]["Ok"].as_array().map(Vec::len),
+        Some(11)
+    );
+    assert!(rtx["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["check"] == "nvml.gpu1.mig" && c["status"] == "fail"));
+    // Nothing was created, destroyed or switched.
+    let after = emu.calls().unwrap();
+    for f in [
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        "nvmlDeviceCreateGpuInstance",
+        "nvmlGpuInstanceDestroy",
+        "nvmlGpuInstanceCreateComputeInstance",
+        "nvmlComputeInstanceDestroy",
+    ] {
+        assert_eq!(after.get(f), before.get(f), "{f} was called");
+    }
+    assert!(emu.instances(0).unwrap().is_empty() && emu.instances(1).unwrap().is_empty());
+}

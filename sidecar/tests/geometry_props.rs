@@ -306,3 +306,59 @@ fn h200_table_matches_the_recorded_driver() {
     let extra: Vec<&String> = driver.keys().map(|id| &names[id]).collect();
     assert_eq!(extra, ["1g.18gb+me"], "driver profiles not in the table");
 }
+
+/// The same H200 through NVML's versioned profile call at every profile
+/// index (`data/nvml-profiles_h200_driver580_mig_off.txt`): the matcher the
+/// NVML backend runs at start agrees with the table, names come without
+/// `MIG `, and the one variant is the `+me` at index 7.
+#[test]
+fn h200_nvml_record_matches_the_table_by_id_and_slices() {
+    use smartmig::mig::driver::driver_name;
+    use smartmig::mig::{match_driver, DriverProfile};
+    let text = include_str!("data/nvml-profiles_h200_driver580_mig_off.txt");
+    let num = |line: &str, key: &str| -> u64 {
+        let rest = line.split(&format!(" {key} ")).nth(1).expect(key);
+        rest.split_whitespace().next().unwrap().parse().expect(key)
+    };
+    let mut driver = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with(" idx ") && !l.contains(" rc "))
+    {
+        let name = line
+            .split("name b'")
+            .nth(1)
+            .unwrap()
+            .split('\'')
+            .next()
+            .unwrap();
+        let pl = line.split(" pl [").nth(1).unwrap().trim_end_matches(']');
+        let placements = pl
+            .split("), (")
+            .map(|p| {
+                let (s, n) = p
+                    .trim_matches(|c| c == '(' || c == ')')
+                    .split_once(", ")
+                    .unwrap();
+                (s.parse().unwrap(), n.parse().unwrap())
+            })
+            .collect();
+        driver.push(DriverProfile {
+            index: num(line, "idx") as u32,
+            id: num(line, "id") as u32,
+            slices: num(line, "slices") as u32,
+            memory_mib: num(line, "MiB"),
+            instance_count: num(line, "inst") as u32,
+            name: Some(driver_name(name)),
+            placements: Ok(placements),
+        });
+    }
+    assert_eq!(driver.len(), 7);
+    let m = match_driver(GpuModel::H200_141gb, &driver);
+    assert!(m.agrees(), "{}", m.differences_text());
+    assert!(m.notes.is_empty(), "{:?}", m.notes);
+    assert!(m.profiles.iter().all(|p| !p.renamed()));
+    assert_eq!(m.variants.len(), 1);
+    assert_eq!(m.variants[0].driver.label(), "1g.18gb+me");
+    assert_eq!(m.variants[0].driver.index, 7);
+}

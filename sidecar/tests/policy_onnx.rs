@@ -134,11 +134,16 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
 /// A small busy cluster: some GPUs partitioned and running, one
 /// reconfiguring, a queue of jobs.
 fn scenario() -> (Vec<GpuStatus>, PendingByProfile) {
-    let g = Geometry::of(GpuModel::A100_40gb);
+    scenario_on(GpuModel::A100_40gb)
+}
+
+/// [`scenario`] on GPUs of `model`.
+fn scenario_on(model: GpuModel) -> (Vec<GpuStatus>, PendingByProfile) {
+    let g = Geometry::of(model);
     let mut gpus = Vec::new();
     for i in 0..12 {
         let layout = g.catalog()[i % g.catalog().len()];
-        let mut st = GpuStatus::new(GpuModel::A100_40gb, layout);
+        let mut st = GpuStatus::new(model, layout);
         if i % 3 == 1 {
             let id = layout.iter().next().expect("non-empty layout");
             st.busy = st.busy.with(id);
@@ -151,9 +156,60 @@ fn scenario() -> (Vec<GpuStatus>, PendingByProfile) {
         gpus.push(st);
     }
     let mut by_profile = PendingByProfile::default();
-    by_profile[GpuModel::A100_40gb as usize][0] = 5;
-    by_profile[GpuModel::A100_40gb as usize][3] = 2;
+    by_profile[model as usize][0] = 5;
+    by_profile[model as usize][3] = 2;
     (gpus, by_profile)
+}
+
+/// The view of [`scenario`]'s cluster at 14:30.
+fn view_of<'a>(gpus: &'a [GpuStatus], by_profile: &'a PendingByProfile) -> ClusterView<'a> {
+    ClusterView {
+        now: 100.0,
+        hour_of_day: 14.5,
+        gpus,
+        pending: &[],
+        pending_by_profile: by_profile,
+    }
+}
+
+/// `policy:FILE?serve=MODEL`: the shipped H100-80GB policy acts on B200s
+/// (the same slice geometry) and proposes only layouts they accept; it
+/// cannot serve a four-slice RTX PRO 6000, which the A30's policy can.
+#[test]
+fn a_policy_serves_models_of_its_geometry_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let h100 = root.join("policies/h100-80gb.onnx");
+    let spec = |model: &str| format!("policy:{}?serve={model}", h100.display());
+    let mut policy = smartmig::policy::parse_policy(&spec("b200"), &[GpuModel::B200_180gb])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        policy.name().ends_with("(serving b200-180gb)"),
+        "{}",
+        policy.name()
+    );
+    let (gpus, by_profile) = scenario_on(GpuModel::B200_180gb);
+    let view = view_of(&gpus, &by_profile);
+    let decisions = policy.decide(&view);
+    assert!(!decisions.is_empty(), "no decision on B200s with a queue");
+    for d in &decisions {
+        assert!(gpus[d.gpu].accepts(d.target), "{d:?} would be rejected");
+    }
+    // Without serve= the policy has no GPU of its model here.
+    let plain = format!("policy:{}", h100.display());
+    let err = smartmig::policy::parse_policy(&plain, &[GpuModel::B200_180gb])
+        .err()
+        .expect("no H100 in the cluster")
+        .to_string();
+    assert!(err.contains("?serve=MODEL"), "{err}");
+    let err = smartmig::policy::parse_policy(&spec("rtx-pro-6000"), &[GpuModel::RtxPro6000_96gb])
+        .err()
+        .expect("another geometry")
+        .to_string();
+    assert!(err.contains("slice geometry"), "{err}");
+    let a30 = root.join("policies/a30-24gb.onnx");
+    let rtx = format!("policy:{}?serve=rtx-pro-6000-96gb", a30.display());
+    smartmig::policy::parse_policy(&rtx, &[GpuModel::RtxPro6000_96gb])
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -164,13 +220,7 @@ fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
     assert_eq!(meta.gpu_model, GpuModel::A100_40gb);
     assert_eq!(meta.feature_spec_version, FEATURE_SPEC_VERSION);
     let (gpus, by_profile) = scenario();
-    let view = ClusterView {
-        now: 100.0,
-        hour_of_day: 14.5,
-        gpus: &gpus,
-        pending: &[],
-        pending_by_profile: &by_profile,
-    };
+    let view = view_of(&gpus, &by_profile);
     let decisions = policy.decide(&view);
     // The shipped policy moves some GPUs here (4 of 12 when written): an
     // empty list would leave the checks below with nothing to check.

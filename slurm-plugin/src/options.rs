@@ -9,7 +9,7 @@
 //! (`smartmig_mig::requested_profile`), refusing a profile the model lacks
 //! or whose compute slices differ from the shard count.
 
-use smartmig_mig::{parse_profile, ProfileParseError, MODELS};
+use smartmig_mig::{parse_profile, ProfileParseError, RequestedProfileError, VariantKind, MODELS};
 
 /// The accepted forms, repeated in every `--mig-mem` refusal.
 const MIG_MEM_HINT: &str = "expected a size such as 10G, 15GB, 20480M or 40 (GB)";
@@ -48,6 +48,10 @@ pub enum MigProfileError {
     /// This build knows no GPU model at all.
     #[error("--mig-profile={name}: no GPU models known")]
     NoModels { name: String },
+    /// A `+me`, `-me`, `+gfx` or `+me.all` variant: smartmig creates only
+    /// the default profiles.
+    #[error(transparent)]
+    Variant(RequestedProfileError),
 }
 
 /// Largest `--mig-mem` accepted (GB): more than any MIG-capable GPU has, so
@@ -104,7 +108,16 @@ pub fn check_profile_syntax(name: &str) -> Result<u8, MigProfileError> {
     let mut last_err = None;
     for model in &MODELS {
         match parse_profile(model, name) {
-            Ok(p) => return Ok(p.shape.compute),
+            Ok(p) => {
+                return match VariantKind::of_name(name) {
+                    Some(kind) => Err(MigProfileError::Variant(RequestedProfileError::Variant {
+                        name: name.to_string(),
+                        kind,
+                        base: p.name(),
+                    })),
+                    None => Ok(p.shape.compute),
+                }
+            }
             Err(e @ (ProfileParseError::Empty | ProfileParseError::NoProfile(_))) => {
                 return Err(MigProfileError::Parse {
                     name: name.to_string(),
@@ -156,6 +169,11 @@ mod tests {
     fn profile_syntax_at_submit() {
         assert_eq!(check_profile_syntax("3g.40gb").unwrap(), 3);
         assert_eq!(check_profile_syntax("3g.20gb").unwrap(), 3);
+        let e = check_profile_syntax("1g.24gb+gfx").unwrap_err().to_string();
+        assert!(
+            e.starts_with("--mig-profile=1g.24gb+gfx is a `+gfx` variant"),
+            "{e}"
+        );
         assert_eq!(check_profile_syntax("nvidia_a100_1g.5gb").unwrap(), 1);
         assert!(check_profile_syntax("three")
             .unwrap_err()

@@ -27,7 +27,7 @@ fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
                 .map_err(|e| e.to_string()),
         ));
     }
-    for v in ["", "three", "5g.30gb", "3g", "9g.80gb"] {
+    for v in ["", "three", "5g.30gb", "3g", "9g.80gb", "1g.24gb+gfx"] {
         out.push((
             "--mig-profile (submit)",
             format!("--mig-profile={v}"),
@@ -41,6 +41,7 @@ fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
     for (model, name, shards) in [
         (GpuModel::A100_40gb, "3g.40gb", 3u8),
         (GpuModel::A100_40gb, "3g.20gb", 2),
+        (GpuModel::B200_180gb, "1g.23gb+me", 1),
     ] {
         out.push((
             "--mig-profile (node)",
@@ -91,6 +92,8 @@ fn expected(case: &str) -> String {
         "--mig-profile=5g.30gb" => "--mig-profile=5g.30gb: no MIG-capable GPU model has this profile (e.g. A100-40GB: 1g.5gb 1g.10gb 2g.10gb 3g.20gb 4g.20gb 7g.40gb)".into(),
         "--mig-profile=3g" => "--mig-profile=3g: `3g` does not contain a MIG profile of the form `<N>g.<M>gb` (e.g. `3g.20gb`)".into(),
         "--mig-profile=9g.80gb" => "--mig-profile=9g.80gb: no MIG-capable GPU model has this profile (e.g. A100-40GB: 1g.5gb 1g.10gb 2g.10gb 3g.20gb 4g.20gb 7g.40gb)".into(),
+        "--mig-profile=1g.24gb+gfx" => "--mig-profile=1g.24gb+gfx is a `+gfx` variant (with graphics APIs (OpenGL, Vulkan)); smartmig creates only the default profiles: ask for --mig-profile=1g.24gb (docs/user-guide.md, \"Profile variants\")".into(),
+        "1g.23gb+me with shard:1 on b200-180gb" => "--mig-profile=1g.23gb+me is a `+me` variant (with media extensions: a video decoder, JPEG and OFA engine); smartmig creates only the default profiles: ask for --mig-profile=1g.23gb (docs/user-guide.md, \"Profile variants\")".into(),
         "3g.40gb with shard:3 on a100-40gb" => "--mig-profile=3g.40gb: `3g.40gb`: a100-40gb has no 3g profile with about 40 GB (it has 3g.20gb)".into(),
         "3g.20gb with shard:2 on a100-40gb" => "--mig-profile=3g.20gb has 3 compute slices but the job asked for --gres=shard:2; use --gres=shard:3".into(),
         "3g.20gb with shard:3 on tpu-v9" => "the sidecar reports an unknown GPU model `tpu-v9`".into(),

@@ -10,7 +10,7 @@
 //! not installed still repartitions sensibly.
 
 use crate::mig::GpuModel;
-use crate::policy::onnx::{load_policy, LearnedSpec, PolicyLoadError};
+use crate::policy::onnx::{load_any_policy, load_policy, LearnedSpec, PolicyLoadError};
 use crate::policy::{self, greedy::Greedy, PolicyParseError, RepartitionPolicy};
 
 /// A policy ready to run, with the name shown in status and logs.
@@ -55,7 +55,25 @@ pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError
             }
         };
         let learned = LearnedSpec::parse(path);
-        return match load_policy(learned.path, model) {
+        let loaded = match learned.serve() {
+            // `?serve=MODEL`: a policy of another model of the same
+            // geometry, run on this node's GPUs, which must be MODEL's.
+            Some(serve) => {
+                let served = serve.map_err(|reason| PolicyChoiceError::Guard {
+                    spec: s.to_string(),
+                    reason,
+                })?;
+                if served != model {
+                    return Err(PolicyChoiceError::Guard {
+                        spec: s.to_string(),
+                        reason: format!("serve={served}, but this node's GPUs are {model}"),
+                    });
+                }
+                load_any_policy(learned.path).and_then(|p| p.serving(model))
+            }
+            None => load_policy(learned.path, model),
+        };
+        return match loaded {
             Ok(mut p) => {
                 if let Some(query) = learned.guard {
                     p.override_guard(query)
@@ -146,5 +164,21 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("one GPU model"), "{err}");
+        // Served explicitly: the same geometry runs, another model's name
+        // or another geometry is refused.
+        let served = format!("{spec}?serve=h100-80gb");
+        let (_, name) = build(&served, &[GpuModel::H100_80gb]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(name, served);
+        let err = build(&served, &[GpuModel::B200_180gb])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("this node's GPUs are b200-180gb"), "{err}");
+        let rtx = format!("{spec}?serve=rtx-pro-6000-96gb");
+        let err = build(&rtx, &[GpuModel::RtxPro6000_96gb])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("slice geometry"), "{err}");
     }
 }

@@ -77,7 +77,8 @@ pub struct Geometry {
 impl Geometry {
     /// The geometry of `model`, built on first use and shared afterwards.
     pub fn of(model: GpuModel) -> &'static Geometry {
-        static CACHE: [OnceLock<Geometry>; 6] = [const { OnceLock::new() }; 6];
+        static CACHE: [OnceLock<Geometry>; GpuModel::ALL.len()] =
+            [const { OnceLock::new() }; GpuModel::ALL.len()];
         CACHE[model as usize].get_or_init(|| Geometry::build(model.spec()))
     }
 
@@ -402,12 +403,18 @@ mod tests {
 
     /// Exact counts, checked by hand against NVIDIA's MIG User Guide tables:
     /// the A100/H100/H200 "supported MIG configurations" figure has 19 rows
-    /// (the maximal layouts without the 2-slot 1g profile), the A30 table 5.
+    /// (the maximal layouts without the 2-slot 1g profile), the A30 table 5;
+    /// the RTX PRO 6000 has the A30's slices, the RTX PRO 5000 two layouts
+    /// (1g+1g, 2g).
     #[test]
     fn catalog_sizes_match_nvidia_tables() {
         for model in GpuModel::ALL {
             let g = Geometry::of(model);
-            let expected = if model == GpuModel::A30_24gb { 5 } else { 19 };
+            let expected = match model.spec().compute_slices {
+                4 => 5,
+                2 => 2,
+                _ => 19,
+            };
             assert_eq!(g.catalog().len(), expected, "{model}");
         }
     }
@@ -419,8 +426,10 @@ mod tests {
     fn layout_counts_per_model() {
         for model in GpuModel::ALL {
             let g = Geometry::of(model);
-            let (valid, maximal) = match model {
-                GpuModel::A30_24gb => (26, 5),
+            let (valid, maximal) = match model.spec().compute_slices {
+                4 => (26, 5),
+                // {}, 1g@0, 1g@1, 1g@0+1g@1, 2g@0; maximal: the last two.
+                2 => (5, 2),
                 _ => (723, 78),
             };
             assert_eq!(g.layouts().len(), valid, "{model} valid");
@@ -472,5 +481,9 @@ mod tests {
         assert_eq!(g.picture(Layout::EMPTY), "........");
         let a30 = Geometry::of(GpuModel::A30_24gb);
         assert_eq!(a30.picture(a30.whole_gpu()), "4444");
+        let rtx = Geometry::of(GpuModel::RtxPro5000_48gb);
+        assert_eq!(rtx.picture(rtx.whole_gpu()), "22");
+        let pics: Vec<String> = rtx.catalog().iter().map(|&l| rtx.picture(l)).collect();
+        assert_eq!(pics, ["22", "1|1"]);
     }
 }

@@ -4,6 +4,8 @@
 //! uses it for profile names.
 //!
 //! - [`models`]: the one table of GPU models and profiles, with sources.
+//! - [`driver`]: what a driver reports about a GPU's profiles, matched
+//!   with the table by index, id and slices (never by name).
 //! - [`profile`]: profile names in (driver and Slurm variants), profiles out;
 //!   choosing the profile for K slices and M GB.
 //! - [`layout`]: placements and layouts (bit sets of placements).
@@ -16,6 +18,7 @@
 //!
 //! No IO happens here; everything is deterministic.
 
+pub mod driver;
 pub mod geometry;
 pub mod layout;
 #[cfg(test)]
@@ -24,11 +27,15 @@ pub mod models;
 pub mod placement;
 pub mod profile;
 
+pub use driver::{match_driver, Difference, DriverMatch, DriverProfile};
 pub use geometry::{Geometry, Headroom, LayoutError};
 pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
-pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MAX_PROFILES, MODELS};
+pub use models::{
+    GpuModel, ModelSpec, ProfileSpec, Provenance, Shape, Sources, UnknownModel, VariantKind,
+    VariantSpec, MAX_PROFILES, MODELS,
+};
 pub use placement::Transition;
 pub use profile::{
-    parse_profile, profile_size, requested_profile, select_profile, ProfileParseError,
-    RequestedProfileError, SelectError,
+    parse_profile, profile_size, requested_profile, select_profile, variant_meaning,
+    ProfileParseError, RequestedProfileError, SelectError,
 };

@@ -5,7 +5,7 @@
 //! prefixes them with the GPU name: `nvidia_a100_3g.20gb`), so a name is only
 //! a way to find a [`Shape`]; the rest of the code keys on shapes.
 
-use super::models::{ModelSpec, ProfileSpec};
+use super::models::{ModelSpec, ProfileSpec, VariantKind};
 
 /// Why a profile name could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,12 +72,34 @@ pub enum RequestedProfileError {
         compute: u8,
         shards: u8,
     },
+    #[error(
+        "--mig-profile={name} is a `{}` variant ({}); smartmig creates only the default \
+         profiles: ask for --mig-profile={base} (docs/user-guide.md, \"Profile variants\")",
+        kind.suffix(),
+        variant_meaning(*kind)
+    )]
+    Variant {
+        name: String,
+        kind: VariantKind,
+        base: String,
+    },
+}
+
+/// What a variant adds or removes, in a few words (the user guide has more).
+pub fn variant_meaning(kind: VariantKind) -> &'static str {
+    match kind {
+        VariantKind::Me => "with media extensions: a video decoder, JPEG and OFA engine",
+        VariantKind::NoMe => "without any media engine",
+        VariantKind::Gfx => "with graphics APIs (OpenGL, Vulkan)",
+        VariantKind::MeAll => "with every media engine of the GPU",
+    }
 }
 
 /// The profile a job asked for by name (`--mig-profile`), on `model`, for a
 /// job billed `shards` compute slices: the name must be one of the model's
-/// profiles and its compute slices must equal the shards (Slurm bills the
-/// shards, MIG builds the profile).
+/// default profiles (a `+me`, `-me`, `+gfx` or `+me.all` variant is
+/// refused: smartmig never creates one) and its compute slices must equal
+/// the shards (Slurm bills the shards, MIG builds the profile).
 pub fn requested_profile(
     model: &'static ModelSpec,
     name: &str,
@@ -87,6 +109,13 @@ pub fn requested_profile(
         name: name.to_string(),
         reason,
     })?;
+    if let Some(kind) = VariantKind::of_name(name) {
+        return Err(RequestedProfileError::Variant {
+            name: name.to_string(),
+            kind,
+            base: profile.name(),
+        });
+    }
     if profile.shape.compute != shards {
         return Err(RequestedProfileError::ShardMismatch {
             name: name.to_string(),
@@ -98,16 +127,20 @@ pub fn requested_profile(
 }
 
 /// Pulls `(compute slices, memory GB)` out of a name such as
-/// `nvidia_a100_3g.20gb`, `MIG 1g.10gb+me` or `3g.39gb` (`None` when it
-/// names no profile): what `--mig-profile`, Slurm's typed GRES and NVML
-/// names say, before the model is known.
+/// `nvidia_a100_3g.20gb`, `MIG 1g.10gb+me`, `1g.24gb+me.all` or `3g.39gb`
+/// (`None` when it names no profile): what `--mig-profile`, Slurm's typed
+/// GRES and NVML names say, before the model is known. A variant's size is
+/// its base profile's (`-me` falls off with the `-` separator).
 pub fn profile_size(name: &str) -> Option<(u8, u32)> {
     let lower = name.trim().to_ascii_lowercase();
     lower
         .split(|c: char| c == '_' || c == ':' || c == '/' || c == '-' || c.is_whitespace())
         .rev()
         .find_map(|token| {
-            let token = token.strip_suffix("+me").unwrap_or(token);
+            let token = VariantKind::ALL
+                .iter()
+                .find_map(|k| token.strip_suffix(k.suffix()))
+                .unwrap_or(token);
             let (c, m) = token.split_once("g.")?;
             let m = m.strip_suffix("gb")?;
             Some((c.parse().ok()?, m.parse().ok()?))
@@ -117,9 +150,11 @@ pub fn profile_size(name: &str) -> Option<(u8, u32)> {
 /// Finds the profile a name refers to on `model`.
 ///
 /// The memory part may differ from NVIDIA's nominal value by up to 10 % (at
-/// least 1 GB), which covers the known driver variants (`3g.39gb`, `1g.9gb`).
-/// Media-extension variants (`+me`) map to their base profile: the scheduler
-/// treats them alike.
+/// least 1 GB), which covers the known driver variants (`3g.39gb`, `1g.9gb`,
+/// GB300's `3g.126gb` for `3g.139gb`). Variants (`+me`, `-me`, `+gfx`,
+/// `+me.all`) map to their base profile: same slices, same placements (what
+/// advise mode needs for a site's existing instances); a job's
+/// `--mig-profile` refuses them ([`requested_profile`]).
 pub fn parse_profile(
     model: &'static ModelSpec,
     name: &str,
@@ -214,6 +249,9 @@ mod tests {
     fn profile_names_state_their_size() {
         assert_eq!(profile_size("3g.20gb"), Some((3, 20)));
         assert_eq!(profile_size("1g.5gb+me"), Some((1, 5)));
+        assert_eq!(profile_size("MIG 1g.24gb+me.all"), Some((1, 24)));
+        assert_eq!(profile_size("2g.48gb+gfx"), Some((2, 48)));
+        assert_eq!(profile_size("2g.48gb-me"), Some((2, 48)));
         assert_eq!(profile_size("a100"), None);
     }
 
@@ -238,6 +276,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("use --gres=shard:3"), "{e}");
+        let e = requested_profile(a100, "1g.5gb+me", 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`+me` variant") && e.contains("ask for --mig-profile=1g.5gb"),
+            "{e}"
+        );
+        let rtx = crate::GpuModel::RtxPro6000_96gb.spec();
+        for (name, suffix) in [
+            ("1g.24gb+gfx", "+gfx"),
+            ("2g.48gb-me", "-me"),
+            ("1g.24gb+me.all", "+me.all"),
+        ] {
+            let e = requested_profile(rtx, name, name[..1].parse().unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("`{suffix}` variant")), "{e}");
+        }
+        assert_eq!(
+            requested_profile(rtx, "2g.48gb", 2).unwrap().name(),
+            "2g.48gb"
+        );
     }
     use crate::GpuModel;
 
@@ -309,5 +369,89 @@ mod tests {
         );
         let a30 = GpuModel::A30_24gb.spec();
         assert_eq!(select_profile(a30, 3, None).unwrap().name(), "4g.24gb");
+    }
+}
+
+/// The user guide's K-to-profile tables (docs/user-guide.md, section 1)
+/// say what [`select_profile`] does, cell by cell.
+#[cfg(test)]
+mod user_guide {
+    use super::*;
+    use crate::models::{GpuModel, MODELS};
+
+    const GUIDE: &str = include_str!("../../../docs/user-guide.md");
+
+    /// The models a header cell names (`A100-80GB, H100-80GB`, `RTX PRO 6000`).
+    fn models_of(header: &str) -> Vec<GpuModel> {
+        header
+            .split(", ")
+            .map(|name| {
+                let name = name.trim();
+                MODELS
+                    .iter()
+                    .find(|m| m.display == name || m.display.starts_with(&format!("{name} ")))
+                    .unwrap_or_else(|| panic!("user guide header `{name}` names no model"))
+                    .model
+            })
+            .collect()
+    }
+
+    fn expected(model: GpuModel, row: &str) -> String {
+        let spec = model.spec();
+        let ks: Vec<u8> = match row {
+            "1, more memory (`--mig-mem`)" => {
+                let wide = spec
+                    .profiles
+                    .iter()
+                    .filter(|p| p.shape.compute == 1)
+                    .max_by_key(|p| p.shape.memory)
+                    .filter(|p| p.shape.memory > 1);
+                return wide.map_or("-".into(), |p| format!("`{}`", p.name()));
+            }
+            k => k.split(", ").map(|k| k.parse().unwrap()).collect(),
+        };
+        let names: Vec<String> = ks
+            .iter()
+            .map(|&k| match select_profile(spec, k, None) {
+                Ok(p) => format!("`{}`", p.name()),
+                Err(_) => "not possible".into(),
+            })
+            .collect();
+        assert!(
+            names.windows(2).all(|w| w[0] == w[1]),
+            "{model} {row}: {names:?}"
+        );
+        names[0].clone()
+    }
+
+    #[test]
+    fn user_guide_tables_match_select_profile() {
+        let lines: Vec<&str> = GUIDE.lines().collect();
+        let mut tables = 0;
+        let mut covered = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.starts_with("| K |") {
+                continue;
+            }
+            tables += 1;
+            let headers: Vec<&str> = line.split('|').map(str::trim).collect();
+            let columns: Vec<Vec<GpuModel>> = headers[2..headers.len() - 1]
+                .iter()
+                .map(|h| models_of(h))
+                .collect();
+            covered.extend(columns.iter().flatten().copied());
+            for row in lines[i + 2..].iter().take_while(|l| l.starts_with('|')) {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                for (models, cell) in columns.iter().zip(&cells[2..]) {
+                    for &m in models {
+                        assert_eq!(*cell, expected(m, cells[1]), "{m}, K = {}", cells[1]);
+                    }
+                }
+            }
+        }
+        assert_eq!(tables, 2);
+        covered.sort();
+        covered.dedup();
+        assert_eq!(covered, GpuModel::ALL.to_vec(), "every model has a column");
     }
 }

@@ -194,15 +194,16 @@ fn processes(st: &State, d: Dev) -> Vec<(u32, u64, u32, u32)> {
 /// (total, used) memory of a device in bytes.
 fn memory(st: &State, d: Dev) -> (u64, u64) {
     let gpu = &st.gpus[d.gpu() as usize];
-    let profile = match d {
-        Dev::Gpu(_) => Some(gpu.model.spec().full_profile()),
+    let total_mib = match d {
+        Dev::Gpu(_) => Some(mig::memory_mib(gpu.model.spec().full_profile().memory_gb)),
         Dev::Mig { gi, .. } => gpu
             .instances
             .iter()
             .find(|g| g.id == gi)
-            .and_then(|g| mig::profile_by_id(gpu.model, g.profile_id)),
+            .and_then(|g| mig::profile_by_id(gpu, g.profile_id))
+            .map(|p| p.memory_mib),
     };
-    let total = profile.map_or(0, |p| mig::memory_mib(p) << 20);
+    let total = total_mib.map_or(0, |mib| mib << 20);
     let used = processes(st, d).iter().map(|p| p.1).sum();
     (total, used)
 }
@@ -465,9 +466,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
                     .instances
                     .iter()
                     .find(|g| g.id == gi)
-                    .and_then(|g| mig::profile_by_id(gpu.model, g.profile_id))
+                    .and_then(|g| mig::profile_by_id(gpu, g.profile_id))
                     .ok_or(INVALID_ARGUMENT)?;
-                s = format!("{s} MIG {}", p.name());
+                s = format!("{s} MIG {}", p.label());
             }
             // SAFETY: NVML's contract for `name` and `len`.
             unsafe { put_str(name, len, &s) }
@@ -670,9 +671,32 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     call("nvmlDeviceGetGpuInstanceProfileInfo", gpu, |_, st| {
         nonnull(info)?;
         let g = &st.gpus[whole_gpu(st, dev)? as usize];
-        let p = mig::profile_by_index(g.model, profile)?;
+        let p = mig::profile_by_index(g, profile)?;
         // SAFETY: checked non-null.
-        unsafe { put(info, mig::profile_info(g.model, p)) }
+        unsafe { put(info, mig::profile_info(g.model, &p)) }
+    })
+}
+
+/// The versioned profile info with the profile's name (nvml.h: `info->version`
+/// must be `nvmlGpuInstanceProfileInfo_v2`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
+    dev: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut sys::nvmlGpuInstanceProfileInfo_v2_t,
+) -> nvmlReturn_t {
+    let gpu = decode_dev(dev).map(Dev::gpu);
+    call("nvmlDeviceGetGpuInstanceProfileInfoV", gpu, |_, st| {
+        nonnull(info)?;
+        // SAFETY: checked non-null; the caller set `version`.
+        let version = unsafe { (*info).version };
+        if version != mig::PROFILE_INFO_V2 {
+            return Err(VERSION_MISMATCH);
+        }
+        let g = &st.gpus[whole_gpu(st, dev)? as usize];
+        let p = mig::profile_by_index(g, profile)?;
+        // SAFETY: checked non-null.
+        unsafe { put(info, mig::profile_info_v2(g.model, &p)) }
     })
 }
 
@@ -684,13 +708,13 @@ fn mig_profile(
     dev: nvmlDevice_t,
     profile_id: c_uint,
     need_mig: bool,
-) -> Result<(u32, &'static smartmig_mig::ProfileSpec), Code> {
+) -> Result<(u32, smartmig_mig::DriverProfile), Code> {
     let g = whole_gpu(st, dev)?;
     let gpu = &st.gpus[g as usize];
     if need_mig && !gpu.mig_current {
         return Err(NOT_SUPPORTED);
     }
-    let p = mig::profile_by_id(gpu.model, profile_id).ok_or(INVALID_ARGUMENT)?;
+    let p = mig::profile_by_id(gpu, profile_id).ok_or(INVALID_ARGUMENT)?;
     root()?;
     Ok((g, p))
 }
@@ -710,7 +734,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
             nonnull(count)?;
             // nvml.h: the placements "regardless of whether MIG is enabled".
             let (_, p) = mig_profile(st, dev, profile_id, false)?;
-            let all = mig::placements(p);
+            let all = mig::placements(&p);
             // SAFETY: checked non-null; a non-null `placements` holds every
             // placement of the profile (nvml.h: "must be large enough").
             unsafe {
@@ -737,7 +761,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
     let gpu = decode_dev(dev).map(Dev::gpu);
     call("nvmlDeviceGetGpuInstanceRemainingCapacity", gpu, |_, st| {
         let (g, p) = mig_profile(st, dev, profile_id, true)?;
-        let n = mig::remaining_capacity(&st.gpus[g as usize], p);
+        let n = mig::remaining_capacity(&st.gpus[g as usize], &p);
         // SAFETY: NVML's contract for `count`.
         unsafe { put(count, n) }
     })
@@ -912,7 +936,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
         let (g, id) = gpu_instance(st, gi)?;
         let gpu = &st.gpus[g as usize];
         let i = gpu.instances.iter().find(|i| i.id == id);
-        let slices = i.map_or(0, |i| mig::gi_compute(gpu.model, i));
+        let slices = i.map_or(0, |i| mig::gi_compute(gpu, i));
         let v = mig::ci_profile_info(gpu.model, profile, slices)?;
         // SAFETY: checked non-null.
         unsafe { put(info, v) }

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use smartmig_mig::GpuModel;
+use smartmig_mig::{DriverProfile, GpuModel};
 
 pub use fault::Fault;
 pub use state::EmuError;
@@ -241,6 +241,46 @@ impl Emulator {
         })
     }
 
+    /// The profiles the driver of `gpu` offers: the table's, unless
+    /// [`Emulator::set_driver_profiles`] replaced them.
+    pub fn driver_profiles(&self, gpu: u32) -> Result<Vec<DriverProfile>, EmuError> {
+        self.with(|st| {
+            let g = st
+                .gpus
+                .get(gpu as usize)
+                .ok_or_else(|| self.no_gpu(st, gpu))?;
+            Ok(mig::driver_profiles(g))
+        })
+    }
+
+    /// Makes the driver of `gpu` offer `profiles` instead of the table's:
+    /// a driver that renames a profile, or one that disagrees with the
+    /// table (another id, slice count or placement, a missing or extra
+    /// profile). Refused while the GPU has instances.
+    pub fn set_driver_profiles(
+        &self,
+        gpu: u32,
+        profiles: Vec<DriverProfile>,
+    ) -> Result<(), EmuError> {
+        self.with(|st| {
+            let path = self.state_path();
+            let count = st.gpus.len() as u32;
+            let g = st.gpus.get_mut(gpu as usize).ok_or(EmuError::NoSuchGpu {
+                path: path.clone(),
+                gpu,
+                count,
+            })?;
+            if !g.instances.is_empty() {
+                return Err(EmuError::Refused {
+                    path,
+                    message: format!("GPU {gpu} has MIG instances: its profiles stay"),
+                });
+            }
+            g.driver = Some(profiles);
+            Ok(())
+        })
+    }
+
     /// Adds a fault at the end of the list ([`fault`]).
     pub fn inject(&self, fault: Fault) -> Result<(), EmuError> {
         self.with(|st| {
@@ -254,6 +294,48 @@ impl Emulator {
         self.with(|st| Ok(st.calls.clone()))
     }
 
+    /// Creates a GPU instance of driver profile `profile_id` at `start` and
+    /// its full-size compute instance, as an admin's `nvidia-smi mig -cgi
+    /// ID -C` would (e.g. a variant smartmig never creates); returns the
+    /// MIG device's UUID.
+    pub fn create_instance(
+        &self,
+        gpu: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<String, EmuError> {
+        self.with(|st| {
+            let g = st
+                .gpus
+                .get(gpu as usize)
+                .ok_or_else(|| self.no_gpu(st, gpu))?;
+            let p = mig::profile_by_id(g, profile_id).ok_or_else(|| EmuError::Refused {
+                path: self.state_path(),
+                message: format!("GPU {gpu} has no profile id {profile_id}"),
+            })?;
+            let size = mig::placements(&p).first().map_or(0, |&(_, size)| size);
+            let refused = |what: &str, code| EmuError::Refused {
+                path: self.state_path(),
+                message: format!(
+                    "GPU {gpu}: {what} of profile {profile_id} at {start}: NVML error {code}"
+                ),
+            };
+            let ci_profile = mig::ci_profile_of(p.slices)
+                .ok_or_else(|| refused("compute instance", mig::NOT_SUPPORTED))?;
+            let gi = mig::create_gi(&self.dir, st, gpu, profile_id, Some((start, size)))
+                .map_err(|c| refused("GPU instance", c))?;
+            mig::create_ci(&self.dir, st, gpu, gi, ci_profile)
+                .map_err(|c| refused("compute instance", c))?;
+            let g = &st.gpus[gpu as usize];
+            Ok(g.instances
+                .iter()
+                .find(|i| i.id == gi)
+                .and_then(|i| i.ci.as_ref())
+                .map(|c| c.uuid.clone())
+                .unwrap_or_default())
+        })
+    }
+
     /// Creates a GPU instance without a compute instance, as a crash
     /// between the two creates leaves; returns its id.
     pub fn create_orphan_gpu_instance(
@@ -264,8 +346,9 @@ impl Emulator {
     ) -> Result<u32, EmuError> {
         self.with(|st| {
             let g = st.gpus.get(gpu as usize).ok_or_else(|| self.no_gpu(st, gpu))?;
-            let size = mig::profile_by_id(g.model, profile_id)
-                .map_or(0, |p| u32::from(p.shape.memory));
+            let size = mig::profile_by_id(g, profile_id)
+                .and_then(|p| mig::placements(&p).first().map(|&(_, size)| size))
+                .unwrap_or(0);
             mig::create_gi(&self.dir, st, gpu, profile_id, Some((start, size))).map_err(|code| {
                 EmuError::Refused {
                     path: self.state_path(),

@@ -1,11 +1,16 @@
-//! What the emulated driver accepts, straight from the one MIG table
-//! (`smartmig-mig`): profiles, placements, GPU-instance ids, compute
-//! instances, and the capability files the driver exposes per instance.
+//! What the emulated driver accepts: profiles, placements, GPU-instance
+//! ids, compute instances, and the capability files the driver exposes per
+//! instance.
 //!
-//! Nothing here is copied from the table: profile ids, starts, sizes and
-//! the fit rule (`Geometry::fits`) are the table's, so the emulator and the
-//! scheduler cannot drift apart; only what the driver adds on top (GPU
-//! instance numbering, NVML codes, capability minors) lives here.
+//! A GPU's profile list is the one table's (`smartmig-mig`:
+//! [`table_driver_profiles`], the ids, slices, names and placements of
+//! `MODELS`) unless a test replaced it ([`crate::Emulator::set_driver_profiles`]),
+//! to present a driver that renames a profile or disagrees with the table.
+//! What the emulator enforces is the hardware's rule over that list: a GPU
+//! instance takes the memory slots of its placement and its compute slices;
+//! two may not share a slot, and the compute slices add up to at most the
+//! GPU's. Only what the driver adds on top (GPU instance numbering, NVML
+//! codes, capability minors) lives here.
 
 use std::ffi::CString;
 use std::io;
@@ -13,7 +18,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nvml_wrapper_sys::bindings as sys;
-use smartmig_mig::{Geometry, GpuModel, Layout, ProfileSpec};
+use smartmig_mig::driver::table_driver_profiles;
+use smartmig_mig::{DriverProfile, GpuModel};
 
 use crate::state::{ComputeInstance, GpuInstance, GpuState, State};
 
@@ -35,95 +41,155 @@ pub fn device_name(model: GpuModel) -> String {
     format!("NVIDIA {name}")
 }
 
-/// Streaming multiprocessors per compute slice (A30/A100: 14, H100/H200: 16).
+/// Streaming multiprocessors per compute slice (A30/A100: 14, H100/H200:
+/// 16, B200-class: 18, RTX PRO 6000: 46 of its 188; RTX PRO 5000: assumed
+/// 55, half of 110).
 fn sms_per_slice(model: GpuModel) -> u32 {
     match model {
         GpuModel::A30_24gb | GpuModel::A100_40gb | GpuModel::A100_80gb => 14,
-        _ => 16,
+        GpuModel::H100_80gb | GpuModel::H100_94gb | GpuModel::H200_141gb => 16,
+        GpuModel::RtxPro6000_96gb => 46,
+        GpuModel::RtxPro5000_48gb => 55,
+        _ => 18,
     }
 }
 
-/// Usable memory of a profile in MiB: a little under its name's GB, as the
-/// driver reports (`3g.20gb` -> 19968 MiB).
-pub fn memory_mib(p: &ProfileSpec) -> u64 {
-    u64::from(p.memory_gb) * 1024 * 39 / 40
+/// Usable memory in MiB of a profile named `gb` GB: a little under the
+/// name, as the driver reports (`3g.20gb` -> 19968 MiB).
+pub fn memory_mib(gb: u32) -> u64 {
+    u64::from(gb) * 1024 * 39 / 40
 }
 
-/// The profile of `NVML_GPU_INSTANCE_PROFILE_*` index `index`.
-pub fn profile_by_index(model: GpuModel, index: u32) -> Result<&'static ProfileSpec, Code> {
+/// The profiles the emulated driver of `gpu` offers.
+pub fn driver_profiles(gpu: &GpuState) -> Vec<DriverProfile> {
+    gpu.driver
+        .clone()
+        .unwrap_or_else(|| table_driver_profiles(gpu.model, memory_mib))
+}
+
+/// The profile at `NVML_GPU_INSTANCE_PROFILE_*` index `index`.
+pub fn profile_by_index(gpu: &GpuState, index: u32) -> Result<DriverProfile, Code> {
     if index >= sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
         return Err(INVALID_ARGUMENT);
     }
-    model
-        .spec()
-        .profiles
-        .iter()
-        .find(|p| p.nvml_profile == index)
+    driver_profiles(gpu)
+        .into_iter()
+        .find(|p| p.index == index)
         .ok_or(NOT_SUPPORTED)
 }
 
 /// The profile of driver profile id `id` (`nvidia-smi mig -lgip`).
-pub fn profile_by_id(model: GpuModel, id: u32) -> Option<&'static ProfileSpec> {
-    model.spec().profiles.iter().find(|p| p.smi_id == id)
+pub fn profile_by_id(gpu: &GpuState, id: u32) -> Option<DriverProfile> {
+    driver_profiles(gpu).into_iter().find(|p| p.id == id)
+}
+
+/// The placements the driver offers for `p`: (start, size in memory slots).
+pub fn placements(p: &DriverProfile) -> Vec<(u32, u32)> {
+    p.placements.clone().unwrap_or_default()
+}
+
+/// Memory slots a GPU instance of `p` takes.
+fn slots(p: &DriverProfile) -> u32 {
+    placements(p).first().map_or(0, |&(_, size)| size)
 }
 
 /// `nvmlGpuInstanceProfileInfo_t` of profile `p`.
-pub fn profile_info(model: GpuModel, p: &ProfileSpec) -> sys::nvmlGpuInstanceProfileInfo_t {
-    let compute = u32::from(p.shape.compute);
+pub fn profile_info(model: GpuModel, p: &DriverProfile) -> sys::nvmlGpuInstanceProfileInfo_t {
+    let compute = p.slices;
     sys::nvmlGpuInstanceProfileInfo_t {
-        id: p.smi_id,
+        id: p.id,
         isP2pSupported: 0,
         sliceCount: compute,
-        instanceCount: p.starts.len() as u32,
+        instanceCount: p.instance_count,
         multiprocessorCount: compute * sms_per_slice(model),
         copyEngineCount: compute,
         decoderCount: compute.div_ceil(2),
         encoderCount: 0,
         jpegCount: u32::from(compute == 7),
         ofaCount: u32::from(compute == 7),
-        memorySizeMB: memory_mib(p),
+        memorySizeMB: p.memory_mib,
     }
 }
 
-/// The placements the driver offers for `p`: (start, size in memory slots).
-pub fn placements(p: &ProfileSpec) -> Vec<(u32, u32)> {
-    p.starts
-        .iter()
-        .map(|&s| (u32::from(s), u32::from(p.shape.memory)))
-        .collect()
+/// The versioned `nvmlGpuInstanceProfileInfo_v2_t` of `p`: the same, with
+/// the driver's name (`MIG 1g.10gb`).
+pub fn profile_info_v2(model: GpuModel, p: &DriverProfile) -> sys::nvmlGpuInstanceProfileInfo_v2_t {
+    let v1 = profile_info(model, p);
+    let mut name = [0 as std::os::raw::c_char; 96];
+    let text = format!("MIG {}", p.label());
+    for (dst, &b) in name.iter_mut().zip(text.as_bytes().iter().take(95)) {
+        *dst = b as std::os::raw::c_char;
+    }
+    sys::nvmlGpuInstanceProfileInfo_v2_t {
+        version: PROFILE_INFO_V2,
+        id: v1.id,
+        isP2pSupported: v1.isP2pSupported,
+        sliceCount: v1.sliceCount,
+        instanceCount: v1.instanceCount,
+        multiprocessorCount: v1.multiprocessorCount,
+        copyEngineCount: v1.copyEngineCount,
+        decoderCount: v1.decoderCount,
+        encoderCount: v1.encoderCount,
+        jpegCount: v1.jpegCount,
+        ofaCount: v1.ofaCount,
+        memorySizeMB: v1.memorySizeMB,
+        name,
+    }
 }
+
+/// `nvmlGpuInstanceProfileInfo_v2` of nvml.h: the struct's size with the
+/// version in the top byte.
+pub const PROFILE_INFO_V2: u32 =
+    std::mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
 
 /// The driver's GPU-instance id: the memory slots numbered as a binary
 /// tree (8 slots: size 8 -> 0, size 4 -> 1 + start/4, size 2 -> 3 +
-/// start/2, size 1 -> 7 + start; the A30's 4 slots alike).
+/// start/2, size 1 -> 7 + start; the four- and two-slot GPUs alike).
 pub fn gi_id(model: GpuModel, start: u32, size: u32) -> u32 {
     let slots = u32::from(model.spec().memory_slices);
-    slots / size - 1 + start / size
+    slots / size.max(1) - 1 + start / size.max(1)
 }
 
-/// The current layout of `gpu`, in the table's terms.
-pub fn layout(gpu: &GpuState) -> Layout {
-    let geometry = Geometry::of(gpu.model);
-    gpu.instances
+/// Memory slots in use (a bit mask) and compute slices in use on `gpu`.
+fn occupied(gpu: &GpuState) -> (u32, u32) {
+    gpu.instances.iter().fold((0, 0), |(mask, compute), gi| {
+        (
+            mask | (((1u32 << gi.size) - 1) << gi.start),
+            compute + gi_compute(gpu, gi),
+        )
+    })
+}
+
+/// Whether a GPU instance of `p` at `start` fits next to the instances of
+/// `gpu`, and `p` is below its instance count.
+fn fits(gpu: &GpuState, p: &DriverProfile, start: u32) -> bool {
+    let (mask, compute) = occupied(gpu);
+    let size = slots(p);
+    let want = ((1u32 << size) - 1) << start;
+    let same = gpu
+        .instances
         .iter()
-        .filter_map(|gi| {
-            let p = profile_by_id(gpu.model, gi.profile_id)?;
-            geometry.placement_id(p.shape, u8::try_from(gi.start).ok()?)
-        })
-        .collect()
+        .filter(|gi| gi.profile_id == p.id)
+        .count() as u32;
+    mask & want == 0
+        && compute + p.slices <= u32::from(gpu.model.spec().compute_slices)
+        && same < p.instance_count
 }
 
-/// How many more instances of `p` fit, taking free placements greedily.
-pub fn remaining_capacity(gpu: &GpuState, p: &ProfileSpec) -> u32 {
-    let geometry = Geometry::of(gpu.model);
-    let mut l = layout(gpu);
+/// How many more instances of `p` fit, taking free placements in order.
+pub fn remaining_capacity(gpu: &GpuState, p: &DriverProfile) -> u32 {
+    let mut g = gpu.clone();
     let mut n = 0;
-    for &s in p.starts {
-        if let Some(id) = geometry.placement_id(p.shape, s) {
-            if geometry.fits(l, id) {
-                l = l.with(id);
-                n += 1;
-            }
+    for (start, size) in placements(p) {
+        if fits(&g, p, start) {
+            g.instances.push(GpuInstance {
+                id: u32::MAX - n,
+                profile_id: p.id,
+                start,
+                size,
+                ci: None,
+            });
+            n += 1;
         }
     }
     n
@@ -143,35 +209,25 @@ pub fn create_gi(
     if !gpu.mig_current {
         return Err(NOT_SUPPORTED);
     }
-    let p = profile_by_id(gpu.model, profile_id).ok_or(INVALID_ARGUMENT)?;
-    let geometry = Geometry::of(gpu.model);
-    let current = layout(gpu);
+    let p = profile_by_id(gpu, profile_id).ok_or(INVALID_ARGUMENT)?;
+    let offered = placements(&p);
     let start = match placement {
-        Some((start, size)) => {
-            if size != u32::from(p.shape.memory) {
+        Some(wanted) => {
+            if !offered.contains(&wanted) {
                 return Err(INVALID_ARGUMENT);
             }
-            let id = u8::try_from(start)
-                .ok()
-                .and_then(|s| geometry.placement_id(p.shape, s))
-                .ok_or(INVALID_ARGUMENT)?;
-            if !geometry.fits(current, id) {
+            if !fits(gpu, &p, wanted.0) {
                 return Err(INSUFFICIENT_RESOURCES);
             }
-            start
+            wanted.0
         }
-        None => p
-            .starts
+        None => offered
             .iter()
-            .find(|&&s| {
-                geometry
-                    .placement_id(p.shape, s)
-                    .is_some_and(|id| geometry.fits(current, id))
-            })
-            .map(|&s| u32::from(s))
+            .find(|&&(s, _)| fits(gpu, &p, s))
+            .map(|&(s, _)| s)
             .ok_or(INSUFFICIENT_RESOURCES)?,
     };
-    let size = u32::from(p.shape.memory);
+    let size = slots(&p);
     let id = gi_id(gpu.model, start, size);
     write_cap(dir, index, id, None).map_err(|e| io_failed("capability file", &e))?;
     gpu.instances.push(GpuInstance {
@@ -200,9 +256,22 @@ pub fn ci_slices(profile: u32) -> Result<u32, Code> {
     })
 }
 
-/// Compute slices of GPU instance `gi` of a `model` GPU.
-pub fn gi_compute(model: GpuModel, gi: &GpuInstance) -> u32 {
-    profile_by_id(model, gi.profile_id).map_or(0, |p| u32::from(p.shape.compute))
+/// The full-size `NVML_COMPUTE_INSTANCE_PROFILE_*` index of a GPU instance
+/// of `slices` compute slices (the inverse of [`ci_slices`]).
+pub fn ci_profile_of(slices: u32) -> Option<u32> {
+    Some(match slices {
+        1 => sys::NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+        2 => sys::NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+        3 => sys::NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        4 => sys::NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+        7 => sys::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+        _ => return None,
+    })
+}
+
+/// Compute slices of GPU instance `gi` of `gpu`.
+pub fn gi_compute(gpu: &GpuState, gi: &GpuInstance) -> u32 {
+    profile_by_id(gpu, gi.profile_id).map_or(0, |p| p.slices)
 }
 
 /// `nvmlComputeInstanceProfileInfo_t` of a compute-instance profile of
@@ -238,11 +307,14 @@ pub fn create_ci(
     gi_id: u32,
     profile: u32,
 ) -> Result<u32, Code> {
-    let model = state.gpus[index as usize].model;
-    let find = |gpu: &GpuState| gpu.instances.iter().position(|gi| gi.id == gi_id);
-    let i = find(&state.gpus[index as usize]).ok_or(INVALID_ARGUMENT)?;
-    let gi = &state.gpus[index as usize].instances[i];
-    let slices = ci_profile_info(model, profile, gi_compute(model, gi))?.sliceCount;
+    let gpu = &state.gpus[index as usize];
+    let i = gpu
+        .instances
+        .iter()
+        .position(|gi| gi.id == gi_id)
+        .ok_or(INVALID_ARGUMENT)?;
+    let gi = &gpu.instances[i];
+    let slices = ci_profile_info(gpu.model, profile, gi_compute(gpu, gi))?.sliceCount;
     if gi.ci.is_some() {
         return Err(INSUFFICIENT_RESOURCES);
     }
@@ -414,13 +486,45 @@ mod tests {
 
     #[test]
     fn profile_indices_outside_nvml_are_invalid() {
-        let m = GpuModel::A30_24gb;
-        assert_eq!(profile_by_index(m, 99), Err(INVALID_ARGUMENT));
+        let state = State::new(&[(GpuModel::A30_24gb, true, true)]);
+        let g = &state.gpus[0];
+        assert_eq!(profile_by_index(g, 99), Err(INVALID_ARGUMENT));
         // 3_SLICE exists in NVML but not on the A30.
         assert_eq!(
-            profile_by_index(m, sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE),
+            profile_by_index(g, sys::NVML_GPU_INSTANCE_PROFILE_3_SLICE),
             Err(NOT_SUPPORTED)
         );
-        assert!(profile_by_index(m, sys::NVML_GPU_INSTANCE_PROFILE_4_SLICE).is_ok());
+        assert!(profile_by_index(g, sys::NVML_GPU_INSTANCE_PROFILE_4_SLICE).is_ok());
+    }
+
+    #[test]
+    fn the_versioned_info_carries_the_name() {
+        let state = State::new(&[(GpuModel::Gb300_288gb, true, true)]);
+        let p = profile_by_id(&state.gpus[0], 9).unwrap();
+        let info = profile_info_v2(GpuModel::Gb300_288gb, &p);
+        let name: Vec<u8> = info
+            .name
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        assert_eq!(String::from_utf8(name).unwrap(), "MIG 3g.139gb");
+        assert_eq!(info.version >> 24, 2);
+        assert_eq!(info.sliceCount, 3);
+    }
+
+    /// The +me variant of an eight-slice GPU: one per GPU, on a 1g slot.
+    #[test]
+    fn variants_follow_their_instance_count() {
+        let dir = std::env::temp_dir().join(format!("emu-mig-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("nvidia-caps")).unwrap();
+        let mut state = State::new(&[(GpuModel::B200_180gb, true, true)]);
+        assert_eq!(create_gi(&dir, &mut state, 0, 20, Some((6, 1))), Ok(13));
+        assert_eq!(
+            create_gi(&dir, &mut state, 0, 20, Some((5, 1))),
+            Err(INSUFFICIENT_RESOURCES)
+        );
+        assert_eq!(create_gi(&dir, &mut state, 0, 19, Some((5, 1))), Ok(12));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -61,6 +61,10 @@ pub struct GpuState {
     pub energy_mj: u64,
     /// GPU instances, by id.
     pub instances: Vec<GpuInstance>,
+    /// The driver's profile list when a test replaced the table's
+    /// ([`crate::mig::driver_profiles`]).
+    #[serde(default)]
+    pub driver: Option<Vec<smartmig_mig::DriverProfile>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -135,6 +139,7 @@ impl State {
                 mig_pending,
                 energy_mj: 0,
                 instances: Vec::new(),
+                driver: None,
             })
             .collect();
         State {

@@ -379,7 +379,7 @@ fn nvml_wrapper_sees_the_same_gpus() {
         }
     );
     assert_eq!(gpu.minor_number().unwrap(), 0);
-    let full = mig::memory_mib(model.spec().full_profile()) << 20;
+    let full = mig::memory_mib(model.spec().full_profile().memory_gb) << 20;
     let mem = gpu.memory_info().unwrap();
     assert_eq!((mem.total, mem.used), (full, 5 << 30));
     let procs = gpu.running_compute_processes().unwrap();
@@ -391,7 +391,7 @@ fn nvml_wrapper_sees_the_same_gpus() {
     assert!(m.mig_is_mig_device_handle().unwrap());
     assert_eq!(m.uuid().unwrap(), uuid);
     let mem = m.memory_info().unwrap();
-    let three = mig::memory_mib(model.spec().profile(Shape::new(3, 4)).unwrap()) << 20;
+    let three = mig::memory_mib(model.spec().profile(Shape::new(3, 4)).unwrap().memory_gb) << 20;
     assert_eq!(
         (mem.total, mem.used, mem.free),
         (three, 5 << 30, three - (5 << 30))
@@ -549,4 +549,148 @@ fn instances_need_root() {
     }
     run_helper("helper_as_nobody", dir, true);
     assert_eq!(scene.emu.instances(0).unwrap().len(), 1);
+}
+
+/// A driver that renames a profile (GB300 on R61x drivers: id 9 is
+/// `3g.126gb` with 126 GiB, not the table's `3g.139gb`) is matched by id
+/// and slices: the GPU is managed, every placement of the profile is
+/// created through the backend, and the name shown is the driver's.
+#[test]
+fn a_renamed_profile_is_matched_by_id() {
+    let model = GpuModel::Gb300_288gb;
+    let scene = Scene::new("renamed", &[GpuSetup::mig(model)]);
+    let mut driver = scene.emu.driver_profiles(0).unwrap();
+    let three = driver.iter_mut().find(|p| p.id == 9).expect("id 9");
+    three.name = Some("3g.126gb".into());
+    three.memory_mib = 126 * 1024;
+    scene.emu.set_driver_profiles(0, driver).unwrap();
+
+    let backend = scene.backend();
+    assert_eq!(backend.gpus()[0].model, model);
+    let shape = Shape::new(3, 4);
+    assert_eq!(backend.profile_name(0, shape).as_deref(), Some("3g.126gb"));
+    assert_eq!(
+        backend.profile_name(0, Shape::new(1, 1)).as_deref(),
+        Some("1g.35gb")
+    );
+    let m = backend.driver_match(0).expect("matched at start");
+    assert!(
+        m.notes.iter().any(|n| n.contains("is named 3g.126gb")),
+        "{:?}",
+        m.notes
+    );
+    assert!(
+        scene.calls("nvmlDeviceGetGpuInstanceProfileInfoV") > 0,
+        "the names come from the versioned call"
+    );
+    for start in [0, 4] {
+        let id = placement(model, 3, 4, start);
+        let uuid = backend.create(0, id).unwrap();
+        assert_eq!(
+            backend.list(0).unwrap(),
+            vec![BackendInstance {
+                placement: id,
+                uuid: uuid.clone()
+            }]
+        );
+        let held = scene.emu.instances(0).unwrap();
+        assert_eq!((held[0].profile_id, held[0].start), (9, u32::from(start)));
+        // The MIG device's memory is the driver's 126 GiB.
+        let mem = backend.memory_use(0, &uuid).expect("memory");
+        assert!((mem.total_gb - 126.0 * 1024.0 * 1024.0 * 1024.0 / 1e9).abs() < 1e-6);
+        backend.destroy(0, &uuid).unwrap();
+    }
+}
+
+/// A driver whose profiles differ from the table (another id, slice count,
+/// placement, a missing or an extra default profile) makes the backend
+/// refuse the GPU, naming the difference; nothing is guessed or created.
+#[test]
+fn a_driver_that_differs_from_the_table_is_refused() {
+    let model = GpuModel::B200_180gb;
+    type Edit = fn(&mut Vec<smartmig_mig::DriverProfile>);
+    let cases: [(&str, Edit, &str); 5] = [
+        (
+            "id",
+            |d| d.iter_mut().find(|p| p.id == 14).unwrap().id = 13,
+            "2g.45gb: driver id 13, table id 14",
+        ),
+        (
+            "slices",
+            |d| d.iter_mut().find(|p| p.id == 5).unwrap().slices = 3,
+            "4g.90gb: driver 3 compute slices, table 4",
+        ),
+        (
+            "placements",
+            |d| d.iter_mut().find(|p| p.id == 15).unwrap().placements = Ok(vec![(0, 2), (2, 2)]),
+            "1g.45gb: driver placements [0+2 2+2], table [0+2 2+2 4+2 6+2]",
+        ),
+        (
+            "missing",
+            |d| d.retain(|p| p.id != 0),
+            "7g.180gb: the driver offers no profile at NVML index 4",
+        ),
+        (
+            "extra",
+            |d| {
+                let mut six = d.iter().find(|p| p.id == 0).unwrap().clone();
+                six.index = sys::NVML_GPU_INSTANCE_PROFILE_6_SLICE;
+                six.id = 99;
+                six.slices = 6;
+                six.name = Some("6g.180gb".into());
+                d.push(six);
+            },
+            "6g.180gb (id 99, 6 compute slices, NVML index 6): a profile the table lacks",
+        ),
+    ];
+    for (what, edit, needle) in cases {
+        let scene = Scene::new(
+            &format!("differs-{what}"),
+            &[GpuSetup::mig(model), GpuSetup::mig(model)],
+        );
+        let mut driver = scene.emu.driver_profiles(1).unwrap();
+        edit(&mut driver);
+        scene.emu.set_driver_profiles(1, driver).unwrap();
+        match NvmlBackend::open(&scene.config()) {
+            Err(e @ BackendError::TableMismatch { gpu: 1, .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(needle), "{what}: {msg}");
+                assert!(msg.contains("does not manage"), "{what}: {msg}");
+            }
+            Err(e) => panic!("{what}: wrong error: {e}"),
+            Ok(_) => panic!("{what}: opened a GPU whose driver differs from the table"),
+        }
+        assert!(scene.emu.instances(1).unwrap().is_empty(), "{what}");
+    }
+}
+
+/// The emulator presents each new model under a name the table maps back,
+/// with its variants listed by the driver and never scheduled: a `+gfx`
+/// instance made outside smartmig is left alone by `list`.
+#[test]
+fn blackwell_variants_are_listed_and_left_alone() {
+    let model = GpuModel::RtxPro6000_96gb;
+    let scene = Scene::new("variants", &[GpuSetup::mig(model)]);
+    let backend = scene.backend();
+    let m = backend.driver_match(0).unwrap();
+    let names: Vec<String> = m.variants.iter().map(|v| v.driver.label()).collect();
+    for want in ["1g.24gb+gfx", "1g.24gb-me", "1g.24gb+me.all", "4g.96gb+gfx"] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    // A +gfx instance (id 47) at slot 3, made as an admin would: `list`
+    // leaves it out (smartmig neither uses nor destroys it), and the
+    // driver refuses a create over it.
+    let gfx = scene.emu.create_instance(0, 47, 3).unwrap();
+    assert!(backend.list(0).unwrap().is_empty());
+    assert!(matches!(
+        backend.create(0, placement(model, 2, 2, 2)),
+        Err(BackendError::InsufficientResources { .. })
+    ));
+    let two = backend.create(0, placement(model, 2, 2, 0)).unwrap();
+    assert_eq!(backend.list(0).unwrap().len(), 1);
+    backend.destroy(0, &two).unwrap();
+    assert_eq!(
+        scene.emu.instances(0).unwrap()[0].uuid.as_deref(),
+        Some(gfx.as_str())
+    );
 }

@@ -8,7 +8,9 @@ use crate::mig::{Geometry, GpuModel, InstanceDesc, Layout};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// GPU model (a30-24gb, a100-40gb, a100-80gb, h100-80gb, h100-94gb, h200-141gb).
+    /// GPU model: a30-24gb, a100-40gb, a100-80gb, h100-80gb, h100-94gb,
+    /// h200-141gb, b200-180gb, gb200-186gb, b300-288gb, gb300-288gb,
+    /// rtx-pro-6000-96gb, rtx-pro-5000-48gb (or a family naming one: b200).
     #[arg(long, default_value = "a100-40gb")]
     pub gpu: GpuModel,
     /// Only the maximal layouts (no instance can be added).
@@ -78,6 +80,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         g.spec.compute_slices,
         rows.len()
     )?;
+    let sources = g.spec.sources;
+    for (what, p) in [
+        ("profiles", sources.profiles),
+        ("ids", sources.ids),
+        ("placements", sources.placements),
+    ] {
+        if !p.confirmed() {
+            writeln!(out, "{what}: {}: {}", p.label(), p.text())?;
+        }
+    }
     writeln!(out, "slot picture: digit = compute slices of the instance on that memory slot, | = boundary, . = free")?;
     writeln!(
         out,

@@ -24,7 +24,8 @@ pub struct Args {
     /// Number of GPUs (all of `--model`; see `--cluster` for mixed models).
     #[arg(long, default_value_t = 8)]
     pub gpus: usize,
-    /// GPU model (a30-24gb, a100-40gb, a100-80gb, h100-80gb, h100-94gb, h200-141gb).
+    /// GPU model (`smartmig layouts --help` lists them: a100-40gb ... b200-180gb,
+    /// rtx-pro-6000-96gb).
     #[arg(long, default_value = "a100-40gb")]
     pub model: String,
     /// Mixed cluster, e.g. `a100-40gb:4,h100-80gb:2` (overrides --gpus and

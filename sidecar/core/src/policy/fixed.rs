@@ -227,7 +227,8 @@ pub fn parse_policy(
     }
     if let Some(path) = s.strip_prefix("policy:") {
         // The learned policy acts on the GPUs of the model it was trained
-        // for; it must be one of the cluster's (others keep their layouts).
+        // for (or `?serve=MODEL`'s, of the same geometry); it must be one
+        // of the cluster's (others keep their layouts).
         let learned_err = |reason: String| PolicyParseError::Learned {
             spec: s.to_string(),
             reason,
@@ -238,10 +239,15 @@ pub fn parse_policy(
         if let Some(query) = learned.guard {
             policy.override_guard(query).map_err(learned_err)?;
         }
-        let model = policy.metadata().gpu_model;
+        if let Some(serve) = learned.serve() {
+            policy = policy
+                .serving(serve.map_err(learned_err)?)
+                .map_err(|e| learned_err(e.to_string()))?;
+        }
+        let model = policy.served_model();
         if !models.is_empty() && !models.contains(&model) {
             return Err(learned_err(format!(
-                "the policy was trained for {model}, which this cluster does not have"
+                "the policy acts on {model} GPUs, which this cluster does not have (a policy can serve a model of the same geometry: `?serve=MODEL`)"
             )));
         }
         return Ok(Box::new(policy));

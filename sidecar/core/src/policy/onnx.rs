@@ -125,9 +125,11 @@ impl Guard {
                         format!("max_reconfigurations_per_day={value}: not a whole number")
                     })?;
                 }
+                // Not a guard: which GPUs the policy serves (LearnedSpec::serve).
+                "serve" => {}
                 other => {
                     return Err(format!(
-                    "unknown guard `{other}` (known: min_confidence, max_reconfigurations_per_day)"
+                    "unknown guard `{other}` (known: min_confidence, max_reconfigurations_per_day, serve)"
                 ))
                 }
             }
@@ -149,6 +151,20 @@ pub struct LearnedSpec<'a> {
 }
 
 impl<'a> LearnedSpec<'a> {
+    /// `serve=MODEL` in the query: run the policy on the GPUs of another
+    /// model with the same slice geometry ([`OnnxPolicy::serving`]).
+    pub fn serve(&self) -> Option<Result<GpuModel, String>> {
+        let value = self
+            .guard?
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("serve="))?;
+        Some(
+            value
+                .parse::<GpuModel>()
+                .map_err(|e| format!("serve={value}: {e}")),
+        )
+    }
+
     pub fn parse(after_prefix: &'a str) -> LearnedSpec<'a> {
         match after_prefix.rsplit_once('?') {
             Some((path, query)) => LearnedSpec {
@@ -565,6 +581,41 @@ impl OnnxPolicy {
 
     pub fn metadata(&self) -> &PolicyMetadata {
         &self.meta
+    }
+
+    /// The model whose GPUs the policy acts on: the one it was trained for,
+    /// unless [`OnnxPolicy::serving`] moved it.
+    pub fn served_model(&self) -> GpuModel {
+        self.encoder.spec().model
+    }
+
+    /// The same network acting on the GPUs of `model` instead of its own:
+    /// allowed when `model` has the policy's slice geometry (the same
+    /// catalog of layouts, placements and profile count, so the same
+    /// observation and action spaces, e.g. an H100-80GB policy on B200s).
+    /// Its features count slices and jobs, not GB, so the question is
+    /// whether what it learned carries over: `bench suite --policy
+    /// policy:FILE?serve=MODEL` measures it (docs/policy.md).
+    pub fn serving(mut self, model: GpuModel) -> Result<OnnxPolicy, PolicyLoadError> {
+        if model == self.meta.gpu_model {
+            return Ok(self);
+        }
+        let spec = FeatureSpec::new(model);
+        if catalog_pictures(model) != self.meta.catalog
+            || (spec.obs_dim, spec.actions) != (self.meta.obs_dim, self.meta.actions)
+        {
+            return Err(PolicyLoadError::SpaceMismatch {
+                path: PathBuf::from(self.name.trim_start_matches("policy:")),
+                model,
+                what: format!(
+                    "trained for {}, whose MIG geometry is not {model}'s: a policy serves only models with its slice geometry",
+                    self.meta.gpu_model
+                ),
+            });
+        }
+        self.encoder = Encoder::new(model);
+        self.name = format!("{} (serving {model})", self.name);
+        Ok(self)
     }
 
     /// Applies a spec's `?key=value&...` guard overrides ([`LearnedSpec`])

@@ -54,6 +54,15 @@ impl PowerModel {
     /// | H100-80GB | 141 | 700 | cap: H100-SXM5; idle: brief sec. 5, H100 in MIG mode at little load ~141 W |
     /// | H100-94GB (NVL) | 81 | 400 | cap: H100 NVL; idle: assumed the H100-SXM ratio 141/700 |
     /// | H200-141GB | 141 | 700 | cap: H200 SXM; idle: assumed as H100-SXM |
+    /// | B200-180GB | 201 | 1000 | cap: HGX B200, up to 1 kW per GPU (second-hand: NVIDIA's DGX B200 guide as quoted by others, a cloud's HGX B200 sheet); idle: assumed the H100-SXM ratio 141/700 |
+    /// | GB200-186GB | 242 | 1200 | cap: the GB200 variant at 1,200 W (second-hand); idle: the same ratio |
+    /// | B300-288GB | 282 | 1400 | cap: Blackwell Ultra 1,400 W (second-hand; HGX boards may be set lower); idle: the same ratio |
+    /// | GB300-288GB | 282 | 1400 | cap: Blackwell Ultra 1,400 W (second-hand); idle: the same ratio |
+    /// | RTX PRO 6000 Blackwell | 121 | 600 | cap: 600 W, Workstation and Server Edition (second-hand; the Max-Q edition is 300 W); idle: the same ratio |
+    /// | RTX PRO 5000 Blackwell | 60 | 300 | cap: assumed 300 W (not found in the sources read); idle: the same ratio |
+    ///
+    /// Every Blackwell figure is second-hand or assumed: set `[power]` in
+    /// the simulation config from a site's own measurements.
     pub fn default_for(model: GpuModel) -> Self {
         let (idle_w, max_w) = match model {
             GpuModel::A30_24gb => (21.0, 165.0),
@@ -61,6 +70,11 @@ impl PowerModel {
             GpuModel::H100_80gb => (141.0, 700.0),
             GpuModel::H100_94gb => (81.0, 400.0),
             GpuModel::H200_141gb => (141.0, 700.0),
+            GpuModel::B200_180gb => (201.0, 1000.0),
+            GpuModel::Gb200_186gb => (242.0, 1200.0),
+            GpuModel::B300_288gb | GpuModel::Gb300_288gb => (282.0, 1400.0),
+            GpuModel::RtxPro6000_96gb => (121.0, 600.0),
+            GpuModel::RtxPro5000_48gb => (60.0, 300.0),
         };
         PowerModel {
             idle_w,

@@ -7,24 +7,24 @@
 //! GPU as plain data, so the caller can say what is wrong with each.
 //!
 //! What it asks, per GPU: name, minor number, MIG mode (current and
-//! pending); with MIG mode on, for each profile of the table
-//! ([`crate::mig::models`]) the driver's profile id
-//! (`nvmlDeviceGetGpuInstanceProfileInfo`) and its possible placements
-//! (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`), and the GPU instances
-//! that exist (`nvmlDeviceGetGpuInstances` per profile id) with how many
-//! compute instances each has (through the MIG device handles). A symbol
-//! the library does not export is reported as `NotSupported`, never called.
+//! pending); every GPU-instance profile the driver offers (the backend's
+//! own [`super::nvml::driver_profiles`]: id, compute slices, memory, name
+//! and possible placements at each NVML profile index), matched with the
+//! table ([`crate::mig::match_driver`]) exactly as the backend matches them
+//! at start; with MIG mode on, the GPU instances that exist
+//! (`nvmlDeviceGetGpuInstances` per profile id) with how many compute
+//! instances each has (through the MIG device handles). A symbol the
+//! library does not export is reported as `NotSupported`, never called.
 
-use std::os::raw::c_uint;
 use std::path::PathBuf;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings as sys;
 
-use super::nvml::{load, map_return, nvml_err};
+use super::nvml::{driver_profiles, load, missing_symbol, nvml_err};
 use super::BackendError;
 use crate::config::NvmlConfig;
-use crate::mig::{GpuModel, ProfileSpec};
+use crate::mig::{match_driver, DriverMatch, DriverProfile, GpuModel};
 
 /// What NVML says about the node.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,25 +61,14 @@ pub struct GpuSurvey {
     /// `nvmlDeviceGetMinorNumber`: the N of `/dev/nvidiaN`.
     pub minor: Result<u32, BackendError>,
     pub mig: Result<MigModes, BackendError>,
-    /// One entry per profile of the model's table; empty when the model is
-    /// unknown or MIG mode is off.
-    pub profiles: Vec<ProfileSurvey>,
+    /// Every profile the driver offers, by NVML index (empty: it offers
+    /// none, as some drivers answer with MIG mode off).
+    pub driver: Result<Vec<DriverProfile>, BackendError>,
+    /// The driver's profiles against the model's row of the table; `None`
+    /// when the model is unknown or the driver could not be asked.
+    pub matched: Option<DriverMatch>,
     /// The GPU instances that exist; `Ok(empty)` when MIG mode is off.
     pub instances: Result<Vec<GpuInstanceSurvey>, BackendError>,
-}
-
-/// One profile of the table, as the driver sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProfileSurvey {
-    pub spec: &'static ProfileSpec,
-    /// `nvmlGpuInstanceProfileInfo_t.id` (the table expects `spec.smi_id`).
-    pub driver_id: Result<u32, BackendError>,
-    /// The instance memory the driver reports (`memorySizeMB`, MiB); the
-    /// profile's name rounds it up (an H200's 1g.18gb has 16,384 MiB).
-    pub memory_mib: Option<u64>,
-    /// Possible placements as (start, size) in memory slices, in the
-    /// driver's order.
-    pub placements: Result<Vec<(u32, u32)>, BackendError>,
 }
 
 /// A GPU instance that exists on a GPU.
@@ -100,6 +89,12 @@ impl GpuSurvey {
     /// Whether MIG mode is on now (false when it could not be read).
     pub fn mig_on(&self) -> bool {
         matches!(self.mig, Ok(m) if m.current)
+    }
+
+    /// Whether the driver described any profile (some answer only with
+    /// MIG mode on).
+    pub fn driver_answered(&self) -> bool {
+        matches!(&self.driver, Ok(list) if !list.is_empty())
     }
 }
 
@@ -134,13 +129,6 @@ pub fn cuda_version_text(version: i32) -> String {
     format!("{}.{}", version / 1000, (version % 1000) / 10)
 }
 
-fn missing(gpu: u32, symbol: &str) -> BackendError {
-    BackendError::NotSupported {
-        gpu,
-        what: format!("{symbol} (not exported by the NVML library)"),
-    }
-}
-
 fn survey_gpu(nvml: &Nvml, index: u32) -> GpuSurvey {
     let device = match nvml.device_by_index(index) {
         Ok(d) => d,
@@ -152,7 +140,8 @@ fn survey_gpu(nvml: &Nvml, index: u32) -> GpuSurvey {
                 model: None,
                 minor: Err(err.clone()),
                 mig: Err(err.clone()),
-                profiles: Vec::new(),
+                driver: Err(err.clone()),
+                matched: None,
                 instances: Err(err),
             };
         }
@@ -176,20 +165,17 @@ fn survey_gpu(nvml: &Nvml, index: u32) -> GpuSurvey {
     // too (nvml.h: placements "regardless of whether MIG is enabled";
     // seen on an H200 with driver 580), so doctor can compare the table
     // before the admin turns MIG on.
-    let profiles = match model {
-        Some(model) => model
-            .spec()
-            .profiles
-            .iter()
-            .map(|p| survey_profile(nvml, handle, index, p))
-            .collect(),
-        _ => Vec::new(),
+    // SAFETY: a live handle of this library.
+    let driver = unsafe { driver_profiles(nvml, handle, index) };
+    let matched = match (model, &driver) {
+        (Some(model), Ok(list)) if !list.is_empty() => Some(match_driver(model, list)),
+        _ => None,
     };
     let instances = if mig_on {
-        let ids: Vec<u32> = profiles
-            .iter()
-            .filter_map(|p| p.driver_id.as_ref().ok().copied())
-            .collect();
+        let ids: Vec<u32> = driver
+            .as_ref()
+            .map(|list| list.iter().map(|p| p.id).collect())
+            .unwrap_or_default();
         gpu_instances(nvml, handle, index, &ids)
     } else {
         Ok(Vec::new())
@@ -200,68 +186,9 @@ fn survey_gpu(nvml: &Nvml, index: u32) -> GpuSurvey {
         model,
         minor,
         mig,
-        profiles,
+        driver,
+        matched,
         instances,
-    }
-}
-
-fn survey_profile(
-    nvml: &Nvml,
-    device: sys::nvmlDevice_t,
-    gpu: u32,
-    spec: &'static ProfileSpec,
-) -> ProfileSurvey {
-    let lib = nvml.lib();
-    let driver_id = if lib.nvmlDeviceGetGpuInstanceProfileInfo.is_err() {
-        Err(missing(gpu, "nvmlDeviceGetGpuInstanceProfileInfo"))
-    } else {
-        // SAFETY: zeroed plain C struct as out-pointer.
-        let mut info: sys::nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: live device handle and a valid out-pointer; the symbol exists.
-        let code = unsafe {
-            lib.nvmlDeviceGetGpuInstanceProfileInfo(device, spec.nvml_profile, &mut info)
-        };
-        map_return(code, gpu, &format!("profile info of {}", spec.name()))
-            .map(|()| (info.id, info.memorySizeMB))
-    };
-    let memory_mib = driver_id.as_ref().ok().map(|&(_, mib)| mib);
-    let driver_id = driver_id.map(|(id, _)| id);
-    let placements = match &driver_id {
-        Err(e) => Err(e.clone()),
-        Ok(_) if lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2.is_err() => Err(missing(
-            gpu,
-            "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
-        )),
-        Ok(id) => {
-            let mut buf = [sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 16];
-            let mut count = buf.len() as c_uint;
-            // SAFETY: live handle; the buffer holds `count` placements.
-            let code = unsafe {
-                lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(
-                    device,
-                    *id,
-                    buf.as_mut_ptr(),
-                    &mut count,
-                )
-            };
-            map_return(
-                code,
-                gpu,
-                &format!("possible placements of {}", spec.name()),
-            )
-            .map(|()| {
-                buf.iter()
-                    .take(count as usize)
-                    .map(|p| (p.start, p.size))
-                    .collect()
-            })
-        }
-    };
-    ProfileSurvey {
-        spec,
-        driver_id,
-        memory_mib,
-        placements,
     }
 }
 
@@ -282,7 +209,7 @@ fn gpu_instances(
         (lib.nvmlGpuInstanceGetInfo.is_ok(), "nvmlGpuInstanceGetInfo"),
     ] {
         if !ok {
-            return Err(missing(gpu, symbol));
+            return Err(missing_symbol(gpu, symbol));
         }
     }
     let devices = mig_devices(nvml, device, gpu)?;
@@ -334,7 +261,7 @@ fn mig_devices(
         (lib.nvmlDeviceGetUUID.is_ok(), "nvmlDeviceGetUUID"),
     ] {
         if !ok {
-            return Err(missing(gpu, symbol));
+            return Err(missing_symbol(gpu, symbol));
         }
     }
     // SAFETY: every symbol it calls exists (checked above) and `device`

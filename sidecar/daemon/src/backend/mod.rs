@@ -12,7 +12,7 @@ pub mod sim;
 
 use std::path::PathBuf;
 
-use crate::mig::{GpuModel, PlacementId};
+use crate::mig::{GpuModel, PlacementId, Shape};
 
 /// One GPU the backend drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +58,14 @@ pub enum BackendError {
     MigDisabled { gpu: u32, name: String },
     #[error("GPU {gpu}: unsupported GPU model \"{name}\"")]
     UnsupportedModel { gpu: u32, name: String },
+    /// The driver's profiles are not the table's: the GPU is not managed.
+    #[error("GPU {gpu} ({name}): the driver's MIG profiles differ from smartmig's {model} table: {differences}; smartmigd does not manage a GPU it cannot describe (run `smartmig doctor`, and report the lines so sidecar/mig/src/models.rs can follow)")]
+    TableMismatch {
+        gpu: u32,
+        name: String,
+        model: GpuModel,
+        differences: String,
+    },
     #[error("state file {path}: {message}")]
     State { path: String, message: String },
     #[error("{0}")]
@@ -94,6 +102,12 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// The GPUs, by index.
     fn gpus(&self) -> Vec<GpuInfo>;
+    /// The name the driver gives the profile of `shape` on `gpu` (it may
+    /// rename a profile: GB300's `3g.139gb` is `3g.126gb` on R61x
+    /// drivers); `None`: the table's name stands.
+    fn profile_name(&self, _gpu: u32, _shape: Shape) -> Option<String> {
+        None
+    }
     /// The instances that exist on `gpu` now.
     fn list(&self, gpu: u32) -> Result<Vec<BackendInstance>, BackendError>;
     /// Creates a GPU instance and its compute instance at `placement`; returns its uuid.

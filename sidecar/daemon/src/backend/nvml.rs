@@ -2,10 +2,15 @@
 //!
 //! Queries go through `nvml-wrapper`; creating and destroying instances goes
 //! through its raw `nvml-wrapper-sys` functions (`Nvml::lib()`), which the
-//! safe wrapper does not cover. Profile ids are asked from the driver at
-//! start (`nvmlDeviceGetGpuInstanceProfileInfo`) and compared with
-//! [`crate::mig::models`], so a drift is logged rather than silently used;
-//! instances are created with an explicit placement to avoid order failures.
+//! safe wrapper does not cover. At start the backend reads every profile the
+//! driver offers ([`driver_profiles`]: id, compute slices, memory, name and
+//! possible placements at each `NVML_GPU_INSTANCE_PROFILE_*` index) and
+//! matches them with [`crate::mig::models`] by index, id and slices
+//! ([`crate::mig::match_driver`]): a GPU whose driver differs is refused,
+//! naming the differences, never guessed at; a profile the driver merely
+//! renames (GB300's `3g.139gb` as `3g.126gb`) is used under the driver's
+//! name. Instances are created with an explicit placement to avoid order
+//! failures.
 //!
 //! The daemon never toggles MIG mode (it needs a GPU reset on A100/A30): a
 //! GPU with MIG mode off stops the daemon with a message naming it.
@@ -28,7 +33,10 @@ use nvml_wrapper_sys::bindings as sys;
 
 use super::{Backend, BackendError, BackendInstance, GpuInfo, MemoryUse};
 use crate::config::NvmlConfig;
-use crate::mig::{Geometry, GpuModel, PlacementId, ProfileSpec, Shape};
+use crate::mig::driver::driver_name;
+use crate::mig::{
+    match_driver, DriverMatch, DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec, Shape,
+};
 
 /// Turns an NVML return code into a result, with the codes the daemon must
 /// tell apart mapped to their own [`BackendError`] variants.
@@ -97,8 +105,160 @@ struct NvmlGpu {
     model: GpuModel,
     /// `nvmlDeviceGetMinorNumber`: the N of /dev/nvidiaN.
     minor: Option<u32>,
-    /// Driver profile ids by shape (queried at start).
+    /// Driver profile ids by shape (read at start; equal to the table's).
     ids: HashMap<Shape, c_uint>,
+    /// The driver's profiles matched with the table (names, memory, variants).
+    driver: DriverMatch,
+}
+
+/// `nvmlGpuInstanceProfileInfo_v2` (nvml.h `NVML_STRUCT_VERSION`): the
+/// struct's size with the version in the top byte.
+const PROFILE_INFO_V2: c_uint =
+    std::mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>() as c_uint | (2 << 24);
+
+/// Codes meaning "no profile at this index" (not a failure).
+fn not_offered(code: c_uint) -> bool {
+    matches!(
+        code,
+        sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+            | sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            | sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND
+    )
+}
+
+/// The profile at NVML index `index`, with its name when the driver has the
+/// versioned call: `Ok(None)` when there is none.
+///
+/// # Safety
+/// `device` must be a live device handle of `nvml`'s library.
+unsafe fn profile_at(
+    nvml: &Nvml,
+    device: sys::nvmlDevice_t,
+    gpu: u32,
+    index: c_uint,
+) -> Result<Option<(sys::nvmlGpuInstanceProfileInfo_t, Option<String>)>, BackendError> {
+    let lib = nvml.lib();
+    if lib.nvmlDeviceGetGpuInstanceProfileInfoV.is_ok() {
+        // SAFETY: zeroed plain C struct with its version set, as nvml.h asks.
+        let mut v2: sys::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+        v2.version = PROFILE_INFO_V2;
+        // SAFETY: live handle (the caller's promise), valid out-pointer.
+        let code = unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfoV(device, index, &mut v2) };
+        if code == sys::nvmlReturn_enum_NVML_SUCCESS {
+            // SAFETY: the driver NUL-terminates `name` within its 96 bytes.
+            let raw = unsafe { CStr::from_ptr(v2.name.as_ptr()) }.to_string_lossy();
+            let name = Some(driver_name(&raw)).filter(|n| !n.is_empty());
+            let v1 = sys::nvmlGpuInstanceProfileInfo_t {
+                id: v2.id,
+                isP2pSupported: v2.isP2pSupported,
+                sliceCount: v2.sliceCount,
+                instanceCount: v2.instanceCount,
+                multiprocessorCount: v2.multiprocessorCount,
+                copyEngineCount: v2.copyEngineCount,
+                decoderCount: v2.decoderCount,
+                encoderCount: v2.encoderCount,
+                jpegCount: v2.jpegCount,
+                ofaCount: v2.ofaCount,
+                memorySizeMB: v2.memorySizeMB,
+            };
+            return Ok(Some((v1, name)));
+        }
+        if not_offered(code) {
+            return Ok(None);
+        }
+        // Another answer (an older versioned struct): ask the plain call.
+    }
+    // SAFETY: zeroed plain C struct as out-pointer.
+    let mut info: sys::nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: live handle (the caller's promise), valid out-pointer.
+    let code = unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfo(device, index, &mut info) };
+    if not_offered(code) {
+        return Ok(None);
+    }
+    map_return(code, gpu, &format!("profile info at NVML index {index}"))?;
+    Ok(Some((info, None)))
+}
+
+/// The possible placements of driver profile `id` as (start, size).
+///
+/// # Safety
+/// `device` must be a live device handle of `nvml`'s library.
+unsafe fn possible_placements(
+    nvml: &Nvml,
+    device: sys::nvmlDevice_t,
+    gpu: u32,
+    id: c_uint,
+) -> Result<Vec<(u32, u32)>, BackendError> {
+    let lib = nvml.lib();
+    if lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2.is_err() {
+        return Err(missing_symbol(
+            gpu,
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+        ));
+    }
+    let mut buf = [sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 16];
+    let mut count = buf.len() as c_uint;
+    // SAFETY: live handle (the caller's promise); the buffer holds `count`.
+    let code = unsafe {
+        lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(device, id, buf.as_mut_ptr(), &mut count)
+    };
+    map_return(
+        code,
+        gpu,
+        &format!("possible placements of profile id {id}"),
+    )?;
+    Ok(buf
+        .iter()
+        .take(count as usize)
+        .map(|p| (p.start, p.size))
+        .collect())
+}
+
+/// A function the NVML library does not export: not supported.
+pub fn missing_symbol(gpu: u32, symbol: &str) -> BackendError {
+    BackendError::NotSupported {
+        gpu,
+        what: format!("{symbol} (not exported by the NVML library)"),
+    }
+}
+
+/// Every GPU-instance profile the driver offers on GPU `gpu`: one entry per
+/// `NVML_GPU_INSTANCE_PROFILE_*` index it answers, with id, compute slices,
+/// memory, name (when the driver has `nvmlDeviceGetGpuInstanceProfileInfoV`)
+/// and possible placements. Read only; shared with the survey
+/// ([`super::inventory`]).
+///
+/// # Safety
+/// `device` must be a live device handle of `nvml`'s library.
+pub unsafe fn driver_profiles(
+    nvml: &Nvml,
+    device: sys::nvmlDevice_t,
+    gpu: u32,
+) -> Result<Vec<DriverProfile>, BackendError> {
+    if nvml.lib().nvmlDeviceGetGpuInstanceProfileInfo.is_err() {
+        return Err(missing_symbol(gpu, "nvmlDeviceGetGpuInstanceProfileInfo"));
+    }
+    let mut out = Vec::new();
+    for index in 0..sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
+        // SAFETY: the caller's promise about `device`.
+        let Some((info, name)) = (unsafe { profile_at(nvml, device, gpu, index)? }) else {
+            continue;
+        };
+        // SAFETY: as above. Placements need a privileged user
+        // (nvml.h); without one the reason is kept per profile.
+        let placements =
+            unsafe { possible_placements(nvml, device, gpu, info.id) }.map_err(|e| e.to_string());
+        out.push(DriverProfile {
+            index,
+            id: info.id,
+            slices: info.sliceCount,
+            memory_mib: info.memorySizeMB,
+            instance_count: info.instanceCount,
+            name,
+            placements,
+        });
+    }
+    Ok(out)
 }
 
 /// The NVML backend.
@@ -178,30 +338,37 @@ impl NvmlBackend {
             if mig.current != sys::NVML_DEVICE_MIG_ENABLE {
                 return Err(BackendError::MigDisabled { gpu: index, name });
             }
-            let mut ids = HashMap::new();
-            for p in model.spec().profiles {
-                let mut info: sys::nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
-                // SAFETY: a live device handle and a valid out-pointer.
-                let code = unsafe {
-                    nvml.lib().nvmlDeviceGetGpuInstanceProfileInfo(
-                        device.handle(),
-                        p.nvml_profile,
-                        &mut info,
-                    )
-                };
-                match map_return(code, index, "profile info") {
-                    Ok(()) => {
-                        if info.id != p.smi_id {
-                            tracing::warn!(gpu = index, profile = %p.name(), table = p.smi_id, driver = info.id,
-                                "driver profile id differs from the table in mig::models; using the driver's");
-                        }
-                        ids.insert(p.shape, info.id);
-                    }
-                    Err(e) => {
-                        tracing::warn!(gpu = index, profile = %p.name(), "profile not offered by the driver: {e}");
-                    }
-                }
+            // SAFETY: a live device handle of this library.
+            let offered = unsafe { driver_profiles(&nvml, device.handle(), index)? };
+            // Placements are privileged: as another user, say so rather
+            // than report every profile as a difference.
+            if offered.iter().any(|p| {
+                p.placements
+                    .as_ref()
+                    .is_err_and(|e| e.contains("NVML_ERROR_NO_PERMISSION"))
+            }) {
+                return Err(BackendError::NoPermission {
+                    gpu: index,
+                    what: "possible placements".into(),
+                });
             }
+            let driver = match_driver(model, &offered);
+            if !driver.agrees() {
+                return Err(BackendError::TableMismatch {
+                    gpu: index,
+                    name,
+                    model,
+                    differences: driver.differences_text(),
+                });
+            }
+            for note in &driver.notes {
+                tracing::warn!(gpu = index, %model, "{note}");
+            }
+            let ids = driver
+                .profiles
+                .iter()
+                .map(|m| (m.spec.shape, m.driver.id))
+                .collect();
             tracing::info!(gpu = index, %name, %model, "NVML GPU in MIG mode");
             let minor = device.minor_number().ok();
             gpus.push(NvmlGpu {
@@ -209,6 +376,7 @@ impl NvmlBackend {
                 model,
                 minor,
                 ids,
+                driver,
             });
         }
         let backend = NvmlBackend {
@@ -264,6 +432,12 @@ impl NvmlBackend {
             )?;
         }
         Ok(())
+    }
+
+    /// The driver's profiles of `gpu` as matched with the table at start
+    /// (names, memory, variants).
+    pub fn driver_match(&self, gpu: u32) -> Option<&DriverMatch> {
+        self.gpus.get(gpu as usize).map(|g| &g.driver)
     }
 
     fn gpu(&self, gpu: u32) -> Result<&NvmlGpu, BackendError> {
@@ -403,6 +577,12 @@ impl Backend for NvmlBackend {
 
     fn name(&self) -> &'static str {
         "nvml"
+    }
+
+    fn profile_name(&self, gpu: u32, shape: Shape) -> Option<String> {
+        let g = self.gpus.get(gpu as usize)?;
+        let spec = g.model.spec().profile(shape)?;
+        Some(g.driver.matched(spec)?.name())
     }
 
     fn gpus(&self) -> Vec<GpuInfo> {

@@ -3,15 +3,13 @@
 //! backend. The survey is [`crate::daemon::backend::inventory`]; the
 //! verdicts are the pure functions below.
 
-use std::collections::BTreeSet;
-
 use super::{Check, NodeGpu};
 use crate::daemon::backend::inventory::{
-    cuda_version_text, survey, GpuInstanceSurvey, GpuSurvey, MigModes, ProfileSurvey, Survey,
+    cuda_version_text, survey, GpuInstanceSurvey, GpuSurvey, MigModes, Survey,
 };
 use crate::daemon::backend::BackendError;
 use crate::daemon::config::{BackendKind, Config};
-use crate::mig::{Geometry, GpuModel};
+use crate::mig::{Difference, DriverMatch};
 
 /// The GPU checks and, when known, the node's GPUs.
 pub fn check(config: Option<&Config>) -> (Vec<Check>, Option<Vec<NodeGpu>>) {
@@ -190,20 +188,26 @@ pub fn gpu_checks(g: &GpuSurvey) -> Vec<Check> {
     // With MIG off the driver still describes the profiles; only when it
     // would not say anything are the table checks left undone.
     let mig_on = g.mig_on();
-    let table_checked = mig_on || g.profiles.iter().any(|p| p.driver_id.is_ok());
     let skipped = |what: &str| {
+        let why = match &g.driver {
+            Err(e) => format!("the driver was not asked: {e}"),
+            Ok(_) => "the driver describes no MIG profile with MIG mode off".to_string(),
+        };
         Check::skipped(
             format!("nvml.gpu{i}.{what}"),
-            "MIG mode is not on",
+            why,
             format!("enable MIG mode on GPU {i}, then run doctor again"),
         )
     };
-    if table_checked {
-        out.push(profile_ids_check(i, &g.profiles));
-        out.push(placements_check(i, model, &g.profiles));
-    } else {
-        out.push(skipped("profiles"));
-        out.push(skipped("placements"));
+    match &g.matched {
+        Some(m) => {
+            out.push(profiles_check(i, m));
+            out.push(placements_check(i, m));
+        }
+        None => {
+            out.push(skipped("profiles"));
+            out.push(skipped("placements"));
+        }
     }
     out.push(if mig_on {
         instances_check(i, &g.instances)
@@ -251,40 +255,46 @@ pub fn mig_check(i: u32, mig: &Result<MigModes, BackendError>) -> Check {
     }
 }
 
-/// The driver's profile ids against the table (`smi_id`): a drift is a
-/// warning (smartmigd uses the driver's ids), a profile the driver does
-/// not offer too.
-pub fn profile_ids_check(i: u32, profiles: &[ProfileSurvey]) -> Check {
+/// Whether a difference is about placements (the `placements` line) rather
+/// than which profiles exist (the `profiles` line).
+fn about_placements(d: &Difference) -> bool {
+    matches!(
+        d,
+        Difference::Placements { .. } | Difference::Unreadable { .. }
+    )
+}
+
+const REFUSED: &str = "smartmigd refuses to manage this GPU while the driver and the table (sidecar/mig/src/models.rs) disagree: report the line (docs/mig-geometry.md, \"Known by NVML\")";
+
+/// The driver's profiles against the table by NVML index, id and compute
+/// slices: a difference fails (smartmigd refuses the GPU); a profile the
+/// driver names otherwise (same id and slices) warns, since jobs'
+/// `--mig-mem` is still compared with the table's sizes.
+pub fn profiles_check(i: u32, m: &DriverMatch) -> Check {
     let name = format!("nvml.gpu{i}.profiles");
-    let mut drift = Vec::new();
-    for p in profiles {
-        match &p.driver_id {
-            Ok(id) if *id == p.spec.smi_id => {}
-            Ok(id) => drift.push(format!(
-                "{}: driver id {id}, table id {}",
-                p.spec.name(),
-                p.spec.smi_id
-            )),
-            Err(e) => drift.push(format!(
-                "{}: not offered by the driver ({e})",
-                p.spec.name()
-            )),
-        }
+    let diffs: Vec<String> = m
+        .differences
+        .iter()
+        .filter(|d| !about_placements(d))
+        .map(ToString::to_string)
+        .collect();
+    if !diffs.is_empty() {
+        return Check::fail(name, diffs.join("; "), REFUSED);
     }
-    if drift.is_empty() {
-        Check::ok(
-            name,
-            format!(
-                "{} profiles, driver ids as in the table; instance memory {}",
-                profiles.len(),
-                memory_list(profiles)
-            ),
-        )
+    let detail = format!(
+        "{} profiles of {}: driver ids and compute slices as in the table; instance memory {}{}",
+        m.profiles.len(),
+        m.model,
+        memory_list(m),
+        variant_list(m)
+    );
+    if m.notes.is_empty() {
+        Check::ok(name, detail)
     } else {
         Check::warn(
             name,
-            drift.join("; "),
-            "smartmigd uses the driver's ids and skips profiles the driver lacks; report the drift so the table (sidecar/mig/src/models.rs) can follow",
+            format!("{detail}; {}", m.notes.join("; ")),
+            "smartmig uses the driver's ids and names; jobs' --mig-mem is compared with the table's sizes, so check a renamed profile's memory above and report it so the table can follow",
         )
     }
 }
@@ -292,74 +302,56 @@ pub fn profile_ids_check(i: u32, profiles: &[ProfileSurvey]) -> Check {
 /// Each profile's memory as the driver reports it (the profile names round
 /// up: an H200's 1g.18gb holds 16.0 GiB), so an admin sizing `--mem`-style
 /// requests sees what a job really gets.
-fn memory_list(profiles: &[ProfileSurvey]) -> String {
-    let items: Vec<String> = profiles
+fn memory_list(m: &DriverMatch) -> String {
+    let items: Vec<String> = m
+        .profiles
         .iter()
-        .map(|p| match p.memory_mib {
-            Some(mib) => format!("{} {:.2} GiB", p.spec.name(), mib as f64 / 1024.0),
-            None => format!("{} ?", p.spec.name()),
+        .map(|p| {
+            format!(
+                "{} {:.2} GiB",
+                p.name(),
+                p.driver.memory_mib as f64 / 1024.0
+            )
         })
         .collect();
     items.join(", ")
 }
 
-/// The table's placements of a profile: (start, size in memory slices).
-pub fn table_placements(model: GpuModel, p: &ProfileSurvey) -> BTreeSet<(u32, u32)> {
-    let g = Geometry::of(model);
-    g.ids()
-        .map(|id| g.placement(id))
-        .filter(|pl| pl.shape() == p.spec.shape)
-        .map(|pl| (u32::from(pl.start), u32::from(pl.shape().memory)))
-        .collect()
+/// The variants the driver offers (never scheduled), or nothing.
+fn variant_list(m: &DriverMatch) -> String {
+    if m.variants.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = m
+        .variants
+        .iter()
+        .map(|v| format!("{} (id {})", v.driver.label(), v.driver.id))
+        .collect();
+    format!(
+        "; variants (never created by smartmig): {}",
+        items.join(", ")
+    )
 }
 
-/// NVML's possible placements against `Geometry::of(model)`: any
-/// difference fails (smartmig would create where the driver refuses, or
-/// never use a place the driver offers).
-pub fn placements_check(i: u32, model: GpuModel, profiles: &[ProfileSurvey]) -> Check {
+/// NVML's possible placements against the table: any difference fails
+/// (smartmig would create where the driver refuses, or never use a place
+/// it offers), as does a driver that will not say.
+pub fn placements_check(i: u32, m: &DriverMatch) -> Check {
     let name = format!("nvml.gpu{i}.placements");
-    let mut diffs = Vec::new();
-    let mut unknown = Vec::new();
-    for p in profiles {
-        match &p.placements {
-            Ok(list) => {
-                let driver: BTreeSet<(u32, u32)> = list.iter().copied().collect();
-                let table = table_placements(model, p);
-                if driver != table {
-                    diffs.push(format!(
-                        "{}: driver {}, table {}",
-                        p.spec.name(),
-                        show(&driver),
-                        show(&table)
-                    ));
-                }
-            }
-            Err(e) => unknown.push(format!("{}: {e}", p.spec.name())),
-        }
-    }
-    if !diffs.is_empty() {
-        Check::fail(
-            name,
-            diffs.join("; "),
-            "the MIG table (sidecar/mig/src/models.rs) disagrees with this driver: do not enable smartmig on this GPU; report the lines above",
-        )
-    } else if !unknown.is_empty() {
-        Check::warn(
-            name,
-            format!("could not ask the driver: {}", unknown.join("; ")),
-            "update the NVIDIA driver (nvmlDeviceGetGpuInstancePossiblePlacements_v2 needs R450+)",
-        )
-    } else {
+    let diffs: Vec<String> = m
+        .differences
+        .iter()
+        .filter(|d| about_placements(d))
+        .map(ToString::to_string)
+        .collect();
+    if diffs.is_empty() {
         Check::ok(
             name,
-            format!("{} profiles, placements as in the table", profiles.len()),
+            format!("{} profiles, placements as in the table", m.profiles.len()),
         )
+    } else {
+        Check::fail(name, diffs.join("; "), REFUSED)
     }
-}
-
-fn show(set: &BTreeSet<(u32, u32)>) -> String {
-    let items: Vec<String> = set.iter().map(|(s, n)| format!("{s}+{n}")).collect();
-    format!("[{}]", items.join(" "))
 }
 
 /// Existing instances: how many, and GPU instances without a compute
@@ -406,27 +398,11 @@ pub fn instances_check(i: u32, instances: &Result<Vec<GpuInstanceSurvey>, Backen
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mig::Shape;
+    use crate::mig::driver::table_driver_profiles;
+    use crate::mig::{match_driver, DriverProfile, GpuModel};
 
-    fn survey_of(model: GpuModel) -> Vec<ProfileSurvey> {
-        model
-            .spec()
-            .profiles
-            .iter()
-            .map(|spec| {
-                let p = ProfileSurvey {
-                    spec,
-                    driver_id: Ok(spec.smi_id),
-                    memory_mib: Some(u64::from(spec.memory_gb) * 1000),
-                    placements: Ok(Vec::new()),
-                };
-                let placements = table_placements(model, &p).into_iter().collect();
-                ProfileSurvey {
-                    placements: Ok(placements),
-                    ..p
-                }
-            })
-            .collect()
+    fn survey_of(model: GpuModel) -> Vec<DriverProfile> {
+        table_driver_profiles(model, |gb| u64::from(gb) * 1000)
     }
 
     #[test]
@@ -475,17 +451,19 @@ mod tests {
         assert_eq!(on.status, super::super::Status::Ok);
     }
 
-    fn gpu(mig_on: bool, profiles: Vec<ProfileSurvey>) -> GpuSurvey {
+    fn gpu(mig_on: bool, profiles: Vec<DriverProfile>) -> GpuSurvey {
+        let model = GpuModel::H200_141gb;
         GpuSurvey {
             index: 0,
             name: Ok("NVIDIA H200".into()),
-            model: Some(GpuModel::H200_141gb),
+            model: Some(model),
             minor: Ok(0),
             mig: Ok(MigModes {
                 current: mig_on,
                 pending: mig_on,
             }),
-            profiles,
+            matched: (!profiles.is_empty()).then(|| match_driver(model, &profiles)),
+            driver: Ok(profiles),
             instances: Ok(Vec::new()),
         }
     }
@@ -515,14 +493,14 @@ mod tests {
             "{:?}",
             checks[2]
         );
-        let mut silent = survey_of(GpuModel::H200_141gb);
-        for p in &mut silent {
-            p.driver_id = Err(BackendError::NotSupported {
-                gpu: 0,
-                what: "profile info".into(),
-            });
-        }
-        let checks = gpu_checks(&gpu(false, silent));
+        assert!(
+            checks[2]
+                .detail
+                .contains("variants (never created by smartmig): 1g.18gb+me (id 20)"),
+            "{:?}",
+            checks[2]
+        );
+        let checks = gpu_checks(&gpu(false, Vec::new()));
         let later: Vec<_> = statuses(&checks)[2..].to_vec();
         assert_eq!(
             later,
@@ -537,32 +515,48 @@ mod tests {
 
     #[test]
     fn the_table_agrees_with_itself_and_drift_is_named() {
+        use super::super::Status::{Fail, Ok as Good, Warn};
         for model in GpuModel::ALL {
-            let ps = survey_of(model);
-            assert_eq!(profile_ids_check(0, &ps).status, super::super::Status::Ok);
-            assert_eq!(
-                placements_check(0, model, &ps).status,
-                super::super::Status::Ok
-            );
+            let m = match_driver(model, &survey_of(model));
+            assert_eq!(profiles_check(0, &m).status, Good, "{model}");
+            assert_eq!(placements_check(0, &m).status, Good, "{model}");
         }
-        let mut ps = survey_of(GpuModel::A100_40gb);
-        let three = ps
-            .iter_mut()
-            .find(|p| p.spec.shape == Shape::new(3, 4))
-            .unwrap();
-        three.driver_id = Ok(99);
+        let model = GpuModel::A100_40gb;
+        let mut ps = survey_of(model);
+        let three = ps.iter_mut().find(|p| p.id == 9).unwrap();
         three.placements = Ok(vec![(0, 4)]);
-        let ids = profile_ids_check(0, &ps);
-        assert_eq!(ids.status, super::super::Status::Warn);
+        let m = match_driver(model, &ps);
+        assert_eq!(profiles_check(0, &m).status, Good);
+        let pl = placements_check(0, &m);
+        assert_eq!(pl.status, Fail);
+        assert!(
+            pl.detail
+                .contains("3g.20gb: driver placements [0+4], table [0+4 4+4]"),
+            "{pl:?}"
+        );
+        ps.iter_mut().find(|p| p.id == 9).unwrap().id = 99;
+        let ids = profiles_check(0, &match_driver(model, &ps));
+        assert_eq!(ids.status, Fail);
         assert!(
             ids.detail.contains("3g.20gb: driver id 99, table id 9"),
             "{ids:?}"
         );
-        let pl = placements_check(0, GpuModel::A100_40gb, &ps);
-        assert_eq!(pl.status, super::super::Status::Fail);
         assert!(
-            pl.detail.contains("driver [0+4], table [0+4 4+4]"),
-            "{pl:?}"
+            ids.fix.as_deref().unwrap_or("").contains("refuses"),
+            "{ids:?}"
+        );
+        // A renamed profile (GB300 on R61x drivers) warns and names both.
+        let model = GpuModel::Gb300_288gb;
+        let mut ps = survey_of(model);
+        let three = ps.iter_mut().find(|p| p.id == 9).unwrap();
+        three.name = Some("3g.126gb".into());
+        three.memory_mib = 126 * 1024;
+        let c = profiles_check(0, &match_driver(model, &ps));
+        assert_eq!(c.status, Warn, "{c:?}");
+        assert!(
+            c.detail.contains("3g.126gb 126.00 GiB")
+                && c.detail.contains("3g.139gb (id 9) is named 3g.126gb"),
+            "{c:?}"
         );
     }
 

@@ -11,19 +11,18 @@
 //! config's sockets. So far this has run only against the NVML emulator
 //! (`sidecar/nvml-emu`), never on a GPU.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 
-use super::gpus::table_placements;
 use super::{Args, Check};
-use crate::daemon::backend::inventory::{survey, ProfileSurvey};
+use crate::daemon::backend::inventory::survey;
 use crate::daemon::backend::nvml::NvmlBackend;
 use crate::daemon::backend::Backend;
 use crate::daemon::config::Config;
 use crate::daemon::Client;
-use crate::mig::{Geometry, GpuModel, PlacementId};
+use crate::mig::driver::table_placements;
+use crate::mig::{DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec};
 
 pub fn run(args: &Args) -> anyhow::Result<Vec<Check>> {
     let Some(gpu) = args.gpu else {
@@ -83,44 +82,58 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Check>> {
             }
         }
     }
+    // The backend refuses a GPU whose driver differs from the table,
+    // naming the differences, before anything is created.
     let backend = NvmlBackend::open(&config.nvml).context("opening the NVML backend")?;
-    let mut out: Vec<Check> = g
+    let driver = g.driver.as_ref().map_or(&[][..], Vec::as_slice);
+    let mut out: Vec<Check> = model
+        .spec()
         .profiles
         .iter()
-        .map(|p| test_profile(&backend, gpu, model, p))
+        .map(|spec| {
+            let offered = driver.iter().find(|d| d.index == spec.nvml_profile);
+            test_profile(&backend, gpu, model, spec, offered)
+        })
         .collect();
     out.push(empty_check(&backend, &config, gpu));
     Ok(out)
 }
 
-/// One profile: placements, create, list, access files, destroy.
-fn test_profile(backend: &dyn Backend, gpu: u32, model: GpuModel, p: &ProfileSurvey) -> Check {
-    let name = format!("hardware.gpu{gpu}.{}", p.spec.name());
+/// One profile (`offered`: the driver's entry at its NVML index):
+/// placements, create, list, access files, destroy.
+fn test_profile(
+    backend: &dyn Backend,
+    gpu: u32,
+    model: GpuModel,
+    spec: &ProfileSpec,
+    offered: Option<&DriverProfile>,
+) -> Check {
+    let name = format!("hardware.gpu{gpu}.{}", spec.name());
     let fix = "do not enable smartmig on this GPU; report this line (docs/doctor.md)";
-    let driver = match &p.placements {
-        Ok(list) => list.clone(),
-        Err(e) => {
+    let driver = match offered.map(|d| &d.placements) {
+        Some(Ok(list)) => list.clone(),
+        Some(Err(e)) => {
             return Check::fail(
                 name,
                 format!("cannot ask the possible placements: {e}"),
                 fix,
             )
         }
+        None => return Check::fail(name, "the driver does not offer this profile", fix),
     };
-    let table = table_placements(model, p);
-    let driver_set: BTreeSet<(u32, u32)> = driver.iter().copied().collect();
+    let table = table_placements(spec);
+    let mut sorted = driver.clone();
+    sorted.sort_unstable();
     let mut problems = Vec::new();
-    if driver_set != table {
-        problems.push(format!(
-            "placements: driver {driver_set:?}, table {table:?}"
-        ));
+    if sorted != table {
+        problems.push(format!("placements: driver {sorted:?}, table {table:?}"));
     }
     let Some(&(start, _)) = driver.first() else {
         return Check::fail(name, "the driver offers no placement", fix);
     };
     let placement = u8::try_from(start)
         .ok()
-        .and_then(|s| Geometry::of(model).placement_id(p.spec.shape, s));
+        .and_then(|s| Geometry::of(model).placement_id(spec.shape, s));
     let Some(placement) = placement else {
         problems.push(format!("start {start} is not a placement of the table"));
         return Check::fail(name, problems.join("; "), fix);

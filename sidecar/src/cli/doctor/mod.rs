@@ -25,6 +25,7 @@ mod hostlist;
 mod plugin;
 mod policy;
 mod slurm;
+mod survey;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -51,6 +52,11 @@ pub struct Args {
     /// Confirm the hardware test: it changes the GPU's MIG instances.
     #[arg(long, requires = "hardware_test")]
     pub yes: bool,
+    /// Print, as JSON, every MIG profile NVML reports per GPU (ids, slices,
+    /// memory, names, placements), MIG mode, and the table's verdict; read
+    /// only, no config needed.
+    #[arg(long, conflicts_with_all = ["hardware_test", "json"])]
+    pub nvml_survey: bool,
 }
 
 /// A check's outcome.
@@ -147,6 +153,9 @@ pub struct Context<'a> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.nvml_survey {
+        return survey::run(args);
+    }
     let checks = if args.hardware_test {
         hardware::run(args)?
     } else {
