@@ -19,6 +19,8 @@
 //!
 //! `docs/architecture.md` is the map for newcomers.
 
+#![forbid(unsafe_code)]
+
 pub mod cli;
 pub use smartmig_core::{bound, eval, policy, report, sim, workload};
 pub use smartmig_daemon as daemon;

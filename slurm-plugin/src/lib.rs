@@ -60,7 +60,8 @@ use options::{MigMemError, MigProfileError};
     dead_code,
     missing_docs,
     clippy::all,
-    clippy::pedantic
+    clippy::pedantic,
+    clippy::undocumented_unsafe_blocks
 )]
 pub mod sys {
     include!(concat!(env!("OUT_DIR"), "/spank_bindings.rs"));
@@ -338,9 +339,11 @@ pub unsafe extern "C" fn slurm_spank_init(
                     opt_mig_profile,
                 ),
             ] {
-                // SAFETY: `sp` is this callback's handle; the strings are 'static.
                 if let Err(e) =
-                    unsafe { spank::register_option(sp, name, arginfo, usage, val, Some(cb)) }
+                    // SAFETY: `sp` is this callback's handle; the strings are 'static.
+                    unsafe {
+                        spank::register_option(sp, name, arginfo, usage, val, Some(cb))
+                    }
                 {
                     log(LogLevel::Error, &e.to_string());
                 }
@@ -691,7 +694,7 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         "job {job_id}: no MIG instance with {} compute slice(s) on GPU {}",
         gres.shards, gres.gpu
     );
-    // SAFETY (both closures): `sp` is the callback's handle.
+    // SAFETY: `sp` is the callback's handle.
     let job_env = |name: &str| unsafe { spank::getenv(sp, name) };
     let sidecar_failure = |e: ClientError| -> Outcome {
         let reason = format!("{what}: {e}");

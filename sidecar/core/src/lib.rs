@@ -19,6 +19,8 @@
 //! Layering inside the crate: `mig` -> `workload` -> `policy`/`bound` ->
 //! `sim` -> `eval` -> `report`; `docs/architecture.md` is the map.
 
+#![forbid(unsafe_code)]
+
 pub use smartmig_mig as mig;
 
 pub mod bound;

@@ -26,6 +26,8 @@
 //! `docs/policy.md` documents the formulation and how the shipped policy was
 //! trained.
 
+#![forbid(unsafe_code)]
+
 // The core crates under the names the modules use (`crate::policy::...`).
 use smartmig_core::{eval, policy, sim, workload};
 use smartmig_mig as mig;

@@ -16,6 +16,8 @@
 //!
 //! No IO happens here; everything is deterministic.
 
+#![forbid(unsafe_code)]
+
 pub mod geometry;
 pub mod layout;
 #[cfg(test)]
