@@ -10,7 +10,7 @@
 //! not installed still repartitions sensibly.
 
 use crate::mig::GpuModel;
-use crate::policy::onnx::{load_policy, LearnedSpec, PolicyLoadError};
+use crate::policy::onnx::{load_policy, GuardError, LearnedSpec, PolicyLoadError};
 use crate::policy::{self, greedy::Greedy, PolicyParseError, RepartitionPolicy};
 
 /// A policy ready to run, with the name shown in status and logs.
@@ -28,7 +28,7 @@ pub enum PolicyChoiceError {
     Learned(#[from] PolicyLoadError),
     /// A bad `?key=value` guard override after the file name.
     #[error("`{spec}`: {reason}")]
-    Guard { spec: String, reason: String },
+    Guard { spec: String, reason: GuardError },
     /// Not a built-in policy name (or a bad `static:`/`greedy:` spec).
     #[error(transparent)]
     Builtin(#[from] PolicyParseError),

@@ -104,32 +104,41 @@ pub struct Guard {
     pub max_reconfigurations_per_day: u32,
 }
 
+/// Why a guard override (`policy:FILE.onnx?key=value&...`) was refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum GuardError {
+    #[error("`{0}` is not key=value")]
+    NotKeyValue(String),
+    #[error("min_confidence={0}: not a number in 0..=1")]
+    Confidence(String),
+    #[error("max_reconfigurations_per_day={0}: not a whole number")]
+    Budget(String),
+    #[error("unknown guard `{0}` (known: min_confidence, max_reconfigurations_per_day)")]
+    Unknown(String),
+}
+
 impl Guard {
     /// Applies `key=value` pairs separated by `&` (the part of a
     /// `policy:FILE.onnx?...` spec after `?`).
-    pub fn with_overrides(mut self, query: &str) -> Result<Guard, String> {
+    pub fn with_overrides(mut self, query: &str) -> Result<Guard, GuardError> {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
-                .ok_or_else(|| format!("`{pair}` is not key=value"))?;
+                .ok_or_else(|| GuardError::NotKeyValue(pair.to_string()))?;
             match key {
                 "min_confidence" => {
                     self.min_confidence = value
                         .parse::<f32>()
                         .ok()
                         .filter(|c| (0.0..=1.0).contains(c))
-                        .ok_or_else(|| format!("min_confidence={value}: not a number in 0..=1"))?;
+                        .ok_or_else(|| GuardError::Confidence(value.to_string()))?;
                 }
                 "max_reconfigurations_per_day" => {
-                    self.max_reconfigurations_per_day = value.parse().map_err(|_| {
-                        format!("max_reconfigurations_per_day={value}: not a whole number")
-                    })?;
+                    self.max_reconfigurations_per_day = value
+                        .parse()
+                        .map_err(|_| GuardError::Budget(value.to_string()))?;
                 }
-                other => {
-                    return Err(format!(
-                    "unknown guard `{other}` (known: min_confidence, max_reconfigurations_per_day)"
-                ))
-                }
+                other => return Err(GuardError::Unknown(other.to_string())),
             }
         }
         Ok(self)
@@ -570,7 +579,7 @@ impl OnnxPolicy {
     /// Applies a spec's `?key=value&...` guard overrides ([`LearnedSpec`])
     /// on top of the metadata's guard; the one place the simulator's and
     /// the daemon's `policy:FILE.onnx?...` specs go through.
-    pub fn override_guard(&mut self, query: &str) -> Result<(), String> {
+    pub fn override_guard(&mut self, query: &str) -> Result<(), GuardError> {
         let guard = self.meta.guard.with_overrides(query)?;
         self.meta.guard = guard;
         if guard.is_set() {
@@ -711,7 +720,10 @@ mod tests {
             ("colour=red", "unknown guard `colour`"),
             ("min_confidence", "not key=value"),
         ] {
-            let e = Guard::default().with_overrides(bad).unwrap_err();
+            let e = Guard::default()
+                .with_overrides(bad)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
         let s = LearnedSpec::parse("dir/p.onnx?min_confidence=0.5");
