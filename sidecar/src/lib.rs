@@ -22,7 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
-pub use smartmig_core::{bound, eval, policy, report, sim, workload};
+pub use smartmig_core::{bound, eval, formats, policy, report, sim, workload};
 pub use smartmig_daemon as daemon;
 pub use smartmig_learn as learn;
 pub use smartmig_mig as mig;

@@ -25,6 +25,7 @@ pub use smartmig_mig as mig;
 
 pub mod bound;
 pub mod eval;
+pub mod formats;
 pub mod policy;
 pub mod report;
 pub mod sim;

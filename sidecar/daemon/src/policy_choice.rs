@@ -9,8 +9,9 @@
 //! Runtime falls back to `greedy` with a warning, so a node whose runtime was
 //! not installed still repartitions sensibly.
 
+use crate::formats::policy_file::{GuardError, MetadataError};
 use crate::mig::GpuModel;
-use crate::policy::onnx::{load_policy, GuardError, LearnedSpec, PolicyLoadError};
+use crate::policy::onnx::{load_policy, LearnedSpec, PolicyLoadError};
 use crate::policy::{self, greedy::Greedy, PolicyParseError, RepartitionPolicy};
 
 /// A policy ready to run, with the name shown in status and logs.
@@ -82,7 +83,7 @@ fn is_unavailable(e: &PolicyLoadError) -> bool {
         PolicyLoadError::RuntimeNotFound { .. }
             | PolicyLoadError::RuntimeEnvMissing(_)
             | PolicyLoadError::RuntimeLoad { .. }
-            | PolicyLoadError::Io { .. }
+            | PolicyLoadError::Metadata(MetadataError::Io { .. })
     )
 }
 
@@ -133,9 +134,9 @@ mod tests {
         assert!(
             matches!(
                 err,
-                Some(PolicyChoiceError::Learned(
-                    PolicyLoadError::ModelMismatch { .. }
-                ))
+                Some(PolicyChoiceError::Learned(PolicyLoadError::Metadata(
+                    MetadataError::ModelMismatch { .. }
+                )))
             ),
             "{err:?}"
         );

@@ -29,7 +29,7 @@
 #![forbid(unsafe_code)]
 
 // The core crates under the names the modules use (`crate::policy::...`).
-use smartmig_core::{eval, policy, sim, workload};
+use smartmig_core::{eval, formats, policy, sim, workload};
 use smartmig_mig as mig;
 
 mod checkpoint;

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::formats::policy_file::{PolicyMetadata, POLICY_KEY};
 use crate::learn::train::{train, Progress, TrainConfig, TrainingData};
 use crate::policy::features::FeatureSpec;
-use crate::policy::onnx::{PolicyMetadata, METADATA_KEY};
 use crate::workload::{default_scenarios, read_trace, select_scenarios, TraceFormat, TraceOptions};
 
 #[derive(Debug, clap::Args)]
@@ -200,7 +200,7 @@ pub fn run(a: &Args) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("policy.onnx"));
-    let (bytes, meta_path) = write_policy(&net, METADATA_KEY, &meta, &out)?;
+    let (bytes, meta_path) = write_policy(&net, POLICY_KEY, &meta, &out)?;
     println!(
         "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
         out.display(),

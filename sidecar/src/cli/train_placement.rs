@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::formats::policy_file::{PlacementMetadata, PLACEMENT_KEY};
 use crate::learn::placement::{train_placement, PlacementProgress, PlacementTrainConfig};
 use crate::sim::placement_features::PlacementFeatures;
-use crate::sim::placement_onnx::{PlacementMetadata, METADATA_KEY};
 
 /// Whether a training config is a placement one (`kind = "placement"`).
 pub fn is_placement_config(text: &str) -> bool {
@@ -98,7 +98,7 @@ pub fn run(a: &super::train::Args, text: &str) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("placement.onnx"));
-    let (bytes, meta_path) = super::train::write_policy(&net, METADATA_KEY, &meta, &out)?;
+    let (bytes, meta_path) = super::train::write_policy(&net, PLACEMENT_KEY, &meta, &out)?;
     let best = report
         .validation_heuristics
         .iter()
