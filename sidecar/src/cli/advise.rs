@@ -14,7 +14,8 @@ use super::socket::DEFAULT_CONFIG;
 use crate::daemon::config::Config;
 use crate::daemon::policy_choice;
 use crate::daemon::usage::existing_with_rotated;
-use crate::eval::advise::{self, AdviceRecord, ReplayConfig, Role, ADVICE_LOG};
+use crate::eval::advise::{self, ReplayConfig, Role};
+use crate::formats::advice::{AdviceRecord, ADVICE_LOG};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -10,7 +10,7 @@
 
 use super::*;
 use smartmig_client::protocol::AdviseStatus;
-use smartmig_core::eval::advise::AdviceRecord;
+use smartmig_core::formats::advice::AdviceRecord;
 
 /// The advice log rotates to `advice.jsonl.1` at this size.
 const ADVICE_LOG_MAX_BYTES: u64 = 32 << 20;
