@@ -17,12 +17,18 @@
 //! | [`daemon`]   | `smartmig-daemon`  | smartmigd: config, allocation, backends, journal, Slurm, the tokio server (protocol and client from `smartmig-client`) | yes |
 //! | [`cli`]      | this crate         | the `smartmig` subcommands (thin wrappers over the modules above)    | yes |
 //!
+//! `daemon` (and the commands that talk to smartmigd) and `learn` (and
+//! `train`) are behind the default features `daemon` and `train`, so the
+//! simulator alone builds quickly (`scripts/simulate-day`).
+//!
 //! `docs/architecture.md` is the map for newcomers.
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub use smartmig_core::{bound, eval, formats, policy, report, sim, workload};
+#[cfg(feature = "daemon")]
 pub use smartmig_daemon as daemon;
+#[cfg(feature = "train")]
 pub use smartmig_learn as learn;
 pub use smartmig_mig as mig;

@@ -25,13 +25,17 @@ pub struct Args {
 pub enum Target {
     /// Jobs simulated per second at 8, 100 and 1,000 GPUs.
     Sim(SimArgs),
+    #[cfg(feature = "train")]
     /// Quality gates and decision latency of the learned policy.
     Policy(super::bench_policy::PolicyArgs),
+    #[cfg(feature = "daemon")]
     /// Allocate+release latency and memory of a real smartmigd (sim backend).
     Daemon(super::bench_daemon::Args),
+    #[cfg(feature = "daemon")]
     /// A hostile client: holds many connections to a socket, trickling bytes
     /// (what `bench daemon --flood` runs as another user).
     Flood(super::bench_daemon::FloodArgs),
+    #[cfg(feature = "train")]
     /// The hindsight rollout oracle: what per-epoch reactivity could gain over static-best.
     Oracle(super::bench_oracle::OracleArgs),
     /// Scenarios x test days x policies against causal opponents (docs/evaluation.md).
@@ -99,9 +103,13 @@ struct Row {
 pub fn run(a: &Args) -> Result<()> {
     match &a.target {
         Target::Sim(s) => run_sim(s),
+        #[cfg(feature = "train")]
         Target::Policy(p) => super::bench_policy::run(p),
+        #[cfg(feature = "daemon")]
         Target::Daemon(d) => super::bench_daemon::run(d),
+        #[cfg(feature = "daemon")]
         Target::Flood(f) => super::bench_daemon::flood(f),
+        #[cfg(feature = "train")]
         Target::Oracle(o) => super::bench_oracle::run(o),
         Target::Suite(s) => super::bench_suite::run(s),
         Target::Placement(p) => super::bench_placement::run(p),

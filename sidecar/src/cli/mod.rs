@@ -5,29 +5,42 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "daemon")]
 pub mod admin;
+#[cfg(feature = "daemon")]
 pub mod advise;
 pub mod audit;
 pub mod bench;
 pub mod bench_coordination;
+#[cfg(feature = "daemon")]
 pub mod bench_daemon;
+#[cfg(feature = "train")]
 pub mod bench_oracle;
 pub mod bench_placement;
+#[cfg(feature = "train")]
 pub mod bench_policy;
 pub mod bench_suite;
 pub mod bench_throughput;
 pub mod bound;
 pub mod compare;
+#[cfg(feature = "daemon")]
 pub mod doctor;
 pub mod layouts;
 pub mod oom;
+#[cfg(feature = "daemon")]
 pub mod plan;
+#[cfg(feature = "daemon")]
 pub mod publish;
 pub mod simulate;
+#[cfg(feature = "daemon")]
 pub mod socket;
+#[cfg(feature = "daemon")]
 pub mod status;
+#[cfg(feature = "train")]
 pub mod train;
+#[cfg(feature = "train")]
 pub mod train_placement;
+#[cfg(feature = "daemon")]
 pub mod usage;
 
 /// Dynamic MIG partitioning for Slurm: geometry, simulation and status.
@@ -48,26 +61,36 @@ pub enum Command {
     Audit(audit::Args),
     /// Benchmarks (`bench sim`: simulator jobs per second).
     Bench(bench::Args),
+    #[cfg(feature = "daemon")]
     /// Show the local smartmigd's GPUs, instances, jobs and policy.
     Status(status::Args),
+    #[cfg(feature = "daemon")]
     /// Release a job's MIG instance(s) by hand (root or smartmigd's slurm_user).
     Release(admin::ReleaseArgs),
+    #[cfg(feature = "daemon")]
     /// Release the instances of every job Slurm shows ended (root or slurm_user).
     Reconcile(admin::ReconcileArgs),
     /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
     Bound(bound::Args),
+    #[cfg(feature = "daemon")]
     /// Check a node before enabling the plugin: config, NVML, Slurm, plugin, daemon, policy (read-only).
     Doctor(doctor::Args),
+    #[cfg(feature = "train")]
     /// Train the learned repartitioning policy on the simulator (writes ONNX + metadata).
     Train(train::Args),
+    #[cfg(feature = "daemon")]
     /// Slice-hours per user or account, from the node's usage log or sacct.
     Usage(usage::Args),
+    #[cfg(feature = "daemon")]
     /// The reconfigurations the policy wants (pending) and made (applied).
     Plan(plan::PlanArgs),
+    #[cfg(feature = "daemon")]
     /// Carry out a pending plan (mode = "confirm"; root or slurm_user).
     Apply(plan::ApplyArgs),
+    #[cfg(feature = "daemon")]
     /// Read Slurm once per epoch for the whole cluster and write each node's summary (run one, e.g. on the controller).
     Publish(publish::Args),
+    #[cfg(feature = "daemon")]
     /// Advise mode (`mode = "advise"`): what the policy would have changed
     /// on a node smartmigd only watched (`advise report`).
     Advise(advise::Args),
@@ -82,16 +105,26 @@ pub fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(&args),
         Command::Audit(args) => audit::run(&args),
         Command::Bench(args) => bench::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Status(args) => status::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Release(args) => admin::release(&args),
+        #[cfg(feature = "daemon")]
         Command::Reconcile(args) => admin::reconcile(&args),
+        #[cfg(feature = "train")]
         Command::Train(args) => train::run(&args),
         Command::Bound(args) => bound::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Doctor(args) => doctor::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Usage(args) => usage::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Plan(args) => plan::plan(&args),
+        #[cfg(feature = "daemon")]
         Command::Apply(args) => plan::apply(&args),
+        #[cfg(feature = "daemon")]
         Command::Publish(args) => publish::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Advise(args) => advise::run(&args),
     };
     match result {
@@ -145,7 +178,8 @@ pub fn init_tracing() {
         .try_init();
 }
 
-#[cfg(test)]
+// The example error is the trainer's.
+#[cfg(all(test, feature = "train"))]
 mod tests {
     use super::*;
 
