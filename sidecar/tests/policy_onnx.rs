@@ -239,7 +239,9 @@ fn bench_policy_writes_its_report() {
         trace: None,
         trace_format: "alibaba".into(),
         oracle: true,
-        json: Some(json.clone()),
+        json: smartmig::cli::args::JsonArg {
+            json: Some(json.clone()),
+        },
         latency_gpus: vec![8, 64],
     };
     smartmig::cli::bench_policy::run(&args).expect("bench policy");

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 pub mod admin;
 #[cfg(feature = "daemon")]
 pub mod advise;
+pub mod args;
 pub mod audit;
 pub mod bench;
 pub mod bench_coordination;

@@ -1,9 +1,7 @@
 //! `smartmig train --config etc/train-placement.toml`: trains the learned
 //! job placement (masked PPO, `smartmig::learn::placement`) and writes
-//! `placement.onnx` plus its metadata JSON (docs/policy.md, "The learned
+//! the `--out` file plus its metadata JSON (docs/policy.md, "The learned
 //! placement").
-
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -94,11 +92,8 @@ pub fn run(a: &super::train::Args, text: &str) -> Result<()> {
         "teacher": report.teacher_totals,
         "learned": report.validation_learned,
     });
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("placement.onnx"));
-    let (bytes, meta_path) = super::train::write_policy(&net, PLACEMENT_KEY, &meta, &out)?;
+    let out = &a.out;
+    let (bytes, meta_path) = super::train::write_policy(&net, PLACEMENT_KEY, &meta, out)?;
     let best = report
         .validation_heuristics
         .iter()
