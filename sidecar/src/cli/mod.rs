@@ -44,44 +44,27 @@ pub mod train_placement;
 #[cfg(feature = "daemon")]
 pub mod usage;
 
-/// Dynamic MIG partitioning for Slurm: geometry, simulation and status.
+/// The `smartmig` command line.
 #[derive(Debug, Parser)]
-#[command(name = "smartmig", version, about, long_about = None)]
+#[command(
+    name = "smartmig",
+    version,
+    about = "Dynamic NVIDIA MIG partitioning for Slurm. On a node: the local smartmigd's \
+             state, plans and repairs, and the node check. Anywhere, without a GPU: \
+             simulation, lower bounds, benchmarks and training.",
+    long_about = None
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands: the node's first, then the simulator's.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the MIG layouts of a GPU model.
-    Layouts(layouts::Args),
-    /// Simulate a cluster: a workload, a placement heuristic, a repartitioning policy.
-    Simulate(simulate::Args),
-    /// Re-check a simulator event log (feasibility, energy, tardiness).
-    Audit(audit::Args),
-    /// Benchmarks (`bench sim`: simulator jobs per second).
-    Bench(bench::Args),
     #[cfg(feature = "daemon")]
     /// Show the local smartmigd's GPUs, instances, jobs and policy.
     Status(status::Args),
-    #[cfg(feature = "daemon")]
-    /// Release a job's MIG instance(s) by hand (root or smartmigd's slurm_user).
-    Release(admin::ReleaseArgs),
-    #[cfg(feature = "daemon")]
-    /// Release the instances of every job Slurm shows ended (root or slurm_user).
-    Reconcile(admin::ReconcileArgs),
-    /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
-    Bound(bound::Args),
-    #[cfg(feature = "daemon")]
-    /// Check a node before enabling the plugin: config, NVML, Slurm, plugin, daemon, policy (read-only).
-    Doctor(doctor::Args),
-    #[cfg(feature = "train")]
-    /// Train the learned repartitioning policy on the simulator (writes ONNX + metadata).
-    Train(train::Args),
-    #[cfg(feature = "daemon")]
-    /// Slice-hours per user or account, from the node's usage log or sacct.
-    Usage(usage::Args),
     #[cfg(feature = "daemon")]
     /// The reconfigurations the policy wants (pending) and made (applied).
     Plan(plan::PlanArgs),
@@ -89,12 +72,40 @@ pub enum Command {
     /// Carry out a pending plan (mode = "confirm"; root or slurm_user).
     Apply(plan::ApplyArgs),
     #[cfg(feature = "daemon")]
-    /// Read Slurm once per epoch for the whole cluster and write each node's summary (run one, e.g. on the controller).
-    Publish(publish::Args),
+    /// Release a job's MIG instance(s) by hand (root or smartmigd's slurm_user).
+    Release(admin::ReleaseArgs),
+    #[cfg(feature = "daemon")]
+    /// Release the instances of every job Slurm shows ended (root or slurm_user).
+    Reconcile(admin::ReconcileArgs),
+    #[cfg(feature = "daemon")]
+    /// Slice-hours per user or account, from the node's usage log or sacct.
+    Usage(usage::Args),
+    #[cfg(feature = "daemon")]
+    /// Check a node before enabling the plugin: config, NVML, Slurm, plugin, daemon, policy (read-only).
+    Doctor(doctor::Args),
     #[cfg(feature = "daemon")]
     /// Advise mode (`mode = "advise"`): what the policy would have changed
     /// on a node smartmigd only watched (`advise report`).
     Advise(advise::Args),
+    #[cfg(feature = "daemon")]
+    /// Read Slurm once per epoch for the whole cluster and write each node's summary (run one, e.g. on the controller).
+    Publish(publish::Args),
+    /// List the MIG layouts of a GPU model.
+    Layouts(layouts::Args),
+    /// Simulate a cluster day or a trace under a job placement and a
+    /// repartitioning policy (`--compare`: every policy side by side).
+    Simulate(simulate::Args),
+    /// Re-check a simulator event log (feasibility, energy, tardiness).
+    Audit(audit::Args),
+    /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
+    Bound(bound::Args),
+    /// Benchmarks and studies: the yardstick (`suite`), the simulator's
+    /// speed, the learned policy and placement, throughput, coordination,
+    /// the daemon's latency.
+    Bench(bench::Args),
+    #[cfg(feature = "train")]
+    /// Train the learned repartitioning policy or job placement on the simulator (writes ONNX + metadata).
+    Train(train::Args),
 }
 
 /// Entry point of the `smartmig` binary.
