@@ -7,7 +7,10 @@
 //! - every workspace member opts into the workspace lints, which include
 //!   `unsafe_op_in_unsafe_fn` and `clippy::undocumented_unsafe_blocks`;
 //! - every crate with no `unsafe` code says `#![forbid(unsafe_code)]`, so
-//!   the first unsafe block in it is a decision, not an accident.
+//!   the first unsafe block in it is a decision, not an accident;
+//! - the product is apart from the lab: smartmigd's library links no lab,
+//!   trainer or plotting crate (`cargo tree`; the plugin's own check is
+//!   `slurm-plugin/tests/lean_deps.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -256,4 +259,42 @@ fn crates_without_unsafe_code_forbid_it() {
         "crates with no unsafe code that do not `#![forbid(unsafe_code)]`:\n{}",
         missing.join("\n")
     );
+}
+
+/// The crates in `package`'s normal dependency tree (`cargo tree`).
+fn normal_dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "--offline", "-p", package, "-e", "normal"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(root())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_daemon_links_no_lab() {
+    let crates = normal_dependencies("smartmig-daemon");
+    assert!(crates.iter().any(|c| c == "smartmig-core"), "{crates:?}");
+    for lab in [
+        "smartmig-lab",
+        "smartmig-learn",
+        "smartmig",
+        "candle-core",
+        "plotters",
+    ] {
+        assert!(
+            !crates.iter().any(|c| c == lab),
+            "smartmig-daemon depends on `{lab}` again: {crates:?}"
+        );
+    }
 }

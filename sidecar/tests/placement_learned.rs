@@ -277,8 +277,8 @@ fn training_is_deterministic_and_its_file_runs() {
     let f = PlacementFeatures::new(M);
     write_placement(&path, &a, &PlacementMetadata::new(&f, 16));
     let spec: PlacementSpec = format!("learned:{}", path.display()).parse().expect("spec");
-    let s = smartmig::workload::select_scenarios(
-        smartmig::workload::default_scenarios(),
+    let s = smartmig::scenario::select_scenarios(
+        smartmig::scenario::default_scenarios(),
         &["diurnal/tight".to_string()],
     )
     .expect("scenario");

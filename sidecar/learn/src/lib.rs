@@ -29,7 +29,8 @@
 #![forbid(unsafe_code)]
 
 // The core crates under the names the modules use (`crate::policy::...`).
-use smartmig_core::{eval, formats, policy, sim, workload};
+use smartmig_core::{formats, policy, sim, workload};
+use smartmig_lab::{eval, scenario};
 use smartmig_mig as mig;
 
 mod checkpoint;

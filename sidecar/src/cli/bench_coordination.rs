@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::args::{GpuModelArg, JsonArg, PolicyArgs};
 use crate::eval::{run_coordination, CoordinationConfig, CoordinationReport};
+use crate::scenario::{default_scenarios, select_scenarios};
 use crate::sim::{EpochRule, Heuristic};
-use crate::workload::{default_scenarios, select_scenarios};
 
 #[derive(Debug, clap::Args)]
 pub struct CoordinationArgs {

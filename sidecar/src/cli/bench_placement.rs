@@ -16,8 +16,8 @@ use crate::eval::{
     PlacementScenario, ScenarioDays,
 };
 use crate::policy::search::{SearchConfig, SwitchHours};
+use crate::scenario::{default_scenarios, select_scenarios};
 use crate::sim::PlacementSpec;
-use crate::workload::{default_scenarios, select_scenarios};
 
 #[derive(Debug, clap::Args)]
 pub struct PlacementArgs {

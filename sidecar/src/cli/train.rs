@@ -13,7 +13,8 @@ use super::args::TraceWindow;
 use crate::formats::policy_file::{PolicyMetadata, POLICY_KEY};
 use crate::learn::train::{train, Progress, TrainConfig, TrainingData};
 use crate::policy::features::FeatureSpec;
-use crate::workload::{default_scenarios, read_trace, select_scenarios, TraceFormat, TraceOptions};
+use crate::scenario::{default_scenarios, select_scenarios};
+use crate::workload::{read_trace, TraceFormat, TraceOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

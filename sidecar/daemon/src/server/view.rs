@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::slurm::NodeFeatures;
-use smartmig_core::eval::lookahead::{Lookahead, NodeNow, Running, Waiting};
+use smartmig_core::sim::lookahead::{Lookahead, NodeNow, Running, Waiting};
 
 /// When a running job's instance frees up, as Unix seconds: Slurm's
 /// `end_time` (start + time limit) when the queue lists the job, else the
@@ -22,7 +22,7 @@ pub(super) fn expected_end(a: &Assignment, queued: Option<&crate::slurm::QueuedJ
 }
 
 /// This epoch's short simulation of the node's queue
-/// ([`smartmig_core::eval::lookahead`]), built once for every plan it
+/// ([`smartmig_core::sim::lookahead`]), built once for every plan it
 /// scores: the node's GPUs as the policy saw them this epoch, its running
 /// jobs until their end times (at most a day), its waiting jobs.
 pub(super) fn lookahead_of(
