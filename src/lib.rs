@@ -6,6 +6,8 @@
 //! expect a prior `cargo build --release --workspace` (which `scripts/test`
 //! runs) and find the artifacts in the same profile directory as themselves.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};

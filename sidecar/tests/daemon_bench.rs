@@ -7,7 +7,7 @@ fn args(clients: Vec<usize>, pairs: usize) -> Args {
     Args {
         clients,
         pairs,
-        json: std::env::temp_dir().join("bench-daemon.json"),
+        json: Default::default(),
         smartmigd: Some(env!("CARGO_BIN_EXE_smartmigd").into()),
         journal_dir: None,
         flood: 0,
@@ -80,6 +80,9 @@ fn bench_full() {
     let a = args(vec![1, 16, 256], 4096);
     let r = bench(&a).unwrap();
     print!("{}", table(&r));
-    let out = std::env::var("SMARTMIG_BENCH_JSON").unwrap_or_else(|_| "bench-daemon.json".into());
+    let out = std::env::var_os("SMARTMIG_BENCH_JSON").map_or_else(
+        || std::env::temp_dir().join("bench-daemon.json"),
+        Into::into,
+    );
     std::fs::write(&out, serde_json::to_vec_pretty(&r).unwrap()).unwrap();
 }

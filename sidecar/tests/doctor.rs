@@ -2,7 +2,7 @@
 //! by path from the build's profile directory): a good node with smartmigd
 //! running on the nvml backend, and one broken thing at a time (MIG off,
 //! a pending MIG change, a gres.conf that disagrees, no plugin line, no
-//! daemon), plus the hardware test (`--hardware-test --gpu 0 --yes`).
+//! daemon), plus the hardware test (`--hardware-test --gpu-index 0 --yes`).
 //!
 //! Every node is a fresh directory: the emulator's state, smartmig.toml,
 //! slurm.conf, gres.conf, plugstack.conf and a stand-in plugin library.
@@ -372,7 +372,7 @@ fn no_daemon_fails() {
 #[test]
 fn the_hardware_test_refuses_without_yes_and_changes_nothing() {
     let node = Node::new("hwno", &two_a100());
-    let out = node.doctor(&["--hardware-test", "--gpu", "0"]);
+    let out = node.doctor(&["--hardware-test", "--gpu-index", "0"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--yes"),
@@ -385,7 +385,7 @@ fn the_hardware_test_refuses_without_yes_and_changes_nothing() {
 #[test]
 fn the_hardware_test_creates_and_destroys_every_profile() {
     let node = Node::new("hwyes", &two_a100());
-    let (checks, out) = node.checks(&["--hardware-test", "--gpu", "0", "--yes"]);
+    let (checks, out) = node.checks(&["--hardware-test", "--gpu-index", "0", "--yes"]);
     assert!(out.status.success(), "{}", text(&out));
     let profiles = GpuModel::A100_40gb.spec().profiles;
     for p in profiles {
@@ -402,7 +402,7 @@ fn the_hardware_test_creates_and_destroys_every_profile() {
 fn the_hardware_test_refuses_a_gpu_with_an_instance_or_a_running_daemon() {
     let mut node = Node::new("hwbusy", &two_a100());
     node.start_daemon();
-    let out = node.doctor(&["--hardware-test", "--gpu", "0", "--yes"]);
+    let out = node.doctor(&["--hardware-test", "--gpu-index", "0", "--yes"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("smartmigd answers"),
@@ -429,7 +429,7 @@ fn the_hardware_test_refuses_a_gpu_with_an_instance_or_a_running_daemon() {
     // The greedy policy also installed its initial layout.
     let before = node.emulator().instances(0).unwrap().len();
     assert!(before >= 1, "{reply:?}");
-    let out = node.doctor(&["--hardware-test", "--gpu", "0", "--yes"]);
+    let out = node.doctor(&["--hardware-test", "--gpu-index", "0", "--yes"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains(&format!("has {before} GPU instance")),
@@ -459,7 +459,7 @@ fn an_orphan_gpu_instance_warns_and_stops_the_hardware_test() {
     );
     assert_eq!(status(&checks, "nvml.gpu0.instances"), "ok");
     // GPU 0 is empty, but opening the backend would destroy GPU 1's orphan.
-    let out = node.doctor(&["--hardware-test", "--gpu", "0", "--yes"]);
+    let out = node.doctor(&["--hardware-test", "--gpu-index", "0", "--yes"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("without a compute instance"),

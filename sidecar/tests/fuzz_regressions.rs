@@ -1,7 +1,7 @@
 //! Replays fuzz inputs on stable through the same checks the libFuzzer
-//! targets run (`fuzz/harness.rs`): every file under
-//! `sidecar/tests/data/fuzz/<target>/` (crashing inputs found by fuzzing,
-//! kept after the fix, plus the seed inputs). See docs/reliability.md.
+//! targets run (`fuzz/harness.rs`): every file under `fuzz/seeds/<target>/`
+//! (the seed inputs the fuzzer starts from, and crashing inputs found by
+//! fuzzing, kept there after the fix). See docs/reliability.md.
 
 #[path = "../../fuzz/harness.rs"]
 mod harness;
@@ -10,7 +10,7 @@ use smartmig::workload::trace::TraceFormat;
 
 fn replay(target: &str, check: impl Fn(&[u8]) + std::panic::RefUnwindSafe) -> usize {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/fuzz")
+        .join("../fuzz/seeds")
         .join(target);
     let mut n = 0;
     let mut entries: Vec<_> = std::fs::read_dir(&dir)

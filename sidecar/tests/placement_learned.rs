@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use smartmig::formats::policy_file::{PlacementMetadata, PLACEMENT_KEY};
 use smartmig::learn::model::ActorCritic;
 use smartmig::learn::placement::{train_placement, PlacementTrainConfig};
 use smartmig::mig::GpuModel;
 use smartmig::policy::onnx::{load_policy, PolicyLoadError};
 use smartmig::policy::{parse_policy, NoPartition};
 use smartmig::sim::placement_features::PlacementFeatures;
-use smartmig::sim::placement_onnx::{OnnxPlacement, PlacementMetadata, METADATA_KEY};
+use smartmig::sim::placement_onnx::OnnxPlacement;
 use smartmig::sim::{
     simulate, Candidate, Heuristic, Pick, PlacementContext, PlacementHeuristic, PlacementSpec,
     RunHooks, SimConfig,
@@ -159,7 +160,7 @@ fn net(seed: u64) -> (PlacementFeatures, ActorCritic) {
 fn write_placement(path: &Path, n: &ActorCritic, meta: &PlacementMetadata) {
     let json = serde_json::to_string(meta).expect("json");
     let bytes = n
-        .export_onnx(&[(METADATA_KEY, json.as_str())])
+        .export_onnx(&[(PLACEMENT_KEY, json.as_str())])
         .expect("export");
     std::fs::write(path, bytes).expect("write");
 }
@@ -276,8 +277,8 @@ fn training_is_deterministic_and_its_file_runs() {
     let f = PlacementFeatures::new(M);
     write_placement(&path, &a, &PlacementMetadata::new(&f, 16));
     let spec: PlacementSpec = format!("learned:{}", path.display()).parse().expect("spec");
-    let s = smartmig::workload::select_scenarios(
-        smartmig::workload::default_scenarios(),
+    let s = smartmig::scenario::select_scenarios(
+        smartmig::scenario::default_scenarios(),
         &["diurnal/tight".to_string()],
     )
     .expect("scenario");

@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use smartmig::formats::policy_file::{MetadataError, PolicyMetadata, POLICY_KEY};
 use smartmig::learn::model::ActorCritic;
 use smartmig::mig::{Geometry, GpuModel};
 use smartmig::policy::features::{Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
-use smartmig::policy::onnx::{load_policy, PolicyLoadError, PolicyMetadata, METADATA_KEY};
+use smartmig::policy::onnx::{load_policy, PolicyLoadError};
 use smartmig::policy::{ClusterView, GpuStatus, PendingByProfile, RepartitionPolicy};
 
 fn tmp(name: &str) -> PathBuf {
@@ -27,7 +28,7 @@ fn tmp(name: &str) -> PathBuf {
 fn write_policy(path: &Path, net: &ActorCritic, meta: &PolicyMetadata) {
     let json = serde_json::to_string(meta).expect("metadata json");
     let bytes = net
-        .export_onnx(&[(METADATA_KEY, json.as_str())])
+        .export_onnx(&[(POLICY_KEY, json.as_str())])
         .expect("export");
     std::fs::write(path, bytes).expect("write policy");
 }
@@ -86,7 +87,10 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
     write_policy(&path, &net, &good);
     let err = load_policy(&path, GpuModel::H100_80gb).expect_err("wrong model");
     assert!(
-        matches!(err, PolicyLoadError::ModelMismatch { .. }),
+        matches!(
+            err,
+            PolicyLoadError::Metadata(MetadataError::ModelMismatch { .. })
+        ),
         "{err}"
     );
     let msg = err.to_string();
@@ -101,7 +105,10 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
     write_policy(&path, &net, &old);
     let err = load_policy(&path, GpuModel::A100_40gb).expect_err("wrong spec");
     assert!(
-        matches!(err, PolicyLoadError::FeatureSpecMismatch { .. }),
+        matches!(
+            err,
+            PolicyLoadError::Metadata(MetadataError::FeatureSpecMismatch { .. })
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("feature spec version"), "{err}");
@@ -112,7 +119,10 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
     write_policy(&path, &net, &catalog);
     let err = load_policy(&path, GpuModel::A100_40gb).expect_err("wrong catalog");
     assert!(
-        matches!(err, PolicyLoadError::SpaceMismatch { .. }),
+        matches!(
+            err,
+            PolicyLoadError::Metadata(MetadataError::SpaceMismatch { .. })
+        ),
         "{err}"
     );
 
@@ -122,13 +132,18 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
     assert!(
         matches!(
             err,
-            PolicyLoadError::Parse { .. } | PolicyLoadError::MissingMetadata { .. }
+            PolicyLoadError::Metadata(
+                MetadataError::Parse { .. } | MetadataError::MissingMetadata { .. }
+            )
         ),
         "{err}"
     );
 
     let err = load_policy(&tmp("missing.onnx"), GpuModel::A100_40gb).expect_err("missing");
-    assert!(matches!(err, PolicyLoadError::Io { .. }), "{err}");
+    assert!(
+        matches!(err, PolicyLoadError::Metadata(MetadataError::Io { .. })),
+        "{err}"
+    );
 }
 
 /// A small busy cluster: some GPUs partitioned and running, one
@@ -274,7 +289,9 @@ fn bench_policy_writes_its_report() {
         trace: None,
         trace_format: "alibaba".into(),
         oracle: true,
-        json: Some(json.clone()),
+        json: smartmig::cli::args::JsonArg {
+            json: Some(json.clone()),
+        },
         latency_gpus: vec![8, 64],
     };
     smartmig::cli::bench_policy::run(&args).expect("bench policy");

@@ -1,10 +1,11 @@
 //! Without ONNX Runtime, loading a policy fails with the message that says
 //! how to get it (own test binary: it sets ORT_DYLIB_PATH for the process).
 
+use smartmig::formats::policy_file::{PolicyMetadata, POLICY_KEY};
 use smartmig::learn::model::ActorCritic;
 use smartmig::mig::GpuModel;
 use smartmig::policy::features::FeatureSpec;
-use smartmig::policy::onnx::{load_policy, PolicyLoadError, PolicyMetadata, METADATA_KEY};
+use smartmig::policy::onnx::{load_policy, PolicyLoadError};
 
 #[test]
 fn missing_runtime_says_how_to_fetch_it() {
@@ -16,7 +17,7 @@ fn missing_runtime_says_how_to_fetch_it() {
     let path = dir.join("p.onnx");
     std::fs::write(
         &path,
-        net.export_onnx(&[(METADATA_KEY, meta.as_str())])
+        net.export_onnx(&[(POLICY_KEY, meta.as_str())])
             .expect("export"),
     )
     .expect("write");

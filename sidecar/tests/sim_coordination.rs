@@ -13,11 +13,12 @@ use smartmig::policy::share::{claimant, claims};
 use smartmig::policy::{
     ClusterView, Decision, Greedy, GreedyConfig, PendingByProfile, RepartitionPolicy,
 };
+use smartmig::scenario::{default_scenarios, Scenario};
 use smartmig::sim::events::{JobRecord, OomRecord, ReconfigRecord, Run};
 use smartmig::sim::{
     audit, count_waste, simulate, Collect, Heuristic, Metrics, Record, RunHooks, SimConfig,
 };
-use smartmig::workload::{default_scenarios, Job, JobClass, Scenario, SpeedupCurve};
+use smartmig::workload::{Job, JobClass, SpeedupCurve};
 
 const M: GpuModel = GpuModel::A100_40gb;
 

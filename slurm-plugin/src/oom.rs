@@ -241,8 +241,9 @@ pub fn fs_bytes(dir: &Path) -> Result<u64, OomMarkerError> {
         path: dir.to_path_buf(),
         source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
     })?;
-    // SAFETY: a valid C string and a zeroed out-struct of the right type.
+    // SAFETY: a plain C struct of integers, for which all zeroes is valid.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a zeroed out-struct of the right type.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(OomMarkerError::Io {
             path: dir.to_path_buf(),
@@ -347,8 +348,8 @@ mod tests {
     /// tmpfs it is not, and a job writing its marker there stops at 1 MiB.
     #[test]
     fn a_marker_is_bounded_only_by_a_small_file_system_of_its_own() {
-        // SAFETY: geteuid has no preconditions.
         assert_eq!(
+            // SAFETY: geteuid has no preconditions.
             unsafe { libc::geteuid() },
             0,
             "mounting a tmpfs needs root (scripts/test runs as root)"

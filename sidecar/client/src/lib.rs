@@ -11,6 +11,8 @@
 //! It depends on serde alone, so the SPANK plugin that slurmstepd loads as
 //! root into every job links no async runtime, no ML or GPU library.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod plugstack;
 pub mod protocol;

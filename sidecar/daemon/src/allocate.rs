@@ -10,27 +10,9 @@
 //! re-shape idle instances ([`Geometry::reshape_for`]), else no fit. All
 //! geometry comes from [`crate::mig`]; nothing is re-implemented here.
 
-use serde::{Deserialize, Serialize};
-
 use crate::mig::{select_profile, Geometry, Layout, PlacementId, ProfileSpec, SelectError};
 
-/// Who holds an instance.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Assignment {
-    pub job_id: u64,
-    #[serde(default)]
-    pub step: Option<u32>,
-    pub uid: u32,
-    /// Unix seconds when the job got the instance.
-    pub since: u64,
-    #[serde(default)]
-    pub deadline: Option<i64>,
-    #[serde(default)]
-    pub time_limit_s: Option<u64>,
-    /// Seconds the job waited in smartmigd for this instance.
-    #[serde(default)]
-    pub wait_s: u64,
-}
+pub use crate::formats::journal::Assignment;
 
 /// One MIG instance the daemon knows of.
 #[derive(Clone, Debug, PartialEq)]

@@ -693,9 +693,9 @@ impl Config {
         self.isolate_devices && self.mode != Mode::Advise
     }
 
-    /// Advise mode's record (`eval::advise::AdviceRecord` per line).
+    /// Advise mode's record (`formats::advice::AdviceRecord` per line).
     pub fn advice_log(&self) -> PathBuf {
-        self.state_dir.join("advice.jsonl")
+        self.state_dir.join(crate::formats::advice::ADVICE_LOG)
     }
 
     /// The journal's directory: `journal_dir`, or `<state_dir>/journal`.

@@ -1,10 +1,10 @@
 //! The journal of assignments (job -> instance): an append-only log with
-//! group commit, plus a snapshot, in `<state_dir>/journal/`.
+//! group commit, plus a snapshot, in `<state_dir>/journal/`. The files'
+//! format is [`crate::formats::journal`].
 //!
 //! Every change of a GPU's assignments appends one record holding that GPU's
 //! whole assignment list (at most 7 entries), so replay is "last record per
-//! GPU wins" and needs no ordering across GPUs. A record is one line,
-//! `<crc32 of the JSON, 8 hex digits> <JSON>\n`.
+//! GPU wins" and needs no ordering across GPUs.
 //!
 //! Durability: [`Journal::save`] returns only after its record is written
 //! (`write` + `fdatasync`), and the daemon replies only after `save`
@@ -41,44 +41,15 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use serde::{Deserialize, Serialize};
-
-use super::allocate::{Assignment, GpuBook};
+use super::allocate::GpuBook;
 use super::fsutil::{atomic_write, ensure_dir, remove_if_present};
+pub use crate::formats::journal::Entry;
+use crate::formats::journal::{
+    decode, encode, v1_gpu, FileV1, Record, Snapshot, LOG_FILE, SNAPSHOT_FILE, SNAPSHOT_VERSION,
+};
 
 /// The log is compacted into a new snapshot when it grows past this size.
 pub const COMPACT_BYTES: u64 = 4 * 1024 * 1024;
-
-/// One journaled assignment.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Entry {
-    pub uuid: String,
-    pub profile: String,
-    pub start: u8,
-    #[serde(flatten)]
-    pub assignment: Assignment,
-}
-
-/// Version 1 per-GPU file (read for migration only).
-#[derive(Debug, Deserialize)]
-struct FileV1 {
-    entries: Vec<Entry>,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Snapshot {
-    version: u32,
-    seq: u64,
-    gpus: BTreeMap<u32, Vec<Entry>>,
-}
-
-/// One log record: GPU `gpu` now has exactly `entries`.
-#[derive(Debug, Serialize, Deserialize)]
-struct Record {
-    seq: u64,
-    gpu: u32,
-    entries: Vec<Entry>,
-}
 
 /// Journal IO errors.
 #[derive(Debug, thiserror::Error)]
@@ -98,57 +69,6 @@ pub enum JournalError {
     /// different assignments: which one is current cannot be told.
     #[error("two journals hold different assignments: {old} (where the journal was last) and {new} (journal_dir now); keep the current one and remove the other's snapshot.json and log, then start smartmigd again")]
     Conflict { old: PathBuf, new: PathBuf },
-}
-
-/// CRC-32 (IEEE 802.3, reflected, as zlib) of `bytes`.
-pub fn crc32(bytes: &[u8]) -> u32 {
-    const fn table() -> [u32; 256] {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            t[i] = c;
-            i += 1;
-        }
-        t
-    }
-    const TABLE: [u32; 256] = table();
-    let mut c = !0u32;
-    for &b in bytes {
-        c = TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
-    }
-    !c
-}
-
-/// Encodes one record line.
-fn encode(record: &Record) -> Vec<u8> {
-    let json = serde_json::to_string(record).unwrap_or_default();
-    let mut line = format!("{:08x} ", crc32(json.as_bytes())).into_bytes();
-    line.extend_from_slice(json.as_bytes());
-    line.push(b'\n');
-    line
-}
-
-/// Decodes one record line (without its newline); None if torn or garbled.
-fn decode(line: &[u8]) -> Option<Record> {
-    if line.len() < 10 || line[8] != b' ' {
-        return None;
-    }
-    let crc = u32::from_str_radix(std::str::from_utf8(&line[..8]).ok()?, 16).ok()?;
-    let json = &line[9..];
-    if crc32(json) != crc {
-        return None;
-    }
-    serde_json::from_slice(json).ok()
 }
 
 /// What replaying the journal directory found.
@@ -174,7 +94,7 @@ pub fn replay(dir: &Path) -> Result<Replay, JournalError> {
         let path = path.to_path_buf();
         move |source| JournalError::Io { path, source }
     };
-    let snap_path = dir.join("snapshot.json");
+    let snap_path = dir.join(SNAPSHOT_FILE);
     let mut out = Replay::default();
     match std::fs::read(&snap_path) {
         Ok(bytes) => {
@@ -200,7 +120,7 @@ pub fn replay(dir: &Path) -> Result<Replay, JournalError> {
         }
         Err(e) => return Err(io(&snap_path)(e)),
     }
-    let log_path = dir.join("log");
+    let log_path = dir.join(LOG_FILE);
     let bytes = match std::fs::read(&log_path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -236,13 +156,7 @@ fn v1_files(dir: &Path) -> std::io::Result<Vec<(u32, PathBuf)>> {
     };
     for entry in rd {
         let entry = entry?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if let Some(n) = name
-            .strip_prefix("gpu")
-            .and_then(|r| r.strip_suffix(".json"))
-            .and_then(|n| n.parse::<u32>().ok())
-        {
+        if let Some(n) = v1_gpu(&entry.file_name().to_string_lossy()) {
             out.push((n, entry.path()));
         }
     }
@@ -334,7 +248,7 @@ impl Journal {
                  dropping it: it was never acknowledged"
             );
         }
-        let log_path = dir.join("log");
+        let log_path = dir.join(LOG_FILE);
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -558,9 +472,9 @@ fn write_snapshot(
     seq: u64,
     gpus: BTreeMap<u32, Vec<Entry>>,
 ) -> Result<(), JournalError> {
-    let path = dir.join("snapshot.json");
+    let path = dir.join(SNAPSHOT_FILE);
     let snap = Snapshot {
-        version: 2,
+        version: SNAPSHOT_VERSION,
         seq,
         gpus,
     };
@@ -622,7 +536,7 @@ pub fn open_moving(dir: &Path, state_dir: &Path) -> Result<(Journal, Option<Move
             }
             ensure_dir(dir, 0o700).map_err(io(dir))?;
             write_snapshot(dir, old.seq, old.gpus)?;
-            let log = dir.join("log");
+            let log = dir.join(LOG_FILE);
             remove_if_present(&log).map_err(io(&log))?;
             moved = Some(Moved {
                 from: last.clone(),
@@ -631,7 +545,7 @@ pub fn open_moving(dir: &Path, state_dir: &Path) -> Result<(Journal, Option<Move
         }
         // The old directory's journal files go (the directory stays: it
         // may be the admin's), moved or empty.
-        let mut old_files = vec![last.join("snapshot.json"), last.join("log")];
+        let mut old_files = vec![last.join(SNAPSHOT_FILE), last.join(LOG_FILE)];
         old_files.extend(
             v1_files(&last)
                 .unwrap_or_default()
@@ -662,6 +576,7 @@ fn non_empty(gpus: &BTreeMap<u32, Vec<Entry>>) -> BTreeMap<u32, &Vec<Entry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocate::Assignment;
     use crate::mig::{Geometry, GpuModel, Shape};
 
     fn dir(name: &str) -> PathBuf {
@@ -793,12 +708,6 @@ mod tests {
         let (j, moved) = open_moving(&default, &state).unwrap();
         assert_eq!((moved, jobs(&j)), (None, vec![4]));
         std::fs::remove_dir_all(&state).unwrap();
-    }
-
-    #[test]
-    fn crc_matches_zlib() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32(b""), 0);
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub mod usage;
 pub use smartmig_client::{client, plugstack, protocol};
 
 // The core crates under the names the modules use (`crate::policy::...` is the core's).
-use smartmig_core::{policy, sim, workload};
+use smartmig_core::{formats, policy, sim, workload};
 use smartmig_mig as mig;
 
 pub use client::{Client, ClientError};

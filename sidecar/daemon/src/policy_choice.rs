@@ -9,6 +9,7 @@
 //! Runtime falls back to `greedy` with a warning, so a node whose runtime was
 //! not installed still repartitions sensibly.
 
+use crate::formats::policy_file::{GuardError, MetadataError};
 use crate::mig::GpuModel;
 use crate::policy::onnx::{load_any_policy, load_policy, LearnedSpec, PolicyLoadError};
 use crate::policy::{self, greedy::Greedy, PolicyParseError, RepartitionPolicy};
@@ -28,7 +29,7 @@ pub enum PolicyChoiceError {
     Learned(#[from] PolicyLoadError),
     /// A bad `?key=value` guard override after the file name.
     #[error("`{spec}`: {reason}")]
-    Guard { spec: String, reason: String },
+    Guard { spec: String, reason: GuardError },
     /// Not a built-in policy name (or a bad `static:`/`greedy:` spec).
     #[error(transparent)]
     Builtin(#[from] PolicyParseError),
@@ -100,7 +101,7 @@ fn is_unavailable(e: &PolicyLoadError) -> bool {
         PolicyLoadError::RuntimeNotFound { .. }
             | PolicyLoadError::RuntimeEnvMissing(_)
             | PolicyLoadError::RuntimeLoad { .. }
-            | PolicyLoadError::Io { .. }
+            | PolicyLoadError::Metadata(MetadataError::Io { .. })
     )
 }
 
@@ -151,9 +152,9 @@ mod tests {
         assert!(
             matches!(
                 err,
-                Some(PolicyChoiceError::Learned(
-                    PolicyLoadError::ModelMismatch { .. }
-                ))
+                Some(PolicyChoiceError::Learned(PolicyLoadError::Metadata(
+                    MetadataError::ModelMismatch { .. }
+                )))
             ),
             "{err:?}"
         );

@@ -27,6 +27,22 @@ use smartmig_core::policy::share;
 /// The format's version; a node refuses another one by name.
 pub const SUMMARY_VERSION: u32 = 1;
 
+/// Why a node does not use its summary file.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SummaryError {
+    #[error("version {found} (this smartmigd reads version {SUMMARY_VERSION}): update the publisher and the nodes together")]
+    Version { found: u32 },
+    #[error("written for node {found}, not {wanted}")]
+    Node { found: String, wanted: String },
+    #[error("{age} s old (stale after {limit} s: {max_epochs} of the publisher's {epoch_s} s epochs); is `smartmig publish` running?")]
+    Stale {
+        age: u64,
+        limit: u64,
+        max_epochs: u64,
+        epoch_s: u64,
+    },
+}
+
 /// What one node reads each epoch: `<summary_dir>/<node>.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeSummary {
@@ -87,23 +103,27 @@ impl NodeSummary {
         now: u64,
         max_epochs: u64,
         min_age_s: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), SummaryError> {
         if self.version != SUMMARY_VERSION {
-            return Err(format!(
-                "version {} (this smartmigd reads version {SUMMARY_VERSION}): update the publisher and the nodes together",
-                self.version
-            ));
+            return Err(SummaryError::Version {
+                found: self.version,
+            });
         }
         if self.node != node {
-            return Err(format!("written for node {}, not {node}", self.node));
+            return Err(SummaryError::Node {
+                found: self.node.clone(),
+                wanted: node.to_string(),
+            });
         }
         let age = now.saturating_sub(self.generated_at);
         let limit = (self.epoch_s.saturating_mul(max_epochs)).max(min_age_s);
         if age > limit {
-            return Err(format!(
-                "{age} s old (stale after {limit} s: {max_epochs} of the publisher's {} s epochs); is `smartmig publish` running?",
-                self.epoch_s
-            ));
+            return Err(SummaryError::Stale {
+                age,
+                limit,
+                max_epochs,
+                epoch_s: self.epoch_s,
+            });
         }
         Ok(())
     }
@@ -331,17 +351,19 @@ mod tests {
             .pop()
             .unwrap();
         assert!(s.check("gpu0", 1_100, 3, 10).is_ok());
-        let err = s.check("gpu0", 1_200, 3, 10).unwrap_err();
+        let err = s.check("gpu0", 1_200, 3, 10).unwrap_err().to_string();
         assert!(err.starts_with("200 s old (stale after 180 s"), "{err}");
         assert!(s
             .check("gpu1", 1_000, 3, 10)
             .unwrap_err()
+            .to_string()
             .contains("not gpu1"));
         let mut v2 = s.clone();
         v2.version = 2;
         assert!(v2
             .check("gpu0", 1_000, 3, 10)
             .unwrap_err()
+            .to_string()
             .starts_with("version 2"));
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeSummary>(&text).unwrap(), s);

@@ -7,8 +7,9 @@ use super::config::TrainConfig;
 use super::LearnError;
 use crate::mig::GpuModel;
 use crate::policy::RepartitionPolicy;
+use crate::scenario::Scenario;
 use crate::sim::{simulate, EtScore, Metrics, RunHooks, SimConfig};
-use crate::workload::{generate_diurnal, Job, Scenario};
+use crate::workload::{generate_diurnal, Job};
 
 /// A workload day (an episode) and its `none` reference totals.
 pub struct Day {
@@ -173,7 +174,7 @@ pub enum TrainingData {
     /// Windows of a trace ([`crate::workload::Trace::windows`]): episodes
     /// cycle through `train`; the checkpoint is chosen on `validation`
     /// (later windows, never trained on).
-    /// Days of the yardstick's scenario families (`workload::scenario`):
+    /// Days of the yardstick's scenario families (`smartmig_lab::scenario`):
     /// episodes cycle through the scenarios, a new seed per episode (seeds
     /// the suite never scores: its test days are 1000-1003); validation on
     /// `cfg.validation.days` days, cycling through them too.

@@ -12,7 +12,7 @@ use onnx_rs::ast::{
     TypeValue, ValueInfo,
 };
 
-use crate::policy::onnx_contract::{
+use crate::formats::policy_file::{
     INPUT_MASK, INPUT_OBS, IR_VERSION, MASK_PENALTY, OPSET, OUTPUT_LOGITS, OUTPUT_PROBS,
 };
 

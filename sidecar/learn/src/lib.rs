@@ -26,8 +26,11 @@
 //! `docs/policy.md` documents the formulation and how the shipped policy was
 //! trained.
 
+#![forbid(unsafe_code)]
+
 // The core crates under the names the modules use (`crate::policy::...`).
-use smartmig_core::{eval, policy, sim, workload};
+use smartmig_core::{formats, policy, sim, workload};
+use smartmig_lab::{eval, scenario};
 use smartmig_mig as mig;
 
 mod checkpoint;

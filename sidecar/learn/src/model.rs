@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::LearnError;
 
-use crate::policy::onnx_contract::MASK_PENALTY;
+use crate::formats::policy_file::MASK_PENALTY;
 
 /// One dense layer, candle layout: `weight` is `[out, in]`.
 #[derive(Clone, Debug)]

@@ -38,13 +38,14 @@ use crate::eval::Day;
 use crate::mig::GpuModel;
 use crate::policy::features::argmax_masked;
 use crate::policy::parse_policy;
+use crate::scenario::{default_scenarios, select_scenarios, Scenario};
 use crate::sim::deferral::DeferSpec;
 use crate::sim::placement_features::PlacementFeatures;
 use crate::sim::{
     simulate, Candidate, Heuristic, Metrics, Pick, PlacementContext, PlacementHeuristic,
     PlacementSpec, RunHooks,
 };
-use crate::workload::{default_scenarios, select_scenarios, Job, Scenario};
+use crate::workload::Job;
 
 /// Energy a checkpoint may add over the best heuristic on the validation
 /// days (relative) before the choice penalises it.

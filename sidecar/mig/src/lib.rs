@@ -18,6 +18,8 @@
 //!
 //! No IO happens here; everything is deterministic.
 
+#![forbid(unsafe_code)]
+
 pub mod driver;
 pub mod geometry;
 pub mod layout;

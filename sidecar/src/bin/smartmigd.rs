@@ -2,6 +2,8 @@
 //! `smartmig::daemon`; this file parses arguments, sets up logging and the
 //! runtime, and maps errors to exit codes.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -6,6 +6,7 @@
 //! Everything is computed before anything is written, so bad input writes
 //! nothing.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -14,7 +15,8 @@ use super::socket::DEFAULT_CONFIG;
 use crate::daemon::config::Config;
 use crate::daemon::policy_choice;
 use crate::daemon::usage::existing_with_rotated;
-use crate::eval::advise::{self, AdviceRecord, ReplayConfig, Role, ADVICE_LOG};
+use crate::eval::advise::{self, ReplayConfig, Role};
+use crate::formats::advice::{AdviceRecord, ADVICE_LOG};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -47,12 +49,11 @@ pub struct ReportArgs {
     /// `static:4444|3333`, `policy:FILE.onnx`, ...).
     #[arg(long)]
     pub policy: Option<String>,
-    /// Directory for the SVG plots (created if missing).
-    #[arg(long, default_value = "advise-report")]
-    pub plots: PathBuf,
-    /// Also write the report as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    /// Also draw the SVG plots into this directory (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+    #[command(flatten)]
+    pub json: super::args::JsonArg,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -144,34 +145,34 @@ fn report(args: &ReportArgs) -> anyhow::Result<()> {
     // Everything is computed before anything is written.
     let bin_s = (obs.span_s() / 200.0).max(60.0);
     let plots = crate::report::advise::plots(&r, bin_s)?;
-    let json = match &args.json {
-        Some(_) => Some(serde_json::to_string_pretty(&r)?),
-        None => None,
-    };
     let period = format!(
         "{} to {} from {}",
         super::status::local_time(obs.origin as u64),
         super::status::local_time(obs.end as u64),
         names.join(", ")
     );
-    print!("{}", crate::report::advise::table(&r, &period));
+    let mut out = args.json.table();
+    write!(out, "{}", crate::report::advise::table(&r, &period))?;
     if let Some(row) = r.rows.iter().find(|row| row.role == Role::Policy) {
         if built != row.name {
-            println!("Policy: {built}.");
+            writeln!(out, "Policy: {built}.")?;
         }
     }
-    std::fs::create_dir_all(&args.plots)
-        .with_context(|| format!("creating {}", args.plots.display()))?;
     let mut written = Vec::new();
-    for (name, svg) in plots {
-        let p = args.plots.join(name);
-        std::fs::write(&p, svg).with_context(|| format!("writing {}", p.display()))?;
-        written.push(p.display().to_string());
+    if let Some(dir) = &args.plots {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (name, svg) in plots {
+            let p = dir.join(name);
+            std::fs::write(&p, svg).with_context(|| format!("writing {}", p.display()))?;
+            written.push(p.display().to_string());
+        }
     }
-    if let (Some(path), Some(text)) = (&args.json, json) {
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    args.json.write(&r)?;
+    if let Some(path) = args.json.json.as_ref().filter(|_| !args.json.to_stdout()) {
         written.push(path.display().to_string());
     }
-    println!("Wrote {}", written.join(", "));
+    if !written.is_empty() {
+        writeln!(out, "Wrote {}", written.join(", "))?;
+    }
     Ok(())
 }

@@ -6,15 +6,15 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use super::args::JsonArg;
 use crate::sim::{audit, read_events};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Event log written by `smartmig simulate --events FILE`.
     pub file: PathBuf,
-    /// Print the recomputed totals as JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 pub fn run(a: &Args) -> Result<()> {
@@ -22,9 +22,7 @@ pub fn run(a: &Args) -> Result<()> {
     let records =
         read_events(BufReader::new(f)).with_context(|| format!("reading {}", a.file.display()))?;
     let r = audit(&records).with_context(|| format!("{} fails the audit", a.file.display()))?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
+    if !a.json.to_stdout() {
         println!(
             "OK: {} jobs on {} GPUs, {} reconfigurations ({} fusions, {} fissions, {} reshapes), {} unserved; energy {:.6} MJ over {:.1} s; mean tardiness {:.3} s ({} late)",
             r.jobs,
@@ -40,5 +38,5 @@ pub fn run(a: &Args) -> Result<()> {
             r.late_jobs
         );
     }
-    Ok(())
+    a.json.write(&r)
 }

@@ -2,13 +2,12 @@
 //! cluster sizes, on the diurnal workload.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::mig::GpuModel;
+use super::args::{GpuModelArg, JsonArg, PolicyArgs};
 use crate::policy::parse_policy_on;
 use crate::sim::{
     simulate, EpochRule, Heuristic, RunHooks, SimConfig, DEFAULT_EPOCH_EVENTS, NODE_GPUS,
@@ -25,13 +24,18 @@ pub struct Args {
 pub enum Target {
     /// Jobs simulated per second at 8, 100 and 1,000 GPUs.
     Sim(SimArgs),
+    #[cfg(feature = "train")]
     /// Quality gates and decision latency of the learned policy.
     Policy(super::bench_policy::PolicyArgs),
+    #[cfg(feature = "daemon")]
     /// Allocate+release latency and memory of a real smartmigd (sim backend).
     Daemon(super::bench_daemon::Args),
+    #[cfg(feature = "daemon")]
     /// A hostile client: holds many connections to a socket, trickling bytes
-    /// (what `bench daemon --flood` runs as another user).
+    /// (what `bench daemon --flood` runs as another user; internal).
+    #[command(hide = true)]
     Flood(super::bench_daemon::FloodArgs),
+    #[cfg(feature = "train")]
     /// The hindsight rollout oracle: what per-epoch reactivity could gain over static-best.
     Oracle(super::bench_oracle::OracleArgs),
     /// Scenarios x test days x policies against causal opponents (docs/evaluation.md).
@@ -58,13 +62,13 @@ pub struct SimArgs {
     /// jobs/s of each size side by side.
     #[arg(long, default_value = "200000", value_delimiter = ',')]
     pub jobs: Vec<usize>,
-    #[arg(long, default_value = "a100-40gb")]
-    pub model: GpuModel,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     #[arg(long, default_value = "edf")]
     pub placement: String,
-    /// Repartitioning policy (repeatable).
-    #[arg(long, default_value = "static:4444|3333")]
-    pub policy: Vec<String>,
+    /// Default `static:4444|3333`.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Ask the policy after this many arrival or completion events, on any
@@ -73,9 +77,8 @@ pub struct SimArgs {
     /// trained and scored on; `--epoch-events 5` is the old fixed rule.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub epoch_events: Option<u32>,
-    /// Also write the table as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 /// One run: its speed and, so that a faster simulator can be checked to
@@ -99,9 +102,13 @@ struct Row {
 pub fn run(a: &Args) -> Result<()> {
     match &a.target {
         Target::Sim(s) => run_sim(s),
+        #[cfg(feature = "train")]
         Target::Policy(p) => super::bench_policy::run(p),
+        #[cfg(feature = "daemon")]
         Target::Daemon(d) => super::bench_daemon::run(d),
+        #[cfg(feature = "daemon")]
         Target::Flood(f) => super::bench_daemon::flood(f),
+        #[cfg(feature = "train")]
         Target::Oracle(o) => super::bench_oracle::run(o),
         Target::Suite(s) => super::bench_suite::run(s),
         Target::Placement(p) => super::bench_placement::run(p),
@@ -116,7 +123,8 @@ fn run_sim(a: &SimArgs) -> Result<()> {
         anyhow::bail!("--jobs: give one or more job counts, each at least 1");
     }
     let mut rows = Vec::new();
-    let mut out = std::io::stdout().lock();
+    let policies = a.policy.or(&["static:4444|3333"]);
+    let mut out = a.json.table();
     let cadence = match a.epoch_events {
         Some(n) => format!("every {n} events"),
         None => format!("every {DEFAULT_EPOCH_EVENTS} events per {NODE_GPUS} GPUs"),
@@ -124,9 +132,9 @@ fn run_sim(a: &SimArgs) -> Result<()> {
     writeln!(
         out,
         "diurnal workload on {}, placement {}, policy asked {cadence}",
-        a.model, heuristic
+        a.gpu.gpu_model, heuristic
     )?;
-    let w = a.policy.iter().map(String::len).max().unwrap_or(0).max(6);
+    let w = policies.iter().map(String::len).max().unwrap_or(0).max(6);
     writeln!(
         out,
         "{:<w$} {:>6} {:>10} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10} {:>8}",
@@ -141,7 +149,7 @@ fn run_sim(a: &SimArgs) -> Result<()> {
         "tard. s",
         "reconf."
     )?;
-    for spec in &a.policy {
+    for spec in &policies {
         for &gpus in &a.gpus {
             for &jobs in &a.jobs {
                 let row = sim_row(a, heuristic, spec, gpus, jobs)?;
@@ -179,11 +187,7 @@ fn run_sim(a: &SimArgs) -> Result<()> {
             writeln!(out, " {ratio:>10.2}")?;
         }
     }
-    if let Some(p) = &a.json {
-        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-        serde_json::to_writer_pretty(f, &rows)?;
-    }
-    Ok(())
+    a.json.write(&rows)
 }
 
 /// The decision cadence of a run on `gpus` GPUs.
@@ -209,7 +213,7 @@ fn sim_row(a: &SimArgs, heuristic: Heuristic, spec: &str, gpus: usize, jobs: usi
             ..day
         };
         cfg.validate().context("diurnal workload")?;
-        let w = generate_diurnal(&cfg, a.model, gpus, a.seed);
+        let w = generate_diurnal(&cfg, a.gpu.gpu_model, gpus, a.seed);
         if w.len() >= jobs {
             break w;
         }
@@ -217,7 +221,7 @@ fn sim_row(a: &SimArgs, heuristic: Heuristic, spec: &str, gpus: usize, jobs: usi
     };
     workload.truncate(jobs);
     let generate_s = t0.elapsed().as_secs_f64();
-    let cluster = vec![a.model; gpus];
+    let cluster = vec![a.gpu.gpu_model; gpus];
     let mut policy = parse_policy_on(spec, &cluster, 0.0)?;
     let mut h = heuristic.build(a.seed);
     let sim_cfg = SimConfig {

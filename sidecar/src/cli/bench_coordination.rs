@@ -4,16 +4,15 @@
 //! [`crate::eval::coordination`]; this prints its table and writes JSON.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use super::args::{GpuModelArg, JsonArg, PolicyArgs};
 use crate::eval::{run_coordination, CoordinationConfig, CoordinationReport};
-use crate::mig::GpuModel;
+use crate::scenario::{default_scenarios, select_scenarios};
 use crate::sim::{EpochRule, Heuristic};
-use crate::workload::{default_scenarios, select_scenarios};
 
 #[derive(Debug, clap::Args)]
 pub struct CoordinationArgs {
@@ -23,8 +22,8 @@ pub struct CoordinationArgs {
     /// GPUs per node (one smartmigd each); the last node takes what is left.
     #[arg(long, default_value_t = 8)]
     pub gpus_per_node: usize,
-    #[arg(long, default_value = "a100-40gb")]
-    pub model: GpuModel,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     /// The workload: a scenario of the yardstick (`smartmig bench suite`),
     /// generated for --gpus GPUs, one day per seed.
     #[arg(long, default_value = "campaigns/tight")]
@@ -40,11 +39,11 @@ pub struct CoordinationArgs {
     /// First seed.
     #[arg(long, default_value_t = 1000)]
     pub seed: u64,
-    /// Policies to compare (comma-separated specs), each run centrally and
-    /// per node, e.g. `greedy,policy:policies/a100-40gb.onnx` (the learned
-    /// policy needs ONNX Runtime: ORT_DYLIB_PATH).
-    #[arg(long, value_delimiter = ',', default_value = "greedy")]
-    pub policies: Vec<String>,
+    /// Policies to compare, each run centrally and per node (default
+    /// `greedy`; e.g. `--policy greedy --policy policy:policies/a100-40gb.onnx`;
+    /// the learned policy needs ONNX Runtime: ORT_DYLIB_PATH).
+    #[command(flatten)]
+    pub policies: PolicyArgs,
     /// Job-placement heuristic.
     #[arg(long, default_value = "edf")]
     pub placement: String,
@@ -54,9 +53,9 @@ pub struct CoordinationArgs {
     /// Weight of tardiness in ET.
     #[arg(long, default_value_t = 1.0)]
     pub alpha: f64,
-    /// Write the table (and every day's numbers) as JSON here.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// The table and every day's numbers.
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 #[derive(Serialize)]
@@ -99,9 +98,9 @@ pub fn run(a: &CoordinationArgs) -> Result<()> {
         .seed
         .checked_add(a.days - 1)
         .with_context(|| format!("--seed {} + --days {} overflows", a.seed, a.days))?;
-    let mut cfg = CoordinationConfig::new(a.model, a.gpus, a.gpus_per_node, scenario);
+    let mut cfg = CoordinationConfig::new(a.gpu.gpu_model, a.gpus, a.gpus_per_node, scenario);
     cfg.seeds = (a.seed..=last).collect();
-    cfg.policies.clone_from(&a.policies);
+    cfg.policies = a.policies.or(&["greedy"]);
     cfg.heuristic = heuristic;
     cfg.load = a.load;
     cfg.epoch = EpochRule::Seconds(a.epoch_s);
@@ -128,7 +127,7 @@ pub fn run(a: &CoordinationArgs) -> Result<()> {
         add_time(&mut times, r, t.elapsed().as_secs_f64());
     }
     let elapsed_s = started.elapsed().as_secs_f64();
-    let mut out = std::io::stdout().lock();
+    let mut out = a.json.table();
     write!(out, "{}", table(&report))?;
     let per_row: Vec<String> = times.iter().map(|(r, s)| format!("{r} {s:.1} s")).collect();
     writeln!(
@@ -136,16 +135,11 @@ pub fn run(a: &CoordinationArgs) -> Result<()> {
         "({elapsed_s:.0} s wall time; per row over all days: {})",
         per_row.join(", ")
     )?;
-    if let Some(p) = &a.json {
-        let json = Json {
-            report: &report,
-            elapsed_s,
-            row_seconds: &times,
-        };
-        std::fs::write(p, serde_json::to_string_pretty(&json)? + "\n")
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(())
+    a.json.write(&Json {
+        report: &report,
+        elapsed_s,
+        row_seconds: &times,
+    })
 }
 
 /// The table: one row per policy and arrangement, means per day and the

@@ -7,6 +7,7 @@
 //! are configured that every client can hold a 1g instance at once, so the
 //! numbers measure the daemon, not waiting for capacity.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
@@ -26,9 +27,9 @@ pub struct Args {
     /// Allocate+release pairs per measurement (split among the clients).
     #[arg(long, default_value_t = 4096)]
     pub pairs: usize,
-    /// Where to write the JSON results.
-    #[arg(long, default_value = "bench-daemon.json")]
-    pub json: PathBuf,
+    /// The results.
+    #[command(flatten)]
+    pub json: super::args::JsonArg,
     /// The smartmigd binary (default: next to this executable).
     #[arg(long)]
     pub smartmigd: Option<PathBuf>,
@@ -467,8 +468,6 @@ pub fn table(r: &Report) -> String {
 /// Entry point for the CLI: runs, prints the table, writes the JSON.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let report = bench(args)?;
-    print!("{}", table(&report));
-    std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?)?;
-    println!("wrote {}", args.json.display());
-    Ok(())
+    write!(args.json.table(), "{}", table(&report))?;
+    args.json.write(&report)
 }

@@ -4,29 +4,28 @@
 //! the yardstick's scenarios (docs/evaluation.md, "Placement").
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use super::args::{GpuModelArg, JsonArg};
 use crate::eval::placement::PlacementRow;
 use crate::eval::{
     placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate,
     PlacementScenario, ScenarioDays,
 };
-use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
+use crate::scenario::{default_scenarios, select_scenarios};
 use crate::sim::PlacementSpec;
-use crate::workload::{default_scenarios, select_scenarios};
 
 #[derive(Debug, clap::Args)]
 pub struct PlacementArgs {
     /// GPUs of the simulated cluster (default 16; 8 with --quick).
     #[arg(long)]
     pub gpus: Option<usize>,
-    #[arg(long, default_value = "a100-40gb")]
-    pub model: GpuModel,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     /// Only these scenarios (comma-separated names or family names).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -61,9 +60,8 @@ pub struct PlacementArgs {
     /// scored ones.
     #[arg(long)]
     pub all_rows: bool,
-    /// Write the results as JSON here.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 #[derive(Serialize)]
@@ -97,21 +95,24 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
             bail!("--placement {p}: the heuristics always run; give learned:FILE.onnx or a deferral rule (cedf+rescue)");
         }
         // Refuse a wrong file before minutes of simulation.
-        spec.build(0, Some(a.model))
+        spec.build(0, Some(a.gpu.gpu_model))
             .with_context(|| format!("--placement {p}"))?;
         candidates.push(spec);
     }
     if candidates.is_empty() {
-        match crate::policy::onnx::shipped_placement(a.model) {
+        match crate::policy::onnx::shipped_placement(a.gpu.gpu_model) {
             Some(p) => candidates.push(PlacementSpec::Learned(p)),
-            None => eprintln!("smartmig: no shipped learned placement for {}", a.model),
+            None => eprintln!(
+                "smartmig: no shipped learned placement for {}",
+                a.gpu.gpu_model
+            ),
         }
     }
     let mut policies = vec![("greedy".to_string(), "greedy".to_string())];
     policies.extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
     if a.policy.is_empty() {
         match (
-            crate::policy::onnx::shipped_policy(a.model),
+            crate::policy::onnx::shipped_policy(a.gpu.gpu_model),
             crate::policy::onnx::find_onnxruntime(),
         ) {
             (Some(p), Ok(_)) => {
@@ -121,7 +122,10 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
                 "smartmig: leaving the learned policy {} out: {e}",
                 p.display()
             ),
-            (None, _) => eprintln!("smartmig: no shipped learned policy for {}", a.model),
+            (None, _) => eprintln!(
+                "smartmig: no shipped learned policy for {}",
+                a.gpu.gpu_model
+            ),
         }
     }
     let cfg = PlacementBenchConfig {
@@ -146,12 +150,12 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
     for s in &list {
         let days = ScenarioDays {
             name: s.name.clone(),
-            cluster: vec![a.model; gpus],
+            cluster: vec![a.gpu.gpu_model; gpus],
             train: (a.train_seed..train_end)
-                .map(|seed| super::bench_suite::day(s, a.model, gpus, seed))
+                .map(|seed| super::bench_suite::day(s, a.gpu.gpu_model, gpus, seed))
                 .collect(),
             test: (a.test_seed..test_end)
-                .map(|seed| super::bench_suite::day(s, a.model, gpus, seed))
+                .map(|seed| super::bench_suite::day(s, a.gpu.gpu_model, gpus, seed))
                 .collect(),
             batch: s.is_batch(),
         };
@@ -162,25 +166,20 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
         };
         let r = run_placement_scenario(&days, &cfg, &mut progress)
             .with_context(|| format!("scenario {}", s.name))?;
-        print!("{}", scenario_table(&r, a.all_rows));
+        write!(a.json.table(), "{}", scenario_table(&r, a.all_rows))?;
         results.push(r);
     }
     let gates = placement_gates(&results);
-    let mut out = std::io::stdout().lock();
+    let mut out = a.json.table();
     write!(out, "{}", gates_table(&gates))?;
     let elapsed_s = started.elapsed().as_secs_f64();
     writeln!(out, "({elapsed_s:.0} s)")?;
-    if let Some(p) = &a.json {
-        let report = Report {
-            alpha: a.alpha,
-            scenarios: &results,
-            gates: &gates,
-            elapsed_s,
-        };
-        std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(())
+    a.json.write(&Report {
+        alpha: a.alpha,
+        scenarios: &results,
+        gates: &gates,
+        elapsed_s,
+    })
 }
 
 fn pct(x: f64) -> String {

@@ -13,7 +13,7 @@
 //!    8, 1,000 and 10,000 GPUs on synthetic busy clusters.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -21,6 +21,7 @@ use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::args::JsonArg;
 use super::compare::{compare, CompareOptions};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::onnx::load_policy;
@@ -53,9 +54,9 @@ pub struct PolicyArgs {
     /// GPUs) to show what any repartitioning policy could gain there.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub oracle: bool,
-    /// Also write the tables, the oracle and the latencies as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    /// The tables, the oracle and the latencies.
+    #[command(flatten)]
+    pub json: JsonArg,
     /// Cluster sizes of the latency measurement, comma-separated.
     #[arg(long, default_value = "8,1000,10000", value_delimiter = ',')]
     pub latency_gpus: Vec<usize>,
@@ -91,9 +92,10 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
         });
     }
     let c = compare(&cluster, &jobs, &cfg, heuristic, &opts)?;
-    print!("{}", c.table());
-    gates(&c);
-    let oracle_et = oracle_line(&c, model, heuristic, a)?;
+    let mut out = a.json.table();
+    write!(out, "{}", c.table())?;
+    gates(&mut out, &c)?;
+    let oracle_et = oracle_line(&mut out, &c, model, heuristic, a)?;
     let mut report = Report {
         day: c,
         oracle_et,
@@ -117,26 +119,31 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
         };
         let mut opts = CompareOptions::new(format!("{format} trace {}", path.display()), 1.0);
         opts.extra.push(spec.clone());
-        println!();
+        writeln!(out)?;
         let c = compare(&cluster, &trace.jobs, &cfg, heuristic, &opts)?;
-        print!("{}", c.table());
-        gates(&c);
+        write!(out, "{}", c.table())?;
+        gates(&mut out, &c)?;
         report.trace = Some(c);
     }
 
-    println!("\ndecision latency (one batched ONNX Runtime call per epoch, 1 intra-op thread):");
-    println!(
+    writeln!(
+        out,
+        "\ndecision latency (one batched ONNX Runtime call per epoch, 1 intra-op thread):"
+    )?;
+    writeln!(
+        out,
         "{:>8}  {:>12}  {:>12}  {:>10}",
         "GPUs", "per epoch", "per GPU", "epochs"
-    );
+    )?;
     for &n in &a.latency_gpus {
         let mut policy = load_policy(&a.policy, model)?;
         let (per_epoch, per_gpu, epochs) = latency(&mut policy, model, n, a.seed)?;
-        println!(
+        writeln!(
+            out,
             "{n:>8}  {:>9.1} us  {:>9.3} us  {epochs:>10}",
             per_epoch * 1e6,
             per_gpu * 1e6
-        );
+        )?;
         report.latency.push(Latency {
             gpus: n,
             per_epoch_us: per_epoch * 1e6,
@@ -144,11 +151,7 @@ pub fn run(a: &PolicyArgs) -> Result<()> {
             epochs,
         });
     }
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    a.json.write(&report)
 }
 
 /// What `--json` writes.
@@ -176,6 +179,7 @@ struct Latency {
 /// A local search, not a bound: it shows what a few well-timed moves gain
 /// when the day is known.
 fn oracle_line(
+    out: &mut dyn Write,
     c: &Comparison,
     model: GpuModel,
     heuristic: Heuristic,
@@ -204,24 +208,25 @@ fn oracle_line(
         .find(|r| r.policy == "static-hindsight")
         .and_then(|r| r.et);
     match (best, sb) {
-        (Some(o), Some(s)) => println!(
+        (Some(o), Some(s)) => writeln!(
+            out,
             "  ET hindsight oracle   {o:.3} vs {s:.3} = {:+.1} %  (best of its runs from whole GPUs and from static-best, vs static-hindsight; {:.1} s)",
             (o / s - 1.0) * 100.0,
             t0.elapsed().as_secs_f64()
-        ),
-        _ => println!("  ET hindsight oracle   undefined on this day"),
+        )?,
+        _ => writeln!(out, "  ET hindsight oracle   undefined on this day")?,
     }
     Ok(best)
 }
 
 /// The gate lines under a comparison table.
-fn gates(c: &Comparison) {
+fn gates(out: &mut dyn Write, c: &Comparison) -> Result<()> {
     let row = |name: &str| c.rows.iter().find(|r| r.policy == name);
     let Some(learned) = c.rows.iter().find(|r| r.policy.starts_with("policy:")) else {
-        println!("(learned policy missing from the table)");
-        return;
+        writeln!(out, "(learned policy missing from the table)")?;
+        return Ok(());
     };
-    println!("\ngates ({}):", learned.policy);
+    writeln!(out, "\ngates ({}):", learned.policy)?;
     for base in [
         "static-hist",
         "twice-daily-hist",
@@ -237,33 +242,42 @@ fn gates(c: &Comparison) {
             _ => "",
         };
         match (learned.et, r.et) {
-            (Some(et), Some(b)) => println!(
+            (Some(et), Some(b)) => writeln!(
+            out,
                 "  ET vs {base:<21} {et:.3} vs {b:.3} = {:+.1} %{target}",
                 (et / b - 1.0) * 100.0
-            ),
-            _ => println!(
+            )?,
+            _ => writeln!(
+            out,
                 "  ET vs {base:<21} undefined (the reference run had no tardiness and one of these had some)"
-            ),
+            )?,
         }
     }
-    println!("  energy / lower bound   {:.3}", learned.energy_over_bound);
+    writeln!(
+        out,
+        "  energy / lower bound   {:.3}",
+        learned.energy_over_bound
+    )?;
     let best_other = c
         .rows
         .iter()
         .filter(|r| !r.policy.starts_with("policy:") && r.metrics.unserved == 0)
         .min_by(|a, b| a.metrics.late_share.total_cmp(&b.metrics.late_share));
     if let Some(b) = best_other {
-        println!(
+        writeln!(
+            out,
             "  late-job share         {:.1} % vs {:.1} % ({}, the best other policy that ran every job)",
             learned.metrics.late_share * 100.0,
             b.metrics.late_share * 100.0,
             b.policy
-        );
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "  jobs never run         {} (learned)",
         learned.metrics.unserved + learned.metrics.rejected
-    );
+    )?;
+    Ok(())
 }
 
 /// Mean wall time of `decide` over synthetic views of `n` GPUs: (per epoch,

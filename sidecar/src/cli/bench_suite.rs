@@ -14,11 +14,11 @@ use crate::eval::{gate_rows, run_scenario, Day, RowKind, ScenarioDays, SuiteConf
 use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::report::suite::{et_bars, gates_table, scenario_table, summary_table};
-use crate::sim::{Heuristic, SimConfig};
-use crate::workload::{
-    default_scenarios, gpus_for_load, parse_scenarios, read_trace, select_scenarios,
-    DeadlineRegime, Scenario, TraceFormat, TraceOptions,
+use crate::scenario::{
+    default_scenarios, parse_scenarios, select_scenarios, DeadlineRegime, Scenario,
 };
+use crate::sim::{Heuristic, SimConfig};
+use crate::workload::{gpus_for_load, read_trace, TraceFormat, TraceOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct SuiteArgs {
@@ -29,7 +29,7 @@ pub struct SuiteArgs {
     #[arg(long, default_value = "a100-40gb")]
     pub model: GpuModel,
     /// Scenarios file (TOML, `[[scenario]]` tables; the built-in list is
-    /// `sidecar/core/src/workload/scenarios.toml`).
+    /// `sidecar/lab/src/scenarios.toml`).
     #[arg(long, value_name = "FILE")]
     pub scenarios: Option<PathBuf>,
     /// Only these scenarios (comma-separated names, or a family name such as

@@ -5,15 +5,14 @@
 //! beside the headline ratios of the MIG study (arXiv 2508.18556).
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use super::args::{GpuModelArg, JsonArg};
 use crate::eval::throughput::{ArmKind, STUDY_LLM_INFERENCE};
 use crate::eval::{run_bag, Bag, BagResult, ThroughputConfig};
-use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::sim::Heuristic;
 
@@ -22,8 +21,8 @@ pub struct ThroughputArgs {
     /// GPUs of the simulated cluster (default 1: the study measured one A100).
     #[arg(long, default_value_t = 1)]
     pub gpus: usize,
-    #[arg(long, default_value = "a100-40gb")]
-    pub model: GpuModel,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     /// Bags to run (comma-separated): ml, scientific.
     #[arg(long, value_delimiter = ',', default_value = "ml,scientific")]
     pub bags: Vec<String>,
@@ -51,9 +50,8 @@ pub struct ThroughputArgs {
     /// Fewer and smaller bags, a smaller search (well under a minute).
     #[arg(long)]
     pub quick: bool,
-    /// Write the results as JSON here.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 #[derive(Serialize)]
@@ -78,7 +76,7 @@ pub fn run(a: &ThroughputArgs) -> Result<()> {
         .parse()
         .with_context(|| format!("--placement {}", a.placement))?;
     let jobs_per_gpu = a.jobs_per_gpu.unwrap_or(if a.quick { 40 } else { 100 });
-    let mut cfg = ThroughputConfig::new(a.model, a.gpus, jobs_per_gpu);
+    let mut cfg = ThroughputConfig::new(a.gpu.gpu_model, a.gpus, jobs_per_gpu);
     cfg.heuristic = heuristic;
     cfg.hindsight = !a.no_hindsight;
     if a.quick {
@@ -101,7 +99,7 @@ pub fn run(a: &ThroughputArgs) -> Result<()> {
         .extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
     if a.policy.is_empty() {
         match (
-            crate::policy::onnx::shipped_policy(a.model),
+            crate::policy::onnx::shipped_policy(a.gpu.gpu_model),
             crate::policy::onnx::find_onnxruntime(),
         ) {
             (Some(p), Ok(_)) => cfg
@@ -111,7 +109,10 @@ pub fn run(a: &ThroughputArgs) -> Result<()> {
                 "smartmig: leaving the learned policy {} out: {e}",
                 p.display()
             ),
-            (None, _) => eprintln!("smartmig: no shipped learned policy for {}", a.model),
+            (None, _) => eprintln!(
+                "smartmig: no shipped learned policy for {}",
+                a.gpu.gpu_model
+            ),
         }
     }
     // Refuse bad sizes, overlapping seeds or a bad policy before minutes of work.
@@ -119,7 +120,7 @@ pub fn run(a: &ThroughputArgs) -> Result<()> {
     let started = Instant::now();
     let verbose = std::io::stderr().is_terminal();
     let mut results = Vec::new();
-    let mut out = std::io::stdout().lock();
+    let mut out = a.json.table();
     for bag in bags {
         let mut progress = |step: &str| {
             if verbose {
@@ -137,16 +138,11 @@ pub fn run(a: &ThroughputArgs) -> Result<()> {
          the project has no measured LLM curve or memory; docs/oom-and-memory.md section 7)\n({elapsed_s:.0} s)",
         STUDY_LLM_INFERENCE.throughput, STUDY_LLM_INFERENCE.energy
     )?;
-    if let Some(p) = &a.json {
-        let report = Report {
-            bags: &results,
-            study_llm_inference: STUDY_LLM_INFERENCE,
-            elapsed_s,
-        };
-        std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(())
+    a.json.write(&Report {
+        bags: &results,
+        study_llm_inference: STUDY_LLM_INFERENCE,
+        elapsed_s,
+    })
 }
 
 /// One bag: an arm per row (means over the scored bags; ratios mean and

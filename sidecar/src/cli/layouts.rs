@@ -4,24 +4,21 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use super::args::{GpuModelArg, JsonArg};
 use crate::mig::{Geometry, GpuModel, InstanceDesc, Layout};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// GPU model: a30-24gb, a100-40gb, a100-80gb, h100-80gb, h100-94gb,
-    /// h200-141gb, b200-180gb, gb200-186gb, b300-288gb, gb300-288gb,
-    /// rtx-pro-6000-96gb, rtx-pro-5000-48gb (or a family naming one: b200).
-    #[arg(long, default_value = "a100-40gb")]
-    pub gpu: GpuModel,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     /// Only the maximal layouts (no instance can be added).
     #[arg(long, conflicts_with = "catalog")]
     pub maximal: bool,
     /// Only the catalog (the policies' action space).
     #[arg(long)]
     pub catalog: bool,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 #[derive(Serialize)]
@@ -41,7 +38,7 @@ struct Listing {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let g = Geometry::of(args.gpu);
+    let g = Geometry::of(args.gpu.gpu_model);
     let (kind, layouts): (&str, &[Layout]) = if args.maximal {
         ("maximal", g.maximal())
     } else if args.catalog {
@@ -59,18 +56,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             instances: g.describe(l),
         })
         .collect();
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        let listing = Listing {
-            model: args.gpu,
-            kind,
-            count: rows.len(),
-            layouts: rows,
-        };
-        serde_json::to_writer_pretty(&mut out, &listing)?;
-        writeln!(out)?;
-        return Ok(());
+    if !args.json.to_stdout() {
+        print_table(g, kind, &rows)?;
     }
+    args.json.write(&Listing {
+        model: args.gpu.gpu_model,
+        kind,
+        count: rows.len(),
+        layouts: rows,
+    })
+}
+
+fn print_table(g: &Geometry, kind: &str, rows: &[LayoutRow]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "{} layouts of {} ({} memory slots, {} compute slices): {}",
@@ -96,7 +94,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "{:>4}  {:<17} {:>7}  instances",
         "#", "slots", "compute"
     )?;
-    for row in &rows {
+    for row in rows {
         let names: Vec<String> = row.instances.iter().map(ToString::to_string).collect();
         writeln!(
             out,

@@ -5,72 +5,107 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "daemon")]
 pub mod admin;
+#[cfg(feature = "daemon")]
 pub mod advise;
+pub mod args;
 pub mod audit;
 pub mod bench;
 pub mod bench_coordination;
+#[cfg(feature = "daemon")]
 pub mod bench_daemon;
+#[cfg(feature = "train")]
 pub mod bench_oracle;
 pub mod bench_placement;
+#[cfg(feature = "train")]
 pub mod bench_policy;
 pub mod bench_suite;
 pub mod bench_throughput;
 pub mod bound;
 pub mod compare;
+#[cfg(feature = "daemon")]
 pub mod doctor;
 pub mod layouts;
 pub mod oom;
+#[cfg(feature = "daemon")]
 pub mod plan;
+#[cfg(feature = "daemon")]
 pub mod publish;
 pub mod simulate;
+#[cfg(feature = "daemon")]
 pub mod socket;
+#[cfg(feature = "daemon")]
 pub mod status;
+#[cfg(feature = "train")]
 pub mod train;
+#[cfg(feature = "train")]
 pub mod train_placement;
+#[cfg(feature = "daemon")]
 pub mod usage;
 
-/// Dynamic MIG partitioning for Slurm: geometry, simulation and status.
+/// The `smartmig` command line.
 #[derive(Debug, Parser)]
-#[command(name = "smartmig", version, about, long_about = None)]
+#[command(
+    name = "smartmig",
+    version,
+    about = "Dynamic NVIDIA MIG partitioning for Slurm. On a node: the local smartmigd's \
+             state, plans and repairs, and the node check. Anywhere, without a GPU: \
+             simulation, lower bounds, benchmarks and training.",
+    long_about = None
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands: the node's first, then the simulator's.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the MIG layouts of a GPU model.
-    Layouts(layouts::Args),
-    /// Simulate a cluster: a workload, a placement heuristic, a repartitioning policy.
-    Simulate(simulate::Args),
-    /// Re-check a simulator event log (feasibility, energy, tardiness).
-    Audit(audit::Args),
-    /// Benchmarks (`bench sim`: simulator jobs per second).
-    Bench(bench::Args),
+    #[cfg(feature = "daemon")]
     /// Show the local smartmigd's GPUs, instances, jobs and policy.
     Status(status::Args),
-    /// Release a job's MIG instance(s) by hand (root or smartmigd's slurm_user).
-    Release(admin::ReleaseArgs),
-    /// Release the instances of every job Slurm shows ended (root or slurm_user).
-    Reconcile(admin::ReconcileArgs),
-    /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
-    Bound(bound::Args),
-    /// Check a node before enabling the plugin: config, NVML, Slurm, plugin, daemon, policy (read-only).
-    Doctor(doctor::Args),
-    /// Train the learned repartitioning policy on the simulator (writes ONNX + metadata).
-    Train(train::Args),
-    /// Slice-hours per user or account, from the node's usage log or sacct.
-    Usage(usage::Args),
+    #[cfg(feature = "daemon")]
     /// The reconfigurations the policy wants (pending) and made (applied).
     Plan(plan::PlanArgs),
+    #[cfg(feature = "daemon")]
     /// Carry out a pending plan (mode = "confirm"; root or slurm_user).
     Apply(plan::ApplyArgs),
-    /// Read Slurm once per epoch for the whole cluster and write each node's summary (run one, e.g. on the controller).
-    Publish(publish::Args),
+    #[cfg(feature = "daemon")]
+    /// Release a job's MIG instance(s) by hand (root or smartmigd's slurm_user).
+    Release(admin::ReleaseArgs),
+    #[cfg(feature = "daemon")]
+    /// Release the instances of every job Slurm shows ended (root or slurm_user).
+    Reconcile(admin::ReconcileArgs),
+    #[cfg(feature = "daemon")]
+    /// Slice-hours per user or account, from the node's usage log or sacct.
+    Usage(usage::Args),
+    #[cfg(feature = "daemon")]
+    /// Check a node before enabling the plugin: config, NVML, Slurm, plugin, daemon, policy (read-only).
+    Doctor(doctor::Args),
+    #[cfg(feature = "daemon")]
     /// Advise mode (`mode = "advise"`): what the policy would have changed
     /// on a node smartmigd only watched (`advise report`).
     Advise(advise::Args),
+    #[cfg(feature = "daemon")]
+    /// Read Slurm once per epoch for the whole cluster and write each node's summary (run one, e.g. on the controller).
+    Publish(publish::Args),
+    /// List the MIG layouts of a GPU model.
+    Layouts(layouts::Args),
+    /// Simulate a cluster day or a trace under a job placement and a
+    /// repartitioning policy (`--compare`: every policy side by side).
+    Simulate(simulate::Args),
+    /// Re-check a simulator event log (feasibility, energy, tardiness).
+    Audit(audit::Args),
+    /// Lower bounds on energy and tardiness of a workload (the gap every comparison reports).
+    Bound(bound::Args),
+    /// Benchmarks and studies: the yardstick (`suite`), the simulator's
+    /// speed, the learned policy and placement, throughput, coordination,
+    /// the daemon's latency.
+    Bench(bench::Args),
+    #[cfg(feature = "train")]
+    /// Train the learned repartitioning policy or job placement on the simulator (writes ONNX + metadata).
+    Train(train::Args),
 }
 
 /// Entry point of the `smartmig` binary.
@@ -82,16 +117,26 @@ pub fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(&args),
         Command::Audit(args) => audit::run(&args),
         Command::Bench(args) => bench::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Status(args) => status::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Release(args) => admin::release(&args),
+        #[cfg(feature = "daemon")]
         Command::Reconcile(args) => admin::reconcile(&args),
+        #[cfg(feature = "train")]
         Command::Train(args) => train::run(&args),
         Command::Bound(args) => bound::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Doctor(args) => doctor::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Usage(args) => usage::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Plan(args) => plan::plan(&args),
+        #[cfg(feature = "daemon")]
         Command::Apply(args) => plan::apply(&args),
+        #[cfg(feature = "daemon")]
         Command::Publish(args) => publish::run(&args),
+        #[cfg(feature = "daemon")]
         Command::Advise(args) => advise::run(&args),
     };
     match result {
@@ -145,7 +190,8 @@ pub fn init_tracing() {
         .try_init();
 }
 
-#[cfg(test)]
+// The example error is the trainer's.
+#[cfg(all(test, feature = "train"))]
 mod tests {
     use super::*;
 

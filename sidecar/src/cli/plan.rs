@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::args::JsonArg;
 use super::socket::SocketArgs;
 use crate::daemon::protocol::{PlanEffect, PlanReply, PlanStatus};
 use crate::daemon::Client;
@@ -20,9 +21,8 @@ use crate::daemon::Client;
 pub struct PlanArgs {
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// Print the daemon's JSON reply instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -40,12 +40,10 @@ fn now() -> i64 {
 pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {
     let client = Client::new(args.socket.socket()?).with_io_timeout(Duration::from_secs(10));
     let reply = client.plan().context("asking smartmigd for its plans")?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-    } else {
+    if !args.json.to_stdout() {
         print!("{}", render(&reply, now()));
     }
-    Ok(())
+    args.json.write(&reply)
 }
 
 pub fn apply(args: &ApplyArgs) -> anyhow::Result<()> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::args::JsonArg;
 use super::socket::SocketArgs;
 use crate::daemon::protocol::{MemoryStatus, StatusReply};
 use crate::daemon::Client;
@@ -15,20 +16,17 @@ use crate::daemon::Client;
 pub struct Args {
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// Print the daemon's JSON reply instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let client = Client::new(args.socket.socket()?).with_io_timeout(Duration::from_secs(10));
     let status = client.status().context("asking smartmigd for its status")?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
-    } else {
+    if !args.json.to_stdout() {
         print!("{}", render(&status, unix_now() as i64));
     }
-    Ok(())
+    args.json.write(&status)
 }
 
 /// A Unix time in the local time zone (`TZ`, else /etc/localtime), e.g.

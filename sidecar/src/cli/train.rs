@@ -9,25 +9,27 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::args::TraceWindow;
+use crate::formats::policy_file::{PolicyMetadata, POLICY_KEY};
 use crate::learn::train::{train, Progress, TrainConfig, TrainingData};
 use crate::policy::features::FeatureSpec;
-use crate::policy::onnx::{PolicyMetadata, METADATA_KEY};
-use crate::workload::{default_scenarios, read_trace, select_scenarios, TraceFormat, TraceOptions};
+use crate::scenario::{default_scenarios, select_scenarios};
+use crate::workload::{read_trace, TraceFormat, TraceOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Training configuration (TOML, see etc/train.toml).
     #[arg(long)]
     pub config: PathBuf,
-    /// Where to write the policy; the metadata goes next to it as `.json`
-    /// (default `policy.onnx`, or `placement.onnx` for a placement config).
-    #[arg(long, short)]
-    pub out: Option<PathBuf>,
+    /// Where to write the policy (e.g. `policy.onnx`); the metadata goes
+    /// next to it as `.json`.
+    #[arg(long, short, value_name = "FILE")]
+    pub out: PathBuf,
     /// Override the config's seed.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Override the config's GPU model (e.g. `h100-80gb`).
-    #[arg(long)]
+    #[arg(long, value_name = "MODEL", alias = "model")]
     pub gpu_model: Option<crate::mig::GpuModel>,
     /// Override the config's wall-clock budget, s.
     #[arg(long)]
@@ -40,8 +42,14 @@ pub struct Args {
     #[arg(long, default_value = "csv", requires = "trace")]
     pub trace_format: String,
     /// Length of one episode cut from `--trace`, hours.
-    #[arg(long, default_value_t = 24.0, requires = "trace")]
-    pub trace_window_h: f64,
+    #[arg(
+        long = "trace-window",
+        value_name = "LEN_H",
+        default_value = "24",
+        alias = "trace-window-h",
+        requires = "trace"
+    )]
+    pub trace_window: TraceWindow,
     /// Train on days of the yardstick's scenarios instead of diurnal days:
     /// `all`, or comma-separated scenario or family names (`mix-shift`
     /// selects both deadline regimes; `smartmig bench suite` lists them).
@@ -110,7 +118,7 @@ pub fn run(a: &Args) -> Result<()> {
             TrainingData::from_trace(
                 &cfg,
                 &trace,
-                a.trace_window_h * 3600.0,
+                a.trace_window.length_only("train")? * 3600.0,
                 format!("{format} trace {}", path.display()),
             )?
         }
@@ -196,11 +204,8 @@ pub fn run(a: &Args) -> Result<()> {
         "static_best_et": report.validation_static_best_et,
         "static_best_layout": report.validation_static_best_layout,
     });
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("policy.onnx"));
-    let (bytes, meta_path) = write_policy(&net, METADATA_KEY, &meta, &out)?;
+    let out = &a.out;
+    let (bytes, meta_path) = write_policy(&net, POLICY_KEY, &meta, out)?;
     println!(
         "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
         out.display(),

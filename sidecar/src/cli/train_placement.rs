@@ -1,16 +1,14 @@
 //! `smartmig train --config etc/train-placement.toml`: trains the learned
 //! job placement (masked PPO, `smartmig::learn::placement`) and writes
-//! `placement.onnx` plus its metadata JSON (docs/policy.md, "The learned
+//! the `--out` file plus its metadata JSON (docs/policy.md, "The learned
 //! placement").
-
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::formats::policy_file::{PlacementMetadata, PLACEMENT_KEY};
 use crate::learn::placement::{train_placement, PlacementProgress, PlacementTrainConfig};
 use crate::sim::placement_features::PlacementFeatures;
-use crate::sim::placement_onnx::{PlacementMetadata, METADATA_KEY};
 
 /// Whether a training config is a placement one (`kind = "placement"`).
 pub fn is_placement_config(text: &str) -> bool {
@@ -94,11 +92,8 @@ pub fn run(a: &super::train::Args, text: &str) -> Result<()> {
         "teacher": report.teacher_totals,
         "learned": report.validation_learned,
     });
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("placement.onnx"));
-    let (bytes, meta_path) = super::train::write_policy(&net, METADATA_KEY, &meta, &out)?;
+    let out = &a.out;
+    let (bytes, meta_path) = super::train::write_policy(&net, PLACEMENT_KEY, &meta, out)?;
     let best = report
         .validation_heuristics
         .iter()

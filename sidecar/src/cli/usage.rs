@@ -41,9 +41,8 @@ pub struct Args {
     /// smartmigd's config file, read for its state_dir.
     #[arg(long, default_value = DEFAULT_CONFIG)]
     pub config: PathBuf,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: super::args::JsonArg,
 }
 
 /// Seconds in a duration such as `7d`, `12h` or `1w` (days of 24 h).
@@ -82,12 +81,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         By::Account => GroupBy::Account,
     };
     let lines = summarise(&records, by, since);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&lines)?);
-    } else {
+    if !args.json.to_stdout() {
         print!("{}", render(&lines, args.by, &source));
     }
-    Ok(())
+    args.json.write(&lines)
 }
 
 /// The usage logs to read: `--log`, else the config's state_dir (the

@@ -237,7 +237,9 @@ pub fn parse_policy(
         let mut policy =
             super::onnx::load_any_policy(learned.path).map_err(|e| learned_err(e.to_string()))?;
         if let Some(query) = learned.guard {
-            policy.override_guard(query).map_err(learned_err)?;
+            policy
+                .override_guard(query)
+                .map_err(|e| learned_err(e.to_string()))?;
         }
         if let Some(serve) = learned.serve() {
             policy = policy

@@ -32,7 +32,6 @@ pub mod fixed;
 pub mod greedy;
 pub mod nodes;
 pub mod onnx;
-pub mod onnx_contract;
 pub mod search;
 pub mod share;
 

@@ -2,9 +2,7 @@
 //!
 //! A policy file is an ONNX graph written by `smartmig train`
 //! (crate `smartmig-learn`) with its metadata ([`PolicyMetadata`]) embedded in the
-//! model's `metadata_props` under [`METADATA_KEY`]; a copy of the same JSON
-//! is written next to it (`policy.json`) for humans. The embedded copy is the
-//! one checked: it cannot get separated from the weights.
+//! model's `metadata_props`; the format is [`crate::formats::policy_file`].
 //!
 //! [`load_policy`] is what the daemon calls: it refuses a policy made for
 //! another GPU model, another feature-spec version or another catalog, with
@@ -41,16 +39,15 @@ use std::sync::OnceLock;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
-use serde::{Deserialize, Serialize};
 
 use super::features::{argmax_masked, Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
 use super::{ClusterView, Decision, RepartitionPolicy};
+use crate::formats::policy_file::{
+    self, check_header, check_space, GuardError, Kind, MetadataError, PolicyMetadata, INPUT_MASK,
+    INPUT_OBS, OUTPUT_LOGITS, OUTPUT_PROBS, POLICY_FORMAT,
+};
 use crate::mig::{Geometry, GpuModel};
 
-/// Key of the policy metadata in the ONNX `metadata_props`.
-pub const METADATA_KEY: &str = "smartmig.policy";
-/// Value of [`PolicyMetadata::format`].
-pub const METADATA_FORMAT: &str = "smartmig-policy/1";
 /// ONNX Runtime version the fetch script installs and the policy is tested with.
 pub const ORT_VERSION: &str = "1.31.1";
 /// File name of the runtime library under `.ort/`.
@@ -60,87 +57,6 @@ pub const ORT_LIB_NAME: &str = "libonnxruntime.so.1.31.1";
 pub const INSTALLED_ORT_DIR: &str = "/usr/lib/smartmig";
 /// Where the packages install the shipped policies (`policies/` below it).
 pub const INSTALLED_DATA_DIR: &str = "/usr/share/smartmig";
-
-/// What a policy file says about itself.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PolicyMetadata {
-    /// [`METADATA_FORMAT`].
-    pub format: String,
-    pub gpu_model: GpuModel,
-    /// [`FEATURE_SPEC_VERSION`] the policy was trained with.
-    pub feature_spec_version: u32,
-    pub obs_dim: usize,
-    pub actions: usize,
-    /// The action space: catalog layouts as pictures (`smartmig layouts`),
-    /// then `keep`.
-    pub catalog: Vec<String>,
-    pub hidden: usize,
-    /// How it was trained (config, seed, data, duration): free form.
-    #[serde(default)]
-    pub training: serde_json::Value,
-    /// Validation numbers measured at the end of training: free form.
-    #[serde(default)]
-    pub validation: serde_json::Value,
-    /// Run-time limits that keep the policy from doing harm where it is
-    /// unsure (absent in older files: no limits).
-    #[serde(default)]
-    pub guard: Guard,
-}
-
-/// Run-time limits on a learned policy ("do no harm"): a GPU moves only
-/// when the network is sure enough, and never more often than a budget.
-/// Stored in the policy's metadata; `policy:FILE.onnx?min_confidence=0.6`
-/// overrides them for one run ([`LearnedSpec`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Guard {
-    /// A GPU follows the network's most probable action only when that
-    /// action has at least this probability; below, it keeps its layout.
-    /// 0 = always follow.
-    #[serde(default)]
-    pub min_confidence: f32,
-    /// At most this many reconfigurations of one GPU in any 24 h (a
-    /// sliding window); further moves wait. 0 = no limit.
-    #[serde(default)]
-    pub max_reconfigurations_per_day: u32,
-}
-
-impl Guard {
-    /// Applies `key=value` pairs separated by `&` (the part of a
-    /// `policy:FILE.onnx?...` spec after `?`).
-    pub fn with_overrides(mut self, query: &str) -> Result<Guard, String> {
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("`{pair}` is not key=value"))?;
-            match key {
-                "min_confidence" => {
-                    self.min_confidence = value
-                        .parse::<f32>()
-                        .ok()
-                        .filter(|c| (0.0..=1.0).contains(c))
-                        .ok_or_else(|| format!("min_confidence={value}: not a number in 0..=1"))?;
-                }
-                "max_reconfigurations_per_day" => {
-                    self.max_reconfigurations_per_day = value.parse().map_err(|_| {
-                        format!("max_reconfigurations_per_day={value}: not a whole number")
-                    })?;
-                }
-                // Not a guard: which GPUs the policy serves (LearnedSpec::serve).
-                "serve" => {}
-                other => {
-                    return Err(format!(
-                    "unknown guard `{other}` (known: min_confidence, max_reconfigurations_per_day, serve)"
-                ))
-                }
-            }
-        }
-        Ok(self)
-    }
-
-    fn is_set(self) -> bool {
-        self.min_confidence > 0.0 || self.max_reconfigurations_per_day > 0
-    }
-}
 
 /// The text after `policy:`: a file, and optionally `?key=value&...`
 /// guard overrides (`policy:p.onnx?max_reconfigurations_per_day=12`).
@@ -183,7 +99,7 @@ impl PolicyMetadata {
     /// Metadata for a network over `spec`.
     pub fn new(spec: &FeatureSpec, hidden: usize) -> Self {
         PolicyMetadata {
-            format: METADATA_FORMAT.to_string(),
+            format: POLICY_FORMAT.to_string(),
             gpu_model: spec.model,
             feature_spec_version: FEATURE_SPEC_VERSION,
             obs_dim: spec.obs_dim,
@@ -192,7 +108,7 @@ impl PolicyMetadata {
             hidden,
             training: serde_json::Value::Null,
             validation: serde_json::Value::Null,
-            guard: Guard::default(),
+            guard: policy_file::Guard::default(),
         }
     }
 }
@@ -216,42 +132,9 @@ pub enum PolicyLoadError {
     RuntimeEnvMissing(PathBuf),
     #[error("loading ONNX Runtime from {}: {reason}", path.display())]
     RuntimeLoad { path: PathBuf, reason: String },
-    #[error("reading policy {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("policy {} is not a valid ONNX file: {reason}", path.display())]
-    Parse { path: PathBuf, reason: String },
-    #[error("policy {} has no smartmig metadata (`{METADATA_KEY}`); was it written by `smartmig train`?", path.display())]
-    MissingMetadata { path: PathBuf },
-    #[error("{} is a {found} policy, not a {expected} policy: {hint}", path.display())]
-    WrongKind {
-        path: PathBuf,
-        found: &'static str,
-        expected: &'static str,
-        hint: &'static str,
-    },
-    #[error("policy {}: bad metadata: {reason}", path.display())]
-    BadMetadata { path: PathBuf, reason: String },
-    #[error("policy {} was trained for {found}, but this GPU is {expected}: use a policy trained for {expected} (`smartmig train --config` with gpu_model = \"{expected}\")", path.display())]
-    ModelMismatch {
-        path: PathBuf,
-        found: GpuModel,
-        expected: GpuModel,
-    },
-    #[error("policy {} uses feature spec version {found}, this smartmig encodes version {expected}: retrain it with this version (`smartmig train`)", path.display())]
-    FeatureSpecMismatch {
-        path: PathBuf,
-        found: u32,
-        expected: u32,
-    },
-    #[error("policy {} does not match the {model} action/observation space of this smartmig ({what}): retrain it", path.display())]
-    SpaceMismatch {
-        path: PathBuf,
-        model: GpuModel,
-        what: String,
-    },
+    /// The file or its metadata ([`crate::formats::policy_file`]).
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
     #[error("policy {}: ONNX Runtime refused the model: {reason}", path.display())]
     Session { path: PathBuf, reason: String },
 }
@@ -379,115 +262,13 @@ pub fn session_from_bytes(path: &Path, bytes: &[u8]) -> Result<Session, PolicyLo
         .map_err(|e| session_err(e.to_string()))
 }
 
-/// A policy file's bytes and the metadata JSON it holds under `key`
-/// (`None`: no such entry), refusing a file of the other kind: one that
-/// has no `key` but carries `other.0` is the other kind of policy
-/// (`other.1`: the [`PolicyLoadError::WrongKind`] to report). Shared by the
-/// repartitioning and the placement loaders
-/// ([`crate::sim::placement_onnx::read_metadata`]).
-pub fn read_props(
-    path: &Path,
-    key: &str,
-    other: (&str, PolicyLoadError),
-) -> Result<(Vec<u8>, Option<String>), PolicyLoadError> {
-    let bytes = std::fs::read(path).map_err(|source| PolicyLoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let props =
-        super::onnx_contract::read_metadata_props(&bytes).map_err(|e| PolicyLoadError::Parse {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    let json = props.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-    if json.is_none() && props.iter().any(|(k, _)| k == other.0) {
-        return Err(other.1);
-    }
-    Ok((bytes, json))
-}
-
-/// The checks both kinds of policy file share: the metadata format, the
-/// GPU model (`expected`; `None`: any) and the feature-spec version.
-pub fn check_header(
-    path: &Path,
-    (format, want_format): (&str, &str),
-    (model, expected): (GpuModel, Option<GpuModel>),
-    (version, want_version): (u32, u32),
-) -> Result<(), PolicyLoadError> {
-    let path = path.to_path_buf();
-    if format != want_format {
-        return Err(PolicyLoadError::BadMetadata {
-            path,
-            reason: format!("format `{format}`, expected `{want_format}`"),
-        });
-    }
-    if let Some(expected) = expected {
-        if model != expected {
-            return Err(PolicyLoadError::ModelMismatch {
-                path,
-                found: model,
-                expected,
-            });
-        }
-    }
-    if version != want_version {
-        return Err(PolicyLoadError::FeatureSpecMismatch {
-            path,
-            found: version,
-            expected: want_version,
-        });
-    }
-    Ok(())
-}
-
-/// The network's input and output sizes (`found`: the file's `(features,
-/// actions)`) against what this build's feature spec makes (`want`), for
-/// both kinds of policy file; `kind` names the file's kind in the error.
-pub fn check_space(
-    path: &Path,
-    model: GpuModel,
-    kind: &str,
-    found: (usize, usize),
-    want: (usize, usize),
-) -> Result<(), PolicyLoadError> {
-    if found == want {
-        return Ok(());
-    }
-    Err(PolicyLoadError::SpaceMismatch {
-        path: path.to_path_buf(),
-        model,
-        what: format!(
-            "{kind} has {} features and {} actions, expected {} and {}",
-            found.0, found.1, want.0, want.1
-        ),
-    })
-}
-
 /// Reads and checks the embedded metadata of a policy file without loading
 /// ONNX Runtime. `expected`: the GPU model it must be for (`None`: any).
 pub fn read_metadata(
     path: &Path,
     expected: Option<GpuModel>,
 ) -> Result<(PolicyMetadata, Vec<u8>), PolicyLoadError> {
-    let wrong_kind = PolicyLoadError::WrongKind {
-        path: path.to_path_buf(),
-        found: "job-placement",
-        expected: "repartitioning",
-        hint: "give it as `--placement learned:FILE` (daemon: `placement = \"learned:FILE\"`)",
-    };
-    let (bytes, json) = read_props(
-        path,
-        METADATA_KEY,
-        (crate::sim::placement_onnx::METADATA_KEY, wrong_kind),
-    )?;
-    let json = json.ok_or_else(|| PolicyLoadError::MissingMetadata {
-        path: path.to_path_buf(),
-    })?;
-    let meta: PolicyMetadata =
-        serde_json::from_str(&json).map_err(|e| PolicyLoadError::BadMetadata {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+    let (meta, bytes) = policy_file::read(path, Kind::Repartitioning)?;
     check_metadata(path, &meta, expected)?;
     Ok((meta, bytes))
 }
@@ -497,16 +278,16 @@ pub fn check_metadata(
     path: &Path,
     meta: &PolicyMetadata,
     expected: Option<GpuModel>,
-) -> Result<(), PolicyLoadError> {
+) -> Result<(), MetadataError> {
     check_header(
         path,
-        (&meta.format, METADATA_FORMAT),
+        (&meta.format, POLICY_FORMAT),
         (meta.gpu_model, expected),
         (meta.feature_spec_version, FEATURE_SPEC_VERSION),
     )?;
     let path = path.to_path_buf();
     let spec = FeatureSpec::new(meta.gpu_model);
-    let mismatch = |what: String| PolicyLoadError::SpaceMismatch {
+    let mismatch = |what: String| MetadataError::SpaceMismatch {
         path: path.clone(),
         model: meta.gpu_model,
         what,
@@ -546,7 +327,7 @@ pub struct OnnxPolicy {
     encoder: Encoder,
     /// Output buffer of the last run (probabilities, row-major).
     probs: Vec<f32>,
-    /// [`Guard::max_reconfigurations_per_day`] at work.
+    /// [`policy_file::Guard::max_reconfigurations_per_day`] at work.
     budget: MoveBudget,
     /// Inference failures (the policy then keeps every layout).
     pub failures: u64,
@@ -621,7 +402,7 @@ impl OnnxPolicy {
     /// Applies a spec's `?key=value&...` guard overrides ([`LearnedSpec`])
     /// on top of the metadata's guard; the one place the simulator's and
     /// the daemon's `policy:FILE.onnx?...` specs go through.
-    pub fn override_guard(&mut self, query: &str) -> Result<(), String> {
+    pub fn override_guard(&mut self, query: &str) -> Result<(), GuardError> {
         let guard = self.meta.guard.with_overrides(query)?;
         self.meta.guard = guard;
         if guard.is_set() {
@@ -654,11 +435,11 @@ impl OnnxPolicy {
         let obs_t = TensorRef::from_array_view(([rows, d], obs))?;
         let mask_t = TensorRef::from_array_view(([rows, a], mask))?;
         let out = self.session.run(ort::inputs![
-            super::onnx_contract::INPUT_OBS => obs_t,
-            super::onnx_contract::INPUT_MASK => mask_t,
+            INPUT_OBS => obs_t,
+            INPUT_MASK => mask_t,
         ])?;
-        let (_, logits) = out[super::onnx_contract::OUTPUT_LOGITS].try_extract_tensor::<f32>()?;
-        let (_, probs) = out[super::onnx_contract::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
+        let (_, logits) = out[OUTPUT_LOGITS].try_extract_tensor::<f32>()?;
+        let (_, probs) = out[OUTPUT_PROBS].try_extract_tensor::<f32>()?;
         Ok((logits.to_vec(), probs.to_vec()))
     }
 
@@ -670,10 +451,10 @@ impl OnnxPolicy {
         let obs_t = TensorRef::from_array_view(([rows, d], self.encoder.obs.as_slice()))?;
         let mask_t = TensorRef::from_array_view(([rows, a], self.encoder.mask.as_slice()))?;
         let out = self.session.run(ort::inputs![
-            super::onnx_contract::INPUT_MASK => mask_t,
-            super::onnx_contract::INPUT_OBS => obs_t,
+            INPUT_MASK => mask_t,
+            INPUT_OBS => obs_t,
         ])?;
-        let (_, probs) = out[super::onnx_contract::OUTPUT_PROBS].try_extract_tensor::<f32>()?;
+        let (_, probs) = out[OUTPUT_PROBS].try_extract_tensor::<f32>()?;
         self.probs.clear();
         self.probs.extend_from_slice(probs);
         Ok(())
@@ -750,21 +531,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn guard_overrides_parse_and_refuse_nonsense() {
-        let g = Guard::default()
-            .with_overrides("min_confidence=0.6&max_reconfigurations_per_day=12")
-            .unwrap();
-        assert!((g.min_confidence - 0.6).abs() < 1e-6);
-        assert_eq!(g.max_reconfigurations_per_day, 12);
-        for (bad, says) in [
-            ("min_confidence=2", "not a number in 0..=1"),
-            ("max_reconfigurations_per_day=-1", "not a whole number"),
-            ("colour=red", "unknown guard `colour`"),
-            ("min_confidence", "not key=value"),
-        ] {
-            let e = Guard::default().with_overrides(bad).unwrap_err();
-            assert!(e.contains(says), "{bad}: {e}");
-        }
+    fn a_learned_spec_splits_file_and_guard_overrides() {
         let s = LearnedSpec::parse("dir/p.onnx?min_confidence=0.5");
         assert_eq!(s.path, Path::new("dir/p.onnx"));
         assert_eq!(s.guard, Some("min_confidence=0.5"));

@@ -5,7 +5,7 @@
 //!
 //! The searches optimise whatever objective the caller passes: an evaluator
 //! (`FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>`, lower is
-//! better). [`crate::eval::baselines`] passes the mean ET over *training*
+//! better). The lab's `eval::baselines` passes the mean ET over *training*
 //! days, which makes the result an opponent an admin could really run
 //! (`static-hist`, `twice-daily-hist`); passing the scored day itself gives
 //! the hindsight references. So the search is pure, deterministic and

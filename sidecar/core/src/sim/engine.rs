@@ -1188,7 +1188,7 @@ fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
 }
 
 /// The `q` quantile (nearest rank) of `v`, reordering it; 0 when empty.
-pub(crate) fn percentile(v: &mut [f32], q: f64) -> f64 {
+pub fn percentile(v: &mut [f32], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

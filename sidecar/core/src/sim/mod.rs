@@ -40,6 +40,7 @@ pub mod deferral;
 pub mod engine;
 pub mod events;
 pub mod heuristics;
+pub mod lookahead;
 pub mod metrics;
 pub mod placement;
 pub mod placement_features;

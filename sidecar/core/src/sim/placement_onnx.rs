@@ -5,8 +5,8 @@
 //! etc/train-placement.toml` (crate `smartmig-learn`): the same graph shape
 //! as a repartitioning policy (inputs `obs [n, D]` and `mask [n, A]`,
 //! outputs `logits` and `probs`), over the observation of
-//! [`super::placement_features`], with its own metadata under
-//! [`METADATA_KEY`]. It is loaded with the checks of the repartitioning
+//! [`super::placement_features`], with its own metadata
+//! ([`crate::formats::policy_file`]). It is loaded with the checks of the repartitioning
 //! policy: the file must name this GPU model, this feature-spec version and
 //! this action space (the model's profile names), and a repartitioning file
 //! given as a placement (or the reverse) is refused with a message saying
@@ -24,54 +24,24 @@ use std::path::Path;
 
 use ort::session::Session;
 use ort::value::TensorRef;
-use serde::{Deserialize, Serialize};
 
+use crate::formats::policy_file::{
+    self, check_header, check_space, Kind, MetadataError, PlacementMetadata, INPUT_MASK, INPUT_OBS,
+    ORDER_EDF, OUTPUT_PROBS, PLACEMENT_FORMAT,
+};
 use crate::mig::GpuModel;
 use crate::policy::features::argmax_masked;
-use crate::policy::onnx::{
-    check_header, check_space, read_props, session_from_bytes, PolicyLoadError,
-};
-use crate::policy::onnx_contract::{INPUT_MASK, INPUT_OBS, OUTPUT_PROBS};
+use crate::policy::onnx::{session_from_bytes, PolicyLoadError};
 use crate::workload::Job;
 
 use super::heuristics::{best_fit, Candidate, Pick, PlacementContext, PlacementHeuristic};
 use super::placement_features::{PlacementFeatures, PLACEMENT_SPEC_VERSION};
 
-/// Key of the placement metadata in the ONNX `metadata_props`.
-pub const METADATA_KEY: &str = "smartmig.placement";
-/// Value of [`PlacementMetadata::format`].
-pub const METADATA_FORMAT: &str = "smartmig-placement/1";
-/// The job order a learned placement uses (the only one today).
-pub const ORDER_EDF: &str = "edf";
-
-/// What a placement file says about itself.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PlacementMetadata {
-    /// [`METADATA_FORMAT`].
-    pub format: String,
-    pub gpu_model: GpuModel,
-    /// [`PLACEMENT_SPEC_VERSION`] it was trained with.
-    pub feature_spec_version: u32,
-    pub obs_dim: usize,
-    pub actions: usize,
-    /// The action space: the model's profile names, in order.
-    pub profiles: Vec<String>,
-    pub hidden: usize,
-    /// Job order ([`ORDER_EDF`]).
-    pub order: String,
-    /// How it was trained: free form.
-    #[serde(default)]
-    pub training: serde_json::Value,
-    /// Validation numbers measured at the end of training: free form.
-    #[serde(default)]
-    pub validation: serde_json::Value,
-}
-
 impl PlacementMetadata {
     /// Metadata for a network over `features`.
     pub fn new(features: &PlacementFeatures, hidden: usize) -> Self {
         PlacementMetadata {
-            format: METADATA_FORMAT.to_string(),
+            format: PLACEMENT_FORMAT.to_string(),
             gpu_model: features.model,
             feature_spec_version: PLACEMENT_SPEC_VERSION,
             obs_dim: features.obs_dim,
@@ -91,31 +61,7 @@ pub fn read_metadata(
     path: &Path,
     expected: Option<GpuModel>,
 ) -> Result<(PlacementMetadata, Vec<u8>), PolicyLoadError> {
-    let p = || path.to_path_buf();
-    let wrong_kind = PolicyLoadError::WrongKind {
-        path: p(),
-        found: "repartitioning",
-        expected: "job-placement",
-        hint: "give it as `--policy policy:FILE` (daemon: `policy = \"policy:FILE\"`)",
-    };
-    let (bytes, json) = read_props(
-        path,
-        METADATA_KEY,
-        (crate::policy::onnx::METADATA_KEY, wrong_kind),
-    )?;
-    let Some(json) = json else {
-        return Err(PolicyLoadError::BadMetadata {
-            path: p(),
-            reason: format!(
-                "no `{METADATA_KEY}` entry; was it written by `smartmig train --config etc/train-placement.toml`?"
-            ),
-        });
-    };
-    let meta: PlacementMetadata =
-        serde_json::from_str(&json).map_err(|e| PolicyLoadError::BadMetadata {
-            path: p(),
-            reason: e.to_string(),
-        })?;
+    let (meta, bytes) = policy_file::read(path, Kind::Placement)?;
     check_metadata(path, &meta, expected)?;
     Ok((meta, bytes))
 }
@@ -125,16 +71,16 @@ pub fn check_metadata(
     path: &Path,
     meta: &PlacementMetadata,
     expected: Option<GpuModel>,
-) -> Result<(), PolicyLoadError> {
+) -> Result<(), MetadataError> {
     check_header(
         path,
-        (&meta.format, METADATA_FORMAT),
+        (&meta.format, PLACEMENT_FORMAT),
         (meta.gpu_model, expected),
         (meta.feature_spec_version, PLACEMENT_SPEC_VERSION),
     )?;
     let path = path.to_path_buf();
     let f = PlacementFeatures::new(meta.gpu_model);
-    let mismatch = |what: String| PolicyLoadError::SpaceMismatch {
+    let mismatch = |what: String| MetadataError::SpaceMismatch {
         path: path.clone(),
         model: meta.gpu_model,
         what,

@@ -90,7 +90,7 @@ impl Default for DiurnalConfig {
     }
 }
 
-pub(super) fn bad(field: &'static str, msg: String) -> WorkloadError {
+pub fn bad(field: &'static str, msg: String) -> WorkloadError {
     WorkloadError::invalid(field, msg)
 }
 
@@ -104,11 +104,7 @@ fn positive(field: &'static str, v: f64) -> Result<(), WorkloadError> {
 
 /// `(lo, hi)` finite with `min <= lo <= hi` (also checks the trace
 /// readers' deadline factor and the scenarios' ranges).
-pub(crate) fn range(
-    field: &'static str,
-    (lo, hi): (f64, f64),
-    min: f64,
-) -> Result<(), WorkloadError> {
+pub fn range(field: &'static str, (lo, hi): (f64, f64), min: f64) -> Result<(), WorkloadError> {
     if lo.is_finite() && hi.is_finite() && lo >= min && lo <= hi {
         Ok(())
     } else if min == f64::MIN_POSITIVE {
@@ -222,7 +218,7 @@ impl DiurnalConfig {
 
     /// The kind of a background job: training with probability
     /// `training_share` (one uniform draw).
-    pub(crate) fn background_kind<R: Rng + ?Sized>(&self, rng: &mut R) -> JobKind {
+    pub fn background_kind<R: Rng + ?Sized>(&self, rng: &mut R) -> JobKind {
         if rng.random::<f64>() < self.training_share {
             self.training_kind()
         } else {
@@ -269,7 +265,7 @@ pub enum WorkDist {
 
 impl WorkDist {
     /// One draw (one standard normal or one uniform from `rng`).
-    pub(crate) fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
         match *self {
             WorkDist::Lognormal { median_s, sigma } => {
                 let z: f64 = StandardNormal.sample(rng);
@@ -333,14 +329,14 @@ impl JobKind {
 /// A stream of arrivals on top of the diurnal background: one kind of job
 /// at its own rate (jobs per hour per GPU).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Overlay {
+pub struct Overlay {
     pub kind: JobKind,
     pub shape: RateShape,
 }
 
 /// The rate of an [`Overlay`], jobs per hour per GPU.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum RateShape {
+pub enum RateShape {
     /// `peak_rate x (1 + cos(2 pi (hour - peak_hour) / 24)) / 2`: a daily
     /// wave that is 0 twelve hours from its peak.
     Wave { peak_rate: f64, peak_hour: f64 },
@@ -405,7 +401,7 @@ fn max_overlay_rate(overlays: &[Overlay]) -> f64 {
 /// The steps every synthetic job shares, whatever drew its kind: clamp the
 /// work, cap the memory to the GPU, draw the deadline, decide whether it
 /// requests a size.
-pub(crate) struct JobDrawer {
+pub struct JobDrawer {
     /// Profiles sorted by compute size, for the requested-size rule.
     by_size: Vec<&'static ProfileSpec>,
     total: u8,
@@ -417,7 +413,7 @@ pub(crate) struct JobDrawer {
 
 impl JobDrawer {
     /// Work clamp, deadline factor and requested share from `cfg`.
-    pub(crate) fn new(cfg: &DiurnalConfig, model: GpuModel) -> Self {
+    pub fn new(cfg: &DiurnalConfig, model: GpuModel) -> Self {
         let spec = model.spec();
         let mut by_size: Vec<_> = spec.profiles.iter().collect();
         by_size.sort_by_key(|p| (p.shape.compute, p.memory_gb));
@@ -433,13 +429,7 @@ impl JobDrawer {
 
     /// Job `id` of `kind` arriving at `t`. Draws, in this order: work,
     /// curve, memory, deadline factor, whether it requests a size.
-    pub(crate) fn draw<R: Rng + ?Sized>(
-        &self,
-        rng: &mut R,
-        kind: &JobKind,
-        id: u64,
-        t: f64,
-    ) -> Job {
+    pub fn draw<R: Rng + ?Sized>(&self, rng: &mut R, kind: &JobKind, id: u64, t: f64) -> Job {
         let raw_work = kind.work.sample(rng);
         let curve = kind.curve_dist().sample(rng);
         let mem = lerp(kind.memory_gb, rng.random());
@@ -485,7 +475,7 @@ impl JobDrawer {
 /// instant (the superposition of independent Poisson processes). Without
 /// overlays no stream is drawn, so the output is the diurnal generator's.
 /// A background job is training with probability `training_share`.
-pub(crate) fn generate_overlaid(
+pub fn generate_overlaid(
     cfg: &DiurnalConfig,
     overlays: &[Overlay],
     model: GpuModel,

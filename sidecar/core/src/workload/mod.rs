@@ -11,8 +11,9 @@
 //! - [`power`]: [`PowerModel`] and the one definition of GPU `load`.
 //! - [`diurnal`]: [`DiurnalConfig`], [`generate_diurnal`], and the
 //!   arrival/job-drawing core the scenarios share.
-//! - [`scenario`]: [`Scenario`] families whose job mix moves over the day
-//!   (mix shift, campaigns, big night jobs, batch), [`default_scenarios`].
+//! - The yardstick's scenario families, built on the diurnal generator's
+//!   [`diurnal::JobDrawer`] and [`diurnal::generate_overlaid`], are the
+//!   lab's (`smartmig_lab::scenario`).
 //! - [`load`]: [`offered_load`], [`demand_load`] and the cluster size for a
 //!   target load.
 //! - [`trace`]: our CSV format, the Alibaba GPU v2023 trace and Slurm `sacct`.
@@ -30,7 +31,6 @@ pub mod load;
 pub mod memory_estimate;
 pub mod memory_growth;
 pub mod power;
-pub mod scenario;
 pub mod speedup;
 pub mod trace;
 
@@ -40,9 +40,6 @@ pub use load::{demand_load, gpus_for_load, offered_load, peak_demand_load};
 pub use memory_estimate::{EstimatorConfig, MemoryEstimator, MemoryKey};
 pub use memory_growth::{EarlyRestartRule, GrowthShape, MemoryGrowth, MemorySample};
 pub use power::{gpu_load, PowerModel};
-pub use scenario::{
-    default_scenarios, parse_scenarios, select_scenarios, DeadlineRegime, Family, Scenario,
-};
 pub use speedup::{CurveDist, SpeedupCurve};
 pub use trace::{
     read_alibaba, read_csv, read_sacct, read_trace, window, write_csv, FieldProblem, RowError,

@@ -424,8 +424,8 @@ impl NvmlBackend {
                 start = gi_info.placement.start,
                 "GPU instance without a compute instance (left by a crash); destroying it"
             );
-            // SAFETY: a handle NVML just returned.
             map_return(
+                // SAFETY: a handle NVML just returned.
                 unsafe { self.nvml.lib().nvmlGpuInstanceDestroy(gi) },
                 gpu,
                 &format!("destroy orphan GPU instance {}", gi_info.id),
@@ -492,9 +492,9 @@ pub unsafe fn gpu_instances(
         // (`nvmlDeviceGetGpuInstances`' count is output only).
         let mut handles: [sys::nvmlGpuInstance_t; 8] = [std::ptr::null_mut(); 8];
         let mut count: c_uint = handles.len() as c_uint;
-        // SAFETY: live device handle (the caller's promise); the buffer
-        // holds `count` handles.
         map_return(
+            // SAFETY: live device handle (the caller's promise); the buffer
+            // holds `count` handles.
             unsafe {
                 lib.nvmlDeviceGetGpuInstances(device, profile_id, handles.as_mut_ptr(), &mut count)
             },
@@ -504,8 +504,8 @@ pub unsafe fn gpu_instances(
         for &gi in handles.iter().take(count as usize) {
             // SAFETY: zeroed plain C struct as out-pointer.
             let mut info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: a handle NVML just returned and a valid out-pointer.
             map_return(
+                // SAFETY: a handle NVML just returned and a valid out-pointer.
                 unsafe { lib.nvmlGpuInstanceGetInfo(gi, &mut info) },
                 gpu,
                 "GPU instance info",
@@ -607,6 +607,7 @@ impl Backend for NvmlBackend {
         let mut out = Vec::new();
         for (uuid, gi_id, _) in self.mig_devices(gpu)? {
             let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+            // SAFETY: a plain C struct of integers, for which all zeroes is valid.
             let mut gi_info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
             // SAFETY: live handle and valid out-pointers.
             unsafe {
@@ -664,6 +665,7 @@ impl Backend for NvmlBackend {
             size: c_uint::from(p.shape().memory),
         };
         let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: a plain C struct of integers, for which all zeroes is valid.
         let mut gi_info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: live handle, valid in/out pointers; on a compute-instance
         // failure the new GPU instance is destroyed again so no orphan stays.

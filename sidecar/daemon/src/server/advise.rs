@@ -10,7 +10,7 @@
 
 use super::*;
 use smartmig_client::protocol::AdviseStatus;
-use smartmig_core::eval::advise::AdviceRecord;
+use smartmig_core::formats::advice::AdviceRecord;
 
 use super::books::{Gpu, GpuState};
 use super::services::append_rotating;

@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::slurm::NodeFeatures;
-use smartmig_core::eval::lookahead::{Lookahead, NodeNow, Running, Waiting};
+use smartmig_core::sim::lookahead::{Lookahead, NodeNow, Running, Waiting};
 
 use super::advise::Occupied;
 use super::books::{Gpu, GpuState};
@@ -36,7 +36,7 @@ pub(super) fn expected_end(a: &Assignment, queued: Option<&crate::slurm::QueuedJ
 pub(super) type Ahead = Lookahead;
 
 /// This epoch's short simulation of the node's queue
-/// ([`smartmig_core::eval::lookahead`]), built once for every plan it
+/// ([`smartmig_core::sim::lookahead`]), built once for every plan it
 /// scores: the node's GPUs as the policy saw them this epoch, its running
 /// jobs until their end times (at most a day), its waiting jobs.
 pub(super) fn lookahead_of(

@@ -1,4 +1,4 @@
-//! `smartmig doctor --hardware-test --gpu N --yes`: on an idle GPU in MIG
+//! `smartmig doctor --hardware-test --gpu-index N --yes`: on an idle GPU in MIG
 //! mode, create one instance of every profile of its model through the
 //! daemon's own NVML backend, check it, and destroy it again.
 //!
@@ -26,7 +26,7 @@ use crate::mig::{DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec};
 
 pub fn run(args: &Args) -> anyhow::Result<Vec<Check>> {
     let Some(gpu) = args.gpu else {
-        bail!("--hardware-test needs --gpu N (the NVML index of an idle GPU in MIG mode)");
+        bail!("--hardware-test needs --gpu-index N (the NVML index of an idle GPU in MIG mode)");
     };
     if !args.yes {
         bail!(

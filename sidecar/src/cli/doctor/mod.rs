@@ -39,15 +39,20 @@ pub struct Args {
     /// This node's Slurm name (default: the config's node_name, else the host name).
     #[arg(long)]
     pub node: Option<String>,
-    /// Print the checks as a JSON array of {check, status, detail, fix}.
-    #[arg(long)]
-    pub json: bool,
+    /// The checks as a JSON array of {check, status, detail, fix}.
+    #[command(flatten)]
+    pub json: super::args::JsonArg,
     /// Create and destroy one instance of every profile on an idle MIG GPU
-    /// (`--gpu N --yes`); refuses on a GPU with instances or while smartmigd runs.
+    /// (`--gpu-index N --yes`); refuses on a GPU with instances or while smartmigd runs.
     #[arg(long)]
     pub hardware_test: bool,
     /// The GPU (NVML index) the hardware test uses.
-    #[arg(long, requires = "hardware_test")]
+    #[arg(
+        long = "gpu-index",
+        value_name = "N",
+        alias = "gpu",
+        requires = "hardware_test"
+    )]
     pub gpu: Option<u32>,
     /// Confirm the hardware test: it changes the GPU's MIG instances.
     #[arg(long, requires = "hardware_test")]
@@ -161,11 +166,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     } else {
         gather(args)
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&checks)?);
-    } else {
+    if !args.json.to_stdout() {
         print!("{}", render(&checks));
     }
+    args.json.write(&checks)?;
     let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
     if failed > 0 {
         anyhow::bail!(

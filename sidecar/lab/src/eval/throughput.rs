@@ -50,14 +50,11 @@ use serde::Serialize;
 use crate::mig::GpuModel;
 use crate::policy::search::{describe_assignment, static_best, SearchConfig};
 use crate::policy::{parse_policy, NoPartition, RepartitionPolicy};
+use crate::scenario::{BatchConfig, DeadlineRegime, Family, Scenario};
 use crate::sim::{simulate, Heuristic, Metrics, OomConfig, RunHooks, SimConfig, SimError};
 use crate::workload::declare::{underdeclare, Underdeclare};
-use crate::workload::scenario::BatchConfig;
 use crate::workload::speedup::MIGPROFILER_FITS;
-use crate::workload::{
-    DeadlineRegime, DiurnalConfig, Family, Job, JobClass, Scenario, SpeedupCurve, WorkDist,
-    WorkloadError,
-};
+use crate::workload::{DiurnalConfig, Job, JobClass, SpeedupCurve, WorkDist, WorkloadError};
 
 /// Framebuffer use (MiB, `fb_used_mean`) of each MIGProfiler run on
 /// `7g.80gb` (A100-80GB), as `(model, batch size, MiB)`: the largest of the

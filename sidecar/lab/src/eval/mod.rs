@@ -17,8 +17,6 @@
 //!   opponents on past days, else the best of them does.
 //! - [`suite`]: scenarios x test days x policies, the engine of
 //!   `smartmig bench suite`.
-//! - [`lookahead`]: the expected effect of one reconfiguration, from a
-//!   short simulation of a node's own queue (`smartmig plan`).
 //! - [`placement`]: placements (heuristics and learned) x repartitioning
 //!   policies on a scenario's test days, the engine of
 //!   `smartmig bench placement`.
@@ -40,7 +38,6 @@ pub mod coordination;
 pub mod days;
 pub mod fallback;
 pub mod gates;
-pub mod lookahead;
 pub mod placement;
 pub mod score;
 pub mod suite;

@@ -1,20 +1,17 @@
-//! Advise mode's record (issue 22): what smartmigd saw on a node it does
-//! not manage (`mode = "advise"`) and what its policy would have done, one
-//! JSON object per line in `<state_dir>/advice.jsonl`.
-//!
-//! smartmigd writes these records (`smartmig-daemon`, `server::advise`);
-//! `smartmig advise report` reads them back and replays the observed jobs
-//! through the simulator, under the layout the site really ran against the
-//! policy, to estimate what dynamic mode would have changed. Both sides use
-//! these types, so the format has one definition. New fields must be
-//! optional (`#[serde(default)]`): old logs stay readable.
+//! Advise mode's replay (issue 22): smartmigd records what it saw on a
+//! node it does not manage (`mode = "advise"`) and what its policy would
+//! have done ([`crate::formats::advice`]); `smartmig advise report` reads
+//! the records back and replays the observed jobs through the simulator,
+//! under the layout the site really ran against the policy, to estimate
+//! what dynamic mode would have changed.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::score::Reference;
 use super::{audit_run, AuditFailure};
+use crate::formats::advice::AdviceRecord;
 use crate::mig::{parse_profile, Geometry, GpuModel, Layout, ProfileParseError};
 use crate::policy::{layout_or_whole, ClusterView, Decision, NoPartition, RepartitionPolicy};
 use crate::sim::engine::percentile;
@@ -23,73 +20,6 @@ use crate::sim::{
     SimError,
 };
 use crate::workload::{Job, JobClass, SpeedupCurve};
-
-/// One line of `advice.jsonl`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum AdviceRecord {
-    /// The real layout of one GPU: written at start and whenever it
-    /// changes (an admin or another tool reshaped it; smartmigd never does
-    /// in advise mode).
-    Layout {
-        /// Unix seconds.
-        t: f64,
-        gpu: u32,
-        model: GpuModel,
-        /// The layout's bit set (`mig::Layout.0`) on `model`'s geometry.
-        layout: u32,
-        /// The same layout as `Geometry::picture` draws it, for people.
-        picture: String,
-    },
-    /// A job that ran on one of the node's MIG instances through Slurm's
-    /// native typed GRES (`--gres=gpu:3g.20gb:1`), written once it left
-    /// the running state.
-    Job {
-        job_id: u64,
-        /// GPU index from Slurm's `gres_detail`, when it shows one.
-        #[serde(default)]
-        gpu: Option<u32>,
-        /// The MIG profile it ran on, e.g. `3g.20gb`.
-        profile: String,
-        /// Unix seconds: submitted, started, left the running state.
-        submit: f64,
-        start: f64,
-        end: f64,
-        #[serde(default)]
-        time_limit_s: Option<u64>,
-        /// Unix `--deadline`, when the job had one.
-        #[serde(default)]
-        deadline: Option<f64>,
-    },
-    /// What the policy would have done to one GPU at an epoch: written when
-    /// its wish for that GPU changes, not every epoch.
-    Advice {
-        t: f64,
-        gpu: u32,
-        /// The policy's name (`greedy`, `onnx:...`).
-        policy: String,
-        /// Current and wished layout, as pictures.
-        from: String,
-        to: String,
-        /// The wished layout's bit set on the GPU's geometry.
-        to_layout: u32,
-        /// Instances it would destroy and create (profile@start).
-        destroy: Vec<String>,
-        create: Vec<String>,
-        /// Busy instances the change would keep.
-        keeps_busy: Vec<String>,
-    },
-}
-
-impl AdviceRecord {
-    /// The record's time (a job's end), Unix seconds.
-    pub fn time(&self) -> f64 {
-        match self {
-            AdviceRecord::Layout { t, .. } | AdviceRecord::Advice { t, .. } => *t,
-            AdviceRecord::Job { end, .. } => *end,
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------
 // The replay behind `smartmig advise report`.
@@ -122,9 +52,6 @@ impl AdviceRecord {
 // measurement. [`Fidelity`] says how far the as-run replay is from what
 // was observed.
 // ---------------------------------------------------------------------------
-
-/// The log's file name in smartmigd's `state_dir`.
-pub const ADVICE_LOG: &str = "advice.jsonl";
 
 /// Seconds after its submit that a job without deadline or time limit is
 /// due in the replay: never late, but finite (the simulator's jobs need a
@@ -910,26 +837,6 @@ fn fidelity(obs: &Observation, m: &Metrics, log: &[Record]) -> Fidelity {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lines_round_trip_and_name_their_kind() {
-        let r = AdviceRecord::Job {
-            job_id: 7,
-            gpu: Some(0),
-            profile: "3g.20gb".into(),
-            submit: 1.0,
-            start: 2.0,
-            end: 3.0,
-            time_limit_s: Some(600),
-            deadline: None,
-        };
-        let line = serde_json::to_string(&r).unwrap();
-        assert!(line.starts_with(r#"{"kind":"job""#), "{line}");
-        assert_eq!(serde_json::from_str::<AdviceRecord>(&line).unwrap(), r);
-        let old = r#"{"kind":"job","job_id":7,"profile":"1g.5gb","submit":1,"start":2,"end":3}"#;
-        assert!(serde_json::from_str::<AdviceRecord>(old).is_ok());
-        assert!(serde_json::from_str::<AdviceRecord>(r#"{"kind":"nope"}"#).is_err());
-    }
 
     const M: GpuModel = GpuModel::A100_40gb;
 

@@ -30,9 +30,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::diurnal::{bad, generate_overlaid, range, JobDrawer, Overlay, RateShape};
-use super::{DiurnalConfig, Job, JobKind, WorkloadError};
 use crate::mig::GpuModel;
+use crate::workload::diurnal::{bad, generate_overlaid, range, JobDrawer, Overlay, RateShape};
+use crate::workload::{DiurnalConfig, Job, JobKind, WorkloadError};
 
 /// The shipped scenarios file: the default suite, with every parameter
 /// commented, for admins to copy and edit.
@@ -237,7 +237,7 @@ impl Scenario {
     /// The jobs on `gpus` GPUs of `model`: sorted by arrival, ids `0..n`, a
     /// pure function of the arguments (`ChaCha8Rng` seeded with `seed`; a
     /// campaign schedule is drawn from it first). The `diurnal` family gives
-    /// exactly [`super::generate_diurnal`]'s jobs with the regime's
+    /// exactly [`crate::workload::generate_diurnal`]'s jobs with the regime's
     /// deadline factor. Call [`Scenario::validate`] first; an invalid
     /// scenario does not panic but its output is unspecified.
     pub fn generate(&self, model: GpuModel, gpus: usize, seed: u64) -> Vec<Job> {

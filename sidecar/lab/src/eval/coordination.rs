@@ -36,10 +36,11 @@ use super::{audit_run, AuditFailure};
 use crate::mig::GpuModel;
 use crate::policy::nodes::{Nodes, NodesError, PerNode, Split};
 use crate::policy::{parse_policy_on, PolicyParseError, RepartitionPolicy};
+use crate::scenario::Scenario;
 use crate::sim::{
     count_waste, AuditError, Collect, EpochRule, Heuristic, Metrics, SimError, Waste,
 };
-use crate::workload::{Scenario, WorkloadError};
+use crate::workload::WorkloadError;
 
 /// Who decides the layouts (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -511,7 +512,7 @@ pub fn run_coordination(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::default_scenarios;
+    use crate::scenario::default_scenarios;
 
     fn scenario(name: &str) -> Scenario {
         default_scenarios()

@@ -1,0 +1,300 @@
+//! Rules of the house that the compiler does not check, checked on the
+//! source tree (docs/architecture.md, "Invariants and layering"):
+//!
+//! - no library function returns `Result<_, String>`: libraries return
+//!   `thiserror` enums, so a caller can tell the cases apart (the CLI
+//!   shell in `sidecar/src/` and test code are exempt);
+//! - every workspace member opts into the workspace lints, which include
+//!   `unsafe_op_in_unsafe_fn` and `clippy::undocumented_unsafe_blocks`;
+//! - every crate with no `unsafe` code says `#![forbid(unsafe_code)]`, so
+//!   the first unsafe block in it is a decision, not an accident;
+//! - the product is apart from the lab: smartmigd's library links no lab,
+//!   trainer or plotting crate (`cargo tree`; the plugin's own check is
+//!   `slurm-plugin/tests/lean_deps.rs`).
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The workspace's packages, as directories relative to the root (`.` is
+/// the root package), from the root manifest's `members`.
+fn packages() -> Vec<PathBuf> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let line = manifest
+        .lines()
+        .find(|l| l.trim_start().starts_with("members"))
+        .expect("the root Cargo.toml has a `members` line");
+    let mut out: Vec<PathBuf> = line
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(PathBuf::from)
+        .collect();
+    assert!(out.len() > 3, "members not understood: {line}");
+    out.push(PathBuf::from("."));
+    out
+}
+
+/// Every `.rs` file under `dir`, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The text of a source file with its comment lines blanked (so line
+/// numbers stay) and without the test module at its end (`#[cfg(test)]`
+/// followed by `mod`); string literals are kept (none of them looks like a
+/// signature).
+fn production_code(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let t = line.trim_start();
+        if t.starts_with("#[cfg(test)]")
+            && lines
+                .peek()
+                .is_some_and(|next| next.trim_start().starts_with("mod "))
+        {
+            break;
+        }
+        if !t.starts_with("//") {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Files that only a `#[cfg(test)] mod name;` declaration includes.
+fn test_only_modules(files: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "#[cfg(test)]" {
+                continue;
+            }
+            let Some(name) = lines
+                .next()
+                .and_then(|l| l.trim().strip_prefix("mod "))
+                .and_then(|l| l.strip_suffix(';'))
+            else {
+                continue;
+            };
+            let dir = match f.file_name().and_then(|n| n.to_str()) {
+                Some("lib.rs" | "mod.rs" | "main.rs") => f.parent().unwrap().to_path_buf(),
+                _ => f.with_extension(""),
+            };
+            out.push(dir.join(format!("{name}.rs")));
+            out.push(dir.join(name).join("mod.rs"));
+        }
+    }
+    out
+}
+
+/// Functions that still return `Result<_, String>`, by file prefix and
+/// name, each with the reason it is allowed for now.
+const ALLOWED: &[(&str, &str, &str)] = &[(
+    "sidecar/daemon/src/server/",
+    "admit",
+    "the connection cap's refusal; the daemon's restructuring (issue 40, item 1) moves it",
+)];
+
+/// The return types `Result<_, String>` in `code`, as (function name,
+/// line, text): each `-> Result<` whose second type argument (angle
+/// brackets matched) is `String`.
+fn string_results(code: &str) -> Vec<(String, usize, String)> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("-> Result<") {
+        let args = &code[at + "-> Result<".len()..];
+        let (mut depth, mut comma, mut end) = (0i32, None, None);
+        for (i, c) in args.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' if depth == 0 => {
+                    end = Some(i);
+                    break;
+                }
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => comma = Some(i),
+                _ => {}
+            }
+        }
+        if let (Some(c), Some(e)) = (comma, end) {
+            if args[c + 1..e].trim() == "String" {
+                let before = &code[..at];
+                let name = before.rfind("fn ").map_or("", |f| {
+                    before[f + 3..]
+                        .split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .next()
+                        .unwrap_or("")
+                });
+                let text = args[..e].split_whitespace().collect::<Vec<_>>().join(" ");
+                out.push((
+                    name.to_string(),
+                    before.lines().count(),
+                    format!("-> Result<{text}>"),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_library_function_returns_a_string_error() {
+    let mut found = Vec::new();
+    for pkg in packages() {
+        // The `smartmig` package's src/ is the CLI shell (anyhow), the
+        // root package's src/ the tests' helpers.
+        if pkg == Path::new("sidecar") || pkg == Path::new(".") {
+            continue;
+        }
+        let files = rust_files(&root().join(&pkg).join("src"));
+        let test_only = test_only_modules(&files);
+        for f in files.iter().filter(|f| !test_only.contains(f)) {
+            let code = production_code(&std::fs::read_to_string(f).unwrap());
+            let rel = f
+                .strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            for (name, line, text) in string_results(&code) {
+                let allowed = ALLOWED
+                    .iter()
+                    .any(|(prefix, n, _)| rel.starts_with(prefix) && name == *n);
+                if !allowed {
+                    found.push(format!("{rel}:{line}: fn {name} {text}"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "library functions return Result<_, String> (give them a thiserror enum):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_what_it_must() {
+    let hits = string_results("fn a(x: u8) -> Result<Vec<(u8, String)>, String> {");
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].0, "a");
+    assert!(string_results("fn a() -> Result<String, Error> {").is_empty());
+    assert!(string_results("fn a() -> Result<HashMap<String, String>, E> {").is_empty());
+    let code = production_code("fn a() {}\n// -> Result<(), String>\n#[cfg(test)]\nmod tests {\n fn b() -> Result<(), String> {}\n}\n");
+    assert!(string_results(&code).is_empty(), "{code}");
+}
+
+#[test]
+fn every_member_uses_the_workspace_lints() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    for lint in [
+        "unsafe_op_in_unsafe_fn = \"warn\"",
+        "undocumented_unsafe_blocks = \"warn\"",
+    ] {
+        assert!(manifest.contains(lint), "root Cargo.toml lacks `{lint}`");
+    }
+    for pkg in packages() {
+        let path = root().join(&pkg).join("Cargo.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("[lints]\nworkspace = true"),
+            "{} does not opt into the workspace lints",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn crates_without_unsafe_code_forbid_it() {
+    let mut missing = Vec::new();
+    for pkg in packages() {
+        let src = root().join(&pkg).join("src");
+        let files = rust_files(&src);
+        let has_unsafe = files.iter().any(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .flat_map(|l| l.split(|c: char| !c.is_alphanumeric() && c != '_'))
+                .any(|w| w == "unsafe")
+        });
+        if has_unsafe {
+            continue;
+        }
+        let roots = files.iter().filter(|f| {
+            f.parent() == Some(src.join("bin").as_path())
+                || f.file_name()
+                    .is_some_and(|n| n == "lib.rs" || n == "main.rs")
+                    && f.parent() == Some(src.as_path())
+        });
+        for r in roots {
+            let text = std::fs::read_to_string(r).unwrap();
+            if !text.contains("#![forbid(unsafe_code)]") {
+                missing.push(r.display().to_string());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "crates with no unsafe code that do not `#![forbid(unsafe_code)]`:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The crates in `package`'s normal dependency tree (`cargo tree`).
+fn normal_dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "--offline", "-p", package, "-e", "normal"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(root())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_daemon_links_no_lab() {
+    let crates = normal_dependencies("smartmig-daemon");
+    assert!(crates.iter().any(|c| c == "smartmig-core"), "{crates:?}");
+    for lab in [
+        "smartmig-lab",
+        "smartmig-learn",
+        "smartmig",
+        "candle-core",
+        "plotters",
+    ] {
+        assert!(
+            !crates.iter().any(|c| c == lab),
+            "smartmig-daemon depends on `{lab}` again: {crates:?}"
+        );
+    }
+}
