@@ -62,12 +62,14 @@ pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError
             Some(serve) => {
                 let served = serve.map_err(|reason| PolicyChoiceError::Guard {
                     spec: s.to_string(),
-                    reason,
+                    reason: GuardError::Serve(reason),
                 })?;
                 if served != model {
                     return Err(PolicyChoiceError::Guard {
                         spec: s.to_string(),
-                        reason: format!("serve={served}, but this node's GPUs are {model}"),
+                        reason: GuardError::Serve(format!(
+                            "serve={served}, but this node's GPUs are {model}"
+                        )),
                     });
                 }
                 load_any_policy(learned.path).and_then(|p| p.serving(model))

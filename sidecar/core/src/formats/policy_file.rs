@@ -155,6 +155,9 @@ pub enum GuardError {
     Budget(String),
     #[error("unknown guard `{0}` (known: min_confidence, max_reconfigurations_per_day, serve)")]
     Unknown(String),
+    /// `serve=MODEL` names no model, or not this node's.
+    #[error("{0}")]
+    Serve(String),
 }
 
 impl Guard {

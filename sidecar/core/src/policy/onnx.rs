@@ -385,14 +385,14 @@ impl OnnxPolicy {
         if catalog_pictures(model) != self.meta.catalog
             || (spec.obs_dim, spec.actions) != (self.meta.obs_dim, self.meta.actions)
         {
-            return Err(PolicyLoadError::SpaceMismatch {
+            return Err(PolicyLoadError::Metadata(MetadataError::SpaceMismatch {
                 path: PathBuf::from(self.name.trim_start_matches("policy:")),
                 model,
                 what: format!(
                     "trained for {}, whose MIG geometry is not {model}'s: a policy serves only models with its slice geometry",
                     self.meta.gpu_model
                 ),
-            });
+            }));
         }
         self.encoder = Encoder::new(model);
         self.name = format!("{} (serving {model})", self.name);
