@@ -6,6 +6,7 @@
 //! expect a prior `cargo build --release --workspace` (which `scripts/test`
 //! runs) and find the artifacts in the same profile directory as themselves.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
@@ -37,6 +38,57 @@ pub fn artifact(name: &str) -> PathBuf {
 /// The directory holding the repository's scripts and test fixtures.
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Slurm release series the tests run against when it is not the
+/// host's: `SMARTMIG_SLURM_SERIES` (e.g. `24.11`), whose Slurm runs in a
+/// root file system of its Debian suite (`scripts/slurm-series`). `None`:
+/// the host's Slurm.
+pub fn slurm_series() -> Option<String> {
+    std::env::var("SMARTMIG_SLURM_SERIES")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// A command that talks to the test cluster's Slurm: run as it is on the
+/// host's series, inside the series' root file system otherwise
+/// (`scripts/slurm-series run SERIES PROGRAM`, which exec's PROGRAM, so the
+/// child's pid is the program's). Paths under /tmp and the checkout are the
+/// same inside and out. Slurm's clients, `smartmigd` (which runs them) and
+/// `smartmig doctor` go through here.
+pub fn in_slurm(program: impl AsRef<OsStr>) -> Command {
+    match slurm_series() {
+        None => Command::new(program),
+        Some(series) => {
+            let mut cmd = Command::new(repo_root().join("scripts/slurm-series"));
+            cmd.arg("run").arg(series).arg(program);
+            cmd
+        }
+    }
+}
+
+/// The SPANK plugin for the test cluster's Slurm: the build's
+/// `libsmartmig_spank.so` on the host's series, else the copy built
+/// against that series' headers (`scripts/slurm-series plugin SERIES`
+/// writes `<target>/slurm/SERIES/libsmartmig_spank.so`).
+///
+/// # Panics
+/// If that file does not exist, saying how to build it.
+pub fn plugin() -> PathBuf {
+    let Some(series) = slurm_series() else {
+        return artifact("libsmartmig_spank.so");
+    };
+    let target = artifact_dir().parent().unwrap_or(artifact_dir());
+    let path = target
+        .join("slurm")
+        .join(&series)
+        .join("libsmartmig_spank.so");
+    assert!(
+        path.exists(),
+        "the plugin for Slurm {series} is not at {}: run `scripts/slurm-series plugin {series}` first",
+        path.display()
+    );
+    path
 }
 
 /// Fails the calling test unless it runs as root (the Slurm harness needs
@@ -143,7 +195,7 @@ pub fn fields(output: &str) -> std::collections::HashMap<String, String> {
 pub fn plugstack_line(dir: &Path, extra: &str) -> String {
     format!(
         "required {} socket={} timeout=40 {extra}\n",
-        artifact("libsmartmig_spank.so").display(),
+        plugin().display(),
         dir.join("run/smartmigd-root.sock").display()
     )
 }
@@ -243,7 +295,7 @@ impl SlurmCluster {
 
     /// A Slurm client command (`sbatch`, `squeue`, ...) aimed at this cluster.
     pub fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new(program);
+        let mut cmd = in_slurm(program);
         cmd.env("SLURM_CONF", self.slurm_conf())
             .current_dir(&self.dir);
         cmd
@@ -577,7 +629,7 @@ impl Sidecar {
             .open(&log_path)
             .unwrap_or_else(|e| panic!("open {}: {e}", log_path.display()));
         let log2 = log.try_clone().expect("clone log handle");
-        let child = Command::new(artifact("smartmigd"))
+        let child = in_slurm(artifact("smartmigd"))
             .arg("--config")
             .arg(&config)
             .env("SLURM_CONF", dir.join("slurm.conf"))

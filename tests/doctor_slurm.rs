@@ -6,10 +6,8 @@
 //!
 //! Needs root and a release build of the workspace; fails, never skips.
 
-use std::process::Command;
-
 use serde_json::Value;
-use smartmig_suite::{artifact, describe, plugstack_line, Sidecar, SlurmCluster};
+use smartmig_suite::{artifact, describe, in_slurm, plugstack_line, Sidecar, SlurmCluster};
 
 #[test]
 fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
@@ -18,7 +16,7 @@ fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
             .expect("write plugstack.conf");
     });
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
-    let out = Command::new(artifact("smartmig"))
+    let out = in_slurm(artifact("smartmig"))
         .arg("doctor")
         .arg("--config")
         .arg(cluster.dir().join("smartmigd.toml"))

@@ -101,7 +101,7 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
     let config = cluster.dir().join("smartmigd.toml");
     let mut lines = Value::Null;
     let logged = smartmig_suite::wait_until(Duration::from_secs(20), || {
-        let o = std::process::Command::new(artifact("smartmig"))
+        let o = smartmig_suite::in_slurm(artifact("smartmig"))
             .args(["usage", "--json", "--config"])
             .arg(&config)
             .output()
@@ -126,7 +126,7 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
         (2.0 * 2.0 / 3600.0..2.0 * 120.0 / 3600.0).contains(&hours),
         "{lines:#}"
     );
-    let table = std::process::Command::new(artifact("smartmig"))
+    let table = smartmig_suite::in_slurm(artifact("smartmig"))
         .args(["usage", "--config"])
         .arg(&config)
         .output()

@@ -84,14 +84,12 @@ fn big_queue_and_no_epilog_still_free_instances() {
     .expect("write plugstack");
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 20");
     // 200 held jobs, submitted by one shell to keep it quick.
-    let conf = cluster.slurm_conf();
-    let out = std::process::Command::new("bash")
+    let out = cluster
+        .command("bash")
         .arg("-c")
         .arg(
             "for i in $(seq 200); do sbatch -H -o /dev/null --wrap true >/dev/null || exit 1; done",
         )
-        .env("SLURM_CONF", &conf)
-        .current_dir(cluster.dir())
         .output()
         .expect("submit held jobs");
     assert!(out.status.success(), "{out:?}");

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{artifact, fields, Sidecar, SlurmCluster};
+use smartmig_suite::{artifact, fields, plugin, Sidecar, SlurmCluster};
 
 /// Slurm's job timeout for a job to finish once released.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
@@ -437,7 +437,7 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
             dir.join("plugstack.conf"),
             format!(
                 "required {} socket={} timeout=5\n",
-                artifact("libsmartmig_spank.so").display(),
+                plugin().display(),
                 spy.display()
             ),
         )

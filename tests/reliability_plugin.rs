@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use smartmig_suite::{artifact, SlurmCluster};
+use smartmig_suite::{plugin, SlurmCluster};
 
 /// The plugin's request timeout in these tests (plugstack `timeout=`).
 const PLUGIN_TIMEOUT_S: u64 = 3;
@@ -38,7 +38,7 @@ fn plugstack(socket: &Path) -> String {
     format!(
         "required {} socket={} timeout={PLUGIN_TIMEOUT_S} sidecar_wait=0 \
          drain_on_unreachable=no requeue=no\n",
-        artifact("libsmartmig_spank.so").display(),
+        plugin().display(),
         socket.display()
     )
 }

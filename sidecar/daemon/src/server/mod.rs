@@ -235,6 +235,9 @@ pub struct Daemon {
     /// Slurm accounts of running jobs, as read when their `AdminComment`
     /// was tagged (for the usage log).
     accounts: Arc<std::sync::Mutex<HashMap<u64, String>>>,
+    /// Slurm's `A_T` name of array tasks (job id -> name), from the last
+    /// queue read and the `AdminComment` reads, for status.
+    array_names: Arc<std::sync::Mutex<HashMap<u64, String>>>,
     /// Reconfigurations pending (`mode = "confirm"`) and applied.
     plans: std::sync::Mutex<Plans>,
     /// Serialises appends to the usage log.
@@ -628,6 +631,7 @@ impl Daemon {
             waiting: std::sync::Mutex::new(HashMap::new()),
             job_times: std::sync::Mutex::new(HashMap::new()),
             accounts: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            array_names: Arc::new(std::sync::Mutex::new(HashMap::new())),
             plans: std::sync::Mutex::new(Plans::default()),
             usage_log: std::sync::Mutex::new(()),
             connections: std::sync::Mutex::new(Connections::default()),
@@ -1542,11 +1546,18 @@ impl Daemon {
         }
         let slurm = self.slurm();
         let accounts = Arc::clone(&self.accounts);
+        let array_names = Arc::clone(&self.array_names);
         tokio::task::spawn_blocking(move || {
             let result = slurm.job_comment(job_id).and_then(|job| {
                 let Some(job) = job else {
                     return Ok(false);
                 };
+                if let Some((array, task)) = job.array_task {
+                    array_names
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(job_id, format!("{array}_{task}"));
+                }
                 if let Some(a) = &job.account {
                     accounts
                         .lock()
@@ -1632,6 +1643,11 @@ impl Daemon {
     pub async fn status(&self) -> StatusReply {
         let now = unix_now();
         let isolate = self.config().isolate_devices;
+        let array_names = self
+            .array_names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         let mut gpus = Vec::new();
         for slot in &self.slots {
             let mut st = slot.state.lock().await;
@@ -1651,6 +1667,10 @@ impl Daemon {
                         start: p.start,
                         compute: p.compute(),
                         job_id: i.job.as_ref().map(|a| a.job_id),
+                        slurm_id: i
+                            .job
+                            .as_ref()
+                            .and_then(|a| array_names.get(&a.job_id).cloned()),
                         uid: i.job.as_ref().map(|a| a.uid),
                         busy_since: i.job.as_ref().map(|a| a.since),
                         idle_s: i.job.is_none().then(|| now.saturating_sub(i.idle_since)),

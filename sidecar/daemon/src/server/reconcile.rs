@@ -332,6 +332,15 @@ impl Daemon {
             .job_times
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = times;
+        *self
+            .array_names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = q
+            .jobs
+            .iter()
+            .filter(|j| j.array_task.is_some())
+            .map(|j| (j.job_id, j.slurm_id()))
+            .collect();
     }
 
     pub(super) fn release_counts_mut(&self, f: impl FnOnce(&mut ReleaseCounts)) {
@@ -507,7 +516,13 @@ impl Daemon {
     fn read_summary(&self, cfg: &Config) -> Result<NodeSummary, ()> {
         let path = cfg.cluster.summary_dir.join(format!("{}.json", self.node));
         let now = unix_now();
-        let read = std::fs::read(&path)
+        let bytes = std::fs::read(&path);
+        // No file at all: no publisher feeds this node (a lone node, or a
+        // site without `smartmig publish`), which is no fault.
+        let missing = bytes
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+        let read = bytes
             .map_err(|e| format!("{}: {e}", path.display()))
             .and_then(|b| {
                 serde_json::from_slice::<NodeSummary>(&b)
@@ -542,7 +557,11 @@ impl Daemon {
                         SummaryFallback::Squeue => "asking Slurm directly (squeue, sinfo)",
                         SummaryFallback::Hold => "holding the layout (cluster.fallback = \"hold\")",
                     };
-                    tracing::warn!("no usable cluster summary ({why}); {then}");
+                    if missing {
+                        tracing::info!("no cluster summary ({why}); {then}");
+                    } else {
+                        tracing::warn!("no usable cluster summary ({why}); {then}");
+                    }
                 }
                 v.summary = None;
                 v.node_info = None;

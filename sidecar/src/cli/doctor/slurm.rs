@@ -232,7 +232,18 @@ pub fn check(slurm_conf: &Path, ctx: &Context) -> (Vec<Check>, Option<SlurmConf>
     match std::fs::read_to_string(&gres_path) {
         Ok(text) => {
             let lines = parse_gres_conf(&text);
-            let minors = |f: &str| device_minor(f, rdev_minor(f));
+            // A missing file has no minor: its name must not pass for one.
+            let minors = |f: &str| {
+                Path::new(f)
+                    .exists()
+                    .then(|| device_minor(f, rdev_minor(f)))
+                    .flatten()
+            };
+            out.push(device_files_check(
+                &gres_path.display().to_string(),
+                &lines,
+                &ctx.node,
+            ));
             out.extend(gres_checks(
                 &gres_path.display().to_string(),
                 &lines,
@@ -248,6 +259,55 @@ pub fn check(slurm_conf: &Path, ctx: &Context) -> (Vec<Check>, Option<SlurmConf>
         )),
     }
     (out, Some(conf))
+}
+
+/// Every `File=` of this node's gpu and shard lines must be a character
+/// device: slurmd waits about 20 s for a missing one and then stops
+/// (`fatal: can't stat gres.conf file`), and refuses a regular file
+/// (`is not a valid character or block device`). A node without GPUs (the
+/// `sim` backend) needs stand-ins.
+fn device_files_check(path: &str, lines: &[GresLine], node: &str) -> Check {
+    use std::os::unix::fs::FileTypeExt;
+    let (mine, _) = lines_for_node(lines, node);
+    let mut files: Vec<String> = mine
+        .iter()
+        .filter(|l| matches!(l.name.as_deref(), Some("gpu" | "shard")))
+        .filter_map(|l| l.file.as_deref().map(expand))
+        .filter_map(Result::ok)
+        .flatten()
+        .collect();
+    files.sort_by_key(|f| natural_key(f));
+    files.dedup();
+    let bad: Vec<String> = files
+        .iter()
+        .filter_map(|f| match std::fs::metadata(f) {
+            Err(e) => Some(format!("{f}: {e}")),
+            Ok(m) if !m.file_type().is_char_device() => {
+                Some(format!("{f}: not a character device"))
+            }
+            Ok(_) => None,
+        })
+        .collect();
+    if bad.is_empty() {
+        Check::ok(
+            "slurm.gres.devices",
+            format!(
+                "{path}: {} device file(s), all character devices",
+                files.len()
+            ),
+        )
+    } else {
+        Check::fail(
+            "slurm.gres.devices",
+            format!(
+                "{path}: {} (slurmd waits about 20 s for a missing device file, then exits: `fatal: can't stat gres.conf file`)",
+                bad.join("; ")
+            ),
+            "on a GPU node, load the NVIDIA driver (it makes /dev/nvidiaN); on a node without GPUs \
+             (backend = \"sim\"), make stand-ins, one per GPU: `mknod -m 0666 /dev/nvidiaN c 195 N` \
+             (docs/quickstart-admin.md)",
+        )
+    }
 }
 
 /// slurm.conf: GresTypes, SelectType and this node's Gres=.
