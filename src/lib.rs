@@ -104,7 +104,18 @@ pub fn require_root(what: &str) {
     );
 }
 
-/// Output of a finished command as text, for error messages.
+/// The ordinary user test jobs run as (a system user with a group of the
+/// same name). Not `nobody`: Slurm 26.05 refuses `--uid=nobody` ("Invalid
+/// --uid specification"; it reserves that name).
+pub const JOB_USER: &str = "smartmig-job";
+
+/// [`JOB_USER`], created first when it does not exist.
+pub fn job_user() -> &'static str {
+    static MADE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| ensure_user(JOB_USER));
+    JOB_USER
+}
+
 /// The uid of local user `name`, created first (a system user with a group
 /// of the same name, no home, no login shell) when it does not exist: tests
 /// of isolation between users need real uids that Slurm can resolve.
@@ -131,6 +142,7 @@ pub fn ensure_user(name: &str) -> u32 {
     id(name).unwrap_or_else(|| panic!("user {name} has no uid after useradd"))
 }
 
+/// Output of a finished command as text, for error messages.
 pub fn describe(out: &Output) -> String {
     format!(
         "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -363,11 +375,12 @@ impl SlurmCluster {
             .expect("run sbatch")
     }
 
-    /// Submits `BODY` as user `nobody` (as a real cluster runs the plugin:
-    /// slurmstepd as root, tasks as the user), output to `out`; returns
-    /// the job id.
-    pub fn sbatch_as_nobody(&self, out: &Path, args: &[&str], body: &str) -> u32 {
-        self.sbatch_as("nobody", "nogroup", out, args, body)
+    /// Submits `BODY` as the ordinary user [`JOB_USER`] (as a real
+    /// cluster runs the plugin: slurmstepd as root, tasks as the user),
+    /// output to `out`; returns the job id.
+    pub fn sbatch_as_job_user(&self, out: &Path, args: &[&str], body: &str) -> u32 {
+        let user = job_user();
+        self.sbatch_as(user, user, out, args, body)
     }
 
     /// Submits `BODY` as `user` (group `group`), output to `out`.
@@ -439,7 +452,7 @@ impl SlurmCluster {
     }
 
     /// A directory in the cluster that any user may write (job output of
-    /// jobs submitted with `--uid=nobody`).
+    /// jobs submitted as [`JOB_USER`]).
     pub fn shared_dir(&self) -> PathBuf {
         let dir = self.dir.join("jobs");
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));

@@ -325,7 +325,7 @@ fn installed_packages_run_a_shard_job() {
         describe(&doctor)
     );
     let out = cluster.shared_dir().join("installed.out");
-    let job = cluster.sbatch_as_nobody(
+    let job = cluster.sbatch_as_job_user(
         &out,
         &["--gres=shard:1"],
         "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",

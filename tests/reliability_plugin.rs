@@ -171,14 +171,16 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// Submits a 2-shard job as `nobody` and waits for its final state; returns
+/// Submits a 2-shard job as the ordinary job user and waits for its final state; returns
 /// (state, output, wall time from submit to the final state).
 fn run_shard_job(cluster: &SlurmCluster, name: &str) -> (u32, String, String, Duration) {
     let out = cluster.shared_dir().join(format!("{name}.out"));
     let start = Instant::now();
+    let user = format!("--uid={}", smartmig_suite::job_user());
+    let group = format!("--gid={}", smartmig_suite::job_user());
     let job = cluster.sbatch(&[
-        "--uid=nobody",
-        "--gid=nogroup",
+        &user,
+        &group,
         "-o",
         out.to_str().expect("utf-8 path"),
         "--gres=shard:2",
