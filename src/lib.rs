@@ -67,6 +67,48 @@ pub fn in_slurm(program: impl AsRef<OsStr>) -> Command {
     }
 }
 
+/// The test cluster's Slurm release series (`(24, 11)`), from the series'
+/// `slurmd -V` (Slurm's clients, `scontrol --version` included, stop
+/// without a slurm.conf; slurmd does not).
+///
+/// # Panics
+/// When it prints no version.
+pub fn slurm_release() -> (u32, u32) {
+    let out = in_slurm("slurmd")
+        .arg("-V")
+        .output()
+        .expect("run slurmd -V");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut parts = text.split_whitespace().last().unwrap_or("").split('.');
+    match (
+        parts.next().and_then(|p| p.parse().ok()),
+        parts.next().and_then(|p| p.parse().ok()),
+    ) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => panic!("slurmd -V printed no version: {}", describe(&out)),
+    }
+}
+
+/// Makes the next [`SlurmCluster`] of this process start a requeued job
+/// within seconds instead of minutes: the scheduler looks at the queue
+/// every 2 s, and a requeued job is held 5 s (Slurm's default is
+/// `cred_expire` + 1 = 121 s). Slurm 25.11 and later set that hold with
+/// `SchedulerParameters=requeue_delay=`; older series only through
+/// `AuthInfo=cred_expire=`, which also shortens every job credential's
+/// lifetime.
+pub fn quick_requeues() {
+    if slurm_release() >= (25, 11) {
+        std::env::remove_var("SMARTMIG_SLURM_CRED_EXPIRE");
+        std::env::set_var(
+            "SMARTMIG_SLURM_SCHED_EXTRA",
+            "sched_interval=2,requeue_delay=5",
+        );
+    } else {
+        std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
+        std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    }
+}
+
 /// The SPANK plugin for the test cluster's Slurm: the build's
 /// `libsmartmig_spank.so` on the host's series, else the copy built
 /// against that series' headers (`scripts/slurm-series plugin SERIES`

@@ -49,8 +49,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     smartmig_suite::require_root("the test cluster and the emulator's device files need root");
     // Slurm holds a requeued job for cred_expire + 1 s and starts it on the
     // next scheduling pass: shorten both (tests/slurm/cluster.sh).
-    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
-    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    smartmig_suite::quick_requeues();
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, "")).expect("plugstack");
     });

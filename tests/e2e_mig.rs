@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{artifact, fields, plugin, Sidecar, SlurmCluster};
+use smartmig_suite::{fields, plugin, Sidecar, SlurmCluster};
 
 /// Slurm's job timeout for a job to finish once released.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);

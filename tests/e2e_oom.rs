@@ -135,8 +135,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     // Slurm holds a requeued job for cred_expire + 1 s (default 121 s) and
     // then starts it on the next periodic scheduling pass (default every
     // 60 s): shorten both for this cluster (tests/slurm/cluster.sh).
-    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
-    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    smartmig_suite::quick_requeues();
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack(dir)).expect("write plugstack");
     });
