@@ -205,7 +205,22 @@ fn the_daemons_slurm_client_reads_this_series() {
     );
     let sinfo = output(&cluster, "sinfo", &["--json"]);
     save("sinfo.json", &sinfo);
-    let listed = parse_nodes(&json(&sinfo)).expect("parse sinfo --json");
+    let release = smartmig_daemon::slurm::parse_release(&version).expect("scontrol --version");
+    let json_nodes = release >= smartmig_daemon::slurm::SCONTROL_JSON_SINCE;
+    // 22.05's sinfo --json lists nodes; 23.11+'s groups them (no per-node
+    // source), and `scontrol show nodes --json` lists them.
+    let per_node = if json_nodes {
+        assert_eq!(
+            parse_nodes(&json(&sinfo)),
+            Err(smartmig_daemon::slurm::ParseError::GroupedNodes)
+        );
+        let nodes = output(&cluster, "scontrol", &["show", "nodes", "--json"]);
+        save("scontrol-nodes.json", &nodes);
+        nodes
+    } else {
+        sinfo
+    };
+    let listed = parse_nodes(&json(&per_node)).expect("parse the node records");
     let me = listed
         .iter()
         .find(|n| n.name == node)
@@ -214,13 +229,8 @@ fn the_daemons_slurm_client_reads_this_series() {
     assert_eq!(me.info.features, features, "{me:?}");
     assert_eq!((me.mig_node, me.shards_per_gpu), (true, 7), "{me:?}");
     assert_eq!(me.partitions, vec!["debug".to_string()], "{me:?}");
-    let release = smartmig_daemon::slurm::parse_release(&version).expect("scontrol --version");
-    if release >= smartmig_daemon::slurm::SCONTROL_JSON_SINCE {
-        let nodes = output(&cluster, "scontrol", &["show", "nodes", "--json"]);
-        save("scontrol-nodes.json", &nodes);
-        let listed = parse_nodes(&json(&nodes)).expect("parse scontrol show nodes --json");
+    if json_nodes {
         assert_eq!(listed.len(), 1, "{listed:?}");
-        assert_eq!(listed[0].info, me.info);
         let job = output(
             &cluster,
             "scontrol",
@@ -255,8 +265,39 @@ fn the_daemons_slurm_client_reads_this_series() {
     assert_eq!(comment.account, ja.account);
     assert_eq!(client.job_comment(999_999).expect("unknown job"), None);
     client
-        .set_admin_comment(u64::from(b), "smartmig:profile=7g.40gb,gpu=1")
+        .set_admin_comment(&b.to_string(), "smartmig:profile=7g.40gb,gpu=1")
         .expect("client.set_admin_comment");
+    // One task keeps the array's id (Slurm gives the others new ids): it
+    // is tagged by its `A_T` name, and only it.
+    let (_, own) = q
+        .job(u64::from(array))
+        .and_then(|j| j.array_task)
+        .expect("a task has the array's id");
+    client
+        .set_admin_comment(&format!("{array}_{own}"), "smartmig:profile=1g.5gb,gpu=0")
+        .expect("tag the task");
+    let tagged_task = client
+        .job_comment(u64::from(array))
+        .expect("job_comment of the task")
+        .expect("the task is known");
+    assert_eq!(
+        tagged_task.array_task,
+        Some((u64::from(array), own)),
+        "{tagged_task:?}"
+    );
+    assert_eq!(tagged_task.admin_comment, "smartmig:profile=1g.5gb,gpu=0");
+    let tagged = client.queue().expect("queue");
+    let untagged = tagged
+        .jobs
+        .iter()
+        .filter(|j| j.array_task.is_some() && j.job_id != u64::from(array))
+        .map(|j| j.admin_comment.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        untagged,
+        vec![String::new()],
+        "the other task was tagged too: {tagged:?}"
+    );
     client
         .set_job_shards(u64::from(held), 3)
         .expect("client.set_job_shards of a pending job");
@@ -295,4 +336,17 @@ fn the_daemons_slurm_client_reads_this_series() {
         "{ended:?}"
     );
     output(&cluster, "scancel", &[&held.to_string()]);
+
+    // slurmctld gone: no answer is a queue (22.05's squeue --json exits 0
+    // with an error and no jobs; read as a queue, every job had ended).
+    let pid = std::fs::read_to_string(cluster.dir().join("run/slurmctld.pid")).expect("pid file");
+    let killed = std::process::Command::new("kill")
+        .arg(pid.trim())
+        .status()
+        .expect("kill slurmctld");
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_secs(1));
+    let down = client.queue();
+    assert!(down.is_err(), "a queue without slurmctld: {down:?}");
+    assert!(client.node(&node).is_err(), "a node without slurmctld");
 }

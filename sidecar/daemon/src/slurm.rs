@@ -13,7 +13,8 @@
 //! ([`number`]), a shard job's `gres_detail` counts shards per GPU
 //! (`shard:3(0/7,3/7)`, 23.11+) instead of naming the index
 //! (`shard:3(IDX:1)`), and `sinfo --json` lists partition records
-//! (`sinfo`) instead of `nodes`. From 23.11 on `scontrol ... --json`
+//! (`sinfo`) that group nodes whose features differ, so it is no per-node
+//! source any more. From 23.11 on `scontrol ... --json`
 //! exists and honours its filters, so one node's or one job's record is
 //! read with it ([`CommandSlurm`], docs/slurm-integration.md "Slurm
 //! series"). 23.11+ also applies squeue's default state filter to
@@ -81,6 +82,13 @@ pub enum ParseError {
     /// `sinfo` does not list the node.
     #[error("node {0} not listed")]
     NodeNotListed(String),
+    /// 23.11+'s `sinfo --json`: partition records that group nodes whose
+    /// features differ, so no node's own features can be read from it.
+    #[error(
+        "`sinfo --json` of Slurm 23.11+ groups nodes (their features and reasons are not \
+         each node's): read `scontrol show nodes --json`"
+    )]
+    GroupedNodes,
 }
 
 /// Where a job is in its life, from `squeue --json`'s `job_state`.
@@ -291,6 +299,27 @@ pub fn parse_job_comment(text: &str) -> Option<JobComment> {
     Some(out)
 }
 
+/// The record of job `job_id` in `scontrol show job` text, which lists
+/// every task for the id of an array (its first task has the array's id);
+/// the whole text when no record starts with `JobId=<job_id> `.
+pub fn job_record(text: &str, job_id: u64) -> &str {
+    // Records start at a line beginning with `JobId=` (`ArrayJobId=` on
+    // the same line must not count).
+    let starts: Vec<usize> = text
+        .match_indices("JobId=")
+        .map(|(i, _)| i)
+        .filter(|&i| i == 0 || text[..i].ends_with('\n'))
+        .collect();
+    let head = format!("JobId={job_id} ");
+    starts
+        .iter()
+        .enumerate()
+        .find(|(_, &i)| text[i..].starts_with(&head))
+        .map_or(text, |(k, &i)| {
+            &text[i..starts.get(k + 1).copied().unwrap_or(text.len())]
+        })
+}
+
 /// The node's features (`AvailableFeatures`, `ActiveFeatures`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeFeatures {
@@ -448,10 +477,12 @@ pub trait SlurmClient: Send + Sync {
         }))
     }
     /// Sets a running job's `AdminComment` (`scontrol update JobId=J
-    /// AdminComment=TEXT`); Slurm refuses it once the job has finished.
-    fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
+    /// AdminComment=TEXT`, `job` as [`QueuedJob::slurm_id`] names it: the
+    /// first task of an array has the array's id, which alone would
+    /// update every task); Slurm refuses it once the job has finished.
+    fn set_admin_comment(&self, job: &str, text: &str) -> Result<(), SlurmError> {
         Err(SlurmError::Failed {
-            cmd: format!("scontrol update JobId={job_id} AdminComment={text}"),
+            cmd: format!("scontrol update JobId={job} AdminComment={text}"),
             status: "unsupported".into(),
             stderr: "this Slurm client cannot update jobs".into(),
         })
@@ -715,12 +746,13 @@ pub fn gres_capacity(gres: &str) -> (u8, Vec<String>) {
 
 /// Parses every node (a node listed in several partitions once) of
 /// 22.05's `sinfo --json` and of `scontrol show nodes --json` (23.11+):
-/// a `nodes` array; or of `sinfo --json` from 23.11 on: a `sinfo` array of
-/// records, each for the nodes of one partition that share a state,
-/// features, reason and GRES.
+/// a `nodes` array. 23.11+'s `sinfo --json` prints a `sinfo` array of
+/// partition records instead, which group nodes by state and partition
+/// but not by features (three nodes with features f1, f2, f3 came as one
+/// record showing f1): [`ParseError::GroupedNodes`].
 pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
-    if let Some(records) = json.get("sinfo").and_then(Value::as_array) {
-        return Ok(parse_sinfo_records(records));
+    if json.get("sinfo").is_some() && json.get("nodes").is_none() {
+        return Err(ParseError::GroupedNodes);
     }
     let nodes = json
         .get("nodes")
@@ -748,47 +780,6 @@ pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
         ));
     }
     Ok(out)
-}
-
-/// The nodes of 23.11+'s `sinfo --json` partition records; a node in
-/// several partitions is listed once, with all of them.
-fn parse_sinfo_records(records: &[Value]) -> Vec<ListedNode> {
-    let mut out: Vec<ListedNode> = Vec::new();
-    for r in records {
-        let field = |a: &str, b: &str| r.get(a).and_then(|x| x.get(b));
-        let states = split_features(field("node", "state"));
-        let partition = field("partition", "name")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let names = field("nodes", "nodes")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str);
-        for name in names {
-            if let Some(known) = out.iter_mut().find(|n| n.name == name) {
-                if !partition.is_empty() && !known.partitions.iter().any(|p| p == partition) {
-                    known.partitions.push(partition.to_string());
-                }
-                continue;
-            }
-            out.push(listed_node(
-                name,
-                &states,
-                field("features", "total"),
-                field("features", "active"),
-                field("reason", "description")
-                    .and_then(Value::as_str)
-                    .unwrap_or(""),
-                field("gres", "total").and_then(Value::as_str).unwrap_or(""),
-                (!partition.is_empty())
-                    .then(|| partition.to_string())
-                    .into_iter()
-                    .collect(),
-            ));
-        }
-    }
-    out
 }
 
 /// One node from the fields every layout has.
@@ -899,6 +890,31 @@ pub fn merge_features(current: &NodeFeatures, ours: &[String]) -> NodeFeatures {
         available: keep(&current.available),
         active: keep(&current.active),
     }
+}
+
+/// The `errors` of a `--json` answer, joined, or `None` when it has none.
+/// 22.05's `squeue --json` exits 0 when slurmctld cannot be reached and
+/// prints `"errors": [{"error": "Unspecified error", ...}]` with an empty
+/// `jobs` list (later series exit 1): read as the queue, that empty list
+/// would say every job had ended, and the reaper would free the instances
+/// of jobs that still run.
+pub fn json_errors(v: &Value) -> Option<String> {
+    let errors = v.get("errors")?.as_array()?;
+    if errors.is_empty() {
+        return None;
+    }
+    let text: Vec<String> = errors
+        .iter()
+        .map(|e| {
+            let field = |k: &str| e.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+            [field("source"), field("description"), field("error")]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(": ")
+        })
+        .collect();
+    Some(text.join("; "))
 }
 
 /// A Slurm release series (`24.11` is 24, 11), as `scontrol --version`
@@ -1061,12 +1077,37 @@ impl CommandSlurm {
         })
     }
 
+    /// Per-node records and the command that printed them: `scontrol
+    /// SHOW_ARGS --json` where it exists (23.11+), else `sinfo --json`,
+    /// unless that turns out to be 23.11+'s grouped layout (the release
+    /// could not be read): then scontrol after all.
+    fn node_records(&self, show_args: &[&str]) -> Result<(String, Value), SlurmError> {
+        if !self.scontrol_json() {
+            let v = self.json(&self.sinfo, &["--json"])?;
+            if !matches!(parse_nodes(&v), Err(ParseError::GroupedNodes)) {
+                return Ok((self.sinfo.clone(), v));
+            }
+        }
+        let v = self.scontrol_json_call(show_args)?;
+        Ok((self.scontrol.clone(), v))
+    }
+
+    /// Runs a `--json` command and returns its answer; an answer that
+    /// lists `errors` is a failure ([`json_errors`]).
     fn json(&self, program: &str, args: &[&str]) -> Result<Value, SlurmError> {
         let text = self.run(program, args)?;
-        serde_json::from_str(&text).map_err(|source| SlurmError::Json {
+        let value = serde_json::from_str(&text).map_err(|source| SlurmError::Json {
             cmd: program.to_string(),
             source,
-        })
+        })?;
+        match json_errors(&value) {
+            None => Ok(value),
+            Some(stderr) => Err(SlurmError::Failed {
+                cmd: format!("{program} {}", args.join(" ")),
+                status: "exit status 0, errors in its JSON".into(),
+                stderr,
+            }),
+        }
     }
 }
 
@@ -1087,32 +1128,14 @@ impl SlurmClient for CommandSlurm {
     /// 23.11+: `scontrol show node N --json`, that node's record alone;
     /// 22.05: `sinfo --json`, every node of the cluster.
     fn node(&self, node: &str) -> Result<NodeInfo, SlurmError> {
-        let (cmd, v) = if self.scontrol_json() {
-            let v = self.scontrol_json_call(&["show", "node", node])?;
-            (&self.scontrol, v)
-        } else {
-            (&self.sinfo, self.json(&self.sinfo, &["--json"])?)
-        };
-        parse_node(&v, node).map_err(|source| SlurmError::Parse {
-            cmd: cmd.clone(),
-            source,
-        })
+        let (cmd, v) = self.node_records(&["show", "node", node])?;
+        parse_node(&v, node).map_err(|source| SlurmError::Parse { cmd, source })
     }
 
-    /// 23.11+: `scontrol show nodes --json` (one record per node, where
-    /// `sinfo --json` groups them by partition and state); 22.05:
-    /// `sinfo --json`.
+    /// 23.11+: `scontrol show nodes --json`; 22.05: `sinfo --json`.
     fn nodes(&self) -> Result<Vec<ListedNode>, SlurmError> {
-        let (cmd, v) = if self.scontrol_json() {
-            let v = self.scontrol_json_call(&["show", "nodes"])?;
-            (&self.scontrol, v)
-        } else {
-            (&self.sinfo, self.json(&self.sinfo, &["--json"])?)
-        };
-        parse_nodes(&v).map_err(|source| SlurmError::Parse {
-            cmd: cmd.clone(),
-            source,
-        })
+        let (cmd, v) = self.node_records(&["show", "nodes"])?;
+        parse_nodes(&v).map_err(|source| SlurmError::Parse { cmd, source })
     }
 
     fn set_node_features(&self, node: &str, f: &NodeFeatures) -> Result<(), SlurmError> {
@@ -1150,14 +1173,14 @@ impl SlurmClient for CommandSlurm {
             };
         }
         match self.run(&self.scontrol, &["show", "job", &id]) {
-            Ok(text) => Ok(parse_job_comment(&text)),
+            Ok(text) => Ok(parse_job_comment(job_record(&text, job_id))),
             Err(e) if gone(&e) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
-        let job = format!("JobId={job_id}");
+    fn set_admin_comment(&self, job: &str, text: &str) -> Result<(), SlurmError> {
+        let job = format!("JobId={job}");
         let comment = format!("AdminComment={text}");
         self.run(&self.scontrol, &["update", &job, &comment])
             .map(|_| ())
@@ -1447,8 +1470,19 @@ mod tests {
             reason: "smartmig: sidecar unreachable".into(),
         };
         for s in samples() {
-            let mut layouts = vec![("sinfo --json", s.sinfo)];
-            layouts.extend(s.scontrol_nodes.map(|n| ("scontrol show nodes --json", n)));
+            // 23.11+'s sinfo groups nodes: not a per-node source.
+            let layouts = match s.scontrol_nodes {
+                None => vec![("sinfo --json", s.sinfo)],
+                Some(n) => {
+                    assert_eq!(
+                        parse_nodes(&parsed(s.sinfo)),
+                        Err(ParseError::GroupedNodes),
+                        "{}",
+                        s.series
+                    );
+                    vec![("scontrol show nodes --json", n)]
+                }
+            };
             for (what, text) in layouts {
                 let nodes =
                     parse_nodes(&parsed(text)).unwrap_or_else(|e| panic!("{}: {e}", s.series));
@@ -1495,10 +1529,59 @@ mod tests {
         }
     }
 
+    /// 22.05 with slurmctld down: exit 0, an empty job list and an error.
+    #[test]
+    fn an_answer_with_errors_is_no_queue() {
+        let down = parsed(include_str!(
+            "../../tests/data/slurm/22.05/squeue-no-controller.json"
+        ));
+        assert_eq!(
+            json_errors(&down).as_deref(),
+            Some("slurm_load_jobs: Failed while looking for jobs: Unspecified error")
+        );
+        for s in samples() {
+            assert_eq!(json_errors(&parsed(s.squeue)), None, "{}", s.series);
+            assert_eq!(json_errors(&parsed(s.sinfo)), None, "{}", s.series);
+        }
+        // The client refuses it (a shell stands in for squeue).
+        let text = include_str!("../../tests/data/slurm/22.05/squeue-no-controller.json");
+        let dir = std::env::temp_dir().join(format!("smartmig-json-errors-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("out.json");
+        std::fs::write(&file, text).unwrap();
+        let slurm = CommandSlurm {
+            squeue: "cat".into(),
+            sinfo: "cat".into(),
+            scontrol: "cat".into(),
+            slurmd: "cat".into(),
+            timeout: Duration::from_secs(10),
+        };
+        let e = slurm.json("cat", &[file.to_str().unwrap()]).unwrap_err();
+        assert!(
+            e.to_string().contains("Failed while looking for jobs"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn an_array_tasks_text_record_names_its_array() {
         let text = "JobId=12 ArrayJobId=11 ArrayTaskId=1 JobName=wrap\n   Priority=1 Nice=0 Account=(null) QOS=normal\n";
         assert_eq!(parse_job_comment(text).unwrap().array_task, Some((11, 1)));
+        // `scontrol show job 11` of a running array: every task's record.
+        let both = "JobId=12 ArrayJobId=11 ArrayTaskId=2 JobName=w\n   AdminComment=b \n\n\
+                    JobId=11 ArrayJobId=11 ArrayTaskId=1 JobName=w\n   AdminComment=a \n\n";
+        let first = parse_job_comment(job_record(both, 11)).unwrap();
+        assert_eq!(
+            (first.admin_comment.as_str(), first.array_task),
+            ("a", Some((11, 1)))
+        );
+        let second = parse_job_comment(job_record(both, 12)).unwrap();
+        assert_eq!(
+            (second.admin_comment.as_str(), second.array_task),
+            ("b", Some((11, 2)))
+        );
+        assert_eq!(job_record("nothing", 3), "nothing");
         let pending = "JobId=11 ArrayJobId=11 ArrayTaskId=1-2 JobName=wrap\n";
         assert_eq!(parse_job_comment(pending).unwrap().array_task, None);
     }

@@ -1552,11 +1552,17 @@ impl Daemon {
                 let Some(job) = job else {
                     return Ok(false);
                 };
-                if let Some((array, task)) = job.array_task {
+                // An array task by its `A_T` name, for status and for the
+                // update: the first task's id is the array's, which alone
+                // would update every task.
+                let name = job
+                    .array_task
+                    .map(|(array, task)| format!("{array}_{task}"));
+                if let Some(name) = &name {
                     array_names
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .insert(job_id, format!("{array}_{task}"));
+                        .insert(job_id, name.clone());
                 }
                 if let Some(a) = &job.account {
                     accounts
@@ -1564,7 +1570,8 @@ impl Daemon {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .insert(job_id, a.clone());
                 }
-                slurm.set_admin_comment(job_id, &merge_comment(&job.admin_comment, &tag))?;
+                let name = name.unwrap_or_else(|| job_id.to_string());
+                slurm.set_admin_comment(&name, &merge_comment(&job.admin_comment, &tag))?;
                 Ok(true)
             });
             match result {
