@@ -2,7 +2,19 @@
 //!
 //! The header comes from Debian's `libslurm-dev`; bindgen needs libclang
 //! (`libclang-dev`). Set `SLURM_INCLUDE_DIR` to the directory that holds
-//! `slurm/spank.h` when it is not under `/usr/include` or `/usr/local/include`.
+//! `slurm/spank.h` when it is not under `/usr/include` or `/usr/local/include`
+//! (`scripts/slurm-series headers 24.11` prints one for each series the
+//! project is tested on).
+//!
+//! The SPANK API grows between series; what the plugin uses of the newer
+//! parts is switched on by a `cfg` set here from the header itself, so one
+//! source builds against every series (docs/slurm-integration.md, "Slurm
+//! series"):
+//!
+//! - `spank_init_failure_mode` (26.05+: `extern int
+//!   slurm_spank_init_failure_mode`, with `ESPANK_JOB_FAILURE`): the plugin
+//!   exports that variable, so that a failing `init` fails the job instead
+//!   of draining the node.
 
 use std::env;
 use std::path::PathBuf;
@@ -33,6 +45,12 @@ fn main() {
     });
     let header = include_dir.join("slurm").join("spank.h");
     println!("cargo:rerun-if-changed={}", header.display());
+    println!("cargo::rustc-check-cfg=cfg(spank_init_failure_mode)");
+    let text = std::fs::read_to_string(&header)
+        .unwrap_or_else(|e| panic!("smartmig-spank: read {}: {e}", header.display()));
+    if text.contains("slurm_spank_init_failure_mode") {
+        println!("cargo:rustc-cfg=spank_init_failure_mode");
+    }
     println!(
         "cargo:rerun-if-changed={}",
         include_dir.join("slurm").join("slurm_version.h").display()

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
@@ -41,6 +42,99 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The Slurm release series the tests run against when it is not the
+/// host's: `SMARTMIG_SLURM_SERIES` (e.g. `24.11`), whose Slurm runs in a
+/// root file system of its Debian suite (`scripts/slurm-series`). `None`:
+/// the host's Slurm.
+pub fn slurm_series() -> Option<String> {
+    std::env::var("SMARTMIG_SLURM_SERIES")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// A command that talks to the test cluster's Slurm: run as it is on the
+/// host's series, inside the series' root file system otherwise
+/// (`scripts/slurm-series run SERIES PROGRAM`, which exec's PROGRAM, so the
+/// child's pid is the program's). Paths under /tmp and the checkout are the
+/// same inside and out. Slurm's clients, `smartmigd` (which runs them) and
+/// `smartmig doctor` go through here.
+pub fn in_slurm(program: impl AsRef<OsStr>) -> Command {
+    match slurm_series() {
+        None => Command::new(program),
+        Some(series) => {
+            let mut cmd = Command::new(repo_root().join("scripts/slurm-series"));
+            cmd.arg("run").arg(series).arg(program);
+            cmd
+        }
+    }
+}
+
+/// The test cluster's Slurm release series (`(24, 11)`), from the series'
+/// `slurmd -V` (Slurm's clients, `scontrol --version` included, stop
+/// without a slurm.conf; slurmd does not).
+///
+/// # Panics
+/// When it prints no version.
+pub fn slurm_release() -> (u32, u32) {
+    let out = in_slurm("slurmd")
+        .arg("-V")
+        .output()
+        .expect("run slurmd -V");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut parts = text.split_whitespace().last().unwrap_or("").split('.');
+    match (
+        parts.next().and_then(|p| p.parse().ok()),
+        parts.next().and_then(|p| p.parse().ok()),
+    ) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => panic!("slurmd -V printed no version: {}", describe(&out)),
+    }
+}
+
+/// Makes the next [`SlurmCluster`] of this process start a requeued job
+/// within seconds instead of minutes: the scheduler looks at the queue
+/// every 2 s, and a requeued job is held 5 s (Slurm's default is
+/// `cred_expire` + 1 = 121 s). Slurm 25.11 and later set that hold with
+/// `SchedulerParameters=requeue_delay=`; older series only through
+/// `AuthInfo=cred_expire=`, which also shortens every job credential's
+/// lifetime.
+pub fn quick_requeues() {
+    if slurm_release() >= (25, 11) {
+        std::env::remove_var("SMARTMIG_SLURM_CRED_EXPIRE");
+        std::env::set_var(
+            "SMARTMIG_SLURM_SCHED_EXTRA",
+            "sched_interval=2,requeue_delay=5",
+        );
+    } else {
+        std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
+        std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    }
+}
+
+/// The SPANK plugin for the test cluster's Slurm: the build's
+/// `libsmartmig_spank.so` on the host's series, else the copy built
+/// against that series' headers (`scripts/slurm-series plugin SERIES`
+/// writes `<target>/slurm/SERIES/libsmartmig_spank.so`).
+///
+/// # Panics
+/// If that file does not exist, saying how to build it.
+pub fn plugin() -> PathBuf {
+    let Some(series) = slurm_series() else {
+        return artifact("libsmartmig_spank.so");
+    };
+    let target = artifact_dir().parent().unwrap_or(artifact_dir());
+    let path = target
+        .join("slurm")
+        .join(&series)
+        .join("libsmartmig_spank.so");
+    assert!(
+        path.exists(),
+        "the plugin for Slurm {series} is not at {}: run `scripts/slurm-series plugin {series}` first",
+        path.display()
+    );
+    path
+}
+
 /// Fails the calling test unless it runs as root (the Slurm harness needs
 /// root for `mknod` and `SlurmUser=root`). End-to-end tests must never skip
 /// silently.
@@ -54,7 +148,18 @@ pub fn require_root(what: &str) {
     );
 }
 
-/// Output of a finished command as text, for error messages.
+/// The ordinary user test jobs run as (a system user with a group of the
+/// same name). Not `nobody`: Slurm 26.05 refuses `--uid=nobody` ("Invalid
+/// --uid specification"; it reserves that name).
+pub const JOB_USER: &str = "smartmig-job";
+
+/// [`JOB_USER`], created first when it does not exist.
+pub fn job_user() -> &'static str {
+    static MADE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| ensure_user(JOB_USER));
+    JOB_USER
+}
+
 /// The uid of local user `name`, created first (a system user with a group
 /// of the same name, no home, no login shell) when it does not exist: tests
 /// of isolation between users need real uids that Slurm can resolve.
@@ -81,6 +186,7 @@ pub fn ensure_user(name: &str) -> u32 {
     id(name).unwrap_or_else(|| panic!("user {name} has no uid after useradd"))
 }
 
+/// Output of a finished command as text, for error messages.
 pub fn describe(out: &Output) -> String {
     format!(
         "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -145,7 +251,7 @@ pub fn fields(output: &str) -> std::collections::HashMap<String, String> {
 pub fn plugstack_line(dir: &Path, extra: &str) -> String {
     format!(
         "required {} socket={} timeout=40 {extra}\n",
-        artifact("libsmartmig_spank.so").display(),
+        plugin().display(),
         dir.join("run/smartmigd-root.sock").display()
     )
 }
@@ -245,7 +351,7 @@ impl SlurmCluster {
 
     /// A Slurm client command (`sbatch`, `squeue`, ...) aimed at this cluster.
     pub fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new(program);
+        let mut cmd = in_slurm(program);
         cmd.env("SLURM_CONF", self.slurm_conf())
             .current_dir(&self.dir);
         cmd
@@ -313,11 +419,12 @@ impl SlurmCluster {
             .expect("run sbatch")
     }
 
-    /// Submits `BODY` as user `nobody` (as a real cluster runs the plugin:
-    /// slurmstepd as root, tasks as the user), output to `out`; returns
-    /// the job id.
-    pub fn sbatch_as_nobody(&self, out: &Path, args: &[&str], body: &str) -> u32 {
-        self.sbatch_as("nobody", "nogroup", out, args, body)
+    /// Submits `BODY` as the ordinary user [`JOB_USER`] (as a real
+    /// cluster runs the plugin: slurmstepd as root, tasks as the user),
+    /// output to `out`; returns the job id.
+    pub fn sbatch_as_job_user(&self, out: &Path, args: &[&str], body: &str) -> u32 {
+        let user = job_user();
+        self.sbatch_as(user, user, out, args, body)
     }
 
     /// Submits `BODY` as `user` (group `group`), output to `out`.
@@ -389,7 +496,7 @@ impl SlurmCluster {
     }
 
     /// A directory in the cluster that any user may write (job output of
-    /// jobs submitted with `--uid=nobody`).
+    /// jobs submitted as [`JOB_USER`]).
     pub fn shared_dir(&self) -> PathBuf {
         let dir = self.dir.join("jobs");
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
@@ -579,7 +686,7 @@ impl Sidecar {
             .open(&log_path)
             .unwrap_or_else(|e| panic!("open {}: {e}", log_path.display()));
         let log2 = log.try_clone().expect("clone log handle");
-        let child = Command::new(artifact("smartmigd"))
+        let child = in_slurm(artifact("smartmigd"))
             .arg("--config")
             .arg(&config)
             .env("SLURM_CONF", dir.join("slurm.conf"))

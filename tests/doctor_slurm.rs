@@ -6,19 +6,20 @@
 //!
 //! Needs root and a release build of the workspace; fails, never skips.
 
-use std::process::Command;
-
 use serde_json::Value;
-use smartmig_suite::{artifact, describe, plugstack_line, Sidecar, SlurmCluster};
+use smartmig_suite::{artifact, describe, in_slurm, plugstack_line, Sidecar, SlurmCluster};
 
 #[test]
 fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
+    // Quick requeues as the other tests have them: on 25.11+ without
+    // `requeue_delay` doctor warns (slurm.requeue).
+    smartmig_suite::quick_requeues();
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, ""))
             .expect("write plugstack.conf");
     });
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
-    let out = Command::new(artifact("smartmig"))
+    let out = in_slurm(artifact("smartmig"))
         .arg("doctor")
         .arg("--config")
         .arg(cluster.dir().join("smartmigd.toml"))
@@ -47,6 +48,8 @@ fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
         "slurm.select",
         "slurm.node",
         "slurm.gres.autodetect",
+        "slurm.gres.devices",
+        "slurm.requeue",
         "slurm.gres.gpu",
         "slurm.gres.shard.gpu0",
         "slurm.gres.shard.gpu1",

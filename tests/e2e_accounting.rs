@@ -50,7 +50,7 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
         go.display()
     );
     // Held, so the site's comment is there before the job starts.
-    let job = cluster.sbatch_as_nobody(&out, &["--gres=shard:2", "--hold"], &body);
+    let job = cluster.sbatch_as_job_user(&out, &["--gres=shard:2", "--hold"], &body);
     let set = cluster
         .command("scontrol")
         .args([
@@ -101,7 +101,7 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
     let config = cluster.dir().join("smartmigd.toml");
     let mut lines = Value::Null;
     let logged = smartmig_suite::wait_until(Duration::from_secs(20), || {
-        let o = std::process::Command::new(artifact("smartmig"))
+        let o = smartmig_suite::in_slurm(artifact("smartmig"))
             .args(["usage", "--json", "--config"])
             .arg(&config)
             .output()
@@ -116,24 +116,24 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "the usage log names every user's jobs");
-    let nobody = &lines[0];
-    assert_eq!(nobody["who"], "nobody", "{lines:#}");
-    assert_eq!(nobody["jobs"], 1, "{lines:#}");
-    assert_eq!(nobody["profiles"]["2g.10gb"], 1, "{lines:#}");
+    let user = &lines[0];
+    assert_eq!(user["who"], smartmig_suite::JOB_USER, "{lines:#}");
+    assert_eq!(user["jobs"], 1, "{lines:#}");
+    assert_eq!(user["profiles"]["2g.10gb"], 1, "{lines:#}");
     // Two slices for at least the two seconds the test held the job.
-    let hours = nobody["slice_hours"].as_f64().expect("slice_hours");
+    let hours = user["slice_hours"].as_f64().expect("slice_hours");
     assert!(
         (2.0 * 2.0 / 3600.0..2.0 * 120.0 / 3600.0).contains(&hours),
         "{lines:#}"
     );
-    let table = std::process::Command::new(artifact("smartmig"))
+    let table = smartmig_suite::in_slurm(artifact("smartmig"))
         .args(["usage", "--config"])
         .arg(&config)
         .output()
         .expect("run smartmig usage");
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
-        table.contains("nobody") && table.contains("2g.10gb×1"),
+        table.contains(smartmig_suite::JOB_USER) && table.contains("2g.10gb×1"),
         "{table}"
     );
     drop(sidecar);

@@ -27,8 +27,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// A cluster with a short requeue delay (Slurm holds a job requeued while it runs for
 /// cred_expire + 1 s) and a scheduler that looks at the queue every 2 s.
 fn cluster(plugin_extra: &str) -> SlurmCluster {
-    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
-    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    smartmig_suite::quick_requeues();
     let extra = plugin_extra.to_string();
     SlurmCluster::up_with(move |dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, &extra))
@@ -73,8 +72,7 @@ fn busy(status: &Value) -> Vec<Value> {
 /// leaked instance.
 #[test]
 fn big_queue_and_no_epilog_still_free_instances() {
-    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
-    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    smartmig_suite::quick_requeues();
     let cluster = SlurmCluster::up();
     // Listed now, after slurmd started: steps use it, the epilog does not.
     std::fs::write(
@@ -84,14 +82,12 @@ fn big_queue_and_no_epilog_still_free_instances() {
     .expect("write plugstack");
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 20");
     // 200 held jobs, submitted by one shell to keep it quick.
-    let conf = cluster.slurm_conf();
-    let out = std::process::Command::new("bash")
+    let out = cluster
+        .command("bash")
         .arg("-c")
         .arg(
             "for i in $(seq 200); do sbatch -H -o /dev/null --wrap true >/dev/null || exit 1; done",
         )
-        .env("SLURM_CONF", &conf)
-        .current_dir(cluster.dir())
         .output()
         .expect("submit held jobs");
     assert!(out.status.success(), "{out:?}");

@@ -49,8 +49,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     smartmig_suite::require_root("the test cluster and the emulator's device files need root");
     // Slurm holds a requeued job for cred_expire + 1 s and starts it on the
     // next scheduling pass: shorten both (tests/slurm/cluster.sh).
-    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
-    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    smartmig_suite::quick_requeues();
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, "")).expect("plugstack");
     });
@@ -75,7 +74,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
          for i in $(seq 1200); do [ -e {go}.$R ] && break; sleep 0.1; done; echo DONE=$R",
         go = go.display()
     );
-    let job = cluster.sbatch_as_nobody(
+    let job = cluster.sbatch_as_job_user(
         &out,
         &["--gres=shard:1", "--job-name=grow", "--open-mode=append"],
         &body,
@@ -198,7 +197,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     let early = &status["memory"]["early_restart"];
     assert_eq!(early["restarts"], 1, "{status:#}");
     assert_eq!(early["false_restarts"], 0, "{status:#}");
-    let est = Sidecar::estimate(&status, "nobody", "grow")
+    let est = Sidecar::estimate(&status, smartmig_suite::JOB_USER, "grow")
         .unwrap_or_else(|| panic!("nothing learned: {status:#}"));
     assert_eq!(est["runs"], 1, "{status:#}");
     assert_eq!(est["ooms"], 0, "{status:#}");

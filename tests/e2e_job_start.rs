@@ -60,7 +60,7 @@ fn measure(cluster: &SlurmCluster, k: u32) -> (Vec<f64>, Vec<f64>) {
     let gres = format!("--gres=shard:{k}");
     let jobs: Vec<u32> = (0..JOBS)
         .map(|i| {
-            cluster.sbatch_as_nobody(
+            cluster.sbatch_as_job_user(
                 &out.join(format!("start-{k}-{i}.out")),
                 &[&gres, "--hold"],
                 "true",

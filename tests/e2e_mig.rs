@@ -3,7 +3,7 @@
 //! shards each), the SPANK plugin (`required` in plugstack.conf) and the
 //! daemon with its sim backend (two A100-40GB).
 //!
-//! Jobs run as `nobody`, so the plugin is exercised the way it runs on a
+//! Jobs run as an ordinary user (`JOB_USER`), so the plugin is exercised the way it runs on a
 //! real cluster (slurmstepd as root, tasks as the user). Every assertion is
 //! on real job output, job states, the node state and `smartmig status`.
 //!
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{artifact, fields, Sidecar, SlurmCluster};
+use smartmig_suite::{fields, plugin, Sidecar, SlurmCluster};
 
 /// Slurm's job timeout for a job to finish once released.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
@@ -45,9 +45,9 @@ fn held_job(go: &Path, extra: &str) -> String {
     )
 }
 
-/// Submits a job as `nobody` writing to `out`.
+/// Submits a job as the ordinary job user writing to `out`.
 fn submit(cluster: &SlurmCluster, out: &Path, args: &[&str], body: &str) -> u32 {
-    cluster.sbatch_as_nobody(out, args, body)
+    cluster.sbatch_as_job_user(out, args, body)
 }
 
 /// `KEY=value` words of a job's output.
@@ -156,7 +156,8 @@ fn shard_job_runs_on_the_instance_the_sidecar_reports() {
     assert_eq!(held[0]["uuid"], Value::from(cvd.clone()), "{status:#}");
     assert_eq!(held[0]["job_id"], Value::from(job), "{status:#}");
     assert_eq!(held[0]["profile"], "3g.20gb", "{status:#}");
-    assert_eq!(held[0]["uid"], Value::from(65534), "{status:#}");
+    let uid = smartmig_suite::ensure_user(smartmig_suite::JOB_USER);
+    assert_eq!(held[0]["uid"], Value::from(uid), "{status:#}");
 
     go(&jobs, "go.all");
     let state = cluster.wait_job(job, JOB_TIMEOUT);
@@ -437,7 +438,7 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
             dir.join("plugstack.conf"),
             format!(
                 "required {} socket={} timeout=5\n",
-                artifact("libsmartmig_spank.so").display(),
+                plugin().display(),
                 spy.display()
             ),
         )

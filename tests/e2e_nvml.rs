@@ -118,7 +118,7 @@ fn jobs_on_the_nvml_backend_allocate_reuse_survive_a_crash_and_reshape() {
     // Allocate: a 3-shard job gets a 3g.20gb instance that the "hardware"
     // really has, and only its user may open the instance's access files.
     let out1 = shared.join("one.out");
-    let job1 = cluster.sbatch_as_nobody(&out1, &["--gres=shard:3"], &held_job(&shared));
+    let job1 = cluster.sbatch_as_job_user(&out1, &["--gres=shard:3"], &held_job(&shared));
     let (uuid, profile) = instance_of(&cluster, &out1);
     assert_eq!(profile, "3g.20gb");
     let (gpu, holder) = in_status(&sidecar, &uuid).expect("job 1's instance in status");
@@ -148,7 +148,8 @@ fn jobs_on_the_nvml_backend_allocate_reuse_survive_a_crash_and_reshape() {
             "{f}"
         );
         let m = std::fs::metadata(f).unwrap_or_else(|e| panic!("{f}: {e}"));
-        assert_eq!((m.uid(), m.mode() & 0o777), (65534, 0o600), "{f}");
+        let uid = smartmig_suite::ensure_user(smartmig_suite::JOB_USER);
+        assert_eq!((m.uid(), m.mode() & 0o777), (uid, 0o600), "{f}");
     }
     release(&cluster, job1, &out1);
     for f in &files {
@@ -168,7 +169,7 @@ fn jobs_on_the_nvml_backend_allocate_reuse_survive_a_crash_and_reshape() {
     let before = creates(&emu);
     assert!(before >= 1, "the backend never created through NVML");
     let out2 = shared.join("two.out");
-    let job2 = cluster.sbatch_as_nobody(&out2, &["--gres=shard:3"], &held_job(&shared));
+    let job2 = cluster.sbatch_as_job_user(&out2, &["--gres=shard:3"], &held_job(&shared));
     let (uuid2, _) = instance_of(&cluster, &out2);
     assert_eq!(uuid2, uuid, "the idle 3g.20gb was not reused");
     assert_eq!(creates(&emu), before, "reuse created an instance");
@@ -188,7 +189,7 @@ fn jobs_on_the_nvml_backend_allocate_reuse_survive_a_crash_and_reshape() {
     })
     .expect("inject a slow create");
     let out5 = shared.join("five.out");
-    let job5 = cluster.sbatch_as_nobody(&out5, &["--gres=shard:2"], &held_job(&shared));
+    let job5 = cluster.sbatch_as_job_user(&out5, &["--gres=shard:2"], &held_job(&shared));
     let orphaned =
         |emu: &Emulator| (0..2).any(|g| hardware(emu, g).iter().any(|(_, _, u)| u.is_none()));
     let start = Instant::now();
@@ -233,8 +234,8 @@ fn jobs_on_the_nvml_backend_allocate_reuse_survive_a_crash_and_reshape() {
     // Reshape: two whole-GPU jobs need both GPUs as 7g.40gb: the idle
     // 3g.20gb goes, and the orphan's slices are free again.
     let (out3, out4) = (shared.join("three.out"), shared.join("four.out"));
-    let job3 = cluster.sbatch_as_nobody(&out3, &["--gres=shard:7"], &held_job(&shared));
-    let job4 = cluster.sbatch_as_nobody(&out4, &["--gres=shard:7"], &held_job(&shared));
+    let job3 = cluster.sbatch_as_job_user(&out3, &["--gres=shard:7"], &held_job(&shared));
+    let job4 = cluster.sbatch_as_job_user(&out4, &["--gres=shard:7"], &held_job(&shared));
     let (uuid3, p3) = instance_of(&cluster, &out3);
     let (uuid4, p4) = instance_of(&cluster, &out4);
     assert_eq!((p3.as_str(), p4.as_str()), ("7g.40gb", "7g.40gb"));

@@ -5,7 +5,7 @@
 //! `scontrol requeue` itself.
 //!
 //! A job reports an out-of-memory failure the documented way: it writes its
-//! `$SMARTMIG_OOM_FILE` and exits non-zero. Jobs run as `nobody`.
+//! `$SMARTMIG_OOM_FILE` and exits non-zero. Jobs run as the ordinary user `JOB_USER`.
 //!
 //! Needs root and a release build of the workspace (`scripts/test` does
 //! both); fails, never skips, when Slurm or smartmigd cannot start.
@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{artifact, Sidecar, SlurmCluster};
+use smartmig_suite::{artifact, job_user, Sidecar, SlurmCluster, JOB_USER};
 
 /// Time for a job (including its requeues) to get where a test waits for it.
 const TIMEOUT: Duration = Duration::from_secs(150);
@@ -24,13 +24,15 @@ fn plugstack(dir: &Path) -> String {
     smartmig_suite::plugstack_line(dir, &oom)
 }
 
-/// Submits a batch job as `nobody` appending to `out` (a requeued job's
+/// Submits a batch job as [`JOB_USER`] appending to `out` (a requeued job's
 /// runs share the file).
 fn submit(cluster: &SlurmCluster, out: &Path, name: &str, args: &[&str], body: &str) -> u32 {
     let name_arg = format!("--job-name={name}");
+    let user = format!("--uid={}", job_user());
+    let group = format!("--gid={}", job_user());
     let mut all = vec![
-        "--uid=nobody",
-        "--gid=nogroup",
+        user.as_str(),
+        group.as_str(),
         "--open-mode=append",
         name_arg.as_str(),
         "-o",
@@ -133,8 +135,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     // Slurm holds a requeued job for cred_expire + 1 s (default 121 s) and
     // then starts it on the next periodic scheduling pass (default every
     // 60 s): shorten both for this cluster (tests/slurm/cluster.sh).
-    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", "5");
-    std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
+    smartmig_suite::quick_requeues();
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack(dir)).expect("write plugstack");
     });
@@ -185,7 +186,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     assert_eq!(ev["profile"], "1g.5gb", "{status:#}");
     assert_eq!(ev["next_memory_gb"], 10, "{status:#}");
     assert_eq!(ev["job_name"], "oomtest", "{status:#}");
-    let est = Sidecar::estimate(&status, "nobody", "oomtest")
+    let est = Sidecar::estimate(&status, JOB_USER, "oomtest")
         .unwrap_or_else(|| panic!("no estimate: {status:#}"));
     assert_eq!(est["estimate_gb"], 6.0, "{status:#}");
     assert_eq!(est["ooms"], 1, "{status:#}");
@@ -200,7 +201,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     );
     let table = sidecar.status_table();
     assert!(
-        table.contains("OOM restarts") && table.contains("nobody/oomtest"),
+        table.contains("OOM restarts") && table.contains(&format!("{JOB_USER}/oomtest")),
         "{table}"
     );
     assert!(table.contains("Memory estimates"), "{table}");
@@ -274,9 +275,11 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         .args(["show", "job", "-o", &job3.to_string()])
         .output()
         .expect("scontrol show job");
+    // `gres:shard:3` in 22.05, `gres/shard:3` from 23.11 on.
     let show = String::from_utf8_lossy(&show.stdout);
     assert!(
-        show.contains("TresPerNode=gres:shard:3"),
+        show.replace("gres/", "gres:")
+            .contains("TresPerNode=gres:shard:3"),
         "job {job3} is not billed the 3 slices it used: {show}\n{}",
         read(&cluster.dir().join("log/smartmigd.log"))
     );

@@ -73,7 +73,9 @@ fn assert_refused(cluster: &SlurmCluster, args: &[&str], needle: &str) {
     );
 }
 
-/// A field of `scontrol show job -o JOB` (e.g. `TresPerNode`).
+/// A field of `scontrol show job -o JOB` (e.g. `TresPerNode`). GRES in
+/// TRES strings are spelled `gres:shard:3` by 22.05 and `gres/shard:3`
+/// from 23.11 on: returned in 22.05's spelling.
 fn job_field(cluster: &SlurmCluster, job: u32, key: &str) -> String {
     let out = cluster
         .command("scontrol")
@@ -85,7 +87,7 @@ fn job_field(cluster: &SlurmCluster, job: u32, key: &str) -> String {
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix(&prefix))
         .unwrap_or("")
-        .to_string()
+        .replace("gres/", "gres:")
 }
 
 /// Submits a held job (it never runs) and checks what Slurm bills and the
@@ -271,10 +273,10 @@ fn held_job(dir: &Path) -> String {
     )
 }
 
-/// Submits a held job as `nobody`; returns (id, output path).
+/// Submits a held job as the ordinary job user; returns (id, output path).
 fn submit(cluster: &SlurmCluster, dir: &Path, name: &str, args: &[&str]) -> (u32, PathBuf) {
     let out = dir.join(format!("{name}.out"));
-    let job = cluster.sbatch_as_nobody(&out, args, &held_job(dir));
+    let job = cluster.sbatch_as_job_user(&out, args, &held_job(dir));
     (job, out)
 }
 

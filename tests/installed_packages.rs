@@ -15,7 +15,15 @@
 //!    differs (its socket and state directory under the cluster's
 //!    directory, and the NVML emulator instead of a GPU's driver);
 //! 4. runs `smartmig doctor` from the package and one `--gres=shard:1` job;
-//! 5. purges both packages and checks that nothing is left.
+//! 5. purges both packages while that smartmigd still runs (as an admin
+//!    who follows the Remove steps does) and checks that the package stopped
+//!    it and that nothing is left, `/run/smartmig-journal` included.
+//!
+//! With `SMARTMIG_SLURM_SERIES=24.11` (or `26.05`) all of it happens in that
+//! series' root file system (`scripts/slurm-series`): the same daemon
+//! package, built on Debian 12, on trixie's or sid's glibc, and the plugin
+//! package built for that series. `systemd-analyze verify` runs on the host
+//! only (the unit file is the same for every series).
 //!
 //! Needs root; fails, never skips, when something is missing.
 
@@ -27,15 +35,42 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use smartmig_nvml_emu::Emulator;
-use smartmig_suite::{artifact, describe, fields, repo_root, require_root, SlurmCluster};
+use smartmig_suite::{
+    artifact, describe, fields, in_slurm, repo_root, require_root, slurm_series, SlurmCluster,
+};
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// Runs `program` where the series' Slurm is installed (the host, or the
+/// series' root file system).
 fn run(program: &str, args: &[&str]) -> Output {
+    in_slurm(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"))
+}
+
+/// Runs `program` on the host (package inspection).
+fn run_here(program: &str, args: &[&str]) -> Output {
     Command::new(program)
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("run {program}: {e}"))
+}
+
+/// `path` of the node the packages are installed on, seen from here.
+fn on_node(path: &str) -> PathBuf {
+    let root = match slurm_series() {
+        None => PathBuf::from("/"),
+        Some(series) => repo_root().join("target/slurm").join(series).join("root"),
+    };
+    root.join(path.trim_start_matches('/'))
+}
+
+/// The Slurm series of the test cluster's Slurm (`22.05`).
+fn running_series() -> String {
+    let (major, minor) = smartmig_suite::slurm_release();
+    format!("{major}.{minor:02}")
 }
 
 fn ok(program: &str, args: &[&str]) -> String {
@@ -49,9 +84,20 @@ fn ok(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The one file in `target/dist` whose name starts with `prefix` and ends
-/// with `suffix`.
-fn package(prefix: &str, suffix: &str) -> PathBuf {
+fn ok_here(program: &str, args: &[&str]) -> String {
+    let out = run_here(program, args);
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        describe(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The one file in `target/dist` whose name starts with `prefix`, holds
+/// `middle` and ends with `suffix`.
+fn package(prefix: &str, middle: &str, suffix: &str) -> PathBuf {
     let dist = repo_root().join("target/dist");
     let found: Vec<PathBuf> = std::fs::read_dir(&dist)
         .unwrap_or_else(|e| panic!("{}: {e}: run scripts/package first", dist.display()))
@@ -60,13 +106,13 @@ fn package(prefix: &str, suffix: &str) -> PathBuf {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
+                .is_some_and(|n| n.starts_with(prefix) && n.contains(middle) && n.ends_with(suffix))
         })
         .collect();
     assert_eq!(
         found.len(),
         1,
-        "expected one {prefix}*{suffix} in {}: {found:?}",
+        "expected one {prefix}*{middle}*{suffix} in {}: {found:?}",
         dist.display()
     );
     found.into_iter().next().expect("one package")
@@ -74,7 +120,7 @@ fn package(prefix: &str, suffix: &str) -> PathBuf {
 
 /// The non-directory paths a `.deb` installs.
 fn deb_files(deb: &Path) -> BTreeSet<String> {
-    ok("dpkg-deb", &["-c", &deb.display().to_string()])
+    ok_here("dpkg-deb", &["-c", &deb.display().to_string()])
         .lines()
         .filter(|l| !l.starts_with('d'))
         .filter_map(|l| l.split_whitespace().nth(5))
@@ -84,7 +130,7 @@ fn deb_files(deb: &Path) -> BTreeSet<String> {
 
 /// The non-directory paths an `.rpm` installs.
 fn rpm_files(rpm: &Path) -> BTreeSet<String> {
-    ok(
+    ok_here(
         "rpm",
         &[
             "-qp",
@@ -178,13 +224,16 @@ fn test_node_config(installed: &str, dir: &Path, emu: &Emulator) -> String {
 #[ignore = "needs the packages: scripts/test builds them (scripts/package) and runs this with --ignored"]
 fn installed_packages_run_a_shard_job() {
     require_root("dpkg -i and the test cluster need root");
+    // Each series has its own plugin packages: `+slurm24.11.5` in the
+    // .deb's version, `.slurm24.11.5` in the .rpm's release.
+    let series = running_series();
     let (deb, deb_plugin) = (
-        package("smartmig_", ".deb"),
-        package("smartmig-spank_", ".deb"),
+        package("smartmig_", "", ".deb"),
+        package("smartmig-spank_", &format!("+slurm{series}."), ".deb"),
     );
     let (rpm, rpm_plugin) = (
-        package("smartmig-0", ".rpm"),
-        package("smartmig-spank-", ".rpm"),
+        package("smartmig-0", "", ".rpm"),
+        package("smartmig-spank-", &format!(".slurm{series}."), ".rpm"),
     );
 
     // 1. The .rpm lists the same files as the .deb.
@@ -217,7 +266,7 @@ fn installed_packages_run_a_shard_job() {
         "/etc/smartmig/smartmig.toml",
         "/etc/slurm/plugstack.conf.d/smartmig.conf",
     ] {
-        assert!(Path::new(path).exists(), "{path} not installed");
+        assert!(on_node(path).exists(), "{path} not installed");
     }
     let conffiles = ok("dpkg-query", &["-W", "-f=${Conffiles}", "smartmig"]);
     assert!(
@@ -230,7 +279,7 @@ fn installed_packages_run_a_shard_job() {
         .find(|l| l.ends_with("libsmartmig_spank.so"))
         .unwrap_or_else(|| panic!("no plugin in smartmig-spank: {plugin_files}"))
         .to_string();
-    let snippet = std::fs::read_to_string("/etc/slurm/plugstack.conf.d/smartmig.conf")
+    let snippet = std::fs::read_to_string(on_node("/etc/slurm/plugstack.conf.d/smartmig.conf"))
         .expect("read the plugstack snippet");
     assert!(
         !snippet
@@ -248,15 +297,17 @@ fn installed_packages_run_a_shard_job() {
             panic!("no commented `required libsmartmig_spank.so ...` line: {snippet}")
         })
         .to_string();
-    let verify = run(
-        "systemd-analyze",
-        &["verify", "/usr/lib/systemd/system/smartmigd.service"],
-    );
-    assert!(
-        verify.status.success(),
-        "systemd-analyze verify: {}",
-        describe(&verify)
-    );
+    if slurm_series().is_none() {
+        let verify = run(
+            "systemd-analyze",
+            &["verify", "/usr/lib/systemd/system/smartmigd.service"],
+        );
+        assert!(
+            verify.status.success(),
+            "systemd-analyze verify: {}",
+            describe(&verify)
+        );
+    }
 
     // 3. The test cluster on the installed plugin; the installed daemon.
     let cluster = SlurmCluster::up_with(|dir| {
@@ -277,12 +328,12 @@ fn installed_packages_run_a_shard_job() {
     let dir = cluster.dir().to_path_buf();
     std::fs::create_dir_all(dir.join("run")).expect("mkdir run");
     let (_, emu) = common::two_a100s(&dir);
-    let installed =
-        std::fs::read_to_string("/etc/smartmig/smartmig.toml").expect("read the installed config");
+    let installed = std::fs::read_to_string(on_node("/etc/smartmig/smartmig.toml"))
+        .expect("read the installed config");
     let config = dir.join("smartmig.toml");
     std::fs::write(&config, test_node_config(&installed, &dir, &emu)).expect("write config");
     let log = std::fs::File::create(dir.join("log/smartmigd.log")).expect("smartmigd log");
-    let daemon = Command::new("/usr/sbin/smartmigd")
+    let daemon = in_slurm("/usr/sbin/smartmigd")
         .arg("--config")
         .arg(&config)
         .env("SLURM_CONF", dir.join("slurm.conf"))
@@ -294,7 +345,7 @@ fn installed_packages_run_a_shard_job() {
         .expect("start the installed smartmigd");
     let _daemon = Killed(daemon);
     let answers = || {
-        Command::new("/usr/bin/smartmig")
+        in_slurm("/usr/bin/smartmig")
             .args(["status", "--json", "--socket"])
             .arg(dir.join("run/smartmig.sock"))
             .output()
@@ -311,7 +362,7 @@ fn installed_packages_run_a_shard_job() {
     }
 
     // 4. doctor from the package, then a job.
-    let doctor = Command::new("/usr/bin/smartmig")
+    let doctor = in_slurm("/usr/bin/smartmig")
         .args(["doctor", "--config"])
         .arg(&config)
         .arg("--slurm-conf")
@@ -325,7 +376,7 @@ fn installed_packages_run_a_shard_job() {
         describe(&doctor)
     );
     let out = cluster.shared_dir().join("installed.out");
-    let job = cluster.sbatch_as_nobody(
+    let job = cluster.sbatch_as_job_user(
         &out,
         &["--gres=shard:1"],
         "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
@@ -343,19 +394,36 @@ fn installed_packages_run_a_shard_job() {
         Some("1g.5gb"),
         "{text}"
     );
-    drop(_daemon);
-    drop(cluster);
+    assert!(
+        on_node("/run/smartmig-journal").is_dir(),
+        "the installed config's journal_dir is not in use"
+    );
 
-    // 5. Purge: nothing of either package is left.
+    // 5. Purge as the quickstart's Remove steps do, with smartmigd still
+    // running (started by hand, no systemd): the package stops it, and
+    // nothing of either package is left.
     drop(_installed);
+    let start = Instant::now();
+    let mut daemon = _daemon;
+    while daemon.0.try_wait().ok().flatten().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "dpkg --purge left smartmigd running from the deleted binary"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(daemon);
+    drop(cluster);
     for path in [
         "/usr/sbin/smartmigd",
         "/usr/bin/smartmig",
         "/etc/smartmig/smartmig.toml",
         "/etc/slurm/plugstack.conf.d/smartmig.conf",
+        "/var/lib/smartmig",
+        "/run/smartmig-journal",
         plugin.as_str(),
     ] {
-        assert!(!Path::new(path).exists(), "{path} left after dpkg --purge");
+        assert!(!on_node(path).exists(), "{path} left after dpkg --purge");
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use smartmig_suite::{artifact, SlurmCluster};
+use smartmig_suite::{plugin, SlurmCluster};
 
 /// The plugin's request timeout in these tests (plugstack `timeout=`).
 const PLUGIN_TIMEOUT_S: u64 = 3;
@@ -38,7 +38,7 @@ fn plugstack(socket: &Path) -> String {
     format!(
         "required {} socket={} timeout={PLUGIN_TIMEOUT_S} sidecar_wait=0 \
          drain_on_unreachable=no requeue=no\n",
-        artifact("libsmartmig_spank.so").display(),
+        plugin().display(),
         socket.display()
     )
 }
@@ -171,14 +171,16 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// Submits a 2-shard job as `nobody` and waits for its final state; returns
+/// Submits a 2-shard job as the ordinary job user and waits for its final state; returns
 /// (state, output, wall time from submit to the final state).
 fn run_shard_job(cluster: &SlurmCluster, name: &str) -> (u32, String, String, Duration) {
     let out = cluster.shared_dir().join(format!("{name}.out"));
     let start = Instant::now();
+    let user = format!("--uid={}", smartmig_suite::job_user());
+    let group = format!("--gid={}", smartmig_suite::job_user());
     let job = cluster.sbatch(&[
-        "--uid=nobody",
-        "--gid=nogroup",
+        &user,
+        &group,
         "-o",
         out.to_str().expect("utf-8 path"),
         "--gres=shard:2",

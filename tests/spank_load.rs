@@ -9,11 +9,11 @@
 
 use std::time::Duration;
 
-use smartmig_suite::{artifact, SlurmCluster};
+use smartmig_suite::{plugin, SlurmCluster};
 
 #[test]
 fn required_plugin_loads_in_slurmstepd() {
-    let plugin = artifact("libsmartmig_spank.so");
+    let plugin = plugin();
     let cluster = SlurmCluster::up();
     // plugstack.conf is read for each new job: no daemon restart needed.
     // No smartmigd runs here, so the shard job gets no MIG instance;

@@ -22,9 +22,38 @@ use smartmig_nvml_emu::{Emulator, GpuSetup, DIR_ENV};
 
 const NODE: &str = "dr1";
 
-const GRES: &str = "NodeName=dr[1-2] Name=gpu File=/dev/nvidia[0-1]\n\
-                    NodeName=dr[1-2] Name=shard Count=7 File=/dev/nvidia0\n\
-                    NodeName=dr[1-2] Name=shard Count=7 File=/dev/nvidia1\n";
+/// gres.conf of a good node whose device files are in `DEV` (the node's
+/// `dev/`, see [`Node::new`]).
+const GRES: &str = "NodeName=dr[1-2] Name=gpu File=DEV/nvidia[0-1]\n\
+                    NodeName=dr[1-2] Name=shard Count=7 File=DEV/nvidia0\n\
+                    NodeName=dr[1-2] Name=shard Count=7 File=DEV/nvidia1\n";
+
+/// [`GRES`] (or a variant of it) with the node's device directory.
+fn gres(node_dir: &std::path::Path, text: &str) -> String {
+    text.replace("DEV/", &format!("{}/", node_dir.join("dev").display()))
+}
+
+/// Stand-ins for `/dev/nvidia0..2` (character devices with the NVIDIA
+/// major and minors 0..2, as on a GPU node): slurmd, and doctor with it,
+/// refuse a gres.conf device file that is missing or not a device.
+fn make_devices(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir.join("dev")).unwrap();
+    for minor in 0..3 {
+        let path = dir.join("dev").join(format!("nvidia{minor}"));
+        let out = Command::new("mknod")
+            .arg(&path)
+            .args(["c", "195", &minor.to_string()])
+            .output()
+            .expect("run mknod");
+        assert!(
+            out.status.success(),
+            "mknod {} failed (the doctor tests make fake GPU devices: run as root, \
+             as scripts/test does): {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
 
 struct Node {
     dir: PathBuf,
@@ -70,7 +99,8 @@ impl Node {
             ),
         )
         .unwrap();
-        std::fs::write(dir.join("gres.conf"), GRES).unwrap();
+        make_devices(&dir);
+        std::fs::write(dir.join("gres.conf"), gres(&dir, GRES)).unwrap();
         // The check only needs the library to exist.
         std::fs::write(dir.join("libsmartmig_spank.so"), b"").unwrap();
         std::fs::write(
@@ -305,12 +335,45 @@ fn a_pending_mig_change_warns() {
     assert_eq!(status(&checks, "nvml.gpu1.mig"), "ok");
 }
 
+/// A gres.conf device file that does not exist (a node without GPUs
+/// whose admin copied the snippet) fails, with the fix, and is no match
+/// for the GPU's minor number: slurmd would not start with it.
+#[test]
+fn a_missing_device_file_fails() {
+    let node = Node::new("nodev", &two_a100());
+    std::fs::remove_file(node.dir.join("dev/nvidia1")).unwrap();
+    let (checks, out) = node.checks(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let c = find(&checks, "slurm.gres.devices");
+    assert_eq!(c["status"], "fail", "{c}");
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("nvidia1: No such file"),
+        "{c}"
+    );
+    assert!(c["fix"].as_str().unwrap_or("").contains("mknod"), "{c}");
+    let g = find(&checks, "slurm.gres.gpu");
+    assert_eq!(g["status"], "fail", "{g}");
+    assert!(
+        g["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("minor number unknown"),
+        "{g}"
+    );
+}
+
 #[test]
 fn a_gres_conf_that_disagrees_fails() {
     let node = Node::new("gres", &two_a100());
     std::fs::write(
         node.dir.join("gres.conf"),
-        GRES.replace("Count=7 File=/dev/nvidia1", "Count=4 File=/dev/nvidia1"),
+        gres(
+            &node.dir,
+            &GRES.replace("Count=7 File=DEV/nvidia1", "Count=4 File=DEV/nvidia1"),
+        ),
     )
     .unwrap();
     let (checks, out) = node.checks(&[]);
@@ -326,7 +389,7 @@ fn a_gres_conf_that_disagrees_fails() {
     // Slurm's GPU 0 would be /dev/nvidia1 and GPU 1 /dev/nvidia2.
     std::fs::write(
         node.dir.join("gres.conf"),
-        GRES.replace("nvidia[0-1]", "nvidia[1-2]"),
+        gres(&node.dir, &GRES.replace("nvidia[0-1]", "nvidia[1-2]")),
     )
     .unwrap();
     let (checks, out) = node.checks(&[]);

@@ -96,6 +96,17 @@ pub const BUILT_FOR: version::SlurmVersion =
 #[allow(non_upper_case_globals)]
 pub static spank_plugin_version: c_uint = 1;
 
+/// Slurm 26.05+ reads this to decide what a failing `slurm_spank_init` of
+/// a `required` plugin means: `ESPANK_JOB_FAILURE` fails the job and leaves
+/// the node up (the default, `ESPANK_NODE_FAILURE`, drains it). `init`
+/// here never fails (it returns 0 even on a panic, see
+/// [`slurm_spank_init`]); this keeps a future failure from draining nodes.
+/// Set by build.rs when the headers declare it.
+#[cfg(spank_init_failure_mode)]
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static slurm_spank_init_failure_mode: c_int = sys::slurm_err_t_ESPANK_JOB_FAILURE as c_int;
+
 /// Slurm log levels this plugin uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogLevel {

@@ -588,6 +588,11 @@ pub struct InstanceStatus {
     pub compute: u8,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<u64>,
+    /// How Slurm names the job when it is an array task (`11_1`, while
+    /// `job_id` is the task's own id), once smartmigd has seen it in the
+    /// queue or in its `AdminComment` read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
     /// Unix seconds since which the job holds the instance.

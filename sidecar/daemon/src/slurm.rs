@@ -6,6 +6,20 @@
 //! ActiveFeatures=..` replaces the whole list, so the admin's own features
 //! must be read first and kept.
 //!
+//! Later series print other JSON (data_parser v0.0.38 in 22.05, v0.0.42 in
+//! 24.11, v0.0.45 in 26.05; samples in `tests/data/slurm/`), and the
+//! parsers here read all of them: `job_state` is a list, times, limits,
+//! array ids and the deadline are `{set, infinite, number}` objects
+//! ([`number`]), a shard job's `gres_detail` counts shards per GPU
+//! (`shard:3(0/7,3/7)`, 23.11+) instead of naming the index
+//! (`shard:3(IDX:1)`), and `sinfo --json` lists partition records
+//! (`sinfo`) that group nodes whose features differ, so it is no per-node
+//! source any more. From 23.11 on `scontrol ... --json`
+//! exists and honours its filters, so one node's or one job's record is
+//! read with it ([`CommandSlurm`], docs/slurm-integration.md "Slurm
+//! series"). 23.11+ also applies squeue's default state filter to
+//! `--json`, hiding ended jobs, so the queue is read with `--states=all`.
+//!
 //! One `squeue --json` call per epoch ([`SlurmClient::queue`]) feeds the
 //! reaper, the policy's pending demand and the running jobs' end times.
 //! 22.05 ignores `-t`/`-w`/`-j` with `--json` (checked: `squeue --json -t PD`
@@ -32,8 +46,15 @@ pub enum SlurmError {
         status: String,
         stderr: String,
     },
-    #[error("`{cmd}` took more than {secs} s")]
-    Timeout { cmd: String, secs: u64 },
+    /// `said` is the last line the command printed before it was killed
+    /// (slurmd waits for a missing gres.conf device before it stops, and
+    /// says so), `""` when it printed nothing.
+    #[error("`{cmd}` took more than {secs} s{}", said_suffix(said))]
+    Timeout {
+        cmd: String,
+        secs: u64,
+        said: String,
+    },
     #[error("`{cmd}` printed unexpected JSON: {source}")]
     Json {
         cmd: String,
@@ -41,6 +62,14 @@ pub enum SlurmError {
     },
     #[error("`{cmd}` printed unexpected JSON: {source}")]
     Parse { cmd: String, source: ParseError },
+}
+
+fn said_suffix(said: &str) -> String {
+    if said.is_empty() {
+        String::new()
+    } else {
+        format!(" (it said: {said})")
+    }
 }
 
 /// What `squeue --json` or `sinfo --json` printed that [`parse_queue`] or
@@ -53,6 +82,13 @@ pub enum ParseError {
     /// `sinfo` does not list the node.
     #[error("node {0} not listed")]
     NodeNotListed(String),
+    /// 23.11+'s `sinfo --json`: partition records that group nodes whose
+    /// features differ, so no node's own features can be read from it.
+    #[error(
+        "`sinfo --json` of Slurm 23.11+ groups nodes (their features and reasons are not \
+         each node's): read `scontrol show nodes --json`"
+    )]
+    GroupedNodes,
 }
 
 /// Where a job is in its life, from `squeue --json`'s `job_state`.
@@ -229,16 +265,27 @@ pub struct JobComment {
     pub account: Option<String>,
     /// `""` when none.
     pub admin_comment: String,
+    /// `(array job id, task id)` of an array task.
+    pub array_task: Option<(u64, u64)>,
 }
 
 /// Parses `scontrol show job ID` (22.05's multi-line form: `Account=` on
 /// the `Priority=` line, `AdminComment=TEXT ` on a line of its own when
-/// set, and its text may hold spaces). `None` when no `JobId=` line.
+/// set, and its text may hold spaces; an array task's first line has
+/// `ArrayJobId=A ArrayTaskId=T`). `None` when no `JobId=` line.
 pub fn parse_job_comment(text: &str) -> Option<JobComment> {
     if !text.trim_start().starts_with("JobId=") {
         return None;
     }
     let mut out = JobComment::default();
+    let word = |key: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    if let (Some(a), Some(t)) = (word("ArrayJobId="), word("ArrayTaskId=")) {
+        out.array_task = Some((a, t));
+    }
     for line in text.lines().map(str::trim) {
         if let Some(c) = line.strip_prefix("AdminComment=") {
             out.admin_comment = c.trim_end().to_string();
@@ -250,6 +297,27 @@ pub fn parse_job_comment(text: &str) -> Option<JobComment> {
         }
     }
     Some(out)
+}
+
+/// The record of job `job_id` in `scontrol show job` text, which lists
+/// every task for the id of an array (its first task has the array's id);
+/// the whole text when no record starts with `JobId=<job_id> `.
+pub fn job_record(text: &str, job_id: u64) -> &str {
+    // Records start at a line beginning with `JobId=` (`ArrayJobId=` on
+    // the same line must not count).
+    let starts: Vec<usize> = text
+        .match_indices("JobId=")
+        .map(|(i, _)| i)
+        .filter(|&i| i == 0 || text[..i].ends_with('\n'))
+        .collect();
+    let head = format!("JobId={job_id} ");
+    starts
+        .iter()
+        .enumerate()
+        .find(|(_, &i)| text[i..].starts_with(&head))
+        .map_or(text, |(k, &i)| {
+            &text[i..starts.get(k + 1).copied().unwrap_or(text.len())]
+        })
 }
 
 /// The node's features (`AvailableFeatures`, `ActiveFeatures`).
@@ -405,13 +473,16 @@ pub trait SlurmClient: Send + Sync {
         Ok(self.queue()?.job(job_id).map(|j| JobComment {
             account: j.account.clone(),
             admin_comment: j.admin_comment.clone(),
+            array_task: j.array_task,
         }))
     }
     /// Sets a running job's `AdminComment` (`scontrol update JobId=J
-    /// AdminComment=TEXT`); Slurm refuses it once the job has finished.
-    fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
+    /// AdminComment=TEXT`, `job` as [`QueuedJob::slurm_id`] names it: the
+    /// first task of an array has the array's id, which alone would
+    /// update every task); Slurm refuses it once the job has finished.
+    fn set_admin_comment(&self, job: &str, text: &str) -> Result<(), SlurmError> {
         Err(SlurmError::Failed {
-            cmd: format!("scontrol update JobId={job_id} AdminComment={text}"),
+            cmd: format!("scontrol update JobId={job} AdminComment={text}"),
             status: "unsupported".into(),
             stderr: "this Slurm client cannot update jobs".into(),
         })
@@ -427,6 +498,27 @@ fn job_states(job: &Value) -> Vec<String> {
             .filter_map(|v| v.as_str().map(str::to_ascii_uppercase))
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// A number as Slurm's JSON prints it: bare (22.05) or, from
+/// data_parser v0.0.40 (23.11) on, `{"set": true, "infinite": false,
+/// "number": N}`. `None` for an unset or infinite value, or anything else.
+pub fn number(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)),
+        Value::Object(o) => {
+            let set = o.get("set").and_then(Value::as_bool).unwrap_or(false);
+            let infinite = o.get("infinite").and_then(Value::as_bool).unwrap_or(false);
+            if set && !infinite {
+                o.get("number").and_then(number)
+            } else {
+                None
+            }
+        }
+        _ => None,
     }
 }
 
@@ -460,8 +552,11 @@ pub fn mig_type(tres: &str) -> Option<String> {
     })
 }
 
-/// The GPU index of a `gres_detail` entry such as `shard:3(IDX:0)` or
-/// `gpu:1(IDX:1),shard:2(IDX:1)`.
+/// The GPU index of a `gres_detail` entry: 22.05 names it
+/// (`shard:3(IDX:0)`, `gpu:1(IDX:1),shard:2(IDX:1)`); 23.11 and later
+/// count the job's shards on each of the node's GPUs, in Slurm's GPU
+/// order (`shard:3(0/7,3/7)`: three on GPU 1; typed: `shard:a100:3(...)`),
+/// and the job's GPU is the one holding its shards.
 fn gres_gpu(detail: &Value) -> Option<u32> {
     let entries: Vec<&str> = match detail {
         Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
@@ -471,28 +566,43 @@ fn gres_gpu(detail: &Value) -> Option<u32> {
     entries.iter().find_map(|e| {
         let at = e.find("shard")?;
         let rest = &e[at..];
-        let idx = rest.split("IDX:").nth(1)?;
-        let digits: String = idx.chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().ok()
+        let inside = rest.split_once('(')?.1.split(')').next()?;
+        if let Some(idx) = inside.strip_prefix("IDX:") {
+            let digits: String = idx.chars().take_while(char::is_ascii_digit).collect();
+            return digits.parse().ok();
+        }
+        inside
+            .split(',')
+            .position(|per_gpu| {
+                per_gpu
+                    .split('/')
+                    .next()
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .is_some_and(|n| n > 0)
+            })?
+            .try_into()
+            .ok()
     })
 }
 
 /// `(array_job_id, array_task_id)` when both are set (22.05 prints 0 and
-/// null, or NO_VAL, for jobs that are not array tasks).
+/// null, or NO_VAL, for jobs that are not array tasks; later series
+/// `{"set": false}` for the task).
 fn array_task(job: &Value) -> Option<(u64, u64)> {
-    let array = job.get("array_job_id").and_then(Value::as_u64)?;
-    let task = job.get("array_task_id").and_then(Value::as_u64)?;
+    let array = job.get("array_job_id").and_then(number)?;
+    let task = job.get("array_task_id").and_then(number)?;
     (array > 0 && task < u64::from(u32::MAX - 1)).then_some((array, task))
 }
 
 /// A Unix time field: 0 and absent mean "not set".
 fn time_field(job: &Value, key: &str) -> u64 {
-    job.get(key).and_then(Value::as_u64).unwrap_or(0)
+    job.get(key).and_then(number).unwrap_or(0)
 }
 
-/// Parses `squeue --json` (22.05's v0.0.38 layout; later versions' arrays
-/// for `job_state` are accepted too). Jobs without a numeric `job_id` are
-/// skipped; a missing `jobs` array is an error.
+/// Parses `squeue --json` (and, from 23.11, `scontrol show job --json`,
+/// which prints the same records): 22.05's v0.0.38 layout and later
+/// series' (module doc). Jobs without a numeric `job_id` are skipped; a
+/// missing `jobs` array is an error.
 pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
     let jobs = json
         .get("jobs")
@@ -501,7 +611,7 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
     let jobs = jobs
         .iter()
         .filter_map(|j| {
-            let job_id = j.get("job_id").and_then(Value::as_u64)?;
+            let job_id = j.get("job_id").and_then(number)?;
             let shards = ["tres_per_node", "tres_per_job", "tres_per_task"]
                 .iter()
                 .filter_map(|k| j.get(*k).and_then(Value::as_str))
@@ -512,7 +622,7 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
             // INFINITE), as are Slurm's NO_VAL/INFINITE sentinels.
             let time_limit_s = j
                 .get("time_limit")
-                .and_then(Value::as_u64)
+                .and_then(number)
                 .filter(|&m| m > 0 && m < u64::from(u32::MAX - 1))
                 .map(|m| m * 60);
             let deadline = Some(time_field(j, "deadline")).filter(|&d| d > 0);
@@ -553,7 +663,7 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
                     .to_string(),
                 restarts: j
                     .get("restart_cnt")
-                    .and_then(Value::as_u64)
+                    .and_then(number)
                     .and_then(|n| u32::try_from(n).ok())
                     .unwrap_or(0),
             })
@@ -634,9 +744,16 @@ pub fn gres_capacity(gres: &str) -> (u8, Vec<String>) {
     (per_gpu, types)
 }
 
-/// Parses every node of `sinfo --json` (a node listed in several
-/// partitions once).
+/// Parses every node (a node listed in several partitions once) of
+/// 22.05's `sinfo --json` and of `scontrol show nodes --json` (23.11+):
+/// a `nodes` array. 23.11+'s `sinfo --json` prints a `sinfo` array of
+/// partition records instead, which group nodes by state and partition
+/// but not by features (three nodes with features f1, f2, f3 came as one
+/// record showing f1): [`ParseError::GroupedNodes`].
 pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
+    if json.get("sinfo").is_some() && json.get("nodes").is_none() {
+        return Err(ParseError::GroupedNodes);
+    }
     let nodes = json
         .get("nodes")
         .and_then(Value::as_array)
@@ -650,33 +767,50 @@ pub fn parse_nodes(json: &Value) -> Result<Vec<ListedNode>, ParseError> {
         if !seen.insert(name) {
             continue;
         }
-        let drain = split_features(n.get("state_flags"))
-            .iter()
-            .chain(split_features(n.get("state")).iter())
-            .any(|f| f.to_ascii_uppercase().starts_with("DRAIN"));
-        let gres = n.get("gres").and_then(Value::as_str).unwrap_or("");
-        let (shards_per_gpu, mig_types) = gres_capacity(gres);
-        out.push(ListedNode {
-            name: name.to_string(),
-            info: NodeInfo {
-                features: NodeFeatures {
-                    available: split_features(n.get("features")),
-                    active: split_features(n.get("active_features")),
-                },
-                drain,
-                reason: n
-                    .get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-            },
-            mig_node: gres.contains("shard") || !mig_types.is_empty(),
-            partitions: split_features(n.get("partitions")),
-            shards_per_gpu,
-            mig_types,
-        });
+        let mut states = split_features(n.get("state_flags"));
+        states.extend(split_features(n.get("state")));
+        out.push(listed_node(
+            name,
+            &states,
+            n.get("features"),
+            n.get("active_features"),
+            n.get("reason").and_then(Value::as_str).unwrap_or(""),
+            n.get("gres").and_then(Value::as_str).unwrap_or(""),
+            split_features(n.get("partitions")),
+        ));
     }
     Ok(out)
+}
+
+/// One node from the fields every layout has.
+fn listed_node(
+    name: &str,
+    states: &[String],
+    features: Option<&Value>,
+    active: Option<&Value>,
+    reason: &str,
+    gres: &str,
+    partitions: Vec<String>,
+) -> ListedNode {
+    let drain = states
+        .iter()
+        .any(|f| f.to_ascii_uppercase().starts_with("DRAIN"));
+    let (shards_per_gpu, mig_types) = gres_capacity(gres);
+    ListedNode {
+        name: name.to_string(),
+        info: NodeInfo {
+            features: NodeFeatures {
+                available: split_features(features),
+                active: split_features(active),
+            },
+            drain,
+            reason: reason.to_string(),
+        },
+        mig_node: gres.contains("shard") || !mig_types.is_empty(),
+        partitions,
+        shards_per_gpu,
+        mig_types,
+    }
 }
 
 /// Whether Slurm's host list `nodes` (`gpu01`, `gpu[01-03,07]`,
@@ -758,6 +892,52 @@ pub fn merge_features(current: &NodeFeatures, ours: &[String]) -> NodeFeatures {
     }
 }
 
+/// The `errors` of a `--json` answer, joined, or `None` when it has none.
+/// 22.05's `squeue --json` exits 0 when slurmctld cannot be reached and
+/// prints `"errors": [{"error": "Unspecified error", ...}]` with an empty
+/// `jobs` list (later series exit 1): read as the queue, that empty list
+/// would say every job had ended, and the reaper would free the instances
+/// of jobs that still run.
+pub fn json_errors(v: &Value) -> Option<String> {
+    let errors = v.get("errors")?.as_array()?;
+    if errors.is_empty() {
+        return None;
+    }
+    let text: Vec<String> = errors
+        .iter()
+        .map(|e| {
+            let field = |k: &str| e.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+            [field("source"), field("description"), field("error")]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(": ")
+        })
+        .collect();
+    Some(text.join("; "))
+}
+
+/// A Slurm release series (`24.11` is 24, 11), as `scontrol --version`
+/// prints it (`slurm 24.11.5`, Debian's `slurm-wlm 22.05.8`).
+pub fn parse_release(text: &str) -> Option<(u32, u32)> {
+    let word = text.split_whitespace().last()?;
+    let mut parts = word.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// The first series whose `scontrol` prints JSON (`--json`) and whose
+/// JSON commands honour their filters (`scontrol show node N --json`
+/// prints one node, `show job J --json` one job).
+pub const SCONTROL_JSON_SINCE: (u32, u32) = (23, 11);
+
+/// The release of each `scontrol` program a client ran, read once
+/// (`scontrol --version`): a daemon talks to one Slurm. A failed JSON
+/// call forgets it, so an upgraded Slurm is read again.
+static RELEASES: std::sync::Mutex<std::collections::BTreeMap<String, (u32, u32)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 /// The real client: runs the Slurm commands with a time limit.
 pub struct CommandSlurm {
     pub squeue: String,
@@ -819,10 +999,21 @@ impl CommandSlurm {
                     // Killing the child closes its pipes, so the readers end.
                     let _ = child.kill();
                     let _ = child.wait();
-                    let _ = (stdout.join(), stderr.join());
+                    let last_line = |b: Vec<u8>| {
+                        String::from_utf8_lossy(&b)
+                            .lines()
+                            .rev()
+                            .find(|l| !l.trim().is_empty())
+                            .map(str::to_string)
+                    };
+                    let out = stdout.join().unwrap_or_default();
+                    let said = last_line(stderr.join().unwrap_or_default())
+                        .or_else(|| last_line(out))
+                        .unwrap_or_default();
                     return Err(SlurmError::Timeout {
                         cmd,
                         secs: self.timeout.as_secs(),
+                        said: said.chars().take(300).collect(),
                     });
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(10)),
@@ -850,38 +1041,101 @@ impl CommandSlurm {
         ))
     }
 
+    /// The Slurm release `scontrol --version` names (cached, see
+    /// [`RELEASES`]); `None` when it cannot be read.
+    pub fn release(&self) -> Option<(u32, u32)> {
+        let cached = RELEASES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&self.scontrol)
+            .copied();
+        if cached.is_some() {
+            return cached;
+        }
+        let release = parse_release(&self.run(&self.scontrol, &["--version"]).ok()?)?;
+        RELEASES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(self.scontrol.clone(), release);
+        Some(release)
+    }
+
+    /// Whether `scontrol ... --json` can answer ([`SCONTROL_JSON_SINCE`]).
+    fn scontrol_json(&self) -> bool {
+        self.release().is_some_and(|r| r >= SCONTROL_JSON_SINCE)
+    }
+
+    /// `scontrol ARGS --json`; a failure forgets the cached release.
+    fn scontrol_json_call(&self, args: &[&str]) -> Result<Value, SlurmError> {
+        let mut all = args.to_vec();
+        all.push("--json");
+        self.json(&self.scontrol, &all).inspect_err(|_| {
+            RELEASES
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&self.scontrol);
+        })
+    }
+
+    /// Per-node records and the command that printed them: `scontrol
+    /// SHOW_ARGS --json` where it exists (23.11+), else `sinfo --json`,
+    /// unless that turns out to be 23.11+'s grouped layout (the release
+    /// could not be read): then scontrol after all.
+    fn node_records(&self, show_args: &[&str]) -> Result<(String, Value), SlurmError> {
+        if !self.scontrol_json() {
+            let v = self.json(&self.sinfo, &["--json"])?;
+            if !matches!(parse_nodes(&v), Err(ParseError::GroupedNodes)) {
+                return Ok((self.sinfo.clone(), v));
+            }
+        }
+        let v = self.scontrol_json_call(show_args)?;
+        Ok((self.scontrol.clone(), v))
+    }
+
+    /// Runs a `--json` command and returns its answer; an answer that
+    /// lists `errors` is a failure ([`json_errors`]).
     fn json(&self, program: &str, args: &[&str]) -> Result<Value, SlurmError> {
         let text = self.run(program, args)?;
-        serde_json::from_str(&text).map_err(|source| SlurmError::Json {
+        let value = serde_json::from_str(&text).map_err(|source| SlurmError::Json {
             cmd: program.to_string(),
             source,
-        })
+        })?;
+        match json_errors(&value) {
+            None => Ok(value),
+            Some(stderr) => Err(SlurmError::Failed {
+                cmd: format!("{program} {}", args.join(" ")),
+                status: "exit status 0, errors in its JSON".into(),
+                stderr,
+            }),
+        }
     }
 }
 
 impl SlurmClient for CommandSlurm {
+    /// `squeue --json --states=all`: ended jobs too. 22.05 ignores the
+    /// filter and lists recently ended jobs anyway; from 23.11 on the
+    /// filters apply and plain `squeue --json` hides ended jobs, so an
+    /// out-of-memory requeue, which waits to see the job FAILED, would
+    /// never see it.
     fn queue(&self) -> Result<QueueSnapshot, SlurmError> {
-        let v = self.json(&self.squeue, &["--json"])?;
+        let v = self.json(&self.squeue, &["--json", "--states=all"])?;
         parse_queue(&v).map_err(|source| SlurmError::Parse {
             cmd: self.squeue.clone(),
             source,
         })
     }
 
+    /// 23.11+: `scontrol show node N --json`, that node's record alone;
+    /// 22.05: `sinfo --json`, every node of the cluster.
     fn node(&self, node: &str) -> Result<NodeInfo, SlurmError> {
-        let v = self.json(&self.sinfo, &["--json"])?;
-        parse_node(&v, node).map_err(|source| SlurmError::Parse {
-            cmd: self.sinfo.clone(),
-            source,
-        })
+        let (cmd, v) = self.node_records(&["show", "node", node])?;
+        parse_node(&v, node).map_err(|source| SlurmError::Parse { cmd, source })
     }
 
+    /// 23.11+: `scontrol show nodes --json`; 22.05: `sinfo --json`.
     fn nodes(&self) -> Result<Vec<ListedNode>, SlurmError> {
-        let v = self.json(&self.sinfo, &["--json"])?;
-        parse_nodes(&v).map_err(|source| SlurmError::Parse {
-            cmd: self.sinfo.clone(),
-            source,
-        })
+        let (cmd, v) = self.node_records(&["show", "nodes"])?;
+        parse_nodes(&v).map_err(|source| SlurmError::Parse { cmd, source })
     }
 
     fn set_node_features(&self, node: &str, f: &NodeFeatures) -> Result<(), SlurmError> {
@@ -896,17 +1150,37 @@ impl SlurmClient for CommandSlurm {
         self.run(&self.scontrol, &["requeue", job]).map(|_| ())
     }
 
+    /// 23.11+: `scontrol show job ID --json` (the job's JSON record);
+    /// 22.05: the text of `scontrol show job ID`.
     fn job_comment(&self, job_id: u64) -> Result<Option<JobComment>, SlurmError> {
         let id = job_id.to_string();
+        let gone = |e: &SlurmError| matches!(e, SlurmError::Failed { stderr, .. } if stderr.contains("Invalid job id"));
+        if self.scontrol_json() {
+            return match self.scontrol_json_call(&["show", "job", &id]) {
+                Ok(v) => Ok(parse_queue(&v)
+                    .map_err(|source| SlurmError::Parse {
+                        cmd: self.scontrol.clone(),
+                        source,
+                    })?
+                    .job(job_id)
+                    .map(|j| JobComment {
+                        account: j.account.clone(),
+                        admin_comment: j.admin_comment.clone(),
+                        array_task: j.array_task,
+                    })),
+                Err(e) if gone(&e) => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
         match self.run(&self.scontrol, &["show", "job", &id]) {
-            Ok(text) => Ok(parse_job_comment(&text)),
-            Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Ok(None),
+            Ok(text) => Ok(parse_job_comment(job_record(&text, job_id))),
+            Err(e) if gone(&e) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
-        let job = format!("JobId={job_id}");
+    fn set_admin_comment(&self, job: &str, text: &str) -> Result<(), SlurmError> {
+        let job = format!("JobId={job}");
         let comment = format!("AdminComment={text}");
         self.run(&self.scontrol, &["update", &job, &comment])
             .map(|_| ())
@@ -1073,6 +1347,270 @@ mod tests {
         assert_eq!(e.map(|e| e.to_string()).as_deref(), Some("no `jobs` array"));
     }
 
+    /// Real output of one series (`sidecar/tests/data/slurm/<series>/`,
+    /// see its README: the same jobs and node state on each).
+    struct Sample {
+        series: &'static str,
+        squeue: &'static str,
+        sinfo: &'static str,
+        scontrol_nodes: Option<&'static str>,
+        scontrol_job: Option<&'static str>,
+        scontrol_text: &'static str,
+        slurmd_g: &'static str,
+    }
+
+    macro_rules! sample {
+        ($s:literal, $json:expr) => {
+            Sample {
+                series: $s,
+                squeue: include_str!(concat!("../../tests/data/slurm/", $s, "/squeue.json")),
+                sinfo: include_str!(concat!("../../tests/data/slurm/", $s, "/sinfo.json")),
+                scontrol_nodes: $json.then_some(include_str!(concat!(
+                    "../../tests/data/slurm/",
+                    $s,
+                    "/scontrol-nodes.json"
+                ))),
+                scontrol_job: $json.then_some(include_str!(concat!(
+                    "../../tests/data/slurm/",
+                    $s,
+                    "/scontrol-job.json"
+                ))),
+                scontrol_text: include_str!(concat!(
+                    "../../tests/data/slurm/",
+                    $s,
+                    "/scontrol-job.txt"
+                )),
+                slurmd_g: include_str!(concat!("../../tests/data/slurm/", $s, "/slurmd-G.txt")),
+            }
+        };
+    }
+
+    fn samples() -> [Sample; 3] {
+        // 22.05 has no scontrol --json: its sample files are not read.
+        [
+            Sample {
+                series: "22.05",
+                squeue: include_str!("../../tests/data/slurm/22.05/squeue.json"),
+                sinfo: include_str!("../../tests/data/slurm/22.05/sinfo.json"),
+                scontrol_nodes: None,
+                scontrol_job: None,
+                scontrol_text: include_str!("../../tests/data/slurm/22.05/scontrol-job.txt"),
+                slurmd_g: include_str!("../../tests/data/slurm/22.05/slurmd-G.txt"),
+            },
+            sample!("24.11", true),
+            sample!("26.05", true),
+        ]
+    }
+
+    fn parsed(text: &str) -> Value {
+        serde_json::from_str(text).expect("sample is JSON")
+    }
+
+    #[test]
+    fn every_series_queue_reads_alike() {
+        for s in samples() {
+            let q = parse_queue(&parsed(s.squeue)).unwrap_or_else(|e| panic!("{}: {e}", s.series));
+            let one = q.job(1).unwrap_or_else(|| panic!("{}: no job 1", s.series));
+            assert_eq!(
+                (one.state, one.shards, one.gpu, one.time_limit_s),
+                (JobState::Running, 3, Some(0), Some(600)),
+                "{}: {one:?}",
+                s.series
+            );
+            assert!(
+                one.deadline.is_some_and(|d| d > one.start_time),
+                "{}",
+                s.series
+            );
+            assert_eq!(one.end_time, one.start_time + 600, "{}", s.series);
+            assert_eq!(one.admin_comment, "site=abc ticket=7", "{}", s.series);
+            assert_eq!(
+                (one.nodes.as_str(), one.partition.as_str()),
+                ("vm", "debug")
+            );
+            let two = q.job(2).unwrap_or_else(|| panic!("{}: no job 2", s.series));
+            assert_eq!(
+                (two.shards, two.gpu, two.time_limit_s),
+                (7, Some(1), None),
+                "{}",
+                s.series
+            );
+            assert_eq!(
+                q.job(5).and_then(|j| j.array_task),
+                Some((3, 1)),
+                "{}",
+                s.series
+            );
+            assert_eq!(
+                q.job(3).map(QueuedJob::slurm_id).as_deref(),
+                Some("3_2"),
+                "{}",
+                s.series
+            );
+            let pending: Vec<(u64, u8)> =
+                q.pending_shards().map(|j| (j.job_id, j.shards)).collect();
+            assert_eq!(pending, vec![(4, 2)], "{}", s.series);
+            assert_eq!(
+                q.job(4).map(|j| (j.array_task, j.start_time)),
+                Some((None, 0)),
+                "{}",
+                s.series
+            );
+        }
+    }
+
+    #[test]
+    fn every_series_node_reads_alike() {
+        let want = NodeInfo {
+            features: NodeFeatures {
+                available: vec!["site_ib".into(), "smartmig_gpu0_3g".into()],
+                active: vec!["site_ib".into(), "smartmig_gpu0_3g".into()],
+            },
+            drain: true,
+            reason: "smartmig: sidecar unreachable".into(),
+        };
+        for s in samples() {
+            // 23.11+'s sinfo groups nodes: not a per-node source.
+            let layouts = match s.scontrol_nodes {
+                None => vec![("sinfo --json", s.sinfo)],
+                Some(n) => {
+                    assert_eq!(
+                        parse_nodes(&parsed(s.sinfo)),
+                        Err(ParseError::GroupedNodes),
+                        "{}",
+                        s.series
+                    );
+                    vec![("scontrol show nodes --json", n)]
+                }
+            };
+            for (what, text) in layouts {
+                let nodes =
+                    parse_nodes(&parsed(text)).unwrap_or_else(|e| panic!("{}: {e}", s.series));
+                assert_eq!(nodes.len(), 1, "{} {what}: {nodes:?}", s.series);
+                let n = &nodes[0];
+                assert_eq!(n.name, "vm");
+                assert_eq!(n.info, want, "{} {what}", s.series);
+                assert!(n.info.drained_by_smartmig());
+                assert_eq!(
+                    (n.mig_node, n.shards_per_gpu, n.partitions.clone()),
+                    (true, 7, vec!["debug".to_string()]),
+                    "{} {what}",
+                    s.series
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_series_job_record_and_gres_lines_read_alike() {
+        for s in samples() {
+            let c = parse_job_comment(s.scontrol_text).unwrap_or_else(|| panic!("{}", s.series));
+            assert_eq!(
+                (c.admin_comment.as_str(), c.account, c.array_task),
+                ("site=abc ticket=7", None, None),
+                "{}",
+                s.series
+            );
+            if let Some(j) = s.scontrol_job {
+                let q = parse_queue(&parsed(j)).unwrap_or_else(|e| panic!("{}: {e}", s.series));
+                let from_squeue = parse_queue(&parsed(s.squeue)).unwrap();
+                assert_eq!(q.jobs.len(), 1, "{}", s.series);
+                assert_eq!(Some(&q.jobs[0]), from_squeue.job(1), "{}", s.series);
+            }
+            let gpus = parse_gres_gpus(s.slurmd_g);
+            assert_eq!(gpus.len(), 2, "{}", s.series);
+            assert!(
+                gpus.iter().enumerate().all(|(i, g)| g.index as usize == i
+                    && g.file.ends_with(&format!("/dev/nvidia{i}"))
+                    && g.mig_type.is_none()),
+                "{}: {gpus:?}",
+                s.series
+            );
+        }
+    }
+
+    /// 22.05 with slurmctld down: exit 0, an empty job list and an error.
+    #[test]
+    fn an_answer_with_errors_is_no_queue() {
+        let down = parsed(include_str!(
+            "../../tests/data/slurm/22.05/squeue-no-controller.json"
+        ));
+        assert_eq!(
+            json_errors(&down).as_deref(),
+            Some("slurm_load_jobs: Failed while looking for jobs: Unspecified error")
+        );
+        for s in samples() {
+            assert_eq!(json_errors(&parsed(s.squeue)), None, "{}", s.series);
+            assert_eq!(json_errors(&parsed(s.sinfo)), None, "{}", s.series);
+        }
+        // The client refuses it (a shell stands in for squeue).
+        let text = include_str!("../../tests/data/slurm/22.05/squeue-no-controller.json");
+        let dir = std::env::temp_dir().join(format!("smartmig-json-errors-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("out.json");
+        std::fs::write(&file, text).unwrap();
+        let slurm = CommandSlurm {
+            squeue: "cat".into(),
+            sinfo: "cat".into(),
+            scontrol: "cat".into(),
+            slurmd: "cat".into(),
+            timeout: Duration::from_secs(10),
+        };
+        let e = slurm.json("cat", &[file.to_str().unwrap()]).unwrap_err();
+        assert!(
+            e.to_string().contains("Failed while looking for jobs"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_array_tasks_text_record_names_its_array() {
+        let text = "JobId=12 ArrayJobId=11 ArrayTaskId=1 JobName=wrap\n   Priority=1 Nice=0 Account=(null) QOS=normal\n";
+        assert_eq!(parse_job_comment(text).unwrap().array_task, Some((11, 1)));
+        // `scontrol show job 11` of a running array: every task's record.
+        let both = "JobId=12 ArrayJobId=11 ArrayTaskId=2 JobName=w\n   AdminComment=b \n\n\
+                    JobId=11 ArrayJobId=11 ArrayTaskId=1 JobName=w\n   AdminComment=a \n\n";
+        let first = parse_job_comment(job_record(both, 11)).unwrap();
+        assert_eq!(
+            (first.admin_comment.as_str(), first.array_task),
+            ("a", Some((11, 1)))
+        );
+        let second = parse_job_comment(job_record(both, 12)).unwrap();
+        assert_eq!(
+            (second.admin_comment.as_str(), second.array_task),
+            ("b", Some((11, 2)))
+        );
+        assert_eq!(job_record("nothing", 3), "nothing");
+        let pending = "JobId=11 ArrayJobId=11 ArrayTaskId=1-2 JobName=wrap\n";
+        assert_eq!(parse_job_comment(pending).unwrap().array_task, None);
+    }
+
+    #[test]
+    fn numbers_bare_or_in_objects() {
+        assert_eq!(number(&json!(5)), Some(5));
+        assert_eq!(number(&json!(1.0)), Some(1));
+        assert_eq!(
+            number(&json!({"set": true, "infinite": false, "number": 7})),
+            Some(7)
+        );
+        assert_eq!(
+            number(&json!({"set": false, "infinite": false, "number": 0})),
+            None
+        );
+        assert_eq!(
+            number(&json!({"set": false, "infinite": true, "number": 0})),
+            None
+        );
+        assert_eq!(number(&json!(null)), None);
+        assert_eq!(number(&json!("5")), None);
+        assert_eq!(parse_release("slurm-wlm 22.05.8"), Some((22, 5)));
+        assert_eq!(parse_release("slurm 26.05.5\n"), Some((26, 5)));
+        assert_eq!(parse_release("nope"), None);
+        assert!(parse_release("slurm 23.11.0").unwrap() >= SCONTROL_JSON_SINCE);
+        assert!(parse_release("slurm 23.02.7").unwrap() < SCONTROL_JSON_SINCE);
+    }
+
     #[test]
     fn only_our_drains_are_ours_to_undo() {
         let v = json!({"nodes": [
@@ -1129,6 +1667,14 @@ mod tests {
         assert_eq!(gres_gpu(&json!("shard:7(IDX:0)")), Some(0));
         assert_eq!(gres_gpu(&json!(["gpu:1(IDX:0)"])), None);
         assert_eq!(gres_gpu(&json!([])), None);
+        // 23.11+: the job's shards on each GPU.
+        assert_eq!(gres_gpu(&json!(["shard:3(3/7,0/7)"])), Some(0));
+        assert_eq!(gres_gpu(&json!(["shard:7(0/7,7/7)"])), Some(1));
+        assert_eq!(
+            gres_gpu(&json!(["gpu:a100:1(IDX:1),shard:a100:2(0/4,2/4)"])),
+            Some(1)
+        );
+        assert_eq!(gres_gpu(&json!(["shard:0(0/7,0/7)"])), None);
     }
 
     /// A child that prints far more than a pipe holds is read while it
@@ -1159,6 +1705,22 @@ mod tests {
         };
         let e = slow.run("sleep", &["5"]).unwrap_err();
         assert!(matches!(e, SlurmError::Timeout { .. }), "{e}");
+        // What slurmd -G says while it waits for a missing device file is
+        // the cause, not the time-out.
+        let e = slow
+            .run(
+                "sh",
+                &[
+                    "-c",
+                    "echo 'slurmd: error: Waiting for gres.conf file /dev/nvidia0' >&2; sleep 5",
+                ],
+            )
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("took more than 0 s (it said: slurmd: error: Waiting for gres.conf file /dev/nvidia0)"),
+            "{e}"
+        );
     }
 
     #[test]

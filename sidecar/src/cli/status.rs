@@ -120,9 +120,11 @@ pub fn render(s: &StatusReply, now: i64) -> String {
             "UUID", "PROFILE", "START", "JOB", "UID"
         );
         for i in &g.instances {
+            // An array task as Slurm names it (`11_1`), else the job id.
             let job = i
-                .job_id
-                .map(|j| j.to_string())
+                .slurm_id
+                .clone()
+                .or_else(|| i.job_id.map(|j| j.to_string()))
                 .unwrap_or_else(|| "-".into());
             let uid = i.uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
             let state = match (i.busy_since, i.idle_s) {
@@ -318,6 +320,7 @@ mod tests {
                     start: 0,
                     compute: 3,
                     job_id: Some(42),
+                    slurm_id: None,
                     uid: Some(1000),
                     busy_since: Some(1_700_000_000),
                     idle_s: None,

@@ -100,8 +100,21 @@ fn logs(args: &Args) -> anyhow::Result<Vec<PathBuf>> {
             .with_context(|| format!("reading the state_dir from {}", args.config.display()))?
             .state_dir
     };
-    let out = existing_with_rotated(&state_dir.join(USAGE_LOG));
+    let log = state_dir.join(USAGE_LOG);
+    let out = existing_with_rotated(&log);
     if out.is_empty() {
+        // A user who may not look into state_dir (0700, root's) is told so,
+        // not that there is no log.
+        if let Err(e) = std::fs::metadata(&log) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                bail!(
+                    "cannot read {}: {e} (the usage log names every user's jobs, so only root \
+                     reads it: run `smartmig usage` as root, or `smartmig usage --sacct` for \
+                     what Slurm's accounting shows you)",
+                    log.display()
+                );
+            }
+        }
         bail!(
             "no usage log in {} (smartmigd writes {USAGE_LOG} there when jobs release their instances; \
              give --log PATH or --config)",

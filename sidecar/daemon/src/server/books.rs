@@ -155,6 +155,9 @@ pub(super) struct Ledger {
     /// Deadlines and time limits of the jobs the last queue read showed
     /// (the placement rule orders waiting allocates by them).
     pub job_times: HashMap<u64, JobTimes>,
+    /// Slurm's `A_T` names of the array tasks the last queue read showed
+    /// (job id -> name), for status.
+    pub array_names: HashMap<u64, String>,
     /// Reconfigurations pending (`mode = "confirm"`) and applied.
     pub plans: Plans,
     /// What advise mode watches and last recorded (`mode = "advise"`).
@@ -251,6 +254,12 @@ impl Ledger {
                     },
                 )
             })
+            .collect();
+        self.array_names = q
+            .jobs
+            .iter()
+            .filter(|j| j.array_task.is_some())
+            .map(|j| (j.job_id, j.slurm_id()))
             .collect();
     }
 }

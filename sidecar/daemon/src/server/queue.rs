@@ -93,7 +93,13 @@ fn read_summary(cx: &Cx<'_>, cfg: &Config) -> Result<NodeSummary, ()> {
     let node = &cx.node.name;
     let path = cfg.cluster.summary_dir.join(format!("{node}.json"));
     let now = unix_now();
-    let read = std::fs::read(&path)
+    let bytes = std::fs::read(&path);
+    // No file at all: no publisher feeds this node (a lone node, or a site
+    // without `smartmig publish`), which is no fault.
+    let missing = bytes
+        .as_ref()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+    let read = bytes
         .map_err(|e| format!("{}: {e}", path.display()))
         .and_then(|b| {
             serde_json::from_slice::<NodeSummary>(&b)
@@ -130,7 +136,11 @@ fn read_summary(cx: &Cx<'_>, cfg: &Config) -> Result<NodeSummary, ()> {
                     SummaryFallback::Squeue => "asking Slurm directly (squeue, sinfo)",
                     SummaryFallback::Hold => "holding the layout (cluster.fallback = \"hold\")",
                 };
-                tracing::warn!("no usable cluster summary ({why}); {then}");
+                if missing {
+                    tracing::info!("no cluster summary ({why}); {then}");
+                } else {
+                    tracing::warn!("no usable cluster summary ({why}); {then}");
+                }
             }
             v.summary = None;
             v.node_info = None;

@@ -76,6 +76,7 @@ mod tests {
             start: 0,
             compute: 3,
             job_id: owner.map(|u| u64::from(u) * 10),
+            slurm_id: None,
             uid: owner,
             busy_since: owner.map(|_| 1),
             idle_s: owner.is_none().then_some(5),

@@ -210,7 +210,12 @@ impl UsageLog {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .insert(job_id, a.clone());
                 }
-                slurm.set_admin_comment(job_id, &merge_comment(&job.admin_comment, &tag))?;
+                // An array task by its `A_T` name: the first task's id is
+                // the array's, which alone would update every task.
+                let name = job
+                    .array_task
+                    .map_or_else(|| job_id.to_string(), |(array, task)| format!("{array}_{task}"));
+                slurm.set_admin_comment(&name, &merge_comment(&job.admin_comment, &tag))?;
                 Ok(true)
             });
             match result {

@@ -3,7 +3,7 @@
 //! `gres.conf` from slurm.conf's directory) against the node's GPUs, as
 //! docs/slurm-integration.md section 1 asks: one `gpu` per GPU, one
 //! `shard` line per GPU with `Count` = its compute slices and `File` = its
-//! device, and no `AutoDetect=nvml`.
+//! device, and no `AutoDetect=nvml` (or `full`, 26.05+).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +18,8 @@ pub struct SlurmConf {
     pub select_type: Option<String>,
     pub plugstack: Option<String>,
     pub plugin_dir: Option<String>,
+    pub scheduler_parameters: Option<String>,
+    pub auth_info: Option<String>,
     /// `NodeName=` lines: (line number, names, `Gres=` value).
     pub nodes: Vec<NodeLine>,
     /// `Include` lines (not followed).
@@ -88,6 +90,8 @@ pub fn parse_slurm_conf(text: &str) -> SlurmConf {
                 "selecttype" => c.select_type = Some(v.clone()),
                 "plugstackconfig" => c.plugstack = Some(v.clone()),
                 "plugindir" => c.plugin_dir = Some(v.clone()),
+                "schedulerparameters" => c.scheduler_parameters = Some(v.clone()),
+                "authinfo" => c.auth_info = Some(v.clone()),
                 _ => {}
             }
         }
@@ -226,13 +230,25 @@ pub fn check(slurm_conf: &Path, ctx: &Context) -> (Vec<Check>, Option<SlurmConf>
         ));
     }
     out.extend(conf_checks(&conf, &ctx.node, ctx.gpus.as_deref()));
+    out.push(requeue_check(&conf, slurm_release(slurm_conf)));
     let gres_path = slurm_conf
         .parent()
         .map_or_else(|| PathBuf::from("gres.conf"), |d| d.join("gres.conf"));
     match std::fs::read_to_string(&gres_path) {
         Ok(text) => {
             let lines = parse_gres_conf(&text);
-            let minors = |f: &str| device_minor(f, rdev_minor(f));
+            // A missing file has no minor: its name must not pass for one.
+            let minors = |f: &str| {
+                Path::new(f)
+                    .exists()
+                    .then(|| device_minor(f, rdev_minor(f)))
+                    .flatten()
+            };
+            out.push(device_files_check(
+                &gres_path.display().to_string(),
+                &lines,
+                &ctx.node,
+            ));
             out.extend(gres_checks(
                 &gres_path.display().to_string(),
                 &lines,
@@ -248,6 +264,110 @@ pub fn check(slurm_conf: &Path, ctx: &Context) -> (Vec<Check>, Option<SlurmConf>
         )),
     }
     (out, Some(conf))
+}
+
+/// Every `File=` of this node's gpu and shard lines must be a character
+/// device: slurmd waits about 20 s for a missing one and then stops
+/// (`fatal: can't stat gres.conf file`), and refuses a regular file
+/// (`is not a valid character or block device`). A node without GPUs (the
+/// `sim` backend) needs stand-ins.
+fn device_files_check(path: &str, lines: &[GresLine], node: &str) -> Check {
+    use std::os::unix::fs::FileTypeExt;
+    let (mine, _) = lines_for_node(lines, node);
+    let mut files: Vec<String> = mine
+        .iter()
+        .filter(|l| matches!(l.name.as_deref(), Some("gpu" | "shard")))
+        .filter_map(|l| l.file.as_deref().map(expand))
+        .filter_map(Result::ok)
+        .flatten()
+        .collect();
+    files.sort_by_key(|f| natural_key(f));
+    files.dedup();
+    let bad: Vec<String> = files
+        .iter()
+        .filter_map(|f| match std::fs::metadata(f) {
+            Err(e) => Some(format!("{f}: {e}")),
+            Ok(m) if !m.file_type().is_char_device() => {
+                Some(format!("{f}: not a character device"))
+            }
+            Ok(_) => None,
+        })
+        .collect();
+    if bad.is_empty() {
+        Check::ok(
+            "slurm.gres.devices",
+            format!(
+                "{path}: {} device file(s), all character devices",
+                files.len()
+            ),
+        )
+    } else {
+        Check::fail(
+            "slurm.gres.devices",
+            format!(
+                "{path}: {} (slurmd waits about 20 s for a missing device file, then exits: `fatal: can't stat gres.conf file`)",
+                bad.join("; ")
+            ),
+            "on a GPU node, load the NVIDIA driver (it makes /dev/nvidiaN); on a node without GPUs \
+             (backend = \"sim\"), make stand-ins, one per GPU: `mknod -m 0666 /dev/nvidiaN c 195 N` \
+             (docs/quickstart-admin.md)",
+        )
+    }
+}
+
+/// The Slurm release series of this node's clients (`scontrol --version`,
+/// which needs the slurm.conf), `None` when it cannot be read.
+fn slurm_release(slurm_conf: &Path) -> Option<(u32, u32)> {
+    let out = std::process::Command::new("scontrol")
+        .arg("--version")
+        .env("SLURM_CONF", slurm_conf)
+        .output()
+        .ok()?;
+    crate::daemon::slurm::parse_release(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The value of `key=` in a comma-separated parameter list.
+fn param<'a>(list: Option<&'a str>, key: &str) -> Option<&'a str> {
+    list?
+        .split(',')
+        .find_map(|p| p.trim().strip_prefix(key)?.strip_prefix('='))
+}
+
+/// How long a job smartmigd requeues (an out-of-memory restart) waits
+/// before it runs again: Slurm holds it `requeue_delay` (25.11+) or
+/// `cred_expire` + 1 s (default 121 s), then starts it at the next
+/// scheduling pass (`sched_interval`, default 60 s). On 25.11+ a long hold
+/// is a warning, since `requeue_delay` shortens it alone; before, only a
+/// shorter `cred_expire` (every credential's lifetime) would.
+pub fn requeue_check(conf: &SlurmConf, release: Option<(u32, u32)>) -> Check {
+    let sched = conf.scheduler_parameters.as_deref();
+    let number = |v: Option<&str>| v.and_then(|v| v.trim().parse::<u64>().ok());
+    let cred = number(param(conf.auth_info.as_deref(), "cred_expire")).unwrap_or(120);
+    let delay = number(param(sched, "requeue_delay"));
+    let interval = number(param(sched, "sched_interval")).unwrap_or(60);
+    let has_delay = release.is_some_and(|r| r >= (25, 11));
+    let hold = match delay {
+        Some(d) if has_delay => d,
+        _ => cred + 1,
+    };
+    let detail = format!(
+        "an out-of-memory restart waits {hold} s ({}), then up to {interval} s for the next scheduling pass",
+        if delay.is_some() && has_delay {
+            "requeue_delay".to_string()
+        } else {
+            format!("cred_expire {cred} s + 1")
+        }
+    );
+    if has_delay && delay.is_none() && hold > 30 {
+        Check::warn(
+            "slurm.requeue",
+            detail,
+            "Slurm 25.11+: set SchedulerParameters=requeue_delay=5 for quick out-of-memory \
+             restarts (docs/slurm-integration.md, \"Slurm series\")",
+        )
+    } else {
+        Check::ok("slurm.requeue", detail)
+    }
 }
 
 /// slurm.conf: GresTypes, SelectType and this node's Gres=.
@@ -382,28 +502,7 @@ pub fn gres_checks(
             "doctor handles NAME[1-4,7] lists only; check these lines by hand",
         ));
     }
-    let auto: Vec<&GresLine> = mine
-        .iter()
-        .copied()
-        .filter(|l| {
-            l.autodetect
-                .as_deref()
-                .is_some_and(|a| ["nvml", "nvidia"].contains(&a.to_ascii_lowercase().as_str()))
-        })
-        .collect();
-    if let Some(l) = auto.first() {
-        out.push(Check::fail(
-            "slurm.gres.autodetect",
-            format!(
-                "{path} line {}: AutoDetect={}: in MIG mode Slurm would report the MIG instances that exist when slurmd starts",
-                l.line,
-                l.autodetect.as_deref().unwrap_or("")
-            ),
-            "remove AutoDetect (or set AutoDetect=off) for these GPUs and list them with File=",
-        ));
-    } else {
-        out.push(Check::ok("slurm.gres.autodetect", "no AutoDetect=nvml"));
-    }
+    out.push(autodetect_check(path, &mine));
     let mut files = Vec::new();
     let mut errors = Vec::new();
     for l in mine.iter().filter(|l| l.name.as_deref() == Some("gpu")) {
@@ -444,6 +543,44 @@ pub fn gres_checks(
     out.push(gpu_files_check(path, &files, gpus, minor_of));
     out.extend(shard_checks(path, &mine, &files, gpus));
     out
+}
+
+/// gres.conf `AutoDetect` of this node. `nvml` (every series) and `full`
+/// (26.05+, NVML first) report the MIG instances that exist when slurmd
+/// starts: wrong for GPUs whose instances smartmigd changes. `nvidia`
+/// (24.11+) reads no library and, by Slurm's documentation, detects no
+/// MIG devices, so it would list the whole GPUs as smartmig wants; not
+/// tried on a GPU here, hence a warning.
+fn autodetect_check(path: &str, mine: &[&GresLine]) -> Check {
+    let auto = mine.iter().find_map(|l| {
+        let a = l.autodetect.as_deref()?.to_ascii_lowercase();
+        (a != "off").then_some((l.line, a))
+    });
+    match auto {
+        None => Check::ok("slurm.gres.autodetect", "no AutoDetect (or AutoDetect=off)"),
+        Some((line, a)) if a == "nvidia" => Check::warn(
+            "slurm.gres.autodetect",
+            format!(
+                "{path} line {line}: AutoDetect=nvidia (Slurm 24.11+) detects whole GPUs and, by Slurm's \
+                 documentation, no MIG instances: it should list the GPUs as smartmig needs, but it \
+                 was not tried on a GPU with MIG here"
+            ),
+            "to be sure, set AutoDetect=off and list the GPUs with File= (docs/slurm-integration.md, gres.conf)",
+        ),
+        Some((line, a)) => Check::fail(
+            "slurm.gres.autodetect",
+            format!(
+                "{path} line {line}: AutoDetect={a}: {}in MIG mode Slurm would report the MIG \
+                 instances that exist when slurmd starts",
+                if a == "full" {
+                    "Slurm 26.05+ tries NVML first, and "
+                } else {
+                    ""
+                }
+            ),
+            "remove AutoDetect (or set AutoDetect=off) for these GPUs and list them with File=",
+        ),
+    }
 }
 
 /// Slurm's GPU i is the i-th device file in sorted order; it must be the
@@ -684,6 +821,40 @@ mod tests {
     }
 
     #[test]
+    fn requeue_hold_names_the_setting_of_the_series() {
+        let conf = |text: &str| parse_slurm_conf(text);
+        let default = conf("SelectType=select/cons_tres\n");
+        let c = requeue_check(&default, Some((22, 5)));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail.starts_with("an out-of-memory restart waits 121 s"),
+            "{c:?}"
+        );
+        let c = requeue_check(&default, Some((26, 5)));
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.fix.as_deref().unwrap_or("").contains("requeue_delay=5"),
+            "{c:?}"
+        );
+        let tuned =
+            conf("SchedulerParameters=batch_sched_delay=0,requeue_delay=5,sched_interval=2\n");
+        let c = requeue_check(&tuned, Some((26, 5)));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .contains("waits 5 s (requeue_delay), then up to 2 s"),
+            "{c:?}"
+        );
+        // 24.11 has no requeue_delay: the credential's lifetime counts.
+        let short = conf("AuthInfo=socket=/x,cred_expire=5\nSchedulerParameters=requeue_delay=5\n");
+        let c = requeue_check(&short, Some((24, 11)));
+        assert!(
+            c.detail.contains("waits 6 s (cred_expire 5 s + 1)"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
     fn autodetect_and_missing_shard_lines_fail() {
         let text = "AutoDetect=nvml\nName=gpu File=/dev/nvidia[0-1]\nName=shard Count=7 File=/dev/nvidia0\n";
         let checks = gres_checks("g", &parse_gres_conf(text), "n1", Some(&a100s()), &by_name);
@@ -700,6 +871,19 @@ mod tests {
             s.contains(&("slurm.gres.shard.gpu1".into(), Status::Fail)),
             "{s:?}"
         );
+        for (auto, want) in [
+            ("full", Status::Fail),
+            ("NVML", Status::Fail),
+            ("nvidia", Status::Warn),
+            ("off", Status::Ok),
+        ] {
+            let text = format!("AutoDetect={auto}\nName=gpu File=/dev/nvidia[0-1]\n");
+            let checks = gres_checks("g", &parse_gres_conf(&text), "n1", Some(&a100s()), &by_name);
+            assert!(
+                statuses(&checks).contains(&("slurm.gres.autodetect".into(), want)),
+                "{auto}: {checks:?}"
+            );
+        }
         let text = "Name=gpu File=/dev/nvidia[0-1]\nName=shard Count=14\n";
         let checks = gres_checks("g", &parse_gres_conf(text), "n1", Some(&a100s()), &by_name);
         assert!(checks

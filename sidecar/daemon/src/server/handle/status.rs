@@ -2,6 +2,8 @@
 //! memory estimates, plans and cluster view, redacted for callers who may
 //! not see every job ([`super::super::redact`]).
 
+use std::collections::HashMap;
+
 use super::super::auth::user_name;
 use super::super::books::Gpu;
 use super::super::{advise, queue, redact, unix_now};
@@ -19,9 +21,11 @@ pub(super) async fn serve(cx: &Cx<'_>, peer: u32) -> StatusReply {
 /// The whole status reply, as root sees it.
 async fn status(cx: &Cx<'_>) -> StatusReply {
     let now = unix_now();
+    // Cloned so that no GPU lock is taken under the ledger's.
+    let array_names = cx.books.ledger().array_names.clone();
     let mut gpus = Vec::new();
     for gpu in &cx.books.gpus {
-        gpus.push(gpu_status(cx, gpu, now).await);
+        gpus.push(gpu_status(cx, gpu, now, &array_names).await);
     }
     let cfg = cx.cfg();
     let memory = memory_status(cx);
@@ -45,7 +49,12 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
 }
 
 /// One GPU's layout, instances, idle time and energy.
-async fn gpu_status(cx: &Cx<'_>, gpu: &Gpu, now: u64) -> GpuStatus {
+async fn gpu_status(
+    cx: &Cx<'_>,
+    gpu: &Gpu,
+    now: u64,
+    array_names: &HashMap<u64, String>,
+) -> GpuStatus {
     let isolate = cx.cfg().isolate_devices;
     let mut st = gpu.state.lock().await;
     let modelled = st.tick_energy();
@@ -64,6 +73,10 @@ async fn gpu_status(cx: &Cx<'_>, gpu: &Gpu, now: u64) -> GpuStatus {
                 start: p.start,
                 compute: p.compute(),
                 job_id: i.job.as_ref().map(|a| a.job_id),
+                slurm_id: i
+                    .job
+                    .as_ref()
+                    .and_then(|a| array_names.get(&a.job_id).cloned()),
                 uid: i.job.as_ref().map(|a| a.uid),
                 busy_since: i.job.as_ref().map(|a| a.since),
                 idle_s: i.job.is_none().then(|| now.saturating_sub(i.idle_since)),
