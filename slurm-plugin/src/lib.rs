@@ -64,7 +64,8 @@ use options::{MigMemError, MigProfileError};
     dead_code,
     missing_docs,
     clippy::all,
-    clippy::pedantic
+    clippy::pedantic,
+    clippy::undocumented_unsafe_blocks
 )]
 pub mod sys {
     include!(concat!(env!("OUT_DIR"), "/spank_bindings.rs"));
@@ -353,9 +354,11 @@ pub unsafe extern "C" fn slurm_spank_init(
                     opt_mig_profile,
                 ),
             ] {
-                // SAFETY: `sp` is this callback's handle; the strings are 'static.
                 if let Err(e) =
-                    unsafe { spank::register_option(sp, name, arginfo, usage, val, Some(cb)) }
+                    // SAFETY: `sp` is this callback's handle; the strings are 'static.
+                    unsafe {
+                        spank::register_option(sp, name, arginfo, usage, val, Some(cb))
+                    }
                 {
                     log(LogLevel::Error, &e.to_string());
                 }

@@ -212,9 +212,10 @@ impl UsageLog {
                 }
                 // An array task by its `A_T` name: the first task's id is
                 // the array's, which alone would update every task.
-                let name = job
-                    .array_task
-                    .map_or_else(|| job_id.to_string(), |(array, task)| format!("{array}_{task}"));
+                let name = job.array_task.map_or_else(
+                    || job_id.to_string(),
+                    |(array, task)| format!("{array}_{task}"),
+                );
                 slurm.set_admin_comment(&name, &merge_comment(&job.admin_comment, &tag))?;
                 Ok(true)
             });
