@@ -202,10 +202,10 @@ pub fn run_placement_scenario(
     let models: Vec<GpuModel> = GpuModel::distinct(&s.cluster);
     progress("fitting static-hist on the training days");
     let train = DaySet::new(&s.cluster, Heuristic::Edf, s.train.clone())?;
-    let mut evaluate = |p: &mut dyn RepartitionPolicy| train.objective(p, cfg.alpha);
-    let fitted = static_best(&s.cluster, &cfg.search, &mut evaluate)?.policy;
     // The exchange rate of ET: none + edf pooled over the training days.
     let reference = s.reference(&train);
+    let mut evaluate = |p: &mut dyn RepartitionPolicy| train.objective(p, &reference, cfg.alpha);
+    let fitted = static_best(&s.cluster, &cfg.search, &mut evaluate)?.policy;
     let mut placements: Vec<PlacementSpec> = Heuristic::ALL
         .iter()
         .map(|&h| PlacementSpec::Rule(h))
