@@ -572,7 +572,7 @@ fn charged_rows(
                 unserved: m.never_ran(),
                 rejected_decisions: m.rejected_decisions,
                 epochs: m.epochs,
-                waste: d.waste.clone(),
+                waste: d.waste,
             });
         }
         rows.push(CoordinationRow::new(

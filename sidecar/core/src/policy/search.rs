@@ -465,7 +465,7 @@ pub fn static_best<E>(
     }
     let evaluations = ranked.len();
     // Stable: among equal scores the earlier (simpler) assignment first.
-    ranked.sort_by(|a, b| a.1.cmp(&b.1));
+    ranked.sort_by_key(|a| a.1);
     ranked.dedup_by(|a, b| a.0 == b.0);
     let mut policy = StaticMix::from_indices("static-best", cluster, &best);
     policy.label = format!(
@@ -540,7 +540,7 @@ pub fn twice_daily<E>(
             }
         }
     }
-    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    pairs.sort_by_key(|a| a.0);
     let (day_hours, night_hours, refine) = cfg.hours.grid();
     let refined: Vec<(usize, usize)> = match cfg.hours {
         // Only a pair that beat static-best at 08/20.

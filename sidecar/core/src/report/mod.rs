@@ -222,7 +222,7 @@ impl Comparison {
             self.rate.energy_j / 1e6,
             self.rate.tardiness_s,
             if self.rate.floored() {
-                format!(" = the floor, 1 % of the mean job, at least 1 s")
+                " = the floor, 1 % of the mean job, at least 1 s".to_string()
             } else {
                 String::new()
             },
