@@ -115,7 +115,7 @@ pub fn step(
         .iter()
         .flat_map(|&(i, p, m)| [(p, i, true), (m, i, false)])
         .collect();
-    flat.sort_by(|x, y| y.0.cmp(&x.0));
+    flat.sort_by_key(|y| std::cmp::Reverse(y.0));
     let count = flat.len();
     let mut util = vec![[0.0f32; 2]; es.pairs];
     let mut start = 0;

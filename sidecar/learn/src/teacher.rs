@@ -357,7 +357,7 @@ pub fn adaptive_search(
         };
         uniform.push((evaluate(&mut p)?, i));
     }
-    uniform.sort_by(|a, b| a.0.cmp(&b.0));
+    uniform.sort_by_key(|a| a.0);
     let mut best = (
         Standing::WORST,
         Adaptive {

@@ -393,9 +393,10 @@ mod tests {
         let s = EtScore::new(&m(10.0, 2.0), &r, "ref".into(), 1.0);
         assert_eq!(s.et, 1.0);
         let s = EtScore::new(&m(8.0, 1.0), &r, "ref".into(), 1.0);
-        assert!((s.et - 0.65).abs() < 1e-12); // (0.8 + 0.5) / 2
-                                              // A reference never late: T_ref is the floor (1 % of the mean job,
-                                              // at least 1 s), and a run with tardiness still has a number.
+        // (0.8 + 0.5) / 2
+        assert!((s.et - 0.65).abs() < 1e-12);
+        // A reference never late: T_ref is the floor (1 % of the mean job,
+        // at least 1 s), and a run with tardiness still has a number.
         let zero = Reference::pooled(&[m(10.0, 0.0)], 3000.0);
         assert_eq!(zero.tardiness_s, 30.0);
         assert!(zero.floored());
@@ -472,7 +473,7 @@ mod tests {
         let days = Standing::over([Standing::new(0, 1.0), Standing::new(2, 3.0)]);
         assert_eq!((days.unserved, days.et), (2, 2.0));
         assert!(Standing::new(u64::MAX - 1, 1e300).beats(&Standing::WORST));
-        let mut v = vec![starved, served, Standing::new(0, 0.5)];
+        let mut v = [starved, served, Standing::new(0, 0.5)];
         v.sort();
         assert_eq!(v[2].unserved, 1);
     }
