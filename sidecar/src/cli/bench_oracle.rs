@@ -18,12 +18,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::bench_suite::{shipped_learned, trace_scenarios, TraceSource};
+use super::bench_suite::{search_for, shipped_learned, trace_scenarios, TraceArgs};
 use crate::eval::{run_scenario, Day, RowKind, ScenarioDays, ScenarioResult, SuiteConfig};
 use crate::learn::oracle::{from_whole, rollout};
 use crate::learn::train::{static_best, TrainConfig};
 use crate::mig::GpuModel;
-use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::report::aligned;
 use crate::sim::{Heuristic, Reference, Standing};
 use crate::workload::{default_scenarios, generate_diurnal, select_scenarios, DiurnalConfig};
@@ -39,23 +38,8 @@ pub struct OracleArgs {
     /// the first wave's diurnal day.
     #[arg(long, value_name = "NAME", conflicts_with = "trace")]
     pub scenario: Option<String>,
-    /// Replay windows of this trace instead (two scenarios: tight and
-    /// loose sampled deadlines), as `bench suite --trace` does.
-    #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
-    /// Format of `--trace` (csv, alibaba, sacct).
-    #[arg(long, default_value = "alibaba")]
-    pub trace_format: String,
-    /// Window length for `--trace`, hours.
-    #[arg(long, default_value_t = 24.0)]
-    pub window_h: f64,
-    /// Size the `--trace` cluster so the peak hour's demand of the busiest
-    /// training window is this share of it (overrides --gpus for the trace).
-    #[arg(long, default_value_t = 0.8)]
-    pub trace_load: f64,
-    /// `--trace` windows with fewer jobs are skipped.
-    #[arg(long, default_value_t = 20)]
-    pub min_window_jobs: usize,
+    #[command(flatten)]
+    pub trace: TraceArgs,
     /// `--trace`: the last N windows with jobs are the test days.
     #[arg(long, default_value_t = 1)]
     pub windows: usize,
@@ -133,16 +117,7 @@ pub fn run(a: &OracleArgs) -> Result<()> {
     let scenarios = scenario_days(a)?;
     let mut cfg = SuiteConfig {
         heuristic,
-        search: if a.quick {
-            SearchConfig {
-                pair_top: 5,
-                mixes: 2,
-                hours: SwitchHours::Narrow,
-                ..SearchConfig::default()
-            }
-        } else {
-            SearchConfig::default()
-        },
+        search: search_for(a.quick),
         ..SuiteConfig::default()
     };
     if let Some(spec) = shipped_learned(a.model) {
@@ -172,19 +147,7 @@ pub fn run(a: &OracleArgs) -> Result<()> {
 /// The scenarios to run: the trace's windows, a family's scenarios, or the
 /// first wave's diurnal day; training seeds and test seeds may not overlap.
 fn scenario_days(a: &OracleArgs) -> Result<Vec<ScenarioDays>> {
-    if let Some(path) = &a.trace {
-        let source = TraceSource {
-            path,
-            format: &a.trace_format,
-            model: a.model,
-            seed: a.train_seed,
-            window_h: a.window_h,
-            load: a.trace_load,
-            min_window_jobs: a.min_window_jobs,
-        };
-        if !(a.window_h.is_finite() && a.window_h > 0.0) {
-            bail!("--window-h {} is not a number of hours > 0", a.window_h);
-        }
+    if let Some(source) = a.trace.source(a.model, a.train_seed) {
         return trace_scenarios(&source, a.train_days, a.windows);
     }
     let train = a.train_seed..a.train_seed.saturating_add(a.train_days as u64);

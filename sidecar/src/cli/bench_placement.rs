@@ -16,7 +16,6 @@ use crate::eval::{
     PlacementScenario, ScenarioDays,
 };
 use crate::mig::GpuModel;
-use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::sim::PlacementSpec;
 use crate::workload::{default_scenarios, select_scenarios};
 
@@ -126,16 +125,7 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
     }
     let cfg = PlacementBenchConfig {
         alpha: a.alpha,
-        search: if a.quick {
-            SearchConfig {
-                pair_top: 5,
-                mixes: 2,
-                hours: SwitchHours::Narrow,
-                ..SearchConfig::default()
-            }
-        } else {
-            SearchConfig::default()
-        },
+        search: super::bench_suite::search_for(a.quick),
         policies,
         candidates,
     };

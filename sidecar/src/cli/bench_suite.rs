@@ -77,9 +77,17 @@ pub struct SuiteArgs {
     /// Write one SVG bar chart per scenario into DIR.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
-    /// Also replay windows of this trace (two scenarios: tight and loose
-    /// sampled deadlines): the last `--train-days + --test-days` windows
-    /// with jobs, the earlier ones for training.
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// The trace options `bench suite` and `bench oracle` share.
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    /// Replay windows of this trace (two scenarios: tight and loose
+    /// sampled deadlines): the last windows with jobs are the test days,
+    /// the earlier ones the training days (`bench suite` adds them to its
+    /// scenarios, `bench oracle` runs them instead).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Format of `--trace` (csv, alibaba, sacct).
@@ -92,7 +100,7 @@ pub struct SuiteArgs {
     /// training window is this share of it (overrides --gpus for the trace).
     #[arg(long, default_value_t = 0.8)]
     pub trace_load: f64,
-    /// Windows with fewer jobs are skipped.
+    /// `--trace` windows with fewer jobs are skipped.
     #[arg(long, default_value_t = 20)]
     pub min_window_jobs: usize,
 }
@@ -132,17 +140,39 @@ pub(super) struct TraceSource<'a> {
     pub min_window_jobs: usize,
 }
 
-impl SuiteArgs {
-    fn trace_source<'a>(&'a self, path: &'a std::path::Path) -> TraceSource<'a> {
-        TraceSource {
+impl TraceArgs {
+    /// The trace to replay for `model`, deadlines sampled from `seed`
+    /// (`None` without `--trace`).
+    pub(super) fn source(&self, model: GpuModel, seed: u64) -> Option<TraceSource<'_>> {
+        self.trace.as_deref().map(|path| TraceSource {
             path,
             format: &self.trace_format,
-            model: self.model,
-            seed: self.train_seed,
+            model,
+            seed,
             window_h: self.window_h,
             load: self.trace_load,
             min_window_jobs: self.min_window_jobs,
-        }
+        })
+    }
+}
+
+/// The search of `--quick` runs (`bench suite`, `oracle`, `placement`,
+/// `throughput`): fewer split pairs and mixes, coarser switch hours.
+pub(super) fn quick_search() -> SearchConfig {
+    SearchConfig {
+        pair_top: 5,
+        mixes: 2,
+        hours: SwitchHours::Narrow,
+        ..SearchConfig::default()
+    }
+}
+
+/// [`quick_search`] with `--quick`, else the full search.
+pub(super) fn search_for(quick: bool) -> SearchConfig {
+    if quick {
+        quick_search()
+    } else {
+        SearchConfig::default()
     }
 }
 
@@ -269,16 +299,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         alpha: a.alpha,
         heuristic,
         hindsight: !a.no_hindsight,
-        search: if a.quick {
-            SearchConfig {
-                pair_top: 5,
-                mixes: 2,
-                hours: SwitchHours::Narrow,
-                ..SearchConfig::default()
-            }
-        } else {
-            SearchConfig::default()
-        },
+        search: search_for(a.quick),
         ..SuiteConfig::default()
     };
     cfg.candidates
@@ -331,12 +352,8 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
             batch: s.is_batch(),
         })
         .collect();
-    if let Some(path) = &a.trace {
-        all.extend(trace_scenarios(
-            &a.trace_source(path),
-            train_days,
-            test_days,
-        )?);
+    if let Some(source) = a.trace.source(a.model, a.train_seed) {
+        all.extend(trace_scenarios(&source, train_days, test_days)?);
     }
     bar.set_length(all.len() as u64 * steps_per_scenario);
     let mut results = Vec::new();
