@@ -57,13 +57,13 @@ fn trace(
     p
 }
 
-/// `simulate --compare --json` on hours 24-48 of `trace`, the first day
-/// being the past the opponents and the exchange rate come from.
-fn compare(trace: &Path) -> Value {
-    let out = ok(&[
+/// `simulate --compare` on hours 24-48 of `trace`, the first day being the
+/// past the opponents and the exchange rate come from: the table, or with
+/// `extra` = `["--json"]` the JSON.
+fn compare_output(trace: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
         "simulate",
         "--compare",
-        "--json",
         "--workload",
         trace.to_str().unwrap(),
         "--trace-format",
@@ -74,8 +74,14 @@ fn compare(trace: &Path) -> Value {
         "1",
         "--gpus",
         "2",
-    ]);
-    serde_json::from_str(&out).unwrap()
+    ];
+    args.extend(extra);
+    ok(&args)
+}
+
+/// [`compare_output`] as JSON.
+fn compare(trace: &Path) -> Value {
+    serde_json::from_str(&compare_output(trace, &["--json"])).unwrap()
 }
 
 fn rows(c: &Value) -> &Vec<Value> {
@@ -135,20 +141,7 @@ fn a_layout_that_cannot_hold_the_jobs_ranks_last_and_is_flagged() {
     assert_eq!(never_ran(first), 0);
     assert_eq!(first["et"].as_f64(), Some(best_served));
     // The table flags the row as it flags rows worse than whole GPUs.
-    let table = ok(&[
-        "simulate",
-        "--compare",
-        "--workload",
-        t.to_str().unwrap(),
-        "--trace-format",
-        "csv",
-        "--trace-window",
-        "24,24",
-        "--train-days",
-        "1",
-        "--gpus",
-        "2",
-    ]);
+    let table = compare_output(&t, &[]);
     let line = table
         .lines()
         .find(|l| l.split_whitespace().next() == Some("static"))
