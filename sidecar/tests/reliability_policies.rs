@@ -138,6 +138,7 @@ fn check_all_policies(
     let mut evaluate = |p: &mut dyn RepartitionPolicy| {
         runs += 1;
         run_checked("search candidate", cluster, jobs, heuristic, cfg, p)
+            .map(|score| smartmig::sim::Standing::new(0, score))
     };
     let statics = static_best(cluster, &search, &mut evaluate)?;
     let days = twice_daily(cluster, &search, &statics, cfg.start_hour, &mut evaluate)?;

@@ -106,6 +106,7 @@ proptest! {
         seed in any::<u64>(),
         by_time in any::<bool>(),
         rt in prop::sample::select(vec![0.0, 4.0, 30.0]),
+        extra_s in prop::sample::select(vec![0.0, 1.0, 3600.0]),
     ) {
         let cfg = SimConfig {
             reconfig_time_s: rt,
@@ -120,7 +121,18 @@ proptest! {
         prop_assert!((report.energy_j - m.energy_j).abs() <= 1e-9 * m.energy_j.max(1.0),
             "audit {} vs sim {}", report.energy_j, m.energy_j);
         prop_assert!((report.total_tardiness_s - m.total_tardiness_s).abs() <= 1e-9 * m.total_tardiness_s.max(1.0));
+        prop_assert_eq!(report.late_jobs, m.late_jobs);
+        prop_assert_eq!(report.unserved, m.unserved + m.rejected);
         prop_assert_eq!(report.jobs, m.completed);
+        // Charged at a later, common horizon (a comparison's), the audit's
+        // own recomputation of the rule agrees with the simulator's.
+        let later = m.horizon_s + extra_s;
+        let (a, b) = (report.at_horizon(later), m.at_horizon(later));
+        prop_assert!((a.energy_j - b.energy_j).abs() <= 1e-9 * b.energy_j.max(1.0),
+            "at {} s: audit {} vs sim {}", later, a.energy_j, b.energy_j);
+        prop_assert!((a.total_tardiness_s - b.total_tardiness_s).abs() <= 1e-9 * b.total_tardiness_s.max(1.0));
+        prop_assert_eq!(a.late_jobs, b.late_jobs);
+        prop_assert!((a.unserved_energy_j - b.unserved_energy_j).abs() <= 1e-9 * b.unserved_energy_j.max(1.0));
         prop_assert_eq!(report.reconfigurations, m.reconfigurations);
         // The kinds partition the reconfigurations, and the audit, reading
         // them off the instances, finds what the simulator counted.

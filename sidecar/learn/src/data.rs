@@ -8,7 +8,7 @@ use super::LearnError;
 use crate::mig::GpuModel;
 use crate::policy::RepartitionPolicy;
 use crate::scenario::Scenario;
-use crate::sim::{simulate, EtScore, Metrics, RunHooks, SimConfig};
+use crate::sim::{common_horizon, simulate, Metrics, Reference, RunHooks, SimConfig, Standing};
 use crate::workload::{generate_diurnal, Job};
 
 /// A workload day (an episode) and its `none` reference totals.
@@ -20,7 +20,11 @@ pub struct Day {
     pub horizon_s: f64,
     /// Hour of day at time 0 (the policy sees the time of day).
     pub start_hour: f64,
+    /// The `none` run.
     pub reference: Metrics,
+    /// The ET exchange rate: the `none` run, `T_ref` floored by the day's
+    /// jobs ([`Reference::own`]; the day has no past of its own).
+    pub rate: Reference,
 }
 
 impl Day {
@@ -59,7 +63,9 @@ impl Day {
         Day::with_clock(cfg, gpus, jobs, seed, horizon_s, cfg.workload.start_hour)
     }
 
-    fn with_clock(
+    /// An episode over given jobs with its own clock (`start_hour` at time
+    /// 0), e.g. a yardstick scenario's day built elsewhere.
+    pub fn with_clock(
         cfg: &TrainConfig,
         gpus: usize,
         jobs: Vec<Job>,
@@ -77,6 +83,7 @@ impl Day {
             horizon_s,
             start_hour,
             reference: Metrics::default(),
+            rate: Reference::pooled(&[], 0.0),
         };
         day.reference = simulate(
             &day.cluster,
@@ -87,22 +94,20 @@ impl Day {
             RunHooks::default(),
         )?
         .metrics;
+        day.rate = Reference::own(&day.reference, &day.jobs);
         Ok(day)
     }
 
     /// Scores `policy` on this day for the searches and checkpoint choices:
-    /// ET plus 1 if a job never ran (ET counts only jobs that ran, so a
-    /// layout too small for the biggest jobs would otherwise look good).
+    /// its [`Standing`] (a run that leaves jobs unserved ranks behind every
+    /// run that serves them all, whatever its ET).
     pub fn objective(
         &self,
         cfg: &TrainConfig,
         policy: &mut dyn RepartitionPolicy,
     ) -> Result<Objective, LearnError> {
         let (m, et) = self.evaluate(cfg, policy)?;
-        Ok(Objective {
-            et,
-            starved: m.unserved + m.rejected > 0,
-        })
+        Ok(Standing::of(&m, et))
     }
 
     /// The simulator settings of this episode.
@@ -114,12 +119,14 @@ impl Day {
         }
     }
 
-    /// Runs any policy on this day; returns its metrics and ET vs `none`.
+    /// Runs any policy on this day; returns its metrics, charged with the
+    /// `none` run at their common horizon (`sim::metrics`), and its ET
+    /// with the day's exchange rate.
     pub fn evaluate(
         &self,
         cfg: &TrainConfig,
         policy: &mut dyn RepartitionPolicy,
-    ) -> Result<(Metrics, Option<f64>), LearnError> {
+    ) -> Result<(Metrics, f64), LearnError> {
         let mut h = cfg.heuristic()?.build(self.seed);
         let m = simulate(
             &self.cluster,
@@ -130,39 +137,15 @@ impl Day {
             RunHooks::default(),
         )?
         .metrics;
-        let et = EtScore::new(&m, &self.reference, "none".into(), 1.0).et;
+        let m = m.at_horizon(common_horizon([&m, &self.reference]));
+        let et = self.rate.et_of(&m, 1.0);
         Ok((m, et))
     }
 }
 
-/// A day's objective ([`Day::objective`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Objective {
-    /// ET vs `none`; `None` when undefined (the reference had no tardiness).
-    pub et: Option<f64>,
-    /// Whether a job never ran.
-    pub starved: bool,
-}
-
-impl Objective {
-    /// ET plus 1 if a job never ran; `None` where ET is undefined.
-    pub fn defined(self) -> Option<f64> {
-        self.et.map(|e| self.value(e))
-    }
-
-    /// ET (or `undefined` where it is) plus 1 if a job never ran.
-    pub fn or(self, undefined: f64) -> f64 {
-        self.value(self.et.unwrap_or(undefined))
-    }
-
-    fn value(self, et: f64) -> f64 {
-        if self.starved {
-            et + 1.0
-        } else {
-            et
-        }
-    }
-}
+/// A day's objective ([`Day::objective`]): jobs that never ran first, then
+/// ET (`sim::Standing`, the yardstick's ranking).
+pub type Objective = Standing;
 
 /// Where the training episodes come from.
 #[derive(Clone, Debug, Default)]
@@ -291,31 +274,32 @@ mod tests {
         assert!(d.reference.total_tardiness_s > 0.0, "a busy afternoon");
         let (m, et) = d.evaluate(&cfg, &mut NoPartition).unwrap();
         assert_eq!(m, d.reference);
-        assert!((et.unwrap() - 1.0).abs() < 1e-12);
+        assert!((et - 1.0).abs() < 1e-12);
         let o = d.objective(&cfg, &mut NoPartition).unwrap();
-        assert!(!o.starved);
-        assert!((o.or(f64::INFINITY) - 1.0).abs() < 1e-12);
+        assert_eq!(o.unserved, 0);
+        assert!((o.et - 1.0).abs() < 1e-12);
     }
 
+    /// Seven 1g slices cannot hold the day's big jobs: that layout ranks
+    /// behind whole GPUs, whatever its ET, and its ET is a number.
     #[test]
-    fn objective_adds_one_when_starved() {
-        let starved = Objective {
-            et: Some(0.5),
-            starved: true,
-        };
-        assert_eq!(starved.defined(), Some(1.5));
-        assert_eq!(starved.or(9.0), 1.5);
-        let undefined = Objective {
-            et: None,
-            starved: false,
-        };
-        assert_eq!(undefined.defined(), None);
-        assert_eq!(undefined.or(2.0), 2.0);
-        let both = Objective {
-            et: None,
-            starved: true,
-        };
-        assert_eq!(both.or(2.0), 3.0);
+    fn a_layout_that_starves_jobs_ranks_behind_none() {
+        let cfg = tiny();
+        let d = day(&cfg, 5);
+        let g = crate::mig::Geometry::of(cfg.gpu_model);
+        let most = |l: &crate::mig::Layout| l.iter().count();
+        let ones = (0..g.catalog().len())
+            .max_by_key(|&i| most(&g.catalog()[i]))
+            .unwrap_or(0);
+        let mut p = crate::policy::search::StaticMix::from_indices(
+            "1g",
+            &d.cluster,
+            &vec![ones; d.cluster.len()],
+        );
+        let o = d.objective(&cfg, &mut p).unwrap();
+        let none = d.objective(&cfg, &mut NoPartition).unwrap();
+        assert!(o.unserved > 0, "{o:?}");
+        assert!(none.beats(&o) && o.et.is_finite(), "{o:?} vs {none:?}");
     }
 
     /// A day-long trace in 4 h windows: the windows kept all have late

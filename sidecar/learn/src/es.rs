@@ -21,6 +21,7 @@ use super::data::Day;
 use super::model::ActorCritic;
 use super::rollout::CandlePolicy;
 use super::LearnError;
+use crate::sim::Standing;
 
 /// The actor's parameters as one flat vector, and back.
 fn get(net: &ActorCritic) -> Result<Vec<f32>, LearnError> {
@@ -43,21 +44,19 @@ fn set(net: &ActorCritic, theta: &[f32]) -> Result<(), LearnError> {
     Ok(())
 }
 
-/// Mean objective (ET, +1 per day that leaves a job unserved) of the
+/// The standing (jobs left unserved, then mean ET; `sim::Standing`) of the
 /// deterministic policy of `net` over `days`.
-pub fn score(cfg: &TrainConfig, net: &ActorCritic, days: &[Day]) -> Result<f64, LearnError> {
-    let mut sum = 0.0;
+pub fn score(cfg: &TrainConfig, net: &ActorCritic, days: &[Day]) -> Result<Standing, LearnError> {
+    let mut each = Vec::with_capacity(days.len());
     for day in days {
         let mut p = CandlePolicy::new(net, cfg.gpu_model);
-        // An undefined ET counts as twice `none`'s, so the candidates stay
-        // comparable on the other days.
-        sum += day.objective(cfg, &mut p)?.or(2.0);
+        each.push(day.objective(cfg, &mut p)?);
     }
-    Ok(sum / days.len().max(1) as f64)
+    Ok(Standing::over(each))
 }
 
 /// One ES iteration on `days`; updates `net`'s actor in place and returns
-/// the mean objective of the candidates.
+/// the mean ET of the candidates.
 pub fn step(
     cfg: &TrainConfig,
     es: &EsConfig,
@@ -78,11 +77,11 @@ pub fn step(
     let sigma = es.sigma as f32;
     // Scores of theta + sigma eps_i and theta - sigma eps_i, on two threads
     // (each with its own copy of the network).
-    let eval = |pairs: &[usize]| -> Result<Vec<(usize, f64, f64)>, LearnError> {
+    let eval = |pairs: &[usize]| -> Result<Vec<(usize, Standing, Standing)>, LearnError> {
         let scratch = net.clone_deep()?;
         let mut out = Vec::new();
         for &i in pairs {
-            let mut r = [0.0; 2];
+            let mut r = [Standing::WORST; 2];
             for (s, sign) in [1.0f32, -1.0].into_iter().enumerate() {
                 let t: Vec<f32> = theta
                     .iter()
@@ -106,17 +105,17 @@ pub fn step(
             .map_err(|_| LearnError::Other("an ES worker panicked".into()))?;
         Ok::<_, LearnError>((ra?, rb?))
     })?;
-    let mut scores: Vec<(usize, f64, f64)> = results.0;
+    let mut scores: Vec<(usize, Standing, Standing)> = results.0;
     scores.extend(results.1);
-    // Centered ranks over all 2P candidates (lower objective = higher
+    // Centered ranks over all 2P candidates (lower standing = higher
     // utility). Equal scores share their mean rank: a small perturbation
     // often leaves every argmax decision unchanged, and ties broken by
     // position would push the weights along pure noise.
-    let mut flat: Vec<(f64, usize, bool)> = scores
+    let mut flat: Vec<(Standing, usize, bool)> = scores
         .iter()
         .flat_map(|&(i, p, m)| [(p, i, true), (m, i, false)])
         .collect();
-    flat.sort_by(|x, y| y.0.total_cmp(&x.0));
+    flat.sort_by_key(|y| std::cmp::Reverse(y.0));
     let count = flat.len();
     let mut util = vec![[0.0f32; 2]; es.pairs];
     let mut start = 0;
@@ -141,7 +140,7 @@ pub fn step(
         }
     }
     set(net, &next)?;
-    let mean = scores.iter().map(|&(_, p, m)| p + m).sum::<f64>() / (2 * es.pairs) as f64;
+    let mean = scores.iter().map(|&(_, p, m)| p.et + m.et).sum::<f64>() / (2 * es.pairs) as f64;
     Ok(mean)
 }
 
@@ -177,6 +176,6 @@ mod tests {
         // on 3 GPUs some decision changes, and so do the weights.
         assert_ne!(get(&a).unwrap(), before);
         let s = score(&cfg, &a, &days).unwrap();
-        assert!(s.is_finite());
+        assert!(s.et.is_finite());
     }
 }

@@ -21,6 +21,7 @@ use super::data::Day;
 use super::LearnError;
 use crate::mig::{Geometry, Layout};
 use crate::policy::{ClusterView, Decision, GpuStatus, RepartitionPolicy};
+use crate::sim::Standing;
 
 /// Replays a plan (decisions per epoch), with the decisions of one epoch
 /// replaced by a candidate (and the GPUs seen at that epoch recorded).
@@ -92,17 +93,29 @@ pub struct OracleRun {
     pub decisions: Vec<Vec<Decision>>,
     /// Hour of day of each epoch of `decisions`.
     pub hours: Vec<f64>,
-    /// ET of the base (keep from `initial`) and of the oracle.
-    pub base_et: Option<f64>,
-    pub et: Option<f64>,
+    /// ET of the base (keep from `initial`) and of the oracle, and the
+    /// jobs each left unserved.
+    pub base_et: f64,
+    pub et: f64,
+    pub base_unserved: u64,
+    pub unserved: u64,
+    /// The oracle's run, charged with the day's `none` run at their
+    /// common horizon ([`Day::evaluate`]).
+    pub metrics: crate::sim::Metrics,
     /// Whole-day simulations run, and improvement passes made.
     pub simulations: usize,
     pub passes: usize,
 }
 
 /// The search objective of [`Day::objective`] (as `static_best`).
-fn score(day: &Day, cfg: &TrainConfig, p: &mut Replay<'_>) -> Result<f64, LearnError> {
-    Ok(day.objective(cfg, p)?.or(f64::INFINITY))
+fn score(day: &Day, cfg: &TrainConfig, p: &mut Replay<'_>) -> Result<Standing, LearnError> {
+    day.objective(cfg, p)
+}
+
+/// Whether `a` ranks ahead of `b` by more than the noise of float sums:
+/// fewer jobs unserved, or as few and an ET lower by over `eps`.
+fn improves(a: Standing, b: Standing, eps: f64) -> bool {
+    a.unserved < b.unserved || (a.unserved == b.unserved && a.et < b.et - eps)
 }
 
 /// [`rollout`] from whole GPUs, where a live policy starts.
@@ -133,15 +146,13 @@ pub fn rollout(
     let mut plan: Vec<Vec<Decision>> = Vec::new();
     let mut hours: Vec<f64> = Vec::new();
     let mut simulations = 0usize;
-    let base_et = day
-        .evaluate(cfg, &mut Replay::new(initial, &plan, usize::MAX, &[]))?
-        .1;
+    let base = day.objective(cfg, &mut Replay::new(initial, &plan, usize::MAX, &[]))?;
     let mut done = 0;
-    let mut last_score = f64::INFINITY;
+    let mut last_score = Standing::WORST;
     while done < passes && simulations < max_simulations {
         done += 1;
         let mut k = 0;
-        let mut current = f64::INFINITY;
+        let mut current = Standing::WORST;
         while simulations < max_simulations {
             let here = plan.get(k).cloned().unwrap_or_default();
             let mut probe = Replay::new(initial, &plan, k, &here);
@@ -177,7 +188,7 @@ pub fn rollout(
                 }
                 let sc = score(day, cfg, &mut Replay::new(initial, &plan, k, &c))?;
                 simulations += 1;
-                if sc < best.0 - 1e-9 {
+                if improves(sc, best.0, 1e-9) {
                     best = (sc, c);
                 }
             }
@@ -190,17 +201,21 @@ pub fn rollout(
             current = best.0;
             k += 1;
         }
-        if current >= last_score - 1e-6 {
+        if !improves(current, last_score, 1e-6) {
             break;
         }
         last_score = current;
     }
-    let (_, et) = day.evaluate(cfg, &mut Replay::new(initial, &plan, usize::MAX, &[]))?;
+    let (metrics, et) = day.evaluate(cfg, &mut Replay::new(initial, &plan, usize::MAX, &[]))?;
+    let end = Standing::of(&metrics, et);
     Ok(OracleRun {
         decisions: plan,
         hours,
-        base_et,
-        et,
+        base_et: base.et,
+        et: end.et,
+        base_unserved: base.unserved,
+        unserved: end.unserved,
+        metrics,
         simulations,
         passes: done,
     })
@@ -219,7 +234,7 @@ mod tests {
         cfg.workload.start_hour = 10.0;
         let day = Day::new(&cfg, 3, 5).unwrap();
         let a = from_whole(&cfg, &day, 2, usize::MAX).unwrap();
-        let (base, et) = (a.base_et.unwrap(), a.et.unwrap());
+        let (base, et) = (a.base_et, a.et);
         assert!((base - 1.0).abs() < 1e-12, "keep from whole GPUs is `none`");
         assert!(et <= base + 1e-12, "oracle {et} vs base {base}");
         assert!(a.simulations > 1 && a.passes >= 1);

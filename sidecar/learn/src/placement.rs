@@ -43,7 +43,7 @@ use crate::sim::deferral::DeferSpec;
 use crate::sim::placement_features::PlacementFeatures;
 use crate::sim::{
     simulate, Candidate, Heuristic, Metrics, Pick, PlacementContext, PlacementHeuristic,
-    PlacementSpec, RunHooks,
+    PlacementSpec, RunHooks, Standing,
 };
 use crate::workload::Job;
 
@@ -735,7 +735,9 @@ pub fn train_placement(
         energy_ratio: totals.energy_j / best_totals_rule.energy_j.max(1.0),
         tardiness_ratio: totals.tardiness_s / best_totals_rule.tardiness_s.max(1.0),
     });
-    let mut best = Checkpoint::new(Some(obj), &net, "imitation".into())?;
+    // The placement's own objective (late jobs count every job that never
+    // ran); no separate unserved rank.
+    let mut best = Checkpoint::new(Standing::new(0, obj), &net, "imitation".into())?;
     let mut best_totals = totals;
 
     // 2. PPO.
@@ -788,10 +790,10 @@ pub fn train_placement(
                 energy_ratio: totals.energy_j / best_totals_rule.energy_j.max(1.0),
                 tardiness_ratio: totals.tardiness_s / best_totals_rule.tardiness_s.max(1.0),
             });
-            if best.et.is_none_or(|b| obj < b) {
+            if Standing::new(0, obj).beats(&best.score) {
                 best_totals = totals;
             }
-            best.offer(Some(obj), &net, || format!("ppo:{it}"))?;
+            best.offer(Standing::new(0, obj), &net, || format!("ppo:{it}"))?;
         }
     }
     let report = PlacementReport {

@@ -22,7 +22,7 @@ use super::LearnError;
 use crate::mig::GpuModel;
 use crate::policy::features::{argmax_masked, Encoder, FeatureSpec};
 use crate::policy::{ClusterView, Decision, RepartitionPolicy};
-use crate::sim::{simulate, EtScore, Metrics, RunHooks};
+use crate::sim::{common_horizon, simulate, Metrics, Reference, RunHooks};
 
 /// How the rollout policy acts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,9 +255,10 @@ impl Batch {
 /// What one episode gave.
 #[derive(Clone, Debug)]
 pub struct Episode {
+    /// The run, charged with the day's `none` run at their common horizon.
     pub metrics: Metrics,
-    pub et: Option<f64>,
-    /// Sum of team rewards (= -ET when everything ran).
+    pub et: f64,
+    /// Sum of team rewards (= -ET when every job ran).
     pub team_return: f64,
 }
 
@@ -305,14 +306,19 @@ pub fn run_episode(
     if let Some(e) = rollout.error.take() {
         return Err(e);
     }
+    // The yardstick's books close the episode: the run charged with
+    // `none` at their common horizon (GPUs idle until then, the jobs that
+    // never ran charged from there; `sim::metrics`).
     let m = result.metrics;
-    let et = EtScore::new(&m, &day.reference, "none".into(), 1.0).et;
+    let m = m.at_horizon(common_horizon([&m, &day.reference]));
     rollout.close(&m);
+    let et = day.rate.et_of(&m, 1.0);
     let rewards = Rewards::new(
         &rollout.epoch_e,
         &rollout.epoch_t,
         day.cluster.len(),
-        &day.reference,
+        &day.rate,
+        day.jobs.len(),
         cfg.local_weight,
     );
     let (adv, ret) = advantages(
@@ -367,10 +373,11 @@ impl Rollout<'_> {
         let dt = m.total_tardiness_s - t_sum;
         self.epoch_e[last][0] += de;
         self.epoch_t[last][0] += dt;
-        // A job that never ran is charged as if it finished at the horizon
-        // plus its own work: not in ET (which counts jobs that ran), but the
-        // policy must not learn to starve jobs.
-        let starved = self.ledger.borrow().starved_penalty(m.horizon_s);
+        // The charge of the jobs that never ran is in `m` (the yardstick's
+        // rule); on top, a fixed penalty stands in for its ranking (a run
+        // that leaves a job unserved ranks behind every run that serves
+        // them all), which a sum of rewards cannot express.
+        let starved = self.ledger.borrow().starved_penalty();
         self.epoch_t[last][0] += starved;
     }
 }
@@ -390,15 +397,19 @@ struct Rewards<'e> {
 }
 
 impl<'e> Rewards<'e> {
+    /// `reference` is the day's exchange rate (its `none` run, `T_ref`
+    /// floored as in the yardstick) and `jobs` its jobs: the tardiness of
+    /// an interval is over `T_ref` times the jobs (a total, as the ledger's).
     fn new(
         epoch_e: &'e [Vec<f64>],
         epoch_t: &'e [Vec<f64>],
         agents: usize,
-        reference: &Metrics,
+        reference: &Reference,
+        jobs: usize,
         local_weight: f64,
     ) -> Self {
         let e_ref = reference.energy_j.max(1.0);
-        let t_ref = reference.total_tardiness_s.max(1.0);
+        let t_ref = (reference.tardiness_s * jobs as f64).max(1.0);
         // Rewards are known for epoch k once epoch k+1 happened: reward of
         // the step at epoch k = what accrued in (t_k, t_{k+1}], i.e.
         // epoch_x[k + 1].
@@ -595,12 +606,13 @@ mod tests {
     fn rewards_by_hand() {
         let e = vec![vec![10.0, 30.0], vec![20.0, 20.0], vec![0.0, 40.0]];
         let t = vec![vec![0.0, 0.0], vec![5.0, 0.0], vec![0.0, 15.0]];
-        let reference = Metrics {
+        // 5 jobs with a T_ref of 2 s: 10 s of total tardiness.
+        let reference = Reference {
             energy_j: 100.0,
-            total_tardiness_s: 10.0,
-            ..Metrics::default()
+            tardiness_s: 2.0,
+            floor_s: 1.0,
         };
-        let r = Rewards::new(&e, &t, 2, &reference, 0.25);
+        let r = Rewards::new(&e, &t, 2, &reference, 5, 0.25);
         // The step at epoch k earns what accrued up to epoch k + 1.
         assert!(close(r.team[0], -(0.4 + 0.5) / 2.0));
         assert!(close(r.team[1], -(0.4 + 1.5) / 2.0));
@@ -662,7 +674,7 @@ mod tests {
             assert!(batch.mask[i * n.actions + a as usize] > 0.5);
         }
         assert_eq!(ep.metrics.unserved, 0);
-        let et = ep.et.expect("defined ET");
+        let et = ep.et;
         assert!(
             (ep.team_return + et).abs() < 1e-9,
             "{} vs {et}",

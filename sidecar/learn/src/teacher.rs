@@ -10,6 +10,7 @@ use super::LearnError;
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId};
 use crate::policy::adaptive::Adaptive;
 use crate::policy::{ClusterView, Decision, GpuStatus, RepartitionPolicy};
+use crate::sim::Standing;
 
 /// The imitation teacher: a nos-style greedy plus a resting layout.
 ///
@@ -270,41 +271,31 @@ impl Demand {
 
 /// The `static-best` assignment of [`crate::policy::search`] on `day`
 /// (hindsight coordinate descent over per-GPU catalog layouts) and its ET.
-/// The objective is ET plus 1 per run that leaves a job unserved (ET counts
-/// only jobs that ran, so a layout too small for the biggest jobs would
-/// otherwise look good).
-pub fn static_best(
-    cfg: &TrainConfig,
-    day: &Day,
-) -> Result<(Option<f64>, Vec<Layout>, String), LearnError> {
-    let mut evaluate = |p: &mut dyn RepartitionPolicy| -> Result<f64, LearnError> {
-        Ok(day.objective(cfg, p)?.or(f64::INFINITY))
-    };
+/// The objective is the day's [`Day::objective`]: a layout that leaves
+/// jobs unserved never wins over one that serves them all.
+pub fn static_best(cfg: &TrainConfig, day: &Day) -> Result<(f64, Vec<Layout>, String), LearnError> {
+    let mut evaluate = objective(cfg, std::slice::from_ref(day));
     let best = crate::policy::search::static_best(
         &day.cluster,
         &crate::policy::search::SearchConfig::coarse(),
         &mut evaluate,
     )?;
     let label = crate::policy::search::describe_assignment(&day.cluster, best.policy.layouts());
-    Ok((
-        best.score.is_finite().then_some(best.score),
-        best.policy.layouts().to_vec(),
-        label,
-    ))
+    Ok((best.score.et, best.policy.layouts().to_vec(), label))
 }
 
-/// The search objective over `days` (same cluster): mean ET plus 1 per run
-/// that leaves a job unserved.
+/// The search objective over `days` (same cluster): the jobs left unserved
+/// summed, then the mean ET (`sim::Standing`).
 fn objective<'a>(
     cfg: &'a TrainConfig,
     days: &'a [Day],
-) -> impl FnMut(&mut dyn RepartitionPolicy) -> Result<f64, LearnError> + 'a {
+) -> impl FnMut(&mut dyn RepartitionPolicy) -> Result<Standing, LearnError> + 'a {
     move |p: &mut dyn RepartitionPolicy| {
-        let mut sum = 0.0;
+        let mut each = Vec::with_capacity(days.len());
         for day in days {
-            sum += day.objective(cfg, p)?.or(f64::INFINITY);
+            each.push(day.objective(cfg, p)?);
         }
-        Ok(sum / days.len().max(1) as f64)
+        Ok(Standing::over(each))
     }
 }
 
@@ -347,7 +338,10 @@ pub fn twice_daily_search(
 
 /// The [`Adaptive`] rule with the lowest mean objective on `days`: a grid
 /// over the best uniform layouts (as split layout), thresholds and gains.
-pub fn adaptive_search(cfg: &TrainConfig, days: &[Day]) -> Result<(Adaptive, f64), LearnError> {
+pub fn adaptive_search(
+    cfg: &TrainConfig,
+    days: &[Day],
+) -> Result<(Adaptive, Standing), LearnError> {
     let g = Geometry::of(cfg.gpu_model);
     let mut evaluate = objective(cfg, days);
     // Split layouts: the best uniform ones that are not the whole GPU.
@@ -363,9 +357,9 @@ pub fn adaptive_search(cfg: &TrainConfig, days: &[Day]) -> Result<(Adaptive, f64
         };
         uniform.push((evaluate(&mut p)?, i));
     }
-    uniform.sort_by(|a, b| a.0.total_cmp(&b.0));
+    uniform.sort_by_key(|a| a.0);
     let mut best = (
-        f64::INFINITY,
+        Standing::WORST,
         Adaptive {
             split: 0,
             threshold: 0.0,
@@ -413,23 +407,24 @@ pub fn teacher_base(cfg: &TrainConfig, days: &[Day]) -> Result<Base, LearnError>
     })
 }
 
-/// The catalog layout with the lowest mean ET on `days` when every GPU uses
-/// it (jobs it cannot hold are ignored, as ET does).
+/// The catalog layout that ranks first on `days` when every GPU uses it
+/// (the fewest jobs left unserved, then the lowest mean ET).
 pub fn best_uniform(cfg: &TrainConfig, days: &[Day]) -> Result<Layout, LearnError> {
     let g = Geometry::of(cfg.gpu_model);
-    let mut best = (f64::INFINITY, g.whole_gpu());
+    let mut best = (Standing::WORST, g.whole_gpu());
     for &l in g.catalog() {
-        let mut sum = 0.0;
+        let mut each = Vec::with_capacity(days.len());
         for day in days {
             let mut p = crate::policy::search::StaticMix::from_indices(
                 "uniform",
                 &day.cluster,
                 &vec![g.catalog_index(l).unwrap_or(0); day.cluster.len()],
             );
-            sum += day.evaluate(cfg, &mut p)?.1.unwrap_or(f64::INFINITY);
+            each.push(day.objective(cfg, &mut p)?);
         }
-        if sum < best.0 {
-            best = (sum, l);
+        let score = Standing::over(each);
+        if score < best.0 {
+            best = (score, l);
         }
     }
     Ok(best.1)
@@ -576,7 +571,7 @@ mod tests {
         let (et, layouts, label) = static_best(&cfg, &days[0]).unwrap();
         assert_eq!(layouts.len(), 3);
         assert!(layouts.iter().all(|l| catalog.contains(l)));
-        assert!(et.unwrap() <= 1.0 + 1e-12, "{et:?}");
+        assert!(et <= 1.0 + 1e-12, "{et:?}");
         assert!(!label.is_empty());
         assert!(catalog.contains(&best_uniform(&cfg, &days).unwrap()));
         for kind in [
@@ -602,7 +597,7 @@ mod tests {
                     .all(|l| catalog.contains(l)));
             }
             let mut teacher = Teacher::new(cfg.gpu_model, base);
-            assert!(days[0].evaluate(&cfg, &mut teacher).unwrap().1.is_some());
+            assert!(days[0].evaluate(&cfg, &mut teacher).unwrap().1.is_finite());
         }
         assert!(teacher_base(&cfg, &[]).unwrap().day.is_empty());
         assert!(twice_daily_search(&cfg, &[]).is_err());

@@ -63,6 +63,7 @@ use super::model::ActorCritic;
 use super::ppo::optimiser;
 use super::LearnError;
 use crate::policy::features::FeatureSpec;
+use crate::sim::Standing;
 
 pub use super::config::{
     EsConfig, ImitationConfig, PpoConfig, TeacherBase, TrainConfig, ValidationConfig,
@@ -161,7 +162,7 @@ pub fn train(
         validation_seed: cfg.validation.seed,
         validation_days: cfg.validation.days,
         validation_gpus: cfg.validation.gpus,
-        validation_et: best.et,
+        validation_et: Some(best.score.et),
         validation_teacher_et: teacher_et,
         validation_static_best_et: static_best_et,
         validation_static_best_layout: static_best_layout,
@@ -218,20 +219,23 @@ fn validation_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, L
     }
 }
 
-/// The static-best reference on the validation days: its mean ET
-/// (`None` if undefined on a day) and its layouts, per day.
+/// The static-best reference on the validation days: its mean ET and its
+/// layouts, per day.
 fn static_best_on(
     cfg: &TrainConfig,
     validation: &[Day],
 ) -> Result<(Option<f64>, String), LearnError> {
-    let mut sum = Some(0.0);
+    let mut sum = 0.0;
     let mut labels = Vec::new();
     for day in validation {
         let (et, _, label) = static_best(cfg, day)?;
-        sum = sum.zip(et).map(|(a, b)| a + b);
+        sum += et;
         labels.push(label);
     }
-    Ok((sum.map(|s| s / validation.len() as f64), labels.join("; ")))
+    Ok((
+        Some(sum / validation.len().max(1) as f64),
+        labels.join("; "),
+    ))
 }
 
 /// The training days the teacher's resting layouts are searched on (never
@@ -270,19 +274,19 @@ fn base_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, LearnEr
     }
 }
 
-/// The teacher's mean ET on the validation days (`None` if undefined on a
-/// day).
+/// The teacher's mean ET on the validation days.
 fn teacher_on(
     cfg: &TrainConfig,
     base: &Base,
     validation: &[Day],
 ) -> Result<Option<f64>, LearnError> {
-    let mut sum = Some(0.0);
+    let mut sum = 0.0;
     for day in validation {
-        let (_, et) = day.evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?;
-        sum = sum.zip(et).map(|(a, b)| a + b);
+        sum += day
+            .evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?
+            .1;
     }
-    Ok(sum.map(|s| s / validation.len() as f64))
+    Ok(Some(sum / validation.len().max(1) as f64))
 }
 
 /// The training episodes' days, in order: a new diurnal day per episode
@@ -351,23 +355,22 @@ impl Run<'_> {
         self.started.elapsed().as_secs_f64() > self.cfg.time_budget_s
     }
 
-    /// Mean objective of `net`'s deterministic policy on the validation
-    /// days; a checkpoint that leaves jobs unserved on a validation day is
-    /// never chosen (ET alone would not see them).
-    fn validate(&self, net: &ActorCritic) -> Result<Option<f64>, LearnError> {
-        let mut sum = Some(0.0);
+    /// The standing of `net`'s deterministic policy on the validation
+    /// days: a checkpoint that leaves more jobs unserved is never chosen
+    /// over one that leaves fewer, whatever its ET.
+    fn validate(&self, net: &ActorCritic) -> Result<Standing, LearnError> {
+        let mut days = Vec::with_capacity(self.validation.len());
         for day in &self.validation {
             let mut p = CandlePolicy::new(net, self.cfg.gpu_model);
-            let et = day.objective(self.cfg, &mut p)?.defined();
-            sum = sum.zip(et).map(|(a, b)| a + b);
+            days.push(day.objective(self.cfg, &mut p)?);
         }
-        Ok(sum.map(|s| s / self.validation.len() as f64))
+        Ok(Standing::over(days))
     }
 
-    fn report_validation(&mut self, step: usize, et: Option<f64>) {
+    fn report_validation(&mut self, step: usize, score: Standing) {
         (self.progress)(Progress::Validation {
             step,
-            et,
+            et: Some(score.et),
             static_best_et: self.static_best_et,
         });
     }
@@ -392,7 +395,7 @@ impl Run<'_> {
                 phase: "imitation",
                 step: k + 1,
                 mean_return: ep.team_return,
-                mean_et: ep.et,
+                mean_et: Some(ep.et),
             });
         }
         if !batch.is_empty() {
@@ -436,7 +439,7 @@ impl Run<'_> {
                 let ep = run_episode(cfg, net, &day, Mode::Sample, &self.base, seed, &mut batch)?;
                 self.episodes += 1;
                 ret += ep.team_return;
-                ets.extend(ep.et);
+                ets.push(ep.et);
             }
             if !batch.is_empty() {
                 ppo_update(net, opt, &mut batch, &cfg.ppo, &mut self.rng)?;

@@ -15,7 +15,6 @@ use crate::eval::{
     placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate,
     PlacementScenario, ScenarioDays,
 };
-use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::scenario::{default_scenarios, select_scenarios};
 use crate::sim::PlacementSpec;
 
@@ -130,16 +129,7 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
     }
     let cfg = PlacementBenchConfig {
         alpha: a.alpha,
-        search: if a.quick {
-            SearchConfig {
-                pair_top: 5,
-                mixes: 2,
-                hours: SwitchHours::Narrow,
-                ..SearchConfig::default()
-            }
-        } else {
-            SearchConfig::default()
-        },
+        search: super::bench_suite::search_for(a.quick),
         policies,
         candidates,
     };

@@ -200,13 +200,12 @@ fn oracle_line(
     let from_static = crate::learn::oracle::rollout(&cfg, &day, &layouts, 3, usize::MAX)?;
     let best = [from_whole.et, from_static.et]
         .into_iter()
-        .flatten()
         .min_by(f64::total_cmp);
     let sb = c
         .rows
         .iter()
         .find(|r| r.policy == "static-hindsight")
-        .and_then(|r| r.et);
+        .map(|r| r.et);
     match (best, sb) {
         (Some(o), Some(s)) => writeln!(
             out,
@@ -241,17 +240,12 @@ fn gates(out: &mut dyn Write, c: &Comparison) -> Result<()> {
             "greedy" => "  (target < 0)",
             _ => "",
         };
-        match (learned.et, r.et) {
-            (Some(et), Some(b)) => writeln!(
+        let (et, b) = (learned.et, r.et);
+        writeln!(
             out,
-                "  ET vs {base:<21} {et:.3} vs {b:.3} = {:+.1} %{target}",
-                (et / b - 1.0) * 100.0
-            )?,
-            _ => writeln!(
-            out,
-                "  ET vs {base:<21} undefined (the reference run had no tardiness and one of these had some)"
-            )?,
-        }
+            "  ET vs {base:<21} {et:.3} vs {b:.3} = {:+.1} %{target}",
+            (et / b - 1.0) * 100.0
+        )?;
     }
     writeln!(
         out,

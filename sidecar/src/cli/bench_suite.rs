@@ -10,10 +10,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use crate::eval::{gate_rows, run_scenario, Day, RowKind, ScenarioDays, SuiteConfig, SuiteReport};
+use crate::eval::{
+    best_runnable, gate_rows, run_scenario, Day, RowKind, ScenarioDays, SuiteConfig, SuiteReport,
+};
 use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
-use crate::report::suite::{et_bars, gates_table, scenario_table, summary_table};
+use crate::report::suite::{et_bars, gates_table, runnable_table, scenario_table, summary_table};
 use crate::scenario::{
     default_scenarios, parse_scenarios, select_scenarios, DeadlineRegime, Scenario,
 };
@@ -75,9 +77,17 @@ pub struct SuiteArgs {
     /// Write one SVG bar chart per scenario into DIR.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
-    /// Also replay windows of this trace (two scenarios: tight and loose
-    /// sampled deadlines): the last `--train-days + --test-days` windows
-    /// with jobs, the earlier ones for training.
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// The trace options `bench suite` and `bench oracle` share.
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    /// Replay windows of this trace (two scenarios: tight and loose
+    /// sampled deadlines): the last windows with jobs are the test days,
+    /// the earlier ones the training days (`bench suite` adds them to its
+    /// scenarios, `bench oracle` runs them instead).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Format of `--trace` (csv, alibaba, sacct).
@@ -90,7 +100,7 @@ pub struct SuiteArgs {
     /// training window is this share of it (overrides --gpus for the trace).
     #[arg(long, default_value_t = 0.8)]
     pub trace_load: f64,
-    /// Windows with fewer jobs are skipped.
+    /// `--trace` windows with fewer jobs are skipped.
     #[arg(long, default_value_t = 20)]
     pub min_window_jobs: usize,
 }
@@ -118,19 +128,89 @@ pub(super) fn day(s: &Scenario, model: GpuModel, gpus: usize, seed: u64) -> Day 
     )
 }
 
-/// The `--trace` scenarios: one per deadline regime, on the last
-/// `train + test` windows that hold jobs (training first, in time order),
-/// on a cluster sized by `--trace-load` from the training windows.
-fn trace_scenarios(
-    a: &SuiteArgs,
-    path: &std::path::Path,
+/// Where trace scenarios come from (`bench suite --trace`, `bench oracle
+/// --trace`).
+pub(super) struct TraceSource<'a> {
+    pub path: &'a std::path::Path,
+    pub format: &'a str,
+    pub model: GpuModel,
+    pub seed: u64,
+    pub window_h: f64,
+    pub load: f64,
+    pub min_window_jobs: usize,
+}
+
+impl TraceArgs {
+    /// The trace to replay for `model`, deadlines sampled from `seed`
+    /// (`None` without `--trace`).
+    pub(super) fn source(&self, model: GpuModel, seed: u64) -> Option<TraceSource<'_>> {
+        self.trace.as_deref().map(|path| TraceSource {
+            path,
+            format: &self.trace_format,
+            model,
+            seed,
+            window_h: self.window_h,
+            load: self.trace_load,
+            min_window_jobs: self.min_window_jobs,
+        })
+    }
+}
+
+/// The search of `--quick` runs (`bench suite`, `oracle`, `placement`,
+/// `throughput`): fewer split pairs and mixes, coarser switch hours.
+pub(super) fn quick_search() -> SearchConfig {
+    SearchConfig {
+        pair_top: 5,
+        mixes: 2,
+        hours: SwitchHours::Narrow,
+        ..SearchConfig::default()
+    }
+}
+
+/// [`quick_search`] with `--quick`, else the full search.
+pub(super) fn search_for(quick: bool) -> SearchConfig {
+    if quick {
+        quick_search()
+    } else {
+        SearchConfig::default()
+    }
+}
+
+/// The shipped learned policy of `model` as a `policy:` spec, when it and
+/// ONNX Runtime exist (else says why it is left out).
+pub(super) fn shipped_learned(model: GpuModel) -> Option<String> {
+    match (
+        crate::policy::onnx::shipped_policy(model),
+        crate::policy::onnx::find_onnxruntime(),
+    ) {
+        (Some(p), Ok(_)) => Some(format!("policy:{}", p.display())),
+        (Some(p), Err(e)) => {
+            eprintln!(
+                "smartmig: leaving the learned policy {} out: {e}",
+                p.display()
+            );
+            None
+        }
+        (None, _) => {
+            eprintln!("smartmig: no shipped learned policy for {model}");
+            None
+        }
+    }
+}
+
+/// The trace scenarios: one per deadline regime, on the last `train +
+/// test` windows that hold jobs (training first, in time order), on a
+/// cluster sized by the load from the training windows.
+pub(super) fn trace_scenarios(
+    a: &TraceSource<'_>,
     train: usize,
     test: usize,
 ) -> Result<Vec<ScenarioDays>> {
+    let path = a.path;
     if !(a.window_h.is_finite() && a.window_h > 0.0) {
         bail!("--window-h {} is not a number of hours > 0", a.window_h);
     }
-    let format: TraceFormat = a.trace_format.parse()?;
+    let format: TraceFormat = a.format.parse()?;
     let stem = path
         .file_stem()
         .map_or_else(|| "trace".to_string(), |s| s.to_string_lossy().into_owned());
@@ -138,7 +218,7 @@ fn trace_scenarios(
     let mut out = Vec::new();
     for regime in DeadlineRegime::ALL {
         let opts = TraceOptions {
-            seed: a.train_seed,
+            seed: a.seed,
             deadline_factor: regime.factor(),
             ..TraceOptions::new(a.model)
         };
@@ -164,20 +244,20 @@ fn trace_scenarios(
         let chosen = &windows[windows.len() - train - test..];
         let mut gpus = 1;
         for (_, jobs) in &chosen[..train] {
-            gpus = gpus.max(gpus_for_load(jobs, a.model, a.trace_load, 3600.0)?);
+            gpus = gpus.max(gpus_for_load(jobs, a.model, a.load, 3600.0)?);
         }
         let day = |(k, jobs): &(usize, Vec<crate::workload::Job>)| Day {
             label: format!("window {k}"),
             jobs: jobs.clone(),
             cfg: SimConfig {
-                seed: a.train_seed,
+                seed: a.seed,
                 workload_horizon_s: Some(window_s),
                 ..SimConfig::default()
             },
         };
         eprintln!(
             "smartmig: {stem}/{regime}: {gpus} GPUs (peak-hour demand {} of the busiest training window), {} h windows",
-            a.trace_load, a.window_h
+            a.load, a.window_h
         );
         out.push(ScenarioDays {
             name: format!("{stem}/{regime}"),
@@ -219,33 +299,14 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         alpha: a.alpha,
         heuristic,
         hindsight: !a.no_hindsight,
-        search: if a.quick {
-            SearchConfig {
-                pair_top: 5,
-                mixes: 2,
-                hours: SwitchHours::Narrow,
-                ..SearchConfig::default()
-            }
-        } else {
-            SearchConfig::default()
-        },
+        search: search_for(a.quick),
         ..SuiteConfig::default()
     };
     cfg.candidates
         .extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
     if !a.policy.iter().any(|s| s.starts_with("policy:")) {
-        match (
-            crate::policy::onnx::shipped_policy(a.model),
-            crate::policy::onnx::find_onnxruntime(),
-        ) {
-            (Some(p), Ok(_)) => cfg
-                .candidates
-                .push(("learned".into(), format!("policy:{}", p.display()))),
-            (Some(p), Err(e)) => eprintln!(
-                "smartmig: leaving the learned policy {} out: {e}",
-                p.display()
-            ),
-            (None, _) => eprintln!("smartmig: no shipped learned policy for {}", a.model),
+        if let Some(spec) = shipped_learned(a.model) {
+            cfg.candidates.push(("learned".into(), spec));
         }
     }
     // Do no harm: every learned policy is also scored as it would run on a
@@ -291,8 +352,8 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
             batch: s.is_batch(),
         })
         .collect();
-    if let Some(path) = &a.trace {
-        all.extend(trace_scenarios(a, path, train_days, test_days)?);
+    if let Some(source) = a.trace.source(a.model, a.train_seed) {
+        all.extend(trace_scenarios(&source, train_days, test_days)?);
     }
     bar.set_length(all.len() as u64 * steps_per_scenario);
     let mut results = Vec::new();
@@ -309,6 +370,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     let report = SuiteReport {
         alpha: a.alpha,
         placement: heuristic.to_string(),
+        best_runnable: best_runnable(&results),
         scenarios: results,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
@@ -325,6 +387,8 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
             writeln!(out)?;
             write!(out, "{}", gates_table(p, &gate_rows(&report.scenarios, p)))?;
         }
+        writeln!(out)?;
+        write!(out, "{}", runnable_table(&report.best_runnable))?;
     }
     writeln!(out, "({:.0} s)", report.elapsed_s)?;
     if let Some(p) = &a.json {

@@ -13,7 +13,6 @@ use serde::Serialize;
 use super::args::{GpuModelArg, JsonArg};
 use crate::eval::throughput::{ArmKind, STUDY_LLM_INFERENCE};
 use crate::eval::{run_bag, Bag, BagResult, ThroughputConfig};
-use crate::policy::search::{SearchConfig, SwitchHours};
 use crate::sim::Heuristic;
 
 #[derive(Debug, clap::Args)]
@@ -82,12 +81,7 @@ pub fn run(a: &ThroughputArgs) -> Result<()> {
     if a.quick {
         cfg.train_seeds = (0..3).collect();
         cfg.test_seeds = (1000..1003).collect();
-        cfg.search = SearchConfig {
-            pair_top: 5,
-            mixes: 2,
-            hours: SwitchHours::Narrow,
-            ..SearchConfig::default()
-        };
+        cfg.search = super::bench_suite::quick_search();
     }
     if !a.seeds.is_empty() {
         cfg.test_seeds.clone_from(&a.seeds);

@@ -2,16 +2,24 @@
 //! placement heuristic, in one table with the gap to the lower bounds; the
 //! README's main command.
 //!
-//! The runs, in order: `none` (the ET reference), `static` (an arbitrary
-//! admin layout, catalog index 1: `4444|3333` on the eight-slice models),
+//! The runs, in order: `none` (whole GPUs), `static` (an arbitrary admin
+//! layout, catalog index 1: `4444|3333` on the eight-slice models),
 //! `static-hist` and `twice-daily-hist` (the opponents: searched on
 //! *training days*, other days of the same workload, and applied unchanged;
-//! `eval::baselines`), `greedy`, any extra `--compare-policy` specs (e.g.
-//! the learned `policy:FILE.onnx`), and the hindsight references
-//! `static-hindsight` and `twice-daily-hindsight` (searched on this very
-//! workload, which no admin knows in advance). Each final run records its
-//! event log in memory; the plots of `--report DIR` are derived from those
-//! logs.
+//! `eval::baselines`), `greedy`, the shipped learned policy (`learned`) and
+//! any extra `--compare-policy` specs, each learned one also as
+//! `<name>+fallback` (`eval::fallback`: the policy where it beat `none`
+//! and the static layout on the training days, else the better of those),
+//! and the hindsight references `static-hindsight` and
+//! `twice-daily-hindsight` (searched on this very workload, which no admin
+//! knows in advance).
+//!
+//! The yardstick is the suite's (docs/evaluation.md): ET's exchange rate
+//! comes from the training days' `none` runs (a workload with no past
+//! uses its own `none` run), `T_ref` floored; every row is charged at the
+//! horizon common to all rows (`sim::metrics`), and rows are ranked with
+//! the jobs they left unserved first. Each final run records its event log
+//! in memory; the plots of `--report DIR` are derived from those logs.
 
 use std::path::Path;
 use std::time::Instant;
@@ -19,12 +27,18 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use crate::bound::{self, BoundGpu};
-use crate::eval::{fit, Day, DaySet};
+use crate::eval::fallback::cross_validate;
+use crate::eval::{fit, Day, DaySet, Fitted, RowKind};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::search::SearchConfig;
-use crate::policy::{parse_policy_on, Greedy, RepartitionPolicy, StaticLayout};
+use crate::policy::{
+    parse_policy, parse_policy_on, Greedy, NoPartition, RepartitionPolicy, StaticLayout,
+};
 use crate::report::{plot, series, Comparison, Row};
-use crate::sim::{simulate, Collect, EtScore, Heuristic, Metrics, RunHooks, SimConfig, SimResult};
+use crate::sim::{
+    common_horizon, simulate, Collect, EtScore, Heuristic, Metrics, Reference, RunHooks, SimConfig,
+    SimResult,
+};
 use crate::workload::Job;
 
 /// Default width of the plot bins, s.
@@ -38,13 +52,18 @@ pub struct CompareOptions {
     /// Weight of tardiness in ET.
     pub alpha: f64,
     pub search: SearchConfig,
-    /// Extra policies (specs of `policy::parse_policy`), after the built-ins.
+    /// The shipped learned policy's spec (`policy:FILE.onnx`): the rows
+    /// `learned` and, with training days, `learned+fallback`.
+    pub learned: Option<String>,
+    /// Extra policies (specs of `policy::parse_policy`), after the built-ins;
+    /// a `policy:` one also gets a `<spec>+fallback` row.
     pub extra: Vec<String>,
     /// Width of the plot bins, s.
     pub bin_s: f64,
     /// Other days of the same workload (never the compared one), on which
-    /// the opponents `static-hist` and `twice-daily-hist` are fitted. Empty:
-    /// those rows are left out.
+    /// the opponents `static-hist` and `twice-daily-hist` are fitted, the
+    /// fallback chosen and the exchange rate pooled. Empty: those rows are
+    /// left out and the rate is the workload's own `none` run.
     pub training: Vec<Day>,
 }
 
@@ -54,6 +73,7 @@ impl CompareOptions {
             workload: workload.into(),
             alpha,
             search: SearchConfig::default(),
+            learned: None,
             extra: Vec::new(),
             bin_s: DEFAULT_BIN_S,
             training: Vec::new(),
@@ -66,15 +86,30 @@ struct Ctx<'a> {
     jobs: &'a [Job],
     cfg: &'a SimConfig,
     heuristic: Heuristic,
-    bin_s: f64,
+    opts: &'a CompareOptions,
+    /// The finished runs, at their own horizons.
+    runs: Vec<Raw>,
+}
+
+/// One finished run, before the common horizon is known.
+struct Raw {
+    policy: String,
+    kind: RowKind,
+    description: String,
+    metrics: Metrics,
+    series: series::TimeSeries,
+    search_runs: Option<usize>,
 }
 
 impl Ctx<'_> {
-    /// A final run: metrics, the policy's name and the series of its event log.
+    /// A final run, recorded with the series of its event log; returns the
+    /// name the policy gives itself.
     fn run_logged(
-        &self,
+        &mut self,
         policy: &mut dyn RepartitionPolicy,
-    ) -> Result<(Metrics, String, series::TimeSeries)> {
+        row: (&str, RowKind, String),
+        search_runs: Option<usize>,
+    ) -> Result<String> {
         let mut log = Collect::default();
         let r = self.run(
             policy,
@@ -83,8 +118,16 @@ impl Ctx<'_> {
                 progress: None,
             },
         )?;
-        let s = series::from_records(&log.0, self.bin_s)?;
-        Ok((r.metrics, r.policy, s))
+        let series = series::from_records(&log.0, self.opts.bin_s)?;
+        self.runs.push(Raw {
+            policy: row.0.to_string(),
+            kind: row.1,
+            description: row.2,
+            metrics: r.metrics,
+            series,
+            search_runs,
+        });
+        Ok(r.policy)
     }
 
     /// One simulation of the compared workload with `policy`.
@@ -99,6 +142,19 @@ impl Ctx<'_> {
             hooks,
         )?)
     }
+
+    /// Our policies `(row name, spec)`: greedy, the learned one, extras.
+    fn candidates(&self) -> Vec<(String, String)> {
+        let mut out = vec![("greedy".to_string(), "greedy".to_string())];
+        out.extend(
+            self.opts
+                .learned
+                .iter()
+                .map(|s| ("learned".into(), s.clone())),
+        );
+        out.extend(self.opts.extra.iter().map(|s| (s.clone(), s.clone())));
+        out
+    }
 }
 
 /// Runs every policy and assembles the comparison.
@@ -110,147 +166,205 @@ pub fn compare(
     opts: &CompareOptions,
 ) -> Result<Comparison> {
     let started = Instant::now();
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         cluster,
         jobs,
         cfg,
         heuristic,
-        bin_s: opts.bin_s,
+        opts,
+        runs: Vec::new(),
     };
-    let models = GpuModel::distinct(cluster);
-    let alpha = opts.alpha;
-
-    let mut rows: Vec<Row> = Vec::new();
-    let (reference, _, ref_series) = ctx
-        .run_logged(&mut crate::policy::NoPartition)
-        .context("simulating the `none` reference")?;
-    let reference_name = format!("none (every GPU one whole-GPU instance) + {heuristic}");
-    let push =
-        |rows: &mut Vec<Row>, policy: &str, description: String, m: Metrics, s, search_runs| {
-            let score = EtScore::new(&m, &reference, reference_name.clone(), alpha);
-            rows.push(Row {
-                policy: policy.to_string(),
-                description,
-                metrics: m,
-                e: score.e,
-                t: score.t,
-                et: score.et,
-                et_change: Vec::new(),
-                energy_over_bound: f64::NAN,
-                search_runs,
-                series: Some(s),
-            });
-        };
-    push(
-        &mut rows,
-        "none",
-        "MIG off in effect: every GPU is one whole-GPU instance".into(),
-        reference.clone(),
-        ref_series,
+    ctx.run_logged(
+        &mut NoPartition,
+        (
+            "none",
+            RowKind::Opponent,
+            "MIG off in effect: every GPU is one whole-GPU instance".into(),
+        ),
         None,
-    );
+    )
+    .context("simulating `none`")?;
+    let train = if opts.training.is_empty() {
+        None
+    } else {
+        Some(DaySet::new(cluster, heuristic, opts.training.clone())?)
+    };
+    let (rate, reference) = exchange_rate(&ctx, train.as_ref());
+    arbitrary_static(&mut ctx)?;
+    let fitted = match &train {
+        Some(t) => Some(opponents(&mut ctx, t, &rate)?),
+        None => None,
+    };
+    candidates(&mut ctx, train.as_ref().zip(fitted.as_ref()), &rate)?;
+    hindsight(&mut ctx, &rate)?;
+    let mut c = assemble(&ctx, rate, reference)?;
+    c.elapsed_s = started.elapsed().as_secs_f64();
+    Ok(c)
+}
 
-    // An arbitrary admin layout: catalog index 1 on every model.
+/// The ET exchange rate and its description: `none` pooled over the
+/// training days, or the workload's own `none` run (no past days).
+fn exchange_rate(ctx: &Ctx<'_>, train: Option<&DaySet>) -> (Reference, String) {
+    let placement = ctx.heuristic;
+    match train {
+        Some(t) => (
+            t.rate(),
+            format!(
+                "none (whole GPUs) + {placement} pooled over the {} training days",
+                t.len()
+            ),
+        ),
+        None => (
+            Reference::own(&ctx.runs[0].metrics, ctx.jobs),
+            format!(
+                "this workload's own none (whole GPUs) + {placement} run (no past days to pool)"
+            ),
+        ),
+    }
+}
+
+/// An arbitrary admin layout: catalog index 1 on every model.
+fn arbitrary_static(ctx: &mut Ctx<'_>) -> Result<()> {
+    let models = GpuModel::distinct(ctx.cluster);
     let mut fixed = StaticLayout::parse("1", &models)?;
     let pictures: Vec<String> = models
         .iter()
         .map(|&m| Geometry::of(m).picture(fixed.layout(m)))
         .collect();
-    let (m, _, s) = ctx.run_logged(&mut fixed)?;
-    push(
-        &mut rows,
-        "static",
-        format!(
-            "static:1, an arbitrary admin choice ({} on every GPU)",
-            pictures.join(" / ")
-        ),
-        m,
-        s,
-        None,
+    let description = format!(
+        "static:1, an arbitrary admin choice ({} on every GPU)",
+        pictures.join(" / ")
     );
+    ctx.run_logged(&mut fixed, ("static", RowKind::Opponent, description), None)?;
+    Ok(())
+}
 
-    // The opponents: fitted on the training days, applied unchanged.
-    // The `vs` columns: the opponents (the arbitrary `static` is a row only).
-    let mut baselines = vec!["none".to_string()];
-    if !opts.training.is_empty() {
-        let train = DaySet::new(cluster, heuristic, opts.training.clone())?;
-        let fitted = fit(&train, &opts.search, alpha).context("fitting the opponents")?;
-        let days = train
-            .days
-            .iter()
-            .map(|d| d.label.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        let (m, _, s) = ctx.run_logged(&mut fitted.static_policy())?;
-        push(
-            &mut rows,
+/// The opponents: fitted on the training days, applied unchanged.
+fn opponents(ctx: &mut Ctx<'_>, train: &DaySet, rate: &Reference) -> Result<Fitted> {
+    let opts = ctx.opts;
+    let fitted = fit(train, &opts.search, rate, opts.alpha).context("fitting the opponents")?;
+    let days = train
+        .days
+        .iter()
+        .map(|d| d.label.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    ctx.run_logged(
+        &mut fitted.static_policy(),
+        (
             "static-hist",
-            format!("{} (fitted on {days})", fitted.static_spec(&train)),
-            m,
-            s,
-            Some(fitted.statics.evaluations * train.len()),
-        );
-        let mut td = fitted.twice_policy();
-        let (m, _, s) = ctx.run_logged(&mut td)?;
-        push(
-            &mut rows,
-            "twice-daily-hist",
-            format!("{} (fitted on {days})", td.schedule(cluster)),
-            m,
-            s,
-            Some(fitted.twice.evaluations * train.len()),
-        );
-        baselines.extend(["static-hist".to_string(), "twice-daily-hist".to_string()]);
+            RowKind::Opponent,
+            format!("{} (fitted on {days})", fitted.static_spec(train)),
+        ),
+        Some(fitted.statics.evaluations * train.len()),
+    )?;
+    let mut td = fitted.twice_policy();
+    let description = format!("{} (fitted on {days})", td.schedule(ctx.cluster));
+    ctx.run_logged(
+        &mut td,
+        ("twice-daily-hist", RowKind::Opponent, description),
+        Some(fitted.twice.evaluations * train.len()),
+    )?;
+    Ok(fitted)
+}
+
+/// Our policies, and with training days each learned one `+fallback`.
+fn candidates(ctx: &mut Ctx<'_>, past: Option<(&DaySet, &Fitted)>, rate: &Reference) -> Result<()> {
+    let models = GpuModel::distinct(ctx.cluster);
+    for (name, spec) in ctx.candidates() {
+        let mut p = if spec == "greedy" {
+            Box::new(Greedy::default())
+        } else {
+            parse_policy_on(&spec, ctx.cluster, 0.0).with_context(|| format!("policy `{spec}`"))?
+        };
+        let description = p.describe();
+        ctx.run_logged(p.as_mut(), (&name, RowKind::Candidate, description), None)?;
     }
-
-    let mut greedy = Greedy::default();
-    let (m, _, s) = ctx.run_logged(&mut greedy)?;
-    push(&mut rows, "greedy", greedy.describe(), m, s, None);
-
-    for spec in &opts.extra {
-        let mut p =
-            parse_policy_on(spec, cluster, 0.0).with_context(|| format!("policy `{spec}`"))?;
-        let (m, name, s) = ctx.run_logged(p.as_mut())?;
-        push(&mut rows, spec, name, m, s, None);
+    let Some((train, fitted)) = past else {
+        return Ok(());
+    };
+    let opts = ctx.opts;
+    for (name, spec) in ctx.candidates() {
+        if !spec.starts_with("policy:") {
+            continue;
+        }
+        let choice = cross_validate(train, &opts.search, rate, opts.alpha, &name, &mut || {
+            parse_policy(&spec, &models)
+        })
+        .with_context(|| format!("choosing the fallback of `{spec}` on the training days"))?;
+        let mut p: Box<dyn RepartitionPolicy + Send> = match choice.chosen.as_str() {
+            "none" => Box::new(NoPartition),
+            "static-hist" => Box::new(fitted.static_policy()),
+            _ => parse_policy(&spec, &models)?,
+        };
+        let description = format!("{} on the training days", choice.describe());
+        ctx.run_logged(
+            p.as_mut(),
+            (&format!("{name}+fallback"), RowKind::Candidate, description),
+            None,
+        )?;
     }
+    Ok(())
+}
 
-    // The hindsight references: searched on this very workload.
+/// The hindsight references: searched on this very workload, with the
+/// comparison's exchange rate.
+fn hindsight(ctx: &mut Ctx<'_>, rate: &Reference) -> Result<()> {
     let this_day = DaySet::new(
-        cluster,
-        heuristic,
+        ctx.cluster,
+        ctx.heuristic,
         vec![Day {
             label: "this workload".into(),
-            jobs: jobs.to_vec(),
-            cfg: cfg.clone(),
+            jobs: ctx.jobs.to_vec(),
+            cfg: ctx.cfg.clone(),
         }],
     )?;
-    let hindsight = fit(&this_day, &opts.search, alpha).context("hindsight searches")?;
-    let (m, _, s) = ctx.run_logged(&mut hindsight.static_policy())?;
-    push(
-        &mut rows,
-        "static-hindsight",
-        format!(
-            "{} (searched on this workload: a reference, not an opponent)",
-            hindsight.static_spec(&this_day)
-        ),
-        m,
-        s,
-        Some(hindsight.statics.evaluations),
-    );
-    let mut td = hindsight.twice_policy();
-    let (m, _, s) = ctx.run_logged(&mut td)?;
-    push(
-        &mut rows,
-        "twice-daily-hindsight",
-        format!(
-            "{} (searched on this workload: a reference, not an opponent)",
-            td.schedule(cluster)
-        ),
-        m,
-        s,
-        Some(hindsight.twice.evaluations),
-    );
+    let h = fit(&this_day, &ctx.opts.search, rate, ctx.opts.alpha).context("hindsight searches")?;
+    let note = "(searched on this workload: a reference, not an opponent)";
+    let description = format!("{} {note}", h.static_spec(&this_day));
+    ctx.run_logged(
+        &mut h.static_policy(),
+        ("static-hindsight", RowKind::Hindsight, description),
+        Some(h.statics.evaluations),
+    )?;
+    let mut td = h.twice_policy();
+    let description = format!("{} {note}", td.schedule(ctx.cluster));
+    ctx.run_logged(
+        &mut td,
+        ("twice-daily-hindsight", RowKind::Hindsight, description),
+        Some(h.twice.evaluations),
+    )?;
+    Ok(())
+}
 
+/// Charges every run at the common horizon, scores it with `rate`, and
+/// ranks the rows beside the lower bounds.
+fn assemble(ctx: &Ctx<'_>, rate: Reference, reference: String) -> Result<Comparison> {
+    let (cluster, cfg, alpha) = (ctx.cluster, ctx.cfg, ctx.opts.alpha);
+    let horizon = common_horizon(ctx.runs.iter().map(|r| &r.metrics));
+    let rows = ctx
+        .runs
+        .iter()
+        .map(|r| {
+            let metrics = r.metrics.at_horizon(horizon);
+            let score = EtScore::new(&metrics, &rate, String::new(), alpha);
+            Row {
+                policy: r.policy.clone(),
+                kind: r.kind,
+                description: r.description.clone(),
+                unserved: metrics.never_ran(),
+                metrics,
+                e: score.e,
+                t: score.t,
+                et: score.et,
+                rank: 0,
+                et_change: Vec::new(),
+                energy_over_bound: f64::NAN,
+                search_runs: r.search_runs,
+                series: Some(r.series.clone()),
+            }
+        })
+        .collect();
     let gpus: Vec<BoundGpu> = cluster
         .iter()
         .map(|&m| BoundGpu {
@@ -258,23 +372,29 @@ pub fn compare(
             power: cfg.power_for(m),
         })
         .collect();
-    let horizon = cfg
+    let bound_horizon = cfg
         .workload_horizon_s
-        .unwrap_or_else(|| jobs.iter().map(|j| j.arrival).fold(0.0, f64::max));
-    let bounds = bound::compute(jobs, &gpus, horizon)?;
-    let et_lower_bound = bounds.et(reference.energy_j, reference.mean_tardiness_s, alpha);
+        .unwrap_or_else(|| ctx.jobs.iter().map(|j| j.arrival).fold(0.0, f64::max));
+    let bounds = bound::compute(ctx.jobs, &gpus, bound_horizon)?;
+    let et_lower_bound = rate.et(bounds.energy.total_j, bounds.tardiness.mean_s, alpha);
+    let mut baselines = vec!["none".to_string()];
+    if !ctx.opts.training.is_empty() {
+        baselines.extend(["static-hist".to_string(), "twice-daily-hist".to_string()]);
+    }
     let mut c = Comparison {
-        workload: opts.workload.clone(),
+        workload: ctx.opts.workload.clone(),
         gpus: cluster.len(),
-        models: models
+        models: GpuModel::distinct(cluster)
             .iter()
             .map(std::string::ToString::to_string)
             .collect(),
-        placement: heuristic.to_string(),
+        placement: ctx.heuristic.to_string(),
         seed: cfg.seed,
         alpha,
         reconfig_time_s: cfg.reconfig_time_s,
-        reference: reference_name,
+        reference,
+        rate,
+        horizon_s: horizon,
         baselines,
         bounds,
         et_lower_bound,
@@ -282,7 +402,6 @@ pub fn compare(
         elapsed_s: 0.0,
     };
     c.finish();
-    c.elapsed_s = started.elapsed().as_secs_f64();
     Ok(c)
 }
 

@@ -517,15 +517,21 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
         writeln!(out, "{:<22} {:>w$} {:>14}", name, f(r.run), f(r.reference))?;
     }
     let s = r.score;
-    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{x:.4}"));
     writeln!(
         out,
-        "ET = (e + {a} t)/(1 + {a}) = {} with e = {:.4}, t = {} (reference: {})",
-        fmt(s.et),
+        "ET = (e + {a} t)/(1 + {a}) = {:.4} with e = {:.4}, t = {:.4} (reference: {}; T_ref {:.2} s{})",
+        s.et,
         s.e,
-        fmt(s.t),
+        s.t,
         s.reference,
+        s.t_ref_s,
+        if s.t_ref_floored { ", the floor" } else { "" },
         a = s.alpha
+    )?;
+    writeln!(
+        out,
+        "Both runs' energy runs to {:.2} h, the later end; a job that never ran is charged as if run on a whole GPU at full power from then (docs/evaluation.md).",
+        r.run.horizon_s / 3600.0
     )?;
     Ok(())
 }
@@ -581,10 +587,10 @@ fn run_compare(
             }
         }
         if opts.training.is_empty() {
-            eprintln!("smartmig: no jobs in the {} windows before --trace-window {w}: static-hist and twice-daily-hist left out", a.train_days);
+            eprintln!("smartmig: no jobs in the {} windows before --trace-window {w}: static-hist, twice-daily-hist and learned+fallback left out, and ET's exchange rate is this window's own none run (T_ref floored)", a.train_days);
         }
     } else if a.workload != "diurnal" {
-        eprintln!("smartmig: a whole trace has no past days to fit static-hist and twice-daily-hist on; use --trace-window START_H,LEN_H (the windows before it are the training days)");
+        eprintln!("smartmig: a whole trace has no past days: static-hist, twice-daily-hist and learned+fallback are left out, and ET's exchange rate is the trace's own none run (T_ref floored); use --trace-window START_H,LEN_H (the windows before it are the training days)");
     }
     if a.workload == "diurnal" {
         for seed in (1..=a.train_days).map(|k| a.seed.wrapping_add(k)) {
@@ -600,22 +606,20 @@ fn run_compare(
             });
         }
     }
-    // The shipped learned policy of each model joins the table when it and
-    // ONNX Runtime exist (docs/policy.md).
+    // The shipped learned policy joins the table as `learned` (and
+    // `learned+fallback`) when the cluster has one model, its file exists
+    // and ONNX Runtime does (docs/policy.md).
+    // On a mixed cluster each model's file is a row of its own.
     if !opts.extra.iter().any(|s| s.starts_with("policy:")) {
-        for m in cluster
-            .iter()
-            .copied()
-            .collect::<std::collections::BTreeSet<_>>()
-        {
-            match (
-                crate::policy::onnx::shipped_policy(m),
-                crate::policy::onnx::find_onnxruntime(),
-            ) {
-                (Some(p), Ok(_)) => opts.extra.push(format!("policy:{}", p.display())),
-                (Some(p), Err(e)) => eprintln!("smartmig: not comparing {}: {e}", p.display()),
-                (None, _) => {}
-            }
+        let models = GpuModel::distinct(cluster);
+        if let [one] = models.as_slice() {
+            opts.learned = super::bench_suite::shipped_learned(*one);
+        } else {
+            opts.extra.extend(
+                models
+                    .into_iter()
+                    .filter_map(super::bench_suite::shipped_learned),
+            );
         }
     }
     let c = super::compare::compare(cluster, jobs, cfg, heuristic, &opts)?;

@@ -4,9 +4,9 @@
 //! twice a day do).
 //!
 //! The searches optimise whatever objective the caller passes: an evaluator
-//! (`FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>`, lower is
-//! better). The lab's `eval::baselines` passes the mean ET over *training*
-//! days, which makes the result an opponent an admin could really run
+//! (`FnMut(&mut dyn RepartitionPolicy) -> Result<Standing, E>`, lower is
+//! better: fewer jobs left unserved first, then lower ET; `sim::Standing`).
+//! The lab's `eval::baselines` passes the standing over *training* days, which makes the result an opponent an admin could really run
 //! (`static-hist`, `twice-daily-hist`); passing the scored day itself gives
 //! the hindsight references. So the search is pure, deterministic and
 //! testable with a fake objective, and its cost is a bounded number of
@@ -45,6 +45,7 @@
 
 use super::{ClusterView, Decision, PolicyParseError, RepartitionPolicy, StaticLayout};
 use crate::mig::{Geometry, GpuModel, Layout};
+use crate::sim::Standing;
 
 /// How much searching the two policies may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,18 +334,18 @@ impl RepartitionPolicy for TwiceDaily {
 pub struct Scored {
     /// `8x 4444|3333`, or `day 8x ... / night 8x ... (08-20)`.
     pub description: String,
-    pub score: f64,
+    pub score: Standing,
 }
 
 /// What the static-best search found.
 #[derive(Clone, Debug)]
 pub struct StaticBest {
     pub policy: StaticMix,
-    pub score: f64,
+    pub score: Standing,
     /// Every uniform catalog layout, best first (catalog index, score).
-    pub uniform: Vec<(usize, f64)>,
+    pub uniform: Vec<(usize, Standing)>,
     /// Every evaluated assignment (catalog index per GPU), best first.
-    pub ranked: Vec<(Vec<usize>, f64)>,
+    pub ranked: Vec<(Vec<usize>, Standing)>,
     pub evaluations: usize,
 }
 
@@ -352,7 +353,7 @@ pub struct StaticBest {
 #[derive(Clone, Debug)]
 pub struct TwiceDailyBest {
     pub policy: TwiceDaily,
-    pub score: f64,
+    pub score: Standing,
     pub evaluations: usize,
 }
 
@@ -370,11 +371,11 @@ fn catalog_len(cluster: &[GpuModel]) -> usize {
 pub fn static_best<E>(
     cluster: &[GpuModel],
     cfg: &SearchConfig,
-    evaluate: &mut dyn FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>,
+    evaluate: &mut dyn FnMut(&mut dyn RepartitionPolicy) -> Result<Standing, E>,
 ) -> Result<StaticBest, E> {
     let n = cluster.len();
-    let mut ranked: Vec<(Vec<usize>, f64)> = Vec::new();
-    let mut eval = |indices: &[usize]| -> Result<f64, E> {
+    let mut ranked: Vec<(Vec<usize>, Standing)> = Vec::new();
+    let mut eval = |indices: &[usize]| -> Result<Standing, E> {
         let mut p = StaticMix::from_indices("static-best", cluster, indices);
         let score = evaluate(&mut p)?;
         ranked.push((indices.to_vec(), score));
@@ -382,16 +383,16 @@ pub fn static_best<E>(
     };
 
     // (1) Uniform layouts.
-    let mut uniform: Vec<(usize, f64)> = Vec::new();
+    let mut uniform: Vec<(usize, Standing)> = Vec::new();
     for i in 0..catalog_len(cluster) {
         uniform.push((i, eval(&vec![i; n])?));
     }
-    uniform.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    uniform.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
     let Some(&(first, first_score)) = uniform.first() else {
         let policy = StaticMix::from_indices("static-best", cluster, &[]);
         return Ok(StaticBest {
             policy,
-            score: f64::INFINITY,
+            score: Standing::WORST,
             uniform,
             ranked: Vec::new(),
             evaluations: 0,
@@ -464,7 +465,7 @@ pub fn static_best<E>(
     }
     let evaluations = ranked.len();
     // Stable: among equal scores the earlier (simpler) assignment first.
-    ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+    ranked.sort_by_key(|a| a.1);
     ranked.dedup_by(|a, b| a.0 == b.0);
     let mut policy = StaticMix::from_indices("static-best", cluster, &best);
     policy.label = format!(
@@ -487,7 +488,7 @@ pub fn twice_daily<E>(
     cfg: &SearchConfig,
     statics: &StaticBest,
     start_hour: f64,
-    evaluate: &mut dyn FnMut(&mut dyn RepartitionPolicy) -> Result<f64, E>,
+    evaluate: &mut dyn FnMut(&mut dyn RepartitionPolicy) -> Result<Standing, E>,
 ) -> Result<TwiceDailyBest, E> {
     let mut candidates: Vec<Vec<Layout>> = vec![statics.policy.layouts().to_vec()];
     let to_layouts = |indices: &[usize]| -> Vec<Layout> {
@@ -512,7 +513,7 @@ pub fn twice_daily<E>(
         }
     }
     let mut evaluations = 0;
-    let mut run = |d: usize, nt: usize, dh: f64, nh: f64| -> Result<f64, E> {
+    let mut run = |d: usize, nt: usize, dh: f64, nh: f64| -> Result<Standing, E> {
         let mut p = TwiceDaily::new(
             "twice-daily",
             candidates[d].clone(),
@@ -526,8 +527,8 @@ pub fn twice_daily<E>(
     };
     // The static-best assignment on both phases is a twice-daily schedule
     // too (already evaluated), so the result is never worse than it.
-    let mut best: (f64, usize, usize, f64, f64) = (statics.score, 0, 0, 8.0, 20.0);
-    let mut pairs: Vec<(f64, usize, usize)> = Vec::new();
+    let mut best: (Standing, usize, usize, f64, f64) = (statics.score, 0, 0, 8.0, 20.0);
+    let mut pairs: Vec<(Standing, usize, usize)> = Vec::new();
     for d in 0..candidates.len() {
         for nt in 0..candidates.len() {
             if d != nt {
@@ -539,7 +540,7 @@ pub fn twice_daily<E>(
             }
         }
     }
-    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    pairs.sort_by_key(|a| a.0);
     let (day_hours, night_hours, refine) = cfg.hours.grid();
     let refined: Vec<(usize, usize)> = match cfg.hours {
         // Only a pair that beat static-best at 08/20.
@@ -580,19 +581,45 @@ mod tests {
     const M: GpuModel = GpuModel::A100_40gb;
 
     /// A fake objective: distance of each GPU's layout from a target index.
-    fn objective(target: Vec<usize>) -> impl FnMut(&mut dyn RepartitionPolicy) -> Result<f64, ()> {
+    fn objective(
+        target: Vec<usize>,
+    ) -> impl FnMut(&mut dyn RepartitionPolicy) -> Result<Standing, ()> {
         move |p| {
             let g = Geometry::of(M);
-            Ok(target
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| {
-                    let l = p.initial_layout(i, g);
-                    let got = g.catalog_index(l).unwrap_or(99);
-                    (got as f64 - t as f64).abs()
-                })
-                .sum())
+            Ok(Standing::new(
+                0,
+                target
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| {
+                        let l = p.initial_layout(i, g);
+                        let got = g.catalog_index(l).unwrap_or(99);
+                        (got as f64 - t as f64).abs()
+                    })
+                    .sum(),
+            ))
         }
+    }
+
+    /// An assignment that leaves a job unserved never wins, whatever its
+    /// ET: here every layout but 5 starves one job at ET 0, layout 5
+    /// serves all at ET 7.
+    #[test]
+    fn searches_never_prefer_leaving_jobs_unserved() {
+        let cluster = vec![M; 2];
+        let mut f = |p: &mut dyn RepartitionPolicy| -> Result<Standing, ()> {
+            let g = Geometry::of(M);
+            let all_five = (0..2).all(|i| g.catalog_index(p.initial_layout(i, g)) == Some(5));
+            Ok(if all_five {
+                Standing::new(0, 7.0)
+            } else {
+                Standing::new(1, 0.0)
+            })
+        };
+        let r = static_best(&cluster, &SearchConfig::default(), &mut f).unwrap();
+        assert_eq!((r.score.unserved, r.score.et), (0, 7.0));
+        let td = twice_daily(&cluster, &SearchConfig::default(), &r, 0.0, &mut f).unwrap();
+        assert_eq!(td.score.unserved, 0);
     }
 
     #[test]
@@ -610,7 +637,7 @@ mod tests {
             .map(|&l| g.catalog_index(l).unwrap())
             .collect();
         assert_eq!(got, vec![3, 3, 5, 5]);
-        assert_eq!(r.score, 0.0);
+        assert_eq!(r.score, Standing::new(0, 0.0));
         assert!(r.evaluations <= 19 + SearchConfig::coarse().mix_budget);
         assert!(
             r.policy.name().starts_with("static-best (2x "),
@@ -645,26 +672,26 @@ mod tests {
                 0.0
             }
         };
-        let mut f = |p: &mut dyn RepartitionPolicy| -> Result<f64, ()> {
+        let mut f = |p: &mut dyn RepartitionPolicy| -> Result<Standing, ()> {
             let g = Geometry::of(M);
             let idx: Vec<usize> = (0..4)
                 .map(|i| g.catalog_index(p.initial_layout(i, g)).unwrap_or(99))
                 .collect();
-            Ok(cost(&idx))
+            Ok(Standing::new(0, cost(&idx)))
         };
         let cfg = SearchConfig {
             mix_budget: 0,
             ..SearchConfig::default()
         };
         let r = static_best(&cluster, &cfg, &mut f).unwrap();
-        assert_eq!(r.score, 0.0, "{}", r.policy.name());
+        assert_eq!(r.score.et, 0.0, "{}", r.policy.name());
         assert!(
             r.policy.name().contains("3x 3333|1|1|1|. + 1x 3333|22|1|."),
             "{}",
             r.policy.name()
         );
         // Every evaluation is ranked, best first, without duplicates.
-        assert_eq!(r.ranked[0].1, 0.0);
+        assert_eq!(r.ranked[0].1.et, 0.0);
         assert!(r
             .ranked
             .windows(2)
@@ -678,7 +705,7 @@ mod tests {
             &mut f,
         )
         .unwrap();
-        assert!(coarse.score > 0.0);
+        assert!(coarse.score.et > 0.0);
         // The twice-daily search offers the best mixes as candidates.
         let td = twice_daily(&cluster, &cfg, &r, 0.0, &mut f).unwrap();
         assert!(td.score <= r.score);

@@ -41,6 +41,14 @@
 //!
 //! Energy is then integrated per GPU exactly as the simulator does and
 //! compared with the log's summary (relative 1e-9).
+//!
+//! Jobs that never ran (`unserved` records) are charged by the rule of
+//! `sim::metrics`, recomputed here from the records alone: each is late, and
+//! runs on a whole GPU of the header's hungriest model at full power from
+//! the horizon for its `work` (its whole-GPU run time). A comparison that
+//! charges every run at a later, common horizon re-checks a run with
+//! [`AuditReport::at_horizon`]: every GPU idles until then (header power)
+//! and the jobs that never ran start there.
 
 use std::io::BufRead;
 
@@ -59,7 +67,10 @@ pub struct AuditReport {
     pub unserved: u64,
     pub reconfigurations: u64,
     pub horizon_s: f64,
+    /// Energy of every GPU up to the horizon plus `unserved_energy_j`, J.
     pub energy_j: f64,
+    /// The charge for jobs that never ran, J.
+    pub unserved_energy_j: f64,
     pub total_tardiness_s: f64,
     pub mean_tardiness_s: f64,
     pub late_jobs: u64,
@@ -74,6 +85,50 @@ pub struct AuditReport {
     /// Reconfigurations by kind, recomputed from their instances, and the
     /// jobs served by fusions and fissions.
     pub kinds: KindCounts,
+    /// What [`AuditReport::at_horizon`] re-charges from.
+    #[serde(skip)]
+    pub books: Books,
+}
+
+/// The horizon-free parts of the audit's totals.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Books {
+    /// Energy integrated over `[0, horizon]` from the records, J.
+    pub gpu_energy_j: f64,
+    /// Idle power of every GPU of the header, summed, W.
+    pub idle_w: f64,
+    /// Full power of a whole GPU of the header's hungriest model, W.
+    pub whole_gpu_w: f64,
+    pub served_tardiness_s: f64,
+    pub served_late: u64,
+    /// `(deadline, work)` of the `unserved` records.
+    pub unserved: Vec<(f64, f64)>,
+}
+
+impl AuditReport {
+    /// The totals as a comparison charging at `horizon_s` (at least the
+    /// log's own horizon) sees them: GPUs idle until then, each job that
+    /// never ran starts there on a whole GPU (module docs).
+    pub fn at_horizon(&self, horizon_s: f64) -> AuditReport {
+        let h = horizon_s.max(self.horizon_s);
+        let b = &self.books;
+        let gpu_energy = b.gpu_energy_j + b.idle_w * (h - self.horizon_s);
+        let mut late_tardiness = 0.0;
+        let mut work = 0.0;
+        for &(deadline, w) in &b.unserved {
+            late_tardiness += (h + w - deadline).max(0.0);
+            work += w;
+        }
+        let mut r = self.clone();
+        r.horizon_s = h;
+        r.books.gpu_energy_j = gpu_energy;
+        r.unserved_energy_j = b.whole_gpu_w * work;
+        r.energy_j = gpu_energy + r.unserved_energy_j;
+        r.total_tardiness_s = b.served_tardiness_s + late_tardiness;
+        r.late_jobs = b.served_late + b.unserved.len() as u64;
+        r.mean_tardiness_s = r.total_tardiness_s / (r.jobs + r.unserved).max(1) as f64;
+        r
+    }
 }
 
 /// Why a log failed the audit (or could not be read).
@@ -207,7 +262,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
     let mut timeline: Vec<Vec<Keyed>> = vec![Vec::new(); n];
     let mut jobs = 0u64;
     let mut unserved = 0u64;
-    let mut unserved_deadlines = Vec::new();
+    let mut unserved_jobs = Vec::new();
     let mut reconfigs = 0u64;
     let mut kinds = KindCounts::default();
     let mut tardiness = 0.0;
@@ -371,7 +426,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                     ));
                 }
                 unserved += 1;
-                unserved_deadlines.push(u.deadline);
+                unserved_jobs.push((u.deadline, u.work));
             }
             Record::Summary(s) => summary = Some(s),
         }
@@ -415,17 +470,14 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         }
     }
     let horizon = header.workload_horizon_s.max(last_end);
-    // A job that never ran is late, and at least `horizon - deadline` late
-    // (the same rule as the simulator's metrics).
-    for deadline in unserved_deadlines {
-        tardiness += (horizon - deadline).max(0.0);
-        late += 1;
-    }
 
     let mut energy = 0.0;
+    let (mut idle_w, mut whole_gpu_w) = (0.0, 0.0_f64);
     for gpu in 0..n {
         let g = geos[gpu];
         let power = power_of(gpu)?;
+        idle_w += power.power_w(0.0);
+        whole_gpu_w = whole_gpu_w.max(power.power_w(1.0));
         let total = u32::from(header.gpus[gpu].compute_slices);
         if total != u32::from(g.spec.compute_slices) {
             return Err(violation(
@@ -595,15 +647,26 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         unserved,
         reconfigurations: reconfigs,
         horizon_s: horizon,
-        energy_j: energy,
-        total_tardiness_s: tardiness,
-        mean_tardiness_s: tardiness / (jobs + unserved).max(1) as f64,
-        late_jobs: late,
+        energy_j: 0.0,
+        unserved_energy_j: 0.0,
+        total_tardiness_s: 0.0,
+        mean_tardiness_s: 0.0,
+        late_jobs: 0,
         oom_failures,
         early_restarts,
         false_early_restarts,
         kinds,
-    };
+        books: Books {
+            gpu_energy_j: energy,
+            idle_w,
+            whole_gpu_w,
+            served_tardiness_s: tardiness,
+            served_late: late,
+            unserved: unserved_jobs,
+        },
+    }
+    .at_horizon(horizon);
+    let (energy, tardiness) = (report.energy_j, report.total_tardiness_s);
     if let Some(s) = summary {
         let ok = close(s.horizon_s, horizon, 1e-12)
             && close(s.energy_j, energy, 1e-9)

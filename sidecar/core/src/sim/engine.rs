@@ -19,7 +19,7 @@ use super::events::{
     ReconfigRecord, Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
-use super::metrics::Metrics;
+use super::metrics::{ChargeBasis, Metrics};
 use super::reshape::{classify, ReconfigKind, Span};
 use super::{EpochRule, OomConfig, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, Layout, Placement, PlacementId, ProfileSpec, Shape};
@@ -1042,27 +1042,14 @@ impl<'j> Engine<'j> {
             self.charge(gpu);
             energy += self.rt[gpu].energy;
         }
+        self.m.rejected = self.rejected.len() as u64;
+        self.m.unserved = self.pending.len() as u64;
+        let basis = self.charge_basis(energy);
         let m = &mut self.m;
-        m.horizon_s = horizon;
-        m.energy_j = energy;
-        m.energy_mj = energy / 1e6;
-        m.rejected = self.rejected.len() as u64;
-        m.unserved = self.pending.len() as u64;
-        // A job that never ran is late, and at least `horizon - deadline`
-        // late: counting it so keeps a policy that starves jobs from
-        // looking better than one that serves them late.
-        let never_ran =
-            self.rejected.iter().map(|&(i, _)| i).chain(
-                (0..self.jobs.len() as u32).filter(|&i| self.pending_pos[i as usize] != NONE),
-            );
-        for i in never_ran {
-            m.total_tardiness_s += (horizon - self.jobs[i as usize].deadline).max(0.0);
-            m.late_jobs += 1;
-        }
+        // Jobs that never ran are charged by the one rule of
+        // `sim::metrics` (late, on a whole GPU from the horizon on).
+        m.charge(basis, horizon);
         let ran = m.completed.max(1) as f64;
-        let all = (m.completed + m.unserved + m.rejected).max(1) as f64;
-        m.mean_tardiness_s = m.total_tardiness_s / all;
-        m.late_share = m.late_jobs as f64 / all;
         m.mean_wait_s = self.wait_sum / ran;
         m.p95_wait_s = percentile(&mut self.waits, 0.95);
         m.mean_bounded_slowdown = if m.completed > 0 {
@@ -1114,7 +1101,7 @@ impl<'j> Engine<'j> {
             }
             s.record(&Record::Summary(SummaryRecord {
                 horizon_s: horizon,
-                energy_j: energy,
+                energy_j: self.m.energy_j,
                 total_tardiness_s: self.m.total_tardiness_s,
                 completed: self.m.completed,
                 unserved: self.m.unserved + self.m.rejected,
@@ -1132,6 +1119,38 @@ impl<'j> Engine<'j> {
             }))?;
         }
         Ok(())
+    }
+
+    /// What the rule for jobs that never ran needs (`Metrics::charge`):
+    /// `energy` is every GPU's energy up to the horizon; the served jobs'
+    /// tardiness is what `self.m` holds before the charge.
+    fn charge_basis(&self, energy: f64) -> ChargeBasis {
+        let never_ran = self
+            .rejected
+            .iter()
+            .map(|&(i, _)| i)
+            .chain((0..self.jobs.len() as u32).filter(|&i| self.pending_pos[i as usize] != NONE))
+            .map(|i| {
+                let j = &self.jobs[i as usize];
+                (j.deadline, j.work)
+            })
+            .collect();
+        ChargeBasis {
+            window_energy_j: energy,
+            idle_w: self
+                .rt
+                .iter()
+                .map(|r| self.powers[r.slot].power_w(0.0))
+                .sum(),
+            whole_gpu_w: self
+                .powers
+                .iter()
+                .map(|p| p.power_w(1.0))
+                .fold(0.0, f64::max),
+            served_tardiness_s: self.m.total_tardiness_s,
+            served_late: self.m.late_jobs,
+            never_ran,
+        }
     }
 }
 

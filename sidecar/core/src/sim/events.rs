@@ -19,8 +19,10 @@ pub use super::reshape::ReconfigKind;
 use crate::mig::{GpuModel, InstanceDesc};
 use crate::workload::{EarlyRestartRule, MemoryGrowth, PowerModel, SpeedupCurve};
 
-/// Version of the schema below; bumped on any incompatible change.
-pub const EVENTS_VERSION: u32 = 1;
+/// Version of the schema below; bumped on any incompatible change (2: the
+/// summary's energy and tardiness charge jobs that never ran by the rule
+/// of `sim::metrics`, on a whole GPU from the horizon on).
+pub const EVENTS_VERSION: u32 = 2;
 
 /// One line of the event log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -189,7 +191,10 @@ pub struct UnservedRecord {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRecord {
     pub horizon_s: f64,
+    /// Energy of every GPU up to the horizon, plus the charge for the jobs
+    /// that never ran (`sim::metrics`), J.
     pub energy_j: f64,
+    /// Tardiness of the jobs that ran, plus that charged for the others, s.
     pub total_tardiness_s: f64,
     pub completed: u64,
     pub unserved: u64,

@@ -55,7 +55,10 @@ pub use events::{Collect, EventSink, JsonLines, Record};
 pub use heuristics::{
     Candidate, Heuristic, Pick, PlacementContext, PlacementHeuristic, UnknownHeuristic,
 };
-pub use metrics::{EtScore, Metrics};
+pub use metrics::{
+    common_horizon, mean_work_s, never_ran_charge, ChargeBasis, EtScore, Metrics, Reference,
+    Standing,
+};
 pub use placement::{PlacementSpec, PlacementSpecError};
 pub use reshape::{classify, ReconfigKind};
 pub use waste::{count_waste, Waste};
@@ -277,8 +280,10 @@ pub enum SimError {
 }
 
 /// Runs `policy` and, with the same placement, the `none` reference (whole
-/// GPUs), and scores the first against the second. Returns (run, reference,
-/// score).
+/// GPUs), charges both at their common horizon (`metrics`, the rule for
+/// jobs that never ran) and scores the first against the second: a single
+/// workload has no past days, so `T_ref` is `none`'s own, floored
+/// ([`Reference::own`]). Returns (run, reference, score).
 pub fn simulate_with_reference(
     cluster: &[GpuModel],
     jobs: &[crate::workload::Job],
@@ -301,8 +306,20 @@ pub fn simulate_with_reference(
         cfg,
         RunHooks::default(),
     )?;
-    let name = format!("none (every GPU one whole-GPU instance) + {placement}");
-    let score = EtScore::new(&run.metrics, &reference.metrics, name, alpha);
+    let (mut run, mut reference) = (run, reference);
+    let h = common_horizon([&run.metrics, &reference.metrics]);
+    run.metrics = run.metrics.at_horizon(h);
+    reference.metrics = reference.metrics.at_horizon(h);
+    let rate = Reference::own(&reference.metrics, jobs);
+    let name = format!(
+        "none (every GPU one whole-GPU instance) + {placement}, this workload's own run (no past days){}",
+        if rate.floored() {
+            format!(", T_ref floored at {:.1} s", rate.floor_s)
+        } else {
+            String::new()
+        }
+    );
+    let score = EtScore::new(&run.metrics, &rate, name, alpha);
     Ok((run, reference, score))
 }
 

@@ -10,14 +10,14 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::score::Reference;
-use super::{audit_run, AuditFailure};
+use super::{agrees, audit_run, AuditFailure};
 use crate::formats::advice::AdviceRecord;
 use crate::mig::{parse_profile, Geometry, GpuModel, Layout, ProfileParseError};
 use crate::policy::{layout_or_whole, ClusterView, Decision, NoPartition, RepartitionPolicy};
 use crate::sim::engine::percentile;
 use crate::sim::{
-    simulate, AuditError, Collect, EpochRule, Heuristic, Metrics, Record, RunHooks, SimConfig,
-    SimError,
+    common_horizon, simulate, AuditError, Collect, EpochRule, Heuristic, Metrics, Record, RunHooks,
+    SimConfig, SimError,
 };
 use crate::workload::{Job, JobClass, SpeedupCurve};
 
@@ -706,6 +706,23 @@ impl AdviseReport {
     }
 }
 
+fn audit_error(row: &str, failure: AuditFailure) -> AdviseError {
+    let row = row.to_string();
+    match failure {
+        AuditFailure::Audit(source) => AdviseError::Audit { row, source },
+        AuditFailure::Mismatch {
+            what,
+            audited,
+            reported,
+        } => AdviseError::AuditMismatch {
+            row,
+            what,
+            audited,
+            reported,
+        },
+    }
+}
+
 /// Replays the observed jobs under the as-run layout, `policy` and whole
 /// GPUs, audits each event log, and compares (module section above).
 pub fn replay(
@@ -749,37 +766,31 @@ pub fn replay(
             },
         )
         .map_err(sim_err)?;
-        audit_run(&log.0, &r.metrics).map_err(|f| match f {
-            AuditFailure::Audit(source) => AdviseError::Audit {
-                row: name.clone(),
-                source,
-            },
-            AuditFailure::Mismatch {
-                what,
-                audited,
-                reported,
-            } => AdviseError::AuditMismatch {
-                row: name.clone(),
-                what,
-                audited,
-                reported,
-            },
-        })?;
-        Ok::<_, AdviseError>((role, name, p.describe(), r.metrics, log.0))
+        let a = audit_run(&log.0, &r.metrics).map_err(|f| audit_error(&name, f))?;
+        Ok::<_, AdviseError>((role, name, p.describe(), r.metrics, log.0, a))
     };
     let runs = [
         run(Role::AsRun, &mut obs.as_run())?,
         run(Role::Policy, policy)?,
         run(Role::WholeGpus, &mut NoPartition)?,
     ];
-    let mean_work = jobs.iter().map(|j| j.work).sum::<f64>() / jobs.len().max(1) as f64;
-    let reference = Reference::pooled(std::slice::from_ref(&runs[2].3), mean_work);
+    // One energy window and one charge for jobs that never ran (the rule
+    // of `sim::metrics`), re-checked against the audit's own.
+    let h = common_horizon(runs.iter().map(|r| &r.3));
+    let mut charged = Vec::with_capacity(runs.len());
+    for (role, name, description, metrics, log, a) in runs {
+        let metrics = metrics.at_horizon(h);
+        agrees(&a.at_horizon(h), &metrics).map_err(|f| audit_error(&name, f))?;
+        charged.push((role, name, description, metrics, log));
+    }
+    let runs = charged;
+    let reference = Reference::own(&runs[2].3, &jobs);
     let (base_energy, base_wait) = (runs[0].3.energy_j, runs[0].3.mean_wait_s);
     let fidelity = fidelity(obs, &runs[0].3, &runs[0].4);
     let rows: Vec<ReplayRow> = runs
         .into_iter()
         .map(|(role, name, description, metrics, log)| ReplayRow {
-            et: reference.et(metrics.energy_j, metrics.mean_tardiness_s, cfg.alpha),
+            et: reference.et_of(&metrics, cfg.alpha),
             energy_vs_as_run: if base_energy > 0.0 {
                 metrics.energy_j / base_energy - 1.0
             } else {

@@ -11,7 +11,7 @@
 use crate::policy::search::{
     self, SearchConfig, StaticBest, StaticMix, TwiceDaily, TwiceDailyBest,
 };
-use crate::sim::SimError;
+use crate::sim::{Reference, SimError};
 
 use super::days::DaySet;
 
@@ -47,11 +47,18 @@ impl Fitted {
     }
 }
 
-/// Searches both policies on `days` (mean objective over the days). The
-/// days must share the hour of day at time 0 (the twice-daily clock).
-pub fn fit(days: &DaySet, cfg: &SearchConfig, alpha: f64) -> Result<Fitted, SimError> {
+/// Searches both policies on `days` ([`DaySet::objective`] with the
+/// exchange rate `reference`: the one the fitted rows are scored with).
+/// The days must share the hour of day at time 0 (the twice-daily clock).
+pub fn fit(
+    days: &DaySet,
+    cfg: &SearchConfig,
+    reference: &Reference,
+    alpha: f64,
+) -> Result<Fitted, SimError> {
     let start_hour = days.days.first().map_or(0.0, |d| d.cfg.start_hour);
-    let mut evaluate = |p: &mut dyn crate::policy::RepartitionPolicy| days.objective(p, alpha);
+    let mut evaluate =
+        |p: &mut dyn crate::policy::RepartitionPolicy| days.objective(p, reference, alpha);
     let statics = search::static_best(&days.cluster, cfg, &mut evaluate)?;
     let twice = search::twice_daily(&days.cluster, cfg, &statics, start_hour, &mut evaluate)?;
     Ok(Fitted { statics, twice })
@@ -76,8 +83,9 @@ mod tests {
     fn fit_is_deterministic_and_at_least_as_good_as_every_uniform_layout() {
         let cluster = vec![M; 4];
         let train = DaySet::new(&cluster, Heuristic::Edf, vec![day(1), day(2)]).unwrap();
-        let a = fit(&train, &quick(), 1.0).unwrap();
-        let b = fit(&train, &quick(), 1.0).unwrap();
+        let rate = train.rate();
+        let a = fit(&train, &quick(), &rate, 1.0).unwrap();
+        let b = fit(&train, &quick(), &rate, 1.0).unwrap();
         assert_eq!(a.statics.policy, b.statics.policy);
         assert_eq!(a.twice.policy, b.twice.policy);
         assert!(a.statics.uniform.iter().all(|u| a.statics.score <= u.1));

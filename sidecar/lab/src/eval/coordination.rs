@@ -32,13 +32,14 @@ use serde::Serialize;
 
 use super::days::{Day, DaySet};
 use super::score::Reference;
-use super::{audit_run, AuditFailure};
+use super::{agrees, audit_run, AuditFailure};
 use crate::mig::GpuModel;
 use crate::policy::nodes::{Nodes, NodesError, PerNode, Split};
 use crate::policy::{parse_policy_on, PolicyParseError, RepartitionPolicy};
 use crate::scenario::Scenario;
 use crate::sim::{
-    count_waste, AuditError, Collect, EpochRule, Heuristic, Metrics, SimError, Waste,
+    common_horizon, count_waste, AuditError, Collect, EpochRule, Heuristic, Metrics, SimError,
+    Waste,
 };
 use crate::workload::WorkloadError;
 
@@ -371,6 +372,22 @@ pub fn build(
     Ok(Box::new(PerNode::new(nodes, split, policies)?))
 }
 
+/// One run of a row on one day, at its own horizon, with its audit.
+struct RawDay {
+    seed: u64,
+    metrics: Metrics,
+    audit: Option<crate::sim::AuditReport>,
+    waste: Waste,
+}
+
+/// A row whose days wait for their common horizons.
+struct RawRow {
+    policy: String,
+    arrangement: Arrangement,
+    description: String,
+    days: Vec<RawDay>,
+}
+
 /// Runs the experiment (module docs). `progress` hears each run's name.
 pub fn run_coordination(
     cfg: &CoordinationConfig,
@@ -401,96 +418,37 @@ pub fn run_coordination(
             seed: cfg.seeds[0],
             source,
         })?;
-    let (work, jobs) = set
-        .days
-        .iter()
-        .flat_map(|d| &d.jobs)
-        .fold((0.0, 0usize), |(w, n), j| (w + j.work, n + 1));
-    let reference = Reference::pooled(&set.references, work / jobs.max(1) as f64);
-    let day_run = |seed: u64, m: &Metrics, waste: Waste| DayRun {
-        seed,
-        jobs: m.jobs,
-        et: reference.et(m.energy_j, m.mean_tardiness_s, cfg.alpha),
-        energy_j: m.energy_j,
-        mean_tardiness_s: m.mean_tardiness_s,
-        late_jobs: m.late_jobs,
-        mean_wait_s: m.mean_wait_s,
-        unserved: m.unserved + m.rejected,
-        rejected_decisions: m.rejected_decisions,
-        epochs: m.epochs,
-        waste,
-    };
-    let none_days = set
-        .references
-        .iter()
-        .zip(&cfg.seeds)
-        .map(|(m, &seed)| day_run(seed, m, Waste::default()))
-        .collect();
-    let mut rows = vec![CoordinationRow::new(
-        "none",
-        Arrangement::None,
-        "whole GPUs (MIG off in effect)".into(),
-        none_days,
-    )];
-    let mut audited = 0;
+    let reference = set.rate();
+    let mut raw = vec![RawRow {
+        policy: "none".into(),
+        arrangement: Arrangement::None,
+        description: "whole GPUs (MIG off in effect)".into(),
+        days: set
+            .references
+            .iter()
+            .zip(&cfg.seeds)
+            .map(|(m, &seed)| RawDay {
+                seed,
+                metrics: m.clone(),
+                audit: None,
+                waste: Waste::default(),
+            })
+            .collect(),
+    }];
     for spec in &cfg.policies {
         for arrangement in Arrangement::POLICY {
-            let row = format!("{spec} {arrangement}");
-            let mut days = Vec::new();
-            let mut description = String::new();
-            for (i, &seed) in cfg.seeds.iter().enumerate() {
-                progress(&format!("{row}, seed {seed}"));
-                let mut policy = build(
-                    spec,
-                    arrangement,
-                    &cluster,
-                    cfg.gpus_per_node,
-                    s.start_hour(),
-                )?;
-                description = policy.describe();
-                let mut log = Collect::default();
-                let r = set
-                    .run(i, policy.as_mut(), Some(&mut log))
-                    .map_err(|source| CoordinationError::Sim {
-                        row: row.clone(),
-                        seed,
-                        source,
-                    })?;
-                let m = &r.metrics;
-                audit_run(&log.0, m).map_err(|e| match e {
-                    AuditFailure::Audit(source) => CoordinationError::Audit {
-                        row: row.clone(),
-                        seed,
-                        source,
-                    },
-                    AuditFailure::Mismatch {
-                        what,
-                        audited,
-                        reported,
-                    } => CoordinationError::AuditMismatch {
-                        row: row.clone(),
-                        seed,
-                        what,
-                        audited,
-                        reported,
-                    },
-                })?;
-                audited += 1;
-                let waste = count_waste(&log.0);
-                if waste.reconfigurations != m.reconfigurations {
-                    return Err(CoordinationError::AuditMismatch {
-                        row,
-                        seed,
-                        what: "reconfigurations",
-                        audited: waste.reconfigurations as f64,
-                        reported: m.reconfigurations as f64,
-                    });
-                }
-                days.push(day_run(seed, m, waste));
-            }
-            rows.push(CoordinationRow::new(spec, arrangement, description, days));
+            raw.push(policy_row(
+                cfg,
+                &set,
+                &cluster,
+                spec,
+                arrangement,
+                progress,
+            )?);
         }
     }
+    let rows = charged_rows(&raw, &reference, cfg.alpha)?;
+    let jobs: usize = set.days.iter().map(|d| d.jobs.len()).sum();
     Ok(CoordinationReport {
         model: cfg.model,
         gpus: cfg.gpus,
@@ -504,9 +462,128 @@ pub fn run_coordination(
         placement: cfg.heuristic.to_string(),
         alpha: cfg.alpha,
         reference,
-        audited_logs: audited,
+        audited_logs: raw
+            .iter()
+            .flat_map(|r| &r.days)
+            .filter(|d| d.audit.is_some())
+            .count(),
         rows,
     })
+}
+
+fn audit_error(row: &str, seed: u64, failure: AuditFailure) -> CoordinationError {
+    let row = row.to_string();
+    match failure {
+        AuditFailure::Audit(source) => CoordinationError::Audit { row, seed, source },
+        AuditFailure::Mismatch {
+            what,
+            audited,
+            reported,
+        } => CoordinationError::AuditMismatch {
+            row,
+            seed,
+            what,
+            audited,
+            reported,
+        },
+    }
+}
+
+/// `spec` in `arrangement` on every day, each run audited and its wasted
+/// instances counted.
+fn policy_row(
+    cfg: &CoordinationConfig,
+    set: &DaySet,
+    cluster: &[GpuModel],
+    spec: &str,
+    arrangement: Arrangement,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RawRow, CoordinationError> {
+    let row = format!("{spec} {arrangement}");
+    let mut days = Vec::new();
+    let mut description = String::new();
+    for (i, &seed) in cfg.seeds.iter().enumerate() {
+        progress(&format!("{row}, seed {seed}"));
+        let start_hour = cfg.scenario.start_hour();
+        let mut policy = build(spec, arrangement, cluster, cfg.gpus_per_node, start_hour)?;
+        description = policy.describe();
+        let mut log = Collect::default();
+        let r = set
+            .run(i, policy.as_mut(), Some(&mut log))
+            .map_err(|source| CoordinationError::Sim {
+                row: row.clone(),
+                seed,
+                source,
+            })?;
+        let m = r.metrics;
+        let audit = audit_run(&log.0, &m).map_err(|e| audit_error(&row, seed, e))?;
+        let waste = count_waste(&log.0);
+        if waste.reconfigurations != m.reconfigurations {
+            return Err(CoordinationError::AuditMismatch {
+                row,
+                seed,
+                what: "reconfigurations",
+                audited: waste.reconfigurations as f64,
+                reported: m.reconfigurations as f64,
+            });
+        }
+        days.push(RawDay {
+            seed,
+            metrics: m,
+            audit: Some(audit),
+            waste,
+        });
+    }
+    Ok(RawRow {
+        policy: spec.to_string(),
+        arrangement,
+        description,
+        days,
+    })
+}
+
+/// Charges every run at its day's common horizon (`sim::metrics`; the
+/// audit re-charges on its own and must agree) and scores the rows.
+fn charged_rows(
+    raw: &[RawRow],
+    reference: &Reference,
+    alpha: f64,
+) -> Result<Vec<CoordinationRow>, CoordinationError> {
+    let days = raw.first().map_or(0, |r| r.days.len());
+    let horizons: Vec<f64> = (0..days)
+        .map(|i| common_horizon(raw.iter().map(|r| &r.days[i].metrics)))
+        .collect();
+    let mut rows = Vec::new();
+    for r in raw {
+        let mut out = Vec::new();
+        for (d, &h) in r.days.iter().zip(&horizons) {
+            let m = d.metrics.at_horizon(h);
+            if let Some(a) = &d.audit {
+                let label = format!("{} {}", r.policy, r.arrangement);
+                agrees(&a.at_horizon(h), &m).map_err(|e| audit_error(&label, d.seed, e))?;
+            }
+            out.push(DayRun {
+                seed: d.seed,
+                jobs: m.jobs,
+                et: reference.et_of(&m, alpha),
+                energy_j: m.energy_j,
+                mean_tardiness_s: m.mean_tardiness_s,
+                late_jobs: m.late_jobs,
+                mean_wait_s: m.mean_wait_s,
+                unserved: m.never_ran(),
+                rejected_decisions: m.rejected_decisions,
+                epochs: m.epochs,
+                waste: d.waste,
+            });
+        }
+        rows.push(CoordinationRow::new(
+            &r.policy,
+            r.arrangement,
+            r.description.clone(),
+            out,
+        ));
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 use crate::mig::GpuModel;
 use crate::policy::{NoPartition, RepartitionPolicy};
 use crate::sim::{
-    simulate, EventSink, Heuristic, Metrics, RunHooks, SimConfig, SimError, SimResult,
+    common_horizon, mean_work_s, simulate, EventSink, Heuristic, Metrics, Reference, RunHooks,
+    SimConfig, SimError, SimResult, Standing,
 };
 use crate::workload::Job;
 
@@ -97,36 +98,42 @@ impl DaySet {
         )
     }
 
-    /// The search objective of `policy` over the days: the mean of
-    /// [`search_score`] against each day's `none` run. The same policy
+    /// The `none` runs of the days pooled, floored by their jobs' mean
+    /// work: the exchange rate of days that have no other (`bench suite`'s
+    /// training days, `simulate --compare`'s past days).
+    pub fn rate(&self) -> Reference {
+        Reference::pooled(
+            &self.references,
+            mean_work_s(self.days.iter().flat_map(|d| &d.jobs)),
+        )
+    }
+
+    /// The search objective of `policy` over the days: [`search_score`]
+    /// against each day's `none` run with the exchange rate `reference`,
+    /// the jobs that never ran summed and the ET averaged. The same policy
     /// object runs every day (the fixed policies searched with it keep no
     /// state between runs).
     pub fn objective(
         &self,
         policy: &mut dyn RepartitionPolicy,
+        reference: &Reference,
         alpha: f64,
-    ) -> Result<f64, SimError> {
-        let mut sum = 0.0;
-        for (i, reference) in self.references.iter().enumerate() {
-            sum += search_score(&self.run(i, policy, None)?.metrics, reference, alpha);
+    ) -> Result<Standing, SimError> {
+        let mut days = Vec::with_capacity(self.len());
+        for (i, none) in self.references.iter().enumerate() {
+            let run = self.run(i, policy, None)?.metrics;
+            days.push(search_score(&run, none, reference, alpha));
         }
-        Ok(sum / self.days.len().max(1) as f64)
+        Ok(Standing::over(days))
     }
 }
 
-/// The objective the searches minimise on one day: ET against the day's
-/// `none` run, with the tardiness normalised by `max(reference mean
-/// tardiness, 1 s)` so that a reference without tardiness still ranks
-/// candidates (it equals ET whenever the reference's mean tardiness is at
-/// least 1 s), plus 1 per job that never ran (a layout too small for the
-/// biggest jobs would otherwise look cheap).
-pub fn search_score(run: &Metrics, reference: &Metrics, alpha: f64) -> f64 {
-    let e = if reference.energy_j > 0.0 {
-        run.energy_j / reference.energy_j
-    } else {
-        1.0
-    };
-    let t = run.mean_tardiness_s / reference.mean_tardiness_s.max(1.0);
-    let penalty = run.unserved as f64;
-    (e + alpha * t) / (1.0 + alpha) + penalty
+/// The standing the searches minimise on one day: `run` and the day's
+/// `none` run are charged at their common horizon (the rule of
+/// `sim::metrics`), and `run` is scored with the exchange rate
+/// `reference`; a run that leaves jobs unserved ranks behind every run
+/// that serves them all.
+pub fn search_score(run: &Metrics, none: &Metrics, reference: &Reference, alpha: f64) -> Standing {
+    let charged = run.at_horizon(common_horizon([run, none]));
+    reference.standing(&charged, alpha)
 }

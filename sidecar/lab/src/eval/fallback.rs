@@ -26,10 +26,9 @@ use serde::Serialize;
 
 use crate::policy::search::{static_best, SearchConfig};
 use crate::policy::{PolicyParseError, RepartitionPolicy};
-use crate::sim::{Metrics, SimError};
+use crate::sim::{common_horizon, Metrics, Reference, SimError, Standing};
 
 use super::days::DaySet;
-use super::score::Reference;
 
 /// Why the past days could not be scored.
 #[derive(Debug, thiserror::Error)]
@@ -47,17 +46,27 @@ pub struct HistoryScore {
     pub policy: String,
     /// The mean of `days`.
     pub objective: f64,
+    /// ET per day.
     pub days: Vec<f64>,
+    /// Jobs that never ran, over all the days: a contender with more never
+    /// runs instead of one with fewer (`sim::Standing`).
+    pub unserved: u64,
 }
 
 impl HistoryScore {
-    pub fn new(policy: &str, days: Vec<f64>) -> Self {
+    pub fn new(policy: &str, days: Vec<f64>, unserved: u64) -> Self {
         let objective = days.iter().sum::<f64>() / days.len().max(1) as f64;
         HistoryScore {
             policy: policy.to_string(),
             objective,
             days,
+            unserved,
         }
+    }
+
+    /// Where the contender stands on the past days.
+    pub fn standing(&self) -> Standing {
+        Standing::new(self.unserved, self.objective)
     }
 }
 
@@ -82,12 +91,20 @@ impl FallbackChoice {
             .is_some_and(|c| c.policy == self.chosen)
     }
 
-    /// `chose static-hist (past days: learned 0.812, none 1.000, ...; lead -0.010 +- 0.020)`.
+    /// `chose static-hist (past days: learned 0.812, none 1.000, ...; lead -0.010 +- 0.020)`,
+    /// with `(N unserved)` after a contender that left jobs unserved.
     pub fn describe(&self) -> String {
         let scores: Vec<String> = self
             .history
             .iter()
-            .map(|h| format!("{} {:.3}", h.policy, h.objective))
+            .map(|h| {
+                let unserved = if h.unserved > 0 {
+                    format!(" ({} unserved)", h.unserved)
+                } else {
+                    String::new()
+                };
+                format!("{} {:.3}{unserved}", h.policy, h.objective)
+            })
             .collect();
         format!(
             "chose {} (past days: {}; lead {:+.3} +- {:.3})",
@@ -115,17 +132,19 @@ fn paired_lead(a: &[f64], b: &[f64]) -> (f64, f64) {
 }
 
 /// The one-standard-error rule: the candidate runs only if, against the
-/// fallback with the lowest mean, its mean per-day lead exceeds one
-/// standard error of the paired differences (a lead within the day-to-day
-/// noise of the past days is no evidence; Breiman et al. 1984, Hastie et
-/// al., ESL 7.10). A NaN never wins; with one past day the standard error
-/// is unknown and the fallback runs. Otherwise the best fallback runs (the
-/// first on ties). With no fallbacks the candidate runs.
+/// best fallback (the fewest jobs left unserved, then the lowest mean), it
+/// left fewer jobs unserved, or as few and its mean per-day lead exceeds
+/// one standard error of the paired differences (a lead within the
+/// day-to-day noise of the past days is no evidence; Breiman et al. 1984,
+/// Hastie et al., ESL 7.10). More jobs unserved never wins, nor does a
+/// NaN; with one past day the standard error is unknown and the fallback
+/// runs. Otherwise the best fallback runs (the first on ties). With no
+/// fallbacks the candidate runs.
 pub fn choose(candidate: HistoryScore, fallbacks: Vec<HistoryScore>) -> FallbackChoice {
     let best_fallback = fallbacks.iter().filter(|f| !f.objective.is_nan()).fold(
         None::<&HistoryScore>,
         |best, f| match best {
-            Some(b) if b.objective <= f.objective => Some(b),
+            Some(b) if b.standing() <= f.standing() => Some(b),
             _ => Some(f),
         },
     );
@@ -133,7 +152,11 @@ pub fn choose(candidate: HistoryScore, fallbacks: Vec<HistoryScore>) -> Fallback
         paired_lead(&candidate.days, &f.days)
     });
     // A NaN lead (a NaN day) or standard error is no evidence either.
-    let convincing = lead > lead_se && !candidate.objective.is_nan();
+    let convincing = best_fallback.is_none_or(|f| match candidate.unserved.cmp(&f.unserved) {
+        std::cmp::Ordering::Less => true,
+        std::cmp::Ordering::Greater => false,
+        std::cmp::Ordering::Equal => lead > lead_se,
+    }) && !candidate.objective.is_nan();
     let chosen = match best_fallback {
         Some(f) if !convincing => f.policy.clone(),
         _ => candidate.policy.clone(),
@@ -148,20 +171,15 @@ pub fn choose(candidate: HistoryScore, fallbacks: Vec<HistoryScore>) -> Fallback
     }
 }
 
-/// The score of one past day: ET with the scenario's pooled reference,
-/// plus 1 per job that never ran (as the searches count it).
-fn day_score(m: &Metrics, reference: &Reference, alpha: f64) -> f64 {
-    reference.et(m.energy_j, m.mean_tardiness_s, alpha) + m.unserved as f64
-}
-
 /// Scores the candidate and the fallbacks (`none`, `static-hist`) on the
 /// past days `history` by two-fold cross-validation, and [`choose`]s. The
 /// static layout is fitted on the first half of the days and scored on
 /// the second, then the other way round; the candidate (a fresh one per
 /// day, from `candidate`) runs every day once, and `none` is each day's
-/// reference run. Each score is the mean over all days of [`day_score`].
-/// With a single past day there is nothing to hold out: the layout is
-/// fitted and scored on it (in-sample, which favours falling back).
+/// reference run. Each day's three runs are charged at their common
+/// horizon (`sim::metrics`) and scored with `reference`. With a single
+/// past day there is nothing to hold out: the layout is fitted and scored
+/// on it (in-sample, which favours falling back).
 pub fn cross_validate(
     history: &DaySet,
     search: &SearchConfig,
@@ -171,23 +189,10 @@ pub fn cross_validate(
     candidate: &mut dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError>,
 ) -> Result<FallbackChoice, FallbackError> {
     let n = history.len();
-    let score = |i: usize, p: &mut dyn RepartitionPolicy| -> Result<f64, SimError> {
-        Ok(day_score(
-            &history.run(i, p, None)?.metrics,
-            reference,
-            alpha,
-        ))
-    };
     let ours = (0..n)
-        .map(|i| Ok(score(i, candidate()?.as_mut())?))
-        .collect::<Result<Vec<f64>, FallbackError>>()?;
-    // The `none` run of every day is already in the set.
-    let none = history
-        .references
-        .iter()
-        .map(|m| day_score(m, reference, alpha))
-        .collect();
-    let mut statics = vec![f64::NAN; n];
+        .map(|i| Ok(history.run(i, candidate()?.as_mut(), None)?.metrics))
+        .collect::<Result<Vec<Metrics>, FallbackError>>()?;
+    let mut statics: Vec<Metrics> = vec![Metrics::default(); n];
     let half = n / 2;
     let folds: Vec<(Vec<usize>, Vec<usize>)> = if n < 2 {
         vec![((0..n).collect(), (0..n).collect())]
@@ -207,17 +212,29 @@ pub fn cross_validate(
                 .map(|&i| history.references[i].clone())
                 .collect(),
         };
-        let mut evaluate = |p: &mut dyn RepartitionPolicy| subset.objective(p, alpha);
+        let mut evaluate = |p: &mut dyn RepartitionPolicy| subset.objective(p, reference, alpha);
         let fitted = static_best(&subset.cluster, search, &mut evaluate)?;
         for &i in &score_on {
-            statics[i] = score(i, &mut fitted.policy.clone())?;
+            statics[i] = history.run(i, &mut fitted.policy.clone(), None)?.metrics;
         }
     }
+    // The `none` run of every day is already in the set.
+    let contenders = [&ours, &history.references, &statics];
+    let mut scores = contenders.map(|_| (Vec::with_capacity(n), 0u64));
+    for i in 0..n {
+        let h = common_horizon(contenders.iter().map(|c| &c[i]));
+        for (c, (days, unserved)) in contenders.iter().zip(&mut scores) {
+            let m = c[i].at_horizon(h);
+            days.push(reference.et_of(&m, alpha));
+            *unserved += m.never_ran();
+        }
+    }
+    let [ours, none, statics] = scores;
     Ok(choose(
-        HistoryScore::new(candidate_name, ours),
+        HistoryScore::new(candidate_name, ours.0, ours.1),
         vec![
-            HistoryScore::new("none", none),
-            HistoryScore::new("static-hist", statics),
+            HistoryScore::new("none", none.0, none.1),
+            HistoryScore::new("static-hist", statics.0, statics.1),
         ],
     ))
 }
@@ -227,7 +244,7 @@ mod tests {
     use super::*;
 
     fn s(policy: &str, days: &[f64]) -> HistoryScore {
-        HistoryScore::new(policy, days.to_vec())
+        HistoryScore::new(policy, days.to_vec(), 0)
     }
 
     #[test]
@@ -277,5 +294,36 @@ mod tests {
             "none"
         );
         assert_eq!(choose(s("learned", &[2.0]), vec![]).chosen, "learned");
+    }
+
+    /// Jobs left unserved on the past days decide before any ET: the
+    /// candidate that starved jobs never runs, one that served more does.
+    #[test]
+    fn leaving_jobs_unserved_decides_before_et() {
+        let starving = HistoryScore::new("learned", vec![0.1, 0.1, 0.1], 2);
+        let c = choose(starving, vec![s("none", &[1.0, 1.0, 1.0])]);
+        assert_eq!(c.chosen, "none");
+        assert!(
+            c.describe().contains("learned 0.100 (2 unserved)"),
+            "{}",
+            c.describe()
+        );
+        let c = choose(
+            s("learned", &[3.0, 3.0, 3.0]),
+            vec![
+                HistoryScore::new("none", vec![1.0, 1.0, 1.0], 1),
+                HistoryScore::new("static-hist", vec![0.5, 0.5, 0.5], 4),
+            ],
+        );
+        assert_eq!(c.chosen, "learned");
+        // The best fallback is the one with fewer unserved jobs.
+        let c = choose(
+            HistoryScore::new("learned", vec![0.9, 0.9], 1),
+            vec![
+                HistoryScore::new("none", vec![1.0, 1.0], 1),
+                HistoryScore::new("static-hist", vec![0.5, 0.5], 4),
+            ],
+        );
+        assert_eq!(c.chosen, "learned");
     }
 }

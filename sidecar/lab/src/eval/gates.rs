@@ -2,7 +2,10 @@
 //! (issue 16's gates), from the rows the suite already holds: per scenario,
 //! its ET against the best causal opponent, its worst test day against the
 //! *safe* choice of that day (the better of whole GPUs and the causal
-//! static layout), and its reconfigurations per GPU per simulated day.
+//! static layout), and its reconfigurations per GPU per simulated day;
+//! and, per scenario, the best row a site could run ([`best_runnable`]).
+//! Rows are ranked by `sim::Standing`: a row that left jobs unserved never
+//! ranks ahead of one that served them all, whatever its ET.
 
 use serde::Serialize;
 
@@ -17,14 +20,17 @@ pub const SAFE_STATIC: &str = "static-hist";
 pub struct GateRow {
     pub scenario: String,
     pub et: f64,
-    /// The causal opponent with the lowest mean ET (`none` is an opponent
-    /// too, and counts).
+    /// Jobs the policy left unserved over the test days.
+    pub unserved: u64,
+    /// The causal opponent that ranks first: the fewest jobs unserved,
+    /// then the lowest mean ET (`none` is an opponent too, and counts).
     pub best_opponent: String,
     pub best_opponent_et: f64,
     /// `et / best_opponent_et - 1`, in percent.
     pub vs_best_pct: f64,
-    /// The lowest mean ET of a hindsight reference (fitted on each test
-    /// day itself): about the most a layout schedule could reach there.
+    /// The mean ET of the hindsight reference (fitted on each test day
+    /// itself) that ranks first: about the most a layout schedule could
+    /// reach there.
     pub best_hindsight_et: Option<f64>,
     /// The worst test day's `ET / min(ET none, ET static-hist) - 1`, in
     /// percent (`None` without those rows).
@@ -54,18 +60,9 @@ pub fn gate_rows(scenarios: &[ScenarioResult], policy: &str) -> Vec<GateRow> {
         .iter()
         .filter_map(|s| {
             let p = s.row(policy)?;
-            let best = s
-                .rows
-                .iter()
-                .filter(|r| r.kind == RowKind::Opponent)
-                .min_by(|a, b| a.et.total_cmp(&b.et))?;
+            let best = first_of(s, &[RowKind::Opponent])?;
             let worst_day_vs_safe_pct = worst_day_vs_safe(s, p);
-            let best_hindsight_et = s
-                .rows
-                .iter()
-                .filter(|r| r.kind == RowKind::Hindsight)
-                .map(|r| r.et)
-                .reduce(f64::min);
+            let best_hindsight_et = first_of(s, &[RowKind::Hindsight]).map(|r| r.et);
             let opponents_worst_day_vs_safe_pct = s
                 .rows
                 .iter()
@@ -81,6 +78,7 @@ pub fn gate_rows(scenarios: &[ScenarioResult], policy: &str) -> Vec<GateRow> {
             Some(GateRow {
                 scenario: s.name.clone(),
                 et: p.et,
+                unserved: p.unserved.unwrap_or(0),
                 best_opponent: best.policy.clone(),
                 best_opponent_et: best.et,
                 vs_best_pct: (p.et / best.et - 1.0) * 100.0,
@@ -88,6 +86,55 @@ pub fn gate_rows(scenarios: &[ScenarioResult], policy: &str) -> Vec<GateRow> {
                 worst_day_vs_safe_pct,
                 opponents_worst_day_vs_safe_pct,
                 reconfigurations_per_gpu_day,
+            })
+        })
+        .collect()
+}
+
+/// The row of one of `kinds` that ranks first (`sim::Standing`).
+fn first_of<'a>(s: &'a ScenarioResult, kinds: &[RowKind]) -> Option<&'a PolicyRow> {
+    s.rows
+        .iter()
+        .filter(|r| kinds.contains(&r.kind))
+        .min_by_key(|r| r.standing())
+}
+
+/// One scenario's best row a site could run, against the hindsight.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunnableBest {
+    pub scenario: String,
+    /// The opponent or policy of ours (none, static-hist,
+    /// twice-daily-hist, greedy, learned, learned+fallback, ...) that
+    /// ranks first: the fewest jobs unserved, then the lowest mean ET.
+    pub policy: String,
+    pub et: f64,
+    pub unserved: u64,
+    /// The hindsight reference that ranks first, and its mean ET.
+    pub hindsight: Option<(String, f64)>,
+    /// `et / hindsight ET - 1`, in percent: what knowing the day in
+    /// advance would still gain.
+    pub gap_pct: Option<f64>,
+}
+
+/// Per scenario, the best row a site could run (causal opponents and our
+/// policies: nothing fitted on the scored day) and its gap to the best
+/// hindsight reference.
+pub fn best_runnable(scenarios: &[ScenarioResult]) -> Vec<RunnableBest> {
+    scenarios
+        .iter()
+        .filter_map(|s| {
+            let best = first_of(s, &[RowKind::Opponent, RowKind::Candidate])?;
+            let hindsight = first_of(s, &[RowKind::Hindsight]).map(|r| (r.policy.clone(), r.et));
+            Some(RunnableBest {
+                scenario: s.name.clone(),
+                policy: best.policy.clone(),
+                et: best.et,
+                unserved: best.unserved.unwrap_or(0),
+                gap_pct: hindsight
+                    .as_ref()
+                    .filter(|h| h.1 > 0.0)
+                    .map(|h| (best.et / h.1 - 1.0) * 100.0),
+                hindsight,
             })
         })
         .collect()
@@ -106,7 +153,7 @@ mod tests {
             .map(|(k, &et)| DayScore {
                 day: format!("seed {k}"),
                 et,
-                et_seedwise: None,
+                et_seedwise: et,
                 energy_j: 0.0,
                 tardiness_s: 0.0,
                 metrics: Some(Metrics {
@@ -121,7 +168,7 @@ mod tests {
             kind,
             description: String::new(),
             et: days.iter().map(|d| d.et).sum::<f64>() / days.len() as f64,
-            et_seedwise: None,
+            et_seedwise: 0.0,
             energy_j: 0.0,
             tardiness_s: 0.0,
             late_share: None,
@@ -136,25 +183,18 @@ mod tests {
             reshapes: None,
             jobs_served_by_fusion: None,
             jobs_served_by_fission: None,
-            unserved: None,
+            unserved: Some(0),
             worst_day_vs_none: None,
             days_worse_than_none: None,
             days,
         }
     }
 
-    #[test]
-    fn gates_compare_with_the_best_opponent_and_the_safe_choice_per_day() {
-        let s = ScenarioResult {
+    fn scenario(rows: Vec<PolicyRow>) -> ScenarioResult {
+        ScenarioResult {
             name: "mix".into(),
             gpus: 4,
-            rows: vec![
-                row("none", RowKind::Opponent, &[1.0, 1.0], 0),
-                row("static-hist", RowKind::Opponent, &[0.5, 1.2], 0),
-                row("twice-daily-hist", RowKind::Opponent, &[0.6, 0.8], 8),
-                row("ours", RowKind::Candidate, &[0.55, 0.9], 16),
-                row("hindsight", RowKind::Hindsight, &[0.1, 0.1], 0),
-            ],
+            rows,
             models: Vec::new(),
             batch: false,
             train_days: Vec::new(),
@@ -169,7 +209,18 @@ mod tests {
             audited_logs: 0,
             search_runs: 0,
             fallbacks: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn gates_compare_with_the_best_opponent_and_the_safe_choice_per_day() {
+        let s = scenario(vec![
+            row("none", RowKind::Opponent, &[1.0, 1.0], 0),
+            row("static-hist", RowKind::Opponent, &[0.5, 1.2], 0),
+            row("twice-daily-hist", RowKind::Opponent, &[0.6, 0.8], 8),
+            row("ours", RowKind::Candidate, &[0.55, 0.9], 16),
+            row("hindsight", RowKind::Hindsight, &[0.1, 0.1], 0),
+        ]);
         let g = &gate_rows(std::slice::from_ref(&s), "ours")[0];
         // Best opponent: twice-daily (0.70 mean) beats static (0.85) and none;
         // the hindsight row is no opponent.
@@ -191,6 +242,39 @@ mod tests {
         // 16 moves a day on 4 GPUs.
         assert!((g.reconfigurations_per_gpu_day.unwrap() - 4.0).abs() < 1e-9);
         assert_eq!(g.best_hindsight_et, Some(0.1));
+        let b = &best_runnable(std::slice::from_ref(&s))[0];
+        assert_eq!(
+            (b.policy.as_str(), b.hindsight.clone()),
+            ("twice-daily-hist", Some(("hindsight".into(), 0.1)))
+        );
+        assert!((b.gap_pct.unwrap() - 600.0).abs() < 1e-9);
         assert!(gate_rows(&[s], "absent").is_empty());
+    }
+
+    /// A row that left jobs unserved ranks behind every row that served
+    /// them all, as the best opponent, the best runnable row and the best
+    /// hindsight reference.
+    #[test]
+    fn rows_that_leave_jobs_unserved_never_rank_first() {
+        let starving = |name: &str, kind| PolicyRow {
+            unserved: Some(3),
+            ..row(name, kind, &[0.1, 0.1], 0)
+        };
+        let s = scenario(vec![
+            row("none", RowKind::Opponent, &[1.0, 1.0], 0),
+            starving("static-hist", RowKind::Opponent),
+            row("ours", RowKind::Candidate, &[0.9, 0.9], 0),
+            starving("static-hindsight", RowKind::Hindsight),
+            row("twice-daily-hindsight", RowKind::Hindsight, &[0.8, 0.8], 0),
+        ]);
+        let g = &gate_rows(std::slice::from_ref(&s), "ours")[0];
+        assert_eq!(g.best_opponent, "none");
+        assert_eq!(g.best_hindsight_et, Some(0.8));
+        let b = &best_runnable(&[s])[0];
+        assert_eq!((b.policy.as_str(), b.unserved), ("ours", 0));
+        assert_eq!(
+            b.hindsight.as_ref().map(|h| h.0.as_str()),
+            Some("twice-daily-hindsight")
+        );
     }
 }

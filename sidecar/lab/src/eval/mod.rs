@@ -50,7 +50,7 @@ pub use coordination::{
 };
 pub use days::{search_score, Day, DaySet};
 pub use fallback::{FallbackChoice, HistoryScore};
-pub use gates::{gate_rows, GateRow};
+pub use gates::{best_runnable, gate_rows, GateRow, RunnableBest};
 pub use placement::{
     placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate, PlacementScenario,
 };
@@ -72,19 +72,37 @@ pub(crate) enum AuditFailure {
 }
 
 /// Re-checks a run's event log from scratch ([`crate::sim::audit`]) and
-/// compares its energy and total tardiness with the run's metrics (to
-/// 1e-6 relative): how `suite`, `advise` and `coordination` trust a run.
+/// compares its totals with the run's metrics ([`agrees`]): how `suite`,
+/// `advise` and `coordination` trust a run.
 pub(crate) fn audit_run(
     log: &[crate::sim::Record],
     m: &crate::sim::Metrics,
 ) -> Result<crate::sim::AuditReport, AuditFailure> {
     let a = crate::sim::audit(log).map_err(AuditFailure::Audit)?;
+    agrees(&a, m)?;
+    Ok(a)
+}
+
+/// Whether the audit's energy, total tardiness (to 1e-6 relative), late
+/// and unserved jobs are the run's: at the log's own horizon, or both
+/// re-charged at a comparison's common horizon (`a.at_horizon(h)` against
+/// `m.at_horizon(h)`, the audit recomputing the rule on its own).
+pub(crate) fn agrees(
+    a: &crate::sim::AuditReport,
+    m: &crate::sim::Metrics,
+) -> Result<(), AuditFailure> {
     for (what, audited, reported) in [
         ("energy (J)", a.energy_j, m.energy_j),
         (
             "total tardiness (s)",
             a.total_tardiness_s,
             m.total_tardiness_s,
+        ),
+        ("late jobs", a.late_jobs as f64, m.late_jobs as f64),
+        (
+            "jobs that never ran",
+            a.unserved as f64,
+            m.never_ran() as f64,
         ),
     ] {
         if (audited - reported).abs() > 1e-6 * reported.abs().max(1.0) {
@@ -95,7 +113,7 @@ pub(crate) fn audit_run(
             });
         }
     }
-    Ok(a)
+    Ok(())
 }
 
 /// Small generated days and a small search for the unit tests of `eval`.

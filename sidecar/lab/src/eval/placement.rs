@@ -11,8 +11,9 @@
 //! less energy). The heuristic with the fewest late jobs over the test days
 //! themselves is shown beside it as a hindsight reference, never as the
 //! opponent. Late jobs, energy, tardiness and ET are summed over the test
-//! days, with the worst day. Each decision of a candidate is
-//! timed.
+//! days, with the worst day, every run of a test day charged at that day's
+//! common horizon (the latest of every row of the table; `sim::metrics`).
+//! Each decision of a candidate is timed.
 
 use std::time::Instant;
 
@@ -139,22 +140,30 @@ impl PlacementHeuristic for Timed {
     }
 }
 
+/// One placement's runs under one policy, one per day, each at its own
+/// horizon, with the candidate's decision timings.
+struct Runs {
+    placement: String,
+    candidate: bool,
+    days: Vec<Metrics>,
+    nanos: u128,
+    decisions: u64,
+}
+
 /// Runs one placement under one policy on every day of `days`.
-fn row(
+fn runs(
     s: &ScenarioDays,
     days: &[Day],
     spec: &PlacementSpec,
     policy: &mut dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, SimError>,
-    reference: &Reference,
-    alpha: f64,
-) -> Result<PlacementRow, SimError> {
-    let mut r = PlacementRow {
+) -> Result<Runs, SimError> {
+    let mut r = Runs {
         placement: spec.to_string(),
         candidate: spec.rule().is_none(),
-        ..PlacementRow::default()
+        days: Vec::with_capacity(days.len()),
+        nanos: 0,
+        decisions: 0,
     };
-    let (mut nanos, mut timed) = (0u128, 0u64);
-    let mut mean_tardiness = 0.0;
     for day in days {
         let mut p = policy()?;
         let mut h = Timed {
@@ -171,18 +180,50 @@ fn row(
             RunHooks::default(),
         )?
         .metrics;
-        add(&mut r, &m);
-        mean_tardiness += m.mean_tardiness_s;
-        nanos += h.nanos;
-        timed += h.decisions;
-    }
-    let n = days.len().max(1) as f64;
-    r.et = reference.et(r.energy_j / n, mean_tardiness / n, alpha);
-    if r.candidate {
-        r.decisions = timed;
-        r.decision_us = (timed > 0).then(|| nanos as f64 / timed as f64 / 1000.0);
+        r.days.push(m);
+        r.nanos += h.nanos;
+        r.decisions += h.decisions;
     }
     Ok(r)
+}
+
+impl Runs {
+    /// The row's totals, each day charged at `horizons[day]` (the day's
+    /// common horizon, `sim::metrics`; a run's own horizon if later), and
+    /// its ET with the scenario's exchange rate.
+    fn row(&self, horizons: &[f64], reference: &Reference, alpha: f64) -> PlacementRow {
+        let mut r = PlacementRow {
+            placement: self.placement.clone(),
+            candidate: self.candidate,
+            ..PlacementRow::default()
+        };
+        let mut mean_tardiness = 0.0;
+        for (i, m) in self.days.iter().enumerate() {
+            let m = m.at_horizon(horizons.get(i).copied().unwrap_or(0.0));
+            add(&mut r, &m);
+            mean_tardiness += m.mean_tardiness_s;
+        }
+        let n = self.days.len().max(1) as f64;
+        r.et = reference.et(r.energy_j / n, mean_tardiness / n, alpha);
+        if r.candidate {
+            r.decisions = self.decisions;
+            r.decision_us =
+                (self.decisions > 0).then(|| self.nanos as f64 / self.decisions as f64 / 1000.0);
+        }
+        r
+    }
+}
+
+/// Per day, the latest horizon of any of `runs`.
+fn common_horizons<'a>(runs: impl IntoIterator<Item = &'a Runs>) -> Vec<f64> {
+    let mut h: Vec<f64> = Vec::new();
+    for r in runs {
+        h.resize(h.len().max(r.days.len()), 0.0);
+        for (i, m) in r.days.iter().enumerate() {
+            h[i] = h[i].max(m.horizon_s);
+        }
+    }
+    h
 }
 
 fn add(r: &mut PlacementRow, m: &Metrics) {
@@ -202,10 +243,10 @@ pub fn run_placement_scenario(
     let models: Vec<GpuModel> = GpuModel::distinct(&s.cluster);
     progress("fitting static-hist on the training days");
     let train = DaySet::new(&s.cluster, Heuristic::Edf, s.train.clone())?;
-    let mut evaluate = |p: &mut dyn RepartitionPolicy| train.objective(p, cfg.alpha);
-    let fitted = static_best(&s.cluster, &cfg.search, &mut evaluate)?.policy;
     // The exchange rate of ET: none + edf pooled over the training days.
     let reference = s.reference(&train);
+    let mut evaluate = |p: &mut dyn RepartitionPolicy| train.objective(p, &reference, cfg.alpha);
+    let fitted = static_best(&s.cluster, &cfg.search, &mut evaluate)?.policy;
     let mut placements: Vec<PlacementSpec> = Heuristic::ALL
         .iter()
         .map(|&h| PlacementSpec::Rule(h))
@@ -215,6 +256,7 @@ pub fn run_placement_scenario(
     policies.push(("static-hist".into(), String::new()));
     policies.extend(cfg.policies.iter().cloned());
     let mut blocks = Vec::new();
+    let mut tested: Vec<Vec<Runs>> = Vec::new();
     for (name, spec) in &policies {
         progress(name);
         let description = if spec.is_empty() {
@@ -230,13 +272,19 @@ pub fn run_placement_scenario(
         };
         let mut rows = Vec::new();
         for p in &placements {
-            rows.push(row(s, &s.test, p, &mut make, &reference, cfg.alpha)?);
+            rows.push(runs(s, &s.test, p, &mut make)?);
         }
+        // The opponent is chosen by late jobs on the training days, each
+        // day a comparison of the seven heuristics.
         let mut training = Vec::new();
         for &h in &Heuristic::ALL {
-            let spec = PlacementSpec::Rule(h);
-            training.push(row(s, &s.train, &spec, &mut make, &reference, cfg.alpha)?);
+            training.push(runs(s, &s.train, &PlacementSpec::Rule(h), &mut make)?);
         }
+        let horizons = common_horizons(&training);
+        let training: Vec<PlacementRow> = training
+            .iter()
+            .map(|r| r.row(&horizons, &reference, cfg.alpha))
+            .collect();
         blocks.push(PolicyBlock {
             policy: name.clone(),
             description,
@@ -245,9 +293,20 @@ pub fn run_placement_scenario(
                 .iter()
                 .map(|r| (r.placement.clone(), r.late_jobs))
                 .collect(),
-            best_heuristic: fewest_late(&rows),
-            rows,
+            best_heuristic: String::new(),
+            rows: Vec::new(),
         });
+        tested.push(rows);
+    }
+    // Every row of the scenario's table is charged at each test day's
+    // common horizon: one energy window per day (docs/evaluation.md).
+    let horizons = common_horizons(tested.iter().flatten());
+    for (block, rows) in blocks.iter_mut().zip(&tested) {
+        block.rows = rows
+            .iter()
+            .map(|r| r.row(&horizons, &reference, cfg.alpha))
+            .collect();
+        block.best_heuristic = fewest_late(&block.rows);
     }
     Ok(PlacementScenario {
         name: s.name.clone(),

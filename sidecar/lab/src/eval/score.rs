@@ -10,50 +10,8 @@
 
 use serde::Serialize;
 
-use crate::sim::{EtScore, Metrics};
-
-/// The pooled `none` reference of a scenario (the ET exchange rate).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Reference {
-    /// Mean energy of `none` over the training days, J.
-    pub energy_j: f64,
-    /// Mean of `none`'s mean tardiness over the training days, s, floored at
-    /// `floor_s` (a reference without tardiness would make t undefined).
-    pub tardiness_s: f64,
-    /// The floor: 1 % of the training jobs' mean whole-GPU run time, at
-    /// least 1 s (so a day without late jobs under `none` does not make
-    /// one second of tardiness worth a whole day of energy).
-    pub floor_s: f64,
-}
-
-impl Reference {
-    /// Pools the `none` runs of the training days; `mean_work_s` is the
-    /// training jobs' mean whole-GPU run time (sets the floor).
-    pub fn pooled(nones: &[Metrics], mean_work_s: f64) -> Self {
-        let n = nones.len().max(1) as f64;
-        let floor_s = (0.01 * mean_work_s).max(1.0);
-        Reference {
-            energy_j: nones.iter().map(|m| m.energy_j).sum::<f64>() / n,
-            tardiness_s: (nones.iter().map(|m| m.mean_tardiness_s).sum::<f64>() / n).max(floor_s),
-            floor_s,
-        }
-    }
-
-    /// `(e + alpha t) / (1 + alpha)` with `e`, `t` relative to this reference.
-    pub fn et(&self, energy_j: f64, tardiness_s: f64, alpha: f64) -> f64 {
-        let e = if self.energy_j > 0.0 {
-            energy_j / self.energy_j
-        } else {
-            1.0
-        };
-        (e + alpha * tardiness_s / self.tardiness_s) / (1.0 + alpha)
-    }
-
-    /// Joules one second of mean tardiness is worth (at `alpha` = 1).
-    pub fn joules_per_tardiness_s(&self) -> f64 {
-        self.energy_j / self.tardiness_s
-    }
-}
+pub use crate::sim::Reference;
+use crate::sim::{Metrics, Standing};
 
 /// What a row is in the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -70,14 +28,16 @@ pub enum RowKind {
     Bound,
 }
 
-/// One policy on one test day.
+/// One policy on one test day, charged at the day's common horizon (the
+/// latest of every row's; `sim::metrics`).
 #[derive(Clone, Debug, Serialize)]
 pub struct DayScore {
     pub day: String,
     /// ET with the scenario's pooled reference.
     pub et: f64,
-    /// ET against this day's own `none` run (the seed-wise ET).
-    pub et_seedwise: Option<f64>,
+    /// ET against this day's own `none` run, `T_ref` floored by the day's
+    /// jobs (the seed-wise ET).
+    pub et_seedwise: f64,
     pub energy_j: f64,
     pub tardiness_s: f64,
     /// The full metrics (absent for the lower bound).
@@ -86,18 +46,19 @@ pub struct DayScore {
 }
 
 impl DayScore {
-    /// A simulated run on `day`, whose own `none` run is `none`.
+    /// A simulated run on `day`; `own` is the day's own `none` run as a
+    /// reference ([`Reference::own`]), `reference` the scenario's.
     pub fn of_run(
         day: &str,
         m: &Metrics,
-        none: &Metrics,
+        own: &Reference,
         reference: &Reference,
         alpha: f64,
     ) -> Self {
         DayScore {
             day: day.to_string(),
-            et: reference.et(m.energy_j, m.mean_tardiness_s, alpha),
-            et_seedwise: EtScore::new(m, none, String::new(), alpha).et,
+            et: reference.et_of(m, alpha),
+            et_seedwise: own.et_of(m, alpha),
             energy_j: m.energy_j,
             tardiness_s: m.mean_tardiness_s,
             metrics: Some(m.clone()),
@@ -117,9 +78,8 @@ pub struct PolicyRow {
     pub description: String,
     /// Mean over the test days of the pooled-reference ET.
     pub et: f64,
-    /// Mean over the test days of the seed-wise ET (`None` if some day's
-    /// is undefined: its `none` run had no tardiness and this run had some).
-    pub et_seedwise: Option<f64>,
+    /// Mean over the test days of the seed-wise ET.
+    pub et_seedwise: f64,
     /// Mean energy per test day, J.
     pub energy_j: f64,
     /// Mean over the test days of the mean tardiness, s.
@@ -141,7 +101,8 @@ pub struct PolicyRow {
     /// fusion (fission) created: what each kind gained.
     pub jobs_served_by_fusion: Option<f64>,
     pub jobs_served_by_fission: Option<f64>,
-    /// Jobs that never ran, summed over the test days.
+    /// Jobs that never ran (unserved and rejected), summed over the test
+    /// days: a row with any ranks behind every row that has none.
     pub unserved: Option<u64>,
     /// The worst test day's `ET / ET(none) - 1` (both pooled-reference).
     pub worst_day_vs_none: Option<f64>,
@@ -183,11 +144,7 @@ impl PolicyRow {
             kind,
             description,
             et: mean(days.iter().map(|d| d.et)).unwrap_or(f64::NAN),
-            et_seedwise: days
-                .iter()
-                .map(|d| d.et_seedwise)
-                .collect::<Option<Vec<f64>>>()
-                .and_then(|v| mean(v.into_iter())),
+            et_seedwise: mean(days.iter().map(|d| d.et_seedwise)).unwrap_or(f64::NAN),
             energy_j: mean(days.iter().map(|d| d.energy_j)).unwrap_or(f64::NAN),
             tardiness_s: mean(days.iter().map(|d| d.tardiness_s)).unwrap_or(f64::NAN),
             late_share: over(&|m| m.late_share),
@@ -202,14 +159,18 @@ impl PolicyRow {
             reshapes: over(&|m| m.reshapes as f64),
             jobs_served_by_fusion: over(&|m| m.jobs_served_by_fusion as f64),
             jobs_served_by_fission: over(&|m| m.jobs_served_by_fission as f64),
-            unserved: (ms.len() == days.len())
-                .then(|| ms.iter().map(|m| m.unserved + m.rejected).sum()),
+            unserved: (ms.len() == days.len()).then(|| ms.iter().map(|m| m.never_ran()).sum()),
             worst_day_vs_none: comparable
                 .then(|| vs_none.iter().copied().fold(f64::NEG_INFINITY, f64::max))
                 .filter(|v| v.is_finite()),
             days_worse_than_none: comparable.then(|| vs_none.iter().filter(|&&v| v > 1e-9).count()),
             days,
         }
+    }
+
+    /// Where the row stands: its jobs that never ran, then its mean ET.
+    pub fn standing(&self) -> Standing {
+        Standing::new(self.unserved.unwrap_or(0), self.et)
     }
 }
 
@@ -226,27 +187,10 @@ mod tests {
     }
 
     #[test]
-    fn pooled_reference_fixes_the_exchange_rate() {
-        let r = Reference::pooled(&[m(100.0, 10.0), m(300.0, 30.0)], 50.0);
-        assert_eq!((r.energy_j, r.tardiness_s), (200.0, 20.0));
-        assert_eq!(r.joules_per_tardiness_s(), 10.0);
-        assert_eq!(r.et(200.0, 20.0, 1.0), 1.0);
-        // Two days, each scored against itself, would both give 1.0; with
-        // the pooled rate the busier day counts for more.
-        assert!(r.et(300.0, 30.0, 1.0) > 1.4);
-        // No tardiness anywhere: floored at 1 % of the mean job, at least 1 s.
-        let z = Reference::pooled(&[m(100.0, 0.0)], 3000.0);
-        assert_eq!(z.tardiness_s, 30.0);
-        assert!(z.et(100.0, 2.0, 1.0).is_finite());
-        assert_eq!(Reference::pooled(&[m(100.0, 0.0)], 5.0).tardiness_s, 1.0);
-    }
-
-    #[test]
     fn rows_flag_days_worse_than_none() {
         let r = Reference::pooled(&[m(100.0, 10.0)], 0.0);
-        let day = |i: usize, e: f64, t: f64| {
-            DayScore::of_run(&format!("d{i}"), &m(e, t), &m(100.0, 10.0), &r, 1.0)
-        };
+        let day =
+            |i: usize, e: f64, t: f64| DayScore::of_run(&format!("d{i}"), &m(e, t), &r, &r, 1.0);
         let nones = vec![day(0, 100.0, 10.0), day(1, 100.0, 10.0)];
         let row = PolicyRow::new(
             "p",

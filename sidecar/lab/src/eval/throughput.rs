@@ -51,7 +51,9 @@ use crate::mig::GpuModel;
 use crate::policy::search::{describe_assignment, static_best, SearchConfig};
 use crate::policy::{parse_policy, NoPartition, RepartitionPolicy};
 use crate::scenario::{BatchConfig, DeadlineRegime, Family, Scenario};
-use crate::sim::{simulate, Heuristic, Metrics, OomConfig, RunHooks, SimConfig, SimError};
+use crate::sim::{
+    simulate, Heuristic, Metrics, OomConfig, RunHooks, SimConfig, SimError, Standing,
+};
 use crate::workload::declare::{underdeclare, Underdeclare};
 use crate::workload::speedup::MIGPROFILER_FITS;
 use crate::workload::{DiurnalConfig, Job, JobClass, SpeedupCurve, WorkDist, WorkloadError};
@@ -481,20 +483,23 @@ impl ThroughputConfig {
 }
 
 /// The static search's objective on a set of bags (lower is better): the
-/// mean of makespan / whole-GPU makespan, plus 1 per job that never
-/// completed (a layout without a slice big enough for some job would
-/// otherwise look fast).
+/// jobs that never completed first (a layout without a slice big enough
+/// for some job would otherwise look fast; `sim::Standing`), then the mean
+/// of makespan / whole-GPU makespan.
 fn static_objective(
     cfg: &ThroughputConfig,
     bags: &[(u64, Vec<Job>, Metrics)],
     policy: &mut dyn RepartitionPolicy,
-) -> Result<f64, SimError> {
-    let mut sum = 0.0;
+) -> Result<Standing, SimError> {
+    let mut days = Vec::with_capacity(bags.len());
     for (seed, jobs, whole) in bags {
         let m = cfg.run(jobs, *seed, policy)?;
-        sum += m.makespan_s / whole.makespan_s.max(1e-9) + (m.jobs - m.completed) as f64;
+        days.push(Standing::new(
+            m.jobs - m.completed,
+            m.makespan_s / whole.makespan_s.max(1e-9),
+        ));
     }
-    Ok(sum / bags.len().max(1) as f64)
+    Ok(Standing::over(days))
 }
 
 /// Searches the static assignment on `bags`; returns it and its replay spec.

@@ -6,7 +6,8 @@
 //! | ET | mean over the test days of `(e + a t) / (1 + a)`, `e` and `t` relative to `none` pooled over the training days (one exchange rate per scenario) |
 //! | ET/seed | the same with each day scored against its own `none` run |
 //! | energy MJ, tard. s | mean energy per test day, mean of the days' mean tardiness |
-//! | late %, wait s, p95 wait s | share of late jobs, mean and 95th-percentile wait |
+//! | late %, wait s, p95 wait s | share of late jobs (jobs that never ran count), mean and 95th-percentile wait |
+//! | unserved | jobs that never ran over the test days, `UNSERVED n`: such a row ranks behind every row that served all |
 //! | bsld | mean bounded slowdown, tau = 10 s |
 //! | jobs/h, makespan h | completed jobs per hour of makespan; last completion - first arrival |
 //! | reconf. | reconfigurations per test day |
@@ -20,7 +21,7 @@ use std::fmt::Write as _;
 use plotters::prelude::*;
 
 use super::{aligned, ReportError};
-use crate::eval::{GateRow, PolicyRow, RowKind, ScenarioResult, SuiteReport};
+use crate::eval::{GateRow, PolicyRow, RowKind, RunnableBest, ScenarioResult, SuiteReport};
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "-".to_string(), f)
@@ -94,6 +95,7 @@ pub fn scenario_table(s: &ScenarioResult) -> String {
         "energy MJ",
         "tard. s",
         "late %",
+        "unserved",
         "wait s",
         "p95 wait s",
         "bsld",
@@ -135,10 +137,11 @@ fn row_cells(r: &PolicyRow) -> Vec<String> {
         r.policy.clone(),
         kind(r.kind).to_string(),
         format!("{:.3}", r.et),
-        opt(r.et_seedwise, |x| format!("{x:.3}")),
+        format!("{:.3}", r.et_seedwise),
         format!("{:.2}", r.energy_j / 1e6),
         format!("{:.1}", r.tardiness_s),
         opt(r.late_share, |x| format!("{:.1}", 100.0 * x)),
+        unserved_cell(r.unserved),
         opt(r.mean_wait_s, |x| format!("{x:.0}")),
         opt(r.p95_wait_s, |x| format!("{x:.0}")),
         opt(r.mean_bounded_slowdown, |x| format!("{x:.2}")),
@@ -152,8 +155,19 @@ fn row_cells(r: &PolicyRow) -> Vec<String> {
     ]
 }
 
+/// `UNSERVED n` for a row that left jobs unserved, `0` for one that did
+/// not, `-` for the bound.
+fn unserved_cell(n: Option<u64>) -> String {
+    match n {
+        Some(0) => "0".into(),
+        Some(n) => format!("UNSERVED {n}"),
+        None => "-".into(),
+    }
+}
+
 /// One line per policy, one column per scenario: the pooled ET, with `!`
-/// when the policy was worse than whole GPUs on some test day.
+/// when the policy was worse than whole GPUs on some test day and `U` when
+/// it left jobs unserved.
 pub fn summary_table(r: &SuiteReport) -> String {
     let mut policies: Vec<String> = Vec::new();
     for s in &r.scenarios {
@@ -174,12 +188,17 @@ pub fn summary_table(r: &SuiteReport) -> String {
             l.push(match s.row(p) {
                 Some(row) => {
                     sum = (sum.0 + row.et, sum.1 + 1);
-                    let flag = if row.days_worse_than_none.unwrap_or(0) > 0 {
+                    let worse = if row.days_worse_than_none.unwrap_or(0) > 0 {
                         "!"
                     } else {
                         ""
                     };
-                    format!("{:.3}{flag}", row.et)
+                    let unserved = if row.unserved.unwrap_or(0) > 0 {
+                        "U"
+                    } else {
+                        ""
+                    };
+                    format!("{:.3}{worse}{unserved}", row.et)
                 }
                 None => "-".into(),
             });
@@ -191,7 +210,7 @@ pub fn summary_table(r: &SuiteReport) -> String {
         });
         lines.push(l);
     }
-    let mut out = String::from("Summary: ET per scenario (pooled none reference, lower is better; ! = worse than whole GPUs on some test day)\n");
+    let mut out = String::from("Summary: ET per scenario (pooled none reference, lower is better; ! = worse than whole GPUs on some test day; U = left jobs unserved, ranks behind every row that served all)\n");
     out.push_str(&aligned(&lines));
     out
 }
@@ -204,6 +223,7 @@ pub fn gates_table(policy: &str, rows: &[GateRow]) -> String {
     let mut lines = vec![vec![
         "scenario".to_string(),
         "ET".into(),
+        "unserved".into(),
         "best causal opponent".into(),
         "vs best".into(),
         "hindsight best".into(),
@@ -215,6 +235,7 @@ pub fn gates_table(policy: &str, rows: &[GateRow]) -> String {
         lines.push(vec![
             r.scenario.clone(),
             format!("{:.3}", r.et),
+            unserved_cell(Some(r.unserved)),
             format!("{} {:.3}", r.best_opponent, r.best_opponent_et),
             pct(r.vs_best_pct),
             opt(r.best_hindsight_et, |v| format!("{v:.3}")),
@@ -237,6 +258,56 @@ pub fn gates_table(policy: &str, rows: &[GateRow]) -> String {
         "worst test day over all scenarios vs the better of none and static-hist: {}",
         opt(worst, pct)
     );
+    out
+}
+
+/// Per scenario, the best row a site could run (causal opponents and our
+/// policies; the fewest jobs unserved, then the lowest ET) and its gap to
+/// the best hindsight reference ([`crate::eval::best_runnable`]).
+pub fn runnable_table(rows: &[RunnableBest]) -> String {
+    let mut lines = vec![[
+        "scenario",
+        "best runnable row",
+        "ET",
+        "unserved",
+        "best hindsight reference",
+        "ET",
+        "gap",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for r in rows {
+        lines.push(vec![
+            r.scenario.clone(),
+            r.policy.clone(),
+            format!("{:.3}", r.et),
+            unserved_cell(Some(r.unserved)),
+            r.hindsight.as_ref().map_or("-".into(), |h| h.0.clone()),
+            r.hindsight
+                .as_ref()
+                .map_or("-".into(), |h| format!("{:.3}", h.1)),
+            opt(r.gap_pct, |v| format!("{v:+.1}%")),
+        ]);
+    }
+    let mean = |f: &dyn Fn(&RunnableBest) -> Option<f64>| {
+        let v: Vec<f64> = rows.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    lines.push(vec![
+        "mean".into(),
+        String::new(),
+        opt(mean(&|r| Some(r.et)), |v| format!("{v:.3}")),
+        String::new(),
+        String::new(),
+        opt(mean(&|r| r.hindsight.as_ref().map(|h| h.1)), |v| {
+            format!("{v:.3}")
+        }),
+        String::new(),
+    ]);
+    let mut out = String::from(
+        "Best row a site could run per scenario (none, static-hist, twice-daily-hist, greedy, learned, learned+fallback: nothing fitted on the scored days), against the best hindsight reference\n",
+    );
+    out.push_str(&aligned(&lines));
     out
 }
 
