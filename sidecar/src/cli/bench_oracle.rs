@@ -18,20 +18,21 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use super::args::GpuModelArg;
 use super::bench_suite::{search_for, shipped_learned, trace_scenarios, TraceArgs};
 use crate::eval::{run_scenario, Day, RowKind, ScenarioDays, ScenarioResult, SuiteConfig};
 use crate::learn::oracle::{from_whole, rollout};
 use crate::learn::train::{static_best, TrainConfig};
 use crate::mig::GpuModel;
 use crate::report::aligned;
-use crate::sim::{Heuristic, Reference, Standing};
 use crate::scenario::{default_scenarios, select_scenarios};
+use crate::sim::{Heuristic, Reference, Standing};
 use crate::workload::{generate_diurnal, DiurnalConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct OracleArgs {
-    #[arg(long, default_value = "a100-40gb")]
-    pub model: GpuModel,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     #[arg(long, default_value_t = 8)]
     pub gpus: usize,
     /// A scenario of the suite's families (`mix-shift/tight`, or a family
@@ -121,7 +122,7 @@ pub fn run(a: &OracleArgs) -> Result<()> {
         search: search_for(a.quick),
         ..SuiteConfig::default()
     };
-    if let Some(spec) = shipped_learned(a.model) {
+    if let Some(spec) = shipped_learned(a.gpu.gpu_model) {
         cfg.candidates.push(("learned".into(), spec));
         cfg.fallback_for.push("learned".into());
     }
@@ -148,7 +149,7 @@ pub fn run(a: &OracleArgs) -> Result<()> {
 /// The scenarios to run: the trace's windows, a family's scenarios, or the
 /// first wave's diurnal day; training seeds and test seeds may not overlap.
 fn scenario_days(a: &OracleArgs) -> Result<Vec<ScenarioDays>> {
-    if let Some(source) = a.trace.source(a.model, a.train_seed) {
+    if let Some(source) = a.trace.source(a.gpu.gpu_model, a.train_seed) {
         return trace_scenarios(&source, a.train_days, a.windows);
     }
     let train = a.train_seed..a.train_seed.saturating_add(a.train_days as u64);
@@ -159,12 +160,12 @@ fn scenario_days(a: &OracleArgs) -> Result<Vec<ScenarioDays>> {
             train.end
         );
     }
-    let cluster = vec![a.model; a.gpus];
+    let cluster = vec![a.gpu.gpu_model; a.gpus];
     let Some(name) = &a.scenario else {
         let w = DiurnalConfig::default();
         let day = |seed| {
             Day::generated(
-                generate_diurnal(&w, a.model, a.gpus, seed),
+                generate_diurnal(&w, a.gpu.gpu_model, a.gpus, seed),
                 seed,
                 w.horizon_s,
                 w.start_hour,
@@ -187,12 +188,12 @@ fn scenario_days(a: &OracleArgs) -> Result<Vec<ScenarioDays>> {
             cluster: cluster.clone(),
             train: train
                 .clone()
-                .map(|seed| super::bench_suite::day(s, a.model, a.gpus, seed))
+                .map(|seed| super::bench_suite::day(s, a.gpu.gpu_model, a.gpus, seed))
                 .collect(),
             test: a
                 .seeds
                 .iter()
-                .map(|&seed| super::bench_suite::day(s, a.model, a.gpus, seed))
+                .map(|&seed| super::bench_suite::day(s, a.gpu.gpu_model, a.gpus, seed))
                 .collect(),
             batch: s.is_batch(),
         })
@@ -203,7 +204,7 @@ fn scenario_days(a: &OracleArgs) -> Result<Vec<ScenarioDays>> {
 /// every row of `r` on that day, re-charged at a horizon common to them all.
 fn oracle_days(a: &OracleArgs, s: &ScenarioDays, r: &ScenarioResult) -> Result<Vec<DayRow>> {
     let cfg = TrainConfig {
-        gpu_model: a.model,
+        gpu_model: a.gpu.gpu_model,
         heuristic: a.placement.clone(),
         ..TrainConfig::default()
     };
@@ -228,7 +229,7 @@ fn oracle_days(a: &OracleArgs, s: &ScenarioDays, r: &ScenarioResult) -> Result<V
         };
         let seconds = t0.elapsed().as_secs_f64();
         if a.moves {
-            print_moves(a.model, &test.label, &run);
+            print_moves(a.gpu.gpu_model, &test.label, &run);
         }
         out.push(day_row(r, i, &test.label, &run, seconds));
     }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use super::args::{GpuModelArg, JsonArg};
 use crate::eval::{
     best_runnable, gate_rows, run_scenario, Day, RowKind, ScenarioDays, SuiteConfig, SuiteReport,
 };
@@ -28,8 +29,8 @@ pub struct SuiteArgs {
     /// 16; 8 with --quick).
     #[arg(long)]
     pub gpus: Option<usize>,
-    #[arg(long, default_value = "a100-40gb")]
-    pub model: GpuModel,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     /// Scenarios file (TOML, `[[scenario]]` tables; the built-in list is
     /// `sidecar/lab/src/scenarios.toml`).
     #[arg(long, value_name = "FILE")]
@@ -71,9 +72,8 @@ pub struct SuiteArgs {
     /// Leave out the hindsight references (searched on each test day).
     #[arg(long)]
     pub no_hindsight: bool,
-    /// Write the results as JSON here.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub json: JsonArg,
     /// Write one SVG bar chart per scenario into DIR.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
@@ -93,8 +93,14 @@ pub struct TraceArgs {
     /// Format of `--trace` (csv, alibaba, sacct).
     #[arg(long, default_value = "alibaba")]
     pub trace_format: String,
-    /// Window length for `--trace`, hours.
-    #[arg(long, default_value_t = 24.0)]
+    /// Window length for `--trace`, hours (the whole trace is cut into
+    /// windows of this length; `--window-h` is the old spelling).
+    #[arg(
+        long = "trace-window",
+        value_name = "LEN_H",
+        default_value_t = 24.0,
+        alias = "window-h"
+    )]
     pub window_h: f64,
     /// Size the `--trace` cluster so the peak hour's demand of the busiest
     /// training window is this share of it (overrides --gpus for the trace).
@@ -208,7 +214,7 @@ pub(super) fn trace_scenarios(
 ) -> Result<Vec<ScenarioDays>> {
     let path = a.path;
     if !(a.window_h.is_finite() && a.window_h > 0.0) {
-        bail!("--window-h {} is not a number of hours > 0", a.window_h);
+        bail!("--trace-window {} is not a number of hours > 0", a.window_h);
     }
     let format: TraceFormat = a.format.parse()?;
     let stem = path
@@ -305,7 +311,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     cfg.candidates
         .extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
     if !a.policy.iter().any(|s| s.starts_with("policy:")) {
-        if let Some(spec) = shipped_learned(a.model) {
+        if let Some(spec) = shipped_learned(a.gpu.gpu_model) {
             cfg.candidates.push(("learned".into(), spec));
         }
     }
@@ -321,7 +327,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",
         list.len(),
         gpus,
-        a.model,
+        a.gpu.gpu_model,
         a.train_seed,
         a.test_seed
     );
@@ -337,22 +343,22 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let cluster = vec![a.model; gpus];
+    let cluster = vec![a.gpu.gpu_model; gpus];
     let mut all: Vec<ScenarioDays> = list
         .iter()
         .map(|s| ScenarioDays {
             name: s.name.clone(),
             cluster: cluster.clone(),
             train: (a.train_seed..train_end)
-                .map(|seed| day(s, a.model, gpus, seed))
+                .map(|seed| day(s, a.gpu.gpu_model, gpus, seed))
                 .collect(),
             test: (a.test_seed..test_end)
-                .map(|seed| day(s, a.model, gpus, seed))
+                .map(|seed| day(s, a.gpu.gpu_model, gpus, seed))
                 .collect(),
             batch: s.is_batch(),
         })
         .collect();
-    if let Some(source) = a.trace.source(a.model, a.train_seed) {
+    if let Some(source) = a.trace.source(a.gpu.gpu_model, a.train_seed) {
         all.extend(trace_scenarios(&source, train_days, test_days)?);
     }
     bar.set_length(all.len() as u64 * steps_per_scenario);
@@ -363,7 +369,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
             bar.set_message(format!("{}: {step}", days.name));
         };
         let r = run_scenario(days, &cfg, &mut progress)?;
-        bar.suspend(|| println!("{}", scenario_table(&r)));
+        bar.suspend(|| writeln!(a.json.table(), "{}", scenario_table(&r)))?;
         results.push(r);
     }
     bar.finish_and_clear();
@@ -374,7 +380,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         scenarios: results,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
-    let mut out = std::io::stdout().lock();
+    let mut out = a.json.table();
     write!(out, "{}", summary_table(&report))?;
     if a.gates {
         let mut ours: Vec<&str> = Vec::new();
@@ -391,9 +397,8 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         write!(out, "{}", runnable_table(&report.best_runnable))?;
     }
     writeln!(out, "({:.0} s)", report.elapsed_s)?;
-    if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+    a.json.write(&report)?;
+    if let Some(p) = a.json.json.as_ref().filter(|_| !a.json.to_stdout()) {
         eprintln!("smartmig: wrote {}", p.display());
     }
     if let Some(dir) = &a.report {

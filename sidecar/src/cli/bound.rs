@@ -48,20 +48,18 @@ pub fn run(args: &Args) -> Result<()> {
         .map(std::string::ToString::to_string)
         .collect();
     models.dedup();
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        let o = Out {
-            gpus: cluster.len(),
-            models,
-            workload: &a.workload,
-            seed: a.seed,
-            workload_horizon_s: horizon,
-            bounds: &b,
-        };
-        serde_json::to_writer_pretty(&mut out, &o)?;
-        writeln!(out)?;
+    a.json.write(&Out {
+        gpus: cluster.len(),
+        models: models.clone(),
+        workload: &a.workload,
+        seed: a.seed,
+        workload_horizon_s: horizon,
+        bounds: &b,
+    })?;
+    if a.json.to_stdout() {
         return Ok(());
     }
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "{} jobs on {} GPUs ({}), workload {}, seed {} ({} jobs fit no profile and are left out)",

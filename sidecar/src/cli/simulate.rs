@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use super::args::{GpuModelArg, JsonArg};
 use crate::mig::GpuModel;
 use crate::policy::parse_policy_on;
 use crate::sim::{
@@ -21,15 +22,13 @@ use crate::workload::{
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
-    /// Number of GPUs (all of `--model`; see `--cluster` for mixed models).
+    /// Number of GPUs (all of `--gpu-model`; see `--cluster` for mixed models).
     #[arg(long, default_value_t = 8)]
     pub gpus: usize,
-    /// GPU model (`smartmig layouts --help` lists them: a100-40gb ... b200-180gb,
-    /// rtx-pro-6000-96gb).
-    #[arg(long, default_value = "a100-40gb")]
-    pub model: String,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
     /// Mixed cluster, e.g. `a100-40gb:4,h100-80gb:2` (overrides --gpus and
-    /// --model; workloads are generated/rounded for the first model).
+    /// --gpu-model; workloads are generated/rounded for the first model).
     #[arg(long)]
     pub cluster: Option<String>,
     /// `diurnal` (synthetic, SMART-MIG style) or a trace file.
@@ -45,7 +44,7 @@ pub struct Args {
     /// (counted from its first arrival), as a workload starting at 0.
     #[arg(long, value_name = "START_H,LEN_H")]
     pub trace_window: Option<String>,
-    /// With a trace: use as many --model GPUs as make the busiest hour's
+    /// With a trace: use as many --gpu-model GPUs as make the busiest hour's
     /// demand L (the share of GPUs busy if every job started on arrival on
     /// its most efficient slice; overrides --gpus), so the load is a
     /// choice, not an accident of the trace.
@@ -82,9 +81,8 @@ pub struct Args {
     pub alpha: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonArg,
     /// Write the auditable event log (JSON lines) of the policy run here.
     #[arg(long)]
     pub events: Option<PathBuf>,
@@ -163,7 +161,7 @@ pub struct Args {
 }
 
 /// A cluster description: one model per GPU.
-pub fn parse_cluster(gpus: usize, model: &str, cluster: Option<&str>) -> Result<Vec<GpuModel>> {
+pub fn parse_cluster(gpus: usize, model: GpuModel, cluster: Option<&str>) -> Result<Vec<GpuModel>> {
     let mut out = Vec::new();
     match cluster {
         Some(spec) => {
@@ -177,7 +175,7 @@ pub fn parse_cluster(gpus: usize, model: &str, cluster: Option<&str>) -> Result<
                 out.extend(std::iter::repeat_n(model, n));
             }
         }
-        None => out.extend(std::iter::repeat_n(model.parse::<GpuModel>()?, gpus)),
+        None => out.extend(std::iter::repeat_n(model, gpus)),
     }
     if out.is_empty() {
         bail!("the cluster has no GPUs (use --gpus N >= 1)");
@@ -188,7 +186,7 @@ pub fn parse_cluster(gpus: usize, model: &str, cluster: Option<&str>) -> Result<
 /// The cluster and its workload (jobs, horizon). With `--load` the GPU
 /// count follows from the trace, so the trace is read first.
 pub fn cluster_and_workload(a: &Args) -> Result<(Vec<GpuModel>, Vec<Job>, Option<f64>)> {
-    let cluster = parse_cluster(a.gpus, &a.model, a.cluster.as_deref())?;
+    let cluster = parse_cluster(a.gpus, a.gpu.gpu_model, a.cluster.as_deref())?;
     let (jobs, horizon) = load_workload(a, cluster[0], cluster.len())?;
     let Some(target) = a.load else {
         return Ok((cluster, jobs, horizon));
@@ -437,14 +435,8 @@ pub fn run(a: &Args) -> Result<()> {
         reference: &reference.metrics,
         score: &score,
     };
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        print_table(&mut out, &report)?;
-    }
-    Ok(())
+    print_table(&mut a.json.table(), &report)?;
+    a.json.write(&report)
 }
 
 /// One table row: label and how to format it from the metrics.
@@ -623,13 +615,8 @@ fn run_compare(
         }
     }
     let c = super::compare::compare(cluster, jobs, cfg, heuristic, &opts)?;
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        serde_json::to_writer_pretty(&mut out, &c)?;
-        writeln!(out)?;
-    } else {
-        write!(out, "{}", c.table())?;
-    }
+    write!(a.json.table(), "{}", c.table())?;
+    a.json.write(&c)?;
     if let Some(dir) = &a.report {
         let files = super::compare::write_report(&c, dir)?;
         eprintln!("smartmig: wrote {} files to {}", files.len(), dir.display());
