@@ -11,6 +11,8 @@
 //!   the catalog used as the RL action space.
 //! - [`placement`]: queries the daemon and simulator share (candidates,
 //!   fragmentation-aware choice, reachable layouts, transitions, re-shaping).
+//! - [`offer`]: how many free slices Slurm may offer next to busy instances
+//!   (the rest is stranded and held, issue 42).
 //! - `lua_tables` (tests only): checks that the copy of the tables in
 //!   `etc/slurm/job_submit.lua` equals [`models`].
 //!
@@ -21,12 +23,14 @@ pub mod layout;
 #[cfg(test)]
 mod lua_tables;
 pub mod models;
+pub mod offer;
 pub mod placement;
 pub mod profile;
 
 pub use geometry::{Geometry, Headroom, LayoutError};
 pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
 pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MAX_PROFILES, MODELS};
+pub use offer::OfferRule;
 pub use placement::Transition;
 pub use profile::{
     parse_profile, profile_size, requested_profile, select_profile, ProfileParseError,
