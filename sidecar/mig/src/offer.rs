@@ -25,7 +25,7 @@
 //! soon as the first of them runs.
 
 use super::geometry::Geometry;
-use super::layout::Layout;
+use super::layout::{Layout, PlacementId};
 
 /// How much of a GPU's free compute Slurm may offer next to busy instances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -119,6 +119,25 @@ impl Geometry {
     /// shards in Slurm's count (`slurm_free`) beyond [`Geometry::offer`].
     pub fn stranded(&self, busy: Layout, slurm_free: u8, rule: OfferRule) -> u8 {
         slurm_free.saturating_sub(self.offer(busy, rule))
+    }
+
+    /// The first of `options` (placements a job could get, in the caller's
+    /// order of preference) after which Slurm's offer next to the busy
+    /// instances is largest: placing a job where it rules out the least of
+    /// what Slurm may still send to this GPU (two 1g next to each other at
+    /// slots 4 and 6 would leave no room for the 3g a scheduling pass placed
+    /// with them). `None` when `options` is empty.
+    pub fn keeping_offer(
+        &self,
+        busy: Layout,
+        options: impl IntoIterator<Item = PlacementId>,
+        rule: OfferRule,
+    ) -> Option<PlacementId> {
+        options
+            .into_iter()
+            .enumerate()
+            .min_by_key(|&(i, id)| (std::cmp::Reverse(self.offer(busy.with(id), rule)), i))
+            .map(|(_, id)| id)
     }
 
     /// Whether instances of the compute sizes in `mix` can all be built
@@ -287,6 +306,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_placement_keeps_what_slurm_may_still_send() {
+        let g = a100();
+        // 1g@6 busy, a second 1g: at slot 4 or 5 it rules out the 3g@4 that
+        // next-job still offers; at slot 0-3 it rules out the 4g. Either way
+        // the offer drops; the choice keeps the larger one.
+        let b = busy(g, &[(1, 1, 6)]);
+        let ones: Vec<PlacementId> = g
+            .candidates(
+                b,
+                Shape {
+                    compute: 1,
+                    memory: 1,
+                },
+            )
+            .collect();
+        let best = g
+            .keeping_offer(b, ones.iter().copied(), OfferRule::AnyMix)
+            .unwrap();
+        let worst = ones
+            .iter()
+            .map(|&id| g.offer(b.with(id), OfferRule::AnyMix))
+            .min()
+            .unwrap();
+        assert!(g.offer(b.with(best), OfferRule::AnyMix) > worst);
+        assert_eq!(g.keeping_offer(b, [], OfferRule::NextJob), None);
     }
 
     #[test]

@@ -88,6 +88,15 @@ pub struct Metrics {
     /// to weigh against `false_early_restart_lost_gpu_s`.
     #[serde(skip_serializing_if = "is_zero_f")]
     pub early_restart_saved_gpu_s: f64,
+    /// Slurm-like mode ([`super::SlurmLike`]): jobs Slurm started on a GPU
+    /// where smartmigd could not build their instance in time, so they were
+    /// requeued (each requeue counts). Omitted from JSON when 0, as the next.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub requeues: u64,
+    /// Slurm-like mode with holds: compute-slice-seconds held back from
+    /// Slurm as stranded (what the prevention costs in offered capacity).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub held_slice_s: f64,
 }
 
 fn is_zero(v: &u64) -> bool {
