@@ -635,7 +635,8 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
     let step_id = step.unwrap_or(job::BATCH_STEP);
     // SAFETY: `sp` is the callback's handle.
     let gres = match job::step_gres(step_id, |name| unsafe { spank::getenv(sp, name) }) {
-        Ok(None) => return Outcome::Untouched,
+        // SAFETY: `sp` is the callback's handle.
+        Ok(None) => return unsafe { whole_gpu_step(sp, step_id) },
         Ok(Some(g)) => g,
         Err(e) => {
             return fail(format!(
@@ -810,6 +811,27 @@ unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> Out
         profile: reply.profile,
         oom_file,
     }
+}
+
+/// A step without shards: untouched, unless Slurm gave it whole GPUs on
+/// this smartmig node and `gpu_jobs=fail` (the default): then it fails
+/// with [`job::whole_gpu_refusal`]. A plugstack.conf that does not parse
+/// counts as the default.
+///
+/// # Safety
+/// `sp` is the callback's handle.
+unsafe fn whole_gpu_step(sp: sys::spank_t, step_id: u32) -> Outcome {
+    // SAFETY: `sp` is the callback's handle (all three).
+    let Some((variable, gpus)) = job::whole_gpus(step_id, |n| unsafe { spank::getenv(sp, n) })
+    else {
+        return Outcome::Untouched;
+    };
+    let allowed = matches!(&state().args, Some(Ok(a)) if a.gpu_jobs_allowed);
+    if allowed {
+        return Outcome::Untouched;
+    }
+    let job_id = unsafe { spank::item_u32(sp, sys::spank_item_S_JOB_ID) }.unwrap_or(0);
+    fail(job::whole_gpu_refusal(job_id, variable, &gpus))
 }
 
 /// Whether `e` means the sidecar is not there (socket missing or refused,
