@@ -75,7 +75,7 @@ pub fn parse_grant(text: &str, node: &str) -> Option<Grant> {
             continue;
         };
         let hosts = rest.split_whitespace().next().unwrap_or("");
-        if !hostlist_contains(hosts, node) {
+        if !crate::slurm::names_node(hosts, node) {
             continue;
         }
         let gres = rest
@@ -125,8 +125,7 @@ pub fn check(grant: &Grant, gpu: u32, slices: u8) -> Result<u8, GrantError> {
     }
 }
 
-/// Splits `s` at commas outside `open`..`close` pairs: `a(IDX:0,2),b` or
-/// `n[1-2,4],m`.
+/// Splits `s` at commas outside `open`..`close` pairs (`a(IDX:0,2),b`).
 fn split_outside(s: &str, open: char, close: char) -> Vec<&str> {
     let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0usize);
     for (i, c) in s.char_indices() {
@@ -173,43 +172,6 @@ fn expand_ranges(s: &str) -> Option<Vec<u32>> {
         }
     }
     Some(out)
-}
-
-/// Whether Slurm's host list (`n1`, `n[1-3,7]`, `gpu[01-04],login1`)
-/// names `node`.
-pub fn hostlist_contains(list: &str, node: &str) -> bool {
-    split_outside(list, '[', ']').into_iter().any(|item| {
-        let Some((prefix, rest)) = item.split_once('[') else {
-            return item == node;
-        };
-        let Some((ranges, suffix)) = rest.split_once(']') else {
-            return false;
-        };
-        let Some(tail) = node
-            .strip_prefix(prefix)
-            .and_then(|t| t.strip_suffix(suffix))
-        else {
-            return false;
-        };
-        ranges.split(',').any(|r| in_range(r, tail))
-    })
-}
-
-/// Whether the number `tail` is in the host-list range `r` (`3`, `1-12`,
-/// zero-padded `01-04`).
-fn in_range(r: &str, tail: &str) -> bool {
-    if tail.is_empty() || !tail.chars().all(|c| c.is_ascii_digit()) {
-        return false;
-    }
-    let (a, b) = r.split_once('-').unwrap_or((r, r));
-    let padded = a.len() > 1 && a.starts_with('0');
-    if padded && tail.len() != a.len() || !padded && tail.len() > 1 && tail.starts_with('0') {
-        return false;
-    }
-    match (a.parse::<u64>(), b.parse::<u64>(), tail.parse::<u64>()) {
-        (Ok(x), Ok(y), Ok(t)) => x <= t && t <= y,
-        _ => false,
-    }
 }
 
 #[cfg(test)]
@@ -276,23 +238,5 @@ mod tests {
             check(&two, 0, 3),
             Err(GrantError::SeveralGpus { .. })
         ));
-    }
-
-    #[test]
-    fn host_lists_expand() {
-        for (list, node, yes) in [
-            ("vm", "vm", true),
-            ("vm", "vm2", false),
-            ("n[1-3,7]", "n2", true),
-            ("n[1-3,7]", "n7", true),
-            ("n[1-3,7]", "n4", false),
-            ("gpu[01-04],login1", "gpu03", true),
-            ("gpu[01-04],login1", "gpu3", false),
-            ("gpu[01-04],login1", "login1", true),
-            ("n[8-12]", "n10", true),
-            ("n[8-12]", "n13", false),
-        ] {
-            assert_eq!(hostlist_contains(list, node), yes, "{list} {node}");
-        }
     }
 }
