@@ -1,0 +1,193 @@
+//! End-to-end (issue 42, items 4 and 5): no variable a user sets changes
+//! the instance a step gets, and a whole-GPU job never shares a GPU
+//! unisolated with shard jobs.
+//!
+//! A real Slurm 22.05 node *without* `job_submit.lua` (so `--gres=gpu:N`
+//! jobs reach the node as they would on a site that has not installed
+//! it), the SPANK plugin and smartmigd (sim backend, Slurm queries on).
+//! Every attack runs as the ordinary user `nobody`:
+//!
+//! - `SLURM_SHARDS_ON_NODE=3 sbatch --gres=gpu:1` (batch step) and
+//!   `SLURM_SHARDS_ON_NODE=7 srun --gres=gpu:1` (srun step): Slurm keeps the
+//!   user's variable for `gpu` jobs; before issue 42 they got a 3g.20gb and
+//!   a 7g.40gb instance, reshaping the GPU for them;
+//! - the same with `gpu_jobs=allow`, where the step runs on the GPU as Slurm
+//!   placed it: smartmigd refuses the claim (it checks slurmctld's record)
+//!   and builds nothing;
+//! - `SLURM_SHARDS_ON_NODE=7 CUDA_VISIBLE_DEVICES=1 sbatch` without GRES:
+//!   Slurm removes the variables, the plugin is not involved;
+//! - a `gpu` job submitted from inside a `shard:2` job, which inherits
+//!   `SLURM_SHARDS_ON_NODE=2`: it used to be confined to a 2g.10gb.
+//!
+//! Needs root and a release build of the workspace (`scripts/test`).
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use smartmig_suite::{describe, ensure_user, plugstack_line, Sidecar, SlurmCluster};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn cluster(plugin_extra: &str) -> SlurmCluster {
+    std::env::remove_var("SMARTMIG_SLURM_JOB_SUBMIT");
+    let extra = plugin_extra.to_string();
+    SlurmCluster::up_with(move |dir| {
+        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, &extra))
+            .expect("write plugstack.conf");
+    })
+}
+
+/// Instances any job holds, as `smartmig status` lists them.
+fn held(sidecar: &Sidecar) -> Vec<(u64, String)> {
+    Sidecar::instances(&sidecar.status())
+        .into_iter()
+        .filter_map(|i| {
+            let job = i.get("job_id")?.as_u64()?;
+            let profile = i.get("profile")?.as_str()?.to_string();
+            Some((job, profile))
+        })
+        .collect()
+}
+
+/// Runs `srun ARGS` as `nobody` with `env` added to its environment.
+fn srun_as_nobody(cluster: &SlurmCluster, env: &[(&str, &str)], args: &[&str]) -> Output {
+    ensure_user("nobody");
+    let mut cmd = cluster.command("timeout");
+    cmd.args(["60", "runuser", "-u", "nobody", "--", "env"]);
+    cmd.arg(format!("SLURM_CONF={}", cluster.slurm_conf().display()));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg("srun").args(args);
+    cmd.current_dir("/tmp");
+    cmd.output().expect("run srun")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn a_users_variables_never_choose_an_instance() {
+    let cluster = cluster("");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let jobs = cluster.shared_dir();
+
+    // Batch step of a gpu job with a forged shard count.
+    let out = jobs.join("forged-batch.out");
+    let job = cluster.sbatch_as_nobody(
+        &out,
+        &["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"],
+        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+    );
+    let state = cluster.wait_job(job, TIMEOUT);
+    let text = read(&out);
+    assert_eq!(
+        state,
+        "FAILED",
+        "job {job}: {text}\n{}",
+        cluster.log_tails()
+    );
+    assert!(
+        text.contains("a whole-GPU job (SLURM_JOB_GPUS=0) gets no MIG instance"),
+        "job {job}: {text}"
+    );
+    assert!(
+        !text.contains("PROFILE=3g"),
+        "job {job} got an instance: {text}"
+    );
+
+    // srun step of a gpu job with a forged shard count.
+    let out = srun_as_nobody(
+        &cluster,
+        &[("SLURM_SHARDS_ON_NODE", "7")],
+        &["--gres=gpu:1", "sh", "-c", "echo PROFILE=$SMARTMIG_PROFILE"],
+    );
+    let text = describe(&out);
+    assert!(!out.status.success(), "forged srun ran: {text}");
+    assert!(!text.contains("PROFILE=7g"), "forged srun got a 7g: {text}");
+    assert!(text.contains("gets no MIG instance"), "{text}");
+
+    // No GRES at all: Slurm removes the variables; nothing is built.
+    let out = jobs.join("no-gres.out");
+    let job = cluster.sbatch_as_nobody(
+        &out,
+        &["--export=ALL,SLURM_SHARDS_ON_NODE=7,CUDA_VISIBLE_DEVICES=1"],
+        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+    );
+    assert_eq!(
+        cluster.wait_job(job, TIMEOUT),
+        "COMPLETED",
+        "{}",
+        read(&out)
+    );
+    assert!(
+        read(&out).contains("PROFILE=\n") || read(&out).trim_end().ends_with("PROFILE="),
+        "{}",
+        read(&out)
+    );
+
+    // A gpu job submitted from inside a shard job inherits its count.
+    let inner_out = jobs.join("inner.out");
+    let outer_out = jobs.join("outer.out");
+    let outer = cluster.sbatch_as_nobody(
+        &outer_out,
+        &["--gres=shard:2"],
+        &format!(
+            "sbatch --parsable --gres=gpu:1 -o {} --wrap 'echo PROFILE=$SMARTMIG_PROFILE'; sleep 1",
+            inner_out.display()
+        ),
+    );
+    assert_eq!(
+        cluster.wait_job(outer, TIMEOUT),
+        "COMPLETED",
+        "{}",
+        read(&outer_out)
+    );
+    let inner: u32 = read(&outer_out)
+        .lines()
+        .find_map(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no inner job id: {}", read(&outer_out)));
+    let state = cluster.wait_job(inner, TIMEOUT);
+    assert_eq!(state, "FAILED", "inner job {inner}: {}", read(&inner_out));
+    assert!(
+        !read(&inner_out).contains("PROFILE=2g"),
+        "{}",
+        read(&inner_out)
+    );
+    assert!(
+        held(&sidecar).is_empty(),
+        "instances left: {:?}",
+        held(&sidecar)
+    );
+}
+
+/// With `gpu_jobs=allow` a whole-GPU step runs as Slurm placed it; its
+/// forged shard count reaches smartmigd, which checks slurmctld's record,
+/// refuses the claim and builds nothing.
+#[test]
+fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
+    let cluster = cluster("gpu_jobs=allow");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let out = cluster.shared_dir().join("allowed.out");
+    let job = cluster.sbatch_as_nobody(
+        &out,
+        &["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"],
+        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+    );
+    assert_eq!(
+        cluster.wait_job(job, TIMEOUT),
+        "COMPLETED",
+        "{}",
+        read(&out)
+    );
+    assert!(read(&out).contains("CVD=0 PROFILE="), "{}", read(&out));
+    assert!(!read(&out).contains("PROFILE=3g"), "{}", read(&out));
+    assert!(held(&sidecar).is_empty(), "{:?}", held(&sidecar));
+    let log = cluster.smartmigd_log();
+    assert!(
+        log.contains("Slurm granted this job no shards on this node"),
+        "no refusal in smartmigd's log:\n{log}"
+    );
+}
