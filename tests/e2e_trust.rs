@@ -11,13 +11,21 @@
 //!   `SLURM_SHARDS_ON_NODE=7 srun --gres=gpu:1` (srun step): Slurm keeps the
 //!   user's variable for `gpu` jobs; before issue 42 they got a 3g.20gb and
 //!   a 7g.40gb instance, reshaping the GPU for them;
-//! - the same with `gpu_jobs=allow`, where the step runs on the GPU as Slurm
-//!   placed it: smartmigd refuses the claim (it checks slurmctld's record)
-//!   and builds nothing;
+//! - the same with `gpu_jobs=allow` (the plugin leaves honest whole-GPU
+//!   steps alone there): the forged claim still reaches smartmigd, which
+//!   checks slurmctld's record, refuses and logs it, and builds nothing;
+//! - a shard job with forged GPU variables (`SLURM_JOB_GPUS=1`,
+//!   `CUDA_VISIBLE_DEVICES=1`) and a forged count: Slurm overwrites them;
 //! - `SLURM_SHARDS_ON_NODE=7 CUDA_VISIBLE_DEVICES=1 sbatch` without GRES:
 //!   Slurm removes the variables, the plugin is not involved;
 //! - a `gpu` job submitted from inside a `shard:2` job, which inherits
 //!   `SLURM_SHARDS_ON_NODE=2`: it used to be confined to a 2g.10gb.
+//!
+//! The plugin cannot tell a forged `SLURM_SHARDS_ON_NODE` from Slurm's own
+//! (a `gpu` job's step environment is the same either way, verified on
+//! 22.05, and SPANK has no GRES item), so the refusal is smartmigd's:
+//! `not_granted`, naming the grant, and the job fails whatever
+//! `on_failure` says.
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
@@ -28,6 +36,8 @@ use std::time::Duration;
 use smartmig_suite::{describe, ensure_user, plugstack_line, Sidecar, SlurmCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
+/// smartmigd's refusal of a shard count Slurm did not grant.
+const NOT_SLURMS: &str = "Slurm granted this job no shards on this node (gpu on GPU 0)";
 
 fn cluster(plugin_extra: &str) -> SlurmCluster {
     std::env::remove_var("SMARTMIG_SLURM_JOB_SUBMIT");
@@ -90,8 +100,9 @@ fn a_users_variables_never_choose_an_instance() {
         cluster.log_tails()
     );
     assert!(
-        text.contains("a whole-GPU job (SLURM_JOB_GPUS=0) gets no MIG instance"),
-        "job {job}: {text}"
+        text.contains(NOT_SLURMS),
+        "job {job}: {text}\n{}",
+        cluster.smartmigd_log()
     );
     assert!(
         !text.contains("PROFILE=3g"),
@@ -107,7 +118,7 @@ fn a_users_variables_never_choose_an_instance() {
     let text = describe(&out);
     assert!(!out.status.success(), "forged srun ran: {text}");
     assert!(!text.contains("PROFILE=7g"), "forged srun got a 7g: {text}");
-    assert!(text.contains("gets no MIG instance"), "{text}");
+    assert!(text.contains(NOT_SLURMS), "{text}");
 
     // No GRES at all: Slurm removes the variables; nothing is built.
     let out = jobs.join("no-gres.out");
@@ -152,6 +163,11 @@ fn a_users_variables_never_choose_an_instance() {
     let state = cluster.wait_job(inner, TIMEOUT);
     assert_eq!(state, "FAILED", "inner job {inner}: {}", read(&inner_out));
     assert!(
+        read(&inner_out).contains("SLURM_SHARDS_ON_NODE=2 is not Slurm's"),
+        "inner job {inner}: {}",
+        read(&inner_out)
+    );
+    assert!(
         !read(&inner_out).contains("PROFILE=2g"),
         "{}",
         read(&inner_out)
@@ -161,20 +177,17 @@ fn a_users_variables_never_choose_an_instance() {
         "instances left: {:?}",
         held(&sidecar)
     );
-}
 
-/// With `gpu_jobs=allow` a whole-GPU step runs as Slurm placed it; its
-/// forged shard count reaches smartmigd, which checks slurmctld's record,
-/// refuses the claim and builds nothing.
-#[test]
-fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
-    let cluster = cluster("gpu_jobs=allow");
-    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
-    let out = cluster.shared_dir().join("allowed.out");
+    // A shard job's GPU variables and count are Slurm's: forged ones are
+    // overwritten, and the job gets its 2 shards on the GPU Slurm chose.
+    let out = jobs.join("forged-shard.out");
     let job = cluster.sbatch_as_nobody(
         &out,
-        &["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"],
-        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+        &[
+            "--gres=shard:2",
+            "--export=ALL,SLURM_SHARDS_ON_NODE=7,SLURM_JOB_GPUS=1,CUDA_VISIBLE_DEVICES=1",
+        ],
+        "echo PROFILE=$SMARTMIG_PROFILE SHARDS=$SLURM_SHARDS_ON_NODE GPUS=$SLURM_JOB_GPUS",
     );
     assert_eq!(
         cluster.wait_job(job, TIMEOUT),
@@ -182,12 +195,52 @@ fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
         "{}",
         read(&out)
     );
-    assert!(read(&out).contains("CVD=0 PROFILE="), "{}", read(&out));
+    assert!(
+        read(&out).contains("PROFILE=2g.10gb SHARDS=2 GPUS=0"),
+        "{}",
+        read(&out)
+    );
+}
+
+/// With `gpu_jobs=allow` an honest whole-GPU step runs on the GPU as Slurm
+/// placed it; a forged shard count reaches smartmigd, which checks
+/// slurmctld's record, refuses and logs the claim and builds nothing; the
+/// job fails with the reason.
+#[test]
+fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
+    let cluster = cluster("gpu_jobs=allow");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let honest = cluster.shared_dir().join("honest.out");
+    let job = cluster.sbatch_as_nobody(
+        &honest,
+        &["--gres=gpu:1"],
+        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+    );
+    assert_eq!(
+        cluster.wait_job(job, TIMEOUT),
+        "COMPLETED",
+        "{}",
+        read(&honest)
+    );
+    assert!(
+        read(&honest).contains("CVD=0 PROFILE="),
+        "{}",
+        read(&honest)
+    );
+
+    let out = cluster.shared_dir().join("forged.out");
+    let job = cluster.sbatch_as_nobody(
+        &out,
+        &["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"],
+        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+    );
+    assert_eq!(cluster.wait_job(job, TIMEOUT), "FAILED", "{}", read(&out));
+    assert!(read(&out).contains(NOT_SLURMS), "{}", read(&out));
     assert!(!read(&out).contains("PROFILE=3g"), "{}", read(&out));
     assert!(held(&sidecar).is_empty(), "{:?}", held(&sidecar));
     let log = cluster.smartmigd_log();
     assert!(
-        log.contains("Slurm granted this job no shards on this node"),
+        log.contains("refused: job") && log.contains("SLURM_SHARDS_ON_NODE=3 is not Slurm's"),
         "no refusal in smartmigd's log:\n{log}"
     );
 }

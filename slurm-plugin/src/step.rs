@@ -214,7 +214,8 @@ unsafe fn asked(ac: c_int, av: *mut *mut c_char) -> Result<Asked, Outcome> {
 
 /// Asks smartmigd for the step's instance, patiently while it is
 /// unreachable (`sidecar_wait`). `Err`: what the job gets instead, by
-/// `on_failure` (a profile the GPU cannot build always fails the job).
+/// `on_failure` (a profile the GPU cannot build, or a claim slurmctld did
+/// not grant, always fails the job).
 ///
 /// # Safety
 /// `sp` is the callback's handle.
@@ -247,9 +248,12 @@ unsafe fn ask_sidecar(
     match patiently(args.sidecar_wait, || client.allocate(request.clone())) {
         Ok(r) => Ok(r),
         // A profile the GPU cannot build is the job's own error: it fails,
-        // whatever `on_failure` says (a whole GPU would hide it).
+        // whatever `on_failure` says (a whole GPU would hide it). So does a
+        // claim slurmctld did not grant (a SLURM_SHARDS_ON_NODE the user
+        // set in a `gpu` job): smartmigd refused it and logged it.
         Err(ClientError::Daemon(b))
-            if b.kind == ErrorKind::InvalidRequest && asked.profile.is_some() =>
+            if (b.kind == ErrorKind::InvalidRequest && asked.profile.is_some())
+                || b.kind == ErrorKind::NotGranted =>
         {
             Err(fail(format!("{what}: {}", b.message)))
         }

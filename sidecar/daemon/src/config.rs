@@ -82,6 +82,11 @@ pub struct SlurmConfig {
     pub slurmd: String,
     /// Seconds a Slurm command may run before it is killed.
     pub command_timeout_s: u64,
+    /// Check each job's first allocate against slurmctld's record of the
+    /// job (`scontrol show job -d`): the step's shard count and GPU come
+    /// from an environment the user may have set (issue 42). Off only for
+    /// tests whose Slurm is a script.
+    pub check_grants: bool,
 }
 
 impl Default for SlurmConfig {
@@ -93,6 +98,7 @@ impl Default for SlurmConfig {
             scontrol: "scontrol".into(),
             slurmd: "slurmd".into(),
             command_timeout_s: 10,
+            check_grants: true,
         }
     }
 }

@@ -90,6 +90,9 @@ pub fn parse_grant(text: &str, node: &str) -> Option<Grant> {
             match (name, idx.as_slice()) {
                 (_, []) => {}
                 ("shard", [one]) if count > 0 => g.shards.push((*one, count)),
+                // Shards on several GPUs: refused by `check` (one instance
+                // per job and node), whatever the split.
+                ("shard", list) if count > 0 => g.shards.extend(list.iter().map(|i| (*i, count))),
                 ("gpu", list) => g.gpus.extend(list),
                 _ => {}
             }
@@ -196,6 +199,12 @@ mod tests {
         );
         let gpus = "     Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:mig0:1(IDX:0),gpu:2(IDX:0-1)";
         assert_eq!(parse_grant(gpus, "n2").expect("grant").gpus, vec![0, 0, 1]);
+        let split = "     Nodes=vm CPU_IDs=1 Mem=0 GRES=shard:4(IDX:0-1)";
+        let g = parse_grant(split, "vm").expect("grant");
+        assert!(matches!(
+            check(&g, 0, 4),
+            Err(GrantError::SeveralGpus { .. })
+        ));
         // Not started: no detail line.
         assert_eq!(
             parse_grant("JobId=3\n   TresPerNode=gres:shard:3\n", "vm"),

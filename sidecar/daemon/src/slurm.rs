@@ -101,6 +101,13 @@ impl JobState {
         }
     }
 
+    /// Whether processes of a job in this state may still run on its
+    /// instance (running, suspended, or ending with its epilog not done):
+    /// its instance must not be given away (issue 42).
+    pub fn may_run(self) -> bool {
+        matches!(self, JobState::Running | JobState::Completing)
+    }
+
     /// Whether a job in this state may still hold (or soon hold again)
     /// its instance: anything but a final state.
     pub fn is_live(self) -> bool {
@@ -407,6 +414,17 @@ pub trait SlurmClient: Send + Sync {
             admin_comment: j.admin_comment.clone(),
         }))
     }
+    /// slurmctld's record of one job with its per-node detail (`scontrol
+    /// show job -d ID`, one single-job RPC): its state and the GRES it has
+    /// on each node ([`crate::grant::parse_grant`]). `None` when Slurm no
+    /// longer lists the job.
+    fn job_detail(&self, job_id: u64) -> Result<Option<String>, SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol show job -d {job_id}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot read a job's record".into(),
+        })
+    }
     /// Sets a running job's `AdminComment` (`scontrol update JobId=J
     /// AdminComment=TEXT`); Slurm refuses it once the job has finished.
     fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
@@ -416,6 +434,17 @@ pub trait SlurmClient: Send + Sync {
             stderr: "this Slurm client cannot update jobs".into(),
         })
     }
+}
+
+/// The `JobState=` of `scontrol show job` output (with its flags, e.g.
+/// `JobState=RUNNING Reason=None`; later versions may join several with
+/// `,`), `None` when there is none.
+pub fn parse_job_state(text: &str) -> Option<(JobState, String)> {
+    let raw = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("JobState="))?;
+    let states: Vec<String> = raw.split(',').map(str::to_ascii_uppercase).collect();
+    Some((JobState::of(&states), raw.to_string()))
 }
 
 /// A job's state strings: 22.05 prints a string, later versions an array.
@@ -905,6 +934,15 @@ impl SlurmClient for CommandSlurm {
         }
     }
 
+    fn job_detail(&self, job_id: u64) -> Result<Option<String>, SlurmError> {
+        let id = job_id.to_string();
+        match self.run(&self.scontrol, &["show", "job", "-d", &id]) {
+            Ok(text) => Ok(Some(text)),
+            Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn set_admin_comment(&self, job_id: u64, text: &str) -> Result<(), SlurmError> {
         let job = format!("JobId={job_id}");
         let comment = format!("AdminComment={text}");
@@ -981,6 +1019,20 @@ mod tests {
             parse_job_comment("slurm_load_jobs error: Invalid job id specified"),
             None
         );
+    }
+
+    #[test]
+    fn scontrol_show_job_gives_the_state() {
+        let text = "JobId=12 JobName=wrap\n   JobState=RUNNING Reason=None Dependency=(null)\n";
+        let (state, raw) = parse_job_state(text).unwrap();
+        assert_eq!((state, raw.as_str()), (JobState::Running, "RUNNING"));
+        assert!(state.may_run());
+        let (state, _) = parse_job_state("   JobState=COMPLETING Reason=x").unwrap();
+        assert!(state.may_run());
+        let (state, _) = parse_job_state("   JobState=CANCELLED Reason=x").unwrap();
+        assert!(!state.may_run());
+        assert!(!JobState::Pending.may_run());
+        assert_eq!(parse_job_state("JobId=3 JobName=x"), None);
     }
 
     #[test]

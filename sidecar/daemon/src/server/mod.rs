@@ -44,6 +44,7 @@ mod epoch;
 mod handle;
 mod http;
 mod instances;
+mod job_record;
 mod live;
 mod panic;
 mod queue;
