@@ -244,3 +244,55 @@ fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
         "no refusal in smartmigd's log:\n{log}"
     );
 }
+
+/// `smartmig release` never gives a running job's instance away: refused
+/// while Slurm shows the job running (naming its state and what to do, the
+/// instance kept); `--force` cancels the job in Slurm first and releases
+/// once Slurm shows it ended.
+#[test]
+fn release_by_hand_keeps_a_running_jobs_instance() {
+    let cluster = cluster("");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let out = cluster.shared_dir().join("running.out");
+    let job = cluster.sbatch_as_nobody(&out, &["--gres=shard:3"], "sleep 300");
+    let running = smartmig_suite::wait_until(TIMEOUT, || {
+        held(&sidecar).iter().any(|(j, _)| *j == u64::from(job))
+    });
+    assert!(running, "job {job} got no instance: {}", read(&out));
+    let smartmig = smartmig_suite::artifact("smartmig");
+    let release = |extra: &[&str]| {
+        cluster
+            .command(smartmig.to_str().expect("utf-8 path"))
+            .arg("release")
+            .args(extra)
+            .arg(job.to_string())
+            .arg("--socket")
+            .arg(sidecar.socket())
+            .output()
+            .expect("run smartmig release")
+    };
+
+    let refused = release(&[]);
+    let text = describe(&refused);
+    assert!(
+        !refused.status.success(),
+        "release of a running job: {text}"
+    );
+    assert!(
+        text.contains(&format!("job {job} is RUNNING in Slurm"))
+            && text.contains(&format!("smartmig release --force {job}")),
+        "{text}"
+    );
+    assert_eq!(
+        held(&sidecar),
+        vec![(u64::from(job), "3g.20gb".to_string())]
+    );
+    assert_eq!(cluster.job_state(job).as_deref(), Some("RUNNING"));
+
+    let forced = release(&["--force"]);
+    let text = describe(&forced);
+    assert!(forced.status.success(), "release --force: {text}");
+    assert!(text.contains("cancelled in Slurm"), "{text}");
+    assert_eq!(cluster.wait_job(job, TIMEOUT), "CANCELLED");
+    assert!(held(&sidecar).is_empty(), "{:?}", held(&sidecar));
+}
