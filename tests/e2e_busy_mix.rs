@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use smartmig_suite::{
-    artifact, describe, fields, plugstack_line, repo_root, Sidecar, SlurmCluster,
+    artifact, describe, fields, plugstack_line, repo_root, Sidecar, SidecarBackend, SlurmCluster,
 };
 
 /// smartmigd's wait for room, s (`allocate_wait_s`).
@@ -272,9 +272,12 @@ fn a_busy_mix_completes_without_requeue_loops() {
     let keep = std::env::var_os("SMARTMIG_BUSY_MIX_OUT").map(std::path::PathBuf::from);
     let jobs = job_list(n, seed);
     let cluster = cluster();
-    let _sidecar = Sidecar::start_with_slurm(
+    let _sidecar = Sidecar::start_configured(
         cluster.dir(),
         &format!("allocate_wait_s = {ALLOCATE_WAIT_S}\n"),
+        true,
+        &format!("holds = \"{holds}\""),
+        &SidecarBackend::Sim,
     );
     let started = Instant::now();
     let ids = submit_all(&cluster, &jobs);

@@ -87,6 +87,36 @@ pub struct SlurmConfig {
     /// from an environment the user may have set (issue 42). Off only for
     /// tests whose Slurm is a script.
     pub check_grants: bool,
+    /// Hold the shards of each GPU that MIG cannot build next to its busy
+    /// instances, so that Slurm does not offer them (issue 42): `off`,
+    /// `next-job` or `any-mix` ([`crate::mig::OfferRule`]). Needs one GRES
+    /// type per GPU, `mig<index>` (docs/slurm-integration.md §8).
+    pub holds: HoldRule,
+    /// Queues the holds (`salloc --no-shell`).
+    pub salloc: String,
+    /// Cancels holds no longer needed.
+    pub scancel: String,
+}
+
+/// `slurm.holds`: whether and by which rule smartmigd holds stranded shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HoldRule {
+    #[default]
+    Off,
+    NextJob,
+    AnyMix,
+}
+
+impl HoldRule {
+    /// The offer rule holds follow; `None` when off.
+    pub fn offer_rule(self) -> Option<crate::mig::OfferRule> {
+        match self {
+            HoldRule::Off => None,
+            HoldRule::NextJob => Some(crate::mig::OfferRule::NextJob),
+            HoldRule::AnyMix => Some(crate::mig::OfferRule::AnyMix),
+        }
+    }
 }
 
 impl Default for SlurmConfig {
@@ -99,6 +129,9 @@ impl Default for SlurmConfig {
             slurmd: "slurmd".into(),
             command_timeout_s: 10,
             check_grants: true,
+            holds: HoldRule::Off,
+            salloc: "salloc".into(),
+            scancel: "scancel".into(),
         }
     }
 }
@@ -616,6 +649,11 @@ impl Config {
         if self.oom.early_restart && !self.slurm.enabled {
             out.push(
                 "oom.early_restart: Slurm queries are disabled (slurm.enabled = false), so no job can be requeued".to_string(),
+            );
+        }
+        if self.slurm.holds != HoldRule::Off && !self.slurm.enabled {
+            out.push(
+                "slurm.holds: Slurm queries are disabled (slurm.enabled = false), so no stranded shard is held".to_string(),
             );
         }
         if self.mode == Mode::Advise && !self.slurm.enabled {

@@ -42,6 +42,7 @@ mod auth;
 mod books;
 mod epoch;
 mod handle;
+mod holds;
 mod http;
 mod instances;
 mod job_record;

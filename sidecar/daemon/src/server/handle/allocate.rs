@@ -88,6 +88,8 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
                 let waited_ms = start.elapsed().as_millis() as u64;
                 let reply = execute(cx, gpu, &mut st, &req, profile, plan, waited_ms)?;
                 after_allocate(cx, &req, key, exact.is_some(), profile, waited_ms);
+                // The GPU's busy instances changed: its holds follow.
+                cx.books.holds.wanted.notify_one();
                 return Ok(reply);
             }
             Step::Wait { reason, mine } => wait.for_room(cx, st, &req, &me, reason, mine).await?,
@@ -177,7 +179,6 @@ async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateReques
             claimed = req.slices,
             "refused: {message}"
         );
-        cx.svc.metrics.failure("grant_refused");
         ErrorBody::new(kind, message)
     };
     let text = match job_record::read(cx, req.job_id).await {

@@ -6,6 +6,7 @@
 //! profile when the admin allows it; docs/oom-and-memory.md).
 
 use super::super::books::Gpu;
+use super::super::holds;
 use super::super::job_record::{self, Record};
 use super::super::requeue::{self, RequeueWhen};
 use super::super::unix_now;
@@ -37,6 +38,11 @@ pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseRep
     }
     if !freed.usage.is_empty() {
         cx.svc.usage.record(freed.usage, &cx.svc.metrics);
+    }
+    if freed.released > 0 {
+        // Before the epilog ends and Slurm frees the job's shards: a new
+        // hold is pending by then and takes what is stranded first.
+        holds::sync(cx).await;
     }
     let event = learn(cx, &req, freed.held.as_ref(), now);
     if let Some(ev) = &event {
