@@ -152,6 +152,14 @@ pub fn whole_gpus(
         })
 }
 
+/// What an `srun`/`salloc` step that met no buildable slice is told (it
+/// cannot be requeued as a batch job is): Slurm placed it on shards MIG
+/// could not build in `allocate_wait_s` (with `slurm.holds` on, only when
+/// one scheduling pass placed several jobs on a GPU together).
+pub const INTERACTIVE_NO_FIT: &str = "; an interactive step is not requeued: run it again \
+     (Slurm then places it on shards MIG can build), or submit it with sbatch, which is \
+     requeued instead of failing";
+
 /// Why a whole-GPU step ([`whole_gpus`]) may not run on a smartmig node
 /// (`gpu_jobs=fail`): on a GPU in MIG mode it gets no instance of its own
 /// and Slurm 22.05 can run it beside the GPU's shard jobs (once one shard

@@ -428,6 +428,9 @@ fn give_back(
             Err(e) => text.push_str(&format!("; could not requeue the job: {e}")),
         }
     }
+    if no_fit && step_id != job::BATCH_STEP {
+        text.push_str(job::INTERACTIVE_NO_FIT);
+    }
     text
 }
 
