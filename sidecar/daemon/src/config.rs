@@ -836,6 +836,25 @@ mod tests {
     const MINIMAL: &str = "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n";
 
     #[test]
+    fn holds_and_grant_checks_are_slurm_settings() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.slurm.holds, HoldRule::Off);
+        assert!(c.slurm.check_grants);
+        let c = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"any-mix\"\n")).unwrap();
+        assert_eq!(
+            c.slurm.holds.offer_rule(),
+            Some(crate::mig::OfferRule::AnyMix)
+        );
+        let e = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"always\"\n")).unwrap_err();
+        assert!(e.to_string().contains("always"), "{e}");
+        let c = Config::parse(&format!(
+            "{MINIMAL}[slurm]\nenabled = false\nholds = \"next-job\"\n"
+        ))
+        .unwrap();
+        assert!(c.warnings().iter().any(|w| w.starts_with("slurm.holds")));
+    }
+
+    #[test]
     fn advise_mode_is_entered_and_left_only_by_a_restart() {
         let running = Config::parse(&format!("mode = \"advise\"\n{MINIMAL}")).unwrap();
         assert!(
