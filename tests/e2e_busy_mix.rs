@@ -15,8 +15,9 @@
 //!
 //! Knobs (environment): `SMARTMIG_BUSY_MIX_JOBS` (default 120),
 //! `SMARTMIG_BUSY_MIX_SEED` (default 42), `SMARTMIG_BUSY_MIX_HOLDS`
-//! (`next-job` default, `off` for the behaviour before issue 42; then the
-//! requeue goal is not asserted), `SMARTMIG_BUSY_MIX_OUT=DIR` (keep the job
+//! (smartmigd's `slurm.holds`: `any-mix` default, the best measured;
+//! `next-job`; `off` for the behaviour before issue 42, when the requeue
+//! goal is not asserted), `SMARTMIG_BUSY_MIX_OUT=DIR` (keep the job
 //! CSV, the per-job records and the summary JSON there).
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
@@ -40,9 +41,10 @@ const SCHED_INTERVAL_S: u64 = 2;
 const GAP_S: f64 = 1.6;
 
 /// The goal of issue 42: at most a tenth of the requeues measured before
-/// it (docs/slurm-integration.md §8: 14.7 per 100 jobs on 300 jobs of this
-/// mix, seed 42, with `SMARTMIG_BUSY_MIX_HOLDS=off`).
-const MAX_REQUEUES_PER_100: f64 = 1.47;
+/// it (docs/slurm-integration.md §8, "Measured": 11.0 per 100 jobs on 300
+/// jobs of this mix, seed 42, with `SMARTMIG_BUSY_MIX_HOLDS=off`; 5.0 with
+/// `next-job`, 2.0 with `any-mix`, so not met yet).
+const MAX_REQUEUES_PER_100: f64 = 1.1;
 
 /// One job of the mix.
 #[derive(Clone, Debug)]
@@ -268,7 +270,7 @@ fn simulated(csv: &Path, holds: &str) -> Value {
 fn a_busy_mix_completes_without_requeue_loops() {
     let n: usize = env_or("SMARTMIG_BUSY_MIX_JOBS", 120);
     let seed: u64 = env_or("SMARTMIG_BUSY_MIX_SEED", 42);
-    let holds = std::env::var("SMARTMIG_BUSY_MIX_HOLDS").unwrap_or_else(|_| "next-job".into());
+    let holds = std::env::var("SMARTMIG_BUSY_MIX_HOLDS").unwrap_or_else(|_| "any-mix".into());
     let keep = std::env::var_os("SMARTMIG_BUSY_MIX_OUT").map(std::path::PathBuf::from);
     let jobs = job_list(n, seed);
     let cluster = cluster();
