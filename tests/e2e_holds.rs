@@ -82,7 +82,11 @@ fn srun_waits_instead_of_landing_on_a_stranded_slice() {
     let busy = smartmig_suite::wait_until(TIMEOUT, || {
         Sidecar::instances(&sidecar.status())
             .iter()
-            .filter(|i| i.get("job_id").and_then(serde_json::Value::as_u64).is_some())
+            .filter(|i| {
+                i.get("job_id")
+                    .and_then(serde_json::Value::as_u64)
+                    .is_some()
+            })
             .count()
             == 3
     });

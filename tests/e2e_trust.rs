@@ -38,6 +38,10 @@ use smartmig_suite::{describe, ensure_user, plugstack_line, Sidecar, SlurmCluste
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// smartmigd's refusal of a shard count Slurm did not grant.
 const NOT_SLURMS: &str = "Slurm granted this job no shards on this node (gpu on GPU 0)";
+/// A `gpu` job with a shard count of the user's.
+const FORGED_GPU_JOB: [&str; 2] = ["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"];
+/// What a job prints: its devices and profile.
+const ECHO: &str = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
 
 fn cluster(plugin_extra: &str) -> SlurmCluster {
     std::env::remove_var("SMARTMIG_SLURM_JOB_SUBMIT");
@@ -78,6 +82,15 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+/// Runs a batch job as `nobody` with its output in `name` (shared dir),
+/// and returns its final state and output.
+fn batch(cluster: &SlurmCluster, name: &str, args: &[&str], body: &str) -> (String, String) {
+    let out = cluster.shared_dir().join(name);
+    let job = cluster.sbatch_as_nobody(&out, args, body);
+    let state = cluster.wait_job(job, TIMEOUT);
+    (state, read(&out))
+}
+
 #[test]
 fn a_users_variables_never_choose_an_instance() {
     let cluster = cluster("");
@@ -85,29 +98,14 @@ fn a_users_variables_never_choose_an_instance() {
     let jobs = cluster.shared_dir();
 
     // Batch step of a gpu job with a forged shard count.
-    let out = jobs.join("forged-batch.out");
-    let job = cluster.sbatch_as_nobody(
-        &out,
-        &["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"],
-        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
-    );
-    let state = cluster.wait_job(job, TIMEOUT);
-    let text = read(&out);
-    assert_eq!(
-        state,
-        "FAILED",
-        "job {job}: {text}\n{}",
-        cluster.log_tails()
-    );
+    let (state, text) = batch(&cluster, "forged-batch.out", &FORGED_GPU_JOB, ECHO);
+    assert_eq!(state, "FAILED", "{text}\n{}", cluster.log_tails());
     assert!(
         text.contains(NOT_SLURMS),
-        "job {job}: {text}\n{}",
+        "{text}\n{}",
         cluster.smartmigd_log()
     );
-    assert!(
-        !text.contains("PROFILE=3g"),
-        "job {job} got an instance: {text}"
-    );
+    assert!(!text.contains("PROFILE=3g"), "got an instance: {text}");
 
     // srun step of a gpu job with a forged shard count.
     let out = srun_as_nobody(
@@ -121,23 +119,14 @@ fn a_users_variables_never_choose_an_instance() {
     assert!(text.contains(NOT_SLURMS), "{text}");
 
     // No GRES at all: Slurm removes the variables; nothing is built.
-    let out = jobs.join("no-gres.out");
-    let job = cluster.sbatch_as_nobody(
-        &out,
+    let (state, text) = batch(
+        &cluster,
+        "no-gres.out",
         &["--export=ALL,SLURM_SHARDS_ON_NODE=7,CUDA_VISIBLE_DEVICES=1"],
-        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+        ECHO,
     );
-    assert_eq!(
-        cluster.wait_job(job, TIMEOUT),
-        "COMPLETED",
-        "{}",
-        read(&out)
-    );
-    assert!(
-        read(&out).contains("PROFILE=\n") || read(&out).trim_end().ends_with("PROFILE="),
-        "{}",
-        read(&out)
-    );
+    assert_eq!(state, "COMPLETED", "{text}");
+    assert!(text.trim_end().ends_with("PROFILE="), "{text}");
 
     // A gpu job submitted from inside a shard job inherits its count.
     let inner_out = jobs.join("inner.out");
@@ -180,26 +169,17 @@ fn a_users_variables_never_choose_an_instance() {
 
     // A shard job's GPU variables and count are Slurm's: forged ones are
     // overwritten, and the job gets its 2 shards on the GPU Slurm chose.
-    let out = jobs.join("forged-shard.out");
-    let job = cluster.sbatch_as_nobody(
-        &out,
+    let (state, text) = batch(
+        &cluster,
+        "forged-shard.out",
         &[
             "--gres=shard:2",
             "--export=ALL,SLURM_SHARDS_ON_NODE=7,SLURM_JOB_GPUS=1,CUDA_VISIBLE_DEVICES=1",
         ],
         "echo PROFILE=$SMARTMIG_PROFILE SHARDS=$SLURM_SHARDS_ON_NODE GPUS=$SLURM_JOB_GPUS",
     );
-    assert_eq!(
-        cluster.wait_job(job, TIMEOUT),
-        "COMPLETED",
-        "{}",
-        read(&out)
-    );
-    assert!(
-        read(&out).contains("PROFILE=2g.10gb SHARDS=2 GPUS=0"),
-        "{}",
-        read(&out)
-    );
+    assert_eq!(state, "COMPLETED", "{text}");
+    assert!(text.contains("PROFILE=2g.10gb SHARDS=2 GPUS=0"), "{text}");
 }
 
 /// With `gpu_jobs=allow` an honest whole-GPU step runs on the GPU as Slurm
@@ -210,33 +190,14 @@ fn a_users_variables_never_choose_an_instance() {
 fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
     let cluster = cluster("gpu_jobs=allow");
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
-    let honest = cluster.shared_dir().join("honest.out");
-    let job = cluster.sbatch_as_nobody(
-        &honest,
-        &["--gres=gpu:1"],
-        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
-    );
-    assert_eq!(
-        cluster.wait_job(job, TIMEOUT),
-        "COMPLETED",
-        "{}",
-        read(&honest)
-    );
-    assert!(
-        read(&honest).contains("CVD=0 PROFILE="),
-        "{}",
-        read(&honest)
-    );
+    let (state, text) = batch(&cluster, "honest.out", &["--gres=gpu:1"], ECHO);
+    assert_eq!(state, "COMPLETED", "{text}");
+    assert!(text.contains("CVD=0 PROFILE="), "{text}");
 
-    let out = cluster.shared_dir().join("forged.out");
-    let job = cluster.sbatch_as_nobody(
-        &out,
-        &["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"],
-        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
-    );
-    assert_eq!(cluster.wait_job(job, TIMEOUT), "FAILED", "{}", read(&out));
-    assert!(read(&out).contains(NOT_SLURMS), "{}", read(&out));
-    assert!(!read(&out).contains("PROFILE=3g"), "{}", read(&out));
+    let (state, text) = batch(&cluster, "forged.out", &FORGED_GPU_JOB, ECHO);
+    assert_eq!(state, "FAILED", "{text}");
+    assert!(text.contains(NOT_SLURMS), "{text}");
+    assert!(!text.contains("PROFILE=3g"), "{text}");
     assert!(held(&sidecar).is_empty(), "{:?}", held(&sidecar));
     let log = cluster.smartmigd_log();
     assert!(

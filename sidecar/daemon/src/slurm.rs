@@ -852,17 +852,7 @@ impl CommandSlurm {
     /// Like [`CommandSlurm::run`], returning stdout and stderr (slurmd
     /// prints what it parsed as log lines on stderr).
     fn run_both(&self, program: &str, args: &[&str]) -> Result<(String, String), SlurmError> {
-        let cmd = format!("{program} {}", args.join(" "));
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| SlurmError::Spawn {
-                cmd: cmd.clone(),
-                source,
-            })?;
+        let (cmd, mut child) = spawn(program, args, Stdio::piped())?;
         let drain = |pipe: Option<Box<dyn Read + Send>>| {
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
@@ -1033,23 +1023,34 @@ impl SlurmClient for CommandSlurm {
     }
 }
 
-/// Runs `salloc ARGS` and returns the job id from its first `job
-/// allocation N` line on stderr (`Pending ...` or `Granted ...`). salloc
-/// then keeps waiting for the grant (or exits at once when granted): a
-/// thread drains its stderr and reaps it.
-fn queue_allocation(program: &str, args: &[&str], timeout: Duration) -> Result<u64, SlurmError> {
-    use std::io::BufRead;
+/// Starts `program args` with no stdin, `stdout` and a piped stderr;
+/// returns the command line (for errors) and the child.
+fn spawn(
+    program: &str,
+    args: &[&str],
+    stdout: Stdio,
+) -> Result<(String, std::process::Child), SlurmError> {
     let cmd = format!("{program} {}", args.join(" "));
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|source| SlurmError::Spawn {
             cmd: cmd.clone(),
             source,
         })?;
+    Ok((cmd, child))
+}
+
+/// Runs `salloc ARGS` and returns the job id from its first `job
+/// allocation N` line on stderr (`Pending ...` or `Granted ...`). salloc
+/// then keeps waiting for the grant (or exits at once when granted): a
+/// thread drains its stderr and reaps it.
+fn queue_allocation(program: &str, args: &[&str], timeout: Duration) -> Result<u64, SlurmError> {
+    use std::io::BufRead;
+    let (cmd, mut child) = spawn(program, args, Stdio::null())?;
     let stderr = child.stderr.take();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
