@@ -654,6 +654,18 @@ impl Sidecar {
     /// again on the same directory (after [`Sidecar::kill`]), it restarts
     /// the daemon on the state the first one left.
     pub fn start_on(dir: &Path, extra: &str, slurm: bool, backend: &SidecarBackend) -> Sidecar {
+        Sidecar::start_configured(dir, extra, slurm, "", backend)
+    }
+
+    /// [`Sidecar::start_on`] with `slurm_extra` added to the `[slurm]`
+    /// table (e.g. `holds = "next-job"`).
+    pub fn start_configured(
+        dir: &Path,
+        extra: &str,
+        slurm: bool,
+        slurm_extra: &str,
+        backend: &SidecarBackend,
+    ) -> Sidecar {
         let socket = dir.join("run/smartmigd.sock");
         let state = dir.join("smartmigd-state");
         let log_dir = dir.join("log");
@@ -672,7 +684,8 @@ impl Sidecar {
              {}\
              \n\
              [slurm]\n\
-             enabled = {slurm}\n",
+             enabled = {slurm}\n\
+             {slurm_extra}\n",
             socket.display(),
             state.display(),
             backend.top_toml(),

@@ -67,7 +67,13 @@ fn advise_mode_watches_a_static_mig_node_and_changes_nothing() {
     std::env::set_var("SMARTMIG_SLURM_MIG_GRES", "4g.20gb,3g.20gb,4g.20gb,3g.20gb");
     std::env::set_var("SMARTMIG_SLURM_SCHED_EXTRA", "sched_interval=2");
     let cluster = SlurmCluster::up_with(|dir| {
-        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, "")).expect("plugstack");
+        // Typed MIG devices are `gpu` GRES: in advise mode they run as Slurm
+        // placed them (the plugin's default fails whole-GPU steps).
+        std::fs::write(
+            dir.join("plugstack.conf"),
+            plugstack_line(dir, "gpu_jobs=allow"),
+        )
+        .expect("plugstack");
     });
 
     // The site's static layout, made once (mig-parted's job at a real site).

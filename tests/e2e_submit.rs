@@ -5,7 +5,9 @@
 //! backend (two A100-40GB).
 //!
 //! Every case here fails without the script: Slurm alone accepts
-//! `shard:0`, `shard:8` (pends forever) and smartmig options without shards,
+//! `shard:0`, `shard:8` (pends forever), smartmig options without shards
+//! and whole GPUs (`--gres=gpu:N`, which would run on a GPU in MIG mode
+//! without an instance, beside its shard jobs),
 //! and bills `shard:5`/`shard:6`/`shard:1 --mig-mem=20G` as asked although
 //! MIG builds a 7g/7g/3g instance, so a second job is placed on the slices
 //! that instance takes and fails on the node.
@@ -131,7 +133,23 @@ fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
     assert_refused(
         &cluster,
         &["--gres=shard:8"],
-        "--gres=shard:8: a GPU has only 7 MIG compute slices (a100-40gb); ask for shard:7 for a whole GPU or use --gres=gpu:N",
+        "--gres=shard:8: a GPU has only 7 MIG compute slices (a100-40gb); ask for shard:7 (or --gres=gpu:1) for a whole GPU as one MIG instance",
+    );
+    // Whole GPUs (issue 42): one GPU per node, as one MIG instance.
+    assert_refused(
+        &cluster,
+        &["--gres=gpu:2"],
+        "--gres=gpu:2: on smartmig nodes a job gets one GPU per node, as one MIG instance; ask --gres=gpu:1 (billed as shard:7)",
+    );
+    assert_refused(
+        &cluster,
+        &["--gpus=1"],
+        "tres_per_job=gres:gpu:1: on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1",
+    );
+    assert_refused(
+        &cluster,
+        &["--gres=gpu:3g.20gb:1"],
+        "--gres=gpu:3g.20gb asks for a MIG device type; on smartmig nodes ask --gres=shard:3 --mig-profile=3g.20gb",
     );
     assert_refused(
         &cluster,
@@ -216,8 +234,21 @@ fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
             "gres:shard:1",
             None,
         ),
-        // Jobs without shards are not touched.
-        assert_billed(&cluster, &["--gres=gpu:1"], "gres:gpu:1", None),
+        // A whole GPU is all of its shards, served as one 7g instance.
+        assert_billed(
+            &cluster,
+            &["--gres=gpu:1"],
+            "gres:shard:7",
+            Some("--gres=gpu:1 billed as shard:7: a whole a100-40gb as one 7g.40gb MIG instance"),
+        ),
+        assert_billed(
+            &cluster,
+            &["--gpus-per-node=1", "--mig-mem=30G"],
+            "gres:shard:7",
+            Some("--gres=gpu:1 billed as shard:7"),
+        ),
+        // Jobs without GPUs are not touched.
+        assert_billed(&cluster, &["-n1"], "", None),
     ];
 
     // scontrol update of a pending job goes through the same checks

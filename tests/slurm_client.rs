@@ -188,6 +188,8 @@ fn the_daemons_slurm_client_reads_this_series() {
         sinfo: w("sinfo"),
         scontrol: w("scontrol"),
         slurmd: w("slurmd"),
+        salloc: w("salloc"),
+        scancel: w("scancel"),
         timeout: Duration::from_secs(30),
     };
     client

@@ -12,7 +12,11 @@ the slices the instance really takes, and that job would fail on the node.
 This script makes Slurm bill what MIG will build, and refuses at submit what
 can never run.
 
-For every job with `shard` GRES or smartmig options it:
+For every job with `shard` or `gpu` GRES or smartmig options it:
+  - turns a whole-GPU request (`--gres=gpu:1`) into all of one GPU's shards
+    (shard:7 on an A100), served as one whole-GPU MIG instance, or refuses
+    it (SMARTMIG_WHOLE_GPU); refuses more than one GPU per node, typed MIG
+    devices and --gpus/--gpus-per-task/--gpus-per-socket;
   - refuses `shard:0`, more shards than the GPU has compute slices, shards
     requested per job/socket/task instead of per node, `--mig-mem` or
     `--mig-profile` without shards, both options together, and a size or
@@ -22,7 +26,8 @@ For every job with `shard` GRES or smartmig options it:
     the `--mig-profile`), rewrites the job's `--gres`, and tells the user once,
     e.g. "smartmig: shard:5 billed as shard:7 (no 5-slice MIG profile on
     a100-40gb)".
-Jobs without shards and without smartmig options pass untouched. The same
+Jobs without GPUs and without smartmig options, and jobs submitted only to
+SMARTMIG_OTHER_PARTITIONS, pass untouched. The same
 checks run on `scontrol update` of a pending job's gres or partition
 (Slurm drops user messages there; the reason is in slurmctld.log).
 
@@ -56,6 +61,22 @@ local SMARTMIG_DEFAULT_MODEL = "a100-40gb"
 -- A job submitted to several partitions (-p a,b) must mean the same shard
 -- count on all of their models, else it is refused.
 local SMARTMIG_PARTITION_MODELS = {
+}
+
+-- What a whole-GPU request (--gres=gpu:1, --gpus-per-node=1) means on the
+-- partitions of shard nodes: "mig" bills it as all of one GPU's shards
+-- (shard:7 on an A100) and smartmig serves it as one whole-GPU MIG instance,
+-- isolated like any shard job; "refuse" refuses it with a message naming
+-- --gres=shard:7. More than one GPU per node, typed MIG devices
+-- (--gres=gpu:3g.20gb:1) and --gpus/--gpus-per-task/--gpus-per-socket are
+-- refused either way: a job gets one MIG instance per node. (A plain GPU
+-- job would get a GPU in MIG mode with no instance of its own, and Slurm
+-- 22.05 can run it beside the shard jobs of that GPU.)
+local SMARTMIG_WHOLE_GPU = "mig"
+
+-- Partitions whose nodes do not run smartmig (whole GPUs, no shards): jobs
+-- submitted only to these pass untouched, e.g. { ["gpu-full"] = true }.
+local SMARTMIG_OTHER_PARTITIONS = {
 }
 
 ------------------------------------------------------------------------------
@@ -170,6 +191,10 @@ end
 
 -- A typo in the site settings is reported when slurmctld loads the script
 -- (shard jobs are then refused with a message naming the problem).
+if SMARTMIG_WHOLE_GPU ~= "mig" and SMARTMIG_WHOLE_GPU ~= "refuse" then
+    slurm.log_error("smartmig: job_submit.lua: SMARTMIG_WHOLE_GPU is `%s`; use \"mig\" or \"refuse\" (whole-GPU jobs are refused meanwhile)",
+        tostring(SMARTMIG_WHOLE_GPU))
+end
 if MODEL_BY_ID[SMARTMIG_DEFAULT_MODEL] == nil then
     slurm.log_error("smartmig: job_submit.lua: unknown SMARTMIG_DEFAULT_MODEL `%s` (known: %s)",
         tostring(SMARTMIG_DEFAULT_MODEL), table.concat(MODEL_IDS, ", "))
@@ -360,19 +385,19 @@ local function select_profile(model, slices, memory_gb)
     return nil
 end
 
--- Shard entries of a TRES string such as "gres:gpu:1,gres:shard:3":
+-- Entries of GRES `name` in a TRES string such as "gres:gpu:1,gres:shard:3":
 -- a list of { index, prefix, type, count } (count nil when Slurm's syntax
 -- is not understood here; Slurm then judges it), plus all entries.
-local function find_shards(tres)
+local function find_gres(tres, name)
     local entries = split(tres or "", ",")
     local found = {}
     for i, raw in ipairs(entries) do
         local entry = trim(raw)
         entries[i] = entry
-        local prefix, rest = string.match(entry, "^(gres[:/])shard(.*)$")
+        local prefix, rest = string.match(entry, "^(gres[:/])" .. name .. "(.*)$")
         if prefix == nil then
             prefix = ""
-            rest = string.match(entry, "^shard(.*)$")
+            rest = string.match(entry, "^" .. name .. "(.*)$")
         end
         if rest ~= nil and (rest == "" or string.sub(rest, 1, 1) == ":") then
             local parts = split(string.sub(rest, 2), ":")
@@ -401,6 +426,15 @@ local function find_shards(tres)
     return found, entries
 end
 
+local function find_shards(tres)
+    return find_gres(tres, "shard")
+end
+
+-- A TRES string as users write it in --gres ("gres:gpu:2" -> "gpu:2").
+local function gres_text(tres)
+    return (string.gsub(tres or "", "gres[:/]", ""))
+end
+
 local function shard_text(k)
     return "shard:" .. string.format("%d", k)
 end
@@ -413,7 +447,7 @@ local function decide(model, k, mig_mem, mig_profile)
     end
     if k > model.compute_slices then
         return { error = string.format(
-            "--gres=shard:%d: a GPU has only %d MIG compute slices (%s); ask for shard:%d for a whole GPU or use --gres=gpu:N",
+            "--gres=shard:%d: a GPU has only %d MIG compute slices (%s); ask for shard:%d (or --gres=gpu:1) for a whole GPU as one MIG instance: a job gets one GPU on smartmig nodes",
             k, model.compute_slices, model.id, model.compute_slices) }
     end
     if mig_profile ~= nil then
@@ -493,9 +527,8 @@ local function option_values(spank_env, environment)
     return values[OPT_MIG_MEM], values[OPT_MIG_PROFILE]
 end
 
--- The partitions a job names (or the default partition) and their models:
--- a list of { model = id, partitions = "a,b" } (one per distinct model).
-local function models_for(partition, part_list)
+-- The partitions a job names, or the default partition.
+local function partition_names(partition, part_list)
     local names = {}
     if partition ~= nil and partition ~= "" then
         names = split(partition, ",")
@@ -509,6 +542,25 @@ local function models_for(partition, part_list)
     if #names == 0 then
         names = { "(default partition)" }
     end
+    return names
+end
+
+-- How many of the job's partitions run smartmig, out of how many.
+local function smartmig_partitions(partition, part_list)
+    local names = partition_names(partition, part_list)
+    local n = 0
+    for _, name in ipairs(names) do
+        if not SMARTMIG_OTHER_PARTITIONS[name] then
+            n = n + 1
+        end
+    end
+    return n, #names
+end
+
+-- The partitions a job names (or the default partition) and their models:
+-- a list of { model = id, partitions = "a,b" } (one per distinct model).
+local function models_for(partition, part_list)
+    local names = partition_names(partition, part_list)
     local by_model, order = {}, {}
     for _, name in ipairs(names) do
         local id = SMARTMIG_PARTITION_MODELS[name] or SMARTMIG_DEFAULT_MODEL
@@ -525,10 +577,85 @@ local function models_for(partition, part_list)
     return out
 end
 
--- The whole check. `job` has tres_per_node, tres_per_job, tres_per_socket,
+-- The one GPU model of the job's partitions, or nil and an error result.
+local function single_model(job, part_list)
+    local model = nil
+    for _, entry in ipairs(models_for(job.partition, part_list)) do
+        local m = MODEL_BY_ID[entry.model]
+        if m == nil then
+            return nil, { error = "job_submit.lua names an unknown GPU model `" .. tostring(entry.model) ..
+                "` for partition(s) " .. entry.partitions .. "; please tell your Slurm administrator" }
+        end
+        if model ~= nil and m.compute_slices ~= model.compute_slices then
+            return nil, { error = "a whole GPU has " .. model.compute_slices .. " shards on " .. model.id ..
+                " but " .. m.compute_slices .. " on " .. m.id .. ": submit to partitions with one GPU model" }
+        end
+        model = model or m
+    end
+    return model
+end
+
+-- Whole-GPU requests on smartmig nodes (SMARTMIG_WHOLE_GPU): nil when the
+-- job asks for no `gpu` GRES, else { error = msg } or { tres_per_node =
+-- new, note = msg } with the gpu entry rewritten to the GPU's shards.
+local function whole_gpu(job, part_list)
+    for _, field in ipairs({ "tres_per_job", "tres_per_socket", "tres_per_task" }) do
+        if #find_gres(job[field], "gpu") > 0 then
+            return { error = string.format(
+                "%s=%s: on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1 for a whole GPU or --gres=shard:K for K compute slices",
+                field, job[field]) }
+        end
+    end
+    local gpus, entries = find_gres(job.tres_per_node, "gpu")
+    if #gpus == 0 then
+        return nil
+    end
+    if #gpus > 1 or #find_shards(job.tres_per_node) > 0 then
+        return { error = "--gres=" .. gres_text(job.tres_per_node) ..
+            ": ask for either --gres=gpu:1 (a whole GPU) or --gres=shard:K (K compute slices), once" }
+    end
+    local gpu = gpus[1]
+    local c = gpu.type and split_name(gpu.type)
+    if c ~= nil then
+        return { error = string.format(
+            "--gres=gpu:%s asks for a MIG device type; on smartmig nodes ask --gres=%s --mig-profile=%s",
+            gpu.type, shard_text(c), gpu.type) }
+    end
+    local model, err = single_model(job, part_list)
+    if model == nil then
+        return err
+    end
+    local whole = shard_text(model.compute_slices)
+    if gpu.count ~= 1 then
+        return { error = string.format(
+            "--gres=%s: on smartmig nodes a job gets one GPU per node, as one MIG instance; ask --gres=gpu:1 (billed as %s) for a whole GPU, or submit multi-GPU jobs to a partition without smartmig",
+            gres_text(job.tres_per_node), whole) }
+    end
+    if SMARTMIG_WHOLE_GPU ~= "mig" then
+        return { error = string.format(
+            "whole-GPU jobs (--gres=gpu:1) are not taken on smartmig nodes here; ask --gres=%s for a whole %s as one MIG instance",
+            whole, model.id) }
+    end
+    local entry = gpu.prefix .. "shard"
+    if gpu.type ~= nil then
+        entry = entry .. ":" .. gpu.type
+    end
+    entries[gpu.index] = entry .. ":" .. string.format("%d", model.compute_slices)
+    local full = nil
+    for _, p in ipairs(model.profiles) do
+        if p.compute == model.compute_slices and (full == nil or p.memory > full.memory) then
+            full = p
+        end
+    end
+    return { tres_per_node = table.concat(entries, ","), note = string.format(
+        "--gres=%s billed as %s: a whole %s as one %s MIG instance (smartmig node)",
+        gres_text(job.tres_per_node), gres_text(entries[gpu.index]), model.id, full.name) }
+end
+
+-- The shard check. `job` has tres_per_node, tres_per_job, tres_per_socket,
 -- tres_per_task, partition, mig_mem, mig_profile. Returns nil (pass
 -- untouched), or { error = msg }, or { tres_per_node = new, notes = {...} }.
-local function check(job, part_list)
+local function check_shards(job, part_list)
     local shards, entries = find_shards(job.tres_per_node)
     for _, field in ipairs({ "tres_per_job", "tres_per_socket", "tres_per_task" }) do
         if #find_shards(job[field]) > 0 then
@@ -608,6 +735,44 @@ local function check(job, part_list)
     return { tres_per_node = table.concat(entries, ","), notes = { first.note } }
 end
 
+-- The whole check (see check_shards for `job`): whole-GPU requests, then
+-- shards.
+local function check(job, part_list)
+    local smartmig, named = smartmig_partitions(job.partition, part_list)
+    if smartmig == 0 then
+        return nil
+    end
+    local gpu_note = nil
+    local whole = whole_gpu(job, part_list)
+    if whole ~= nil then
+        if whole.error ~= nil then
+            return whole
+        end
+        if smartmig < named then
+            return { error = "a GPU job cannot list partitions with and without smartmig (-p " ..
+                tostring(job.partition) .. "): a GPU means a MIG instance on one and a whole GPU on the other" }
+        end
+        local rewritten = {}
+        for k, v in pairs(job) do
+            rewritten[k] = v
+        end
+        rewritten.tres_per_node = whole.tres_per_node
+        job = rewritten
+        gpu_note = whole.note
+    end
+    local result = check_shards(job, part_list)
+    if gpu_note == nil then
+        return result
+    end
+    if result == nil then
+        return { tres_per_node = job.tres_per_node, notes = { gpu_note } }
+    end
+    if result.error == nil then
+        table.insert(result.notes, 1, gpu_note)
+    end
+    return result
+end
+
 local function submit(job_desc, part_list)
     local environment = nil
     if job_desc.script ~= nil then
@@ -661,8 +826,8 @@ local function modify(job_desc, job_rec, part_list)
         mig_mem = mig_mem,
         mig_profile = mig_profile,
     }
-    if #find_shards(job.tres_per_node) == 0 then
-        -- Removing the shards of a job is the user's business.
+    if #find_shards(job.tres_per_node) == 0 and #find_gres(job.tres_per_node, "gpu") == 0 then
+        -- Removing the GPUs of a job is the user's business.
         return slurm.SUCCESS
     end
     local result = check(job, part_list)

@@ -39,6 +39,9 @@ const EIGHT_SLICE: &[(u8, u8, &[u8])] = &[
     (7, 8, &[0]),
 ];
 const A30: &[(u8, u8, &[u8])] = &[(1, 1, &[0, 1, 2, 3]), (2, 2, &[0, 2]), (4, 4, &[0])];
+/// RTX PRO 5000 Blackwell: two slices (MIG User Guide, R610 edition; the
+/// starts are inferred, docs/mig-geometry.md).
+const TWO_SLICE: &[(u8, u8, &[u8])] = &[(1, 1, &[0, 1]), (2, 2, &[0])];
 
 /// Exhaustive, both ways, on every model: each of the 2^n subsets of the
 /// placements in the tables above (2^18 on the eight-slice models) is
@@ -49,10 +52,12 @@ const A30: &[(u8, u8, &[u8])] = &[(1, 1, &[0, 1, 2, 3]), (2, 2, &[0, 2]), (4, 4,
 fn every_placement_subset_is_valid_iff_the_restated_rules_hold() {
     for m in GpuModel::ALL {
         let g = Geometry::of(m);
-        let (table, slots, budget) = if m == GpuModel::A30_24gb {
-            (A30, 4usize, 4u32)
-        } else {
-            (EIGHT_SLICE, 8, 7)
+        // The four-slice table is the A30's and the RTX PRO 6000's.
+        let (table, slots, budget) = match (g.spec.memory_slices, g.spec.compute_slices) {
+            (4, 4) => (A30, 4usize, 4u32),
+            (2, 2) => (TWO_SLICE, 2, 2),
+            (8, 7) => (EIGHT_SLICE, 8, 7),
+            other => panic!("{m}: no restated table for (memory, compute) slices {other:?}"),
         };
         let places: Vec<(u8, u8, u8)> = table
             .iter()

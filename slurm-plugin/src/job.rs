@@ -2,13 +2,24 @@
 //! slurmstepd (pure: the caller passes a lookup function, so it is tested
 //! without Slurm).
 //!
-//! Trust (verified on Slurm 22.05.8): slurmstepd's step environment comes
-//! from the user's submission environment *plus* what Slurm's GRES plugins
-//! set, and those plugins overwrite or remove `SLURM_SHARDS_ON_NODE`,
-//! `CUDA_VISIBLE_DEVICES`, `SLURM_JOB_GPUS`/`SLURM_STEP_GPUS` for every job:
-//! a user who exports `SLURM_SHARDS_ON_NODE=7` into a job without shards
-//! does not reach the plugin with it. So these variables are the GPU index
-//! and shard count Slurm chose.
+//! Trust (verified on Slurm 22.05.8, tried as ordinary users, issue 42):
+//! slurmstepd's step environment is the user's submission environment plus
+//! what Slurm's GRES plugins set. For a job with `shard` GRES they overwrite
+//! `SLURM_SHARDS_ON_NODE`, `CUDA_VISIBLE_DEVICES` and `SLURM_JOB_GPUS`; for
+//! a job without GRES they remove them. For a job with `gpu` GRES they set
+//! the GPU variables but **leave a `SLURM_SHARDS_ON_NODE` the user set**
+//! (`SLURM_SHARDS_ON_NODE=7 srun --gres=gpu:1`, or a `gpu` job submitted
+//! from inside a shard job, which inherits it). So:
+//!
+//! - the *presence* of the GPU variables is Slurm's (a job without GRES has
+//!   none), and their absence together with `SLURM_SHARDS_ON_NODE` cannot
+//!   happen for a shard job;
+//! - a `SLURM_SHARDS_ON_NODE` next to them may be the user's: the shard
+//!   count and GPU read here are a *claim*, which smartmigd checks against
+//!   slurmctld's record of the job before it builds anything, refusing a
+//!   mismatch ([`step_gres`] is never the last word);
+//! - GPU variables without `SLURM_SHARDS_ON_NODE` are a whole-GPU step
+//!   ([`whole_gpus`]), which gets no MIG instance.
 
 /// Slurm's step id of a batch script (`SLURM_BATCH_SCRIPT`).
 pub const BATCH_STEP: u32 = 0xFFFF_FFFB;
@@ -116,6 +127,54 @@ pub fn step_gres(
     }))
 }
 
+/// A step Slurm gave whole GPUs (`gpu` GRES) and no shards: the variable
+/// and value naming them (`SLURM_JOB_GPUS` for the batch step, else
+/// `SLURM_STEP_GPUS`, then `CUDA_VISIBLE_DEVICES`). Call it when
+/// [`step_gres`] found no shards: Slurm removes these variables from jobs
+/// without GRES, so a user cannot fake a whole-GPU step. `None`: the step
+/// has no GPU.
+pub fn whole_gpus(
+    step: u32,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Option<(&'static str, String)> {
+    let first = if step == BATCH_STEP {
+        "SLURM_JOB_GPUS"
+    } else {
+        "SLURM_STEP_GPUS"
+    };
+    [first, "CUDA_VISIBLE_DEVICES"]
+        .into_iter()
+        .find_map(|name| {
+            lookup(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty() && !v.eq_ignore_ascii_case("NoDevFiles"))
+                .map(|v| (name, v))
+        })
+}
+
+/// What an `srun`/`salloc` step that met no buildable slice is told (it
+/// cannot be requeued as a batch job is): Slurm placed it on shards MIG
+/// could not build in `allocate_wait_s` (with `slurm.holds` on, only when
+/// one scheduling pass placed several jobs on a GPU together).
+pub const INTERACTIVE_NO_FIT: &str = "; an interactive step is not requeued: run it again \
+     (Slurm then places it on shards MIG can build), or submit it with sbatch, which is \
+     requeued instead of failing";
+
+/// Why a whole-GPU step ([`whole_gpus`]) may not run on a smartmig node
+/// (`gpu_jobs=fail`): on a GPU in MIG mode it gets no instance of its own
+/// and Slurm 22.05 can run it beside the GPU's shard jobs (once one shard
+/// job of a GPU ends, Slurm offers the GPU as a `gpu` again although others
+/// still hold shards of it), unisolated. The text says what to ask for.
+pub fn whole_gpu_refusal(job_id: u32, variable: &str, gpus: &str) -> String {
+    format!(
+        "job {job_id}: a whole-GPU job ({variable}={gpus}) gets no MIG instance on this \
+         smartmig node, and would share the GPU with its shard jobs unisolated; ask \
+         --gres=shard:K for K compute slices, or --gres=shard:7 for a whole GPU as one MIG \
+         instance (4 on an A30; where the site runs smartmig's job_submit.lua, \
+         --gres=gpu:1 is billed so)"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +238,20 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((g.gpu, g.gpu_source), (1, "SLURM_STEP_GPUS"));
+    }
+
+    #[test]
+    fn gpu_variables_without_shards_are_a_whole_gpu_step() {
+        assert_eq!(
+            whole_gpus(BATCH_STEP, env(&[("SLURM_JOB_GPUS", "0,1")])),
+            Some(("SLURM_JOB_GPUS", "0,1".into()))
+        );
+        assert_eq!(
+            whole_gpus(0, env(&[("CUDA_VISIBLE_DEVICES", "1")])),
+            Some(("CUDA_VISIBLE_DEVICES", "1".into()))
+        );
+        assert_eq!(whole_gpus(0, env(&[("CUDA_VISIBLE_DEVICES", " ")])), None);
+        assert_eq!(whole_gpus(BATCH_STEP, env(&[])), None);
     }
 
     #[test]

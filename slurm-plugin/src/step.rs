@@ -105,7 +105,13 @@ unsafe fn ours(sp: sys::spank_t) -> Result<Option<Step>, Outcome> {
     let step_id = step.unwrap_or(job::BATCH_STEP);
     // SAFETY: `sp` is the callback's handle.
     let gres = match job::step_gres(step_id, |name| unsafe { spank::getenv(sp, name) }) {
-        Ok(None) => return Ok(None),
+        // SAFETY: `sp` is the callback's handle.
+        Ok(None) => {
+            return match unsafe { whole_gpu_step(sp, step_id) } {
+                Outcome::Untouched => Ok(None),
+                failed => Err(failed),
+            }
+        }
         Ok(Some(g)) => g,
         Err(e) => {
             return Err(fail(format!(
@@ -131,6 +137,28 @@ unsafe fn ours(sp: sys::spank_t) -> Result<Option<Step>, Outcome> {
         step_id,
         gres,
     }))
+}
+
+/// A step without shards: untouched, unless Slurm gave it whole GPUs on
+/// this smartmig node and `gpu_jobs=fail` (the default): then it fails
+/// with [`job::whole_gpu_refusal`]. A plugstack.conf that does not parse
+/// counts as the default.
+///
+/// # Safety
+/// `sp` is the callback's handle.
+unsafe fn whole_gpu_step(sp: sys::spank_t, step_id: u32) -> Outcome {
+    // SAFETY: `sp` is the callback's handle (both calls).
+    let Some((variable, gpus)) = job::whole_gpus(step_id, |n| unsafe { spank::getenv(sp, n) })
+    else {
+        return Outcome::Untouched;
+    };
+    let allowed = matches!(&state().args, Some(Ok(a)) if a.gpu_jobs_allowed);
+    if allowed {
+        return Outcome::Untouched;
+    }
+    // SAFETY: `sp` is the callback's handle.
+    let job_id = unsafe { spank::item_u32(sp, sys::spank_item_S_JOB_ID) }.unwrap_or(0);
+    fail(job::whole_gpu_refusal(job_id, variable, &gpus))
 }
 
 /// The plugstack arguments (as `init` parsed them) and the job's options;
@@ -186,7 +214,8 @@ unsafe fn asked(ac: c_int, av: *mut *mut c_char) -> Result<Asked, Outcome> {
 
 /// Asks smartmigd for the step's instance, patiently while it is
 /// unreachable (`sidecar_wait`). `Err`: what the job gets instead, by
-/// `on_failure` (a profile the GPU cannot build always fails the job).
+/// `on_failure` (a profile the GPU cannot build, or a claim slurmctld did
+/// not grant, always fails the job).
 ///
 /// # Safety
 /// `sp` is the callback's handle.
@@ -219,9 +248,12 @@ unsafe fn ask_sidecar(
     match patiently(args.sidecar_wait, || client.allocate(request.clone())) {
         Ok(r) => Ok(r),
         // A profile the GPU cannot build is the job's own error: it fails,
-        // whatever `on_failure` says (a whole GPU would hide it).
+        // whatever `on_failure` says (a whole GPU would hide it). So does a
+        // claim slurmctld did not grant (a SLURM_SHARDS_ON_NODE the user
+        // set in a `gpu` job): smartmigd refused it and logged it.
         Err(ClientError::Daemon(b))
-            if b.kind == ErrorKind::InvalidRequest && asked.profile.is_some() =>
+            if (b.kind == ErrorKind::InvalidRequest && asked.profile.is_some())
+                || b.kind == ErrorKind::NotGranted =>
         {
             Err(fail(format!("{what}: {}", b.message)))
         }
@@ -395,6 +427,9 @@ fn give_back(
             Ok(()) => text.push_str("; job requeued: it starts again later"),
             Err(e) => text.push_str(&format!("; could not requeue the job: {e}")),
         }
+    }
+    if no_fit && step_id != job::BATCH_STEP {
+        text.push_str(job::INTERACTIVE_NO_FIT);
     }
     text
 }

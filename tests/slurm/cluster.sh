@@ -29,6 +29,12 @@
 # the same path inside and out. Unset, or the host's series (22.05): the
 # host's own Slurm. Clients then run `scripts/slurm-series run SERIES CMD`
 # with `. DIR/env` (DIR/env names the series as SMARTMIG_SLURM_SERIES).
+# SMARTMIG_SLURM_TYPED_GPUS=1 gives each GPU its own GRES type, mig0 and mig1
+# (gres.conf `Type=mig<i>` on its gpu and shard lines), so that smartmigd can
+# hold a given GPU's stranded shards (`--gres=shard:mig0:1`, issue 42); jobs
+# still ask untyped `--gres=shard:K`.
+# SMARTMIG_SLURM_CONF_EXTRA='Key=Value ...' appends these settings (one per
+# word) to slurm.conf, e.g. MinJobAge=3600 to keep ended jobs in scontrol.
 # SMARTMIG_SLURM_MIG_GRES=4g.20gb,3g.20gb,... declares the node the way a site
 # without smartmig runs a static MIG setup (advise mode watches one): one
 # typed `gpu` GRES per MIG device, in that order, backed by fake devices
@@ -161,6 +167,10 @@ cluster_up() {
     # Optional static MIG devices instead of GPUs with shards.
     local mig_gres=${SMARTMIG_SLURM_MIG_GRES:-}
     [[ $mig_gres =~ ^[0-9a-z.+,]*$ ]] || die "SMARTMIG_SLURM_MIG_GRES: MIG profile names separated by commas expected"
+    local typed_gpus=${SMARTMIG_SLURM_TYPED_GPUS:-}
+    [[ -z $typed_gpus || $typed_gpus == 1 ]] || die "SMARTMIG_SLURM_TYPED_GPUS must be 1 or unset"
+    local conf_extra=${SMARTMIG_SLURM_CONF_EXTRA:-}
+    [[ $conf_extra =~ ^[A-Za-z0-9_=,.:/\ -]*$ ]] || die "SMARTMIG_SLURM_CONF_EXTRA: Key=Value words expected"
     local extra_nodes=${SMARTMIG_SLURM_EXTRA_NODES:-0}
     [[ $extra_nodes =~ ^[0-9]+$ ]] || die "SMARTMIG_SLURM_EXTRA_NODES must be a number of nodes"
     local ctld_port=${SMARTMIG_SLURMCTLD_PORT:-6917}
@@ -188,6 +198,9 @@ cluster_up() {
     # gres.conf lines.
     local -a mig_types=()
     local node_gres="gpu:2,shard:14" gres_types="gpu,shard" t
+    if [[ -n $typed_gpus && -z $mig_gres ]]; then
+        node_gres="gpu:mig0:1,gpu:mig1:1,shard:mig0:7,shard:mig1:7"
+    fi
     if [[ -n $mig_gres ]]; then
         IFS=, read -r -a mig_types <<<"$mig_gres"
         node_gres=""
@@ -279,6 +292,11 @@ CONF
     fi
     echo "PartitionName=debug Nodes=$part_nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:32" >>"$dir/slurm.conf"
 
+    if [[ -n $conf_extra ]]; then
+        echo "# SMARTMIG_SLURM_CONF_EXTRA" >>"$dir/slurm.conf"
+        printf '%s\n' $conf_extra >>"$dir/slurm.conf"
+    fi
+
     if [[ -n $job_submit ]]; then
         cp "$job_submit" "$dir/job_submit.lua"
         chmod 0644 "$dir/job_submit.lua"
@@ -295,6 +313,15 @@ CONF
                 echo "NodeName=$node Name=gpu Type=${mig_types[$i]} File=$dir/dev/nvidia-mig$i"
             done
         } >"$dir/gres.conf"
+    elif [[ -n $typed_gpus ]]; then
+        cat >"$dir/gres.conf" <<CONF
+# One gpu GRES per GPU, each with its own type, and as many shards per GPU
+# as it has MIG compute slices; see etc/slurm/gres.conf.snippet.
+NodeName=$node Name=gpu Type=mig0 File=$dir/dev/nvidia0
+NodeName=$node Name=gpu Type=mig1 File=$dir/dev/nvidia1
+NodeName=$node Name=shard Type=mig0 Count=7 File=$dir/dev/nvidia0
+NodeName=$node Name=shard Type=mig1 Count=7 File=$dir/dev/nvidia1
+CONF
     else
         cat >"$dir/gres.conf" <<CONF
 # One gpu GRES per GPU, and as many shards per GPU as it has MIG compute

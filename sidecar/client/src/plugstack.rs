@@ -67,6 +67,12 @@ pub struct PluginArgs {
     pub requeue: bool,
     /// The `scontrol` used for that (`scontrol=`, default from PATH).
     pub scontrol: PathBuf,
+    /// `gpu_jobs=fail` (default): a step Slurm gave whole GPUs (`gpu` GRES,
+    /// no shards) fails with a message naming `--gres=shard:K`, because on
+    /// a GPU in MIG mode it gets no instance and Slurm 22.05 can run it
+    /// beside the GPU's shard jobs, unisolated. `allow`: it runs as Slurm
+    /// placed it (nodes that also have GPUs smartmigd does not manage).
+    pub gpu_jobs_allowed: bool,
 }
 
 impl Default for PluginArgs {
@@ -81,6 +87,7 @@ impl Default for PluginArgs {
             drain_on_unreachable: true,
             requeue: true,
             scontrol: PathBuf::from("scontrol"),
+            gpu_jobs_allowed: false,
         }
     }
 }
@@ -90,7 +97,7 @@ pub const DEFAULT_SIDECAR_WAIT: Duration = Duration::from_secs(15);
 
 /// Valid keys, for error messages.
 const KNOWN_KEYS: &str = "socket, timeout, on_failure, oom_requeue, oom_dir, sidecar_wait, \
-                          drain_on_unreachable, requeue, scontrol";
+                          drain_on_unreachable, requeue, scontrol, gpu_jobs";
 
 /// A plugstack.conf word the plugin refuses. The text names the word and
 /// what is wrong with it, because it ends up in slurmd.log and in the failed
@@ -126,6 +133,8 @@ pub enum Wanted {
     YesNo,
     #[error("must name a program")]
     Program,
+    #[error("must be `fail` or `allow`")]
+    GpuJobs,
 }
 
 /// `yes`/`no` (also `true`/`false`, `1`/`0`).
@@ -188,6 +197,13 @@ impl PluginArgs {
                     args.drain_on_unreachable = yes_no(word, "drain_on_unreachable", value)?;
                 }
                 "requeue" => args.requeue = yes_no(word, "requeue", value)?,
+                "gpu_jobs" => {
+                    args.gpu_jobs_allowed = match value {
+                        "fail" => false,
+                        "allow" => true,
+                        _ => return bad("gpu_jobs", Wanted::GpuJobs),
+                    }
+                }
                 "sidecar_wait" => {
                     let Ok(secs) = value.parse::<f64>() else {
                         return bad("sidecar_wait", Wanted::Seconds);
@@ -260,8 +276,10 @@ mod tests {
             "drain_on_unreachable=no",
             "requeue=no",
             "scontrol=/usr/bin/scontrol",
+            "gpu_jobs=allow",
         ])
         .unwrap();
+        assert!(a.gpu_jobs_allowed && !PluginArgs::default().gpu_jobs_allowed);
         assert_eq!(a.sidecar_wait, Duration::from_secs(2));
         assert!(!a.drain_on_unreachable && !a.requeue);
         assert_eq!(a.scontrol, PathBuf::from("/usr/bin/scontrol"));
@@ -284,6 +302,7 @@ mod tests {
             (vec!["socket"], "not KEY=VALUE"),
             (vec!["socket=relative.sock"], "absolute path"),
             (vec!["timeout=soon"], "number of seconds"),
+            (vec!["gpu_jobs=maybe"], "gpu_jobs must be `fail` or `allow`"),
             (vec!["timeout=0"], "(0, 3600]"),
             (vec!["timeout=-3"], "(0, 3600]"),
             (vec!["on_failure=ignore"], "`fail` or `whole-gpu`"),

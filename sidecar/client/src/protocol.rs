@@ -628,6 +628,13 @@ pub enum ErrorKind {
     InvalidRequest,
     /// No instance could be made within `allocate_wait_s`.
     NoFit,
+    /// The allocate's shard count or GPU is not what slurmctld granted the
+    /// job (read from an environment the user may have set), or Slurm does
+    /// not list the job: nothing is built (issue 42).
+    NotGranted,
+    /// A `release` of a job Slurm shows still running (or still ending):
+    /// its processes may use the instance, so it is kept.
+    JobRunning,
     /// The MIG backend (NVML or the simulator) failed.
     Backend,
     /// The daemon is shutting down.
@@ -651,6 +658,8 @@ impl ErrorKind {
             ErrorKind::Unauthorized => "unauthorized",
             ErrorKind::InvalidRequest => "invalid_request",
             ErrorKind::NoFit => "no_fit",
+            ErrorKind::NotGranted => "not_granted",
+            ErrorKind::JobRunning => "job_running",
             ErrorKind::Backend => "backend",
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::TooManyConnections => "too_many_connections",

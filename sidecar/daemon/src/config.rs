@@ -82,6 +82,41 @@ pub struct SlurmConfig {
     pub slurmd: String,
     /// Seconds a Slurm command may run before it is killed.
     pub command_timeout_s: u64,
+    /// Check each job's first allocate against slurmctld's record of the
+    /// job (`scontrol show job -d`): the step's shard count and GPU come
+    /// from an environment the user may have set (issue 42). Off only for
+    /// tests whose Slurm is a script.
+    pub check_grants: bool,
+    /// Hold the shards of each GPU that MIG cannot build next to its busy
+    /// instances, so that Slurm does not offer them (issue 42): `off`,
+    /// `next-job` or `any-mix` ([`crate::mig::OfferRule`]). Needs one GRES
+    /// type per GPU, `mig<index>` (docs/slurm-integration.md §9).
+    pub holds: HoldRule,
+    /// Queues the holds (`salloc --no-shell`).
+    pub salloc: String,
+    /// Cancels holds no longer needed.
+    pub scancel: String,
+}
+
+/// `slurm.holds`: whether and by which rule smartmigd holds stranded shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HoldRule {
+    #[default]
+    Off,
+    NextJob,
+    AnyMix,
+}
+
+impl HoldRule {
+    /// The offer rule holds follow; `None` when off.
+    pub fn offer_rule(self) -> Option<crate::mig::OfferRule> {
+        match self {
+            HoldRule::Off => None,
+            HoldRule::NextJob => Some(crate::mig::OfferRule::NextJob),
+            HoldRule::AnyMix => Some(crate::mig::OfferRule::AnyMix),
+        }
+    }
 }
 
 impl Default for SlurmConfig {
@@ -93,6 +128,10 @@ impl Default for SlurmConfig {
             scontrol: "scontrol".into(),
             slurmd: "slurmd".into(),
             command_timeout_s: 10,
+            check_grants: true,
+            holds: HoldRule::Off,
+            salloc: "salloc".into(),
+            scancel: "scancel".into(),
         }
     }
 }
@@ -612,6 +651,11 @@ impl Config {
                 "oom.early_restart: Slurm queries are disabled (slurm.enabled = false), so no job can be requeued".to_string(),
             );
         }
+        if self.slurm.holds != HoldRule::Off && !self.slurm.enabled {
+            out.push(
+                "slurm.holds: Slurm queries are disabled (slurm.enabled = false), so no stranded shard is held".to_string(),
+            );
+        }
         if self.mode == Mode::Advise && !self.slurm.enabled {
             out.push(
                 "mode = \"advise\": Slurm queries are disabled (slurm.enabled = false), so no job is watched and the report will have nothing to replay".to_string(),
@@ -790,6 +834,25 @@ mod tests {
     use super::*;
 
     const MINIMAL: &str = "[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n";
+
+    #[test]
+    fn holds_and_grant_checks_are_slurm_settings() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.slurm.holds, HoldRule::Off);
+        assert!(c.slurm.check_grants);
+        let c = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"any-mix\"\n")).unwrap();
+        assert_eq!(
+            c.slurm.holds.offer_rule(),
+            Some(crate::mig::OfferRule::AnyMix)
+        );
+        let e = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"always\"\n")).unwrap_err();
+        assert!(e.to_string().contains("always"), "{e}");
+        let c = Config::parse(&format!(
+            "{MINIMAL}[slurm]\nenabled = false\nholds = \"next-job\"\n"
+        ))
+        .unwrap();
+        assert!(c.warnings().iter().any(|w| w.starts_with("slurm.holds")));
+    }
 
     #[test]
     fn advise_mode_is_entered_and_left_only_by_a_restart() {

@@ -137,6 +137,13 @@ impl JobState {
         }
     }
 
+    /// Whether processes of a job in this state may still run on its
+    /// instance (running, suspended, or ending with its epilog not done):
+    /// its instance must not be given away (issue 42).
+    pub fn may_run(self) -> bool {
+        matches!(self, JobState::Running | JobState::Completing)
+    }
+
     /// Whether a job in this state may still hold (or soon hold again)
     /// its instance: anything but a final state.
     pub fn is_live(self) -> bool {
@@ -188,7 +195,15 @@ pub struct QueuedJob {
     /// Its partition(s), comma-separated (`""`: not shown).
     #[serde(default)]
     pub partition: String,
+    /// The job's name (`""`: not shown); smartmigd's holds on stranded
+    /// shards are named [`HOLD_NAME`]`.<node>.<gpu>`.
+    #[serde(default)]
+    pub name: String,
 }
+
+/// The name prefix of smartmigd's holds on stranded shards (issue 42,
+/// docs/slurm-integration.md §9): placeholder allocations, not demand.
+pub const HOLD_NAME: &str = "smartmig-hold";
 
 impl QueuedJob {
     /// A job of which only the id and state are known; everything else
@@ -211,7 +226,15 @@ impl QueuedJob {
             mig_profile: None,
             restarts: 0,
             partition: String::new(),
+            name: String::new(),
         }
+    }
+
+    /// `(node, GPU)` of one of smartmigd's holds (`smartmig-hold.n1.0`).
+    pub fn hold_of(&self) -> Option<(&str, u32)> {
+        let rest = self.name.strip_prefix(HOLD_NAME)?.strip_prefix('.')?;
+        let (node, gpu) = rest.rsplit_once('.')?;
+        Some((node, gpu.parse().ok()?))
     }
 
     /// How `scontrol` names this job alone (`A_T` for an array task).
@@ -239,11 +262,12 @@ impl QueueSnapshot {
             .collect()
     }
 
-    /// Pending jobs with a shard request.
+    /// Pending jobs with a shard request (smartmigd's holds are no
+    /// demand).
     pub fn pending_shards(&self) -> impl Iterator<Item = &QueuedJob> {
         self.jobs
             .iter()
-            .filter(|j| j.state == JobState::Pending && j.shards > 0)
+            .filter(|j| j.state == JobState::Pending && j.shards > 0 && j.hold_of().is_none())
     }
 
     pub fn job(&self, job_id: u64) -> Option<&QueuedJob> {
@@ -476,6 +500,37 @@ pub trait SlurmClient: Send + Sync {
             array_task: j.array_task,
         }))
     }
+    /// Queues a hold on `shards` shards of GRES type `gres_type` on `node`
+    /// (`salloc --no-shell -J NAME -w NODE --gres=shard:TYPE:K
+    /// --priority=TOP -n1 --mem=1M`) and returns its job id as soon as
+    /// Slurm accepted it, pending or granted; salloc is left waiting for
+    /// the grant.
+    fn hold(&self, name: &str, node: &str, gres_type: &str, shards: u8) -> Result<u64, SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("salloc --no-shell -J {name} -w {node} --gres=shard:{gres_type}:{shards}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot hold shards".into(),
+        })
+    }
+    /// Cancels a job (`scancel ID`): a hold smartmigd no longer needs.
+    fn cancel(&self, job_id: u64) -> Result<(), SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scancel {job_id}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot cancel jobs".into(),
+        })
+    }
+    /// slurmctld's record of one job with its per-node detail (`scontrol
+    /// show job -d ID`, one single-job RPC): its state and the GRES it has
+    /// on each node ([`crate::grant::parse_grant`]). `None` when Slurm no
+    /// longer lists the job.
+    fn job_detail(&self, job_id: u64) -> Result<Option<String>, SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol show job -d {job_id}"),
+            status: "unsupported".into(),
+            stderr: "this Slurm client cannot read a job's record".into(),
+        })
+    }
     /// Sets a running job's `AdminComment` (`scontrol update JobId=J
     /// AdminComment=TEXT`, `job` as [`QueuedJob::slurm_id`] names it: the
     /// first task of an array has the array's id, which alone would
@@ -487,6 +542,17 @@ pub trait SlurmClient: Send + Sync {
             stderr: "this Slurm client cannot update jobs".into(),
         })
     }
+}
+
+/// The `JobState=` of `scontrol show job` output (with its flags, e.g.
+/// `JobState=RUNNING Reason=None`; later versions may join several with
+/// `,`), `None` when there is none.
+pub fn parse_job_state(text: &str) -> Option<(JobState, String)> {
+    let raw = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("JobState="))?;
+    let states: Vec<String> = raw.split(',').map(str::to_ascii_uppercase).collect();
+    Some((JobState::of(&states), raw.to_string()))
 }
 
 /// A job's state strings: 22.05 prints a string, later versions an array.
@@ -658,6 +724,11 @@ pub fn parse_queue(json: &Value) -> Result<QueueSnapshot, ParseError> {
                     .find_map(mig_type),
                 partition: j
                     .get("partition")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                name: j
+                    .get("name")
                     .and_then(Value::as_str)
                     .unwrap_or("")
                     .to_string(),
@@ -944,6 +1015,8 @@ pub struct CommandSlurm {
     pub sinfo: String,
     pub scontrol: String,
     pub slurmd: String,
+    pub salloc: String,
+    pub scancel: String,
     pub timeout: Duration,
 }
 
@@ -959,17 +1032,7 @@ impl CommandSlurm {
     /// Like [`CommandSlurm::run`], returning stdout and stderr (slurmd
     /// prints what it parsed as log lines on stderr).
     fn run_both(&self, program: &str, args: &[&str]) -> Result<(String, String), SlurmError> {
-        let cmd = format!("{program} {}", args.join(" "));
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| SlurmError::Spawn {
-                cmd: cmd.clone(),
-                source,
-            })?;
+        let (cmd, mut child) = spawn(program, args, Stdio::piped())?;
         let drain = |pipe: Option<Box<dyn Read + Send>>| {
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
@@ -1179,6 +1242,35 @@ impl SlurmClient for CommandSlurm {
         }
     }
 
+    fn hold(&self, name: &str, node: &str, gres_type: &str, shards: u8) -> Result<u64, SlurmError> {
+        let gres = format!("--gres=shard:{gres_type}:{shards}");
+        let args = [
+            "--no-shell",
+            "-J",
+            name,
+            "-w",
+            node,
+            &gres,
+            "--priority=TOP",
+            "-n1",
+            "--mem=1M",
+        ];
+        queue_allocation(&self.salloc, &args, self.timeout)
+    }
+
+    fn cancel(&self, job_id: u64) -> Result<(), SlurmError> {
+        self.run(&self.scancel, &[&job_id.to_string()]).map(|_| ())
+    }
+
+    fn job_detail(&self, job_id: u64) -> Result<Option<String>, SlurmError> {
+        let id = job_id.to_string();
+        match self.run(&self.scontrol, &["show", "job", "-d", &id]) {
+            Ok(text) => Ok(Some(text)),
+            Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn set_admin_comment(&self, job: &str, text: &str) -> Result<(), SlurmError> {
         let job = format!("JobId={job}");
         let comment = format!("AdminComment={text}");
@@ -1203,6 +1295,80 @@ impl SlurmClient for CommandSlurm {
         self.run(&self.scontrol, &["update", &node_arg, "State=RESUME"])
             .map(|_| ())
     }
+}
+
+/// Starts `program args` with no stdin, `stdout` and a piped stderr;
+/// returns the command line (for errors) and the child.
+fn spawn(
+    program: &str,
+    args: &[&str],
+    stdout: Stdio,
+) -> Result<(String, std::process::Child), SlurmError> {
+    let cmd = format!("{program} {}", args.join(" "));
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| SlurmError::Spawn {
+            cmd: cmd.clone(),
+            source,
+        })?;
+    Ok((cmd, child))
+}
+
+/// Runs `salloc ARGS` and returns the job id from its first `job
+/// allocation N` line on stderr (`Pending ...` or `Granted ...`). salloc
+/// then keeps waiting for the grant (or exits at once when granted): a
+/// thread drains its stderr and reaps it.
+fn queue_allocation(program: &str, args: &[&str], timeout: Duration) -> Result<u64, SlurmError> {
+    use std::io::BufRead;
+    let (cmd, mut child) = spawn(program, args, Stdio::null())?;
+    let stderr = child.stderr.take();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut sent = false;
+        if let Some(pipe) = stderr {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                if !sent {
+                    if let Some(id) = allocation_id(&line) {
+                        sent = tx.send(Ok(id)).is_ok();
+                    } else {
+                        seen.push_str(&line);
+                        seen.push('\n');
+                    }
+                }
+            }
+        }
+        let status = child.wait();
+        if !sent {
+            let _ = tx.send(Err((
+                status.map(|s| s.to_string()).unwrap_or_default(),
+                seen,
+            )));
+        }
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(id)) => Ok(id),
+        Ok(Err((status, stderr))) => Err(SlurmError::Failed {
+            cmd,
+            status,
+            stderr: stderr.trim().to_string(),
+        }),
+        Err(_) => Err(SlurmError::Timeout {
+            cmd,
+            secs: timeout.as_secs(),
+            said: String::new(),
+        }),
+    }
+}
+
+/// `N` of salloc's `salloc: Pending job allocation N` / `Granted job
+/// allocation N`.
+fn allocation_id(line: &str) -> Option<u64> {
+    line.split("job allocation ").nth(1)?.trim().parse().ok()
 }
 
 /// For nodes and tests without Slurm: every journaled job counts as live,
@@ -1255,6 +1421,40 @@ mod tests {
             parse_job_comment("slurm_load_jobs error: Invalid job id specified"),
             None
         );
+    }
+
+    #[test]
+    fn salloc_lines_give_the_job_id_and_holds_their_gpu() {
+        assert_eq!(allocation_id("salloc: Pending job allocation 42"), Some(42));
+        assert_eq!(allocation_id("salloc: Granted job allocation 7"), Some(7));
+        assert_eq!(
+            allocation_id("salloc: job 42 queued and waiting for resources"),
+            None
+        );
+        let hold = QueuedJob {
+            name: "smartmig-hold.vm.1".into(),
+            ..QueuedJob::new(3, JobState::Pending)
+        };
+        assert_eq!(hold.hold_of(), Some(("vm", 1)));
+        let job = QueuedJob {
+            name: "smartmig-hold-ish".into(),
+            ..QueuedJob::new(4, JobState::Pending)
+        };
+        assert_eq!(job.hold_of(), None);
+    }
+
+    #[test]
+    fn scontrol_show_job_gives_the_state() {
+        let text = "JobId=12 JobName=wrap\n   JobState=RUNNING Reason=None Dependency=(null)\n";
+        let (state, raw) = parse_job_state(text).unwrap();
+        assert_eq!((state, raw.as_str()), (JobState::Running, "RUNNING"));
+        assert!(state.may_run());
+        let (state, _) = parse_job_state("   JobState=COMPLETING Reason=x").unwrap();
+        assert!(state.may_run());
+        let (state, _) = parse_job_state("   JobState=CANCELLED Reason=x").unwrap();
+        assert!(!state.may_run());
+        assert!(!JobState::Pending.may_run());
+        assert_eq!(parse_job_state("JobId=3 JobName=x"), None);
     }
 
     #[test]
@@ -1554,6 +1754,8 @@ mod tests {
             sinfo: "cat".into(),
             scontrol: "cat".into(),
             slurmd: "cat".into(),
+            salloc: "cat".into(),
+            scancel: "cat".into(),
             timeout: Duration::from_secs(10),
         };
         let e = slurm.json("cat", &[file.to_str().unwrap()]).unwrap_err();
@@ -1686,6 +1888,8 @@ mod tests {
             sinfo: "sh".into(),
             scontrol: "sh".into(),
             slurmd: "sh".into(),
+            salloc: "sh".into(),
+            scancel: "sh".into(),
             timeout: Duration::from_secs(20),
         };
         let out = slurm

@@ -198,6 +198,7 @@ impl TrainConfig {
             power: Vec::new(),
             oom: None,
             exact_size: false,
+            slurm: None,
         }
     }
 }

@@ -13,6 +13,8 @@
 //!   the catalog used as the RL action space.
 //! - [`placement`]: queries the daemon and simulator share (candidates,
 //!   fragmentation-aware choice, reachable layouts, transitions, re-shaping).
+//! - [`offer`]: how many free slices Slurm may offer next to busy instances
+//!   (the rest is stranded and held, issue 42).
 //! - `lua_tables` (tests only): checks that the copy of the tables in
 //!   `etc/slurm/job_submit.lua` equals [`models`].
 //!
@@ -26,6 +28,7 @@ pub mod layout;
 #[cfg(test)]
 mod lua_tables;
 pub mod models;
+pub mod offer;
 pub mod placement;
 pub mod profile;
 
@@ -36,6 +39,7 @@ pub use models::{
     GpuModel, ModelSpec, ProfileSpec, Provenance, Shape, Sources, UnknownModel, VariantKind,
     VariantSpec, MAX_PROFILES, MODELS,
 };
+pub use offer::OfferRule;
 pub use placement::Transition;
 pub use profile::{
     parse_profile, profile_size, requested_profile, select_profile, variant_meaning,

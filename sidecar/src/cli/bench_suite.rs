@@ -79,6 +79,13 @@ pub struct SuiteArgs {
     pub report: Option<PathBuf>,
     #[command(flatten)]
     pub trace: TraceArgs,
+    /// Score the policies in the simulator's Slurm-like mode (Slurm counts
+    /// shards, smartmigd builds instances and requeues what it cannot
+    /// build; `smartmig simulate --slurm-like`, same SPEC). Whole GPUs and
+    /// the fixed layouts (the opponents, served by Slurm's own GRES) stay
+    /// in the central view.
+    #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "")]
+    pub slurm_like: Option<String>,
 }
 
 /// The trace options `bench suite` and `bench oracle` share.
@@ -360,6 +367,13 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         .collect();
     if let Some(source) = a.trace.source(a.gpu.gpu_model, a.train_seed) {
         all.extend(trace_scenarios(&source, train_days, test_days)?);
+    }
+    let slurm = super::simulate::slurm_like(a.slurm_like.as_deref())?;
+    for d in all
+        .iter_mut()
+        .flat_map(|s| s.train.iter_mut().chain(s.test.iter_mut()))
+    {
+        d.cfg.slurm.clone_from(&slurm);
     }
     bar.set_length(all.len() as u64 * steps_per_scenario);
     let mut results = Vec::new();

@@ -103,6 +103,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         sinfo: defaults.sinfo,
         scontrol: defaults.scontrol,
         slurmd: defaults.slurmd,
+        salloc: defaults.salloc,
+        scancel: defaults.scancel,
         timeout: Duration::from_secs(args.command_timeout_s),
     };
     let mut done = 0u64;

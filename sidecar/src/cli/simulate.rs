@@ -158,6 +158,14 @@ pub struct Args {
     /// memory.sample_s).
     #[arg(long, default_value_t = crate::sim::DEFAULT_MEMORY_SAMPLE_S)]
     pub memory_sample_s: f64,
+    /// Model the deployment (issue 42): Slurm places each job by counting
+    /// shards and smartmigd builds its instance afterwards, requeueing a
+    /// job it cannot serve (docs/simulator.md, "Slurm-like mode"). SPEC:
+    /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
+    /// sched-interval=S,hold-lag=S`, any subset (none: the defaults, no
+    /// holds). Whole GPUs and fixed layouts stay in the central view.
+    #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "")]
+    pub slurm_like: Option<String>,
 }
 
 /// A cluster description: one model per GPU.
@@ -361,6 +369,7 @@ pub fn run(a: &Args) -> Result<()> {
             if a.early_restart { early } else { None },
             a.memory_sample_s,
         )?,
+        slurm: slurm_like(a.slurm_like.as_deref())?,
         ..SimConfig::default()
     };
     if a.oom_study {
@@ -439,6 +448,15 @@ pub fn run(a: &Args) -> Result<()> {
     a.json.write(&report)
 }
 
+/// `--slurm-like[=SPEC]` as the simulator's setting.
+pub fn slurm_like(spec: Option<&str>) -> Result<Option<crate::sim::SlurmLike>> {
+    spec.map(|s| {
+        s.parse()
+            .map_err(|e: String| anyhow::anyhow!("--slurm-like={s}: {e}"))
+    })
+    .transpose()
+}
+
 /// One table row: label and how to format it from the metrics.
 type Row = (&'static str, Box<dyn Fn(&Metrics) -> String>);
 
@@ -452,7 +470,7 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
         r.seed,
         r.reconfig_time_s
     )?;
-    let rows: [Row; 15] = [
+    let rows: [Row; 18] = [
         ("jobs", Box::new(|m| m.jobs.to_string())),
         ("completed", Box::new(|m| m.completed.to_string())),
         (
@@ -472,6 +490,7 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
             "mean wait (s)",
             Box::new(|m| format!("{:.2}", m.mean_wait_s)),
         ),
+        ("p95 wait (s)", Box::new(|m| format!("{:.2}", m.p95_wait_s))),
         (
             "utilisation",
             Box::new(|m| format!("{:.2} %", 100.0 * m.utilisation)),
@@ -498,6 +517,11 @@ fn print_table(out: &mut impl Write, r: &Report<'_>) -> Result<()> {
             Box::new(|m| format!("{:.2}", m.horizon_s / 3600.0)),
         ),
         ("events", Box::new(|m| m.events.to_string())),
+        ("requeues", Box::new(|m| m.requeues.to_string())),
+        (
+            "held slice-h",
+            Box::new(|m| format!("{:.2}", m.held_slice_s / 3600.0)),
+        ),
     ];
     let w = r.policy.len().max(12);
     writeln!(

@@ -151,7 +151,7 @@ pub fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon
         let backend = backend_toml(dir);
         format!(
             "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{}{extra}\n\
-             [slurm]\nenabled = true\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n{}",
+             [slurm]\nenabled = true\ncheck_grants = false\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n{}",
             dir.join("run/smartmig.sock").display(),
             dir.join("state").display(),
             backend.top,

@@ -55,6 +55,33 @@ impl RepartitionPolicy for NoPartition {
         false
     }
 
+    fn served_through_shards(&self) -> bool {
+        false
+    }
+
+    fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
+    }
+}
+
+/// No repartitioning, every instance made on demand: what smartmigd does
+/// with `policy = "none"` (each job's instance is created, reused or made
+/// by re-shaping idle ones when it starts). In the central simulator, which
+/// makes no instance on demand, it is the same as `none` (whole GPUs); in
+/// the Slurm-like mode ([`crate::sim::SlurmLike`]) it is smartmigd's
+/// on-demand allocation alone, the baseline of the real-Slurm busy mix.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OnDemand;
+
+impl RepartitionPolicy for OnDemand {
+    fn name(&self) -> String {
+        "on-demand".to_string()
+    }
+
+    fn installs_initial_layout(&self) -> bool {
+        false
+    }
+
     fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
         Vec::new()
     }
@@ -171,6 +198,11 @@ impl RepartitionPolicy for StaticLayout {
     fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
         Vec::new()
     }
+
+    /// A fixed layout is what a site runs with Slurm's typed MIG GRES.
+    fn served_through_shards(&self) -> bool {
+        false
+    }
 }
 
 /// [`parse_policy`] for a known cluster (one model per GPU, in order), which
@@ -195,7 +227,7 @@ pub fn parse_policy_on(
     parse_policy(spec, &GpuModel::distinct(cluster))
 }
 
-/// Builds a policy from its command-line name: `none`, `static:<index>` or
+/// Builds a policy from its command-line name: `none`, `on-demand`, `static:<index>` or
 /// `static:<picture>`, checked against every model of the cluster.
 pub fn parse_policy(
     spec: &str,
@@ -204,6 +236,9 @@ pub fn parse_policy(
     let s = spec.trim();
     if s.eq_ignore_ascii_case("none") {
         return Ok(Box::new(NoPartition));
+    }
+    if s == "on-demand" {
+        return Ok(Box::new(OnDemand));
     }
     if let Some(rest) = s.strip_prefix("static:") {
         return Ok(Box::new(StaticLayout::parse(rest, models)?));

@@ -38,7 +38,9 @@ pub mod share;
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape, MAX_PROFILES};
 use crate::workload::SpeedupCurve;
 
-pub use fixed::{parse_policy, parse_policy_on, NoPartition, PolicyParseError, StaticLayout};
+pub use fixed::{
+    parse_policy, parse_policy_on, NoPartition, OnDemand, PolicyParseError, StaticLayout,
+};
 pub use greedy::{Greedy, GreedyConfig};
 pub use nodes::{Nodes, NodesError, PerNode, Split};
 pub use search::{SearchConfig, StaticMix, TwiceDaily};
@@ -218,6 +220,16 @@ pub trait RepartitionPolicy {
     fn installs_initial_layout(&self) -> bool {
         true
     }
+
+    /// Whether, deployed, the policy's jobs reach their instances through
+    /// Slurm shards and smartmigd (the repartitioning policies), rather than
+    /// through Slurm's own GRES (the whole-GPU and fixed-layout opponents a
+    /// site runs without smartmig: whole GPUs or typed MIG devices, nothing
+    /// for Slurm to count wrong). The simulator's Slurm-like mode
+    /// ([`crate::sim::SlurmLike`]) models the first kind only.
+    fn served_through_shards(&self) -> bool {
+        true
+    }
 }
 
 /// The layout `layouts[gpu]` if it is valid on `geometry`, else the whole
@@ -270,5 +282,8 @@ impl<P: RepartitionPolicy + ?Sized> RepartitionPolicy for Box<P> {
     }
     fn installs_initial_layout(&self) -> bool {
         (**self).installs_initial_layout()
+    }
+    fn served_through_shards(&self) -> bool {
+        (**self).served_through_shards()
     }
 }

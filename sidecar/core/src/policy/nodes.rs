@@ -336,6 +336,10 @@ impl<P: RepartitionPolicy> RepartitionPolicy for PerNode<P> {
     fn installs_initial_layout(&self) -> bool {
         self.policies.iter().all(P::installs_initial_layout)
     }
+
+    fn served_through_shards(&self) -> bool {
+        self.policies.iter().all(P::served_through_shards)
+    }
 }
 
 /// Builds `nodes:<gpus per node>:<whole|claimed>:<inner spec>` on a

@@ -172,6 +172,11 @@ impl RepartitionPolicy for StaticMix {
         self.label.clone()
     }
 
+    /// A site's own fixed layouts, run with Slurm's typed MIG GRES.
+    fn served_through_shards(&self) -> bool {
+        false
+    }
+
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
         super::layout_or_whole(&self.layouts, gpu, geometry)
     }
@@ -308,6 +313,11 @@ impl TwiceDaily {
 impl RepartitionPolicy for TwiceDaily {
     fn name(&self) -> String {
         self.label.clone()
+    }
+
+    /// A site's own fixed layouts, run with Slurm's typed MIG GRES.
+    fn served_through_shards(&self) -> bool {
+        false
     }
 
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {

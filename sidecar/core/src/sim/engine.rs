@@ -31,7 +31,7 @@ use crate::workload::{Job, JobClass, MemoryEstimator, MemoryGrowth, PowerModel};
 
 /// Total order on times (all finite here).
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct T(f64);
+pub(crate) struct T(pub(crate) f64);
 impl Eq for T {}
 impl PartialOrd for T {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
@@ -143,6 +143,13 @@ pub fn simulate(
     cfg.validate()?;
     if cluster.is_empty() {
         return Err(SimError::NoGpus);
+    }
+    if let Some(slurm) = cfg
+        .slurm
+        .as_ref()
+        .filter(|_| policy.served_through_shards())
+    {
+        return super::slurm_like::simulate(cluster, jobs, heuristic, policy, cfg, slurm, hooks);
     }
     let mut engine = Engine::new(cluster, jobs, cfg, policy)?;
     engine.run(heuristic, policy, hooks)
@@ -1161,7 +1168,7 @@ pub const SLOWDOWN_TAU_S: f64 = 10.0;
 
 /// [`classify`] of a transition, on the stack: a layout has at most one
 /// instance per placement, so `MAX_PLACEMENTS` spans always suffice.
-fn transition_kind(g: &Geometry, destroy: Layout, create: Layout) -> ReconfigKind {
+pub(crate) fn transition_kind(g: &Geometry, destroy: Layout, create: Layout) -> ReconfigKind {
     fn spans(g: &Geometry, l: Layout, out: &mut [Span; MAX_PLACEMENTS]) -> usize {
         let mut n = 0;
         for (slot, id) in out.iter_mut().zip(l.iter()) {
@@ -1181,7 +1188,13 @@ fn transition_kind(g: &Geometry, destroy: Layout, create: Layout) -> ReconfigKin
 
 /// `max(1, (end - arrival) / max(end - start, tau))`.
 /// The part of a job's log record that finished and failed runs share.
-fn run_record(job: &Job, gpu: usize, placement: &Placement, speed: f64, start: f64) -> Run {
+pub(crate) fn run_record(
+    job: &Job,
+    gpu: usize,
+    placement: &Placement,
+    speed: f64,
+    start: f64,
+) -> Run {
     let d = placement.describe();
     Run {
         id: job.id,
@@ -1202,7 +1215,7 @@ fn run_record(job: &Job, gpu: usize, placement: &Placement, speed: f64, start: f
     }
 }
 
-fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
+pub(crate) fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
     ((end - arrival) / (end - start).max(SLOWDOWN_TAU_S)).max(1.0)
 }
 
@@ -1253,7 +1266,7 @@ fn class_of(g: &Geometry, slot: usize, id: PlacementId) -> usize {
     slot * CLASS_STRIDE + pi
 }
 
-fn check_job(j: &Job) -> Result<(), SimError> {
+pub(crate) fn check_job(j: &Job) -> Result<(), SimError> {
     let bad = |what: &str| SimError::InvalidJob {
         id: j.id,
         reason: what.to_string(),

@@ -112,6 +112,15 @@ pub struct Metrics {
     /// What re-charging the run at a later horizon needs.
     #[serde(skip)]
     pub basis: ChargeBasis,
+    /// Slurm-like mode ([`super::SlurmLike`]): jobs Slurm started on a GPU
+    /// where smartmigd could not build their instance in time, so they were
+    /// requeued (each requeue counts). Omitted from JSON when 0, as the next.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub requeues: u64,
+    /// Slurm-like mode with holds: compute-slice-seconds held back from
+    /// Slurm as stranded (what the prevention costs in offered capacity).
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub held_slice_s: f64,
 }
 
 /// The parts of a run's totals that do not depend on its horizon, and what

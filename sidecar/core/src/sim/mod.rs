@@ -46,6 +46,7 @@ pub mod placement;
 pub mod placement_features;
 pub mod placement_onnx;
 pub mod reshape;
+pub mod slurm_like;
 pub mod waste;
 
 pub use crate::workload::{EarlyRestartRule, MemoryGrowth};
@@ -61,6 +62,7 @@ pub use metrics::{
 };
 pub use placement::{PlacementSpec, PlacementSpecError};
 pub use reshape::{classify, ReconfigKind};
+pub use slurm_like::SlurmLike;
 pub use waste::{count_waste, Waste};
 
 use crate::mig::GpuModel;
@@ -124,6 +126,13 @@ pub struct SimConfig {
     /// instance of at least `K` (work-conserving). Jobs without a request
     /// are not affected. The audit checks the looser rule only.
     pub exact_size: bool,
+    /// Model the deployment (issue 42): Slurm places jobs by counting
+    /// shards and smartmigd builds their instances afterwards, requeueing
+    /// a job it cannot serve ([`slurm_like`]). `None` (default): the
+    /// central view, where a job starts only on an instance that fits.
+    /// Policies Slurm serves with its own GRES (whole GPUs, fixed layouts)
+    /// run in the central view either way.
+    pub slurm: Option<SlurmLike>,
 }
 
 /// Share of the run time after which an out-of-memory job fails.
@@ -189,6 +198,7 @@ impl Default for SimConfig {
             power: Vec::new(),
             oom: None,
             exact_size: false,
+            slurm: None,
         }
     }
 }
@@ -225,6 +235,12 @@ impl SimConfig {
         }
         if !self.start_hour.is_finite() {
             return bad(format!("start hour {} is not finite", self.start_hour));
+        }
+        if let Some(s) = &self.slurm {
+            s.validate().map_err(SimError::Config)?;
+            if self.oom.is_some() {
+                return bad("the Slurm-like mode does not model out-of-memory restarts".into());
+            }
         }
         if let Some(o) = &self.oom {
             if !(o.fail_fraction > 0.0 && o.fail_fraction <= 1.0) {

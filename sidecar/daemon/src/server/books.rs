@@ -8,9 +8,12 @@
 //!   waiting for room, Slurm's deadlines and time limits, the plans, advise
 //!   mode's record, where the queue came from, who returned instances and
 //!   the plugin's `oom_requeue`.
+//! - Per node ([`Books::holds`], an async mutex): the holds on stranded
+//!   shards this node has in Slurm.
 //!
-//! Lock order (docs/architecture.md, "The daemon's concurrency"): a task
-//! holds at most one GPU lock at a time; it may then take the policy's lock
+//! Lock order (docs/architecture.md, "The daemon's concurrency"): the
+//! holds' lock comes first (only a hold sync takes it, and it may then take
+//! GPU locks, one at a time); a task holds at most one GPU lock at a time; it may then take the policy's lock
 //! and then the ledger; the services' own locks (memory estimates,
 //! placement rule, usage log, journal) are taken last and hold nothing
 //! else. The ledger is never held across an `.await`.
@@ -22,6 +25,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use super::advise::AdviseBook;
+use super::holds::HoldBook;
 use super::queue::ViewSource;
 use super::reap::ReleaseCounts;
 use super::unix_now_f64;
@@ -269,6 +273,8 @@ impl Ledger {
 pub(super) struct Books {
     pub gpus: Vec<Gpu>,
     ledger: Mutex<Ledger>,
+    /// The holds on stranded shards this node has in Slurm.
+    pub holds: HoldBook,
 }
 
 impl Books {
@@ -276,6 +282,7 @@ impl Books {
         Books {
             gpus,
             ledger: Mutex::new(Ledger::default()),
+            holds: HoldBook::default(),
         }
     }
 

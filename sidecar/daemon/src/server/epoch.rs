@@ -5,7 +5,7 @@
 //! and publish. A new step is one more function called from [`run_once`].
 
 use super::view::{self, Ahead};
-use super::{advise, queue, reap, unix_now, unix_now_f64, Cx};
+use super::{advise, holds, queue, reap, unix_now, unix_now_f64, Cx};
 use crate::config::{Mode, SummaryFallback};
 use crate::mig::Geometry;
 use crate::policy::{self, ClusterView, Decision, PendingByProfile, PendingJob};
@@ -46,6 +46,8 @@ async fn steps(cx: &Cx<'_>) {
     match &read {
         Some((q, t0)) => {
             let _ = reap::ended_jobs(cx, q, *t0).await;
+            holds::adopt(cx, q).await;
+            holds::sync(cx).await;
         }
         // No fresh summary and told not to ask Slurm: keep the layout.
         None if holding(cx) => return,

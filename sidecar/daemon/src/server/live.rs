@@ -61,6 +61,8 @@ fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
             sinfo: config.slurm.sinfo.clone(),
             scontrol: config.slurm.scontrol.clone(),
             slurmd: config.slurm.slurmd.clone(),
+            salloc: config.slurm.salloc.clone(),
+            scancel: config.slurm.scancel.clone(),
             timeout: Duration::from_secs(config.slurm.command_timeout_s),
         })
     } else {

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use super::http::serve_metrics;
 use super::start::{io_err, StartError};
 use super::transport::{bind_socket, raise_open_files_limit, serve_connection};
-use super::{epoch, panic, queue, sample, Daemon};
+use super::{epoch, holds, panic, queue, sample, Daemon};
 use crate::config::Config;
 
 /// Runs the daemon until SIGTERM/SIGINT.
@@ -93,6 +93,7 @@ fn spawn_loops(daemon: &Arc<Daemon>) {
             epoch::run_once(&d.cx()).await;
         },
     );
+    spawn_hold_sync(daemon);
     if daemon.svc.backend.measures_memory() {
         every(
             daemon,
@@ -101,6 +102,32 @@ fn spawn_loops(daemon: &Arc<Daemon>) {
             |d| async move { sample::sample_memory(&d.cx()).await },
         );
     }
+}
+
+/// Syncs the holds on stranded shards each time an allocate asks for it
+/// ([`holds::HoldBook::wanted`]), until shutdown.
+fn spawn_hold_sync(daemon: &Arc<Daemon>) {
+    let daemon = daemon.clone();
+    let mut stop = daemon.node.shutdown.subscribe();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = daemon.books.holds.wanted.notified() => {}
+                _ = stop.changed() => break,
+            }
+            let span = tracing::info_span!("loop", task = "holds");
+            let done = tracing::Instrument::instrument(
+                panic::catch(async {
+                    holds::sync(&daemon.cx()).await;
+                }),
+                span,
+            );
+            if let Err(message) = done.await {
+                daemon.svc.metrics.panic("holds");
+                tracing::error!("panic in the holds loop: {message}; the loop goes on");
+            }
+        }
+    });
 }
 
 /// Runs `round` every `period(daemon)` seconds until shutdown; a round that

@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, MutexGuard};
 
 use super::super::books::{Gpu, GpuState, Waiter, WaitingGuard};
+use super::super::job_record::{self, Record};
 use super::super::{instances, queue, reap, unix_now, unix_now_f64};
 use super::Cx;
 use crate::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
+use crate::grant;
 use crate::memory::Sizing;
 use crate::mig::ProfileSpec;
 use crate::placement::{Contender, PlacementRule, Turn};
@@ -53,6 +55,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
     if let Some(r) = held_anywhere(cx, &req).await {
         return Ok(r);
     }
+    let req = granted(cx, req).await?;
     if let Some(marker) = req.oom_marker {
         cx.books.ledger().plugin_oom_requeue = Some(marker);
     }
@@ -85,6 +88,8 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
                 let waited_ms = start.elapsed().as_millis() as u64;
                 let reply = execute(cx, gpu, &mut st, &req, profile, plan, waited_ms)?;
                 after_allocate(cx, &req, key, exact.is_some(), profile, waited_ms);
+                // The GPU's busy instances changed: its holds follow.
+                cx.books.holds.wanted.notify_one();
                 return Ok(reply);
             }
             Step::Wait { reason, mine } => wait.for_room(cx, st, &req, &me, reason, mine).await?,
@@ -153,6 +158,52 @@ fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
         action: AllocAction::Existing,
         waited_ms: 0,
     })
+}
+
+/// The request as Slurm granted it: the plugin's shard count and GPU come
+/// from the step's environment, which for `gpu` jobs may hold a
+/// `SLURM_SHARDS_ON_NODE` the user set (docs/slurm-integration.md §9), so
+/// they are checked against slurmctld's record of the job before anything
+/// is built. A claim Slurm did not grant, or a job Slurm cannot vouch for,
+/// is refused and logged; the instance has the job's granted size.
+async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateRequest, ErrorBody> {
+    let cfg = cx.cfg();
+    if !(cfg.slurm.enabled && cfg.slurm.check_grants) {
+        return Ok(req);
+    }
+    let refuse = |kind: ErrorKind, why: String| {
+        let message = format!("job {}: {why}", req.job_id);
+        tracing::warn!(
+            job = req.job_id,
+            gpu = req.gpu,
+            claimed = req.slices,
+            "refused: {message}"
+        );
+        ErrorBody::new(kind, message)
+    };
+    let text = match job_record::read(cx, req.job_id).await {
+        Ok(Record::Listed(text)) => text,
+        Ok(Record::Gone) => {
+            return Err(refuse(
+                ErrorKind::NotGranted,
+                "Slurm does not list this job".into(),
+            ))
+        }
+        Err(e) => return Err(refuse(ErrorKind::Backend, e)),
+    };
+    let Some(grant) = grant::parse_grant(&text, &cx.node.name) else {
+        let e = grant::GrantError::NotHere {
+            node: cx.node.name.clone(),
+        };
+        return Err(refuse(ErrorKind::NotGranted, e.to_string()));
+    };
+    match grant::check(&grant, req.gpu, req.slices) {
+        Ok(slices) => {
+            req.slices = slices;
+            Ok(req)
+        }
+        Err(e) => Err(refuse(ErrorKind::NotGranted, e.to_string())),
+    }
 }
 
 /// `--mig-profile`: exactly that profile, or a refusal naming why.

@@ -1,16 +1,19 @@
 //! `release` (root or `slurm_user`: the plugin's job epilog, `smartmig
-//! release`): frees every instance of a job (idempotent) and wakes the
+//! release`): frees every instance of a job (idempotent; by hand only once
+//! Slurm shows the job ended) and wakes the
 //! allocates waiting on its GPU; the job's memory use is learned, its
 //! usage recorded, and an out-of-memory end decided (requeued on a larger
 //! profile when the admin allows it; docs/oom-and-memory.md).
 
 use super::super::books::Gpu;
+use super::super::holds;
+use super::super::job_record::{self, Record};
 use super::super::requeue::{self, RequeueWhen};
 use super::super::unix_now;
 use super::Cx;
 use crate::memory::{OomPolicy, Released};
 use crate::protocol::OomEvent;
-use crate::protocol::{ErrorBody, OomDecision, ReleaseReply, ReleaseRequest};
+use crate::protocol::{ErrorBody, ErrorKind, OomDecision, ReleaseReply, ReleaseRequest};
 use crate::usage::{slice_seconds, UsageRecord};
 
 /// What a release freed across the GPUs.
@@ -25,6 +28,8 @@ struct Freed {
 pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseReply, ErrorBody> {
     if req.from_epilog {
         cx.books.ledger().releases.epilog += 1;
+    } else {
+        not_running(cx, req.job_id).await?;
     }
     let now = unix_now();
     let mut freed = Freed::default();
@@ -34,6 +39,11 @@ pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseRep
     if !freed.usage.is_empty() {
         cx.svc.usage.record(freed.usage, &cx.svc.metrics);
     }
+    if freed.released > 0 {
+        // Before the epilog ends and Slurm frees the job's shards: a new
+        // hold is pending by then and takes what is stranded first.
+        holds::sync(cx).await;
+    }
     let event = learn(cx, &req, freed.held.as_ref(), now);
     if let Some(ev) = &event {
         out_of_memory(cx, req.job_id, freed.held.as_ref(), ev);
@@ -42,6 +52,58 @@ pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseRep
         released: freed.released,
         oom_decision: event.map(|e| e.decision),
     })
+}
+
+/// A release by hand (`smartmig release`, not the job's epilog) of a job
+/// that holds an instance: refused while Slurm shows the job running or
+/// ending, since its processes may still use the instance and the next
+/// job would share it (issue 42); refused too when Slurm cannot be asked.
+/// Nodes without Slurm queries (`slurm.enabled = false`) trust the caller.
+async fn not_running(cx: &Cx<'_>, job_id: u64) -> Result<(), ErrorBody> {
+    if !cx.cfg().slurm.enabled || !holds_any(cx, job_id).await {
+        return Ok(());
+    }
+    let text = match job_record::read(cx, job_id).await {
+        Ok(Record::Listed(text)) => text,
+        Ok(Record::Gone) => return Ok(()),
+        Err(e) => {
+            return Err(ErrorBody::new(
+                ErrorKind::Backend,
+                format!("job {job_id}: its instance is kept: {e}; retry when slurmctld answers"),
+            ))
+        }
+    };
+    match crate::slurm::parse_job_state(&text) {
+        Some((state, raw)) if state.may_run() => {
+            tracing::warn!(job = job_id, state = %raw, "release refused: the job still runs");
+            Err(ErrorBody::new(
+                ErrorKind::JobRunning,
+                running_message(job_id, &raw),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Why a release of a running job is refused, and what to do instead.
+fn running_message(job_id: u64, state: &str) -> String {
+    format!(
+        "job {job_id} is {state} in Slurm: its processes may still use its MIG instance, \
+         which would go to the next job while they run; its epilog releases it when it \
+         ends. To end it now: `smartmig release --force {job_id}` (cancels the job with \
+         scancel, then releases once Slurm shows it ended), or `scancel {job_id}` / \
+         `scontrol requeue {job_id}` yourself"
+    )
+}
+
+/// Whether the job holds an instance on any GPU.
+async fn holds_any(cx: &Cx<'_>, job_id: u64) -> bool {
+    for gpu in &cx.books.gpus {
+        if gpu.state.lock().await.book.find_job(job_id).is_some() {
+            return true;
+        }
+    }
+    false
 }
 
 /// Frees the job's instance on `gpu`, if it holds one there: its memory

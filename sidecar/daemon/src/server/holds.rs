@@ -1,0 +1,168 @@
+//! smartmigd's holds on stranded shards in Slurm (issue 42,
+//! docs/slurm-integration.md §9): the shell around the pure
+//! [`crate::holds::plan`]. Each sync reads what the GPUs' busy instances
+//! and waiting allocates leave, plans, and queues new holds (`salloc
+//! --no-shell`, top priority) before it cancels old ones.
+//!
+//! A sync runs in the release handler before it answers the job's epilog
+//! (so the new hold is pending before Slurm frees the ended job's shards),
+//! in the background after an allocate (woken through [`HoldBook::wanted`])
+//! and at every epoch, which also adopts the holds Slurm lists (after a
+//! restart) and forgets those gone.
+
+use tokio::sync::{Mutex, Notify};
+
+use super::Cx;
+use crate::holds::{plan, GpuShards, Hold, Step};
+use crate::slurm::{QueueSnapshot, HOLD_NAME};
+
+/// The holds this node has in Slurm. Lock order: [`HoldBook::held`] is
+/// taken before a GPU's lock, never while one is held.
+#[derive(Default)]
+pub(super) struct HoldBook {
+    held: Mutex<Vec<Hold>>,
+    /// Woken after an allocate: the background sync runs.
+    pub wanted: Notify,
+}
+
+/// The GRES type of GPU `index` in gres.conf (`Type=mig<index>`).
+fn gres_type(index: u32) -> String {
+    format!("mig{index}")
+}
+
+/// Takes this node's holds to what its GPUs should hold now.
+pub(super) async fn sync(cx: &Cx<'_>) {
+    let cfg = cx.cfg();
+    let Some(rule) = cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled) else {
+        return;
+    };
+    let mut held = cx.books.holds.held.lock().await;
+    let gpus = shards(cx).await;
+    for step in plan(&gpus, &held, rule) {
+        match step {
+            Step::Hold { gpu, shards } => {
+                if let Some(h) = queue_hold(cx, gpu, shards).await {
+                    held.push(h);
+                }
+            }
+            Step::Release { job_id } => {
+                if cancel(cx, job_id).await {
+                    held.retain(|h| h.job_id != job_id);
+                }
+            }
+        }
+    }
+}
+
+/// The epoch's look at Slurm's queue: holds of this node Slurm lists are
+/// adopted (a restarted smartmigd), holds it no longer lists are forgotten.
+pub(super) async fn adopt(cx: &Cx<'_>, queue: &QueueSnapshot) {
+    if cx.cfg().slurm.holds.offer_rule().is_none() {
+        return;
+    }
+    let listed: Vec<Hold> = queue
+        .jobs
+        .iter()
+        .filter(|j| j.state.is_live() && j.hold_of().is_some_and(|(n, _)| n == cx.node.name))
+        .filter_map(|j| {
+            let (_, gpu) = j.hold_of()?;
+            Some(Hold {
+                job_id: j.job_id,
+                gpu,
+                shards: j.shards,
+            })
+        })
+        .collect();
+    // A hold queued after the queue was read has a larger job id than
+    // any the queue shows: kept.
+    let seen = queue.jobs.iter().map(|j| j.job_id).max().unwrap_or(0);
+    let mut held = cx.books.holds.held.lock().await;
+    held.retain(|h| h.job_id > seen || listed.iter().any(|l| l.job_id == h.job_id));
+    for h in listed {
+        if !held.iter().any(|k| k.job_id == h.job_id) {
+            held.push(h);
+        }
+    }
+}
+
+/// Each GPU's busy instances and the shards Slurm gave its jobs (those of
+/// allocates still waiting for room included).
+async fn shards(cx: &Cx<'_>) -> Vec<GpuShards> {
+    let waiting: Vec<(u32, u8)> = cx
+        .books
+        .ledger()
+        .waiting
+        .values()
+        .map(|w| (w.gpu, w.contender.need.slices))
+        .collect();
+    let mut out = Vec::with_capacity(cx.books.gpus.len());
+    for gpu in &cx.books.gpus {
+        let st = gpu.state.lock().await;
+        let busy = st.book.busy();
+        let geometry = st.book.geometry;
+        let queued: u8 = waiting
+            .iter()
+            .filter(|(g, _)| *g == gpu.index)
+            .map(|(_, k)| *k)
+            .sum();
+        out.push(GpuShards {
+            index: gpu.index,
+            geometry,
+            busy,
+            used: geometry.compute_used(busy).saturating_add(queued),
+        });
+    }
+    out
+}
+
+async fn queue_hold(cx: &Cx<'_>, gpu: u32, shards: u8) -> Option<Hold> {
+    let slurm = cx.live.slurm.clone();
+    let node = cx.node.name.clone();
+    let name = format!("{HOLD_NAME}.{node}.{gpu}");
+    let r = tokio::task::spawn_blocking(move || slurm.hold(&name, &node, &gres_type(gpu), shards))
+        .await;
+    match r {
+        Ok(Ok(job_id)) => {
+            tracing::info!(
+                gpu,
+                shards,
+                hold = job_id,
+                "holding stranded shards in Slurm"
+            );
+            Some(Hold {
+                job_id,
+                gpu,
+                shards,
+            })
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(gpu, shards, "cannot hold stranded shards: {e}");
+            None
+        }
+        Err(e) => {
+            tracing::error!(gpu, shards, "the hold task failed: {e}");
+            None
+        }
+    }
+}
+
+/// Cancels a hold; `true` when it is gone (cancelled, or Slurm no longer
+/// knows it).
+async fn cancel(cx: &Cx<'_>, job_id: u64) -> bool {
+    let slurm = cx.live.slurm.clone();
+    match tokio::task::spawn_blocking(move || slurm.cancel(job_id)).await {
+        Ok(Ok(())) => {
+            tracing::info!(hold = job_id, "hold released");
+            true
+        }
+        Ok(Err(e)) if e.to_string().contains("Invalid job id") => true,
+        Ok(Err(e)) => {
+            tracing::warn!(hold = job_id, "cannot release the hold: {e}");
+            false
+        }
+        Err(e) => {
+            tracing::error!(hold = job_id, "the hold task failed: {e}");
+            false
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! What Slurm may still offer on one GPU (issue 42).
+//!
+//! Slurm counts a GPU's free *shards*; MIG builds *instances*. The two
+//! disagree when the free compute slices cannot form the instance a job
+//! needs: next to `3g.20gb@0` and `3g.20gb@4` on an A100-40GB one slice is
+//! free but no 1g fits (no memory slot is left), and next to `3g.20gb@4`
+//! four slices are free but a `3g` and a `1g` cannot both be built. A job
+//! that Slurm places on such shards waits in smartmigd and is requeued.
+//!
+//! [`Geometry::offer`] says how many of a GPU's free slices Slurm may offer
+//! next to its busy instances, under an [`OfferRule`]; the rest is
+//! *stranded* and smartmigd holds it in Slurm (a placeholder allocation of
+//! those shards, docs/slurm-integration.md §9) until a neighbour ends.
+//!
+//! Billable sizes are the model's compute sizes (1, 2, 3, 4 and 7 on the
+//! 7-slice models): `job_submit.lua` bills `shard:5` and `shard:6` as 7.
+//! An instance of compute `k` serves any job billed `k`; where a profile has
+//! a larger-memory variant (`1g.10gb`), the smaller one fits wherever the
+//! larger does, so memory variants do not change the offer.
+//!
+//! A GPU with nothing busy offers all its slices under both rules: a
+//! whole-GPU job needs every shard, and holding one back would starve it.
+//! Three jobs of 3, 3 and 1 shards placed on an empty A100 by one scheduling
+//! pass therefore still meet a 1g that cannot be built; the hold appears as
+//! soon as the first of them runs.
+
+use super::geometry::Geometry;
+use super::layout::{Layout, PlacementId};
+
+/// How much of a GPU's free compute Slurm may offer next to busy instances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OfferRule {
+    /// Every single billable size up to the offer can be built: the next
+    /// job always fits. Several jobs placed by one scheduling pass may
+    /// still not fit together (3 and 1 next to `3g@4`); the hold is then
+    /// updated after each start, so a requeued job does not land there
+    /// again. Nothing buildable is held back.
+    NextJob,
+    /// Every combination of billable sizes that adds up to at most the
+    /// offer can be built together: no scheduling pass can place jobs that
+    /// MIG cannot serve. Holds back capacity that some combinations could
+    /// use (next to `3g@4` a `4g` fits, but 3+1 does not, so only 3 are
+    /// offered).
+    AnyMix,
+}
+
+impl OfferRule {
+    /// The name used in configs and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OfferRule::NextJob => "next-job",
+            OfferRule::AnyMix => "any-mix",
+        }
+    }
+}
+
+impl std::str::FromStr for OfferRule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "next-job" => Ok(OfferRule::NextJob),
+            "any-mix" => Ok(OfferRule::AnyMix),
+            other => Err(format!(
+                "unknown offer rule `{other}`: use `next-job` or `any-mix`"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for OfferRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Instance counts per compute size (index = compute slices, 0..=7).
+type Counts = [u8; 8];
+
+impl Geometry {
+    /// Compute slices Slurm may offer on a GPU whose busy instances are
+    /// `busy` (at most its free slices; all of them when nothing is busy).
+    pub fn offer(&self, busy: Layout, rule: OfferRule) -> u8 {
+        let total = self.spec.compute_slices;
+        let free = total.saturating_sub(self.compute_used(busy));
+        if busy.is_empty() {
+            return total;
+        }
+        let sizes = self.spec.compute_sizes();
+        match rule {
+            OfferRule::NextJob => {
+                // The first size that cannot be built bounds the offer.
+                let blocked = sizes
+                    .iter()
+                    .copied()
+                    .filter(|&k| k <= free)
+                    .find(|&k| !self.buildable(busy, &single(k)));
+                blocked.map_or(free, |k| k - 1)
+            }
+            OfferRule::AnyMix => {
+                let room = self.room_beside(busy);
+                let mut offer = 0;
+                for f in 1..=free {
+                    let mut all = true;
+                    for_each_mix(&sizes, f, &mut |mix| {
+                        all &= room.iter().any(|r| covers(r, mix));
+                    });
+                    if !all {
+                        break;
+                    }
+                    offer = f;
+                }
+                offer
+            }
+        }
+    }
+
+    /// Slices of a GPU's free shards that Slurm must not offer: its free
+    /// shards in Slurm's count (`slurm_free`) beyond [`Geometry::offer`].
+    pub fn stranded(&self, busy: Layout, slurm_free: u8, rule: OfferRule) -> u8 {
+        slurm_free.saturating_sub(self.offer(busy, rule))
+    }
+
+    /// The first of `options` (placements a job could get, in the caller's
+    /// order of preference) after which Slurm's offer next to the busy
+    /// instances is largest: placing a job where it rules out the least of
+    /// what Slurm may still send to this GPU (two 1g next to each other at
+    /// slots 4 and 6 would leave no room for the 3g a scheduling pass placed
+    /// with them). `None` when `options` is empty.
+    pub fn keeping_offer(
+        &self,
+        busy: Layout,
+        options: impl IntoIterator<Item = PlacementId>,
+        rule: OfferRule,
+    ) -> Option<PlacementId> {
+        options
+            .into_iter()
+            .enumerate()
+            .min_by_key(|&(i, id)| (std::cmp::Reverse(self.offer(busy.with(id), rule)), i))
+            .map(|(_, id)| id)
+    }
+
+    /// Whether instances of the compute sizes in `mix` can all be built
+    /// next to `busy`.
+    pub fn buildable(&self, busy: Layout, mix: &Counts) -> bool {
+        self.room_beside(busy).iter().any(|r| covers(r, mix))
+    }
+
+    /// For each valid layout that keeps `busy`, the instances it adds,
+    /// counted by compute size: what can be built beside `busy`.
+    fn room_beside(&self, busy: Layout) -> Vec<Counts> {
+        self.reachable(busy, self.layouts())
+            .map(|l| {
+                let mut c = [0u8; 8];
+                for id in l.minus(busy).iter() {
+                    c[usize::from(self.placement(id).compute())] += 1;
+                }
+                c
+            })
+            .collect()
+    }
+}
+
+fn single(k: u8) -> Counts {
+    let mut c = [0u8; 8];
+    c[usize::from(k)] = 1;
+    c
+}
+
+fn covers(room: &Counts, mix: &Counts) -> bool {
+    room.iter().zip(mix).all(|(r, m)| r >= m)
+}
+
+/// Calls `f` with every multiset of `sizes` whose sum is exactly `total`.
+fn for_each_mix(sizes: &[u8], total: u8, f: &mut dyn FnMut(&Counts)) {
+    fn go(sizes: &[u8], left: u8, mix: &mut Counts, f: &mut dyn FnMut(&Counts)) {
+        if left == 0 {
+            f(mix);
+            return;
+        }
+        let Some((&k, rest)) = sizes.split_first() else {
+            return;
+        };
+        let mut n = 0;
+        loop {
+            go(rest, left - n * k, mix, f);
+            if (n + 1) * k > left {
+                break;
+            }
+            n += 1;
+            mix[usize::from(k)] += 1;
+        }
+        mix[usize::from(k)] -= n;
+    }
+    go(sizes, total, &mut [0u8; 8], f);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GpuModel, Shape};
+
+    fn a100() -> &'static Geometry {
+        Geometry::of(GpuModel::A100_40gb)
+    }
+
+    /// `busy` from `(compute, memory slices, start)` triples.
+    fn busy(g: &Geometry, inst: &[(u8, u8, u8)]) -> Layout {
+        inst.iter().fold(Layout::EMPTY, |l, &(c, m, s)| {
+            l.with(
+                g.placement_id(
+                    Shape {
+                        compute: c,
+                        memory: m,
+                    },
+                    s,
+                )
+                .expect("placement"),
+            )
+        })
+    }
+
+    #[test]
+    fn mixes_are_every_multiset_of_the_sum() {
+        let mut seen = Vec::new();
+        for_each_mix(&[1, 2, 3, 4, 7], 4, &mut |m| seen.push(*m));
+        // 4; 3+1; 2+2; 2+1+1; 1+1+1+1.
+        assert_eq!(seen.len(), 5, "{seen:?}");
+        for m in &seen {
+            let sum: u32 = m
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| k as u32 * u32::from(n))
+                .sum();
+            assert_eq!(sum, 4);
+        }
+    }
+
+    #[test]
+    fn an_empty_gpu_offers_everything() {
+        for m in GpuModel::ALL {
+            let g = Geometry::of(m);
+            for rule in [OfferRule::NextJob, OfferRule::AnyMix] {
+                assert_eq!(g.offer(Layout::EMPTY, rule), g.spec.compute_slices, "{m:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn two_3g_strand_the_seventh_slice() {
+        let g = a100();
+        let b = busy(g, &[(3, 4, 0), (3, 4, 4)]);
+        for rule in [OfferRule::NextJob, OfferRule::AnyMix] {
+            assert_eq!(g.offer(b, rule), 0);
+            assert_eq!(g.stranded(b, 1, rule), 1);
+        }
+    }
+
+    #[test]
+    fn one_3g_strands_a_slice_under_both_rules() {
+        // 3g@0: slots 4-7 hold a 3g, or 2g+1g, or three 1g (slot 7 takes no
+        // 1g); a 4g needs slot 0.
+        let g = a100();
+        let b = busy(g, &[(3, 4, 0)]);
+        assert_eq!(g.offer(b, OfferRule::NextJob), 3);
+        assert_eq!(g.offer(b, OfferRule::AnyMix), 3);
+        assert_eq!(g.stranded(b, 4, OfferRule::NextJob), 1);
+    }
+
+    #[test]
+    fn the_rules_differ_where_one_job_fits_but_not_every_mix() {
+        let g = a100();
+        // 3g@4: a 4g fits at 0, but 3+1 does not.
+        let b = busy(g, &[(3, 4, 4)]);
+        assert_eq!(g.offer(b, OfferRule::NextJob), 4);
+        assert_eq!(g.offer(b, OfferRule::AnyMix), 3);
+        // 1g@6 (where smartmigd puts a first 1g): every size fits, but
+        // 3+3 and 3+2+1 do not.
+        let b = busy(g, &[(1, 1, 6)]);
+        assert_eq!(g.offer(b, OfferRule::NextJob), 6);
+        assert_eq!(g.offer(b, OfferRule::AnyMix), 5);
+    }
+
+    #[test]
+    fn a_badly_placed_1g_blocks_the_4g() {
+        let g = a100();
+        let b = busy(g, &[(1, 1, 0)]);
+        assert_eq!(g.offer(b, OfferRule::NextJob), 3);
+        assert_eq!(g.offer(b, OfferRule::AnyMix), 3);
+    }
+
+    #[test]
+    fn any_mix_never_offers_more_than_next_job() {
+        for m in GpuModel::ALL {
+            let g = Geometry::of(m);
+            for &l in g.layouts() {
+                let free = g.spec.compute_slices - g.compute_used(l);
+                let next = g.offer(l, OfferRule::NextJob);
+                let any = g.offer(l, OfferRule::AnyMix);
+                assert!(any <= next && next <= free, "{m:?} {l:?}");
+                // What is offered is buildable one job at a time.
+                for &k in &g.spec.compute_sizes() {
+                    if k <= next {
+                        assert!(g.buildable(l, &single(k)), "{m:?} {l:?} {k}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_placement_keeps_what_slurm_may_still_send() {
+        let g = a100();
+        // 1g@6 busy, a second 1g: at slot 4 or 5 it rules out the 3g@4 that
+        // next-job still offers; at slot 0-3 it rules out the 4g. Either way
+        // the offer drops; the choice keeps the larger one.
+        let b = busy(g, &[(1, 1, 6)]);
+        let ones: Vec<PlacementId> = g
+            .candidates(
+                b,
+                Shape {
+                    compute: 1,
+                    memory: 1,
+                },
+            )
+            .collect();
+        let best = g
+            .keeping_offer(b, ones.iter().copied(), OfferRule::AnyMix)
+            .unwrap();
+        let worst = ones
+            .iter()
+            .map(|&id| g.offer(b.with(id), OfferRule::AnyMix))
+            .min()
+            .unwrap();
+        assert!(g.offer(b.with(best), OfferRule::AnyMix) > worst);
+        assert_eq!(g.keeping_offer(b, [], OfferRule::NextJob), None);
+    }
+
+    #[test]
+    fn rules_parse_and_print() {
+        for r in [OfferRule::NextJob, OfferRule::AnyMix] {
+            assert_eq!(r.name().parse::<OfferRule>(), Ok(r));
+        }
+        assert!("most"
+            .parse::<OfferRule>()
+            .unwrap_err()
+            .contains("next-job"));
+    }
+}

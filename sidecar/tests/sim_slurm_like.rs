@@ -1,0 +1,211 @@
+//! The simulator's Slurm-like mode (issue 42): Slurm places jobs by
+//! counting shards, smartmigd builds their instances afterwards, and a job
+//! that meets a slice MIG cannot build is requeued; smartmigd's holds keep
+//! Slurm from offering stranded shards.
+
+use smartmig::mig::{GpuModel, OfferRule};
+use smartmig::policy::{parse_policy, NoPartition, RepartitionPolicy};
+use smartmig::sim::{
+    audit, simulate, Collect, EpochRule, Heuristic, Metrics, RunHooks, SimConfig, SlurmLike,
+};
+use smartmig::workload::{Job, JobClass, SpeedupCurve};
+
+fn job(id: u64, arrival: f64, work: f64, k: u8) -> Job {
+    Job {
+        id,
+        arrival,
+        work,
+        speedup: SpeedupCurve::new(1.0, 1.0).expect("curve"),
+        memory_gb: 1.0,
+        deadline: arrival + 3.0 * work,
+        class: JobClass::Training,
+        requested_slices: Some(k),
+        declared_memory_gb: None,
+        template: None,
+        memory_growth: None,
+    }
+}
+
+fn cfg(slurm: Option<SlurmLike>) -> SimConfig {
+    SimConfig {
+        epoch: EpochRule::Events(5),
+        slurm,
+        ..SimConfig::default()
+    }
+}
+
+fn holds(rule: Option<OfferRule>) -> SlurmLike {
+    SlurmLike {
+        holds: rule,
+        ..SlurmLike::default()
+    }
+}
+
+/// Runs, audits the event log, returns the metrics.
+fn run(
+    gpus: &[GpuModel],
+    jobs: &[Job],
+    policy: &mut dyn RepartitionPolicy,
+    cfg: &SimConfig,
+) -> Metrics {
+    let mut log = Collect::default();
+    let mut h = Heuristic::Edf.build(0);
+    let r = simulate(
+        gpus,
+        jobs,
+        h.as_mut(),
+        policy,
+        cfg,
+        RunHooks {
+            sink: Some(&mut log),
+            progress: None,
+        },
+    )
+    .expect("simulate");
+    let report = audit(&log.0).unwrap_or_else(|e| panic!("audit: {e}"));
+    assert!(
+        (report.energy_j - r.metrics.energy_j).abs() <= 1e-6 * r.metrics.energy_j.max(1.0),
+        "energy {report:?} vs {:?}",
+        r.metrics
+    );
+    r.metrics
+}
+
+fn greedy() -> Box<dyn RepartitionPolicy + Send> {
+    parse_policy("greedy", &[GpuModel::A100_40gb]).expect("greedy")
+}
+
+/// Two long 3-shard jobs take GPU 0; a 1-shard job comes later. Slurm
+/// puts it on GPU 0 (lowest index with a free shard), where MIG cannot
+/// build a 1g next to two 3g instances: without holds it is requeued
+/// until a 3g job ends, each time after Slurm's requeue hold; with holds
+/// smartmigd holds the stranded shard and Slurm puts the job on GPU 1.
+#[test]
+fn a_stranded_shard_requeues_a_job_until_it_is_held() {
+    let gpus = [GpuModel::A100_40gb; 2];
+    let jobs = [
+        job(0, 0.0, 1000.0, 3),
+        job(1, 0.0, 1000.0, 3),
+        job(2, 10.0, 10.0, 1),
+    ];
+    let before = run(&gpus, &jobs, &mut *greedy(), &cfg(Some(holds(None))));
+    // Each try waits 30 s, then 121 s of hold and up to a 60 s pass: about
+    // 4-5 tries before the 3g jobs end at 1004 s.
+    assert!(before.requeues >= 4, "{before:?}");
+    assert!(before.mean_wait_s > 200.0, "{before:?}");
+    for rule in [OfferRule::NextJob, OfferRule::AnyMix] {
+        let after = run(&gpus, &jobs, &mut *greedy(), &cfg(Some(holds(Some(rule)))));
+        assert_eq!(after.requeues, 0, "{rule}: {after:?}");
+        assert_eq!(after.completed, 3);
+        assert!(after.held_slice_s > 900.0, "{rule}: {after:?}");
+        // The 1-shard job starts on GPU 1 after the instance is made.
+        assert!(after.p95_wait_s <= 2.0 * SimConfig::default().reconfig_time_s);
+    }
+}
+
+/// Jobs placed by one scheduling pass cannot be held apart: 3, 3 and 1
+/// shards arriving together on an empty GPU are all placed on it, and the
+/// 1 waits for a 3g to end (requeued once here), under either rule.
+#[test]
+fn one_pass_can_still_strand_a_job() {
+    let gpus = [GpuModel::A100_40gb];
+    let jobs = [
+        job(0, 0.0, 100.0, 3),
+        job(1, 0.0, 100.0, 3),
+        job(2, 0.0, 10.0, 1),
+    ];
+    for rule in [None, Some(OfferRule::NextJob)] {
+        let m = run(&gpus, &jobs, &mut *greedy(), &cfg(Some(holds(rule))));
+        assert_eq!(m.completed, 3);
+        assert!(m.requeues >= 1, "{rule:?}: {m:?}");
+    }
+}
+
+/// Whole GPUs and fixed layouts are served by Slurm's own GRES in a
+/// deployment: they run in the central engine whatever the mode.
+#[test]
+fn slurms_own_gres_are_not_modelled_as_shards() {
+    let gpus = [GpuModel::A100_40gb; 2];
+    let jobs: Vec<Job> = (0..20)
+        .map(|i| {
+            job(
+                i,
+                i as f64 * 7.0,
+                50.0 + i as f64,
+                [1, 2, 3, 7][i as usize % 4],
+            )
+        })
+        .collect();
+    for spec in ["none", "static:4444|3333"] {
+        let mut a: Box<dyn RepartitionPolicy> = if spec == "none" {
+            Box::new(NoPartition)
+        } else {
+            parse_policy(spec, &[GpuModel::A100_40gb]).expect("policy")
+        };
+        let mut b: Box<dyn RepartitionPolicy> = if spec == "none" {
+            Box::new(NoPartition)
+        } else {
+            parse_policy(spec, &[GpuModel::A100_40gb]).expect("policy")
+        };
+        let central = run(&gpus, &jobs, &mut *a, &cfg(None));
+        let slurm = run(&gpus, &jobs, &mut *b, &cfg(Some(SlurmLike::default())));
+        assert_eq!(central, slurm, "{spec}");
+    }
+}
+
+/// A busy mix on a small cluster: every log audits, every job completes,
+/// and holds cut the requeues.
+#[test]
+fn a_busy_mix_audits_and_holds_cut_requeues() {
+    let gpus = [GpuModel::A100_40gb; 2];
+    // 200 jobs of 1, 2, 3 and 7 shards, one every 20 s, 60-600 s long.
+    let jobs: Vec<Job> = (0..200u64)
+        .map(|i| {
+            let k = [1, 2, 3, 1, 2, 3, 7, 1][(i * 7 % 8) as usize];
+            job(i, i as f64 * 20.0, 60.0 + ((i * 37) % 540) as f64, k)
+        })
+        .collect();
+    let mut out = Vec::new();
+    for rule in [None, Some(OfferRule::NextJob), Some(OfferRule::AnyMix)] {
+        let m = run(&gpus, &jobs, &mut *greedy(), &cfg(Some(holds(rule))));
+        assert_eq!(m.completed, 200, "{rule:?}: {m:?}");
+        out.push(m);
+    }
+    assert!(out[0].requeues > 0, "{:?}", out[0]);
+    assert!(
+        out[1].requeues * 2 < out[0].requeues,
+        "next-job {} vs none {}",
+        out[1].requeues,
+        out[0].requeues
+    );
+    assert!(out[2].requeues <= out[1].requeues, "{:?}", out[2]);
+}
+
+#[test]
+fn the_mode_parses_its_options_and_refuses_bad_ones() {
+    let s: SlurmLike = "holds=any-mix,allocate-wait=5,requeue-hold=6,sched-interval=2,hold-lag=0"
+        .parse()
+        .expect("parse");
+    assert_eq!(s.holds, Some(OfferRule::AnyMix));
+    assert_eq!(
+        (
+            s.allocate_wait_s,
+            s.requeue_hold_s,
+            s.sched_interval_s,
+            s.hold_lag_s
+        ),
+        (5.0, 6.0, 2.0, 0.0)
+    );
+    assert_eq!(s.to_string().parse::<SlurmLike>(), Ok(s));
+    assert_eq!("".parse::<SlurmLike>(), Ok(SlurmLike::default()));
+    for (bad, says) in [
+        ("holds=most", "next-job"),
+        ("wait=5", "unknown slurm-like option"),
+        ("allocate-wait=-1", ">= 0"),
+        ("sched-interval=0", "> 0"),
+        ("holds", "key=value"),
+    ] {
+        let e = bad.parse::<SlurmLike>().unwrap_err();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}

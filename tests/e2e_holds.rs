@@ -1,0 +1,143 @@
+//! End-to-end (issue 42, items 1 and 3): smartmigd holds the shards MIG
+//! cannot build, so an interactive `srun` never lands on a stranded slice.
+//!
+//! A real Slurm 22.05 node with one GRES type per GPU (`mig0`, `mig1`), the
+//! SPANK plugin and smartmigd (sim backend, `slurm.holds = "next-job"`).
+//! Two `shard:3` jobs fill GPU 0 with two 3g.20gb instances, which leave its
+//! seventh slice without memory; a `shard:7` job fills GPU 1. Slurm still
+//! counts one free shard on GPU 0: without the hold it starts an `srun
+//! --gres=shard:1` there, smartmigd finds no 1g it can build, and the step
+//! fails after `allocate_wait_s` (an interactive step cannot be requeued).
+//! With the hold, the `srun` waits in Slurm's queue, as for any busy node,
+//! and runs on a 1g.5gb once the first 3g job ends.
+//!
+//! Needs root and a release build of the workspace (`scripts/test`).
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use smartmig_suite::{describe, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the first 3g job runs: the `srun` waits about this long.
+const FIRST_JOB_S: u64 = 20;
+
+fn cluster() -> SlurmCluster {
+    std::env::remove_var("SMARTMIG_SLURM_JOB_SUBMIT");
+    std::env::set_var("SMARTMIG_SLURM_TYPED_GPUS", "1");
+    SlurmCluster::up_with(|dir| {
+        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, ""))
+            .expect("write plugstack.conf");
+    })
+}
+
+/// `(job id, name, state)` of every job Slurm lists.
+fn queue(cluster: &SlurmCluster) -> Vec<(u32, String, String)> {
+    let out = cluster
+        .command("squeue")
+        .args(["-h", "-o", "%i %j %T"])
+        .output()
+        .expect("run squeue");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.into(), w.next()?.into()))
+        })
+        .collect()
+}
+
+fn holds(cluster: &SlurmCluster) -> Vec<(String, String)> {
+    queue(cluster)
+        .into_iter()
+        .filter(|(_, name, _)| name.starts_with("smartmig-hold."))
+        .map(|(_, name, state)| (name, state))
+        .collect()
+}
+
+fn srun(cluster: &SlurmCluster, args: &[&str]) -> Output {
+    cluster
+        .command("timeout")
+        .arg("120")
+        .arg("srun")
+        .args(args)
+        .current_dir("/tmp")
+        .output()
+        .expect("run srun")
+}
+
+#[test]
+fn srun_waits_instead_of_landing_on_a_stranded_slice() {
+    let cluster = cluster();
+    let sidecar = Sidecar::start_configured(
+        cluster.dir(),
+        "allocate_wait_s = 3",
+        true,
+        "holds = \"next-job\"",
+        &SidecarBackend::Sim,
+    );
+    let first = cluster.sbatch_wrap(&["--gres=shard:3"], &format!("sleep {FIRST_JOB_S}"));
+    let second = cluster.sbatch_wrap(&["--gres=shard:3"], "sleep 300");
+    let whole = cluster.sbatch_wrap(&["--gres=shard:7"], "sleep 300");
+    let busy = smartmig_suite::wait_until(TIMEOUT, || {
+        Sidecar::instances(&sidecar.status())
+            .iter()
+            .filter(|i| {
+                i.get("job_id")
+                    .and_then(serde_json::Value::as_u64)
+                    .is_some()
+            })
+            .count()
+            == 3
+    });
+    assert!(
+        busy,
+        "jobs {first}, {second}, {whole} did not all get an instance:\n{}\n{}",
+        sidecar.status_table(),
+        cluster.log_tails()
+    );
+    let held = smartmig_suite::wait_until(TIMEOUT, || {
+        let h = holds(&cluster);
+        h.len() == 1 && h[0].0.ends_with(".0") && h[0].1 == "RUNNING"
+    });
+    assert!(
+        held,
+        "no hold on GPU 0's stranded shard: {:?}\n{}",
+        queue(&cluster),
+        cluster.smartmigd_log()
+    );
+
+    let t0 = Instant::now();
+    let out = srun(
+        &cluster,
+        &[
+            "--gres=shard:1",
+            "sh",
+            "-c",
+            "echo PROFILE=$SMARTMIG_PROFILE",
+        ],
+    );
+    let waited = t0.elapsed();
+    let text = describe(&out);
+    assert!(
+        out.status.success(),
+        "srun failed: {text}\n{}",
+        cluster.smartmigd_log()
+    );
+    assert!(text.contains("PROFILE=1g.5gb"), "{text}");
+    assert!(
+        waited >= Duration::from_secs(5),
+        "srun ran after {waited:?}: it should have waited for job {first}"
+    );
+    assert_eq!(cluster.wait_job(first, TIMEOUT), "COMPLETED");
+    for job in [second, whole] {
+        let _ = cluster.command("scancel").arg(job.to_string()).output();
+    }
+    let released = smartmig_suite::wait_until(TIMEOUT, || holds(&cluster).is_empty());
+    assert!(
+        released,
+        "holds left on empty GPUs: {:?}\n{}",
+        holds(&cluster),
+        cluster.smartmigd_log()
+    );
+}

@@ -1,0 +1,258 @@
+//! End-to-end (issue 42, items 4 and 5): no variable a user sets changes
+//! the instance a step gets, and a whole-GPU job never shares a GPU
+//! unisolated with shard jobs.
+//!
+//! A real Slurm 22.05 node *without* `job_submit.lua` (so `--gres=gpu:N`
+//! jobs reach the node as they would on a site that has not installed
+//! it), the SPANK plugin and smartmigd (sim backend, Slurm queries on).
+//! Every attack runs as the ordinary test user (`smartmig_suite::job_user`):
+//!
+//! - `SLURM_SHARDS_ON_NODE=3 sbatch --gres=gpu:1` (batch step) and
+//!   `SLURM_SHARDS_ON_NODE=7 srun --gres=gpu:1` (srun step): Slurm keeps the
+//!   user's variable for `gpu` jobs; before issue 42 they got a 3g.20gb and
+//!   a 7g.40gb instance, reshaping the GPU for them;
+//! - the same with `gpu_jobs=allow` (the plugin leaves honest whole-GPU
+//!   steps alone there): the forged claim still reaches smartmigd, which
+//!   checks slurmctld's record, refuses and logs it, and builds nothing;
+//! - a shard job with forged GPU variables (`SLURM_JOB_GPUS=1`,
+//!   `CUDA_VISIBLE_DEVICES=1`) and a forged count: Slurm overwrites them;
+//! - `SLURM_SHARDS_ON_NODE=7 CUDA_VISIBLE_DEVICES=1 sbatch` without GRES:
+//!   Slurm removes the variables, the plugin is not involved;
+//! - a `gpu` job submitted from inside a `shard:2` job, which inherits
+//!   `SLURM_SHARDS_ON_NODE=2`: it used to be confined to a 2g.10gb.
+//!
+//! The plugin cannot tell a forged `SLURM_SHARDS_ON_NODE` from Slurm's own
+//! (a `gpu` job's step environment is the same either way, verified on
+//! 22.05, and SPANK has no GRES item), so the refusal is smartmigd's:
+//! `not_granted`, naming the grant, and the job fails whatever
+//! `on_failure` says.
+//!
+//! Needs root and a release build of the workspace (`scripts/test`).
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use smartmig_suite::{describe, job_user, plugstack_line, Sidecar, SlurmCluster};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+/// smartmigd's refusal of a shard count Slurm did not grant.
+const NOT_SLURMS: &str = "Slurm granted this job no shards on this node (gpu on GPU 0)";
+/// A `gpu` job with a shard count of the user's.
+const FORGED_GPU_JOB: [&str; 2] = ["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"];
+/// What a job prints: its devices and profile.
+const ECHO: &str = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
+
+fn cluster(plugin_extra: &str) -> SlurmCluster {
+    std::env::remove_var("SMARTMIG_SLURM_JOB_SUBMIT");
+    let extra = plugin_extra.to_string();
+    SlurmCluster::up_with(move |dir| {
+        std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, &extra))
+            .expect("write plugstack.conf");
+    })
+}
+
+/// Instances any job holds, as `smartmig status` lists them.
+fn held(sidecar: &Sidecar) -> Vec<(u64, String)> {
+    Sidecar::instances(&sidecar.status())
+        .into_iter()
+        .filter_map(|i| {
+            let job = i.get("job_id")?.as_u64()?;
+            let profile = i.get("profile")?.as_str()?.to_string();
+            Some((job, profile))
+        })
+        .collect()
+}
+
+/// Runs `srun ARGS` as the test user with `env` added to its environment.
+fn srun_as_user(cluster: &SlurmCluster, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = cluster.command("timeout");
+    cmd.args(["60", "runuser", "-u", job_user(), "--", "env"]);
+    cmd.arg(format!("SLURM_CONF={}", cluster.slurm_conf().display()));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg("srun").args(args);
+    cmd.current_dir("/tmp");
+    cmd.output().expect("run srun")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Runs a batch job as the test user with its output in `name` (shared dir),
+/// and returns its final state and output.
+fn batch(cluster: &SlurmCluster, name: &str, args: &[&str], body: &str) -> (String, String) {
+    let out = cluster.shared_dir().join(name);
+    let job = cluster.sbatch_as_job_user(&out, args, body);
+    let state = cluster.wait_job(job, TIMEOUT);
+    (state, read(&out))
+}
+
+#[test]
+fn a_users_variables_never_choose_an_instance() {
+    let cluster = cluster("");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let jobs = cluster.shared_dir();
+
+    // Batch step of a gpu job with a forged shard count.
+    let (state, text) = batch(&cluster, "forged-batch.out", &FORGED_GPU_JOB, ECHO);
+    assert_eq!(state, "FAILED", "{text}\n{}", cluster.log_tails());
+    assert!(
+        text.contains(NOT_SLURMS),
+        "{text}\n{}",
+        cluster.smartmigd_log()
+    );
+    assert!(!text.contains("PROFILE=3g"), "got an instance: {text}");
+
+    // srun step of a gpu job with a forged shard count.
+    let out = srun_as_user(
+        &cluster,
+        &[("SLURM_SHARDS_ON_NODE", "7")],
+        &["--gres=gpu:1", "sh", "-c", "echo PROFILE=$SMARTMIG_PROFILE"],
+    );
+    let text = describe(&out);
+    assert!(!out.status.success(), "forged srun ran: {text}");
+    assert!(!text.contains("PROFILE=7g"), "forged srun got a 7g: {text}");
+    assert!(text.contains(NOT_SLURMS), "{text}");
+
+    // No GRES at all: Slurm removes the variables; nothing is built.
+    let (state, text) = batch(
+        &cluster,
+        "no-gres.out",
+        &["--export=ALL,SLURM_SHARDS_ON_NODE=7,CUDA_VISIBLE_DEVICES=1"],
+        ECHO,
+    );
+    assert_eq!(state, "COMPLETED", "{text}");
+    assert!(text.trim_end().ends_with("PROFILE="), "{text}");
+
+    // A gpu job submitted from inside a shard job inherits its count.
+    let inner_out = jobs.join("inner.out");
+    let outer_out = jobs.join("outer.out");
+    let outer = cluster.sbatch_as_job_user(
+        &outer_out,
+        &["--gres=shard:2"],
+        &format!(
+            "sbatch --parsable --gres=gpu:1 -o {} --wrap 'echo PROFILE=$SMARTMIG_PROFILE'; sleep 1",
+            inner_out.display()
+        ),
+    );
+    assert_eq!(
+        cluster.wait_job(outer, TIMEOUT),
+        "COMPLETED",
+        "{}",
+        read(&outer_out)
+    );
+    let inner: u32 = read(&outer_out)
+        .lines()
+        .find_map(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no inner job id: {}", read(&outer_out)));
+    let state = cluster.wait_job(inner, TIMEOUT);
+    assert_eq!(state, "FAILED", "inner job {inner}: {}", read(&inner_out));
+    assert!(
+        read(&inner_out).contains("SLURM_SHARDS_ON_NODE=2 is not Slurm's"),
+        "inner job {inner}: {}",
+        read(&inner_out)
+    );
+    assert!(
+        !read(&inner_out).contains("PROFILE=2g"),
+        "{}",
+        read(&inner_out)
+    );
+    assert!(
+        held(&sidecar).is_empty(),
+        "instances left: {:?}",
+        held(&sidecar)
+    );
+
+    // A shard job's GPU variables and count are Slurm's: forged ones are
+    // overwritten, and the job gets its 2 shards on the GPU Slurm chose.
+    let (state, text) = batch(
+        &cluster,
+        "forged-shard.out",
+        &[
+            "--gres=shard:2",
+            "--export=ALL,SLURM_SHARDS_ON_NODE=7,SLURM_JOB_GPUS=1,CUDA_VISIBLE_DEVICES=1",
+        ],
+        "echo PROFILE=$SMARTMIG_PROFILE SHARDS=$SLURM_SHARDS_ON_NODE GPUS=$SLURM_JOB_GPUS",
+    );
+    assert_eq!(state, "COMPLETED", "{text}");
+    assert!(text.contains("PROFILE=2g.10gb SHARDS=2 GPUS=0"), "{text}");
+}
+
+/// With `gpu_jobs=allow` an honest whole-GPU step runs on the GPU as Slurm
+/// placed it; a forged shard count reaches smartmigd, which checks
+/// slurmctld's record, refuses and logs the claim and builds nothing; the
+/// job fails with the reason.
+#[test]
+fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
+    let cluster = cluster("gpu_jobs=allow");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let (state, text) = batch(&cluster, "honest.out", &["--gres=gpu:1"], ECHO);
+    assert_eq!(state, "COMPLETED", "{text}");
+    assert!(text.contains("CVD=0 PROFILE="), "{text}");
+
+    let (state, text) = batch(&cluster, "forged.out", &FORGED_GPU_JOB, ECHO);
+    assert_eq!(state, "FAILED", "{text}");
+    assert!(text.contains(NOT_SLURMS), "{text}");
+    assert!(!text.contains("PROFILE=3g"), "{text}");
+    assert!(held(&sidecar).is_empty(), "{:?}", held(&sidecar));
+    let log = cluster.smartmigd_log();
+    assert!(
+        log.contains("refused: job") && log.contains("SLURM_SHARDS_ON_NODE=3 is not Slurm's"),
+        "no refusal in smartmigd's log:\n{log}"
+    );
+}
+
+/// `smartmig release` never gives a running job's instance away: refused
+/// while Slurm shows the job running (naming its state and what to do, the
+/// instance kept); `--force` cancels the job in Slurm first and releases
+/// once Slurm shows it ended.
+#[test]
+fn release_by_hand_keeps_a_running_jobs_instance() {
+    let cluster = cluster("");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let out = cluster.shared_dir().join("running.out");
+    let job = cluster.sbatch_as_job_user(&out, &["--gres=shard:3"], "sleep 300");
+    let running = smartmig_suite::wait_until(TIMEOUT, || {
+        held(&sidecar).iter().any(|(j, _)| *j == u64::from(job))
+    });
+    assert!(running, "job {job} got no instance: {}", read(&out));
+    let smartmig = smartmig_suite::artifact("smartmig");
+    let release = |extra: &[&str]| {
+        cluster
+            .command(smartmig.to_str().expect("utf-8 path"))
+            .arg("release")
+            .args(extra)
+            .arg(job.to_string())
+            .arg("--socket")
+            .arg(sidecar.socket())
+            .output()
+            .expect("run smartmig release")
+    };
+
+    let refused = release(&[]);
+    let text = describe(&refused);
+    assert!(
+        !refused.status.success(),
+        "release of a running job: {text}"
+    );
+    assert!(
+        text.contains(&format!("job {job} is RUNNING in Slurm"))
+            && text.contains(&format!("smartmig release --force {job}")),
+        "{text}"
+    );
+    assert_eq!(
+        held(&sidecar),
+        vec![(u64::from(job), "3g.20gb".to_string())]
+    );
+    assert_eq!(cluster.job_state(job).as_deref(), Some("RUNNING"));
+
+    let forced = release(&["--force"]);
+    let text = describe(&forced);
+    assert!(forced.status.success(), "release --force: {text}");
+    assert!(text.contains("cancelled in Slurm"), "{text}");
+    assert_eq!(cluster.wait_job(job, TIMEOUT), "CANCELLED");
+    assert!(held(&sidecar).is_empty(), "{:?}", held(&sidecar));
+}
