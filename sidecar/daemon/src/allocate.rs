@@ -38,6 +38,8 @@ pub struct Instance {
     pub placement: PlacementId,
     /// `MIG-<uuid>`, stable for the instance's life.
     pub uuid: String,
+    /// The GPU-instance id the backend reports (DCGM's `GPU_I_ID`), if any.
+    pub gi: Option<u32>,
     pub job: Option<Assignment>,
     /// Unix seconds since the instance is idle (creation or last release).
     pub idle_since: u64,
@@ -241,10 +243,18 @@ impl GpuBook {
         self.instances.push(Instance {
             placement,
             uuid,
+            gi: None,
             job: None,
             idle_since: now,
         });
         self.instances.sort_by_key(|i| i.placement);
+    }
+
+    /// Records the GPU-instance id the backend gave instance `uuid`.
+    pub fn set_gpu_instance_id(&mut self, uuid: &str, gi: Option<u32>) {
+        if let Some(inst) = self.instances.iter_mut().find(|i| i.uuid == uuid) {
+            inst.gi = gi;
+        }
     }
 
     /// Forgets a destroyed instance. Panics if a job holds it: destroying a

@@ -33,6 +33,7 @@ pub mod allocate;
 pub mod backend;
 pub mod config;
 pub mod fsutil;
+pub mod jobmap;
 pub mod journal;
 pub mod memory;
 pub mod metrics;

@@ -208,6 +208,20 @@ impl Geometry {
         })
     }
 
+    /// The GPU-instance id the driver gives placement `id`: the memory
+    /// slots numbered as a binary tree (8 slots: size 8 -> 0, size 4 -> 1 +
+    /// start/4, size 2 -> 3 + start/2, size 1 -> 7 + start; the A30's 4
+    /// slots alike), as on A100 and H100. The real driver's id is read from
+    /// NVML; this is the one the simulator and the NVML emulator give.
+    pub fn gpu_instance_id(&self, id: PlacementId) -> u32 {
+        let p = self.placement(id);
+        slot_tree_id(
+            u32::from(self.spec.memory_slices),
+            u32::from(p.start),
+            u32::from(p.profile.shape.memory),
+        )
+    }
+
     /// Memory slots used by `layout`.
     pub fn memory_mask(&self, layout: Layout) -> u16 {
         layout
@@ -394,6 +408,13 @@ impl Geometry {
             .collect::<Vec<_>>()
             .join("+")
     }
+}
+
+/// The id of the memory-slot run (`start`, `size` slots) of a GPU with
+/// `slots` memory slots in the driver's binary-tree numbering (see
+/// [`Geometry::gpu_instance_id`]).
+pub fn slot_tree_id(slots: u32, start: u32, size: u32) -> u32 {
+    slots / size - 1 + start / size
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ pub mod models;
 pub mod placement;
 pub mod profile;
 
-pub use geometry::{Geometry, Headroom, LayoutError};
+pub use geometry::{slot_tree_id, Geometry, Headroom, LayoutError};
 pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
 pub use models::{GpuModel, ModelSpec, ProfileSpec, Shape, UnknownModel, MAX_PROFILES, MODELS};
 pub use placement::Transition;

@@ -97,8 +97,7 @@ pub fn placements(p: &ProfileSpec) -> Vec<(u32, u32)> {
 /// tree (8 slots: size 8 -> 0, size 4 -> 1 + start/4, size 2 -> 3 +
 /// start/2, size 1 -> 7 + start; the A30's 4 slots alike).
 pub fn gi_id(model: GpuModel, start: u32, size: u32) -> u32 {
-    let slots = u32::from(model.spec().memory_slices);
-    slots / size - 1 + start / size
+    smartmig_mig::slot_tree_id(u32::from(model.spec().memory_slices), start, size)
 }
 
 /// The current layout of `gpu`, in the table's terms.

@@ -547,6 +547,10 @@ impl Backend for NvmlBackend {
             })
     }
 
+    fn gpu_instance_id(&self, gpu: u32, uuid: &str) -> Option<u32> {
+        self.instance_ids(gpu, uuid).ok().map(|(gi, _)| gi)
+    }
+
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
         self.gpu(gpu)?;
         let (gi_id, ci_id) = self.instance_ids(gpu, uuid)?;
