@@ -873,6 +873,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("metrics_listen:"), "{err}");
+        for dir in ["dcgm", "/var/lib/smartmig"] {
+            let err = Config::parse(&format!("hpc_job_mapping_dir = \"{dir}\"\n{MINIMAL}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("hpc_job_mapping_dir:"), "{err}");
+        }
         let err = Config::parse(&format!("sokcet = \"/x\"\n{MINIMAL}"))
             .unwrap_err()
             .to_string();

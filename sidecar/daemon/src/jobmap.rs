@@ -21,20 +21,21 @@ use crate::allocate::GpuBook;
 use crate::fsutil::{atomic_write_mode, remove_if_present};
 
 /// The mapping files one GPU should have now: file name -> content. The
-/// GPU's own file lists every job on it (its GPU-wide series, power for
+/// GPU's own file lists every job on it, in order (its GPU-wide series, power for
 /// one, are shared); each busy instance's file lists its job.
 pub fn wanted(book: &GpuBook) -> BTreeMap<String, String> {
     let mut files = BTreeMap::new();
-    let mut gpu_jobs = String::new();
+    let mut gpu_jobs = std::collections::BTreeSet::new();
     for inst in &book.instances {
         let Some(a) = &inst.job else { continue };
-        gpu_jobs.push_str(&format!("{}\n", a.job_id));
+        gpu_jobs.insert(a.job_id);
         if let Some(gi) = inst.gi {
             files.insert(format!("{}.{gi}", book.index), format!("{}\n", a.job_id));
         }
     }
     if !gpu_jobs.is_empty() {
-        files.insert(book.index.to_string(), gpu_jobs);
+        let lines: String = gpu_jobs.iter().map(|j| format!("{j}\n")).collect();
+        files.insert(book.index.to_string(), lines);
     }
     files
 }

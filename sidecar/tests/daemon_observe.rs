@@ -1,0 +1,153 @@
+//! What admins see beside DCGM (issue 44), through a real smartmigd on
+//! its Unix socket (sim backend, or the NVML emulator with
+//! `SMARTMIG_TEST_BACKEND=nvml`): dcgm-exporter's HPC job-mapping files
+//! appear with jobs and go with them.
+
+mod daemon_common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
+
+/// The mapping directory's files (dot-files, the exporter skips them,
+/// left out): name -> content.
+fn mapping(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .map(|n| {
+            let text = std::fs::read_to_string(dir.join(&n)).unwrap();
+            (n, text)
+        })
+        .collect()
+}
+
+/// The GPU-instance file of `gpu` (`<gpu>.<GI id>`) among `files`.
+fn instance_file(files: &BTreeMap<String, String>, gpu: u32) -> (String, String) {
+    let prefix = format!("{gpu}.");
+    let (name, text) = files
+        .iter()
+        .find(|(n, _)| n.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix}<GI> file in {files:?}"));
+    let gi = &name[prefix.len()..];
+    assert!(gi.parse::<u32>().is_ok(), "{name}: not <gpu>.<GI id>");
+    (name.clone(), text.clone())
+}
+
+#[test]
+fn job_mapping_files_follow_allocate_and_release() {
+    let d = TestDaemon::start_with("jobmap", |dir| {
+        daemon_common::base_config(
+            dir,
+            &format!(
+                "hpc_job_mapping_dir = \"{}\"\n",
+                dir.join("dcgm-jobs").display()
+            ),
+        )
+    });
+    let map = d.dir.join("dcgm-jobs");
+    assert!(mapping(&map).is_empty(), "no jobs, no files");
+    let c = d.client();
+    c.allocate(req(4101, 0, 3, None)).unwrap();
+    c.allocate(req(4102, 0, 1, None)).unwrap();
+    c.allocate(req(4103, 1, 2, None)).unwrap();
+    let files = mapping(&map);
+    assert_eq!(
+        files.len(),
+        5,
+        "GPU files 0 and 1, three instance files: {files:?}"
+    );
+    assert_eq!(files["0"], "4101\n4102\n");
+    assert_eq!(files["1"], "4103\n");
+    assert_eq!(instance_file(&files, 1).1, "4103\n");
+    let on0: Vec<&String> = files.keys().filter(|n| n.starts_with("0.")).collect();
+    assert_eq!(on0.len(), 2, "{files:?}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(map.join("0")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o644, "the exporter may not run as root");
+
+    c.release(4101).unwrap();
+    let files = mapping(&map);
+    assert_eq!(files["0"], "4102\n");
+    assert_eq!(instance_file(&files, 0).1, "4102\n");
+    assert_eq!(
+        files.len(),
+        4,
+        "GPU files 0 and 1, two instance files: {files:?}"
+    );
+    c.release(4102).unwrap();
+    c.release(4103).unwrap();
+    assert!(mapping(&map).is_empty(), "{:?}", mapping(&map));
+}
+
+/// A restarted daemon rewrites the directory from its books: a file left
+/// by hand (or by a crash) for a job that no longer holds anything goes,
+/// the running job's file comes back.
+#[test]
+fn job_mapping_is_rebuilt_at_start() {
+    let mut d = TestDaemon::start_with("jobmap-restart", |dir| {
+        daemon_common::base_config(
+            dir,
+            &format!(
+                "hpc_job_mapping_dir = \"{}\"\n",
+                dir.join("dcgm-jobs").display()
+            ),
+        )
+    });
+    let map = d.dir.join("dcgm-jobs");
+    d.client().allocate(req(4201, 1, 1, None)).unwrap();
+    let (name, _) = instance_file(&mapping(&map), 1);
+    d.kill9();
+    std::fs::remove_file(map.join(&name)).unwrap();
+    std::fs::write(map.join("0.13"), "999\n").unwrap();
+    std::fs::write(map.join("notes.txt"), "the admin's\n").unwrap();
+    d.spawn();
+    let files = mapping(&map);
+    assert_eq!(
+        files.get(&name).map(String::as_str),
+        Some("4201\n"),
+        "{files:?}"
+    );
+    assert!(!files.contains_key("0.13"), "{files:?}");
+    assert_eq!(
+        files["notes.txt"], "the admin's\n",
+        "other files are left alone"
+    );
+}
+
+/// The reaper (here `smartmig reconcile`'s request) releases a job Slurm
+/// no longer lists: its files go too.
+#[test]
+fn job_mapping_follows_reconcile() {
+    let queue = r#"{"jobs":[{"job_id":4301,"job_state":"RUNNING","time_limit":60}]}"#;
+    let d = with_fake_slurm(
+        "jobmap-reconcile",
+        &format!(
+            "epoch_s = 3600\nhpc_job_mapping_dir = \"{}\"\n",
+            std::env::temp_dir()
+                .join(format!(
+                    "smartmig-it-jobmap-reconcile-{}",
+                    std::process::id()
+                ))
+                .join("dcgm-jobs")
+                .display()
+        ),
+        queue,
+    );
+    let map = d.dir.join("dcgm-jobs");
+    let c = d.client();
+    c.allocate(req(4301, 0, 1, None)).unwrap();
+    c.allocate(req(4302, 0, 1, None)).unwrap();
+    assert_eq!(mapping(&map)["0"], "4301\n4302\n");
+    // Assignments made in the second the queue is read are never reaped.
+    let t = unix_now();
+    d.wait_until("the second after the allocations", || unix_now() > t);
+    assert_eq!(c.reconcile().unwrap().released_jobs, [4302]);
+    let files = mapping(&map);
+    assert_eq!(files["0"], "4301\n");
+    assert_eq!(instance_file(&files, 0).1, "4301\n");
+    assert_eq!(files.len(), 2, "{files:?}");
+}
