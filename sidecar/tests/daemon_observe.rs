@@ -151,3 +151,100 @@ fn job_mapping_follows_reconcile() {
     assert_eq!(instance_file(&files, 0).1, "4301\n");
     assert_eq!(files.len(), 2, "{files:?}");
 }
+
+/// The value of the series `line_start` (name and labels as printed) in
+/// a scrape, if present.
+fn value(scrape: &str, line_start: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The series that join DCGM's, scraped from a real smartmigd: one per
+/// instance with DCGM's labels and the job, slices by state, an allocate
+/// waiting by profile and the fragmentation it sees, the reconfiguration
+/// histogram and the policy running.
+#[test]
+fn metrics_join_dcgm_and_show_waiting_and_fragmentation() {
+    let port = daemon_common::free_port();
+    let d = TestDaemon::start_with("observe-metrics", |dir| {
+        daemon_common::base_config(dir, &format!("metrics_listen = \"127.0.0.1:{port}\"\n"))
+            .replace("allocate_wait_s = 1\n", "allocate_wait_s = 60\n")
+    });
+    let c = d.client();
+    c.allocate(req(4401, 0, 1, None)).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim();
+    let text = daemon_common::scrape(port);
+    let busy = text
+        .lines()
+        .find(|l| l.starts_with("smartmig_mig_instance_busy{") && l.contains("hpc_job=\"4401\""))
+        .unwrap_or_else(|| panic!("no busy instance series for job 4401:\n{text}"));
+    for label in [
+        "gpu=\"0\"".to_string(),
+        "GPU_I_PROFILE=\"1g.5gb\"".into(),
+        format!("Hostname=\"{host}\""),
+    ] {
+        assert!(busy.contains(&label), "{label} missing in {busy}");
+    }
+    assert!(
+        busy.contains("GPU_I_ID=\"") && !busy.contains("GPU_I_ID=\"\""),
+        "{busy}"
+    );
+    assert!(busy.ends_with(" 1"), "{busy}");
+    let slices = "smartmig_compute_slices{gpu=\"0\",profile=\"1g.5gb\",state=\"busy\"}";
+    assert_eq!(value(&text, slices), Some(1.0), "{text}");
+    let created = "smartmig_reconfiguration_duration_seconds_count{op=\"create\"}";
+    assert_eq!(value(&text, created), Some(1.0), "{text}");
+    assert_eq!(
+        value(
+            &text,
+            "smartmig_policy_info{configured=\"none\",running=\"none\",fallback=\"false\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+
+    // A 7g request must wait for the 1g: it is counted, and the 6 free
+    // slices it cannot use are fragmentation.
+    let waiter = {
+        let c = d.client();
+        std::thread::spawn(move || c.allocate(req(4402, 0, 7, None)))
+    };
+    let waiting = "smartmig_waiting_allocations{profile=\"7g.40gb\"}";
+    d.wait_until("the 7g allocate is counted waiting", || {
+        value(&daemon_common::scrape(port), waiting) == Some(1.0)
+    });
+    let text = daemon_common::scrape(port);
+    assert_eq!(
+        value(&text, "smartmig_fragmented_compute_slices{gpu=\"0\"}"),
+        Some(6.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "smartmig_fragmented_compute_slices{gpu=\"1\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    c.release(4401).unwrap();
+    let got = waiter.join().unwrap().unwrap();
+    assert_eq!(got.profile, "7g.40gb");
+    let text = daemon_common::scrape(port);
+    assert_eq!(value(&text, waiting), None, "{text}");
+    assert_eq!(
+        value(&text, "smartmig_fragmented_compute_slices{gpu=\"0\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    let destroyed = "smartmig_reconfiguration_duration_seconds_count{op=\"destroy\"}";
+    assert_eq!(
+        value(&text, destroyed),
+        Some(1.0),
+        "the 1g made room: {text}"
+    );
+    assert!(
+        text.contains("hpc_job=\"4402\"") && !text.contains("hpc_job=\"4401\""),
+        "{text}"
+    );
+}

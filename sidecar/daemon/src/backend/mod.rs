@@ -110,6 +110,11 @@ pub trait Backend: Send + Sync {
     fn gpu_instance_id(&self, _gpu: u32, _uuid: &str) -> Option<u32> {
         None
     }
+    /// The GPU's own UUID (`GPU-...`, DCGM's `UUID` label, also on its MIG
+    /// instances' series), if the backend has one.
+    fn gpu_uuid(&self, _gpu: u32) -> Option<String> {
+        None
+    }
     /// Energy used by `gpu` since the backend started (J), if known.
     fn energy_j(&self, _gpu: u32) -> Option<f64> {
         None

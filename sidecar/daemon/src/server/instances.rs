@@ -21,8 +21,10 @@ pub(super) fn create(
     now: u64,
 ) -> Result<String, BackendError> {
     let backend = &svc.backend;
+    let t0 = std::time::Instant::now();
     let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))?;
-    svc.metrics.reconfiguration(gpu, "create");
+    svc.metrics
+        .reconfiguration(gpu, "create", t0.elapsed().as_secs_f64());
     tracing::info!(gpu, %uuid, instance = %book.geometry.placement(placement).describe(), "created instance");
     adopt(svc.backend.as_ref(), book, placement, uuid.clone(), now);
     Ok(uuid)
@@ -51,8 +53,10 @@ pub(super) fn destroy_idle(
     uuid: &str,
     why: &str,
 ) -> Result<(), BackendError> {
+    let t0 = std::time::Instant::now();
     tokio::task::block_in_place(|| svc.backend.destroy(gpu, uuid))?;
-    svc.metrics.reconfiguration(gpu, "destroy");
+    svc.metrics
+        .reconfiguration(gpu, "destroy", t0.elapsed().as_secs_f64());
     tracing::info!(gpu, %uuid, "destroyed idle instance{why}");
     book.remove_instance(uuid);
     Ok(())
