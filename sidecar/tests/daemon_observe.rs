@@ -24,6 +24,17 @@ fn mapping(dir: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A daemon keeping the job-mapping files in `<its dir>/dcgm-jobs`.
+fn with_job_mapping(name: &str) -> TestDaemon {
+    TestDaemon::start_with(name, |dir| {
+        let map = dir.join("dcgm-jobs");
+        daemon_common::base_config(
+            dir,
+            &format!("hpc_job_mapping_dir = \"{}\"\n", map.display()),
+        )
+    })
+}
+
 /// The GPU-instance file of `gpu` (`<gpu>.<GI id>`) among `files`.
 fn instance_file(files: &BTreeMap<String, String>, gpu: u32) -> (String, String) {
     let prefix = format!("{gpu}.");
@@ -38,15 +49,7 @@ fn instance_file(files: &BTreeMap<String, String>, gpu: u32) -> (String, String)
 
 #[test]
 fn job_mapping_files_follow_allocate_and_release() {
-    let d = TestDaemon::start_with("jobmap", |dir| {
-        daemon_common::base_config(
-            dir,
-            &format!(
-                "hpc_job_mapping_dir = \"{}\"\n",
-                dir.join("dcgm-jobs").display()
-            ),
-        )
-    });
+    let d = with_job_mapping("jobmap");
     let map = d.dir.join("dcgm-jobs");
     assert!(mapping(&map).is_empty(), "no jobs, no files");
     let c = d.client();
@@ -88,15 +91,7 @@ fn job_mapping_files_follow_allocate_and_release() {
 /// the running job's file comes back.
 #[test]
 fn job_mapping_is_rebuilt_at_start() {
-    let mut d = TestDaemon::start_with("jobmap-restart", |dir| {
-        daemon_common::base_config(
-            dir,
-            &format!(
-                "hpc_job_mapping_dir = \"{}\"\n",
-                dir.join("dcgm-jobs").display()
-            ),
-        )
-    });
+    let mut d = with_job_mapping("jobmap-restart");
     let map = d.dir.join("dcgm-jobs");
     d.client().allocate(req(4201, 1, 1, None)).unwrap();
     let (name, _) = instance_file(&mapping(&map), 1);

@@ -32,6 +32,23 @@ pub struct Assignment {
     pub wait_s: u64,
 }
 
+#[cfg(test)]
+impl Assignment {
+    /// Job `job_id` of uid 1000, since time 0, nothing else known: the
+    /// unit tests' holder.
+    pub(crate) fn of_test_job(job_id: u64) -> Assignment {
+        Assignment {
+            job_id,
+            step: None,
+            uid: 1000,
+            since: 0,
+            deadline: None,
+            time_limit_s: None,
+            wait_s: 0,
+        }
+    }
+}
+
 /// One MIG instance the daemon knows of.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instance {
@@ -317,15 +334,7 @@ mod tests {
     }
 
     fn job(id: u64) -> Assignment {
-        Assignment {
-            job_id: id,
-            step: None,
-            uid: 1000,
-            since: 0,
-            deadline: None,
-            time_limit_s: None,
-            wait_s: 0,
-        }
+        Assignment::of_test_job(id)
     }
 
     /// Runs a plan the way the shell does, with made-up uuids.

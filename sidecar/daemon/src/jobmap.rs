@@ -99,18 +99,6 @@ mod tests {
     use crate::allocate::Assignment;
     use crate::mig::{Geometry, GpuModel};
 
-    fn job(id: u64) -> Assignment {
-        Assignment {
-            job_id: id,
-            step: None,
-            uid: 1000,
-            since: 0,
-            deadline: None,
-            time_limit_s: None,
-            wait_s: 0,
-        }
-    }
-
     /// GPU 2 (A100-40GB) with a busy 3g (GI 1), a busy 1g (GI 11) and an
     /// idle 1g.
     fn book() -> GpuBook {
@@ -131,8 +119,8 @@ mod tests {
             b.add_instance(id, uuid.into(), 0);
             b.set_gpu_instance_id(uuid, Some(g.gpu_instance_id(id)));
         }
-        b.assign("MIG-a", job(41));
-        b.assign("MIG-b", job(42));
+        b.assign("MIG-a", Assignment::of_test_job(41));
+        b.assign("MIG-b", Assignment::of_test_job(42));
         b
     }
 

@@ -335,18 +335,7 @@ mod tests {
         let mut b = GpuBook::new(0, g, 0);
         let three = g.placement_id(Shape::new(3, 4), 4).expect("3g at 4");
         b.add_instance(three, "MIG-busy".into(), 0);
-        b.assign(
-            "MIG-busy",
-            Assignment {
-                job_id: 99,
-                step: None,
-                uid: 1000,
-                since: 0,
-                deadline: None,
-                time_limit_s: None,
-                wait_s: 0,
-            },
-        );
+        b.assign("MIG-busy", Assignment::of_test_job(99));
         b
     }
 
