@@ -74,7 +74,6 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
     };
     let mut layouts = Vec::new();
     for gpu in &cx.books.gpus {
-        let gpu_uuid = tokio::task::block_in_place(|| cx.svc.backend.gpu_uuid(gpu.index));
         let mut st = gpu.state.lock().await;
         let modelled = st.tick_energy();
         let g = st.book.geometry;
@@ -82,7 +81,7 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
             let p = g.placement(i.placement);
             now.instances.push(MigInstance {
                 gpu: gpu.index,
-                gpu_uuid: gpu_uuid.clone().unwrap_or_default(),
+                gpu_uuid: gpu.uuid.clone().unwrap_or_default(),
                 profile: p.profile.name(),
                 gi: i.gi,
                 job: i.job.as_ref().map(|a| a.job_id),

@@ -79,7 +79,7 @@ impl Daemon {
         let mut gpus = Vec::new();
         for gpu in backend.gpus() {
             let book = rebuild_book(backend.as_ref(), &journal, gpu.index, gpu.model, now)?;
-            gpus.push(Gpu::new(book, gpu.model));
+            gpus.push(Gpu::new(book, gpu.model, backend.gpu_uuid(gpu.index)));
         }
         let models: Vec<GpuModel> = gpus.iter().map(|g| g.model).collect();
         let policy = build_policy(&config.policy, &models).map_err(StartError::Policy)?;
