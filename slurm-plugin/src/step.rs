@@ -105,12 +105,12 @@ unsafe fn ours(sp: sys::spank_t) -> Result<Option<Step>, Outcome> {
     let step_id = step.unwrap_or(job::BATCH_STEP);
     // SAFETY: `sp` is the callback's handle.
     let gres = match job::step_gres(step_id, |name| unsafe { spank::getenv(sp, name) }) {
-        // SAFETY: `sp` is the callback's handle.
         Ok(None) => {
+            // SAFETY: `sp` is the callback's handle.
             return match unsafe { whole_gpu_step(sp, step_id) } {
                 Outcome::Untouched => Ok(None),
                 failed => Err(failed),
-            }
+            };
         }
         Ok(Some(g)) => g,
         Err(e) => {

@@ -14,12 +14,29 @@ use crate::mig::{select_profile, Geometry, Layout, PlacementId, ProfileSpec, Sel
 
 pub use crate::formats::journal::Assignment;
 
+/// Job `job_id` of uid 1000, since time 0, nothing else known: the unit
+/// tests' holder.
+#[cfg(test)]
+pub(crate) fn test_assignment(job_id: u64) -> Assignment {
+    Assignment {
+        job_id,
+        step: None,
+        uid: 1000,
+        since: 0,
+        deadline: None,
+        time_limit_s: None,
+        wait_s: 0,
+    }
+}
+
 /// One MIG instance the daemon knows of.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instance {
     pub placement: PlacementId,
     /// `MIG-<uuid>`, stable for the instance's life.
     pub uuid: String,
+    /// The GPU-instance id the backend reports (DCGM's `GPU_I_ID`), if any.
+    pub gi: Option<u32>,
     pub job: Option<Assignment>,
     /// Unix seconds since the instance is idle (creation or last release).
     pub idle_since: u64,
@@ -223,10 +240,18 @@ impl GpuBook {
         self.instances.push(Instance {
             placement,
             uuid,
+            gi: None,
             job: None,
             idle_since: now,
         });
         self.instances.sort_by_key(|i| i.placement);
+    }
+
+    /// Records the GPU-instance id the backend gave instance `uuid`.
+    pub fn set_gpu_instance_id(&mut self, uuid: &str, gi: Option<u32>) {
+        if let Some(inst) = self.instances.iter_mut().find(|i| i.uuid == uuid) {
+            inst.gi = gi;
+        }
     }
 
     /// Forgets a destroyed instance. Panics if a job holds it: destroying a
@@ -289,15 +314,7 @@ mod tests {
     }
 
     fn job(id: u64) -> Assignment {
-        Assignment {
-            job_id: id,
-            step: None,
-            uid: 1000,
-            since: 0,
-            deadline: None,
-            time_limit_s: None,
-            wait_s: 0,
-        }
+        crate::allocate::test_assignment(id)
     }
 
     /// Runs a plan the way the shell does, with made-up uuids.

@@ -404,6 +404,11 @@ pub struct Config {
     pub isolate_devices: bool,
     /// `host:port` of the Prometheus endpoint (absent: no metrics server).
     pub metrics_listen: Option<String>,
+    /// The directory dcgm-exporter reads with `--hpc-job-mapping-dir`:
+    /// smartmigd keeps one file per GPU and per busy MIG instance there,
+    /// naming the jobs on it (absent: none written; docs/daemon.md "DCGM
+    /// job mapping").
+    pub hpc_job_mapping_dir: Option<PathBuf>,
     pub slurm: SlurmConfig,
     /// Learned memory estimates.
     pub memory: MemoryConfig,
@@ -448,6 +453,7 @@ impl Default for Config {
             publish_layout: false,
             isolate_devices: true,
             metrics_listen: None,
+            hpc_job_mapping_dir: None,
             slurm: SlurmConfig::default(),
             memory: MemoryConfig::default(),
             oom: OomConfig::default(),
@@ -540,6 +546,15 @@ impl Config {
         }
         if self.journal_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
             return Err(invalid("journal_dir", "must be an absolute path"));
+        }
+        if let Some(d) = &self.hpc_job_mapping_dir {
+            if !d.is_absolute() || d == &self.state_dir || d == &self.journal_dir() {
+                return Err(invalid(
+                    "hpc_job_mapping_dir",
+                    "must be an absolute path of its own (not state_dir or journal_dir): \
+                     smartmigd removes the files there that no job needs",
+                ));
+            }
         }
         if self.sim.caps_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
             return Err(invalid("sim.caps_dir", "must be an absolute path"));
@@ -756,7 +771,7 @@ impl Config {
 
     /// What SIGHUP makes of `new` when `self` is running: `new` with every
     /// restart-only setting (socket, state_dir, journal_dir, backend, gpus, sim, nvml,
-    /// metrics_listen, log_level, memory.estimator) kept from `self`, and
+    /// metrics_listen, hpc_job_mapping_dir, log_level, memory.estimator) kept from `self`, and
     /// the names of those that differed. The one list of restart-only keys.
     pub fn reloaded(&self, new: &Config) -> (Config, Vec<&'static str>) {
         let mut merged = new.clone();
@@ -778,6 +793,7 @@ impl Config {
         keep!("sim", sim);
         keep!("nvml", nvml);
         keep!("metrics_listen", metrics_listen);
+        keep!("hpc_job_mapping_dir", hpc_job_mapping_dir);
         keep!("log_level", log_level);
         keep!("memory.estimator", memory.estimator);
         // Into or out of advise mode only by a restart: a node leaving
@@ -920,6 +936,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("metrics_listen:"), "{err}");
+        for dir in ["dcgm", "/var/lib/smartmig"] {
+            let err = Config::parse(&format!("hpc_job_mapping_dir = \"{dir}\"\n{MINIMAL}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("hpc_job_mapping_dir:"), "{err}");
+        }
         let err = Config::parse(&format!("sokcet = \"/x\"\n{MINIMAL}"))
             .unwrap_err()
             .to_string();

@@ -35,6 +35,7 @@ pub mod config;
 pub mod fsutil;
 pub mod grant;
 pub mod holds;
+pub mod jobmap;
 pub mod journal;
 pub mod make_room;
 pub mod memory;

@@ -63,12 +63,66 @@ struct GpuLabel {
     gpu: String,
 }
 
-/// One instance count for the scrape-time gauges.
-pub struct InstanceCount {
+/// One MIG instance labelled as dcgm-exporter labels its series, so that
+/// a PromQL join on (`Hostname`, `gpu`, `GPU_I_ID`) pairs them.
+#[allow(non_snake_case)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DcgmLabel {
+    gpu: String,
+    UUID: String,
+    GPU_I_PROFILE: String,
+    GPU_I_ID: String,
+    Hostname: String,
+    /// The job holding it; empty (Prometheus: no label) while idle.
+    hpc_job: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SliceLabel {
+    gpu: String,
+    profile: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    configured: String,
+    running: String,
+    fallback: String,
+}
+
+/// One MIG instance for the scrape-time series.
+pub struct MigInstance {
     pub gpu: u32,
+    /// The parent GPU's UUID (`GPU-...`), empty when the backend has none.
+    pub gpu_uuid: String,
     pub profile: String,
-    pub busy: bool,
-    pub count: i64,
+    pub gi: Option<u32>,
+    pub job: Option<u64>,
+    pub compute: u8,
+}
+
+/// What the scrape-time gauges show, read from the books at the scrape.
+#[derive(Default)]
+pub struct Scrape {
+    pub instances: Vec<MigInstance>,
+    /// Energy used per GPU (J).
+    pub energy: Vec<(u32, f64)>,
+    pub epilog_missing: bool,
+    /// The host name (DCGM's `Hostname`).
+    pub hostname: String,
+    /// Allocates waiting for room, by profile.
+    pub waiting: Vec<(String, i64)>,
+    /// Free compute slices that cannot host the largest waiting request,
+    /// per GPU.
+    pub fragmentation: Vec<(u32, i64)>,
+    /// The `policy` setting and the policy running (its name as built).
+    pub policy: (String, String),
 }
 
 /// The daemon's metrics.
@@ -92,6 +146,12 @@ pub struct Metrics {
     summary_age: Gauge,
     panics: Family<TaskLabel, Counter>,
     epochs: Counter,
+    dcgm: Family<DcgmLabel, Gauge>,
+    slices: Family<SliceLabel, Gauge>,
+    waiting: Family<ProfileLabel, Gauge>,
+    fragmentation: Family<GpuLabel, Gauge>,
+    reconfiguration_seconds: Family<OpLabel, Histogram>,
+    policy: Family<PolicyLabel, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -170,6 +230,30 @@ mod help {
         "panics",
         "Panics caught, by task: a request's op (answered with an internal error), epoch, memory_sample or connection (a bug: the log has the details)",
     );
+    pub const MIG_INSTANCE: (&str, &str) = (
+        "mig_instance_busy",
+        "1 while a job holds the MIG instance, 0 while idle; labelled like dcgm-exporter's series (gpu, UUID, GPU_I_PROFILE, GPU_I_ID, Hostname) with the job in hpc_job",
+    );
+    pub const SLICES: (&str, &str) = (
+        "compute_slices",
+        "Compute slices in MIG instances, by GPU, profile and state (busy/idle)",
+    );
+    pub const WAITING: (&str, &str) = (
+        "waiting_allocations",
+        "Allocates waiting in smartmigd for room, by the profile they would get",
+    );
+    pub const FRAGMENTATION: (&str, &str) = (
+        "fragmented_compute_slices",
+        "Free compute slices that cannot host the largest request waiting on the GPU (0: it fits, or none waits)",
+    );
+    pub const RECONFIGURATION_SECONDS: (&str, &str) = (
+        "reconfiguration_duration_seconds",
+        "Time of one MIG instance create or destroy (the backend call), by op",
+    );
+    pub const POLICY: (&str, &str) = (
+        "policy_info",
+        "1 for the repartitioning policy running: configured (the policy setting), running (what runs) and fallback (true when a learned policy could not load and greedy runs)",
+    );
     pub const EPOCHS: (&str, &str) = (
         "epochs",
         "Epochs of the repartitioning loop that ran to the end",
@@ -215,6 +299,19 @@ impl Metrics {
             summary_age: registered(r, help::SUMMARY_AGE, Gauge::default()),
             panics: registered(r, help::PANICS, Family::default()),
             epochs: registered(r, help::EPOCHS, Counter::default()),
+            dcgm: registered(r, help::MIG_INSTANCE, Family::default()),
+            slices: registered(r, help::SLICES, Family::default()),
+            waiting: registered(r, help::WAITING, Family::default()),
+            fragmentation: registered(r, help::FRAGMENTATION, Family::default()),
+            // 1 ms .. ~33 s
+            reconfiguration_seconds: registered(
+                r,
+                help::RECONFIGURATION_SECONDS,
+                Family::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+                }),
+            ),
+            policy: registered(r, help::POLICY, Family::default()),
             registry,
         }
     }
@@ -251,13 +348,18 @@ impl Metrics {
             .inc();
     }
 
-    pub fn reconfiguration(&self, gpu: u32, op: &str) {
+    /// One instance created or destroyed (`op`), its backend call taking
+    /// `seconds`.
+    pub fn reconfiguration(&self, gpu: u32, op: &str, seconds: f64) {
         self.reconfigurations
             .get_or_create(&ReconfLabel {
                 gpu: gpu.to_string(),
                 op: op.to_string(),
             })
             .inc();
+        self.reconfiguration_seconds
+            .get_or_create(&OpLabel { op: op.to_string() })
+            .observe(seconds);
     }
 
     /// An out-of-memory decision: `cause` is `oom` or `early`.
@@ -309,37 +411,82 @@ impl Metrics {
         self.reaped.inc_by(n);
     }
 
-    /// The OpenMetrics text, with the gauges set from `instances`, `energy`
-    /// and whether the plugin's epilog seems not to run.
-    pub fn render(
-        &self,
-        instances: &[InstanceCount],
-        energy: &[(u32, f64)],
-        epilog_missing: bool,
-    ) -> String {
-        self.epilog_missing.set(i64::from(epilog_missing));
-        self.instances.clear();
-        for i in instances {
-            self.instances
-                .get_or_create(&InstanceLabel {
-                    gpu: i.gpu.to_string(),
-                    profile: i.profile.clone(),
-                    state: if i.busy { "busy" } else { "idle" }.into(),
-                })
-                .inc_by(i.count);
-        }
-        for &(gpu, j) in energy {
+    /// The OpenMetrics text, with the scrape-time gauges set from `now`.
+    pub fn render(&self, now: &Scrape) -> String {
+        self.epilog_missing.set(i64::from(now.epilog_missing));
+        self.set_instances(now);
+        for &(gpu, j) in &now.energy {
             self.energy
                 .get_or_create(&GpuLabel {
                     gpu: gpu.to_string(),
                 })
                 .set(j);
         }
+        self.waiting.clear();
+        for (profile, n) in &now.waiting {
+            self.waiting
+                .get_or_create(&ProfileLabel {
+                    profile: profile.clone(),
+                })
+                .inc_by(*n);
+        }
+        for &(gpu, n) in &now.fragmentation {
+            self.fragmentation
+                .get_or_create(&GpuLabel {
+                    gpu: gpu.to_string(),
+                })
+                .set(n);
+        }
+        self.policy.clear();
+        let (configured, running) = &now.policy;
+        let fallback = running.contains("(fallback");
+        self.policy
+            .get_or_create(&PolicyLabel {
+                configured: configured.clone(),
+                running: running.split(" (").next().unwrap_or(running).to_string(),
+                fallback: fallback.to_string(),
+            })
+            .set(1);
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out = "# metrics encoding failed\n".into();
         }
         out
+    }
+
+    /// The per-instance gauges: counts by profile and state, compute
+    /// slices, and one DCGM-labelled series per instance.
+    fn set_instances(&self, now: &Scrape) {
+        self.instances.clear();
+        self.slices.clear();
+        self.dcgm.clear();
+        for i in &now.instances {
+            let state = if i.job.is_some() { "busy" } else { "idle" };
+            self.instances
+                .get_or_create(&InstanceLabel {
+                    gpu: i.gpu.to_string(),
+                    profile: i.profile.clone(),
+                    state: state.into(),
+                })
+                .inc();
+            self.slices
+                .get_or_create(&SliceLabel {
+                    gpu: i.gpu.to_string(),
+                    profile: i.profile.clone(),
+                    state: state.into(),
+                })
+                .inc_by(i64::from(i.compute));
+            self.dcgm
+                .get_or_create(&DcgmLabel {
+                    gpu: i.gpu.to_string(),
+                    UUID: i.gpu_uuid.clone(),
+                    GPU_I_PROFILE: i.profile.clone(),
+                    GPU_I_ID: i.gi.map(|g| g.to_string()).unwrap_or_default(),
+                    Hostname: now.hostname.clone(),
+                    hpc_job: i.job.map(|j| j.to_string()).unwrap_or_default(),
+                })
+                .set(i64::from(i.job.is_some()));
+        }
     }
 }
 
@@ -352,19 +499,28 @@ mod tests {
         let m = Metrics::new();
         m.allocation("created", 0.0004);
         m.failure("no_fit");
-        m.reconfiguration(0, "create");
+        m.reconfiguration(0, "create", 0.2);
         m.panic("status");
         m.epoch();
-        let text = m.render(
-            &[InstanceCount {
+        let text = m.render(&Scrape {
+            instances: vec![MigInstance {
                 gpu: 0,
+                gpu_uuid: "GPU-1".into(),
                 profile: "3g.20gb".into(),
-                busy: true,
-                count: 1,
+                gi: Some(2),
+                job: Some(4711),
+                compute: 3,
             }],
-            &[(0, 12.5)],
-            true,
-        );
+            energy: vec![(0, 12.5)],
+            epilog_missing: true,
+            hostname: "n1".into(),
+            waiting: vec![("7g.40gb".into(), 2)],
+            fragmentation: vec![(0, 4)],
+            policy: (
+                "onnx:p.onnx".into(),
+                "greedy (fallback: onnx:p.onnx unavailable)".into(),
+            ),
+        });
         for needle in [
             "smartmig_allocations_total{result=\"created\"} 1",
             "smartmig_failures_total{kind=\"no_fit\"} 1",
@@ -375,6 +531,12 @@ mod tests {
             "smartmig_epilog_missing 1",
             "smartmig_panics_total{task=\"status\"} 1",
             "smartmig_epochs_total 1",
+            "smartmig_mig_instance_busy{gpu=\"0\",UUID=\"GPU-1\",GPU_I_PROFILE=\"3g.20gb\",GPU_I_ID=\"2\",Hostname=\"n1\",hpc_job=\"4711\"} 1",
+            "smartmig_compute_slices{gpu=\"0\",profile=\"3g.20gb\",state=\"busy\"} 3",
+            "smartmig_waiting_allocations{profile=\"7g.40gb\"} 2",
+            "smartmig_fragmented_compute_slices{gpu=\"0\"} 4",
+            "smartmig_reconfiguration_duration_seconds_bucket{le=\"0.256\",op=\"create\"} 1",
+            "smartmig_policy_info{configured=\"onnx:p.onnx\",running=\"greedy\",fallback=\"true\"} 1",
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }

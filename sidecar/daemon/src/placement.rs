@@ -325,7 +325,6 @@ fn learned_turn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocate::Assignment;
     use crate::mig::{Geometry, Shape};
 
     /// An A100-40GB whose 3g.20gb at memory slot 4 is busy: slots 0-3 are
@@ -335,18 +334,7 @@ mod tests {
         let mut b = GpuBook::new(0, g, 0);
         let three = g.placement_id(Shape::new(3, 4), 4).expect("3g at 4");
         b.add_instance(three, "MIG-busy".into(), 0);
-        b.assign(
-            "MIG-busy",
-            Assignment {
-                job_id: 99,
-                step: None,
-                uid: 1000,
-                since: 0,
-                deadline: None,
-                time_limit_s: None,
-                wait_s: 0,
-            },
-        );
+        b.assign("MIG-busy", crate::allocate::test_assignment(99));
         b
     }
 

@@ -209,6 +209,37 @@ impl Geometry {
         })
     }
 
+    /// The GPU-instance id the driver gives placement `id`: the memory
+    /// slots numbered as a binary tree (8 slots: size 8 -> 0, size 4 -> 1 +
+    /// start/4, size 2 -> 3 + start/2, size 1 -> 7 + start; the A30's 4
+    /// slots alike), as on A100 and H100. The real driver's id is read from
+    /// NVML; this is the one the simulator and the NVML emulator give.
+    pub fn gpu_instance_id(&self, id: PlacementId) -> u32 {
+        let p = self.placement(id);
+        slot_tree_id(
+            u32::from(self.spec.memory_slices),
+            u32::from(p.start),
+            u32::from(p.profile.shape.memory),
+        )
+    }
+
+    /// The fragmentation of `layout` for a request of `shape`: its free
+    /// compute slices (held by no instance) when none of `shape`'s
+    /// placements fits in the free space, so that those slices cannot
+    /// serve the request without a re-shape; 0 when one fits.
+    pub fn stranded_compute(&self, layout: Layout, shape: Shape) -> u8 {
+        let fits = self
+            .ids()
+            .any(|id| self.placement(id).shape() == shape && self.fits(layout, id));
+        if fits {
+            0
+        } else {
+            self.spec
+                .compute_slices
+                .saturating_sub(self.compute_used(layout))
+        }
+    }
+
     /// Memory slots used by `layout`.
     pub fn memory_mask(&self, layout: Layout) -> u16 {
         layout
@@ -397,9 +428,41 @@ impl Geometry {
     }
 }
 
+/// The id of the memory-slot run (`start`, `size` slots) of a GPU with
+/// `slots` memory slots in the driver's binary-tree numbering (see
+/// [`Geometry::gpu_instance_id`]).
+pub fn slot_tree_id(slots: u32, start: u32, size: u32) -> u32 {
+    slots / size - 1 + start / size
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stranded_compute_counts_free_slices_a_request_cannot_use() {
+        let g = Geometry::of(GpuModel::A100_40gb);
+        let shape = |name: &str| {
+            g.ids()
+                .map(|id| g.placement(id).profile)
+                .find(|p| p.name() == name)
+                .unwrap()
+                .shape
+        };
+        let (one, four) = (shape("1g.5gb"), shape("4g.20gb"));
+        let empty = Layout::default();
+        assert_eq!(g.stranded_compute(empty, four), 0);
+        // A 1g at slot 0 blocks the one 4g placement: 6 free slices stranded.
+        let l = g.layout_from(&[(one, 0)]).unwrap();
+        assert_eq!(g.stranded_compute(l, four), 6);
+        assert_eq!(g.stranded_compute(l, one), 0);
+        let full = g.layout_from(&[(four, 0), (shape("3g.20gb"), 4)]).unwrap();
+        assert_eq!(
+            g.stranded_compute(full, one),
+            0,
+            "nothing free, nothing stranded"
+        );
+    }
 
     /// Exact counts, checked by hand against NVIDIA's MIG User Guide tables:
     /// the A100/H100/H200 "supported MIG configurations" figure has 19 rows

@@ -33,7 +33,7 @@ pub mod placement;
 pub mod profile;
 
 pub use driver::{match_driver, Difference, DriverMatch, DriverProfile};
-pub use geometry::{Geometry, Headroom, LayoutError};
+pub use geometry::{slot_tree_id, Geometry, Headroom, LayoutError};
 pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
 pub use models::{
     GpuModel, ModelSpec, ProfileSpec, Provenance, Shape, Sources, UnknownModel, VariantKind,

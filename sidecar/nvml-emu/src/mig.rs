@@ -146,8 +146,7 @@ pub const PROFILE_INFO_V2: u32 =
 /// tree (8 slots: size 8 -> 0, size 4 -> 1 + start/4, size 2 -> 3 +
 /// start/2, size 1 -> 7 + start; the four- and two-slot GPUs alike).
 pub fn gi_id(model: GpuModel, start: u32, size: u32) -> u32 {
-    let slots = u32::from(model.spec().memory_slices);
-    slots / size.max(1) - 1 + start / size.max(1)
+    smartmig_mig::slot_tree_id(u32::from(model.spec().memory_slices), start, size)
 }
 
 /// Memory slots in use (a bit mask) and compute slices in use on `gpu`.

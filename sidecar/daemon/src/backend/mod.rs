@@ -119,6 +119,16 @@ pub trait Backend: Send + Sync {
     /// files (`/dev/nvidia-caps/nvidia-cap<M>` on real GPUs). The daemon
     /// gives them to the job's user and back to root ([`crate::access`]).
     fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError>;
+    /// The GPU-instance id of instance `uuid` of `gpu` (what DCGM labels
+    /// `GPU_I_ID` and names HPC job-mapping files by), if known.
+    fn gpu_instance_id(&self, _gpu: u32, _uuid: &str) -> Option<u32> {
+        None
+    }
+    /// The GPU's own UUID (`GPU-...`, DCGM's `UUID` label, also on its MIG
+    /// instances' series), if the backend has one.
+    fn gpu_uuid(&self, _gpu: u32) -> Option<String> {
+        None
+    }
     /// Energy used by `gpu` since the backend started (J), if known.
     fn energy_j(&self, _gpu: u32) -> Option<f64> {
         None

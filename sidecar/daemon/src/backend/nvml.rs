@@ -729,6 +729,14 @@ impl Backend for NvmlBackend {
             })
     }
 
+    fn gpu_uuid(&self, gpu: u32) -> Option<String> {
+        self.nvml.device_by_index(gpu).and_then(|d| d.uuid()).ok()
+    }
+
+    fn gpu_instance_id(&self, gpu: u32, uuid: &str) -> Option<u32> {
+        self.instance_ids(gpu, uuid).ok().map(|(gi, _)| gi)
+    }
+
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
         self.gpu(gpu)?;
         let (gi_id, ci_id) = self.instance_ids(gpu, uuid)?;

@@ -344,6 +344,14 @@ impl Backend for SimBackend {
         Ok(())
     }
 
+    /// The id the driver's slot tree gives the placement
+    /// ([`Geometry::gpu_instance_id`]), as the NVML emulator does.
+    fn gpu_instance_id(&self, gpu: u32, uuid: &str) -> Option<u32> {
+        let state = self.gpu(gpu).ok()?;
+        let inst = &state.instances[state.position(gpu, uuid).ok()?];
+        Some(Geometry::of(state.model).gpu_instance_id(inst.placement))
+    }
+
     fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError> {
         let state = self.gpu(gpu)?;
         let inst = &state.instances[state.position(gpu, uuid)?];

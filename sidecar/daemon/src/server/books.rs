@@ -99,15 +99,19 @@ impl GpuState {
 pub(super) struct Gpu {
     pub index: u32,
     pub model: GpuModel,
+    /// The GPU's UUID (`GPU-...`) as the backend reported it at start
+    /// (DCGM's `UUID` label), if it has one.
+    pub uuid: Option<String>,
     pub state: tokio::sync::Mutex<GpuState>,
     pub released: Notify,
 }
 
 impl Gpu {
-    pub(super) fn new(book: GpuBook, model: GpuModel) -> Gpu {
+    pub(super) fn new(book: GpuBook, model: GpuModel, uuid: Option<String>) -> Gpu {
         Gpu {
             index: book.index,
             model,
+            uuid,
             state: tokio::sync::Mutex::new(GpuState {
                 book,
                 energy: EnergyMeter::new(model),

@@ -9,7 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::{Cx, Daemon};
-use crate::metrics::InstanceCount;
+use crate::metrics::{MigInstance, Scrape};
+use crate::mig::{select_profile, Geometry, ProfileSpec};
 
 /// A minimal HTTP/1.1 responder for `GET /metrics` (one path, no keep-alive).
 pub(super) async fn serve_metrics(daemon: Arc<Daemon>, listener: TcpListener) {
@@ -60,35 +61,79 @@ pub(super) async fn serve_metrics(daemon: Arc<Daemon>, listener: TcpListener) {
     }
 }
 
-/// The Prometheus text: the counters as they stand, the instance and
-/// energy gauges from the books now.
+/// The Prometheus text: the counters as they stand, the scrape-time
+/// gauges from the books now (each GPU's lock in turn, then the ledger).
 async fn metrics_text(cx: &Cx<'_>) -> String {
-    let mut counts: HashMap<(u32, String, bool), i64> = HashMap::new();
-    let mut energy = Vec::new();
+    let mut now = Scrape {
+        epilog_missing: cx.books.ledger().releases.epilog_missing(),
+        hostname: nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        policy: (cx.cfg().policy.clone(), cx.live.policy_name.clone()),
+        ..Scrape::default()
+    };
+    let mut layouts = Vec::new();
     for gpu in &cx.books.gpus {
         let mut st = gpu.state.lock().await;
         let modelled = st.tick_energy();
+        let g = st.book.geometry;
         for i in &st.book.instances {
-            let name = st.book.geometry.placement(i.placement).profile.name();
-            *counts
-                .entry((gpu.index, name, i.job.is_some()))
-                .or_default() += 1;
+            let p = g.placement(i.placement);
+            now.instances.push(MigInstance {
+                gpu: gpu.index,
+                gpu_uuid: gpu.uuid.clone().unwrap_or_default(),
+                profile: p.profile.name(),
+                gi: i.gi,
+                job: i.job.as_ref().map(|a| a.job_id),
+                compute: p.compute(),
+            });
         }
-        energy.push((
+        layouts.push((gpu.index, g, st.book.layout()));
+        now.energy.push((
             gpu.index,
             cx.svc.backend.energy_j(gpu.index).unwrap_or(modelled),
         ));
     }
-    let mut list: Vec<InstanceCount> = counts
+    let (waiting, largest) = waiting_profiles(cx);
+    now.waiting = waiting;
+    now.fragmentation = layouts
         .into_iter()
-        .map(|((gpu, profile, busy), count)| InstanceCount {
-            gpu,
-            profile,
-            busy,
-            count,
+        .map(|(index, g, layout)| {
+            let stranded = largest
+                .get(&index)
+                .map_or(0, |p| g.stranded_compute(layout, p.shape));
+            (index, i64::from(stranded))
         })
         .collect();
-    list.sort_by(|a, b| (a.gpu, &a.profile, a.busy).cmp(&(b.gpu, &b.profile, b.busy)));
-    let epilog_missing = cx.books.ledger().releases.epilog_missing();
-    cx.svc.metrics.render(&list, &energy, epilog_missing)
+    cx.svc.metrics.render(&now)
+}
+
+/// The allocates waiting for room, counted by the profile each would get,
+/// and the largest (most compute slices) waiting on each GPU.
+fn waiting_profiles(cx: &Cx<'_>) -> (Vec<(String, i64)>, HashMap<u32, &'static ProfileSpec>) {
+    let ledger = cx.books.ledger();
+    let mut counts: HashMap<String, i64> = HashMap::new();
+    let mut largest: HashMap<u32, &'static ProfileSpec> = HashMap::new();
+    for w in ledger.waiting.values() {
+        let Some(gpu) = cx.books.gpu(w.gpu) else {
+            continue;
+        };
+        let need = w.contender.need;
+        let profile = match w.contender.exact {
+            Some(p) => p,
+            None => match select_profile(Geometry::of(gpu.model).spec, need.slices, need.memory_gb)
+            {
+                Ok(p) => p,
+                Err(_) => continue,
+            },
+        };
+        *counts.entry(profile.name()).or_default() += 1;
+        let top = largest.entry(w.gpu).or_insert(profile);
+        if profile.shape.compute > top.shape.compute {
+            *top = profile;
+        }
+    }
+    let mut waiting: Vec<(String, i64)> = counts.into_iter().collect();
+    waiting.sort();
+    (waiting, largest)
 }

@@ -7,7 +7,7 @@ use super::books::{Gpu, GpuState};
 use super::services::Services;
 use super::{unix_now, Cx};
 use crate::allocate::GpuBook;
-use crate::backend::BackendError;
+use crate::backend::{Backend, BackendError};
 use crate::mig::{Layout, PlacementId};
 use crate::protocol::{ErrorBody, ErrorKind};
 
@@ -21,11 +21,27 @@ pub(super) fn create(
     now: u64,
 ) -> Result<String, BackendError> {
     let backend = &svc.backend;
+    let t0 = std::time::Instant::now();
     let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))?;
-    svc.metrics.reconfiguration(gpu, "create");
+    svc.metrics
+        .reconfiguration(gpu, "create", t0.elapsed().as_secs_f64());
     tracing::info!(gpu, %uuid, instance = %book.geometry.placement(placement).describe(), "created instance");
-    book.add_instance(placement, uuid.clone(), now);
+    adopt(svc.backend.as_ref(), book, placement, uuid.clone(), now);
     Ok(uuid)
+}
+
+/// Books an instance the backend has (idle) with the GPU-instance id the
+/// backend gives it.
+pub(super) fn adopt(
+    backend: &dyn Backend,
+    book: &mut GpuBook,
+    placement: PlacementId,
+    uuid: String,
+    now: u64,
+) {
+    let gi = tokio::task::block_in_place(|| backend.gpu_instance_id(book.index, &uuid));
+    book.add_instance(placement, uuid.clone(), now);
+    book.set_gpu_instance_id(&uuid, gi);
 }
 
 /// Destroys idle instance `uuid` (`why` ends the log line) and forgets
@@ -37,8 +53,10 @@ pub(super) fn destroy_idle(
     uuid: &str,
     why: &str,
 ) -> Result<(), BackendError> {
+    let t0 = std::time::Instant::now();
     tokio::task::block_in_place(|| svc.backend.destroy(gpu, uuid))?;
-    svc.metrics.reconfiguration(gpu, "destroy");
+    svc.metrics
+        .reconfiguration(gpu, "destroy", t0.elapsed().as_secs_f64());
     tracing::info!(gpu, %uuid, "destroyed idle instance{why}");
     book.remove_instance(uuid);
     Ok(())
@@ -76,7 +94,7 @@ pub(super) fn resync(svc: &Services, gpu: u32, book: &mut GpuBook, e: &BackendEr
                 if book.find_uuid(&l.uuid).is_none() {
                     if book.geometry.fits(book.layout(), l.placement) {
                         tracing::warn!(gpu, uuid = %l.uuid, "backend has an instance the daemon did not know (e.g. a timed-out create); adopted as idle");
-                        book.add_instance(l.placement, l.uuid, now);
+                        adopt(svc.backend.as_ref(), book, l.placement, l.uuid, now);
                     } else {
                         tracing::error!(gpu, uuid = %l.uuid, "backend instance overlaps known ones; ignored");
                     }

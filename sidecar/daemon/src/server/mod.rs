@@ -273,7 +273,7 @@ mod tests {
             !line.contains("job 17"),
             "the reply leaks the panic: {line}"
         );
-        let text = metrics.render(&[], &[], false);
+        let text = metrics.render(&crate::metrics::Scrape::default());
         assert!(
             text.contains("smartmig_panics_total{task=\"status\"} 1"),
             "{text}"

@@ -78,6 +78,7 @@ async fn release_ended_on(cx: &Cx<'_>, gpu: &Gpu, queue: &QueueSnapshot, t0: u64
     if let Err(e) = tokio::task::block_in_place(|| cx.svc.journal.save(&st.book)) {
         tracing::error!(gpu = gpu.index, "release of ended jobs not journaled: {e}");
     }
+    cx.svc.publish_jobs(&st.book);
     ended
 }
 

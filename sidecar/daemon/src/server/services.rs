@@ -13,6 +13,7 @@ use crate::access::{self, Holder, IsolationError};
 use crate::allocate::GpuBook;
 use crate::backend::Backend;
 use crate::config::Config;
+use crate::jobmap::JobMap;
 use crate::journal::{Durability, Journal, JournalError};
 use crate::memory::MemoryState;
 use crate::metrics::Metrics;
@@ -26,6 +27,8 @@ pub(super) struct Services {
     pub metrics: Metrics,
     pub memory: MemoryLedger,
     pub usage: UsageLog,
+    /// dcgm-exporter's job-mapping directory (`hpc_job_mapping_dir`).
+    pub jobmap: Option<JobMap>,
 }
 
 impl Services {
@@ -36,6 +39,16 @@ impl Services {
         match self.journal.durability() {
             Durability::Disk => tokio::task::block_in_place(|| self.journal.save(book)),
             Durability::Memory => self.journal.save(book),
+        }
+    }
+
+    /// Rewrites `book`'s GPU's dcgm-exporter job-mapping files, when
+    /// `hpc_job_mapping_dir` is set. A failure is logged: it costs the
+    /// DCGM series their `hpc_job` label, never a job its instance.
+    pub(super) fn publish_jobs(&self, book: &GpuBook) {
+        let Some(map) = &self.jobmap else { return };
+        if let Err(e) = tokio::task::block_in_place(|| map.sync(book)) {
+            tracing::error!(gpu = book.index, dir = %map.dir().display(), "DCGM job-mapping files not written: {e}");
         }
     }
 

@@ -18,6 +18,7 @@ use crate::allocate::GpuBook;
 use crate::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use crate::config::{BackendKind, Config, ConfigError, Mode};
 use crate::fsutil::ensure_dir;
+use crate::jobmap::JobMap;
 use crate::journal::{self, Journal, JournalError};
 use crate::memory::MemoryState;
 use crate::metrics::Metrics;
@@ -78,7 +79,7 @@ impl Daemon {
         let mut gpus = Vec::new();
         for gpu in backend.gpus() {
             let book = rebuild_book(backend.as_ref(), &journal, gpu.index, gpu.model, now)?;
-            gpus.push(Gpu::new(book, gpu.model));
+            gpus.push(Gpu::new(book, gpu.model, backend.gpu_uuid(gpu.index)));
         }
         let models: Vec<GpuModel> = gpus.iter().map(|g| g.model).collect();
         let policy = build_policy(&config.policy, &models).map_err(StartError::Policy)?;
@@ -90,8 +91,13 @@ impl Daemon {
         if live.config.slurm.enabled {
             release_ended_while_down(live.slurm.as_ref(), &mut gpus, now);
         }
+        let jobmap = live.config.hpc_job_mapping_dir.as_deref().map(JobMap::new);
         for gpu in &mut gpus {
             restore(&live.config, backend.as_ref(), &journal, gpu)?;
+            if let Some(map) = &jobmap {
+                map.sync(&gpu.state.get_mut().book)
+                    .map_err(io_err(map.dir()))?;
+            }
         }
         let (shutdown, _) = watch::channel(false);
         Ok(Arc::new(Daemon {
@@ -101,6 +107,7 @@ impl Daemon {
                 journal,
                 metrics: Metrics::new(),
                 memory: MemoryLedger::new(memory),
+                jobmap,
             },
             settings: Settings::new(live, config_path),
             books: Books::new(gpus),
@@ -162,7 +169,9 @@ fn rebuild_book(
     let mut book = GpuBook::new(index, geometry, now);
     for inst in backend.list(index)? {
         if geometry.fits(book.layout(), inst.placement) {
-            book.add_instance(inst.placement, inst.uuid, now);
+            let gi = backend.gpu_instance_id(index, &inst.uuid);
+            book.add_instance(inst.placement, inst.uuid.clone(), now);
+            book.set_gpu_instance_id(&inst.uuid, gi);
         } else {
             tracing::warn!(gpu = index, uuid = %inst.uuid, "instance overlaps another; ignored");
         }

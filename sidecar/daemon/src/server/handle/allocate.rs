@@ -583,6 +583,7 @@ fn hand_over(
             format!("cannot record the allocation: {e}"),
         ));
     }
+    cx.svc.publish_jobs(book);
     Ok(())
 }
 

@@ -163,6 +163,7 @@ async fn release_on(cx: &Cx<'_>, gpu: &Gpu, req: &ReleaseRequest, now: u64, free
         // The release happened; on restart Slurm reconciliation drops it again.
         tracing::error!(gpu = gpu.index, job = job_id, "release not journaled: {e}");
     }
+    cx.svc.publish_jobs(&st.book);
     drop(st);
     tracing::info!(gpu = gpu.index, job = job_id, "released");
     gpu.released.notify_waiters();
