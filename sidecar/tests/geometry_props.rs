@@ -116,10 +116,11 @@ fn every_placement_subset_is_valid_iff_the_restated_rules_hold() {
         assert_eq!(maximal, g.maximal().len(), "{m}: maximal layouts");
         assert_eq!(catalog, g.catalog().len(), "{m}: catalog layouts");
         // The regression counts of geometry.rs's own test, derived here.
-        let want = if m == GpuModel::A30_24gb {
-            (26, 5, 5)
-        } else {
-            (723, 78, 19)
+        let want = match g.spec.compute_slices {
+            4 => (26, 5, 5),
+            // {}, 1g@0, 1g@1, 1g@0+1g@1, 2g@0; maximal and catalog: 1|1, 22.
+            2 => (5, 2, 2),
+            _ => (723, 78, 19),
         };
         assert_eq!((valid, maximal, catalog), want, "{m}");
     }
