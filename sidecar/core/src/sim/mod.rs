@@ -237,7 +237,7 @@ impl SimConfig {
             return bad(format!("start hour {} is not finite", self.start_hour));
         }
         if let Some(s) = &self.slurm {
-            s.validate().map_err(SimError::Config)?;
+            s.validate().map_err(|e| SimError::Config(e.to_string()))?;
             if self.oom.is_some() {
                 return bad("the Slurm-like mode does not model out-of-memory restarts".into());
             }

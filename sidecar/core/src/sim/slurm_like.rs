@@ -102,23 +102,29 @@ impl Default for SlurmLike {
     }
 }
 
+/// A Slurm-like setting out of range.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SlurmLikeError {
+    #[error("slurm-like {name}={value}: not a finite time >= 0")]
+    Time { name: &'static str, value: f64 },
+    #[error("slurm-like sched-interval={0}: not a finite time > 0")]
+    SchedInterval(f64),
+}
+
 impl SlurmLike {
     /// Checks every field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SlurmLikeError> {
         for (name, v) in [
             ("allocate-wait", self.allocate_wait_s),
             ("requeue-hold", self.requeue_hold_s),
             ("hold-lag", self.hold_lag_s),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("slurm-like {name}={v}: not a finite time >= 0"));
+                return Err(SlurmLikeError::Time { name, value: v });
             }
         }
         if !(self.sched_interval_s.is_finite() && self.sched_interval_s > 0.0) {
-            return Err(format!(
-                "slurm-like sched-interval={}: not a finite time > 0",
-                self.sched_interval_s
-            ));
+            return Err(SlurmLikeError::SchedInterval(self.sched_interval_s));
         }
         Ok(())
     }
@@ -163,7 +169,7 @@ impl std::str::FromStr for SlurmLike {
                 }
             }
         }
-        out.validate()?;
+        out.validate().map_err(|e| e.to_string())?;
         Ok(out)
     }
 }
@@ -253,7 +259,9 @@ pub fn simulate(
     slurm: &SlurmLike,
     hooks: RunHooks<'_>,
 ) -> Result<SimResult, SimError> {
-    slurm.validate().map_err(SimError::Config)?;
+    slurm
+        .validate()
+        .map_err(|e| SimError::Config(e.to_string()))?;
     if cfg.oom.is_some() {
         return Err(SimError::Config(
             "the Slurm-like mode does not model out-of-memory restarts".into(),

@@ -14,14 +14,22 @@ pub(super) enum Record {
     Gone,
 }
 
-/// Reads the job's record off the runtime's worker threads. `Err`: Slurm
-/// could not be asked (the reason, for the caller's refusal).
-pub(super) async fn read(cx: &Cx<'_>, job_id: u64) -> Result<Record, String> {
+/// Why slurmctld could not be asked (for the caller's refusal).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RecordError {
+    #[error("cannot read slurmctld's record of the job: {0}")]
+    Slurm(#[from] crate::slurm::SlurmError),
+    #[error("the Slurm reader failed: {0}")]
+    Reader(#[from] tokio::task::JoinError),
+}
+
+/// Reads the job's record off the runtime's worker threads.
+pub(super) async fn read(cx: &Cx<'_>, job_id: u64) -> Result<Record, RecordError> {
     let slurm = cx.live.slurm.clone();
     match tokio::task::spawn_blocking(move || slurm.job_detail(job_id)).await {
         Ok(Ok(Some(text))) => Ok(Record::Listed(text)),
         Ok(Ok(None)) => Ok(Record::Gone),
-        Ok(Err(e)) => Err(format!("cannot read slurmctld's record of the job: {e}")),
-        Err(e) => Err(format!("the Slurm reader failed: {e}")),
+        Ok(Err(e)) => Err(e.into()),
+        Err(e) => Err(e.into()),
     }
 }

@@ -162,7 +162,10 @@ impl Daemon {
                     self.svc.metrics.failure(e.kind.as_str());
                     (error_line(&e), false)
                 }
-                Err(message) => (answer_panic(&self.svc.metrics, op, line, &message), false),
+                Err(panicked) => (
+                    answer_panic(&self.svc.metrics, op, line, &panicked.0),
+                    false,
+                ),
             }
         }
         .instrument(span)
@@ -263,9 +266,9 @@ mod tests {
             1
         }));
         let message = caught.expect_err("the panic is caught");
-        assert!(message.contains("job 17 broke an invariant"), "{message}");
+        assert!(message.0.contains("job 17 broke an invariant"), "{message}");
         let metrics = Metrics::new();
-        let line = answer_panic(&metrics, "status", br#"{"v":1,"op":"status"}"#, &message);
+        let line = answer_panic(&metrics, "status", br#"{"v":1,"op":"status"}"#, &message.0);
         let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(reply["ok"], false, "{line}");
         assert_eq!(reply["error"]["kind"], "internal", "{line}");

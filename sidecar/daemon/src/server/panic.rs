@@ -5,19 +5,24 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::task::Poll;
 
+/// A panic caught in a request or loop, with its message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct Panicked(pub String);
+
 /// Runs `fut` to completion, turning a panic inside it into `Err` with the
 /// panic's message. The future is dropped after a panic, which runs the
 /// destructors of what it held (GPU locks, a waiting allocate's guard);
 /// state it was changing stays as far as the panic left it, as after a
 /// panic under any lock the daemon tolerates (it never unwraps a poisoned
 /// lock).
-pub(super) async fn catch<F: Future>(fut: F) -> Result<F::Output, String> {
+pub(super) async fn catch<F: Future>(fut: F) -> Result<F::Output, Panicked> {
     let mut fut = Box::pin(fut);
     std::future::poll_fn(move |cx| {
         match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(payload) => Poll::Ready(Err(message(payload.as_ref()))),
+            Err(payload) => Poll::Ready(Err(Panicked(message(payload.as_ref())))),
         }
     })
     .await

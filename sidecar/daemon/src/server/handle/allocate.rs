@@ -189,7 +189,7 @@ async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateReques
                 "Slurm does not list this job".into(),
             ))
         }
-        Err(e) => return Err(refuse(ErrorKind::Backend, e)),
+        Err(e) => return Err(refuse(ErrorKind::Backend, e.to_string())),
     };
     let Some(grant) = grant::parse_grant(&text, &cx.node.name) else {
         let e = grant::GrantError::NotHere {
