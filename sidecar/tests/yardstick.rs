@@ -234,7 +234,7 @@ fn the_audit_recomputes_the_charge_for_jobs_that_never_ran() {
     let full_w = power["max_w"].as_f64().unwrap();
     let idle_w = power["idle_w"].as_f64().unwrap();
     let audit = |extra: &[&str]| -> Value {
-        let mut args = vec!["audit", "--json", log.to_str().unwrap()];
+        let mut args = vec!["audit", log.to_str().unwrap(), "--json", "-"];
         args.extend(extra);
         serde_json::from_str(&ok(&args)).unwrap()
     };
