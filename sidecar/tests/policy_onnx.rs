@@ -170,6 +170,7 @@ fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
         gpus: &gpus,
         pending: &[],
         pending_by_profile: &by_profile,
+        arrivals: &[],
     };
     let decisions = policy.decide(&view);
     // The shipped policy moves some GPUs here (4 of 12 when written): an

@@ -20,6 +20,10 @@ pub struct Day {
     /// Hour of day at time 0 (the policy sees the time of day).
     pub start_hour: f64,
     pub reference: Metrics,
+    /// Other days of the same workload on the same clock (what a site has
+    /// seen before): the planning teacher's sample of the future. Empty
+    /// unless the trainer fills it.
+    pub past: Vec<Vec<Job>>,
 }
 
 impl Day {
@@ -76,6 +80,7 @@ impl Day {
             horizon_s,
             start_hour,
             reference: Metrics::default(),
+            past: Vec::new(),
         };
         day.reference = simulate(
             &day.cluster,
@@ -87,6 +92,45 @@ impl Day {
         )?
         .metrics;
         Ok(day)
+    }
+
+    /// The same day with `past` days (same clock) for the planning teacher.
+    pub fn with_past(mut self, past: Vec<Vec<Job>>) -> Self {
+        self.past = past;
+        self
+    }
+
+    /// The `none` reference's mean tardiness floored as the yardstick
+    /// floors it (1 % of the jobs' mean whole-GPU run time, at least 1 s),
+    /// and the planning teacher's exchange rate from it.
+    pub fn rate(&self) -> crate::planner::Rate {
+        crate::planner::Rate::new(
+            self.reference.energy_j,
+            self.floored_tardiness_s(),
+            self.jobs.len() as f64,
+        )
+    }
+
+    /// The `none` run's mean tardiness, floored at 1 % of the jobs' mean
+    /// whole-GPU run time and at 1 s (the yardstick's floor).
+    fn floored_tardiness_s(&self) -> f64 {
+        let n = self.jobs.len().max(1) as f64;
+        let floor = (0.01 * self.jobs.iter().map(|j| j.work).sum::<f64>() / n).max(1.0);
+        self.reference.mean_tardiness_s.max(floor)
+    }
+
+    /// ET of `policy` against this day's `none` run with the tardiness
+    /// reference floored ([`Day::rate`]), so it is defined on every day,
+    /// plus 1 if a job never ran: what checkpoints are chosen by.
+    pub fn floored_objective(
+        &self,
+        cfg: &TrainConfig,
+        policy: &mut dyn RepartitionPolicy,
+    ) -> Result<f64, LearnError> {
+        let (m, _) = self.evaluate(cfg, policy)?;
+        let e = m.energy_j / self.reference.energy_j.max(1.0);
+        let et = (e + m.mean_tardiness_s / self.floored_tardiness_s()) / 2.0;
+        Ok(et + if m.unserved + m.rejected > 0 { 1.0 } else { 0.0 })
     }
 
     /// Scores `policy` on this day for the searches and checkpoint choices:

@@ -48,7 +48,7 @@ fn set(net: &ActorCritic, theta: &[f32]) -> Result<(), LearnError> {
 pub fn score(cfg: &TrainConfig, net: &ActorCritic, days: &[Day]) -> Result<f64, LearnError> {
     let mut sum = 0.0;
     for day in days {
-        let mut p = CandlePolicy::new(net, cfg.gpu_model);
+        let mut p = CandlePolicy::new(net, cfg.gpu_model).starting_at(cfg.initial_layout);
         // An undefined ET counts as twice `none`'s, so the candidates stay
         // comparable on the other days.
         sum += day.objective(cfg, &mut p)?.or(2.0);

@@ -473,6 +473,7 @@ mod tests {
             gpus,
             pending,
             pending_by_profile: &counts,
+            arrivals: &[],
         })
     }
 
@@ -513,6 +514,7 @@ mod tests {
             gpus: &gpus,
             pending: &jobs,
             pending_by_profile: &[[0; 8]; MODEL_COUNT],
+            arrivals: &[],
         });
         assert_eq!(d.len(), 2);
         for x in &d {

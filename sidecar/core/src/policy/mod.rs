@@ -167,6 +167,11 @@ pub struct ClusterView<'a> {
     /// the jobs whose smallest fitting profile on `GpuModel::ALL[m]` is that
     /// model's `profiles[p]`.
     pub pending_by_profile: &'a PendingByProfile,
+    /// The jobs that arrived since the previous decision epoch, in arrival
+    /// order, including those that already started (most jobs never wait,
+    /// so `pending` alone does not show what is arriving). What a policy
+    /// learns the workload's mix from.
+    pub arrivals: &'a [PendingJob],
 }
 
 impl ClusterView<'_> {

@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use super::features::{argmax_masked, Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
 use super::{ClusterView, Decision, RepartitionPolicy};
-use crate::mig::{Geometry, GpuModel};
+use crate::mig::{Geometry, GpuModel, Layout};
 
 /// Key of the policy metadata in the ONNX `metadata_props`.
 pub const METADATA_KEY: &str = "smartmig.policy";
@@ -85,6 +85,10 @@ pub struct PolicyMetadata {
     /// unsure (absent in older files: no limits).
     #[serde(default)]
     pub guard: Guard,
+    /// The catalog layout (index into `catalog`) every GPU starts from,
+    /// the one the policy was trained from (absent: the whole GPU).
+    #[serde(default)]
+    pub initial_layout: usize,
 }
 
 /// Run-time limits on a learned policy ("do no harm"): a GPU moves only
@@ -177,6 +181,7 @@ impl PolicyMetadata {
             training: serde_json::Value::Null,
             validation: serde_json::Value::Null,
             guard: Guard::default(),
+            initial_layout: 0,
         }
     }
 }
@@ -661,6 +666,19 @@ impl MoveBudget {
 impl RepartitionPolicy for OnnxPolicy {
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    /// The layout the policy was trained to start from (its metadata's
+    /// `initial_layout`) on GPUs of its model.
+    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
+        if geometry.model() != self.meta.gpu_model {
+            return geometry.whole_gpu();
+        }
+        geometry
+            .catalog()
+            .get(self.meta.initial_layout)
+            .copied()
+            .unwrap_or_else(|| geometry.whole_gpu())
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {

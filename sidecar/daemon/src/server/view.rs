@@ -431,12 +431,18 @@ impl Daemon {
             })
             .collect();
         let hour = (now.rem_euclid(86_400.0)) / 3600.0;
+        // What arrived since the previous epoch: the waiting jobs Slurm
+        // took in during the last epoch period (a job that started at once
+        // on another node's GPU is not seen here).
+        let since = now - cfg.epoch_s as f64;
+        let arrivals: Vec<PendingJob> = jobs.iter().filter(|j| j.arrival > since).copied().collect();
         let view = ClusterView {
             now,
             hour_of_day: hour,
             gpus: &statuses,
             pending: &jobs,
             pending_by_profile: &by_profile,
+            arrivals: &arrivals,
         };
         let mut decisions = live.policy.lock().await.decide(&view);
         // Advise mode, first epoch: the layout the policy would have
