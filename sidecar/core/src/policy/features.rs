@@ -58,6 +58,12 @@ use crate::mig::{Geometry, GpuModel, Layout};
 /// Version of the observation layout above. Bump on any change of meaning.
 pub const FEATURE_SPEC_VERSION: u32 = 2;
 
+/// The versions this build can still run: version 1 files (the shipped
+/// v2 policies, trained before the arrival mix) keep their observation
+/// (without the version 2 slots), their mask (only the layouts the GPU
+/// accepts at once) and their decoding (a move straight to the layout).
+pub const SUPPORTED_FEATURE_SPECS: [u32; 2] = [1, FEATURE_SPEC_VERSION];
+
 /// Time constant of the remaining-run-time feature, s.
 const REMAINING_SCALE_S: f64 = 1800.0;
 /// Time constant of the overdue feature, s.
@@ -72,6 +78,8 @@ const DEMAND_SHARE_CAP: f64 = 4.0;
 #[derive(Clone, Copy, Debug)]
 pub struct FeatureSpec {
     pub model: GpuModel,
+    /// Feature spec version (one of [`SUPPORTED_FEATURE_SPECS`]).
+    pub version: u32,
     pub geometry: &'static Geometry,
     /// The action space: catalog layouts, then "keep".
     pub catalog: &'static [Layout],
@@ -82,15 +90,29 @@ pub struct FeatureSpec {
 }
 
 impl FeatureSpec {
+    /// The current version's spec ([`FEATURE_SPEC_VERSION`]).
     pub fn new(model: GpuModel) -> Self {
+        Self::with_version(model, FEATURE_SPEC_VERSION)
+    }
+
+    /// The spec of an older `version` (see [`SUPPORTED_FEATURE_SPECS`];
+    /// any version above 1 means the current one).
+    pub fn with_version(model: GpuModel, version: u32) -> Self {
         let geometry = Geometry::of(model);
         let catalog = geometry.catalog();
         let c = catalog.len();
         let n = geometry.ids().count();
         let p = model.spec().profiles.len();
-        let obs_dim = (c + 1) + 3 * n + 3 + 2 * p + 4 * p + (c + 1) + 2 + 2 + 2 + 2 + 3 * p + 2;
+        let version = version.clamp(1, FEATURE_SPEC_VERSION);
+        let v1_dim = (c + 1) + 3 * n + 3 + 2 * p + 4 * p + (c + 1) + 2 + 2 + 2 + 2;
+        let obs_dim = if version == 1 {
+            v1_dim
+        } else {
+            v1_dim + 3 * p + 2
+        };
         FeatureSpec {
             model,
+            version,
             geometry,
             catalog,
             placements: n,
@@ -108,8 +130,13 @@ impl FeatureSpec {
     /// The decision action `action` means for `gpu`, if any: the next step
     /// toward the catalog layout it names ([`super::step_toward`]); none
     /// for "keep", for the current layout, or when no step is possible now.
+    /// (Version 1: a move straight to the layout, if the GPU accepts it now.)
     pub fn decode(&self, gpu: usize, status: &GpuStatus, action: usize) -> Option<Decision> {
         let target = *self.catalog.get(action)?;
+        if self.version == 1 {
+            return (target != status.layout && status.accepts(target))
+                .then_some(Decision { gpu, target });
+        }
         super::step_toward(status, target).map(|target| Decision { gpu, target })
     }
 }
@@ -143,8 +170,13 @@ pub struct Encoder {
 
 impl Encoder {
     pub fn new(model: GpuModel) -> Self {
+        Self::for_spec(FeatureSpec::new(model))
+    }
+
+    /// An encoder for `spec` (an older version's, to run an older file).
+    pub fn for_spec(spec: FeatureSpec) -> Self {
         Encoder {
-            spec: FeatureSpec::new(model),
+            spec,
             recent: std::collections::VecDeque::new(),
             gpus: Vec::new(),
             obs: Vec::new(),
@@ -284,6 +316,12 @@ impl Encoder {
             o[at + 6] = squash(f64::from(waiting_model) / gcount);
             o[at + 7] = (1.0 - (-mean_overdue / OVERDUE_SCALE_S).exp()) as f32;
             at += 8;
+            let m = &mut self.mask[row * s.actions..(row + 1) * s.actions];
+            if s.version == 1 {
+                debug_assert_eq!(at, s.obs_dim);
+                mask_v1(m, g, s.catalog);
+                continue;
+            }
             for k in 0..p {
                 o[at + k] = squash(mix.short[k] / gcount);
                 o[at + p + k] = squash(mix.long[k] / gcount);
@@ -295,7 +333,6 @@ impl Encoder {
             o[at + 1] = squash(mix.long.iter().sum::<f64>() / gcount);
             debug_assert_eq!(at + 2, s.obs_dim);
 
-            let m = &mut self.mask[row * s.actions..(row + 1) * s.actions];
             if !g.in_reconfiguration {
                 // Every catalog layout is a target the GPU can work toward.
                 m[..c].fill(1.0);
@@ -354,6 +391,23 @@ impl Encoder {
             .filter(|&&m| m > 0.5)
             .count()
     }
+}
+
+/// Version 1's mask: a catalog layout only when the GPU accepts it now
+/// (not reconfiguring, keeps every busy instance), and "keep".
+fn mask_v1(m: &mut [f32], g: &GpuStatus, catalog: &[Layout]) {
+    if !g.in_reconfiguration {
+        for (a, &target) in catalog.iter().enumerate() {
+            // A catalog layout is valid, and one that keeps every busy
+            // instance destroys none of them: exactly `g.accepts(target)`,
+            // without its validity lookup.
+            debug_assert_eq!(target.contains_all(g.busy), g.accepts(target));
+            if target.contains_all(g.busy) {
+                m[a] = 1.0;
+            }
+        }
+    }
+    m[catalog.len()] = 1.0;
 }
 
 /// The remembered arrivals per profile: counts in the short and the long
@@ -429,6 +483,37 @@ mod tests {
         assert_eq!(spec.decode(1, &gpus[1], 5), None);
     }
 
+    /// Version 1 (the files trained before the arrival mix) keeps its
+    /// sizes, its mask (only layouts accepted now) and its decoding.
+    #[test]
+    fn version_1_keeps_its_sizes_mask_and_moves() {
+        let m = GpuModel::A100_40gb;
+        let v1 = FeatureSpec::with_version(m, 1);
+        assert_eq!(v1.obs_dim, 141, "the shipped files' size");
+        assert_eq!(FeatureSpec::new(m).obs_dim, 141 + 3 * v1.profiles + 2);
+        let g = Geometry::of(m);
+        let mut gpus = vec![GpuStatus::new(m, g.whole_gpu()); 2];
+        gpus[1].busy = g.whole_gpu();
+        gpus[1].busy_until[g.whole_gpu().iter().next().unwrap().0 as usize] = 100.0;
+        let counts = PendingByProfile::default();
+        let mut e = Encoder::for_spec(v1);
+        e.encode(&ClusterView {
+            now: 0.0,
+            hour_of_day: 0.0,
+            gpus: &gpus,
+            pending: &[],
+            pending_by_profile: &counts,
+            arrivals: &[],
+        });
+        assert_eq!(e.obs.len(), 2 * v1.obs_dim);
+        assert_eq!(e.choices(0), v1.actions);
+        assert_eq!(e.choices(1), 2, "keep and the whole GPU only");
+        assert!(v1
+            .decode(0, &gpus[0], 5)
+            .is_some_and(|d| d.target == v1.catalog[5]));
+        assert_eq!(v1.decode(1, &gpus[1], 5), None);
+    }
+
     /// A target the busy instances rule out today is reached step by step:
     /// the busy 1g instance stays, the target's three 1g are built beside
     /// it; once the job ends the target itself is taken.
@@ -437,7 +522,12 @@ mod tests {
         let m = GpuModel::A100_40gb;
         let spec = FeatureSpec::new(m);
         let g = Geometry::of(m);
-        let pic = |p: &str| spec.catalog.iter().position(|&l| g.picture(l) == p).unwrap();
+        let pic = |p: &str| {
+            spec.catalog
+                .iter()
+                .position(|&l| g.picture(l) == p)
+                .unwrap()
+        };
         let from = spec.catalog[pic("1|1|22|3333")];
         let first = from.iter().next().unwrap();
         let mut st = GpuStatus::new(m, from);
@@ -478,7 +568,11 @@ mod tests {
         let first = [job(0, 0.0), job(1, 100.0)];
         let view = |now: f64, arrivals: &'static [crate::policy::PendingJob]| (now, arrivals);
         let _ = view;
-        for (now, arrivals) in [(100.0, &first[..]), (2.0 * 3600.0, &[][..]), (3.5 * 3600.0, &[][..])] {
+        for (now, arrivals) in [
+            (100.0, &first[..]),
+            (2.0 * 3600.0, &[][..]),
+            (3.5 * 3600.0, &[][..]),
+        ] {
             e.encode(&ClusterView {
                 now,
                 hour_of_day: 0.0,

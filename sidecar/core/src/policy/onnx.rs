@@ -43,7 +43,9 @@ use ort::session::Session;
 use ort::value::TensorRef;
 use serde::{Deserialize, Serialize};
 
-use super::features::{argmax_masked, Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
+use super::features::{
+    argmax_masked, Encoder, FeatureSpec, FEATURE_SPEC_VERSION, SUPPORTED_FEATURE_SPECS,
+};
 use super::{ClusterView, Decision, RepartitionPolicy};
 use crate::mig::{Geometry, GpuModel, Layout};
 
@@ -487,14 +489,21 @@ pub fn check_metadata(
     meta: &PolicyMetadata,
     expected: Option<GpuModel>,
 ) -> Result<(), PolicyLoadError> {
+    // An older spec this build still runs passes as itself; any other is
+    // refused against the current one.
+    let want_version = if SUPPORTED_FEATURE_SPECS.contains(&meta.feature_spec_version) {
+        meta.feature_spec_version
+    } else {
+        FEATURE_SPEC_VERSION
+    };
     check_header(
         path,
         (&meta.format, METADATA_FORMAT),
         (meta.gpu_model, expected),
-        (meta.feature_spec_version, FEATURE_SPEC_VERSION),
+        (meta.feature_spec_version, want_version),
     )?;
     let path = path.to_path_buf();
-    let spec = FeatureSpec::new(meta.gpu_model);
+    let spec = FeatureSpec::with_version(meta.gpu_model, meta.feature_spec_version);
     let mismatch = |what: String| PolicyLoadError::SpaceMismatch {
         path: path.clone(),
         model: meta.gpu_model,
@@ -559,7 +568,10 @@ impl OnnxPolicy {
         let session = session_from_bytes(path, bytes)?;
         Ok(OnnxPolicy {
             name: format!("policy:{}", path.display()),
-            encoder: Encoder::new(meta.gpu_model),
+            encoder: Encoder::for_spec(FeatureSpec::with_version(
+                meta.gpu_model,
+                meta.feature_spec_version,
+            )),
             meta,
             session,
             probs: Vec::new(),
