@@ -130,7 +130,12 @@ impl Day {
         let (m, _) = self.evaluate(cfg, policy)?;
         let e = m.energy_j / self.reference.energy_j.max(1.0);
         let et = (e + m.mean_tardiness_s / self.floored_tardiness_s()) / 2.0;
-        Ok(et + if m.unserved + m.rejected > 0 { 1.0 } else { 0.0 })
+        Ok(et
+            + if m.unserved + m.rejected > 0 {
+                1.0
+            } else {
+                0.0
+            })
     }
 
     /// Scores `policy` on this day for the searches and checkpoint choices:

@@ -116,8 +116,7 @@ impl Rate {
     /// caller, as the yardstick does) and its jobs per day.
     pub fn new(energy_j: f64, mean_tardiness_s: f64, jobs_per_day: f64) -> Self {
         Rate {
-            joules_per_tardiness_s: energy_j
-                / (mean_tardiness_s.max(1e-9) * jobs_per_day.max(1.0)),
+            joules_per_tardiness_s: energy_j / (mean_tardiness_s.max(1e-9) * jobs_per_day.max(1.0)),
         }
     }
 }
@@ -264,7 +263,11 @@ impl Planner {
                 });
             }
         }
-        for p in view.pending.iter().filter(|p| p.shape(self.model).is_some()) {
+        for p in view
+            .pending
+            .iter()
+            .filter(|p| p.shape(self.model).is_some())
+        {
             jobs.push(Job {
                 id: jobs.len() as u64,
                 arrival: 0.0,
@@ -307,14 +310,24 @@ impl Planner {
             initial: current.to_vec(),
             target: target.to_vec(),
         };
-        let Ok(r) = simulate(&cluster, jobs, h.as_mut(), &mut p, &cfg, RunHooks::default()) else {
+        let Ok(r) = simulate(
+            &cluster,
+            jobs,
+            h.as_mut(),
+            &mut p,
+            &cfg,
+            RunHooks::default(),
+        ) else {
             return f64::INFINITY;
         };
         let m = r.metrics;
-        let running = jobs.iter().filter(|j| j.deadline < -RUNNING_LEAD_S / 2.0).count() as f64;
+        let running = jobs
+            .iter()
+            .filter(|j| j.deadline < -RUNNING_LEAD_S / 2.0)
+            .count() as f64;
         let unserved = (m.unserved + m.rejected) as f64;
-        let tardiness = m.total_tardiness_s - running * RUNNING_LEAD_S
-            + unserved * self.cfg.lookahead_s;
+        let tardiness =
+            m.total_tardiness_s - running * RUNNING_LEAD_S + unserved * self.cfg.lookahead_s;
         m.energy_j + self.rate.joules_per_tardiness_s * tardiness
     }
 
@@ -363,7 +376,10 @@ impl Planner {
             scored.extend(uniform.into_iter().map(|(s, l)| (s, vec![l; n])));
         } else {
             for &y in &self.splits {
-                scored.push((self.score(&futures, &current, &vec![y; n], hour), vec![y; n]));
+                scored.push((
+                    self.score(&futures, &current, &vec![y; n], hour),
+                    vec![y; n],
+                ));
             }
         }
         for a in self.candidates(n, whole) {
@@ -383,7 +399,9 @@ impl Planner {
 fn toward(view: &ClusterView<'_>, gpus: &[usize], target: &[Layout]) -> Vec<Decision> {
     gpus.iter()
         .zip(target)
-        .filter_map(|(&gpu, &t)| step_toward(&view.gpus[gpu], t).map(|target| Decision { gpu, target }))
+        .filter_map(|(&gpu, &t)| {
+            step_toward(&view.gpus[gpu], t).map(|target| Decision { gpu, target })
+        })
         .collect()
 }
 

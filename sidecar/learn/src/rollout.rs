@@ -16,11 +16,11 @@ use rand_chacha::ChaCha8Rng;
 use super::config::TrainConfig;
 use super::data::Day;
 use super::model::{critic_dim, ActorCritic, NODE_GPUS};
+use super::planner::Planner;
 use super::reward::{Ledger, LedgerSink};
 use super::teacher::{Base, Teacher};
 use super::LearnError;
 use crate::mig::{Geometry, GpuModel, Layout};
-use super::planner::Planner;
 use crate::policy::features::{argmax_masked, Encoder, FeatureSpec};
 use crate::policy::{ClusterView, Decision, RepartitionPolicy};
 use crate::sim::{simulate, EtScore, Metrics, RunHooks};
@@ -315,7 +315,9 @@ pub fn run_episode(
 ) -> Result<Episode, LearnError> {
     let sim_cfg = day.sim_config(cfg);
     let ledger = Rc::new(RefCell::new(Ledger::new(&day.cluster, &sim_cfg)));
-    let planner = matches!(mode, Mode::Dagger { .. }).then(|| planner_for(cfg, day)).transpose()?;
+    let planner = matches!(mode, Mode::Dagger { .. })
+        .then(|| planner_for(cfg, day))
+        .transpose()?;
     let mut rollout = Rollout {
         net,
         encoder: Encoder::new(cfg.gpu_model),

@@ -416,8 +416,8 @@ impl Run<'_> {
     fn validate(&self, net: &ActorCritic) -> Result<Option<f64>, LearnError> {
         let mut sum = 0.0;
         for day in &self.validation {
-            let mut p = CandlePolicy::new(net, self.cfg.gpu_model)
-                .starting_at(self.cfg.initial_layout);
+            let mut p =
+                CandlePolicy::new(net, self.cfg.gpu_model).starting_at(self.cfg.initial_layout);
             sum += day.floored_objective(self.cfg, &mut p)?;
         }
         Ok(Some(sum / self.validation.len().max(1) as f64))

@@ -435,7 +435,8 @@ impl Daemon {
         // took in during the last epoch period (a job that started at once
         // on another node's GPU is not seen here).
         let since = now - cfg.epoch_s as f64;
-        let arrivals: Vec<PendingJob> = jobs.iter().filter(|j| j.arrival > since).copied().collect();
+        let arrivals: Vec<PendingJob> =
+            jobs.iter().filter(|j| j.arrival > since).copied().collect();
         let view = ClusterView {
             now,
             hour_of_day: hour,
