@@ -34,6 +34,7 @@ pub mod nodes;
 pub mod onnx;
 pub mod onnx_contract;
 pub mod search;
+pub mod shadow;
 pub mod share;
 
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape, MAX_PROFILES};
