@@ -69,6 +69,11 @@ pub struct SuiteArgs {
     /// Leave out the hindsight references (searched on each test day).
     #[arg(long)]
     pub no_hindsight: bool,
+    /// The shadow rule of the `<learned>+shadow` rows
+    /// (`every=S&window=S&margin=X&hold=N`, over the defaults
+    /// every=1800&window=10800&margin=0.02&hold=2; docs/policy.md).
+    #[arg(long, value_name = "RULE", default_value = "")]
+    pub shadow: String,
     /// Write the results as JSON here.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -256,6 +261,12 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         .filter(|(_, spec)| spec.starts_with("policy:"))
         .map(|(name, _)| name.clone())
         .collect();
+    // ... and as it runs with the shadow rule switching it during the day.
+    cfg.shadow_for.clone_from(&cfg.fallback_for);
+    cfg.shadow = crate::policy::shadow::ShadowRule::default()
+        .with_overrides(&a.shadow)
+        .map_err(anyhow::Error::msg)
+        .context("--shadow")?;
     eprintln!(
         "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",
         list.len(),
@@ -265,8 +276,9 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         a.test_seed
     );
     let started = Instant::now();
-    let steps_per_scenario =
-        5 + (cfg.candidates.len() + cfg.fallback_for.len()) as u64 + u64::from(cfg.hindsight);
+    let steps_per_scenario = 5
+        + (cfg.candidates.len() + cfg.fallback_for.len() + cfg.shadow_for.len()) as u64
+        + u64::from(cfg.hindsight);
     let bar = indicatif::ProgressBar::new(list.len() as u64 * steps_per_scenario);
     if std::io::stderr().is_terminal() {
         bar.set_style(

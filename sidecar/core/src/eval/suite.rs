@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::bound::{self, BoundGpu};
 use crate::mig::GpuModel;
 use crate::policy::search::SearchConfig;
+use crate::policy::shadow::{MakePolicy, Replay, ShadowRule, Shadowed, Toward};
 use crate::policy::{parse_policy, NoPartition, PolicyParseError, RepartitionPolicy};
 use crate::sim::{AuditError, Collect, Heuristic, Metrics, SimError};
 
@@ -74,6 +75,12 @@ pub struct SuiteConfig {
     /// candidate where it beat `none` and the static layout on the
     /// training days, else the better of those ([`super::fallback`]).
     pub fallback_for: Vec<String>,
+    /// Candidates (by row name) also scored as `<name>+shadow`: the
+    /// candidate switched to and from the static layout fitted on the
+    /// training days during each day, by the shadow rule
+    /// ([`crate::policy::shadow`]).
+    pub shadow_for: Vec<String>,
+    pub shadow: ShadowRule,
 }
 
 impl Default for SuiteConfig {
@@ -86,6 +93,8 @@ impl Default for SuiteConfig {
             hindsight: true,
             audit: true,
             fallback_for: Vec::new(),
+            shadow_for: Vec::new(),
+            shadow: ShadowRule::default(),
         }
     }
 }
@@ -361,6 +370,55 @@ pub fn run_scenario(
             },
         )?);
         fallbacks.push(choice);
+    }
+    for (name, spec) in cfg
+        .candidates
+        .iter()
+        .filter(|(name, _)| cfg.shadow_for.contains(name))
+    {
+        let row = format!("{name}+shadow");
+        progress(&row);
+        let fallback = Toward {
+            label: "static-hist".into(),
+            layouts: sp.layouts().to_vec(),
+        };
+        let description = format!(
+            "{spec} or static-hist (pursued from any state), switched during the day by the shadow rule: every {} s, window {} s, margin {}, {} checks",
+            cfg.shadow.check_every_s, cfg.shadow.window_s, cfg.shadow.margin, cfg.shadow.hold_checks
+        );
+        rows.push(
+            sc.row(&row, RowKind::Candidate, description, &nones, &mut |i| {
+                let day = &s.test[i];
+                let (spec_c, models) = (spec.clone(), models.clone());
+                let primary: MakePolicy =
+                    Box::new(move || parse_policy(&spec_c, &models).map_err(|e| e.to_string()));
+                let fb = fallback.clone();
+                let fallback: MakePolicy = Box::new(move || Ok(Box::new(fb.clone())));
+                let replay = Replay {
+                    cluster: s.cluster.clone(),
+                    heuristic: cfg.heuristic,
+                    cfg: day.cfg.clone(),
+                    joules_per_tardiness_s: reference.joules_per_tardiness_s(),
+                };
+                Shadowed::new(
+                    row.clone(),
+                    primary,
+                    fallback,
+                    replay,
+                    day.jobs.clone(),
+                    cfg.shadow,
+                )
+                .map(|p| Box::new(p) as Box<dyn RepartitionPolicy + Send>)
+                .map_err(|reason| SuiteError::Policy {
+                    scenario: s.name.clone(),
+                    spec: spec.clone(),
+                    source: PolicyParseError::Learned {
+                        spec: spec.clone(),
+                        reason,
+                    },
+                })
+            })?,
+        );
     }
     if cfg.hindsight {
         progress("hindsight references");

@@ -249,8 +249,9 @@ impl Replay {
     }
 }
 
-/// Makes a fresh copy of a policy (for each replay).
-pub type MakePolicy = Box<dyn FnMut() -> Box<dyn RepartitionPolicy + Send> + Send>;
+/// Makes a fresh copy of a policy (for each replay); the error says why
+/// it could not (a policy file gone: the replay is then skipped).
+pub type MakePolicy = Box<dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, String> + Send>;
 
 /// Fixed layouts pursued from any state ([`step_toward`]): a static
 /// fallback that can take over in the middle of a day (a plain `static:`
@@ -307,18 +308,18 @@ impl Shadowed {
         replay: Replay,
         mut jobs: Vec<Job>,
         rule: ShadowRule,
-    ) -> Self {
+    ) -> Result<Self, String> {
         jobs.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
-        Shadowed {
+        Ok(Shadowed {
             label,
-            live: [primary(), fallback()],
+            live: [primary()?, fallback()?],
             make: [primary, fallback],
             replay,
             jobs,
             state: ShadowState::new(rule),
             next_check: rule.check_every_s,
             failures: 0,
-        }
+        })
     }
 
     pub fn state(&self) -> &ShadowState {
@@ -330,8 +331,12 @@ impl Shadowed {
         let jobs = &self.jobs[..arrived];
         let mut cost = [0.0; 2];
         for (k, make) in self.make.iter_mut().enumerate() {
-            let mut p = make();
-            match self.replay.cost(jobs, now, p.as_mut()) {
+            let c = make().and_then(|mut p| {
+                self.replay
+                    .cost(jobs, now, p.as_mut())
+                    .map_err(|e| e.to_string())
+            });
+            match c {
                 Ok(c) => cost[k] = c,
                 Err(_) => {
                     self.failures += 1;
