@@ -10,10 +10,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use crate::eval::{gate_rows, run_scenario, Day, RowKind, ScenarioDays, SuiteConfig, SuiteReport};
+use crate::eval::{
+    gate_rows, run_scenario, suite_gates, Day, RowKind, ScenarioDays, SuiteConfig, SuiteReport,
+};
 use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
-use crate::report::suite::{et_bars, gates_table, scenario_table, summary_table};
+use crate::report::suite::{
+    et_bars, gates_table, scenario_table, suite_gates_table, summary_table,
+};
 use crate::sim::{Heuristic, SimConfig};
 use crate::workload::{
     default_scenarios, gpus_for_load, parse_scenarios, read_trace, select_scenarios,
@@ -336,6 +340,9 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         for p in ours {
             writeln!(out)?;
             write!(out, "{}", gates_table(p, &gate_rows(&report.scenarios, p)))?;
+            if let Some(g) = suite_gates(&report.scenarios, p) {
+                write!(out, "{}", suite_gates_table(&g))?;
+            }
         }
     }
     writeln!(out, "({:.0} s)", report.elapsed_s)?;

@@ -53,7 +53,7 @@ pub use coordination::{
 };
 pub use days::{search_score, Day, DaySet};
 pub use fallback::{FallbackChoice, HistoryScore};
-pub use gates::{gate_rows, GateRow};
+pub use gates::{gate_rows, suite_gates, GateRow, SuiteGates};
 pub use placement::{
     placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate, PlacementScenario,
 };
