@@ -78,6 +78,11 @@ pub struct SuiteArgs {
     /// every=1800&window=10800&margin=0.02&hold=2; docs/policy.md).
     #[arg(long, value_name = "RULE", default_value = "")]
     pub shadow: String,
+    /// The shadow's fallbacks, in order (comma-separated): `static-hist`
+    /// (the layout fitted on the training days), `none`, or a policy spec
+    /// such as `greedy`.
+    #[arg(long, value_delimiter = ',', default_value = "static-hist")]
+    pub shadow_fallback: Vec<String>,
     /// Write the results as JSON here.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -267,6 +272,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         .collect();
     // ... and as it runs with the shadow rule switching it during the day.
     cfg.shadow_for.clone_from(&cfg.fallback_for);
+    cfg.shadow_fallbacks.clone_from(&a.shadow_fallback);
     cfg.shadow = crate::policy::shadow::ShadowRule::default()
         .with_overrides(&a.shadow)
         .map_err(anyhow::Error::msg)

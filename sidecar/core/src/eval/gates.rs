@@ -173,10 +173,12 @@ pub fn suite_gates(scenarios: &[ScenarioResult], policy: &str) -> Option<SuiteGa
         .iter()
         .filter_map(|r| Some((r.to_string(), worst(r)?)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
-    let hindsight_mean = ["static-hindsight", "twice-daily-hindsight"]
+    let hindsight_mean = used[0]
+        .rows
         .iter()
-        .filter(|h| used.iter().all(|s| s.row(h).is_some()))
-        .map(|h| mean(h))
+        .filter(|r| r.kind == RowKind::Hindsight)
+        .filter(|r| used.iter().all(|s| s.row(&r.policy).is_some()))
+        .map(|r| mean(&r.policy))
         .reduce(f64::min);
     let gap_closed = hindsight_mean
         .filter(|h| best_runnable_mean > *h)

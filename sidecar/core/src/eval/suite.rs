@@ -81,6 +81,10 @@ pub struct SuiteConfig {
     /// ([`crate::policy::shadow`]).
     pub shadow_for: Vec<String>,
     pub shadow: ShadowRule,
+    /// The shadow's fallbacks, in order: `static-hist` (the layout fitted
+    /// on the training days), `none` (whole GPUs), or a policy spec such as
+    /// `greedy`.
+    pub shadow_fallbacks: Vec<String>,
 }
 
 impl Default for SuiteConfig {
@@ -95,6 +99,7 @@ impl Default for SuiteConfig {
             fallback_for: Vec::new(),
             shadow_for: Vec::new(),
             shadow: ShadowRule::default(),
+            shadow_fallbacks: vec!["static-hist".into()],
         }
     }
 }
@@ -260,6 +265,36 @@ impl Scorer<'_> {
     }
 }
 
+/// A fallback of the shadow rows: fixed layouts pursued from any state
+/// (`static-hist`: the fitted ones; `none`: whole GPUs) or a policy spec.
+fn shadow_fallback(
+    name: &str,
+    fitted: &[crate::mig::Layout],
+    cluster: &[GpuModel],
+    models: &[GpuModel],
+) -> MakePolicy {
+    let fixed = |layouts: Vec<crate::mig::Layout>| -> MakePolicy {
+        let toward = Toward {
+            label: name.to_string(),
+            layouts,
+        };
+        Box::new(move || Ok(Box::new(toward.clone())))
+    };
+    match name {
+        "static-hist" => fixed(fitted.to_vec()),
+        "none" => fixed(
+            cluster
+                .iter()
+                .map(|&m| crate::mig::Geometry::of(m).whole_gpu())
+                .collect(),
+        ),
+        spec => {
+            let (spec, models) = (spec.to_string(), models.to_vec());
+            Box::new(move || parse_policy(&spec, &models).map_err(|e| e.to_string()))
+        }
+    }
+}
+
 /// Scores one scenario (module docs). `progress` hears each step's name.
 pub fn run_scenario(
     s: &ScenarioDays,
@@ -378,45 +413,37 @@ pub fn run_scenario(
     {
         let row = format!("{name}+shadow");
         progress(&row);
-        let fallback = Toward {
-            label: "static-hist".into(),
-            layouts: sp.layouts().to_vec(),
-        };
         let description = format!(
-            "{spec} or static-hist (pursued from any state), switched during the day by the shadow rule: every {} s, window {} s, margin {}, {} checks",
+            "{spec} or {} (fixed layouts pursued from any state), switched during the day by the shadow rule: every {} s, window {} s, margin {}, {} checks",
+            cfg.shadow_fallbacks.join(" or "),
             cfg.shadow.check_every_s, cfg.shadow.window_s, cfg.shadow.margin, cfg.shadow.hold_checks
         );
         rows.push(
             sc.row(&row, RowKind::Candidate, description, &nones, &mut |i| {
                 let day = &s.test[i];
-                let (spec_c, models) = (spec.clone(), models.clone());
-                let primary: MakePolicy =
-                    Box::new(move || parse_policy(&spec_c, &models).map_err(|e| e.to_string()));
-                let fb = fallback.clone();
-                let fallback: MakePolicy = Box::new(move || Ok(Box::new(fb.clone())));
+                let (spec_c, models_c) = (spec.clone(), models.clone());
+                let mut make: Vec<MakePolicy> = vec![Box::new(move || {
+                    parse_policy(&spec_c, &models_c).map_err(|e| e.to_string())
+                })];
+                for f in &cfg.shadow_fallbacks {
+                    make.push(shadow_fallback(f, sp.layouts(), &s.cluster, &models));
+                }
                 let replay = Replay {
                     cluster: s.cluster.clone(),
                     heuristic: cfg.heuristic,
                     cfg: day.cfg.clone(),
                     joules_per_tardiness_s: reference.joules_per_tardiness_s(),
                 };
-                Shadowed::new(
-                    row.clone(),
-                    primary,
-                    fallback,
-                    replay,
-                    day.jobs.clone(),
-                    cfg.shadow,
-                )
-                .map(|p| Box::new(p) as Box<dyn RepartitionPolicy + Send>)
-                .map_err(|reason| SuiteError::Policy {
-                    scenario: s.name.clone(),
-                    spec: spec.clone(),
-                    source: PolicyParseError::Learned {
+                Shadowed::new(row.clone(), make, replay, day.jobs.clone(), cfg.shadow)
+                    .map(|p| Box::new(p) as Box<dyn RepartitionPolicy + Send>)
+                    .map_err(|reason| SuiteError::Policy {
+                        scenario: s.name.clone(),
                         spec: spec.clone(),
-                        reason,
-                    },
-                })
+                        source: PolicyParseError::Learned {
+                            spec: spec.clone(),
+                            reason,
+                        },
+                    })
             })?,
         );
     }

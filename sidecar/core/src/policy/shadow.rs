@@ -96,44 +96,31 @@ impl ShadowRule {
     }
 }
 
-/// Which of the two policies runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Running {
-    /// The learned policy.
-    Primary,
-    /// What the node runs without it (a fitted static layout, greedy).
-    Fallback,
-}
-
-impl Running {
-    fn other(self) -> Running {
-        match self {
-            Running::Primary => Running::Fallback,
-            Running::Fallback => Running::Primary,
-        }
-    }
-}
+/// Index of the primary (learned) policy among the shadowed ones; the
+/// fallbacks follow it in the order given.
+pub const PRIMARY: usize = 0;
 
 /// One hand-over, with the window costs that caused it (what the daemon's
 /// log and status say).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Switch {
     pub at_s: f64,
-    pub to: Running,
+    pub from: usize,
+    pub to: usize,
     /// Cost increase over the window, J (ET objective), of each policy.
-    pub primary_window: f64,
-    pub fallback_window: f64,
+    pub window_costs: Vec<f64>,
 }
 
 /// The switch's memory: the cost curves seen at the checks, the running
-/// policy and the current streak of checks where the other one led.
+/// policy and the current streak of checks where another one led.
 #[derive(Clone, Debug)]
 pub struct ShadowState {
     rule: ShadowRule,
-    running: Running,
-    /// `(time, primary cost, fallback cost)` of the checks within the window.
-    history: VecDeque<(f64, f64, f64)>,
+    running: usize,
+    /// `(time, cost of each policy)` of the checks within the window.
+    history: VecDeque<(f64, Vec<f64>)>,
+    /// The policy that led on the last checks, and on how many in a row.
+    leader: usize,
     streak: u32,
     switches: Vec<Switch>,
 }
@@ -143,8 +130,9 @@ impl ShadowState {
     pub fn new(rule: ShadowRule) -> Self {
         ShadowState {
             rule,
-            running: Running::Primary,
+            running: PRIMARY,
             history: VecDeque::new(),
+            leader: PRIMARY,
             streak: 0,
             switches: Vec::new(),
         }
@@ -154,7 +142,8 @@ impl ShadowState {
         self.rule
     }
 
-    pub fn running(&self) -> Running {
+    /// The policy that runs now ([`PRIMARY`] or a fallback's index).
+    pub fn running(&self) -> usize {
         self.running
     }
 
@@ -164,28 +153,35 @@ impl ShadowState {
     }
 
     /// One check at `now`: the day's cost so far under each policy
-    /// (cumulative, from the same start). Returns the switch it made, if any.
-    pub fn observe(&mut self, now: f64, primary: f64, fallback: f64) -> Option<Switch> {
+    /// (cumulative, from the same start; always as many, primary first).
+    /// The cheapest policy over the window takes over when it undercuts the
+    /// running one by the margin on `hold_checks` checks in a row. Returns
+    /// the switch it made, if any.
+    pub fn observe(&mut self, now: f64, costs: &[f64]) -> Option<Switch> {
+        let since = now - self.rule.window_s;
         // The oldest kept check is the window's start (or the day's: cost 0).
-        while self
-            .history
-            .get(1)
-            .is_some_and(|&(t, _, _)| t <= now - self.rule.window_s)
-        {
+        while self.history.get(1).is_some_and(|(t, _)| *t <= since) {
             self.history.pop_front();
         }
-        let (p0, f0) = match self.history.front() {
-            Some(&(t, p, f)) if t <= now - self.rule.window_s => (p, f),
-            _ => (0.0, 0.0),
+        let window: Vec<f64> = match self.history.front() {
+            Some((t, c)) if *t <= since && c.len() == costs.len() => {
+                costs.iter().zip(c).map(|(now, then)| now - then).collect()
+            }
+            _ => costs.to_vec(),
         };
-        self.history.push_back((now, primary, fallback));
-        let (pw, fw) = (primary - p0, fallback - f0);
-        let (mine, other) = match self.running {
-            Running::Primary => (pw, fw),
-            Running::Fallback => (fw, pw),
-        };
-        if other < mine * (1.0 - self.rule.margin) {
-            self.streak += 1;
+        self.history.push_back((now, costs.to_vec()));
+        let mine = *window.get(self.running)?;
+        let (best, &low) = window
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))?;
+        if best != self.running && low < mine * (1.0 - self.rule.margin) {
+            self.streak = if best == self.leader {
+                self.streak + 1
+            } else {
+                1
+            };
+            self.leader = best;
         } else {
             self.streak = 0;
         }
@@ -193,14 +189,14 @@ impl ShadowState {
             return None;
         }
         self.streak = 0;
-        self.running = self.running.other();
         let s = Switch {
             at_s: now,
-            to: self.running,
-            primary_window: pw,
-            fallback_window: fw,
+            from: self.running,
+            to: best,
+            window_costs: window,
         };
-        self.switches.push(s);
+        self.running = best;
+        self.switches.push(s.clone());
         Some(s)
     }
 }
@@ -287,8 +283,8 @@ impl RepartitionPolicy for Toward {
 /// given whole, but a replay at `now` sees only those arrived by then.
 pub struct Shadowed {
     label: String,
-    live: [Box<dyn RepartitionPolicy + Send>; 2],
-    make: [MakePolicy; 2],
+    live: Vec<Box<dyn RepartitionPolicy + Send>>,
+    make: Vec<MakePolicy>,
     replay: Replay,
     /// The day's jobs, by arrival.
     jobs: Vec<Job>,
@@ -299,21 +295,25 @@ pub struct Shadowed {
 }
 
 impl Shadowed {
-    /// `primary` and `fallback` make fresh copies of the two policies; one
-    /// copy of each runs live (the primary first), the others are replayed.
+    /// `make` makes fresh copies of the policies, the primary first, then
+    /// the fallbacks; one copy of each runs live (the primary first), the
+    /// others are replayed.
     pub fn new(
         label: String,
-        mut primary: MakePolicy,
-        mut fallback: MakePolicy,
+        mut make: Vec<MakePolicy>,
         replay: Replay,
         mut jobs: Vec<Job>,
         rule: ShadowRule,
     ) -> Result<Self, String> {
+        if make.len() < 2 {
+            return Err("the shadow needs a policy and at least one fallback".into());
+        }
         jobs.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
+        let live = make.iter_mut().map(|m| m()).collect::<Result<_, _>>()?;
         Ok(Shadowed {
             label,
-            live: [primary()?, fallback()?],
-            make: [primary, fallback],
+            live,
+            make,
             replay,
             jobs,
             state: ShadowState::new(rule),
@@ -329,7 +329,7 @@ impl Shadowed {
     fn check(&mut self, now: f64) {
         let arrived = self.jobs.partition_point(|j| j.arrival <= now);
         let jobs = &self.jobs[..arrived];
-        let mut cost = [0.0; 2];
+        let mut cost = vec![0.0; self.make.len()];
         for (k, make) in self.make.iter_mut().enumerate() {
             let c = make().and_then(|mut p| {
                 self.replay
@@ -344,7 +344,7 @@ impl Shadowed {
                 }
             }
         }
-        self.state.observe(now, cost[0], cost[1]);
+        self.state.observe(now, &cost);
     }
 }
 
@@ -355,11 +355,11 @@ impl RepartitionPolicy for Shadowed {
 
     fn describe(&self) -> String {
         let r = self.state.rule();
+        let names: Vec<String> = self.live.iter().map(|p| p.name()).collect();
         format!(
-            "{}: {} or {}, whichever the day's replay favours (every {} s over {} s, margin {}, {} checks)",
+            "{}: {}, whichever the day's replay favours (every {} s over {} s, margin {}, {} checks)",
             self.label,
-            self.live[0].name(),
-            self.live[1].name(),
+            names.join(" or "),
             r.check_every_s,
             r.window_s,
             r.margin,
@@ -381,7 +381,7 @@ impl RepartitionPolicy for Shadowed {
         }
         // Both live copies see every epoch (a learned policy remembers the
         // arrivals); only the running one's decisions are applied.
-        let running = self.state.running() as usize;
+        let running = self.state.running();
         let mut out = Vec::new();
         for (k, p) in self.live.iter_mut().enumerate() {
             let d = p.decide(view);
@@ -407,14 +407,17 @@ mod tests {
         hold_checks: 2,
     };
 
-    /// Feeds per-check cost increases; returns the running policy after each.
-    fn run(state: &mut ShadowState, steps: &[(f64, f64)]) -> Vec<Running> {
+    const FALLBACK: usize = 1;
+
+    /// Feeds per-check cost increases of (primary, fallback); returns the
+    /// running policy after each.
+    fn run(state: &mut ShadowState, steps: &[(f64, f64)]) -> Vec<usize> {
         let (mut p, mut f) = (0.0, 0.0);
         let mut out = Vec::new();
         for (k, &(dp, df)) in steps.iter().enumerate() {
             p += dp;
             f += df;
-            state.observe((k + 1) as f64 * RULE.check_every_s, p, f);
+            state.observe((k + 1) as f64 * RULE.check_every_s, &[p, f]);
             out.push(state.running());
         }
         out
@@ -425,21 +428,43 @@ mod tests {
         let mut s = ShadowState::new(RULE);
         // Fallback 10 % cheaper: the switch comes at the second check.
         let seen = run(&mut s, &[(110.0, 100.0); 3]);
-        assert_eq!(
-            seen,
-            [Running::Primary, Running::Fallback, Running::Fallback]
-        );
+        assert_eq!(seen, [PRIMARY, FALLBACK, FALLBACK]);
         // The primary becomes cheaper: the window (6 checks) still holds
         // the earlier costs, so it takes a while, then it switches back.
         let seen = run(&mut s, &[(50.0, 100.0); 8]);
-        let back = seen
-            .iter()
-            .position(|&r| r == Running::Primary)
-            .expect("back");
+        let back = seen.iter().position(|&r| r == PRIMARY).expect("back");
         assert!(back >= 1, "{seen:?}");
         assert_eq!(s.switches().len(), 2);
-        assert_eq!(s.switches()[1].to, Running::Primary);
-        assert!(s.switches()[1].primary_window < s.switches()[1].fallback_window);
+        let back = &s.switches()[1];
+        assert_eq!((back.from, back.to), (FALLBACK, PRIMARY));
+        assert!(back.window_costs[PRIMARY] < back.window_costs[FALLBACK]);
+    }
+
+    /// With two fallbacks the cheapest one over the window takes over, and
+    /// a change of leader restarts the count.
+    #[test]
+    fn the_cheapest_of_several_takes_over() {
+        let mut s = ShadowState::new(RULE);
+        let mut c = [0.0; 3];
+        let mut seen = Vec::new();
+        for (k, inc) in [
+            [100.0, 90.0, 95.0],
+            [100.0, 95.0, 80.0],
+            [100.0, 95.0, 80.0],
+        ]
+        .iter()
+        .enumerate()
+        {
+            for (x, d) in c.iter_mut().zip(inc) {
+                *x += d;
+            }
+            s.observe((k + 1) as f64 * RULE.check_every_s, &c);
+            seen.push(s.running());
+        }
+        // Check 1: fallback 1 leads; check 2: fallback 2 (the count
+        // restarts); check 3: fallback 2 again, so it takes over.
+        assert_eq!(seen, [PRIMARY, PRIMARY, 2]);
+        assert_eq!(s.switches()[0].from, PRIMARY);
     }
 
     #[test]
@@ -447,7 +472,7 @@ mod tests {
         let mut s = ShadowState::new(RULE);
         run(&mut s, &[(101.0, 100.0); 20]);
         assert!(s.switches().is_empty());
-        assert_eq!(s.running(), Running::Primary);
+        assert_eq!(s.running(), PRIMARY);
     }
 
     #[test]
@@ -477,7 +502,7 @@ mod tests {
             steps in proptest::collection::vec((0.0f64..1000.0, 0.0f64..1000.0), 1..60),
         ) {
             let mut s = ShadowState::new(RULE);
-            let mut running = Running::Primary;
+            let mut running = PRIMARY;
             let (mut p, mut f) = (0.0, 0.0);
             let mut hist: Vec<(f64, f64)> = Vec::new();
             let mut led = 0u32;
@@ -494,13 +519,13 @@ mod tests {
                     .map_or((0.0, 0.0), |(_, &c)| c);
                 hist.push((p, f));
                 let (pw, fw) = (p - start.0, f - start.1);
-                let (mine, other) = if running == Running::Primary { (pw, fw) } else { (fw, pw) };
+                let (mine, other) = if running == PRIMARY { (pw, fw) } else { (fw, pw) };
                 let leads = other < mine * (1.0 - RULE.margin);
                 led = if leads { led + 1 } else { 0 };
-                let switched = s.observe(now, p, f);
+                let switched = s.observe(now, &[p, f]);
                 if let Some(sw) = switched {
                     prop_assert!(leads && led >= RULE.hold_checks, "unearned switch at {now}");
-                    prop_assert!((sw.primary_window - pw).abs() < 1e-6 && (sw.fallback_window - fw).abs() < 1e-6);
+                    prop_assert!((sw.window_costs[0] - pw).abs() < 1e-6 && (sw.window_costs[1] - fw).abs() < 1e-6);
                     running = sw.to;
                     led = 0;
                 } else {
@@ -590,16 +615,16 @@ mod tests {
         let jobs = two_phase_day();
         let r = replay(&jobs);
         let horizon = r.cfg.workload_horizon_s.unwrap();
-        let primary: MakePolicy = Box::new(|| Box::new(toward("1|1|1|1|1|1|1|.")));
-        let fallback: MakePolicy = Box::new(|| Box::new(toward("77777777")));
+        let primary: MakePolicy = Box::new(|| Ok(Box::new(toward("1|1|1|1|1|1|1|."))));
+        let fallback: MakePolicy = Box::new(|| Ok(Box::new(toward("77777777"))));
         let mut shadowed = Shadowed::new(
             "shadow".into(),
-            primary,
-            fallback,
+            vec![primary, fallback],
             r.clone(),
             jobs.clone(),
             RULE,
-        );
+        )
+        .expect("two policies");
         let alone = |mut p: Toward| r.cost(&jobs, horizon, &mut p).unwrap();
         let small = alone(toward("1|1|1|1|1|1|1|."));
         let whole = alone(toward("77777777"));
@@ -607,9 +632,9 @@ mod tests {
         let sw = shadowed.state().switches();
         assert_eq!(shadowed.failures, 0);
         assert!(sw.len() >= 2, "{sw:?}");
-        assert_eq!(sw[0].to, Running::Fallback);
+        assert_eq!(sw[0].to, FALLBACK);
         assert!(sw[0].at_s <= 3600.0, "{sw:?}");
-        assert_eq!(sw[1].to, Running::Primary);
+        assert_eq!(sw[1].to, PRIMARY);
         assert!(sw[1].at_s > 6.0 * 3600.0, "{sw:?}");
         assert!(
             both < small && both < whole,
