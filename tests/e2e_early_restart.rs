@@ -153,8 +153,23 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     assert_eq!(second.2, "1g.10gb", "{}", read(&out));
     emu.add_process(&second.1, PID, 6_000_000_000)
         .expect("use on the new instance");
-    // Two samples of it, then the job ends.
-    std::thread::sleep(Duration::from_millis(2500));
+    // Two samples of it (smartmigd reads an instance's memory use with
+    // nvmlDeviceGetMemoryInfo*, only to sample it while the job runs),
+    // then the job ends.
+    let reads = || {
+        let calls = emu.calls().expect("emulator call counts");
+        ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"]
+            .iter()
+            .filter_map(|c| calls.get(*c))
+            .sum::<u64>()
+    };
+    let before = reads();
+    let sampled = smartmig_suite::wait_until(TIMEOUT, || reads() >= before + 2);
+    assert!(
+        sampled,
+        "smartmigd did not sample the restarted job's memory twice within {TIMEOUT:?}\n{}",
+        cluster.smartmigd_log()
+    );
     let _ = emu.remove_process(&second.1, PID);
     std::fs::write(shared.join("go.1"), b"").expect("write go file");
     cluster.assert_completed(job, TIMEOUT);

@@ -6,9 +6,8 @@
 mod daemon_common;
 
 use std::process::{Command, Output};
-use std::time::Duration;
 
-use daemon_common::{req, with_fake_slurm, TestDaemon};
+use daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
 
 /// `smartmig ARGS --config <the daemon's config>`.
 fn smartmig(d: &TestDaemon, args: &[&str]) -> Output {
@@ -60,8 +59,17 @@ fn reconcile_reads_a_huge_queue_and_releases_only_ended_jobs() {
     for job in [1, 2] {
         c.allocate(req(job, 0, 1, None)).unwrap();
     }
-    // Assignments made in the second the queue is read are never reaped.
-    std::thread::sleep(Duration::from_millis(1100));
+    // Assignments made in the second the queue is read are never reaped:
+    // wait until the clock has left the second of the last one.
+    let last = c
+        .status()
+        .unwrap()
+        .gpus
+        .iter()
+        .flat_map(|g| g.instances.iter().filter_map(|i| i.busy_since))
+        .max()
+        .expect("jobs 1 and 2 hold instances");
+    d.wait_until("the second after the allocations", || unix_now() > last);
     let out = smartmig(&d, &["reconcile"]);
     assert!(out.status.success(), "{}\n{}", text(&out), d.log());
     assert!(

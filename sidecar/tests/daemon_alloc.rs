@@ -5,7 +5,7 @@ mod daemon_common;
 
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, TestDaemon};
+use daemon_common::{free_port, req, scrape, TestDaemon};
 use smartmig::daemon::protocol::{AllocAction, AllocateRequest};
 use smartmig::daemon::{ClientError, ErrorKind};
 
@@ -119,7 +119,20 @@ fn eighth_one_g_waits_then_fails_with_reason() {
     assert!(waited >= Duration::from_millis(950), "{waited:?}");
     // GPU 1 is unaffected.
     assert!(c.allocate(req(9, 1, 1, None)).is_ok());
-    // A release during the wait lets the waiter through.
+    // A release during the wait lets the waiter through. The waiter gets
+    // 30 s (allocate_wait_s changes live, at SIGHUP): the test sees it
+    // waiting through a status call, which can take a second on a loaded
+    // machine over the NVML emulator, longer than the 1 s wait above.
+    let text = std::fs::read_to_string(&d.config).unwrap();
+    std::fs::write(
+        &d.config,
+        text.replace("allocate_wait_s = 1\n", "allocate_wait_s = 30\n"),
+    )
+    .unwrap();
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    d.wait_until("allocate_wait_s reloaded", || {
+        d.log().contains("allocate_wait_s: 1 -> 30")
+    });
     let c2 = d.client();
     let waiter = std::thread::spawn(move || c2.allocate(req(10, 0, 1, None)));
     d.wait_until("job 10 waiting in status", || {
@@ -200,20 +213,11 @@ fn concurrent_allocations_never_share_an_instance() {
 
 #[test]
 fn metrics_endpoint_serves_prometheus_text() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let d = TestDaemon::start("metrics", &format!("metrics_listen = \"127.0.0.1:{port}\""));
     let c = d.client();
     c.allocate(req(1, 0, 3, None)).unwrap();
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let body = scrape(port);
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
     for needle in [
         "smartmig_allocations_total{result=\"created\"} 1",

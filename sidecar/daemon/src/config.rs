@@ -449,6 +449,35 @@ impl Config {
 
     /// Checks every value; the first problem is reported with its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_paths()?;
+        self.sim_gpus()?;
+        if self.backend == BackendKind::Sim && self.gpus.is_empty() {
+            return Err(invalid(
+                "gpus",
+                "the sim backend needs at least one [[gpus]] entry (model, count)",
+            ));
+        }
+        self.check_limits()?;
+        self.check_policy()?;
+        self.check_placement()?;
+        if let Some(listen) = &self.metrics_listen {
+            listen.parse::<SocketAddr>().map_err(|e| {
+                invalid(
+                    "metrics_listen",
+                    format!("\"{listen}\" is not host:port ({e})"),
+                )
+            })?;
+        }
+        if self.slurm.command_timeout_s == 0 {
+            return Err(invalid("slurm.command_timeout_s", "must be at least 1"));
+        }
+        self.check_injected_errors()?;
+        self.check_memory()
+    }
+
+    /// The sockets, directories and files (absolute, distinct, present)
+    /// and the connection caps.
+    fn check_paths(&self) -> Result<(), ConfigError> {
         if !self.socket.is_absolute() {
             return Err(invalid("socket", "must be an absolute path"));
         }
@@ -488,13 +517,11 @@ impl Config {
         if self.slurm_user.trim().is_empty() {
             return Err(invalid("slurm_user", "must not be empty"));
         }
-        self.sim_gpus()?;
-        if self.backend == BackendKind::Sim && self.gpus.is_empty() {
-            return Err(invalid(
-                "gpus",
-                "the sim backend needs at least one [[gpus]] entry (model, count)",
-            ));
-        }
+        Ok(())
+    }
+
+    /// Time limits, message size, epochs and the cluster summary.
+    fn check_limits(&self) -> Result<(), ConfigError> {
         if self.request_timeout_s == 0 {
             return Err(invalid("request_timeout_s", "must be at least 1"));
         }
@@ -519,19 +546,11 @@ impl Config {
                 ),
             ));
         }
-        self.check_policy()?;
-        self.check_placement()?;
-        if let Some(listen) = &self.metrics_listen {
-            listen.parse::<SocketAddr>().map_err(|e| {
-                invalid(
-                    "metrics_listen",
-                    format!("\"{listen}\" is not host:port ({e})"),
-                )
-            })?;
-        }
-        if self.slurm.command_timeout_s == 0 {
-            return Err(invalid("slurm.command_timeout_s", "must be at least 1"));
-        }
+        Ok(())
+    }
+
+    /// `[[sim.inject_errors]]`: known ops and errors.
+    fn check_injected_errors(&self) -> Result<(), ConfigError> {
         for (i, inject) in self.sim.inject_errors.iter().enumerate() {
             if !["create", "destroy"].contains(&inject.op.as_str()) {
                 return Err(invalid(
@@ -546,6 +565,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[memory]`, `[oom]`, plans and the log level.
+    fn check_memory(&self) -> Result<(), ConfigError> {
         if self.memory.sample_s == 0 {
             return Err(invalid("memory.sample_s", "must be at least 1"));
         }

@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -54,6 +54,11 @@ struct RestartLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabel {
+    task: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabel {
     gpu: String,
 }
@@ -85,6 +90,8 @@ pub struct Metrics {
     pending_plans: Gauge,
     queue_reads: Family<SourceLabel, Counter>,
     summary_age: Gauge,
+    panics: Family<TaskLabel, Counter>,
+    epochs: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -98,125 +105,133 @@ impl Default for Metrics {
     }
 }
 
+/// Each family's name (after the `smartmig_` prefix) and help text.
+mod help {
+    pub const ALLOCATIONS: (&str, &str) = (
+        "allocations",
+        "Allocate requests by result (existing, reused, created, reshaped, no_fit, error)",
+    );
+    pub const FAILURES: (&str, &str) =
+        ("failures", "Requests answered with an error, by error kind");
+    pub const LATENCY: (&str, &str) = (
+        "allocation_latency_seconds",
+        "Time from an allocate request to its reply (waiting included)",
+    );
+    pub const RECONFIGURATIONS: (&str, &str) = (
+        "reconfigurations",
+        "MIG instances created or destroyed, by GPU and op",
+    );
+    pub const INSTANCES: (&str, &str) = (
+        "instances",
+        "MIG instances by GPU, profile and state (busy/idle)",
+    );
+    pub const ENERGY: (&str, &str) = (
+        "energy_joules",
+        "Energy used per GPU since the daemon started (modelled on the sim backend, NVML counter on real GPUs)",
+    );
+    pub const REAPED: (&str, &str) = (
+        "reaped_releases",
+        "Instances freed because Slurm showed the job ended and no release arrived",
+    );
+    pub const EPILOG_MISSING: (&str, &str) = (
+        "epilog_missing",
+        "1 when the reaper freed instances and the plugin's job_epilog never sent a release (slurmd needs a restart)",
+    );
+    pub const MEMORY_RESTARTS: (&str, &str) = (
+        "memory_restarts",
+        "Out-of-memory decisions by cause (oom: the job ran out; early: its rising use predicted it would) and decision (requeue_scheduled, retries_exhausted, ...)",
+    );
+    pub const SLICE_SECONDS: (&str, &str) = (
+        "slice_seconds",
+        "Compute-slice seconds held by jobs, by profile, counted when the instance is released",
+    );
+    pub const USER_SLICE_SECONDS: (&str, &str) = (
+        "user_slice_seconds",
+        "Compute-slice seconds held by jobs, by user, counted when the instance is released",
+    );
+    pub const WAIT_SECONDS: (&str, &str) = (
+        "instance_wait_seconds",
+        "Seconds jobs waited in smartmigd for their instance, by profile",
+    );
+    pub const JOBS_SERVED: (&str, &str) = ("jobs_served", "Instances released by jobs, by profile");
+    pub const PENDING_PLANS: (&str, &str) = (
+        "pending_plans",
+        "Reconfigurations waiting for `smartmig apply` (mode = confirm)",
+    );
+    pub const QUEUE_READS: (&str, &str) = (
+        "queue_reads",
+        "How the node learned the Slurm queue, by source (summary: the publisher's file; squeue: asked slurmctld itself; none: held, nothing read)",
+    );
+    pub const SUMMARY_AGE: (&str, &str) = (
+        "cluster_summary_age_seconds",
+        "Age of the last cluster summary read (-1: none could be used)",
+    );
+    pub const PANICS: (&str, &str) = (
+        "panics",
+        "Panics caught, by task: a request's op (answered with an internal error), epoch, memory_sample or connection (a bug: the log has the details)",
+    );
+    pub const EPOCHS: (&str, &str) = (
+        "epochs",
+        "Epochs of the repartitioning loop that ran to the end",
+    );
+}
+
+/// Registers `metric` under `name` and returns it (a family or counter is
+/// a handle: the registry and the caller share it).
+fn registered<M: Metric + Clone>(
+    registry: &mut Registry,
+    (name, help): (&str, &str),
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("smartmig");
-        let allocations = Family::<ResultLabel, Counter>::default();
-        registry.register(
-            "allocations",
-            "Allocate requests by result (existing, reused, created, reshaped, no_fit, error)",
-            allocations.clone(),
-        );
-        let failures = Family::<KindLabel, Counter>::default();
-        registry.register(
-            "failures",
-            "Requests answered with an error, by error kind",
-            failures.clone(),
-        );
-        // 50 us .. ~26 s
-        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 20));
-        registry.register(
-            "allocation_latency_seconds",
-            "Time from an allocate request to its reply (waiting included)",
-            latency.clone(),
-        );
-        let reconfigurations = Family::<ReconfLabel, Counter>::default();
-        registry.register(
-            "reconfigurations",
-            "MIG instances created or destroyed, by GPU and op",
-            reconfigurations.clone(),
-        );
-        let instances = Family::<InstanceLabel, Gauge>::default();
-        registry.register(
-            "instances",
-            "MIG instances by GPU, profile and state (busy/idle)",
-            instances.clone(),
-        );
-        let energy = Family::<GpuLabel, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "energy_joules",
-            "Energy used per GPU since the daemon started (modelled on the sim backend, NVML counter on real GPUs)",
-            energy.clone(),
-        );
-        let reaped = Counter::default();
-        registry.register(
-            "reaped_releases",
-            "Instances freed because Slurm showed the job ended and no release arrived",
-            reaped.clone(),
-        );
-        let epilog_missing = Gauge::default();
-        registry.register(
-            "epilog_missing",
-            "1 when the reaper freed instances and the plugin's job_epilog never sent a release (slurmd needs a restart)",
-            epilog_missing.clone(),
-        );
-        let memory_restarts = Family::<RestartLabel, Counter>::default();
-        registry.register(
-            "memory_restarts",
-            "Out-of-memory decisions by cause (oom: the job ran out; early: its rising use predicted it would) and decision (requeue_scheduled, retries_exhausted, ...)",
-            memory_restarts.clone(),
-        );
-        let slice_seconds = Family::<ProfileLabel, Counter>::default();
-        registry.register(
-            "slice_seconds",
-            "Compute-slice seconds held by jobs, by profile, counted when the instance is released",
-            slice_seconds.clone(),
-        );
-        let user_slice_seconds = Family::<UserLabel, Counter>::default();
-        registry.register(
-            "user_slice_seconds",
-            "Compute-slice seconds held by jobs, by user, counted when the instance is released",
-            user_slice_seconds.clone(),
-        );
-        let wait_seconds = Family::<ProfileLabel, Counter>::default();
-        registry.register(
-            "instance_wait_seconds",
-            "Seconds jobs waited in smartmigd for their instance, by profile",
-            wait_seconds.clone(),
-        );
-        let jobs_served = Family::<ProfileLabel, Counter>::default();
-        registry.register(
-            "jobs_served",
-            "Instances released by jobs, by profile",
-            jobs_served.clone(),
-        );
-        let pending_plans = Gauge::default();
-        registry.register(
-            "pending_plans",
-            "Reconfigurations waiting for `smartmig apply` (mode = confirm)",
-            pending_plans.clone(),
-        );
-        let queue_reads = Family::<SourceLabel, Counter>::default();
-        registry.register(
-            "queue_reads",
-            "How the node learned the Slurm queue, by source (summary: the publisher's file; squeue: asked slurmctld itself; none: held, nothing read)",
-            queue_reads.clone(),
-        );
-        let summary_age = Gauge::default();
-        registry.register(
-            "cluster_summary_age_seconds",
-            "Age of the last cluster summary read (-1: none could be used)",
-            summary_age.clone(),
-        );
+        let r = &mut registry;
         Metrics {
-            queue_reads,
-            summary_age,
-            pending_plans,
-            slice_seconds,
-            user_slice_seconds,
-            wait_seconds,
-            jobs_served,
-            memory_restarts,
+            allocations: registered(r, help::ALLOCATIONS, Family::default()),
+            failures: registered(r, help::FAILURES, Family::default()),
+            // 50 us .. ~26 s
+            latency: registered(
+                r,
+                help::LATENCY,
+                Histogram::new(exponential_buckets(0.000_05, 2.0, 20)),
+            ),
+            reconfigurations: registered(r, help::RECONFIGURATIONS, Family::default()),
+            instances: registered(r, help::INSTANCES, Family::default()),
+            energy: registered(r, help::ENERGY, Family::default()),
+            reaped: registered(r, help::REAPED, Counter::default()),
+            epilog_missing: registered(r, help::EPILOG_MISSING, Gauge::default()),
+            memory_restarts: registered(r, help::MEMORY_RESTARTS, Family::default()),
+            slice_seconds: registered(r, help::SLICE_SECONDS, Family::default()),
+            user_slice_seconds: registered(r, help::USER_SLICE_SECONDS, Family::default()),
+            wait_seconds: registered(r, help::WAIT_SECONDS, Family::default()),
+            jobs_served: registered(r, help::JOBS_SERVED, Family::default()),
+            pending_plans: registered(r, help::PENDING_PLANS, Gauge::default()),
+            queue_reads: registered(r, help::QUEUE_READS, Family::default()),
+            summary_age: registered(r, help::SUMMARY_AGE, Gauge::default()),
+            panics: registered(r, help::PANICS, Family::default()),
+            epochs: registered(r, help::EPOCHS, Counter::default()),
             registry,
-            reaped,
-            epilog_missing,
-            allocations,
-            failures,
-            latency,
-            reconfigurations,
-            instances,
-            energy,
         }
+    }
+
+    /// A panic caught in `task` (a request's op, `epoch`, `memory_sample`,
+    /// `connection`).
+    pub fn panic(&self, task: &str) {
+        self.panics
+            .get_or_create(&TaskLabel {
+                task: task.to_string(),
+            })
+            .inc();
+    }
+
+    /// One epoch of the repartitioning loop ran to the end.
+    pub fn epoch(&self) {
+        self.epochs.inc();
     }
 
     pub fn allocation(&self, result: &str, seconds: f64) {
@@ -338,6 +353,8 @@ mod tests {
         m.allocation("created", 0.0004);
         m.failure("no_fit");
         m.reconfiguration(0, "create");
+        m.panic("status");
+        m.epoch();
         let text = m.render(
             &[InstanceCount {
                 gpu: 0,
@@ -356,6 +373,8 @@ mod tests {
             "smartmig_instances{gpu=\"0\",profile=\"3g.20gb\",state=\"busy\"} 1",
             "smartmig_energy_joules{gpu=\"0\"} 12.5",
             "smartmig_epilog_missing 1",
+            "smartmig_panics_total{task=\"status\"} 1",
+            "smartmig_epochs_total 1",
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }

@@ -82,6 +82,44 @@ pub fn backend_toml(dir: &std::path::Path) -> BackendToml {
     }
 }
 
+/// A TCP port free now on 127.0.0.1 (for `metrics_listen`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The daemon's `GET /metrics` answer (status line, headers, body) from
+/// `metrics_listen = "127.0.0.1:<port>"`.
+pub fn scrape(port: u16) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// The epochs the daemon's repartitioning loop has run
+/// (`smartmig_epochs_total`).
+pub fn epochs(port: u16) -> u64 {
+    let text = scrape(port);
+    text.lines()
+        .find_map(|l| l.strip_prefix("smartmig_epochs_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no smartmig_epochs_total in\n{text}"))
+}
+
+/// The Unix second now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 pub struct TestDaemon {
     pub dir: PathBuf,
     pub socket: PathBuf,

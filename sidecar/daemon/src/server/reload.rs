@@ -1,20 +1,24 @@
 //! SIGHUP: re-read the config, apply what may change live, keep the rest.
 
-use super::*;
+use super::live::Live;
+use super::Daemon;
+use crate::config::Config;
+use crate::placement::PlacementRule;
+use crate::policy_choice::build as build_policy;
 
 impl Daemon {
     /// SIGHUP: re-reads the config; applies what can change live as one new
     /// [`Live`] snapshot, keeps the old one when the new config is invalid.
     pub async fn reload(&self) {
-        let new = match Config::load(&self.config_path) {
+        let new = match Config::load(&self.settings.path) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!("SIGHUP: new config rejected, keeping the old one: {e}");
                 return;
             }
         };
-        let old = self.config();
-        let models: Vec<GpuModel> = self.slots.iter().map(|s| s.model).collect();
+        let old = self.settings.current().config.clone();
+        let models = self.books.models();
         let policy = match build_policy(&new.policy, &models) {
             Ok(p) => p,
             Err(e) => {
@@ -44,10 +48,6 @@ impl Daemon {
             tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
         }
         // One swap: readers see the old snapshot or the new one, never a mix.
-        let snapshot = Arc::new(Live::new(merged, policy, placement));
-        match self.live.write() {
-            Ok(mut l) => *l = snapshot,
-            Err(p) => *p.into_inner() = snapshot,
-        }
+        self.settings.replace(Live::new(merged, policy, placement));
     }
 }

@@ -1,0 +1,563 @@
+//! `allocate` (root or `slurm_user`: the plugin at a job step's start):
+//! idempotent per job, serialised per GPU, waiting up to
+//! `allocate_wait_s` for a release when nothing fits, in the order the
+//! `placement` rule gives among the allocates waiting on the same GPU
+//! (docs/daemon.md, "How a request is served").
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, MutexGuard};
+
+use super::super::books::{Gpu, GpuState, Waiter, WaitingGuard};
+use super::super::{instances, queue, reap, unix_now, unix_now_f64};
+use super::Cx;
+use crate::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
+use crate::config::Mode;
+use crate::memory::Sizing;
+use crate::mig::ProfileSpec;
+use crate::placement::{Contender, PlacementRule, Turn};
+use crate::protocol::{AllocAction, AllocateReply, AllocateRequest, ErrorBody, ErrorKind};
+use crate::usage::SliceTag;
+use crate::workload::MemoryKey;
+
+/// Characters of a job name kept in a memory key.
+const MAX_JOB_NAME_CHARS: usize = 200;
+
+/// Serves an allocate and counts it by result, with its latency.
+pub(super) async fn serve(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, ErrorBody> {
+    let t0 = Instant::now();
+    let r = allocate(cx, req).await;
+    let result = match &r {
+        Ok(a) => match a.action {
+            AllocAction::Existing => "existing",
+            AllocAction::Reused => "reused",
+            AllocAction::Created => "created",
+            AllocAction::Reshaped => "reshaped",
+        },
+        Err(e) if e.kind == ErrorKind::NoFit => "no_fit",
+        Err(_) => "error",
+    };
+    cx.svc
+        .metrics
+        .allocation(result, t0.elapsed().as_secs_f64());
+    r
+}
+
+/// The allocate's steps: refuse what can never be served, return an
+/// instance the job already holds, size the request, then take the turn
+/// when there is room, or wait for it.
+async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, ErrorBody> {
+    let start = Instant::now();
+    refuse_in_advise_mode(cx)?;
+    let gpu = the_gpu(cx, req.gpu)?;
+    if let Some(r) = held_anywhere(cx, &req).await {
+        return Ok(r);
+    }
+    if let Some(marker) = req.oom_marker {
+        cx.books.ledger().plugin_oom_requeue = Some(marker);
+    }
+    let exact = exact_profile(gpu, &req)?;
+    let key = memory_key(&req);
+    let mut me = Contender {
+        job_id: req.job_id,
+        need: sized_need(cx, gpu, &req, exact, key.as_ref()),
+        exact,
+        arrival: unix_now_f64() - start.elapsed().as_secs_f64(),
+        deadline: f64::INFINITY,
+        time_limit_s: None,
+    };
+    let mut wait = Wait::new(cx, gpu, start);
+    loop {
+        // Re-read each round: a queue read while waiting may have brought
+        // the job's deadline.
+        let times = cx
+            .books
+            .ledger()
+            .times_of(req.job_id, req.deadline, req.time_limit_s);
+        (me.deadline, me.time_limit_s) = (times.deadline, times.time_limit_s);
+        let mut st = gpu.state.lock().await;
+        if let Some(r) = existing_reply(&st.book, req.job_id) {
+            return Ok(r);
+        }
+        match next_step(cx, gpu, &mut st, &me, &req)? {
+            Step::Go(profile, plan) => {
+                st.promised = None;
+                let waited_ms = start.elapsed().as_millis() as u64;
+                let reply = execute(cx, gpu, &mut st, &req, profile, plan, waited_ms)?;
+                after_allocate(cx, &req, key, exact.is_some(), profile, waited_ms);
+                return Ok(reply);
+            }
+            Step::Wait { reason, mine } => wait.for_room(cx, st, &req, &me, reason, mine).await?,
+        }
+    }
+}
+
+fn refuse_in_advise_mode(cx: &Cx<'_>) -> Result<(), ErrorBody> {
+    if cx.cfg().mode != Mode::Advise {
+        return Ok(());
+    }
+    Err(ErrorBody::new(
+        ErrorKind::InvalidRequest,
+        format!(
+            "smartmigd on {} runs in advise mode: it watches the node's own MIG setup and hands out no \
+             instance; request a MIG device through Slurm (--gres=gpu:<profile>:1), or ask the admin \
+             to switch the node to mode = \"dynamic\"",
+            cx.node.name
+        ),
+    ))
+}
+
+fn the_gpu<'a>(cx: &Cx<'a>, index: u32) -> Result<&'a Gpu, ErrorBody> {
+    cx.books.gpu(index).ok_or_else(|| {
+        ErrorBody::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "no GPU {index} on this node (it has {} GPUs)",
+                cx.books.gpus.len()
+            ),
+        )
+    })
+}
+
+/// Another step of a job that already holds an instance (on any GPU)
+/// gets that instance back.
+async fn held_anywhere(cx: &Cx<'_>, req: &AllocateRequest) -> Option<AllocateReply> {
+    for other in &cx.books.gpus {
+        let st = other.state.lock().await;
+        if let Some(r) = existing_reply(&st.book, req.job_id) {
+            if other.index != req.gpu {
+                tracing::warn!(
+                    job = req.job_id,
+                    asked = req.gpu,
+                    holds = other.index,
+                    "job already holds an instance on another GPU; returning it"
+                );
+            }
+            return Some(r);
+        }
+    }
+    None
+}
+
+fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
+    let inst = book.find_job(job_id)?;
+    let p = book.geometry.placement(inst.placement);
+    Some(AllocateReply {
+        uuid: inst.uuid.clone(),
+        gpu: book.index,
+        profile: p.profile.name(),
+        start: p.start,
+        compute: p.compute(),
+        memory_gb: p.profile.memory_gb,
+        reused: true,
+        action: AllocAction::Existing,
+        waited_ms: 0,
+    })
+}
+
+/// `--mig-profile`: exactly that profile, or a refusal naming why.
+fn exact_profile(
+    gpu: &Gpu,
+    req: &AllocateRequest,
+) -> Result<Option<&'static ProfileSpec>, ErrorBody> {
+    req.profile
+        .as_deref()
+        .map(|name| crate::mig::requested_profile(gpu.model.spec(), name, req.slices))
+        .transpose()
+        .map_err(|e| ErrorBody::new(ErrorKind::InvalidRequest, format!("GPU {}: {e}", req.gpu)))
+}
+
+/// The key of the job's learned memory estimate: its user and job name.
+/// The user's name may come from NSS (LDAP, SSSD): a blocking lookup. Job
+/// names are the user's to choose: bounded so keys stay small.
+fn memory_key(req: &AllocateRequest) -> Option<MemoryKey> {
+    req.job_name
+        .as_deref()
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| {
+            let name: String = n.chars().take(MAX_JOB_NAME_CHARS).collect();
+            MemoryKey::new(
+                tokio::task::block_in_place(|| super::super::auth::user_name(req.uid)),
+                name,
+            )
+        })
+}
+
+/// What the job needs: its slices and the memory it declared, its learned
+/// estimate, or more than it ran out of before.
+fn sized_need(
+    cx: &Cx<'_>,
+    gpu: &Gpu,
+    req: &AllocateRequest,
+    exact: Option<&'static ProfileSpec>,
+    key: Option<&MemoryKey>,
+) -> Need {
+    let declared_gb = exact.map_or(req.memory_gb, |p| Some(f64::from(p.memory_gb)));
+    let (memory_gb, sizing) = cx.svc.memory.lock().size_request(
+        gpu.model.spec(),
+        req.job_id,
+        req.slices,
+        declared_gb,
+        key,
+        cx.cfg().memory.estimate,
+    );
+    match &sizing {
+        Sizing::Declared => {}
+        Sizing::OomRestart { after_gb } => tracing::info!(
+            job = req.job_id,
+            gpu = req.gpu,
+            declared_gb = ?declared_gb,
+            "restart after running out of memory on a {after_gb} GB instance: asking for at least {} GB",
+            memory_gb.unwrap_or(0.0)
+        ),
+        Sizing::Estimate => tracing::info!(
+            job = req.job_id,
+            gpu = req.gpu,
+            user = key.map_or("", |k| k.user.as_str()),
+            name = key.map_or("", |k| k.name.as_str()),
+            "no --mig-mem: using the learned estimate of {:.2} GB",
+            memory_gb.unwrap_or(0.0)
+        ),
+    }
+    Need {
+        slices: req.slices,
+        memory_gb,
+    }
+}
+
+/// What an allocate does next on its GPU.
+enum Step {
+    /// Its turn: this profile, by this plan.
+    Go(&'static ProfileSpec, Plan),
+    /// No room now (`reason`), or others go first; `mine`: the turn is this
+    /// allocate's once room frees.
+    Wait { reason: String, mine: bool },
+}
+
+/// Whether `me` can be served now on `gpu` (locked in `st`), and how.
+fn next_step(
+    cx: &Cx<'_>,
+    gpu: &Gpu,
+    st: &mut GpuState,
+    me: &Contender,
+    req: &AllocateRequest,
+) -> Result<Step, ErrorBody> {
+    let planned = st.book.plan(me.need);
+    // Who goes first among this allocate and those waiting on the same
+    // GPU (`placement`); only asked when this one could go.
+    let turn = match &planned {
+        Ok(_) => {
+            let mut others = cx.books.ledger().contenders(req.gpu, req.job_id);
+            next_turn(&cx.live.placement, st, &mut others, me)
+        }
+        Err(_) => {
+            if st.promised.as_ref().is_some_and(|t| t.job_id == req.job_id) {
+                // Promised room that is gone (a re-shape took it): let the
+                // others decide again.
+                st.promised = None;
+                gpu.released.notify_waiters();
+            }
+            None
+        }
+    };
+    let mine = turn.as_ref().is_none_or(|t| t.job_id == req.job_id);
+    match planned {
+        Err(Refusal::Select(e)) => Err(ErrorBody::new(
+            ErrorKind::InvalidRequest,
+            format!("GPU {}: {e}", req.gpu),
+        )),
+        // Only an out-of-memory restart asks for more than the profile,
+        // and the plugin gives such jobs no marker.
+        Ok((profile, _)) if me.exact.is_some_and(|p| p != profile) => Err(ErrorBody::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "GPU {}: --mig-profile={} asked, but this run needs {}",
+                req.gpu,
+                req.profile.as_deref().unwrap_or_default(),
+                profile.name()
+            ),
+        )),
+        Ok((profile, plan)) if mine => Ok(match turn {
+            Some(t) => Step::Go(t.profile, t.plan),
+            None => Step::Go(profile, plan),
+        }),
+        Err(Refusal::NoFit { reason, .. }) => Ok(Step::Wait { reason, mine }),
+        Ok(_) => Ok(Step::Wait {
+            reason: format!(
+                "GPU {}: jobs that go first under placement `{}` take the room",
+                req.gpu,
+                cx.live.placement_name()
+            ),
+            mine,
+        }),
+    }
+}
+
+/// The turn on `st`'s GPU when `me` could be served now: the promise
+/// still standing, else the placement rule's choice among `me` and
+/// `others` (remembered when it is another job). `None`: `me`, with the
+/// plan [`GpuBook::plan`] gave (no one else waits, and the rule would
+/// not choose a profile).
+fn next_turn(
+    placement: &std::sync::Mutex<PlacementRule>,
+    st: &mut GpuState,
+    others: &mut Vec<Contender>,
+    me: &Contender,
+) -> Option<Turn> {
+    if let Some(t) = &st.promised {
+        if t.job_id != me.job_id && others.iter().any(|c| c.job_id == t.job_id) {
+            return Some(t.clone());
+        }
+        if t.job_id == me.job_id {
+            let want = me.need.memory_gb.unwrap_or(0.0);
+            if let Ok(plan) = st.book.plan_profile(t.profile, want) {
+                return Some(Turn { plan, ..t.clone() });
+            }
+        }
+        st.promised = None;
+    }
+    let mut rule = placement
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if others.is_empty() && !matches!(*rule, PlacementRule::Learned { .. }) {
+        return None;
+    }
+    others.push(me.clone());
+    let turn = rule.next_turn(&st.book, others, unix_now_f64())?;
+    if turn.job_id != me.job_id {
+        st.promised = Some(turn.clone());
+    }
+    Some(turn)
+}
+
+/// An allocate's wait for room: until `allocate_wait_s` after it arrived,
+/// listed in the ledger's waiting allocates from its first wait on.
+struct Wait<'a> {
+    gpu: &'a Gpu,
+    start: Instant,
+    limit: Duration,
+    deadline: tokio::time::Instant,
+    shutdown: watch::Receiver<bool>,
+    listed: Option<WaitingGuard<'a>>,
+}
+
+impl<'a> Wait<'a> {
+    fn new(cx: &Cx<'a>, gpu: &'a Gpu, start: Instant) -> Wait<'a> {
+        let limit = Duration::from_secs(cx.cfg().allocate_wait_s);
+        Wait {
+            gpu,
+            start,
+            limit,
+            deadline: tokio::time::Instant::from_std(start + limit),
+            shutdown: cx.node.shutdown.subscribe(),
+            listed: None,
+        }
+    }
+
+    /// Waits (the GPU's lock `st` given up) until a release or a re-shape
+    /// may have made room, the queue was re-read, or the time is up
+    /// (`no_fit`, naming `reason`), or the daemon shuts down.
+    async fn for_room(
+        &mut self,
+        cx: &Cx<'a>,
+        st: MutexGuard<'_, GpuState>,
+        req: &AllocateRequest,
+        me: &Contender,
+        reason: String,
+        mine: bool,
+    ) -> Result<(), ErrorBody> {
+        if tokio::time::Instant::now() >= self.deadline {
+            let holders = st.book.holders();
+            drop(st);
+            let reason = format!("{reason}; waited {} s", self.limit.as_secs());
+            // The user sees the reason; the admin's log line also names
+            // the jobs holding the GPU's instances.
+            tracing::warn!(job = req.job_id, gpu = req.gpu, held_by = ?holders, "{reason}");
+            return Err(ErrorBody::new(ErrorKind::NoFit, reason));
+        }
+        // The job whose turn it is may be asleep: wake it before this
+        // allocate starts listening (it would wake itself otherwise). The
+        // GPU's lock is still held, so nothing can change before we listen.
+        if !mine {
+            self.gpu.released.notify_waiters();
+        }
+        let notified = self.gpu.released.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        drop(st);
+        self.list(cx, req, me);
+        // The holders may have ended without a release (no epilog): ask
+        // Slurm now rather than at the next epoch.
+        if mine && queue::is_stale(cx) {
+            if let Some((q, t0)) = queue::read(cx).await {
+                let _ = reap::ended_jobs(cx, &q, t0).await;
+                return Ok(());
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::timeout_at(self.deadline, notified) => Ok(()),
+            _ = self.shutdown.changed() => {
+                Err(ErrorBody::new(ErrorKind::ShuttingDown, "smartmigd is shutting down"))
+            }
+        }
+    }
+
+    /// Lists the allocate among the waiting ones (once), for status and
+    /// the placement rule; it leaves the list when the allocate returns.
+    fn list(&mut self, cx: &Cx<'a>, req: &AllocateRequest, me: &Contender) {
+        if self.listed.is_some() {
+            return;
+        }
+        cx.books.ledger().waiting.insert(
+            req.job_id,
+            Waiter {
+                gpu: req.gpu,
+                since: self.start,
+                uid: req.uid,
+                contender: me.clone(),
+                asked: (req.deadline, req.time_limit_s),
+            },
+        );
+        self.listed = Some(WaitingGuard {
+            books: cx.books,
+            gpu: self.gpu,
+            job_id: req.job_id,
+        });
+    }
+}
+
+/// Runs a plan against the backend, records it in the book and the
+/// journal (durably) and builds the reply.
+fn execute(
+    cx: &Cx<'_>,
+    gpu: &Gpu,
+    st: &mut GpuState,
+    req: &AllocateRequest,
+    profile: &'static ProfileSpec,
+    plan: Plan,
+    waited_ms: u64,
+) -> Result<AllocateReply, ErrorBody> {
+    let now = unix_now();
+    let (uuid, action) = carry_out(cx, gpu.index, &mut st.book, plan, now)?;
+    st.tick_energy();
+    st.book.assign(
+        &uuid,
+        Assignment {
+            job_id: req.job_id,
+            step: req.step,
+            uid: req.uid,
+            since: now,
+            deadline: req.deadline,
+            time_limit_s: req.time_limit_s,
+            wait_s: waited_ms / 1000,
+        },
+    );
+    hand_over(cx, gpu.index, &mut st.book, req, &uuid, now)?;
+    let placed = st.book.find_uuid(&uuid).map(|i| i.placement);
+    let g = st.book.geometry;
+    let start = placed.map_or(0, |p| g.placement(p).start);
+    let p = placed.map_or(profile, |p| g.placement(p).profile);
+    tracing::info!(gpu = gpu.index, job = req.job_id, uid = req.uid, %uuid, profile = %p.name(), start, ?action, "allocated");
+    Ok(AllocateReply {
+        uuid,
+        gpu: gpu.index,
+        profile: p.name(),
+        start,
+        compute: p.shape.compute,
+        memory_gb: p.memory_gb,
+        reused: matches!(action, AllocAction::Reused),
+        action,
+        waited_ms,
+    })
+}
+
+/// The instance a plan yields: an idle one, one created in free space, or
+/// one created after destroying idle ones (never a busy one).
+fn carry_out(
+    cx: &Cx<'_>,
+    gpu: u32,
+    book: &mut GpuBook,
+    plan: Plan,
+    now: u64,
+) -> Result<(String, AllocAction), ErrorBody> {
+    let failed = |book: &mut GpuBook, e| instances::resync(cx.svc, gpu, book, &e);
+    match plan {
+        Plan::Reuse { uuid } => Ok((uuid, AllocAction::Reused)),
+        Plan::Create { placement } => {
+            let uuid = instances::create(cx.svc, gpu, book, placement, now)
+                .map_err(|e| failed(book, e))?;
+            Ok((uuid, AllocAction::Created))
+        }
+        Plan::Reshape { destroy, placement } => {
+            for victim in &destroy {
+                let busy = book.find_uuid(victim).is_some_and(|i| i.job.is_some());
+                assert!(!busy, "plan destroys busy instance {victim}");
+                instances::destroy_idle(cx.svc, gpu, book, victim, " to re-shape")
+                    .map_err(|e| failed(book, e))?;
+            }
+            let uuid = instances::create(cx.svc, gpu, book, placement, now)
+                .map_err(|e| failed(book, e))?;
+            Ok((uuid, AllocAction::Reshaped))
+        }
+    }
+}
+
+/// Gives instance `uuid`, just assigned to the job, to its user and
+/// journals it; on failure the assignment is undone.
+fn hand_over(
+    cx: &Cx<'_>,
+    gpu: u32,
+    book: &mut GpuBook,
+    req: &AllocateRequest,
+    uuid: &str,
+    now: u64,
+) -> Result<(), ErrorBody> {
+    let cfg = cx.cfg();
+    if let Err(e) = cx.svc.isolate(cfg, book, Some(uuid)) {
+        // The job would run on an instance others can open too.
+        book.release(req.job_id, now);
+        let _ = cx.svc.isolate(cfg, book, Some(uuid));
+        return Err(ErrorBody::new(
+            ErrorKind::Backend,
+            format!("cannot give instance {uuid} to uid {}: {e}", req.uid),
+        ));
+    }
+    if let Err(e) = cx.svc.save_journal(book) {
+        book.release(req.job_id, now);
+        let _ = cx.svc.isolate(cfg, book, Some(uuid));
+        tracing::error!(gpu, job = req.job_id, "{e}");
+        return Err(ErrorBody::new(
+            ErrorKind::Backend,
+            format!("cannot record the allocation: {e}"),
+        ));
+    }
+    Ok(())
+}
+
+/// What follows a served allocate: the memory bookkeeping learns of the
+/// run, and the job's `AdminComment` is tagged in the background.
+fn after_allocate(
+    cx: &Cx<'_>,
+    req: &AllocateRequest,
+    key: Option<MemoryKey>,
+    exact: bool,
+    profile: &ProfileSpec,
+    waited_ms: u64,
+) {
+    cx.svc
+        .memory
+        .lock()
+        .on_allocate(req.job_id, key, exact, unix_now_f64());
+    cx.svc.usage.spawn_tag(
+        cx.cfg(),
+        cx.live.slurm.clone(),
+        req.job_id,
+        SliceTag {
+            profile: profile.name(),
+            gpu: req.gpu,
+            memory_gb: profile.memory_gb,
+            wait_s: waited_ms / 1000,
+        },
+    );
+}

@@ -1,0 +1,143 @@
+//! `release` (root or `slurm_user`: the plugin's job epilog, `smartmig
+//! release`): frees every instance of a job (idempotent) and wakes the
+//! allocates waiting on its GPU; the job's memory use is learned, its
+//! usage recorded, and an out-of-memory end decided (requeued on a larger
+//! profile when the admin allows it; docs/oom-and-memory.md).
+
+use super::super::books::Gpu;
+use super::super::requeue::{self, RequeueWhen};
+use super::super::unix_now;
+use super::Cx;
+use crate::memory::{OomPolicy, Released};
+use crate::protocol::OomEvent;
+use crate::protocol::{ErrorBody, OomDecision, ReleaseReply, ReleaseRequest};
+use crate::usage::{slice_seconds, UsageRecord};
+
+/// What a release freed across the GPUs.
+#[derive(Default)]
+struct Freed {
+    released: u32,
+    /// What the job held, as the memory bookkeeping sees it.
+    held: Option<Released>,
+    usage: Vec<UsageRecord>,
+}
+
+pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseReply, ErrorBody> {
+    if req.from_epilog {
+        cx.books.ledger().releases.epilog += 1;
+    }
+    let now = unix_now();
+    let mut freed = Freed::default();
+    for gpu in &cx.books.gpus {
+        release_on(cx, gpu, &req, now, &mut freed).await;
+    }
+    if !freed.usage.is_empty() {
+        cx.svc.usage.record(freed.usage, &cx.svc.metrics);
+    }
+    let event = learn(cx, &req, freed.held.as_ref(), now);
+    if let Some(ev) = &event {
+        out_of_memory(cx, req.job_id, freed.held.as_ref(), ev);
+    }
+    Ok(ReleaseReply {
+        released: freed.released,
+        oom_decision: event.map(|e| e.decision),
+    })
+}
+
+/// Frees the job's instance on `gpu`, if it holds one there: its memory
+/// sampled (backends that measure it), its usage record made, the access
+/// files given back to root, the journal written, the waiters woken.
+async fn release_on(cx: &Cx<'_>, gpu: &Gpu, req: &ReleaseRequest, now: u64, freed: &mut Freed) {
+    let job_id = req.job_id;
+    let mut st = gpu.state.lock().await;
+    let Some(inst) = st.book.find_job(job_id) else {
+        return;
+    };
+    let uuid = inst.uuid.clone();
+    let h = gpu.held(st.book.geometry, inst.placement);
+    freed.held = Some(h.clone());
+    // A blocking section hands the worker thread over (futex wake-ups):
+    // only for a backend that measures anything.
+    let backend = &cx.svc.backend;
+    let measured = backend
+        .measures_memory()
+        .then(|| tokio::task::block_in_place(|| backend.peak_memory_gb(gpu.index, &uuid)));
+    if let Some(gb) = measured.flatten() {
+        cx.svc.memory.lock().sample(job_id, gb);
+    }
+    if let Some(a) = &inst.job {
+        let peak = cx.svc.memory.lock().peak(job_id, req.used_memory_gb);
+        freed.usage.push(UsageRecord {
+            job_id,
+            uid: a.uid,
+            user: None,
+            account: None,
+            gpu: gpu.index,
+            profile: h.profile,
+            compute: h.compute,
+            memory_gb: h.memory_gb,
+            start: a.since,
+            end: now,
+            wait_s: a.wait_s,
+            slice_s: slice_seconds(h.compute, a.since, now),
+            peak_gb: peak,
+        });
+    }
+    st.tick_energy();
+    let n = st.book.release(job_id, now);
+    freed.released += n;
+    // One instance per job and GPU; should there be more, all of them.
+    if let Err(e) = cx
+        .svc
+        .isolate(cx.cfg(), &st.book, (n == 1).then_some(uuid.as_str()))
+    {
+        tracing::error!(
+            gpu = gpu.index,
+            job = job_id,
+            "released instance still open to the job's user: {e}"
+        );
+    }
+    if let Err(e) = cx.svc.save_journal(&st.book) {
+        // The release happened; on restart Slurm reconciliation drops it again.
+        tracing::error!(gpu = gpu.index, job = job_id, "release not journaled: {e}");
+    }
+    drop(st);
+    tracing::info!(gpu = gpu.index, job = job_id, "released");
+    gpu.released.notify_waiters();
+}
+
+/// What the release teaches the memory bookkeeping, and the out-of-memory
+/// decision when the job ran out.
+fn learn(cx: &Cx<'_>, req: &ReleaseRequest, held: Option<&Released>, now: u64) -> Option<OomEvent> {
+    let policy = OomPolicy::of(cx.cfg());
+    let (changed, event) =
+        cx.svc
+            .memory
+            .lock()
+            .on_release(req.job_id, held, req.oom, req.used_memory_gb, policy, now);
+    if changed {
+        // On disk with fsync (it must survive a reboot), but after the
+        // reply, not before it; shutdown saves once more.
+        cx.svc.memory.save_later(req.job_id);
+    }
+    if req.oom && held.is_none() {
+        tracing::info!(
+            job = req.job_id,
+            "out-of-memory release of a job that holds no instance (a repeated release?); ignored"
+        );
+    }
+    event
+}
+
+/// An out-of-memory end: counted, logged, and the job requeued in the
+/// background when that was decided.
+fn out_of_memory(cx: &Cx<'_>, job_id: u64, held: Option<&Released>, ev: &OomEvent) {
+    cx.svc.metrics.failure("oom");
+    cx.svc.metrics.memory_restart("oom", ev.decision.as_str());
+    tracing::warn!(job = job_id, gpu = ev.gpu, profile = %ev.profile, failures = ev.failures,
+        decision = %ev.decision, "job ran out of GPU memory: {}", ev.message);
+    if ev.decision == OomDecision::RequeueScheduled {
+        let raise_to = held.and_then(|h| requeue::raised_shards(cx.books, h));
+        requeue::spawn(cx, job_id, raise_to, RequeueWhen::Failed);
+    }
+}

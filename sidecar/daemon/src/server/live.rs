@@ -1,0 +1,101 @@
+//! The settings in effect, and what is built from them: one immutable
+//! snapshot ([`Live`]) that SIGHUP replaces whole, so a request or an
+//! epoch that took it sees the old settings or the new ones, never a mix
+//! (say the new Slurm commands with the old policy).
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use super::auth::Roles;
+use crate::config::Config;
+use crate::placement::PlacementRule;
+use crate::policy::RepartitionPolicy;
+use crate::policy_choice::Built;
+use crate::slurm::{CommandSlurm, NoSlurm, SlurmClient};
+
+/// One snapshot of the settings. Take it once per request or epoch
+/// ([`Settings::current`]) and read everything from it.
+pub(super) struct Live {
+    pub config: Arc<Config>,
+    pub slurm: Arc<dyn SlurmClient>,
+    /// Who may write and who sees every job.
+    pub roles: Roles,
+    /// The policy has state of its own (learned, greedy's batching window),
+    /// so it sits behind its own lock; a new one comes with a new snapshot.
+    pub policy: Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>,
+    pub policy_name: String,
+    /// Which waiting allocate goes first (`placement`); asked under a
+    /// GPU's lock, never across an `.await`.
+    pub placement: Arc<std::sync::Mutex<PlacementRule>>,
+}
+
+impl Live {
+    pub(super) fn new(config: Config, policy: Built, placement: PlacementRule) -> Live {
+        let (policy, policy_name) = policy;
+        Live {
+            placement: Arc::new(std::sync::Mutex::new(placement)),
+            slurm: slurm_client(&config),
+            roles: Roles::of(&config),
+            config: Arc::new(config),
+            policy: Arc::new(Mutex::new(policy)),
+            policy_name,
+        }
+    }
+
+    /// The `placement` rule's name, as status and the log show it.
+    pub(super) fn placement_name(&self) -> String {
+        self.placement
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .name()
+    }
+}
+
+fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
+    if config.slurm.enabled {
+        Arc::new(CommandSlurm {
+            squeue: config.slurm.squeue.clone(),
+            sinfo: config.slurm.sinfo.clone(),
+            scontrol: config.slurm.scontrol.clone(),
+            slurmd: config.slurm.slurmd.clone(),
+            timeout: Duration::from_secs(config.slurm.command_timeout_s),
+        })
+    } else {
+        Arc::new(NoSlurm)
+    }
+}
+
+/// Where the snapshot lives, and the file SIGHUP re-reads.
+pub(super) struct Settings {
+    live: RwLock<Arc<Live>>,
+    pub path: PathBuf,
+}
+
+impl Settings {
+    pub(super) fn new(live: Live, path: PathBuf) -> Settings {
+        Settings {
+            live: RwLock::new(Arc::new(live)),
+            path,
+        }
+    }
+
+    /// The settings in effect: one snapshot, consistent in itself.
+    pub(super) fn current(&self) -> Arc<Live> {
+        self.live
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Installs a new snapshot in one swap.
+    pub(super) fn replace(&self, live: Live) {
+        let snapshot = Arc::new(live);
+        match self.live.write() {
+            Ok(mut l) => *l = snapshot,
+            Err(p) => *p.into_inner() = snapshot,
+        }
+    }
+}

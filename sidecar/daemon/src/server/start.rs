@@ -1,0 +1,316 @@
+//! Start-up: open the backend and the journal, rebuild the books from
+//! what the backend lists and the journal says, check Slurm's GPU order,
+//! and release what jobs that ended while the daemon was down held.
+//! Nothing is served yet.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::auth::Connections;
+use super::books::{Books, Gpu};
+use super::live::{Live, Settings};
+use super::services::{enforce_access, MemoryLedger, Services, UsageLog};
+use super::{unix_now, Daemon, NodeId};
+use crate::allocate::GpuBook;
+use crate::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
+use crate::config::{BackendKind, Config, ConfigError, Mode};
+use crate::fsutil::ensure_dir;
+use crate::journal::{self, Journal, JournalError};
+use crate::memory::MemoryState;
+use crate::metrics::Metrics;
+use crate::mig::{Geometry, GpuModel};
+use crate::placement::{PlacementChoiceError, PlacementRule};
+use crate::policy_choice::{build as build_policy, PolicyChoiceError};
+use crate::slurm::SlurmClient;
+use crate::workload::memory_estimate::EstimateError;
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("another smartmigd is already listening on {0}")]
+    AlreadyRunning(PathBuf),
+    // The wrapped errors are quoted, not `#[source]`: smartmigd prints the
+    // chain with `{:#}`, which would repeat them.
+    /// The configuration was not validated ([`Config::validate`]) and is
+    /// invalid.
+    #[error("invalid configuration: {0}")]
+    Config(ConfigError),
+    #[error("policy: {0}")]
+    Policy(PolicyChoiceError),
+    #[error("placement: {0}")]
+    Placement(PlacementChoiceError),
+    /// `[memory.estimator]` is invalid.
+    #[error("memory estimates: {0}")]
+    Memory(EstimateError),
+    #[error("Slurm and smartmigd number the GPUs differently: {0}. Slurm numbers the GPUs of gres.conf by device name (/dev/nvidiaN in sorted order), smartmigd by NVML index; they agree when NVML's GPU N is /dev/nvidiaN (`nvidia-smi -q` shows each GPU's Minor Number)")]
+    GpuOrder(String),
+}
+
+pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |source| StartError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Daemon {
+    /// Opens the backend and journal, rebuilds the books and reconciles
+    /// journal <-> backend <-> Slurm. Nothing is served yet.
+    pub fn start(config: Config, config_path: PathBuf) -> Result<Arc<Daemon>, StartError> {
+        ensure_dir(&config.state_dir, 0o700).map_err(io_err(&config.state_dir))?;
+        let backend = open_backend(&config)?;
+        let journal = open_journal(&config)?;
+        let memory = MemoryState::open(&config.state_dir, &config.memory.estimator)
+            .map_err(StartError::Memory)?;
+        let now = unix_now();
+        let mut gpus = Vec::new();
+        for gpu in backend.gpus() {
+            let book = rebuild_book(backend.as_ref(), &journal, gpu.index, gpu.model, now)?;
+            gpus.push(Gpu::new(book, gpu.model));
+        }
+        let models: Vec<GpuModel> = gpus.iter().map(|g| g.model).collect();
+        let policy = build_policy(&config.policy, &models).map_err(StartError::Policy)?;
+        let placement =
+            PlacementRule::build(&config.placement, &models).map_err(StartError::Placement)?;
+        let live = Live::new(config, policy, placement);
+        let node = node_name(&live.config);
+        check_slurm(&live, backend.as_ref(), &node)?;
+        if live.config.slurm.enabled {
+            release_ended_while_down(live.slurm.as_ref(), &mut gpus, now);
+        }
+        for gpu in &mut gpus {
+            restore(&live.config, backend.as_ref(), &journal, gpu)?;
+        }
+        let (shutdown, _) = watch::channel(false);
+        Ok(Arc::new(Daemon {
+            svc: Services {
+                usage: UsageLog::new(&live.config.state_dir),
+                backend,
+                journal,
+                metrics: Metrics::new(),
+                memory: MemoryLedger::new(memory),
+            },
+            settings: Settings::new(live, config_path),
+            books: Books::new(gpus),
+            node: NodeId {
+                name: node,
+                started: Instant::now(),
+                shutdown,
+            },
+            connections: Connections::default(),
+        }))
+    }
+}
+
+fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, StartError> {
+    Ok(match config.backend {
+        BackendKind::Sim => {
+            let models = config.sim_gpus().map_err(StartError::Config)?;
+            let mut sim = config.sim.clone();
+            if sim.caps_dir.is_none() {
+                sim.caps_dir = config.socket.parent().map(|d| d.join("nvidia-caps"));
+            }
+            Arc::new(SimBackend::open(&config.state_dir, &models, sim)?)
+        }
+        BackendKind::Nvml => Arc::new(NvmlBackend::open(&config.nvml)?),
+    })
+}
+
+/// Opens the journal in `journal_dir`, moving it there from where it was
+/// last (docs/daemon.md, "The journal").
+fn open_journal(config: &Config) -> Result<Journal, StartError> {
+    let (journal, moved) = journal::open_moving(&config.journal_dir(), &config.state_dir)?;
+    if let Some(m) = moved {
+        tracing::warn!(
+            from = %m.from.display(),
+            to = %config.journal_dir().display(),
+            assignments = m.assignments,
+            "journal_dir changed: the journal and its assignments were moved"
+        );
+    }
+    tracing::info!(
+        dir = %config.journal_dir().display(),
+        durability = ?journal.durability(),
+        "journal open"
+    );
+    Ok(journal)
+}
+
+/// One GPU's book: the instances the backend lists, assigned as the
+/// journal says (an instance that vanished, or one assigned twice, is
+/// dropped with a warning).
+fn rebuild_book(
+    backend: &dyn Backend,
+    journal: &Journal,
+    index: u32,
+    model: GpuModel,
+    now: u64,
+) -> Result<GpuBook, StartError> {
+    let geometry = Geometry::of(model);
+    let mut book = GpuBook::new(index, geometry, now);
+    for inst in backend.list(index)? {
+        if geometry.fits(book.layout(), inst.placement) {
+            book.add_instance(inst.placement, inst.uuid, now);
+        } else {
+            tracing::warn!(gpu = index, uuid = %inst.uuid, "instance overlaps another; ignored");
+        }
+    }
+    for entry in journal.load(index)? {
+        let job = entry.assignment.job_id;
+        match book.find_uuid(&entry.uuid) {
+            Some(i) if i.job.is_none() && book.find_job(job).is_none() => {
+                book.assign(&entry.uuid, entry.assignment);
+            }
+            Some(_) => tracing::warn!(gpu = index, job, uuid = %entry.uuid,
+                "journal assigns an instance twice; keeping the first assignment"),
+            None => tracing::warn!(gpu = index, job, uuid = %entry.uuid,
+                "journaled instance no longer exists (reboot or manual change); dropping the assignment"),
+        }
+    }
+    Ok(book)
+}
+
+/// The node's Slurm name: `node_name`, else the host name.
+fn node_name(config: &Config) -> String {
+    config.node_name.clone().unwrap_or_else(|| {
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into())
+    })
+}
+
+/// Says what advise mode does; otherwise, with Slurm queries on, checks
+/// that Slurm numbers the GPUs as the backend does.
+fn check_slurm(live: &Live, backend: &dyn Backend, node: &str) -> Result<(), StartError> {
+    let config = &live.config;
+    if config.mode == Mode::Advise {
+        // The site's gpu GRES are its MIG devices, not whole GPUs.
+        tracing::info!(node = %node, log = %config.advice_log().display(),
+            "advise mode: watching the node's own MIG setup and recording what the policy would do; \
+             no instance is created or destroyed, no device file changed, allocate is refused");
+    } else if config.slurm.enabled {
+        tracing::info!(node = %node, "asking Slurm (slurmd -G, squeue) about this node; smartmigd waits up to slurm.command_timeout_s for each answer");
+        check_gpu_order(backend, live.slurm.as_ref(), node)?;
+    }
+    Ok(())
+}
+
+/// Refuses to start when Slurm's GPU i (by device name, from `slurmd -G`)
+/// is another device than the backend's GPU i: every job would get an
+/// instance on a GPU other than the one Slurm gave it. When slurmd cannot
+/// tell (not installed, not root), the check is skipped with a warning.
+fn check_gpu_order(
+    backend: &dyn Backend,
+    slurm: &dyn SlurmClient,
+    node: &str,
+) -> Result<(), StartError> {
+    let gres = match slurm.gres_gpus(node) {
+        Ok(g) if !g.is_empty() => g,
+        Ok(_) => {
+            tracing::warn!(
+                node,
+                "slurmd -G lists no gpu GRES for this node; GPU order not checked"
+            );
+            return Ok(());
+        }
+        Err(e) => {
+            tracing::warn!(node, "cannot check Slurm's GPU order ({e}); make sure gres.conf lists the GPUs in NVML order");
+            return Ok(());
+        }
+    };
+    let typed: Vec<&str> = gres.iter().filter_map(|g| g.mig_type.as_deref()).collect();
+    if !typed.is_empty() {
+        return Err(StartError::GpuOrder(format!(
+            "Slurm's gpu GRES on {node} are MIG devices (Type={}): the node still runs a static MIG setup. \
+             Keep mode = \"advise\" there, or drain the node and change its gres.conf to one gpu and one \
+             shard per compute slice for each GPU (docs/slurm-integration.md §1 and §2d) before running \
+             smartmigd in dynamic or confirm mode",
+            typed.join(",")
+        )));
+    }
+    let ours: Vec<(u32, Option<u32>)> = backend.gpus().iter().map(|g| (g.index, g.minor)).collect();
+    let minor_of = |file: &str| {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let meta = std::fs::metadata(file).ok()?;
+        meta.file_type()
+            .is_char_device()
+            .then(|| libc::minor(meta.rdev() as libc::dev_t))
+    };
+    let mismatches = crate::slurm::gpu_order_mismatches(&ours, &gres, minor_of);
+    if mismatches.is_empty() {
+        tracing::info!(
+            node,
+            gpus = gres.len(),
+            "Slurm's GPU order matches the backend's"
+        );
+        Ok(())
+    } else {
+        Err(StartError::GpuOrder(mismatches.join("; ")))
+    }
+}
+
+/// Jobs that ended while the daemon was down give their instances back.
+/// If squeue fails, every journaled assignment is kept.
+fn release_ended_while_down(slurm: &dyn SlurmClient, gpus: &mut [Gpu], now: u64) {
+    let live = match slurm.queue().map(|q| q.live()) {
+        Ok(live) => live,
+        Err(e) => {
+            tracing::warn!(
+                "cannot ask Slurm which jobs still run ({e}); keeping every journaled assignment"
+            );
+            return;
+        }
+    };
+    for gpu in gpus.iter_mut() {
+        let index = gpu.index;
+        let st = gpu.state.get_mut();
+        let ended: Vec<u64> = st
+            .book
+            .instances
+            .iter()
+            .filter_map(|i| i.job.as_ref().map(|a| a.job_id))
+            .filter(|j| !live.contains(j))
+            .collect();
+        for job in ended {
+            st.book.release(job, now);
+            tracing::info!(
+                gpu = index,
+                job,
+                "job ended while smartmigd was down; instance released"
+            );
+        }
+    }
+}
+
+/// Journals `gpu`'s rebuilt book and, with `isolate_devices`, repairs
+/// whatever a crash left (a release whose files were not given back, a
+/// file changed by hand) before serving.
+fn restore(
+    config: &Config,
+    backend: &dyn Backend,
+    journal: &Journal,
+    gpu: &mut Gpu,
+) -> Result<(), StartError> {
+    let index = gpu.index;
+    let st = gpu.state.get_mut();
+    journal.save(&st.book)?;
+    if config.isolates() {
+        if let Err(e) = enforce_access(backend, &st.book, None) {
+            tracing::error!(gpu = index, "device isolation not restored at start: {e}");
+        }
+    }
+    Ok(())
+}
