@@ -364,7 +364,7 @@ impl Planner {
         }
         let mut scored: Vec<(f64, Vec<Layout>)> = Vec::new();
         let target_score = self.score(&futures, &current, &self.target, hour);
-        if self.splits.is_empty() || self.plans % self.cfg.rescore_every == 0 {
+        if self.splits.is_empty() || self.plans.is_multiple_of(self.cfg.rescore_every) {
             let mut uniform: Vec<(f64, Layout)> = g
                 .catalog()
                 .iter()

@@ -99,7 +99,7 @@ impl Default for SuiteConfig {
             fallback_for: Vec::new(),
             shadow_for: Vec::new(),
             shadow: ShadowRule::default(),
-            shadow_fallbacks: vec!["static-hist".into()],
+            shadow_fallbacks: vec!["static-hist".into(), "greedy".into()],
         }
     }
 }
@@ -665,5 +665,31 @@ mod tests {
         for (a, b) in row.days.iter().zip(&ran.days) {
             assert_eq!(a.et, b.et, "{}", choice.chosen);
         }
+    }
+
+    /// The `+shadow` row runs every test day (audited like the others);
+    /// with `none` as the only fallback and a rule that never finds a
+    /// lead big enough, it is the candidate itself, day by day.
+    #[test]
+    fn the_shadow_row_is_the_candidate_until_a_fallback_leads() {
+        let s = scenario(vec![day(7, 4.6), day(8, 4.6)]);
+        let cfg = SuiteConfig {
+            hindsight: false,
+            shadow_for: vec!["greedy".into()],
+            shadow_fallbacks: vec!["none".into()],
+            shadow: ShadowRule {
+                margin: 1.0,
+                ..ShadowRule::default()
+            },
+            ..cfg()
+        };
+        let r = run_scenario(&s, &cfg, &mut |_| {}).unwrap();
+        let row = r.row("greedy+shadow").unwrap();
+        let alone = r.row("greedy").unwrap();
+        assert_eq!(row.days.len(), 2);
+        for (a, b) in row.days.iter().zip(&alone.days) {
+            assert_eq!(a.et, b.et);
+        }
+        assert!(row.description.contains("greedy or none"), "{}", row.description);
     }
 }

@@ -355,7 +355,7 @@ impl RepartitionPolicy for Shadowed {
 
     fn describe(&self) -> String {
         let r = self.state.rule();
-        let names: Vec<String> = self.live.iter().map(|p| p.name()).collect();
+        let names: Vec<String> = self.live.iter().map(RepartitionPolicy::name).collect();
         format!(
             "{}: {}, whichever the day's replay favours (every {} s over {} s, margin {}, {} checks)",
             self.label,
