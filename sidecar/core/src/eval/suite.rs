@@ -690,6 +690,10 @@ mod tests {
         for (a, b) in row.days.iter().zip(&alone.days) {
             assert_eq!(a.et, b.et);
         }
-        assert!(row.description.contains("greedy or none"), "{}", row.description);
+        assert!(
+            row.description.contains("greedy or none"),
+            "{}",
+            row.description
+        );
     }
 }
