@@ -460,3 +460,83 @@ impl RepartitionPolicy for Toward {
         toward(view, &gpus, &self.target)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{Collect, Record};
+    use crate::workload::default_scenarios;
+
+    /// The planner's moves before `cut_s`, on a day whose jobs after the
+    /// cut are `after`.
+    fn moves_before(jobs: &[Job], cut_s: f64, start_hour: f64) -> Vec<(u64, usize)> {
+        let model = GpuModel::A100_40gb;
+        let cfg = PlannerConfig {
+            lookahead_s: 3.0 * 3600.0,
+            past_days: 0,
+            ..PlannerConfig::default()
+        };
+        let mut p = Planner::new(
+            model,
+            cfg,
+            Rate {
+                joules_per_tardiness_s: 2500.0,
+            },
+            Heuristic::Edf,
+            4.0,
+            jobs.to_vec(),
+        );
+        let sim = SimConfig {
+            workload_horizon_s: Some(cut_s + 3.0 * 3600.0),
+            start_hour,
+            ..SimConfig::default()
+        };
+        let mut log = Collect::default();
+        let mut h = Heuristic::Edf.build(0);
+        simulate(
+            &[model; 4],
+            jobs,
+            h.as_mut(),
+            &mut p,
+            &sim,
+            RunHooks {
+                sink: Some(&mut log),
+                progress: None,
+            },
+        )
+        .expect("simulates");
+        log.0
+            .iter()
+            .filter_map(|r| match r {
+                Record::Reconfig(c) if c.time < cut_s => Some((c.time.to_bits(), c.gpu)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Causal: the moves before a time do not depend on the jobs that
+    /// arrive after it (the planner is given the whole day, as in
+    /// training, and must not read ahead).
+    #[test]
+    fn moves_do_not_depend_on_later_arrivals() {
+        let s = default_scenarios()
+            .into_iter()
+            .find(|s| s.name == "mix-shift/tight")
+            .expect("scenario");
+        let cut = 10.0 * 3600.0;
+        let day: Vec<Job> = s
+            .generate(GpuModel::A100_40gb, 4, 3)
+            .into_iter()
+            .filter(|j| j.arrival < cut + 3.0 * 3600.0)
+            .collect();
+        let mut other = day.clone();
+        for j in other.iter_mut().filter(|j| j.arrival >= cut) {
+            j.work *= 3.0;
+            j.memory_gb = 1.0;
+        }
+        let a = moves_before(&day, cut, s.start_hour());
+        let b = moves_before(&other, cut, s.start_hour());
+        assert!(!a.is_empty(), "the planner moved no GPU before the cut");
+        assert_eq!(a, b);
+    }
+}
