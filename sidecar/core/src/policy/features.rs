@@ -344,6 +344,14 @@ impl Encoder {
     /// Adds the view's arrivals to the remembered ones, forgets those older
     /// than the long window, and sums them per profile.
     fn remember(&mut self, view: &ClusterView<'_>) -> Mix {
+        if self.spec.version == 1 {
+            // Version 1 has no arrival slots: nothing to remember.
+            return Mix {
+                short: Vec::new(),
+                long: Vec::new(),
+                share: Vec::new(),
+            };
+        }
         let s = self.spec;
         let profiles = s.model.spec().profiles;
         let total = s.model.spec().compute_slices;
