@@ -247,6 +247,53 @@ impl Scorer<'_> {
         Ok(())
     }
 
+    /// The `<name>+shadow` row of candidate `spec`: the shadow rule
+    /// switching it with `cfg.shadow_fallbacks` during each test day
+    /// (`fitted`: the static layout fitted on the training days).
+    fn shadow_row(
+        &mut self,
+        name: &str,
+        spec: &str,
+        fitted: &[crate::mig::Layout],
+        models: &[GpuModel],
+        nones: &[DayScore],
+    ) -> Result<PolicyRow, SuiteError> {
+        let (s, cfg, reference) = (self.s, self.cfg, self.reference);
+        let row = format!("{name}+shadow");
+        let r = cfg.shadow;
+        let description = format!(
+            "{spec} or {} (fixed layouts pursued from any state), switched during the day by the shadow rule: every {} s, window {} s, margin {}, {} checks",
+            cfg.shadow_fallbacks.join(" or "),
+            r.check_every_s, r.window_s, r.margin, r.hold_checks
+        );
+        self.row(&row, RowKind::Candidate, description, nones, &mut |i| {
+            let day = &s.test[i];
+            let (spec_c, models_c) = (spec.to_string(), models.to_vec());
+            let mut make: Vec<MakePolicy> = vec![Box::new(move || {
+                parse_policy(&spec_c, &models_c).map_err(|e| e.to_string())
+            })];
+            for f in &cfg.shadow_fallbacks {
+                make.push(shadow_fallback(f, fitted, &s.cluster, models));
+            }
+            let replay = Replay {
+                cluster: s.cluster.clone(),
+                heuristic: cfg.heuristic,
+                cfg: day.cfg.clone(),
+                joules_per_tardiness_s: reference.joules_per_tardiness_s(),
+            };
+            Shadowed::new(row.clone(), make, replay, day.jobs.clone(), r)
+                .map(|p| Box::new(p) as Box<dyn RepartitionPolicy + Send>)
+                .map_err(|reason| SuiteError::Policy {
+                    scenario: s.name.clone(),
+                    spec: spec.to_string(),
+                    source: PolicyParseError::Learned {
+                        spec: spec.to_string(),
+                        reason,
+                    },
+                })
+        })
+    }
+
     /// One row: `make(i)` gives the policy for test day `i`.
     fn row(
         &mut self,
@@ -411,41 +458,8 @@ pub fn run_scenario(
         .iter()
         .filter(|(name, _)| cfg.shadow_for.contains(name))
     {
-        let row = format!("{name}+shadow");
-        progress(&row);
-        let description = format!(
-            "{spec} or {} (fixed layouts pursued from any state), switched during the day by the shadow rule: every {} s, window {} s, margin {}, {} checks",
-            cfg.shadow_fallbacks.join(" or "),
-            cfg.shadow.check_every_s, cfg.shadow.window_s, cfg.shadow.margin, cfg.shadow.hold_checks
-        );
-        rows.push(
-            sc.row(&row, RowKind::Candidate, description, &nones, &mut |i| {
-                let day = &s.test[i];
-                let (spec_c, models_c) = (spec.clone(), models.clone());
-                let mut make: Vec<MakePolicy> = vec![Box::new(move || {
-                    parse_policy(&spec_c, &models_c).map_err(|e| e.to_string())
-                })];
-                for f in &cfg.shadow_fallbacks {
-                    make.push(shadow_fallback(f, sp.layouts(), &s.cluster, &models));
-                }
-                let replay = Replay {
-                    cluster: s.cluster.clone(),
-                    heuristic: cfg.heuristic,
-                    cfg: day.cfg.clone(),
-                    joules_per_tardiness_s: reference.joules_per_tardiness_s(),
-                };
-                Shadowed::new(row.clone(), make, replay, day.jobs.clone(), cfg.shadow)
-                    .map(|p| Box::new(p) as Box<dyn RepartitionPolicy + Send>)
-                    .map_err(|reason| SuiteError::Policy {
-                        scenario: s.name.clone(),
-                        spec: spec.clone(),
-                        source: PolicyParseError::Learned {
-                            spec: spec.clone(),
-                            reason,
-                        },
-                    })
-            })?,
-        );
+        progress(&format!("{name}+shadow"));
+        rows.push(sc.shadow_row(name, spec, sp.layouts(), &models, &nones)?);
     }
     if cfg.hindsight {
         progress("hindsight references");
