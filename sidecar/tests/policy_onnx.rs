@@ -14,7 +14,9 @@ use rand_chacha::ChaCha8Rng;
 use smartmig::formats::policy_file::{MetadataError, PolicyMetadata, POLICY_KEY};
 use smartmig::learn::model::ActorCritic;
 use smartmig::mig::{Geometry, GpuModel};
-use smartmig::policy::features::{Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
+use smartmig::policy::features::{
+    Encoder, FeatureSpec, FEATURE_SPEC_VERSION, SUPPORTED_FEATURE_SPECS,
+};
 use smartmig::policy::onnx::{load_policy, PolicyLoadError};
 use smartmig::policy::{ClusterView, GpuStatus, PendingByProfile, RepartitionPolicy};
 
@@ -113,6 +115,21 @@ fn metadata_mismatches_are_refused_with_clear_messages() {
     );
     assert!(err.to_string().contains("feature spec version"), "{err}");
 
+    // A version 1 file is still run, with version 1's sizes: a network of
+    // the current sizes that claims version 1 is refused.
+    let mut v1 = good.clone();
+    v1.feature_spec_version = 1;
+    let path = tmp("v1-sizes.onnx");
+    write_policy(&path, &net, &v1);
+    let err = load_policy(&path, GpuModel::A100_40gb).expect_err("v1 with v2 sizes");
+    assert!(
+        matches!(
+            err,
+            PolicyLoadError::Metadata(MetadataError::SpaceMismatch { .. })
+        ),
+        "{err}"
+    );
+
     let mut catalog = good.clone();
     catalog.catalog.swap(1, 2);
     let path = tmp("catalog.onnx");
@@ -184,6 +201,7 @@ fn view_of<'a>(gpus: &'a [GpuStatus], by_profile: &'a PendingByProfile) -> Clust
         gpus,
         pending: &[],
         pending_by_profile: by_profile,
+        arrivals: &[],
     }
 }
 
@@ -233,7 +251,12 @@ fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
     let mut policy = load_policy(&path, GpuModel::A100_40gb).unwrap_or_else(|e| panic!("{e}"));
     let meta = policy.metadata().clone();
     assert_eq!(meta.gpu_model, GpuModel::A100_40gb);
-    assert_eq!(meta.feature_spec_version, FEATURE_SPEC_VERSION);
+    // Shipped files may be of an older spec this build still runs.
+    assert!(
+        SUPPORTED_FEATURE_SPECS.contains(&meta.feature_spec_version),
+        "{}",
+        meta.feature_spec_version
+    );
     let (gpus, by_profile) = scenario();
     let view = view_of(&gpus, &by_profile);
     let decisions = policy.decide(&view);
@@ -252,7 +275,10 @@ fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
         assert_ne!(gpus[d.gpu].layout, d.target, "no-op decision {d:?}");
     }
     // The encoder is what the policy saw: same sizes as the metadata.
-    let mut enc = Encoder::new(GpuModel::A100_40gb);
+    let mut enc = Encoder::for_spec(FeatureSpec::with_version(
+        GpuModel::A100_40gb,
+        meta.feature_spec_version,
+    ));
     enc.encode(&view);
     assert_eq!(enc.obs.len(), gpus.len() * meta.obs_dim);
     assert_eq!(policy.failures, 0);
@@ -261,7 +287,7 @@ fn shipped_policy_loads_and_proposes_only_acceptable_layouts() {
 #[test]
 fn shipped_metadata_json_matches_the_embedded_copy() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for model in [GpuModel::A100_40gb, GpuModel::H100_80gb] {
+    for model in [GpuModel::A100_40gb, GpuModel::H100_80gb, GpuModel::A30_24gb] {
         let onnx = root.join(format!("policies/{}.onnx", model.id()));
         let (embedded, _) = smartmig::policy::onnx::read_metadata(&onnx, Some(model))
             .unwrap_or_else(|e| panic!("{e}"));

@@ -95,7 +95,7 @@ proptest! {
         for (k, &n) in demand.iter().enumerate() {
             counts[k / MAX_PROFILES][k % MAX_PROFILES] = n;
         }
-        let view = ClusterView { now, hour_of_day: hour, gpus: &gpus, pending: &pending, pending_by_profile: &counts };
+        let view = ClusterView { now, hour_of_day: hour, gpus: &gpus, pending: &pending, pending_by_profile: &counts, arrivals: &[] };
         let mut greedy = Greedy::new(GreedyConfig { window_s: window, ..GreedyConfig::default() });
         check(&gpus, &greedy.decide(&view))?;
         let g = Geometry::of(M);
@@ -186,6 +186,7 @@ fn greedy_serves_the_most_pending_shapes() {
             gpus: &gpus,
             pending: &pending,
             pending_by_profile: &counts,
+            arrivals: &[],
         };
         let d = Greedy::default().decide(&view);
         let target = d.first().map_or(g.whole_gpu(), |d| d.target);

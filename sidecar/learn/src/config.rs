@@ -36,11 +36,49 @@ pub struct TrainConfig {
     /// searched on: the search minimises the mean objective over them, so
     /// the resting layouts fit the workload rather than one day's draw.
     pub teacher_days: usize,
+    /// Catalog index of the layout every GPU starts the day with (0: the
+    /// whole GPU). Written to the policy's metadata: the runtime policy
+    /// starts there too.
+    pub initial_layout: usize,
     pub workload: DiurnalConfig,
     pub imitation: ImitationConfig,
     pub ppo: PpoConfig,
     pub es: EsConfig,
+    pub dagger: DaggerConfig,
     pub validation: ValidationConfig,
+}
+
+/// Closed-loop imitation of the planning teacher (`learn::dagger`):
+/// `[dagger]` in the training config; `rounds = 0` turns it off.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaggerConfig {
+    /// Rounds after the first (teacher-driven) one; 0 = no DAgger phase.
+    pub rounds: usize,
+    /// Episodes of each round (the first included).
+    pub episodes: usize,
+    /// In the rounds after the first, the probability that the teacher
+    /// rather than the network acts at an epoch.
+    pub beta: f64,
+    /// Passes over the aggregated examples after each round.
+    pub epochs: usize,
+    pub minibatch: usize,
+    pub lr: f64,
+    pub planner: crate::planner::PlannerConfig,
+}
+
+impl Default for DaggerConfig {
+    fn default() -> Self {
+        DaggerConfig {
+            rounds: 0,
+            episodes: 12,
+            beta: 0.3,
+            epochs: 10,
+            minibatch: 256,
+            lr: 1e-3,
+            planner: crate::planner::PlannerConfig::default(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -99,10 +137,12 @@ impl Default for TrainConfig {
             time_budget_s: 540.0,
             teacher_base: TeacherBase::TwiceDaily,
             teacher_days: 1,
+            initial_layout: 0,
             workload: DiurnalConfig::default(),
             imitation: ImitationConfig::default(),
             ppo: PpoConfig::default(),
             es: EsConfig::default(),
+            dagger: DaggerConfig::default(),
             validation: ValidationConfig::default(),
         }
     }
@@ -175,6 +215,16 @@ impl TrainConfig {
         if self.validation.gpus == 0 || self.validation.every == 0 || self.validation.days == 0 {
             return bad("validation.gpus, .days and .every must be > 0".into());
         }
+        if self.initial_layout >= crate::mig::Geometry::of(self.gpu_model).catalog().len() {
+            return bad(format!(
+                "initial_layout {} is not a catalog index of {} (smartmig layouts --catalog)",
+                self.initial_layout, self.gpu_model
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.dagger.beta) || self.dagger.minibatch == 0 {
+            return bad("dagger.beta must be in [0, 1] and dagger.minibatch > 0".into());
+        }
+        self.dagger.planner.validate().map_err(LearnError::Config)?;
         self.heuristic()?;
         self.workload
             .validate()

@@ -25,6 +25,10 @@ pub struct Day {
     /// The ET exchange rate: the `none` run, `T_ref` floored by the day's
     /// jobs ([`Reference::own`]; the day has no past of its own).
     pub rate: Reference,
+    /// Other days of the same workload on the same clock (what a site has
+    /// seen before): the planning teacher's sample of the future. Empty
+    /// unless the trainer fills it.
+    pub past: Vec<Vec<Job>>,
 }
 
 impl Day {
@@ -84,6 +88,7 @@ impl Day {
             start_hour,
             reference: Metrics::default(),
             rate: Reference::pooled(&[], 0.0),
+            past: Vec::new(),
         };
         day.reference = simulate(
             &day.cluster,
@@ -96,6 +101,22 @@ impl Day {
         .metrics;
         day.rate = Reference::own(&day.reference, &day.jobs);
         Ok(day)
+    }
+
+    /// The same day with `past` days (same clock) for the planning teacher.
+    pub fn with_past(mut self, past: Vec<Vec<Job>>) -> Self {
+        self.past = past;
+        self
+    }
+
+    /// The day's exchange rate ([`Day::rate`], `T_ref` floored as the
+    /// yardstick floors it) as the planning teacher uses it.
+    pub fn planner_rate(&self) -> crate::planner::Rate {
+        crate::planner::Rate::new(
+            self.rate.energy_j,
+            self.rate.tardiness_s,
+            self.jobs.len() as f64,
+        )
     }
 
     /// Scores `policy` on this day for the searches and checkpoint choices:

@@ -41,6 +41,7 @@ pub mod export;
 pub mod model;
 pub mod oracle;
 pub mod placement;
+pub mod planner;
 pub mod ppo;
 mod reward;
 pub mod rollout;

@@ -16,16 +16,17 @@ use rand_chacha::ChaCha8Rng;
 use super::config::TrainConfig;
 use super::data::Day;
 use super::model::{critic_dim, ActorCritic, NODE_GPUS};
+use super::planner::Planner;
 use super::reward::{Ledger, LedgerSink};
 use super::teacher::{Base, Teacher};
 use super::LearnError;
-use crate::mig::GpuModel;
+use crate::mig::{Geometry, GpuModel, Layout};
 use crate::policy::features::{argmax_masked, Encoder, FeatureSpec};
 use crate::policy::{ClusterView, Decision, RepartitionPolicy};
 use crate::sim::{common_horizon, simulate, Metrics, Reference, RunHooks};
 
 /// How the rollout policy acts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Mode {
     /// The teacher acts; its actions are the labels.
     Teacher,
@@ -33,6 +34,11 @@ pub enum Mode {
     Sample,
     /// Most probable action (evaluation).
     Greedy,
+    /// Closed-loop imitation of the planning teacher (`learn::dagger`):
+    /// the labels are the teacher's target layouts at the states visited;
+    /// at each epoch the teacher acts with probability `beta`, the
+    /// network's most probable action otherwise.
+    Dagger { beta: f64 },
 }
 
 /// One agent step.
@@ -52,6 +58,10 @@ struct Rollout<'m> {
     net: &'m ActorCritic,
     encoder: Encoder,
     teacher: Teacher,
+    /// The planning teacher of [`Mode::Dagger`].
+    planner: Option<Planner>,
+    /// Catalog index every GPU starts from.
+    initial: usize,
     mode: Mode,
     rng: ChaCha8Rng,
     ledger: Rc<RefCell<Ledger>>,
@@ -69,6 +79,10 @@ struct Rollout<'m> {
 impl RepartitionPolicy for Rollout<'_> {
     fn name(&self) -> String {
         "learning".into()
+    }
+
+    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
+        initial_layout(geometry, self.initial)
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
@@ -91,6 +105,20 @@ impl RepartitionPolicy for Rollout<'_> {
             mask.extend_from_slice(&self.encoder.mask[r * a..(r + 1) * a]);
         }
         let teacher_actions = (self.mode == Mode::Teacher).then(|| self.teacher.choose(view));
+        // The planner plans from every state it is shown (what it would do
+        // here), whoever acts; its target is the label.
+        let planned: Option<Vec<usize>> = self.planner.as_mut().map(|p| {
+            p.decide(view);
+            let g = spec.geometry;
+            p.target()
+                .iter()
+                .map(|&l| g.catalog_index(l).unwrap_or(spec.keep_action()))
+                .collect()
+        });
+        let dagger_follows = match self.mode {
+            Mode::Dagger { beta } => self.rng.random::<f64>() < beta,
+            _ => false,
+        };
         let probs = match self.net.act(&obs, &mask, acting.len()) {
             Ok((_, p)) => p,
             Err(e) => {
@@ -99,11 +127,21 @@ impl RepartitionPolicy for Rollout<'_> {
             }
         };
         let mut chosen = Vec::with_capacity(acting.len());
+        let mut labels = Vec::with_capacity(acting.len());
         for (i, &r) in acting.iter().enumerate() {
             let gpu = self.encoder.gpus[r];
             let p = &probs[i * a..(i + 1) * a];
             let m = &mask[i * a..(i + 1) * a];
+            let label = planned
+                .as_ref()
+                .and_then(|t| t.get(r).copied())
+                .filter(|&act| m[act] > 0.5);
+            labels.push(label);
             chosen.push(match self.mode {
+                Mode::Dagger { .. } => match label {
+                    Some(act) if dagger_follows => act,
+                    _ => argmax_masked(p, m),
+                },
                 Mode::Greedy => argmax_masked(p, m),
                 Mode::Sample => sample(&mut self.rng, p, m),
                 Mode::Teacher => teacher_actions
@@ -141,11 +179,14 @@ impl RepartitionPolicy for Rollout<'_> {
             let p = &probs[i * a..(i + 1) * a];
             self.obs.extend_from_slice(&obs[i * d..(i + 1) * d]);
             self.mask.extend_from_slice(&mask[i * a..(i + 1) * a]);
+            // DAgger records the teacher's label, every other mode the
+            // action taken.
+            let recorded = labels[i].unwrap_or(action);
             self.steps.push(Step {
                 gpu,
                 epoch,
-                action: action as u32,
-                logp: p[action].max(1e-30).ln(),
+                action: recorded as u32,
+                logp: p[recorded].max(1e-30).ln(),
                 value: values[i],
             });
             if let Some(dec) = spec.decode(gpu, &view.gpus[gpu], action) {
@@ -275,10 +316,15 @@ pub fn run_episode(
 ) -> Result<Episode, LearnError> {
     let sim_cfg = day.sim_config(cfg);
     let ledger = Rc::new(RefCell::new(Ledger::new(&day.cluster, &sim_cfg)));
+    let planner = matches!(mode, Mode::Dagger { .. })
+        .then(|| planner_for(cfg, day))
+        .transpose()?;
     let mut rollout = Rollout {
         net,
         encoder: Encoder::new(cfg.gpu_model),
         teacher: Teacher::new(cfg.gpu_model, base.clone()),
+        planner,
+        initial: cfg.initial_layout,
         mode,
         rng: ChaCha8Rng::seed_from_u64(rng_seed),
         ledger: Rc::clone(&ledger),
@@ -494,11 +540,39 @@ fn next_interval<'a>(e: &'a [Vec<f64>], t: &'a [Vec<f64>], k: usize) -> (&'a [f6
     }
 }
 
+/// The planning teacher of `day` (its jobs, its past days, its rate),
+/// starting from the configured initial layout.
+pub fn planner_for(cfg: &TrainConfig, day: &Day) -> Result<Planner, LearnError> {
+    let g = Geometry::of(cfg.gpu_model);
+    let n = day.cluster.iter().filter(|&&m| m == cfg.gpu_model).count();
+    Ok(Planner::new(
+        cfg.gpu_model,
+        cfg.dagger.planner.clone(),
+        day.planner_rate(),
+        cfg.heuristic()?,
+        cfg.reconfig_time_s,
+        day.jobs.clone(),
+    )
+    .with_past(day.past.clone())
+    .with_initial(vec![initial_layout(g, cfg.initial_layout); n]))
+}
+
+/// Catalog layout `index` of `geometry` (the whole GPU if out of range).
+pub fn initial_layout(geometry: &Geometry, index: usize) -> Layout {
+    geometry
+        .catalog()
+        .get(index)
+        .copied()
+        .unwrap_or_else(|| geometry.whole_gpu())
+}
+
 /// A deterministic evaluation policy over a candle network (same decisions
 /// as the exported ONNX policy, up to float ties).
 pub struct CandlePolicy<'m> {
     pub net: &'m ActorCritic,
     encoder: Encoder,
+    /// Catalog index every GPU starts from.
+    initial: usize,
 }
 
 impl<'m> CandlePolicy<'m> {
@@ -506,13 +580,25 @@ impl<'m> CandlePolicy<'m> {
         CandlePolicy {
             net,
             encoder: Encoder::new(model),
+            initial: 0,
         }
+    }
+
+    /// Every GPU starts the day at catalog layout `index` (the trainer's
+    /// `initial_layout`), as the exported policy does.
+    pub fn starting_at(mut self, index: usize) -> Self {
+        self.initial = index;
+        self
     }
 }
 
 impl RepartitionPolicy for CandlePolicy<'_> {
     fn name(&self) -> String {
         "candle".into()
+    }
+
+    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
+        initial_layout(geometry, self.initial)
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {

@@ -468,6 +468,7 @@ mod tests {
             gpus,
             pending,
             pending_by_profile: &counts,
+            arrivals: &[],
         })
     }
 
@@ -508,6 +509,7 @@ mod tests {
             gpus: &gpus,
             pending: &jobs,
             pending_by_profile: &[[0; 8]; MODEL_COUNT],
+            arrivals: &[],
         });
         assert_eq!(d.len(), 2);
         for x in &d {

@@ -63,7 +63,9 @@ use super::model::ActorCritic;
 use super::ppo::optimiser;
 use super::LearnError;
 use crate::policy::features::FeatureSpec;
+use crate::scenario::Scenario;
 use crate::sim::Standing;
+use crate::workload::{generate_diurnal, Job};
 
 pub use super::config::{
     EsConfig, ImitationConfig, PpoConfig, TeacherBase, TrainConfig, ValidationConfig,
@@ -144,11 +146,16 @@ pub fn train(
         progress: &mut progress,
     };
 
-    // 1. imitation
-    run.imitation(&net, &mut opt)?;
-    let first = run.validate(&net)?;
-    let mut best = Checkpoint::new(first, &net, "imitation".to_string())?;
-    run.report_validation(0, first);
+    // 1. closed-loop imitation of the planning teacher, or imitation of
+    // the demand-covering teacher
+    let mut best = if cfg.dagger.rounds > 0 {
+        run.dagger(&net, &mut opt)?
+    } else {
+        run.imitation(&net, &mut opt)?;
+        let first = run.validate(&net)?;
+        run.report_validation(0, first);
+        Checkpoint::new(first, &net, "imitation".to_string())?
+    };
     // 2. PPO
     let iterations = run.ppo(&net, &mut opt, &mut best)?;
     // 3. ES fine-tuning of the best checkpoint so far.
@@ -191,20 +198,62 @@ fn check_windows(data: &TrainingData) -> Result<(), LearnError> {
     Ok(())
 }
 
+/// Seeds of a day's past days are the day's seed plus multiples of this:
+/// far from every episode, validation and benchmark seed.
+const PAST_SEED_STRIDE: u64 = 1_000_000_007;
+
+/// The past days the planning teacher samples futures from (none without
+/// a DAgger phase): other days of the same generator, or the trace
+/// windows before `window` (cyclically).
+fn past_of(
+    cfg: &TrainConfig,
+    data: &TrainingData,
+    scenario: Option<&Scenario>,
+    gpus: usize,
+    seed: u64,
+    window: usize,
+) -> Vec<Vec<Job>> {
+    if cfg.dagger.rounds == 0 {
+        return Vec::new();
+    }
+    let count = cfg.dagger.planner.past_days;
+    match data {
+        TrainingData::Trace { train, .. } if !train.is_empty() => (1..=count)
+            .map(|j| train[(window + train.len() * count - j) % train.len()].clone())
+            .collect(),
+        _ => (1..=count as u64)
+            .map(|j| {
+                let s = seed.wrapping_add(j.wrapping_mul(PAST_SEED_STRIDE));
+                match scenario {
+                    Some(sc) => sc.generate(cfg.gpu_model, gpus, s),
+                    None => generate_diurnal(&cfg.workload, cfg.gpu_model, gpus, s),
+                }
+            })
+            .collect(),
+    }
+}
+
 /// The days checkpoints are chosen on: `cfg.validation.days` diurnal days
 /// from `cfg.validation.seed`, or the trace's validation windows.
 fn validation_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, LearnError> {
+    let gpus = cfg.validation.gpus;
     match data {
         TrainingData::Diurnal => (0..cfg.validation.days as u64)
-            .map(|k| Day::new(cfg, cfg.validation.gpus, cfg.validation.seed + k))
+            .map(|k| {
+                let seed = cfg.validation.seed + k;
+                Ok(Day::new(cfg, gpus, seed)?.with_past(past_of(cfg, data, None, gpus, seed, 0)))
+            })
             .collect(),
         TrainingData::Scenarios(list) => (0..cfg.validation.days)
             .map(|k| {
                 let seed = cfg.validation.seed + k as u64;
-                Day::scenario(cfg, &list[k % list.len()], cfg.validation.gpus, seed)
+                let s = &list[k % list.len()];
+                let past = past_of(cfg, data, Some(s), gpus, seed, 0);
+                Ok(Day::scenario(cfg, s, gpus, seed)?.with_past(past))
             })
             .collect(),
         TrainingData::Trace {
+            train,
             validation,
             window_s,
             ..
@@ -213,7 +262,8 @@ fn validation_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, L
             .enumerate()
             .map(|(k, jobs)| {
                 let seed = cfg.validation.seed + k as u64;
-                Day::from_jobs(cfg, cfg.validation.gpus, jobs.clone(), seed, *window_s)
+                let past = past_of(cfg, data, None, gpus, seed, train.len() + k);
+                Ok(Day::from_jobs(cfg, gpus, jobs.clone(), seed, *window_s)?.with_past(past))
             })
             .collect(),
     }
@@ -274,7 +324,8 @@ fn base_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, LearnEr
     }
 }
 
-/// The teacher's mean ET on the validation days.
+/// The teacher's mean objective on the validation days (the planning
+/// teacher's with a DAgger phase, else the imitation teacher's).
 fn teacher_on(
     cfg: &TrainConfig,
     base: &Base,
@@ -282,9 +333,12 @@ fn teacher_on(
 ) -> Result<Option<f64>, LearnError> {
     let mut sum = 0.0;
     for day in validation {
-        sum += day
-            .evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?
-            .1;
+        sum += if cfg.dagger.rounds > 0 {
+            day.evaluate(cfg, &mut super::rollout::planner_for(cfg, day)?)?
+        } else {
+            day.evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?
+        }
+        .1;
     }
     Ok(Some(sum / validation.len().max(1) as f64))
 }
@@ -315,21 +369,28 @@ impl<'a> EpisodeDays<'a> {
         let cfg = self.cfg;
         self.seed += 1;
         let gpus = cfg.gpus[k % cfg.gpus.len()];
+        let seed = self.seed;
         match self.data {
-            TrainingData::Diurnal => Day::new(cfg, gpus, self.seed),
+            TrainingData::Diurnal => {
+                let past = past_of(cfg, self.data, None, gpus, seed, 0);
+                Ok(Day::new(cfg, gpus, seed)?.with_past(past))
+            }
             TrainingData::Scenarios(list) => {
                 // Cycle through the scenarios in order (deterministic).
                 let s = &list[self.windows % list.len()];
                 self.windows += 1;
-                Day::scenario(cfg, s, gpus, self.seed)
+                let past = past_of(cfg, self.data, Some(s), gpus, seed, 0);
+                Ok(Day::scenario(cfg, s, gpus, seed)?.with_past(past))
             }
             TrainingData::Trace {
                 train, window_s, ..
             } => {
                 // Cycle through the windows in order (deterministic).
-                let jobs = train[self.windows % train.len()].clone();
+                let w = self.windows % train.len();
+                let jobs = train[w].clone();
                 self.windows += 1;
-                Day::from_jobs(cfg, gpus, jobs, self.seed, *window_s)
+                let past = past_of(cfg, self.data, None, gpus, seed, w);
+                Ok(Day::from_jobs(cfg, gpus, jobs, seed, *window_s)?.with_past(past))
             }
         }
     }
@@ -361,7 +422,8 @@ impl Run<'_> {
     fn validate(&self, net: &ActorCritic) -> Result<Standing, LearnError> {
         let mut days = Vec::with_capacity(self.validation.len());
         for day in &self.validation {
-            let mut p = CandlePolicy::new(net, self.cfg.gpu_model);
+            let mut p =
+                CandlePolicy::new(net, self.cfg.gpu_model).starting_at(self.cfg.initial_layout);
             days.push(day.objective(self.cfg, &mut p)?);
         }
         Ok(Standing::over(days))
@@ -409,6 +471,57 @@ impl Run<'_> {
             )?;
         }
         Ok(())
+    }
+
+    /// Phase 1 with `[dagger] rounds > 0`: closed-loop imitation of the
+    /// planning teacher (`super::planner`). Round 0 lets the teacher act;
+    /// later rounds let the network act (the teacher with probability
+    /// `beta`) and label the states it visits with the teacher's targets.
+    /// After each round the actor is fitted to every example so far and
+    /// validated; the best round is the first checkpoint.
+    fn dagger(&mut self, net: &ActorCritic, opt: &mut AdamW) -> Result<Checkpoint, LearnError> {
+        let cfg = self.cfg;
+        let d = &cfg.dagger;
+        opt.set_learning_rate(d.lr);
+        (self.progress)(Progress::Phase {
+            name: "dagger",
+            steps: (d.rounds + 1) * d.episodes,
+        });
+        let mut examples = Batch::default();
+        let mut best: Option<Checkpoint> = None;
+        for round in 0..=d.rounds {
+            let beta = if round == 0 { 1.0 } else { d.beta };
+            for k in 0..d.episodes {
+                if self.over_budget() {
+                    break;
+                }
+                let day = self.days.next(round * d.episodes + k)?;
+                let seed = self.rng.random();
+                let mode = Mode::Dagger { beta };
+                let ep = run_episode(cfg, net, &day, mode, &self.base, seed, &mut examples)?;
+                self.episodes += 1;
+                (self.progress)(Progress::Step {
+                    phase: "dagger",
+                    step: round * d.episodes + k + 1,
+                    mean_return: ep.team_return,
+                    mean_et: Some(ep.et),
+                });
+            }
+            if !examples.is_empty() {
+                imitation_update(net, opt, &examples, d.epochs, d.minibatch, &mut self.rng)?;
+            }
+            let et = self.validate(net)?;
+            self.report_validation(round, et);
+            let label = || format!("dagger:{round}");
+            match best.as_mut() {
+                Some(b) => b.offer(et, net, label)?,
+                None => best = Some(Checkpoint::new(et, net, label())?),
+            }
+            if self.over_budget() {
+                break;
+            }
+        }
+        best.ok_or_else(|| LearnError::Other("DAgger ran no round".into()))
     }
 
     /// Phase 2: PPO iterations, validated every `validation.every` and at

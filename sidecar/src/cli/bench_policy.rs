@@ -338,6 +338,7 @@ fn latency(
             gpus,
             pending,
             pending_by_profile: by_profile,
+            arrivals: pending,
         };
         std::hint::black_box(policy.decide(&view));
     };

@@ -12,11 +12,14 @@ use anyhow::{bail, Context, Result};
 
 use super::args::{GpuModelArg, JsonArg};
 use crate::eval::{
-    best_runnable, gate_rows, run_scenario, Day, RowKind, ScenarioDays, SuiteConfig, SuiteReport,
+    best_runnable, gate_rows, run_scenario, suite_gates, Day, RowKind, ScenarioDays, SuiteConfig,
+    SuiteReport,
 };
 use crate::mig::GpuModel;
 use crate::policy::search::{SearchConfig, SwitchHours};
-use crate::report::suite::{et_bars, gates_table, runnable_table, scenario_table, summary_table};
+use crate::report::suite::{
+    et_bars, gates_table, runnable_table, scenario_table, suite_gates_table, summary_table,
+};
 use crate::scenario::{
     default_scenarios, parse_scenarios, select_scenarios, DeadlineRegime, Scenario,
 };
@@ -74,6 +77,17 @@ pub struct SuiteArgs {
     pub no_hindsight: bool,
     #[command(flatten)]
     pub json: JsonArg,
+    /// The shadow rule of the `<learned>+shadow` rows
+    /// (`every=S&window=S&margin=X&hold=N`, over the defaults
+    /// every=1800&window=10800&margin=0.02&hold=2; docs/policy.md).
+    #[arg(long, value_name = "RULE", default_value = "")]
+    pub shadow: String,
+    /// The shadow's fallbacks, in order (comma-separated): `static-hist`
+    /// (the layout fitted on the training days), `none`, or a policy spec
+    /// such as `greedy` (the default pair was the better of `static-hist`
+    /// alone and both on seeds 500-503, docs/policy.md).
+    #[arg(long, value_delimiter = ',', default_value = "static-hist,greedy")]
+    pub shadow_fallback: Vec<String>,
     /// Write one SVG bar chart per scenario into DIR.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
@@ -330,6 +344,13 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         .filter(|(_, spec)| spec.starts_with("policy:"))
         .map(|(name, _)| name.clone())
         .collect();
+    // ... and as it runs with the shadow rule switching it during the day.
+    cfg.shadow_for.clone_from(&cfg.fallback_for);
+    cfg.shadow_fallbacks.clone_from(&a.shadow_fallback);
+    cfg.shadow = crate::policy::shadow::ShadowRule::default()
+        .with_overrides(&a.shadow)
+        .map_err(anyhow::Error::msg)
+        .context("--shadow")?;
     eprintln!(
         "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",
         list.len(),
@@ -339,8 +360,9 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         a.test_seed
     );
     let started = Instant::now();
-    let steps_per_scenario =
-        5 + (cfg.candidates.len() + cfg.fallback_for.len()) as u64 + u64::from(cfg.hindsight);
+    let steps_per_scenario = 5
+        + (cfg.candidates.len() + cfg.fallback_for.len() + cfg.shadow_for.len()) as u64
+        + u64::from(cfg.hindsight);
     let bar = indicatif::ProgressBar::new(list.len() as u64 * steps_per_scenario);
     if std::io::stderr().is_terminal() {
         bar.set_style(
@@ -406,6 +428,9 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         for p in ours {
             writeln!(out)?;
             write!(out, "{}", gates_table(p, &gate_rows(&report.scenarios, p)))?;
+            if let Some(g) = suite_gates(&report.scenarios, p) {
+                write!(out, "{}", suite_gates_table(&g))?;
+            }
         }
         writeln!(out)?;
         write!(out, "{}", runnable_table(&report.best_runnable))?;

@@ -123,7 +123,12 @@ pub fn run(a: &Args) -> Result<()> {
             )?
         }
     };
-    let total = (cfg.imitation.episodes + cfg.ppo.iterations + cfg.es.iterations) as u64;
+    let first = if cfg.dagger.rounds > 0 {
+        (cfg.dagger.rounds + 1) * cfg.dagger.episodes
+    } else {
+        cfg.imitation.episodes
+    };
+    let total = (first + cfg.ppo.iterations + cfg.es.iterations) as u64;
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {prefix} {msg}")
@@ -165,6 +170,7 @@ pub fn run(a: &Args) -> Result<()> {
 
     let spec = FeatureSpec::new(cfg.gpu_model);
     let mut meta = PolicyMetadata::new(&spec, cfg.hidden);
+    meta.initial_layout = cfg.initial_layout;
     meta.training = serde_json::json!({
         "config": cfg,
         "data": data.describe(&cfg),

@@ -125,6 +125,10 @@ pub struct PolicyMetadata {
     /// unsure (absent in older files: no limits).
     #[serde(default)]
     pub guard: Guard,
+    /// The catalog layout (index into `catalog`) every GPU starts from,
+    /// the one the policy was trained from (absent: the whole GPU).
+    #[serde(default)]
+    pub initial_layout: usize,
 }
 
 /// Run-time limits on a learned policy ("do no harm"): a GPU moves only

@@ -123,6 +123,7 @@ mod tests {
                 gpus: &gpus,
                 pending: &pending,
                 pending_by_profile: &counts,
+                arrivals: &[],
             };
             let t = rule.targets(&view);
             let want: Vec<Layout> = (0..4)

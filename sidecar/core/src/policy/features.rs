@@ -28,14 +28,27 @@
 //! | 2 | rank of this GPU among its model's GPUs, and among those that are entirely idle (quantiles in [0, 1]); lets identical agents break symmetry the way the engine packs jobs (lowest GPU first) |
 //! | 2 | all waiting jobs per GPU, squashed; their mean overdue time `1 - exp(-o / 3600 s)` |
 //!
+//! ## Version 2 adds (the workload's mix, from [`ClusterView::arrivals`])
+//!
+//! | slots | meaning |
+//! |---|---|
+//! | `3 P` | per profile (the arrivals' smallest fitting profile): arrivals in the last hour and in the last 3 hours per GPU of the model, squashed; the compute they need over the last 3 hours as a share of the model's compute, `sum(runtime on the profile x compute / C) / (3 h x GPUs)`, clipped to 4 |
+//! | 2 | all arrivals in the last hour and the last 3 hours per GPU, squashed |
+//!
+//! The arrivals are remembered by the encoder (it keeps 3 hours of them),
+//! so one encoder follows one cluster over time.
+//!
 //! ## Actions
 //!
-//! `C + 1` actions: catalog layout `a` for `a < C`, and `C` = keep the
-//! current layout. The mask ([`Encoder::encode`]) allows a catalog layout only
-//! when the GPU accepts it now (not reconfiguring, keeps every busy
-//! instance: [`crate::mig::Geometry::reachable`]); "keep" is always allowed,
-//! so the mask is never empty even when busy instances of a non-catalog
-//! profile rule out every catalog layout.
+//! `C + 1` actions: catalog layout `a` for `a < C` is the GPU's *target*,
+//! and `C` = keep the current layout. A target is pursued as far as the
+//! busy instances allow ([`super::step_toward`]): the GPU keeps its busy
+//! instances, builds what fits of the target next to them and keeps the
+//! idle instances in nobody's way, so a GPU that keeps the same target
+//! gets there as its jobs end. The mask ([`Encoder::encode`]) allows every
+//! catalog layout unless the GPU is being reconfigured; "keep" is always
+//! allowed, so the mask is never empty. (Version 1 allowed only layouts
+//! the GPU accepted at once.)
 
 use std::f64::consts::PI;
 
@@ -43,17 +56,30 @@ use super::{ClusterView, Decision, GpuStatus};
 use crate::mig::{Geometry, GpuModel, Layout};
 
 /// Version of the observation layout above. Bump on any change of meaning.
-pub const FEATURE_SPEC_VERSION: u32 = 1;
+pub const FEATURE_SPEC_VERSION: u32 = 2;
+
+/// The versions this build can still run: version 1 files (the shipped
+/// v2 policies, trained before the arrival mix) keep their observation
+/// (without the version 2 slots), their mask (only the layouts the GPU
+/// accepts at once) and their decoding (a move straight to the layout).
+pub const SUPPORTED_FEATURE_SPECS: [u32; 2] = [1, FEATURE_SPEC_VERSION];
 
 /// Time constant of the remaining-run-time feature, s.
 const REMAINING_SCALE_S: f64 = 1800.0;
 /// Time constant of the overdue feature, s.
 const OVERDUE_SCALE_S: f64 = 3600.0;
+/// The short and the long window of the arrival features, s.
+const ARRIVALS_SHORT_S: f64 = 3600.0;
+const ARRIVALS_LONG_S: f64 = 3.0 * 3600.0;
+/// Cap of the arrivals' compute-share feature.
+const DEMAND_SHARE_CAP: f64 = 4.0;
 
 /// Sizes of the observation and action spaces of one GPU model.
 #[derive(Clone, Copy, Debug)]
 pub struct FeatureSpec {
     pub model: GpuModel,
+    /// Feature spec version (one of [`SUPPORTED_FEATURE_SPECS`]).
+    pub version: u32,
     pub geometry: &'static Geometry,
     /// The action space: catalog layouts, then "keep".
     pub catalog: &'static [Layout],
@@ -64,15 +90,29 @@ pub struct FeatureSpec {
 }
 
 impl FeatureSpec {
+    /// The current version's spec ([`FEATURE_SPEC_VERSION`]).
     pub fn new(model: GpuModel) -> Self {
+        Self::with_version(model, FEATURE_SPEC_VERSION)
+    }
+
+    /// The spec of an older `version` (see [`SUPPORTED_FEATURE_SPECS`];
+    /// any version above 1 means the current one).
+    pub fn with_version(model: GpuModel, version: u32) -> Self {
         let geometry = Geometry::of(model);
         let catalog = geometry.catalog();
         let c = catalog.len();
         let n = geometry.ids().count();
         let p = model.spec().profiles.len();
-        let obs_dim = (c + 1) + 3 * n + 3 + 2 * p + 4 * p + (c + 1) + 2 + 2 + 2 + 2;
+        let version = version.clamp(1, FEATURE_SPEC_VERSION);
+        let v1_dim = (c + 1) + 3 * n + 3 + 2 * p + 4 * p + (c + 1) + 2 + 2 + 2 + 2;
+        let obs_dim = if version == 1 {
+            v1_dim
+        } else {
+            v1_dim + 3 * p + 2
+        };
         FeatureSpec {
             model,
+            version,
             geometry,
             catalog,
             placements: n,
@@ -87,11 +127,17 @@ impl FeatureSpec {
         self.catalog.len()
     }
 
-    /// The decision action `action` means for `gpu`, if any (none for
-    /// "keep", for the current layout, or for an action the GPU refuses).
+    /// The decision action `action` means for `gpu`, if any: the next step
+    /// toward the catalog layout it names ([`super::step_toward`]); none
+    /// for "keep", for the current layout, or when no step is possible now.
+    /// (Version 1: a move straight to the layout, if the GPU accepts it now.)
     pub fn decode(&self, gpu: usize, status: &GpuStatus, action: usize) -> Option<Decision> {
         let target = *self.catalog.get(action)?;
-        (target != status.layout && status.accepts(target)).then_some(Decision { gpu, target })
+        if self.version == 1 {
+            return (target != status.layout && status.accepts(target))
+                .then_some(Decision { gpu, target });
+        }
+        super::step_toward(status, target).map(|target| Decision { gpu, target })
     }
 }
 
@@ -99,11 +145,23 @@ fn squash(x: f64) -> f32 {
     (x / (1.0 + x)) as f32
 }
 
+/// One remembered arrival: time, profile index, compute-seconds it needs
+/// on that profile as a share of a GPU.
+#[derive(Clone, Copy, Debug)]
+struct Arrival {
+    at: f64,
+    profile: usize,
+    gpu_s: f64,
+}
+
 /// Encodes views into observation and mask matrices (row-major, one row per
-/// GPU of the spec's model), reusing its buffers across epochs.
+/// GPU of the spec's model), reusing its buffers across epochs. It
+/// remembers the arrivals of the last hours (the mix features), so it
+/// follows one cluster through time.
 #[derive(Clone, Debug)]
 pub struct Encoder {
     spec: FeatureSpec,
+    recent: std::collections::VecDeque<Arrival>,
     /// GPU numbers of the rows of the last encoding.
     pub gpus: Vec<usize>,
     pub obs: Vec<f32>,
@@ -112,8 +170,14 @@ pub struct Encoder {
 
 impl Encoder {
     pub fn new(model: GpuModel) -> Self {
+        Self::for_spec(FeatureSpec::new(model))
+    }
+
+    /// An encoder for `spec` (an older version's, to run an older file).
+    pub fn for_spec(spec: FeatureSpec) -> Self {
         Encoder {
-            spec: FeatureSpec::new(model),
+            spec,
+            recent: std::collections::VecDeque::new(),
             gpus: Vec::new(),
             obs: Vec::new(),
             mask: Vec::new(),
@@ -199,6 +263,7 @@ impl Encoder {
             0.0
         };
         let (sin_h, cos_h) = (2.0 * PI * view.hour_of_day / 24.0).sin_cos();
+        let mix = self.remember(view);
 
         // --- per GPU ----------------------------------------------------------
         for (row, &gi) in self.gpus.iter().enumerate() {
@@ -250,23 +315,80 @@ impl Encoder {
             o[at + 5] = (f64::from(idle_rank[row]) / gcount) as f32;
             o[at + 6] = squash(f64::from(waiting_model) / gcount);
             o[at + 7] = (1.0 - (-mean_overdue / OVERDUE_SCALE_S).exp()) as f32;
-            debug_assert_eq!(at + 8, s.obs_dim);
-
+            at += 8;
             let m = &mut self.mask[row * s.actions..(row + 1) * s.actions];
+            if s.version == 1 {
+                debug_assert_eq!(at, s.obs_dim);
+                mask_v1(m, g, s.catalog);
+                continue;
+            }
+            for k in 0..p {
+                o[at + k] = squash(mix.short[k] / gcount);
+                o[at + p + k] = squash(mix.long[k] / gcount);
+                o[at + 2 * p + k] =
+                    (mix.share[k] / (ARRIVALS_LONG_S * gcount)).min(DEMAND_SHARE_CAP) as f32;
+            }
+            at += 3 * p;
+            o[at] = squash(mix.short.iter().sum::<f64>() / gcount);
+            o[at + 1] = squash(mix.long.iter().sum::<f64>() / gcount);
+            debug_assert_eq!(at + 2, s.obs_dim);
+
             if !g.in_reconfiguration {
-                for (a, &target) in s.catalog.iter().enumerate() {
-                    // A catalog layout is valid, and one that keeps every
-                    // busy instance destroys none of them: exactly
-                    // `g.accepts(target)`, without its validity lookup (a
-                    // fifth of a learned-policy simulation at 1,000 GPUs).
-                    debug_assert_eq!(target.contains_all(g.busy), g.accepts(target));
-                    if target.contains_all(g.busy) {
-                        m[a] = 1.0;
-                    }
-                }
+                // Every catalog layout is a target the GPU can work toward.
+                m[..c].fill(1.0);
             }
             m[c] = 1.0;
         }
+    }
+
+    /// Adds the view's arrivals to the remembered ones, forgets those older
+    /// than the long window, and sums them per profile.
+    fn remember(&mut self, view: &ClusterView<'_>) -> Mix {
+        if self.spec.version == 1 {
+            // Version 1 has no arrival slots: nothing to remember.
+            return Mix {
+                short: Vec::new(),
+                long: Vec::new(),
+                share: Vec::new(),
+            };
+        }
+        let s = self.spec;
+        let profiles = s.model.spec().profiles;
+        let total = s.model.spec().compute_slices;
+        for job in view.arrivals {
+            let Some(shape) = job.shape(s.model) else {
+                continue;
+            };
+            let Some(k) = profiles.iter().position(|q| q.shape == shape) else {
+                continue;
+            };
+            let share = f64::from(shape.compute) / f64::from(total);
+            self.recent.push_back(Arrival {
+                at: job.arrival,
+                profile: k,
+                gpu_s: job.runtime_on(shape.compute, total) * share,
+            });
+        }
+        while self
+            .recent
+            .front()
+            .is_some_and(|a| a.at < view.now - ARRIVALS_LONG_S)
+        {
+            self.recent.pop_front();
+        }
+        let mut mix = Mix {
+            short: vec![0.0; s.profiles],
+            long: vec![0.0; s.profiles],
+            share: vec![0.0; s.profiles],
+        };
+        for a in &self.recent {
+            mix.long[a.profile] += 1.0;
+            mix.share[a.profile] += a.gpu_s;
+            if a.at >= view.now - ARRIVALS_SHORT_S {
+                mix.short[a.profile] += 1.0;
+            }
+        }
+        mix
     }
 
     /// Number of allowed actions of row `row` (1 = only "keep": no choice).
@@ -277,6 +399,31 @@ impl Encoder {
             .filter(|&&m| m > 0.5)
             .count()
     }
+}
+
+/// Version 1's mask: a catalog layout only when the GPU accepts it now
+/// (not reconfiguring, keeps every busy instance), and "keep".
+fn mask_v1(m: &mut [f32], g: &GpuStatus, catalog: &[Layout]) {
+    if !g.in_reconfiguration {
+        for (a, &target) in catalog.iter().enumerate() {
+            // A catalog layout is valid, and one that keeps every busy
+            // instance destroys none of them: exactly `g.accepts(target)`,
+            // without its validity lookup.
+            debug_assert_eq!(target.contains_all(g.busy), g.accepts(target));
+            if target.contains_all(g.busy) {
+                m[a] = 1.0;
+            }
+        }
+    }
+    m[catalog.len()] = 1.0;
+}
+
+/// The remembered arrivals per profile: counts in the short and the long
+/// window, compute-seconds (share of a GPU) in the long one.
+struct Mix {
+    short: Vec<f64>,
+    long: Vec<f64>,
+    share: Vec<f64>,
 }
 
 /// Index in `profiles` of the profile of placement `id`.
@@ -316,8 +463,8 @@ mod tests {
         assert_eq!(spec.actions, 20);
         let g = Geometry::of(GpuModel::A100_40gb);
         let mut gpus = vec![GpuStatus::new(GpuModel::A100_40gb, g.whole_gpu()); 3];
-        // GPU 1 runs a job on its whole-GPU instance: only "keep" and the
-        // whole-GPU layout remain.
+        // GPU 1 runs a job on its whole-GPU instance: every target stays
+        // allowed (it is pursued as the job ends), but none moves it now.
         gpus[1].busy = g.whole_gpu();
         gpus[1].busy_until[g.whole_gpu().iter().next().unwrap().0 as usize] = 100.0;
         gpus[2].in_reconfiguration = true;
@@ -328,18 +475,129 @@ mod tests {
             gpus: &gpus,
             pending: &[],
             pending_by_profile: &pending_by_profile,
+            arrivals: &[],
         };
         let mut e = Encoder::new(GpuModel::A100_40gb);
         e.encode(&view);
         assert_eq!(e.obs.len(), 3 * spec.obs_dim);
         assert_eq!(e.choices(0), spec.actions);
-        assert_eq!(e.choices(1), 2);
+        assert_eq!(e.choices(1), spec.actions);
         assert_eq!(e.choices(2), 1);
         assert!(e.obs.iter().all(|x| x.is_finite()));
         // Decoding the whole-GPU action on a whole GPU is a no-op.
         assert_eq!(spec.decode(0, &gpus[0], 0), None);
         assert!(spec.decode(0, &gpus[0], 5).is_some());
         assert_eq!(spec.decode(0, &gpus[0], spec.keep_action()), None);
+        assert_eq!(spec.decode(1, &gpus[1], 5), None);
+    }
+
+    /// Version 1 (the files trained before the arrival mix) keeps its
+    /// sizes, its mask (only layouts accepted now) and its decoding.
+    #[test]
+    fn version_1_keeps_its_sizes_mask_and_moves() {
+        let m = GpuModel::A100_40gb;
+        let v1 = FeatureSpec::with_version(m, 1);
+        assert_eq!(v1.obs_dim, 141, "the shipped files' size");
+        assert_eq!(FeatureSpec::new(m).obs_dim, 141 + 3 * v1.profiles + 2);
+        let g = Geometry::of(m);
+        let mut gpus = vec![GpuStatus::new(m, g.whole_gpu()); 2];
+        gpus[1].busy = g.whole_gpu();
+        gpus[1].busy_until[g.whole_gpu().iter().next().unwrap().0 as usize] = 100.0;
+        let counts = PendingByProfile::default();
+        let mut e = Encoder::for_spec(v1);
+        e.encode(&ClusterView {
+            now: 0.0,
+            hour_of_day: 0.0,
+            gpus: &gpus,
+            pending: &[],
+            pending_by_profile: &counts,
+            arrivals: &[],
+        });
+        assert_eq!(e.obs.len(), 2 * v1.obs_dim);
+        assert_eq!(e.choices(0), v1.actions);
+        assert_eq!(e.choices(1), 2, "keep and the whole GPU only");
+        assert!(v1
+            .decode(0, &gpus[0], 5)
+            .is_some_and(|d| d.target == v1.catalog[5]));
+        assert_eq!(v1.decode(1, &gpus[1], 5), None);
+    }
+
+    /// A target the busy instances rule out today is reached step by step:
+    /// the busy 1g instance stays, the target's three 1g are built beside
+    /// it; once the job ends the target itself is taken.
+    #[test]
+    fn targets_are_pursued_around_busy_instances() {
+        let m = GpuModel::A100_40gb;
+        let spec = FeatureSpec::new(m);
+        let g = Geometry::of(m);
+        let pic = |p: &str| {
+            spec.catalog
+                .iter()
+                .position(|&l| g.picture(l) == p)
+                .unwrap()
+        };
+        let from = spec.catalog[pic("1|1|22|3333")];
+        let first = from.iter().next().unwrap();
+        let mut st = GpuStatus::new(m, from);
+        st.busy = Layout::EMPTY.with(first);
+        let target = pic("4444|1|1|1|.");
+        let d = spec.decode(0, &st, target).expect("a step");
+        assert_eq!(g.picture(d.target), "1|1|22|1|1|1|.");
+        st.busy = Layout::EMPTY;
+        let d = spec.decode(0, &st, target).unwrap();
+        assert_eq!(g.picture(d.target), "4444|1|1|1|.");
+    }
+
+    /// Arrivals are remembered for three hours: the short window counts the
+    /// last hour's, the long one all, per the jobs' smallest profile.
+    #[test]
+    fn arrivals_are_counted_per_profile_and_window() {
+        let m = GpuModel::A100_40gb;
+        let spec = FeatureSpec::new(m);
+        let g = Geometry::of(m);
+        let gpus = vec![GpuStatus::new(m, g.whole_gpu()); 2];
+        let counts = PendingByProfile::default();
+        let job = |id: u64, at: f64| {
+            let mut shapes = [None; crate::policy::MODEL_COUNT];
+            shapes[m as usize] = Some(m.spec().profiles[0].shape);
+            crate::policy::PendingJob {
+                id,
+                arrival: at,
+                deadline: at + 1e4,
+                work: 700.0,
+                memory_gb: 1.0,
+                min_compute: 1,
+                speedup: crate::workload::SpeedupCurve::linear(),
+                shapes,
+            }
+        };
+        let mut e = Encoder::new(m);
+        let tail = |e: &Encoder| e.obs[spec.obs_dim - 3 * spec.profiles - 2..spec.obs_dim].to_vec();
+        let first = [job(0, 0.0), job(1, 100.0)];
+        let view = |now: f64, arrivals: &'static [crate::policy::PendingJob]| (now, arrivals);
+        let _ = view;
+        for (now, arrivals) in [
+            (100.0, &first[..]),
+            (2.0 * 3600.0, &[][..]),
+            (3.5 * 3600.0, &[][..]),
+        ] {
+            e.encode(&ClusterView {
+                now,
+                hour_of_day: 0.0,
+                gpus: &gpus,
+                pending: &[],
+                pending_by_profile: &counts,
+                arrivals,
+            });
+            let t = tail(&e);
+            let (short, long) = (t[0], t[spec.profiles]);
+            let total_long = t[3 * spec.profiles + 1];
+            match now as u64 {
+                100 => assert!(short > 0.0 && (short - long).abs() < 1e-6, "{t:?}"),
+                7200 => assert!(short == 0.0 && long > 0.0 && total_long > 0.0, "{t:?}"),
+                _ => assert!(long == 0.0 && total_long == 0.0, "{t:?}"),
+            }
+        }
     }
 
     #[test]

@@ -536,6 +536,7 @@ mod tests {
             gpus,
             pending,
             pending_by_profile: counts,
+            arrivals: &[],
         }
     }
 

@@ -33,6 +33,7 @@ pub mod greedy;
 pub mod nodes;
 pub mod onnx;
 pub mod search;
+pub mod shadow;
 pub mod share;
 
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape, MAX_PROFILES};
@@ -168,6 +169,11 @@ pub struct ClusterView<'a> {
     /// the jobs whose smallest fitting profile on `GpuModel::ALL[m]` is that
     /// model's `profiles[p]`.
     pub pending_by_profile: &'a PendingByProfile,
+    /// The jobs that arrived since the previous decision epoch, in arrival
+    /// order, including those that already started (most jobs never wait,
+    /// so `pending` alone does not show what is arriving). What a policy
+    /// learns the workload's mix from.
+    pub arrivals: &'a [PendingJob],
 }
 
 impl ClusterView<'_> {

@@ -320,6 +320,7 @@ impl<P: RepartitionPolicy> RepartitionPolicy for PerNode<P> {
                 gpus: &view.gpus[range.clone()],
                 pending,
                 pending_by_profile: counts,
+                arrivals: view.arrivals,
             };
             out.extend(policy.decide(&node_view).into_iter().map(|d| Decision {
                 gpu: if d.gpu < range.len() {
@@ -496,6 +497,7 @@ mod tests {
             gpus: &gpus,
             pending: &pending,
             pending_by_profile: &counts,
+            arrivals: &[],
         };
         for split in Split::ALL {
             let nodes = Nodes::new(10, 4).unwrap();

@@ -40,13 +40,15 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use super::features::{argmax_masked, Encoder, FeatureSpec, FEATURE_SPEC_VERSION};
+use super::features::{
+    argmax_masked, Encoder, FeatureSpec, FEATURE_SPEC_VERSION, SUPPORTED_FEATURE_SPECS,
+};
 use super::{ClusterView, Decision, RepartitionPolicy};
 use crate::formats::policy_file::{
     self, check_header, check_space, GuardError, Kind, MetadataError, PolicyMetadata, INPUT_MASK,
     INPUT_OBS, OUTPUT_LOGITS, OUTPUT_PROBS, POLICY_FORMAT,
 };
-use crate::mig::{Geometry, GpuModel};
+use crate::mig::{Geometry, GpuModel, Layout};
 
 /// ONNX Runtime version the fetch script installs and the policy is tested with.
 pub const ORT_VERSION: &str = "1.31.1";
@@ -109,6 +111,7 @@ impl PolicyMetadata {
             training: serde_json::Value::Null,
             validation: serde_json::Value::Null,
             guard: policy_file::Guard::default(),
+            initial_layout: 0,
         }
     }
 }
@@ -279,14 +282,21 @@ pub fn check_metadata(
     meta: &PolicyMetadata,
     expected: Option<GpuModel>,
 ) -> Result<(), MetadataError> {
+    // An older spec this build still runs passes as itself; any other is
+    // refused against the current one.
+    let want_version = if SUPPORTED_FEATURE_SPECS.contains(&meta.feature_spec_version) {
+        meta.feature_spec_version
+    } else {
+        FEATURE_SPEC_VERSION
+    };
     check_header(
         path,
         (&meta.format, POLICY_FORMAT),
         (meta.gpu_model, expected),
-        (meta.feature_spec_version, FEATURE_SPEC_VERSION),
+        (meta.feature_spec_version, want_version),
     )?;
     let path = path.to_path_buf();
-    let spec = FeatureSpec::new(meta.gpu_model);
+    let spec = FeatureSpec::with_version(meta.gpu_model, meta.feature_spec_version);
     let mismatch = |what: String| MetadataError::SpaceMismatch {
         path: path.clone(),
         model: meta.gpu_model,
@@ -351,7 +361,10 @@ impl OnnxPolicy {
         let session = session_from_bytes(path, bytes)?;
         Ok(OnnxPolicy {
             name: format!("policy:{}", path.display()),
-            encoder: Encoder::new(meta.gpu_model),
+            encoder: Encoder::for_spec(FeatureSpec::with_version(
+                meta.gpu_model,
+                meta.feature_spec_version,
+            )),
             meta,
             session,
             probs: Vec::new(),
@@ -493,6 +506,19 @@ impl MoveBudget {
 impl RepartitionPolicy for OnnxPolicy {
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    /// The layout the policy was trained to start from (its metadata's
+    /// `initial_layout`) on GPUs of its model.
+    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
+        if geometry.model() != self.meta.gpu_model {
+            return geometry.whole_gpu();
+        }
+        geometry
+            .catalog()
+            .get(self.meta.initial_layout)
+            .copied()
+            .unwrap_or_else(|| geometry.whole_gpu())
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {

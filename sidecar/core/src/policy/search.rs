@@ -773,6 +773,7 @@ mod tests {
                 gpus: s,
                 pending: &[],
                 pending_by_profile: &counts,
+                arrivals: &[],
             };
             p.decide(&v)
         };

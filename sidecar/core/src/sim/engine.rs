@@ -176,6 +176,9 @@ struct Engine<'j> {
     pending_idx: Vec<u32>,
     pending_pos: Vec<u32>,
     pending_by_profile: PendingByProfile,
+    /// Jobs that arrived since the last decision epoch (the view's
+    /// `arrivals`).
+    arrived: Vec<PendingJob>,
     heap: BinaryHeap<Ev>,
     seq: u64,
     now: f64,
@@ -322,6 +325,7 @@ impl<'j> Engine<'j> {
             pending_idx: Vec::new(),
             pending_pos: vec![NONE; jobs.len()],
             pending_by_profile: PendingByProfile::default(),
+            arrived: Vec::new(),
             heap: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
@@ -517,6 +521,9 @@ impl<'j> Engine<'j> {
             }
         }
         self.enqueue(i, heuristic);
+        if let Some(p) = self.pending.last() {
+            self.arrived.push(*p);
+        }
     }
 
     /// What the scheduler asks for in the OOM mode: the declaration; for a
@@ -985,8 +992,10 @@ impl<'j> Engine<'j> {
             gpus: &self.status,
             pending: &self.pending,
             pending_by_profile: &self.pending_by_profile,
+            arrivals: &self.arrived,
         };
         let decisions = policy.decide(&view);
+        self.arrived.clear();
         let mut applied = 0;
         for d in decisions {
             let Some(st) = self.status.get(d.gpu) else {

@@ -330,6 +330,9 @@ struct Deploy<'j> {
     ended: Vec<bool>,
     pass_at: Option<f64>,
     live: usize,
+    /// Jobs that arrived since the last decision epoch (the view's
+    /// `arrivals`).
+    arrived: Vec<u32>,
 }
 
 impl<'j> Deploy<'j> {
@@ -433,6 +436,7 @@ impl<'j> Deploy<'j> {
             busy_slice_s: 0.0,
             pass_at: None,
             live: 0,
+            arrived: Vec::new(),
         })
     }
 
@@ -544,6 +548,7 @@ impl<'j> Deploy<'j> {
                 since_epoch += 1;
                 if self.state[i as usize] == St::Future {
                     self.enqueue(i);
+                    self.arrived.push(i);
                     pass = true;
                 }
             }
@@ -948,6 +953,11 @@ impl<'j> Deploy<'j> {
     ) -> Result<(), SimError> {
         self.m.epochs += 1;
         let (pending, by_profile) = self.pending_view();
+        let arrived = std::mem::take(&mut self.arrived);
+        let arrivals: Vec<PendingJob> = arrived
+            .iter()
+            .map(|&i| self.pending_job(i as usize))
+            .collect();
         let status: Vec<GpuStatus> = self.gpus.iter().map(|g| g.status.clone()).collect();
         let view = ClusterView {
             now: self.now,
@@ -955,6 +965,7 @@ impl<'j> Deploy<'j> {
             gpus: &status,
             pending: &pending,
             pending_by_profile: &by_profile,
+            arrivals: &arrivals,
         };
         for d in policy.decide(&view) {
             let Some(gp) = self.gpus.get(d.gpu) else {
@@ -1025,28 +1036,37 @@ impl<'j> Deploy<'j> {
             if !matches!(st, St::Queued | St::Held) {
                 continue;
             }
-            let j = &self.jobs[i];
-            let mut shapes = [None; MODEL_COUNT];
             for (slot, m) in self.models.iter().enumerate() {
                 if let Some(p) = self.profile[i][slot] {
-                    shapes[*m as usize] = Some(p.shape);
                     if let Some(pi) = m.spec().profiles.iter().position(|x| x.shape == p.shape) {
                         by_profile[*m as usize][pi] += 1;
                     }
                 }
             }
-            out.push(PendingJob {
-                id: j.id,
-                arrival: j.arrival,
-                deadline: j.deadline,
-                work: j.work,
-                memory_gb: j.memory_gb,
-                min_compute: j.requested_slices.unwrap_or(1).max(1),
-                speedup: j.speedup,
-                shapes,
-            });
+            out.push(self.pending_job(i));
         }
         (out, by_profile)
+    }
+
+    /// Job `i` as a policy sees it waiting or arriving.
+    fn pending_job(&self, i: usize) -> PendingJob {
+        let j = &self.jobs[i];
+        let mut shapes = [None; MODEL_COUNT];
+        for (slot, m) in self.models.iter().enumerate() {
+            if let Some(p) = self.profile[i][slot] {
+                shapes[*m as usize] = Some(p.shape);
+            }
+        }
+        PendingJob {
+            id: j.id,
+            arrival: j.arrival,
+            deadline: j.deadline,
+            work: j.work,
+            memory_gb: j.memory_gb,
+            min_compute: j.requested_slices.unwrap_or(1).max(1),
+            speedup: j.speedup,
+            shapes,
+        }
     }
 
     fn finish(&mut self, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {

@@ -92,12 +92,18 @@ async fn decide(
     by_profile: &PendingByProfile,
     now: f64,
 ) -> Vec<Decision> {
+    // What arrived since the previous epoch: the waiting jobs Slurm took
+    // in during the last epoch period (a job that started at once on
+    // another node's GPU is not seen here).
+    let since = now - cx.cfg().epoch_s as f64;
+    let arrivals: Vec<PendingJob> = jobs.iter().filter(|j| j.arrival > since).copied().collect();
     let view = ClusterView {
         now,
         hour_of_day: now.rem_euclid(86_400.0) / 3600.0,
         gpus: statuses,
         pending: jobs,
         pending_by_profile: by_profile,
+        arrivals: &arrivals,
     };
     let mut decisions = cx.live.policy.lock().await.decide(&view);
     if cx.cfg().mode == Mode::Advise && advise::first_epoch(cx) {

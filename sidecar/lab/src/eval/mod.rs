@@ -50,7 +50,7 @@ pub use coordination::{
 };
 pub use days::{search_score, Day, DaySet};
 pub use fallback::{FallbackChoice, HistoryScore};
-pub use gates::{best_runnable, gate_rows, GateRow, RunnableBest};
+pub use gates::{best_runnable, gate_rows, suite_gates, GateRow, RunnableBest, SuiteGates};
 pub use placement::{
     placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate, PlacementScenario,
 };

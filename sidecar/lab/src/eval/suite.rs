@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::bound::{self, BoundGpu};
 use crate::mig::GpuModel;
 use crate::policy::search::SearchConfig;
+use crate::policy::shadow::{MakePolicy, Replay, ShadowRule, Shadowed, Toward};
 use crate::policy::{parse_policy, NoPartition, PolicyParseError, RepartitionPolicy};
 use crate::sim::{common_horizon, AuditError, AuditReport, Collect, Heuristic, Metrics, SimError};
 
@@ -74,6 +75,16 @@ pub struct SuiteConfig {
     /// candidate where it beat `none` and the static layout on the
     /// training days, else the better of those ([`super::fallback`]).
     pub fallback_for: Vec<String>,
+    /// Candidates (by row name) also scored as `<name>+shadow`: the
+    /// candidate switched to and from the static layout fitted on the
+    /// training days during each day, by the shadow rule
+    /// ([`crate::policy::shadow`]).
+    pub shadow_for: Vec<String>,
+    pub shadow: ShadowRule,
+    /// The shadow's fallbacks, in order: `static-hist` (the layout fitted
+    /// on the training days), `none` (whole GPUs), or a policy spec such as
+    /// `greedy`.
+    pub shadow_fallbacks: Vec<String>,
 }
 
 impl Default for SuiteConfig {
@@ -86,6 +97,9 @@ impl Default for SuiteConfig {
             hindsight: true,
             audit: true,
             fallback_for: Vec::new(),
+            shadow_for: Vec::new(),
+            shadow: ShadowRule::default(),
+            shadow_fallbacks: vec!["static-hist".into(), "greedy".into()],
         }
     }
 }
@@ -240,6 +254,52 @@ impl Scorer<'_> {
         })
     }
 
+    /// The `<name>+shadow` row of candidate `spec`: the shadow rule
+    /// switching it with `cfg.shadow_fallbacks` during each test day
+    /// (`fitted`: the static layout fitted on the training days).
+    fn shadow_row(
+        &mut self,
+        name: &str,
+        spec: &str,
+        fitted: &[crate::mig::Layout],
+        models: &[GpuModel],
+    ) -> Result<(), SuiteError> {
+        let (s, cfg, reference) = (self.s, self.cfg, self.reference);
+        let row = format!("{name}+shadow");
+        let r = cfg.shadow;
+        let description = format!(
+            "{spec} or {} (fixed layouts pursued from any state), switched during the day by the shadow rule: every {} s, window {} s, margin {}, {} checks",
+            cfg.shadow_fallbacks.join(" or "),
+            r.check_every_s, r.window_s, r.margin, r.hold_checks
+        );
+        self.row(&row, RowKind::Candidate, description, &mut |i| {
+            let day = &s.test[i];
+            let (spec_c, models_c) = (spec.to_string(), models.to_vec());
+            let mut make: Vec<MakePolicy> = vec![Box::new(move || {
+                parse_policy(&spec_c, &models_c).map_err(|e| e.to_string())
+            })];
+            for f in &cfg.shadow_fallbacks {
+                make.push(shadow_fallback(f, fitted, &s.cluster, models));
+            }
+            let replay = Replay {
+                cluster: s.cluster.clone(),
+                heuristic: cfg.heuristic,
+                cfg: day.cfg.clone(),
+                joules_per_tardiness_s: reference.joules_per_tardiness_s(),
+            };
+            Shadowed::new(row.clone(), make, replay, day.jobs.clone(), r)
+                .map(|p| Box::new(p) as Box<dyn RepartitionPolicy + Send>)
+                .map_err(|reason| SuiteError::Policy {
+                    scenario: s.name.clone(),
+                    spec: spec.to_string(),
+                    source: PolicyParseError::Learned {
+                        spec: spec.to_string(),
+                        reason,
+                    },
+                })
+        })
+    }
+
     /// One row: `make(i)` gives the policy for test day `i`.
     fn row(
         &mut self,
@@ -348,6 +408,36 @@ impl Scorer<'_> {
     }
 }
 
+/// A fallback of the shadow rows: fixed layouts pursued from any state
+/// (`static-hist`: the fitted ones; `none`: whole GPUs) or a policy spec.
+fn shadow_fallback(
+    name: &str,
+    fitted: &[crate::mig::Layout],
+    cluster: &[GpuModel],
+    models: &[GpuModel],
+) -> MakePolicy {
+    let fixed = |layouts: Vec<crate::mig::Layout>| -> MakePolicy {
+        let toward = Toward {
+            label: name.to_string(),
+            layouts,
+        };
+        Box::new(move || Ok(Box::new(toward.clone())))
+    };
+    match name {
+        "static-hist" => fixed(fitted.to_vec()),
+        "none" => fixed(
+            cluster
+                .iter()
+                .map(|&m| crate::mig::Geometry::of(m).whole_gpu())
+                .collect(),
+        ),
+        spec => {
+            let (spec, models) = (spec.to_string(), models.to_vec());
+            Box::new(move || parse_policy(&spec, &models).map_err(|e| e.to_string()))
+        }
+    }
+}
+
 /// Scores one scenario (module docs). `progress` hears each step's name.
 pub fn run_scenario(
     s: &ScenarioDays,
@@ -377,6 +467,7 @@ pub fn run_scenario(
     let mut search_runs = fitted.evaluations() * train.len();
     opponent_rows(&mut sc, &fitted, train.len(), progress)?;
     let fallbacks = candidate_rows(&mut sc, &train, &fitted, progress)?;
+    shadow_rows(&mut sc, &fitted, progress)?;
     if cfg.hindsight {
         progress("hindsight references");
         search_runs += hindsight_rows(&mut sc)?;
@@ -499,6 +590,26 @@ fn candidate_rows(
         fallbacks.push(choice);
     }
     Ok(fallbacks)
+}
+
+/// The `<name>+shadow` rows of the candidates in `cfg.shadow_for`.
+fn shadow_rows(
+    sc: &mut Scorer<'_>,
+    fitted: &Fitted,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), SuiteError> {
+    let (s, cfg) = (sc.s, sc.cfg);
+    let models = GpuModel::distinct(&s.cluster);
+    let sp = fitted.static_policy();
+    for (name, spec) in cfg
+        .candidates
+        .iter()
+        .filter(|(name, _)| cfg.shadow_for.contains(name))
+    {
+        progress(&format!("{name}+shadow"));
+        sc.shadow_row(name, spec, sp.layouts(), &models)?;
+    }
+    Ok(())
 }
 
 /// The hindsight references, fitted on each test day itself with the
@@ -666,5 +777,35 @@ mod tests {
         for (a, b) in row.days.iter().zip(&ran.days) {
             assert_eq!(a.et, b.et, "{}", choice.chosen);
         }
+    }
+
+    /// The `+shadow` row runs every test day (audited like the others);
+    /// with `none` as the only fallback and a rule that never finds a
+    /// lead big enough, it is the candidate itself, day by day.
+    #[test]
+    fn the_shadow_row_is_the_candidate_until_a_fallback_leads() {
+        let s = scenario(vec![day(7, 4.6), day(8, 4.6)]);
+        let cfg = SuiteConfig {
+            hindsight: false,
+            shadow_for: vec!["greedy".into()],
+            shadow_fallbacks: vec!["none".into()],
+            shadow: ShadowRule {
+                margin: 1.0,
+                ..ShadowRule::default()
+            },
+            ..cfg()
+        };
+        let r = run_scenario(&s, &cfg, &mut |_| {}).unwrap();
+        let row = r.row("greedy+shadow").unwrap();
+        let alone = r.row("greedy").unwrap();
+        assert_eq!(row.days.len(), 2);
+        for (a, b) in row.days.iter().zip(&alone.days) {
+            assert_eq!(a.et, b.et);
+        }
+        assert!(
+            row.description.contains("greedy or none"),
+            "{}",
+            row.description
+        );
     }
 }

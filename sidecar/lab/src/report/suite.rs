@@ -362,3 +362,74 @@ pub fn et_bars(s: &ScenarioResult) -> Result<String, ReportError> {
     }
     Ok(svg)
 }
+
+/// Issue 39's gates of one policy over the suite, one line per gate with
+/// its value and the bar.
+pub fn suite_gates_table(g: &crate::eval::SuiteGates) -> String {
+    let pct = |v: f64| format!("{v:+.1}%");
+    let yes = |ok: bool| if ok { "met" } else { "MISSED" };
+    let mut out = format!(
+        "Gates of {} over {} scenarios (docs/policy.md, issue 39; runnable: none, static-hist, twice-daily-hist, greedy)\n",
+        g.policy, g.scenarios
+    );
+    let _ = writeln!(
+        out,
+        "1. suite mean ET {:.3} = {:.3} x the best runnable ({} {:.3}); gate <= 0.95: {}",
+        g.mean_et,
+        g.mean_ratio,
+        g.best_runnable,
+        g.best_runnable_mean,
+        yes(g.mean_ratio <= 0.95)
+    );
+    let over: Vec<String> = g
+        .per_scenario
+        .iter()
+        .filter(|(_, v, above_none)| *v > 3.0 || *above_none)
+        .map(|(n, v, above_none)| {
+            format!(
+                "{n} {}{}",
+                pct(*v),
+                if *above_none { " (above none)" } else { "" }
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "2. scenarios above 1.03 x their best runnable row or above none: {} of {}{}; {}",
+        over.len(),
+        g.per_scenario.len(),
+        if over.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", over.join(", "))
+        },
+        yes(over.is_empty())
+    );
+    let _ = writeln!(
+        out,
+        "3. worst test day vs min(none, static-hist): {}; the best runnable's own: {}; {}",
+        opt(g.worst_day_pct, pct),
+        g.best_runnable_worst_day
+            .as_ref()
+            .map_or_else(|| "-".into(), |(p, v)| format!("{} ({p})", pct(*v))),
+        match (g.worst_day_pct, &g.best_runnable_worst_day) {
+            (Some(w), Some((_, b))) => yes(w <= *b),
+            _ => "-",
+        }
+    );
+    let _ = writeln!(
+        out,
+        "4. gap to the best hindsight mean ({}) closed: {}; gate >= 30 %: {}",
+        opt(g.hindsight_mean, |v| format!("{v:.3}")),
+        opt(g.gap_closed, |v| format!("{:.1} %", v * 100.0)),
+        g.gap_closed.map_or("-", |v| yes(v >= 0.3))
+    );
+    let _ = writeln!(
+        out,
+        "5. reconfigurations per GPU per day, most in a scenario: {}; gate <= 12: {}",
+        opt(g.max_reconfigurations_per_gpu_day, |v| format!("{v:.1}")),
+        g.max_reconfigurations_per_gpu_day
+            .map_or("-", |v| yes(v <= 12.0))
+    );
+    out
+}
