@@ -394,7 +394,7 @@ impl OnnxPolicy {
         if model == self.meta.gpu_model {
             return Ok(self);
         }
-        let spec = FeatureSpec::new(model);
+        let spec = FeatureSpec::with_version(model, self.meta.feature_spec_version);
         if catalog_pictures(model) != self.meta.catalog
             || (spec.obs_dim, spec.actions) != (self.meta.obs_dim, self.meta.actions)
         {
@@ -407,7 +407,7 @@ impl OnnxPolicy {
                 ),
             }));
         }
-        self.encoder = Encoder::new(model);
+        self.encoder = Encoder::for_spec(spec);
         self.name = format!("{} (serving {model})", self.name);
         Ok(self)
     }
