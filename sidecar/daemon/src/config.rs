@@ -424,6 +424,10 @@ pub struct Config {
     pub plan_timeout_s: u64,
     /// Where the cluster summary comes from, and what to do without it.
     pub cluster: ClusterConfig,
+    /// Do no harm during the day: the shadow that hands over to a fallback
+    /// when the policy does worse (docs/daemon.md, "Do no harm during the
+    /// day: the shadow").
+    pub shadow: super::shadow::ShadowConfig,
     /// `tracing` filter (e.g. `info`, `smartmig=debug`); `RUST_LOG` overrides it.
     pub log_level: String,
 }
@@ -461,6 +465,7 @@ impl Default for Config {
             mode: Mode::Dynamic,
             plan_timeout_s: 600,
             cluster: ClusterConfig::default(),
+            shadow: super::shadow::ShadowConfig::default(),
             log_level: "info".into(),
         }
     }
@@ -504,6 +509,7 @@ impl Config {
         }
         self.check_limits()?;
         self.check_policy()?;
+        self.check_shadow()?;
         self.check_placement()?;
         if let Some(listen) = &self.metrics_listen {
             listen.parse::<SocketAddr>().map_err(|e| {
@@ -698,6 +704,22 @@ impl Config {
             .map_err(ConfigError::Policy)
     }
 
+    /// `[shadow]`: the rule's values, and a fallback the daemon can run
+    /// (checked as `policy` is, against the sim GPUs).
+    fn check_shadow(&self) -> Result<(), ConfigError> {
+        self.shadow
+            .check()
+            .map_err(|(key, why)| invalid(format!("shadow.{key}"), why))?;
+        let models = if self.backend == BackendKind::Sim {
+            self.sim_gpus()?
+        } else {
+            Vec::new()
+        };
+        super::policy_choice::build_fallback(self.shadow.fallback_spec(), &models)
+            .map(|_| ())
+            .map_err(|e| invalid("shadow.fallback", e.to_string()))
+    }
+
     /// Any placement the daemon can run (see
     /// [`super::placement::PlacementRule::build`]), checked against the sim
     /// GPUs (a learned file is loaded, so a wrong one is refused here).
@@ -841,6 +863,7 @@ impl Config {
         diff!(mode);
         diff!(plan_timeout_s);
         diff!(cluster);
+        diff!(shadow);
         out
     }
 }

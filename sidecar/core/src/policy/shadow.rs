@@ -152,6 +152,15 @@ impl ShadowState {
         &self.switches
     }
 
+    /// Forgets the cost curves and the current streak but keeps the policy
+    /// that runs: for a caller that restarts its replays from a new origin
+    /// (the daemon's day boundary), where the old cumulative costs no
+    /// longer compare with the new ones.
+    pub fn restart_costs(&mut self) {
+        self.history.clear();
+        self.streak = 0;
+    }
+
     /// One check at `now`: the day's cost so far under each policy
     /// (cumulative, from the same start; always as many, primary first).
     /// The cheapest policy over the window takes over when it undercuts the

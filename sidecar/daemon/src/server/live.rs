@@ -27,15 +27,25 @@ pub(super) struct Live {
     /// so it sits behind its own lock; a new one comes with a new snapshot.
     pub policy: Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>,
     pub policy_name: String,
+    /// The shadow's fallback and its name, while the shadow is on
+    /// (`[shadow]`): it sees every epoch, its decisions apply while the
+    /// shadow says it runs ([`super::shadow`]).
+    pub fallback: Option<(Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>, String)>,
     /// Which waiting allocate goes first (`placement`); asked under a
     /// GPU's lock, never across an `.await`.
     pub placement: Arc<std::sync::Mutex<PlacementRule>>,
 }
 
 impl Live {
-    pub(super) fn new(config: Config, policy: Built, placement: PlacementRule) -> Live {
+    pub(super) fn new(
+        config: Config,
+        policy: Built,
+        fallback: Option<Built>,
+        placement: PlacementRule,
+    ) -> Live {
         let (policy, policy_name) = policy;
         Live {
+            fallback: fallback.map(|(p, name)| (Arc::new(Mutex::new(p)), name)),
             placement: Arc::new(std::sync::Mutex::new(placement)),
             slurm: slurm_client(&config),
             roles: Roles::of(&config),
