@@ -1028,4 +1028,63 @@ mod tests {
         assert_eq!(merged.memory.estimator, a.memory.estimator);
         assert_eq!(merged.policy, "static:0");
     }
+
+    /// `[shadow]`: the defaults (on beside a learned policy, greedy as the
+    /// fallback, the core rule), explicit values, and bad ones refused
+    /// with the key named.
+    #[test]
+    fn shadow_settings_parse_and_bad_ones_name_the_key() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert!(!c.shadow.on(&c.policy));
+        assert!(c.shadow.on("policy:/p.onnx"));
+        assert_eq!(c.shadow.fallback_spec(), "greedy");
+        assert_eq!(
+            c.shadow.rule(),
+            crate::policy::shadow::ShadowRule::default()
+        );
+        let c = Config::parse(&format!(
+            "{MINIMAL}[shadow]\nenabled = true\nfallback = \"static:7\"\nevery_s = 2\nwindow_s = 60\nmargin = 0.05\nhold_checks = 1\njoules_per_tardiness_s = 100\n"
+        ))
+        .unwrap();
+        assert!(c.shadow.on("none"));
+        assert_eq!(c.shadow.fallback_spec(), "static:7");
+        assert_eq!(
+            (
+                c.shadow.every_s,
+                c.shadow.window_s,
+                c.shadow.margin,
+                c.shadow.hold_checks
+            ),
+            (2.0, 60.0, 0.05, 1)
+        );
+        for (bad, key) in [
+            ("every_s = 0", "shadow.every_s"),
+            ("window_s = -5", "shadow.window_s"),
+            ("margin = 1.5", "shadow.margin"),
+            ("hold_checks = 0", "shadow.hold_checks"),
+            (
+                "joules_per_tardiness_s = 0",
+                "shadow.joules_per_tardiness_s",
+            ),
+            ("fallback = \"static:nonsense\"", "shadow.fallback"),
+            ("fallback = \"magic\"", "shadow.fallback"),
+        ] {
+            let err = Config::parse(&format!("{MINIMAL}[shadow]\n{bad}\n"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.starts_with(&format!("{key}:")), "{bad}: {err}");
+        }
+        let err = Config::parse(&format!("{MINIMAL}[shadow]\nspeed = 2\n"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("speed"), "{err}");
+        // A reload names the change.
+        let a = Config::parse(MINIMAL).unwrap();
+        let mut b = a.clone();
+        b.shadow.margin = 0.1;
+        assert_eq!(a.live_changes(&b).len(), 1);
+        assert!(a.live_changes(&b)[0].starts_with("shadow:"));
+    }
 }

@@ -545,6 +545,7 @@ mod tests {
         m.reconfiguration(0, "create", 0.2);
         m.panic("status");
         m.epoch();
+        m.shadow_switch("fallback");
         let text = m.render(&Scrape {
             instances: vec![MigInstance {
                 gpu: 0,
@@ -563,6 +564,10 @@ mod tests {
                 "onnx:p.onnx".into(),
                 "greedy (fallback: onnx:p.onnx unavailable)".into(),
             ),
+            running: vec![
+                ("learned".into(), "policy:p.onnx".into(), false),
+                ("fallback".into(), "greedy".into(), true),
+            ],
         });
         for needle in [
             "smartmig_allocations_total{result=\"created\"} 1",
@@ -580,6 +585,9 @@ mod tests {
             "smartmig_fragmented_compute_slices{gpu=\"0\"} 4",
             "smartmig_reconfiguration_duration_seconds_bucket{le=\"0.256\",op=\"create\"} 1",
             "smartmig_policy_info{configured=\"onnx:p.onnx\",running=\"greedy\",fallback=\"true\"} 1",
+            "smartmig_policy_running{policy=\"policy:p.onnx\",role=\"learned\"} 0",
+            "smartmig_policy_running{policy=\"greedy\",role=\"fallback\"} 1",
+            "smartmig_shadow_switches_total{to=\"fallback\"} 1",
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }

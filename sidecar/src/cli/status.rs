@@ -378,6 +378,7 @@ mod tests {
             pending_plans: vec![],
             advise: None,
             cluster: None,
+            shadow: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -480,6 +481,7 @@ mod tests {
             pending_plans: vec![],
             advise: None,
             cluster: None,
+            shadow: None,
             waiting: vec![],
         };
         let t = render(&s, 0);
