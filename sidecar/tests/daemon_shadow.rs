@@ -115,7 +115,7 @@ fn the_shadow_hands_a_bad_policy_over_to_the_fallback() {
         "switched without a lead: learned {learned} J, fallback {fallback} J"
     );
     assert!(
-        sw.reason.contains("greedy") || sw.reason.contains("fallback"),
+        sw.reason.contains("under greedy (fallback)"),
         "{}",
         sw.reason
     );
@@ -161,6 +161,12 @@ fn the_shadow_hands_a_bad_policy_over_to_the_fallback() {
         .expect("smartmig status");
     let human = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{human}");
+    eprintln!(
+        "{human}\n{}",
+        log.lines()
+            .find(|l| l.contains("shadow: switching"))
+            .unwrap_or_default()
+    );
     assert!(human.contains("running: fallback (greedy)"), "{human}");
     assert!(human.contains("last switch"), "{human}");
     // B, driven by the same jobs, checked as well but had no better

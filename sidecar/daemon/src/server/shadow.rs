@@ -290,10 +290,22 @@ fn switched(cx: &Cx<'_>, sw: &Switch, now: f64, models: &[GpuModel]) -> ShadowSw
         sw.window_costs.get(1).copied().unwrap_or(0.0),
     ];
     let (from, to) = (side(sw.from), side(sw.to));
+    let fallback = cx
+        .live
+        .fallback
+        .as_ref()
+        .map_or("the fallback", |(_, n)| n.as_str());
+    let names = [cx.live.policy_name.as_str(), fallback];
     let r = cx.cfg().shadow.rule();
     let reason = format!(
-        "over the last {} s the {to} policy's replay cost {:.0} J against {:.0} J for the {from} one, a lead over the {} margin on {} check(s) in a row",
-        r.window_s, costs[sw.to.min(1)], costs[sw.from.min(1)], r.margin, r.hold_checks
+        "over the last {} s the day replayed under {} ({to}) cost {:.0} J, under {} ({from}) {:.0} J: a lead over the {} margin on {} check(s) in a row",
+        r.window_s,
+        names[sw.to.min(1)],
+        costs[sw.to.min(1)],
+        names[sw.from.min(1)],
+        costs[sw.from.min(1)],
+        r.margin,
+        r.hold_checks
     );
     tracing::info!(
         from,
