@@ -181,3 +181,87 @@ fn the_shadow_hands_a_bad_policy_over_to_the_fallback() {
         "{text}"
     );
 }
+
+/// Jobs of `slices` each, `per_gpu` per GPU, released at the next wave;
+/// returns the ids allocated.
+fn wave(d: &TestDaemon, held: &mut Vec<u64>, next: &mut u64, slices: u8, per_gpu: u32) {
+    for job in held.drain(..) {
+        d.client().release(job).expect("release");
+    }
+    for gpu in 0..2 {
+        for _ in 0..per_gpu {
+            let r = AllocateRequest {
+                time_limit_s: Some(10),
+                ..req(*next, gpu, slices, None)
+            };
+            d.client().allocate(r).expect("allocate");
+            held.push(*next);
+            *next += 1;
+        }
+    }
+}
+
+/// And back: a policy of 1g slices everywhere loses to whole GPUs while
+/// the jobs want whole GPUs, and wins back once they want 1g slices (the
+/// core's two-phase day, live). Both are fixed layouts for the same reason
+/// as above; the fallback's is pursued from any state.
+#[test]
+fn the_shadow_hands_back_when_the_policy_leads_again() {
+    let port = free_port();
+    let extra = format!(
+        "policy = \"static:1|1|1|1|1|1|1|.\"\nmetrics_listen = \"127.0.0.1:{port}\"\n\
+         [shadow]\nenabled = true\nfallback = \"static:77777777\"\nevery_s = 2\nwindow_s = 20\nmargin = 0.02\nhold_checks = 1\n"
+    );
+    let d = TestDaemon::start_with("shadow-back", |dir| {
+        base_config(dir, &extra).replace("epoch_s = 3600", "epoch_s = 1")
+    });
+    let (mut held, mut next) = (Vec::new(), 1);
+    let t0 = Instant::now();
+    // Whole-GPU jobs, one per GPU per wave, until the fallback takes over.
+    while shadow(&d).running == "learned" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no switch: {:?}\n{}",
+            shadow(&d),
+            d.log()
+        );
+        wave(&d, &mut held, &mut next, 7, 1);
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let away = shadow(&d);
+    eprintln!(
+        "handed over after {:?}: {:?}",
+        t0.elapsed(),
+        away.last_switch
+    );
+    // 1-slice jobs, three per GPU per wave, until the policy is back.
+    let t1 = Instant::now();
+    while shadow(&d).running == "fallback" {
+        assert!(
+            t1.elapsed() < Duration::from_secs(90),
+            "not back: {:?}\n{}",
+            shadow(&d),
+            d.log()
+        );
+        wave(&d, &mut held, &mut next, 1, 3);
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let s = shadow(&d);
+    eprintln!("handed back after {:?} more: {s:#?}", t1.elapsed());
+    assert_eq!(s.switches, 2, "{s:?}");
+    let back = s.last_switch.clone().expect("a switch");
+    assert_eq!(
+        (back.from.as_str(), back.to.as_str()),
+        ("fallback", "learned")
+    );
+    let [learned, fallback] = back.window_costs_j;
+    assert!(learned < fallback * (1.0 - 0.02), "{back:?}");
+    let text = scrape(port);
+    for (line, want) in [
+        ("smartmig_shadow_switches_total{to=\"fallback\"} ", 1.0),
+        ("smartmig_shadow_switches_total{to=\"learned\"} ", 1.0),
+    ] {
+        assert_eq!(series(&text, line), Some(want), "{line}\n{text}");
+    }
+    assert!(d.log().contains("shadow: switching to the learned policy"));
+}
