@@ -224,11 +224,7 @@ pub fn render(s: &StatusReply, now: i64) -> String {
 /// Which policy runs, and the day's shadow that chooses it.
 fn render_shadow(out: &mut String, sh: &ShadowStatus) {
     if !sh.enabled {
-        let _ = writeln!(
-            out,
-            "shadow off: {} runs all day (docs/daemon.md, \"the shadow\")",
-            sh.primary
-        );
+        let _ = writeln!(out, "running: {} (shadow off)", sh.primary);
         return;
     }
     let _ = writeln!(
