@@ -182,22 +182,43 @@ fn the_shadow_hands_a_bad_policy_over_to_the_fallback() {
     );
 }
 
-/// Jobs of `slices` each, `per_gpu` per GPU, released at the next wave;
-/// returns the ids allocated.
-fn wave(d: &TestDaemon, held: &mut Vec<u64>, next: &mut u64, slices: u8, per_gpu: u32) {
-    for job in held.drain(..) {
-        d.client().release(job).expect("release");
-    }
-    for gpu in 0..2 {
-        for _ in 0..per_gpu {
-            let r = AllocateRequest {
-                time_limit_s: Some(10),
-                ..req(*next, gpu, slices, None)
-            };
-            d.client().allocate(r).expect("allocate");
-            held.push(*next);
-            *next += 1;
+/// The jobs a test drives: those holding instances, and the next id.
+#[derive(Default)]
+struct Jobs {
+    held: Vec<u64>,
+    next: u64,
+}
+
+impl Jobs {
+    /// Waves every 2 s of `per_gpu` jobs of `slices` per GPU, each
+    /// released at the next wave, until `role` runs (at most 90 s);
+    /// returns how long it took.
+    fn until_running(&mut self, d: &TestDaemon, role: &str, slices: u8, per_gpu: u32) -> Duration {
+        let t0 = Instant::now();
+        while shadow(d).running != role {
+            assert!(
+                t0.elapsed() < Duration::from_secs(90),
+                "{role} does not run: {:?}\n{}",
+                shadow(d),
+                d.log()
+            );
+            for job in self.held.drain(..) {
+                d.client().release(job).expect("release");
+            }
+            for gpu in 0..2 {
+                for _ in 0..per_gpu {
+                    self.next += 1;
+                    let r = AllocateRequest {
+                        time_limit_s: Some(10),
+                        ..req(self.next, gpu, slices, None)
+                    };
+                    d.client().allocate(r).expect("allocate");
+                    self.held.push(self.next);
+                }
+            }
+            std::thread::sleep(Duration::from_secs(2));
         }
+        t0.elapsed()
     }
 }
 
@@ -215,39 +236,14 @@ fn the_shadow_hands_back_when_the_policy_leads_again() {
     let d = TestDaemon::start_with("shadow-back", |dir| {
         base_config(dir, &extra).replace("epoch_s = 3600", "epoch_s = 1")
     });
-    let (mut held, mut next) = (Vec::new(), 1);
-    let t0 = Instant::now();
+    let mut jobs = Jobs::default();
     // Whole-GPU jobs, one per GPU per wave, until the fallback takes over.
-    while shadow(&d).running == "learned" {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no switch: {:?}\n{}",
-            shadow(&d),
-            d.log()
-        );
-        wave(&d, &mut held, &mut next, 7, 1);
-        std::thread::sleep(Duration::from_secs(2));
-    }
-    let away = shadow(&d);
-    eprintln!(
-        "handed over after {:?}: {:?}",
-        t0.elapsed(),
-        away.last_switch
-    );
+    let took = jobs.until_running(&d, "fallback", 7, 1);
+    eprintln!("handed over after {took:?}: {:?}", shadow(&d).last_switch);
     // 1-slice jobs, three per GPU per wave, until the policy is back.
-    let t1 = Instant::now();
-    while shadow(&d).running == "fallback" {
-        assert!(
-            t1.elapsed() < Duration::from_secs(90),
-            "not back: {:?}\n{}",
-            shadow(&d),
-            d.log()
-        );
-        wave(&d, &mut held, &mut next, 1, 3);
-        std::thread::sleep(Duration::from_secs(2));
-    }
+    let took = jobs.until_running(&d, "learned", 1, 3);
     let s = shadow(&d);
-    eprintln!("handed back after {:?} more: {s:#?}", t1.elapsed());
+    eprintln!("handed back after {took:?} more: {s:#?}");
     assert_eq!(s.switches, 2, "{s:?}");
     let back = s.last_switch.clone().expect("a switch");
     assert_eq!(
