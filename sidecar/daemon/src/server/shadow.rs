@@ -151,6 +151,8 @@ pub(super) fn seen(
 pub(super) async fn step(cx: &Cx<'_>) {
     let cfg = cx.cfg();
     if !on(cfg) {
+        // Turned on again later, the switch starts afresh on the policy.
+        cx.svc.shadow.lock().key.clear();
         return;
     }
     let now = unix_now_f64();
