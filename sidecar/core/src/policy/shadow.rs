@@ -476,6 +476,28 @@ mod tests {
         assert_eq!(s.switches()[0].from, PRIMARY);
     }
 
+    /// After a restart of the costs (the daemon's new day) the running
+    /// policy stays and the next check compares the new cumulative costs
+    /// from zero, not against the old day's curve.
+    #[test]
+    fn restarting_the_costs_keeps_the_running_policy() {
+        let mut s = ShadowState::new(RULE);
+        run(&mut s, &[(110.0, 100.0); 3]);
+        assert_eq!(s.running(), FALLBACK);
+        s.restart_costs();
+        assert_eq!(s.running(), FALLBACK);
+        // New-day costs far below the old ones: taken whole, the primary
+        // leads by 50 % on this check (hold 2: no switch yet).
+        assert!(s
+            .observe(10.0 * RULE.check_every_s, &[50.0, 100.0])
+            .is_none());
+        let sw = s
+            .observe(11.0 * RULE.check_every_s, &[100.0, 200.0])
+            .expect("the primary leads on two checks");
+        assert_eq!(sw.window_costs, [100.0, 200.0]);
+        assert_eq!(sw.to, PRIMARY);
+    }
+
     #[test]
     fn a_lead_within_the_margin_never_switches() {
         let mut s = ShadowState::new(RULE);
