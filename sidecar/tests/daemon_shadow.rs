@@ -33,7 +33,12 @@ fn shadowed(name: &str, fallback: &str, port: u16) -> TestDaemon {
          [shadow]\nenabled = true\nfallback = \"{fallback}\"\nevery_s = 2\nwindow_s = 20\nmargin = 0.02\nhold_checks = 1\n"
     );
     TestDaemon::start_with(name, |dir| {
-        base_config(dir, &extra).replace("epoch_s = 3600", "epoch_s = 1")
+        base_config(dir, &extra)
+            .replace("epoch_s = 3600", "epoch_s = 1")
+            .replace(
+                "log_level = \"info\"",
+                "log_level = \"info,smartmig_daemon::server::shadow=debug\"",
+            )
     })
 }
 
@@ -161,11 +166,11 @@ fn the_shadow_hands_a_bad_policy_over_to_the_fallback() {
         .expect("smartmig status");
     let human = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{human}");
+    let line = |what: &str| log.lines().rfind(|l| l.contains(what)).unwrap_or_default();
     eprintln!(
-        "{human}\n{}",
-        log.lines()
-            .find(|l| l.contains("shadow: switching"))
-            .unwrap_or_default()
+        "{human}\n{}\n{}",
+        line("shadow: switching"),
+        line("shadow: day replayed")
     );
     assert!(human.contains("running: fallback (greedy)"), "{human}");
     assert!(human.contains("last switch"), "{human}");

@@ -161,6 +161,8 @@ pub(super) async fn step(cx: &Cx<'_>) {
         return;
     };
     let models = check.models.clone();
+    let jobs = check.jobs.len();
+    let t0 = std::time::Instant::now();
     let costs = tokio::task::spawn_blocking(move || replay_both(&check))
         .await
         .map_err(|e| format!("the replay task failed: {e}"))
@@ -169,6 +171,13 @@ pub(super) async fn step(cx: &Cx<'_>) {
     r.checks += 1;
     match costs {
         Ok(c) => {
+            tracing::debug!(
+                jobs,
+                learned_j = c[0],
+                fallback_j = c[1],
+                ms = t0.elapsed().as_millis() as u64,
+                "shadow: day replayed under both policies"
+            );
             r.last_costs = Some(c);
             let rel = now - r.book.origin();
             if let Some(sw) = r.state.observe(rel, &c) {
