@@ -14,10 +14,10 @@ use crate::allocate::Assignment;
 use crate::config::{Config, Mode};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::shadow::{Replay, ShadowState, Switch, PRIMARY};
-use crate::policy_choice::{build, build_fallback};
+use crate::policy_choice::{build, build_fallback, PolicyChoiceError};
 use crate::protocol::{ShadowStatus, ShadowSwitch};
 use crate::shadow::{DayBook, SeenJob};
-use crate::sim::{EpochRule, Heuristic, SimConfig};
+use crate::sim::{EpochRule, Heuristic, SimConfig, SimError};
 use crate::workload::{Job, PowerModel};
 
 /// The shadow's memory: the day's jobs and the switch.
@@ -165,7 +165,7 @@ pub(super) async fn step(cx: &Cx<'_>) {
     let t0 = std::time::Instant::now();
     let costs = tokio::task::spawn_blocking(move || replay_both(&check))
         .await
-        .map_err(|e| format!("the replay task failed: {e}"))
+        .map_err(ReplayError::from)
         .and_then(|r| r);
     let mut r = cx.svc.shadow.lock();
     r.checks += 1;
@@ -275,9 +275,23 @@ fn replay_of(cfg: &Config, models: &[GpuModel], origin: f64) -> Replay {
     }
 }
 
+/// Why a check has no costs (the running policy then stays).
+#[derive(Debug, thiserror::Error)]
+enum ReplayError {
+    #[error("`{spec}`: {source}")]
+    Policy {
+        spec: String,
+        source: PolicyChoiceError,
+    },
+    #[error("replaying `{spec}`: {source}")]
+    Sim { spec: String, source: SimError },
+    #[error("the replay task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// The day's cost so far under fresh copies of the policy and of the
 /// fallback (blocking: a learned policy's file is read, the day simulated).
-fn replay_both(c: &Check) -> Result<[f64; 2], String> {
+fn replay_both(c: &Check) -> Result<[f64; 2], ReplayError> {
     let mut out = [0.0; 2];
     for (k, spec) in [&c.policy, &c.fallback].into_iter().enumerate() {
         let built = if k == PRIMARY {
@@ -285,11 +299,17 @@ fn replay_both(c: &Check) -> Result<[f64; 2], String> {
         } else {
             build_fallback(spec, &c.models)
         };
-        let (mut p, _) = built.map_err(|e| format!("`{spec}`: {e}"))?;
+        let (mut p, _) = built.map_err(|source| ReplayError::Policy {
+            spec: spec.clone(),
+            source,
+        })?;
         out[k] = c
             .replay
             .cost(&c.jobs, c.now, p.as_mut())
-            .map_err(|e| format!("replaying `{spec}`: {e}"))?;
+            .map_err(|source| ReplayError::Sim {
+                spec: spec.clone(),
+                source,
+            })?;
     }
     Ok(out)
 }
