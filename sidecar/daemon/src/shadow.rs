@@ -20,6 +20,9 @@
 //!   replay then charges at least what was observed and never invents
 //!   work; it underestimates a long job until it ends.
 //!
+//! A job's wait in Slurm's queue before it reached the node is not seen
+//! either: it arrives when it asked smartmigd.
+//!
 //! `bench suite`'s `learned+shadow` row replays the true work of every
 //! job, a small optimism the daemon cannot have.
 //!
