@@ -378,6 +378,59 @@ pub struct StatusReply {
     /// daemons that predate the cluster summary).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterViewStatus>,
+    /// Which policy runs now and why: the day's shadow (absent from
+    /// daemons that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowStatus>,
+}
+
+/// The `shadow` section of a status reply (docs/daemon.md, "Do no harm
+/// during the day: the shadow").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShadowStatus {
+    /// Whether the shadow compares the policy with its fallback at all.
+    pub enabled: bool,
+    /// `learned` (the configured policy) or `fallback`.
+    pub running: String,
+    /// The name of the policy running now.
+    pub running_policy: String,
+    /// The configured policy and the fallback, by name.
+    pub primary: String,
+    pub fallback: String,
+    /// The rule: seconds between checks, window, relative margin, checks
+    /// in a row.
+    pub every_s: f64,
+    pub window_s: f64,
+    pub margin: f64,
+    pub hold_checks: u32,
+    /// Checks made, and replays that failed (the running policy is kept).
+    pub checks: u64,
+    pub failures: u64,
+    /// Jobs in the day's book, and its start (Unix seconds).
+    pub jobs: u64,
+    pub day_start: u64,
+    /// The last check's window costs (J, ET objective), primary first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_costs_j: Option<[f64; 2]>,
+    /// The last hand-over, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_switch: Option<ShadowSwitch>,
+    /// Hand-overs since the daemon started.
+    pub switches: u64,
+}
+
+/// One hand-over between the policy and its fallback.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShadowSwitch {
+    /// Unix seconds.
+    pub at: u64,
+    /// `learned` or `fallback`.
+    pub from: String,
+    pub to: String,
+    /// Each one's cost increase over the window, J (primary first).
+    pub window_costs_j: [f64; 2],
+    /// Why, in words.
+    pub reason: String,
 }
 
 /// The `cluster` section of a status reply.

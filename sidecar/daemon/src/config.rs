@@ -424,6 +424,10 @@ pub struct Config {
     pub plan_timeout_s: u64,
     /// Where the cluster summary comes from, and what to do without it.
     pub cluster: ClusterConfig,
+    /// Do no harm during the day: the shadow that hands over to a fallback
+    /// when the policy does worse (docs/daemon.md, "Do no harm during the
+    /// day: the shadow").
+    pub shadow: super::shadow::ShadowConfig,
     /// `tracing` filter (e.g. `info`, `smartmig=debug`); `RUST_LOG` overrides it.
     pub log_level: String,
 }
@@ -461,6 +465,7 @@ impl Default for Config {
             mode: Mode::Dynamic,
             plan_timeout_s: 600,
             cluster: ClusterConfig::default(),
+            shadow: super::shadow::ShadowConfig::default(),
             log_level: "info".into(),
         }
     }
@@ -504,6 +509,7 @@ impl Config {
         }
         self.check_limits()?;
         self.check_policy()?;
+        self.check_shadow()?;
         self.check_placement()?;
         if let Some(listen) = &self.metrics_listen {
             listen.parse::<SocketAddr>().map_err(|e| {
@@ -698,6 +704,22 @@ impl Config {
             .map_err(ConfigError::Policy)
     }
 
+    /// `[shadow]`: the rule's values, and a fallback the daemon can run
+    /// (checked as `policy` is, against the sim GPUs).
+    fn check_shadow(&self) -> Result<(), ConfigError> {
+        self.shadow
+            .check()
+            .map_err(|(key, why)| invalid(format!("shadow.{key}"), why))?;
+        let models = if self.backend == BackendKind::Sim {
+            self.sim_gpus()?
+        } else {
+            Vec::new()
+        };
+        super::policy_choice::build_fallback(self.shadow.fallback_spec(), &models)
+            .map(|_| ())
+            .map_err(|e| invalid("shadow.fallback", e.to_string()))
+    }
+
     /// Any placement the daemon can run (see
     /// [`super::placement::PlacementRule::build`]), checked against the sim
     /// GPUs (a learned file is loaded, so a wrong one is refused here).
@@ -841,6 +863,7 @@ impl Config {
         diff!(mode);
         diff!(plan_timeout_s);
         diff!(cluster);
+        diff!(shadow);
         out
     }
 }
@@ -1004,5 +1027,64 @@ mod tests {
         assert_eq!(merged.log_level, a.log_level);
         assert_eq!(merged.memory.estimator, a.memory.estimator);
         assert_eq!(merged.policy, "static:0");
+    }
+
+    /// `[shadow]`: the defaults (on beside a learned policy, greedy as the
+    /// fallback, the core rule), explicit values, and bad ones refused
+    /// with the key named.
+    #[test]
+    fn shadow_settings_parse_and_bad_ones_name_the_key() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert!(!c.shadow.on(&c.policy));
+        assert!(c.shadow.on("policy:/p.onnx"));
+        assert_eq!(c.shadow.fallback_spec(), "greedy");
+        assert_eq!(
+            c.shadow.rule(),
+            crate::policy::shadow::ShadowRule::default()
+        );
+        let c = Config::parse(&format!(
+            "{MINIMAL}[shadow]\nenabled = true\nfallback = \"static:7\"\nevery_s = 2\nwindow_s = 60\nmargin = 0.05\nhold_checks = 1\njoules_per_tardiness_s = 100\n"
+        ))
+        .unwrap();
+        assert!(c.shadow.on("none"));
+        assert_eq!(c.shadow.fallback_spec(), "static:7");
+        assert_eq!(
+            (
+                c.shadow.every_s,
+                c.shadow.window_s,
+                c.shadow.margin,
+                c.shadow.hold_checks
+            ),
+            (2.0, 60.0, 0.05, 1)
+        );
+        for (bad, key) in [
+            ("every_s = 0", "shadow.every_s"),
+            ("window_s = -5", "shadow.window_s"),
+            ("margin = 1.5", "shadow.margin"),
+            ("hold_checks = 0", "shadow.hold_checks"),
+            (
+                "joules_per_tardiness_s = 0",
+                "shadow.joules_per_tardiness_s",
+            ),
+            ("fallback = \"static:nonsense\"", "shadow.fallback"),
+            ("fallback = \"magic\"", "shadow.fallback"),
+        ] {
+            let err = Config::parse(&format!("{MINIMAL}[shadow]\n{bad}\n"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.starts_with(&format!("{key}:")), "{bad}: {err}");
+        }
+        let err = Config::parse(&format!("{MINIMAL}[shadow]\nspeed = 2\n"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("speed"), "{err}");
+        // A reload names the change.
+        let a = Config::parse(MINIMAL).unwrap();
+        let mut b = a.clone();
+        b.shadow.margin = 0.1;
+        assert_eq!(a.live_changes(&b).len(), 1);
+        assert!(a.live_changes(&b)[0].starts_with("shadow:"));
     }
 }

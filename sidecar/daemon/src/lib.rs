@@ -9,6 +9,7 @@
 //! | [`protocol`] | wire types (newline-delimited JSON), request parser (crate `smartmig-client`, re-exported) | no |
 //! | [`config`] | TOML config, defaults, validation naming the key | reads the file |
 //! | [`policy_choice`] | which repartitioning policy runs, from the config (shared by validation and the server) | loads a policy file |
+//! | [`shadow`] | `[shadow]` settings; the node's day as simulator jobs, replayed to choose between the policy and its fallback | no |
 //! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
 //! | [`placement`] | which waiting allocate goes first, and which profile it gets (the `placement` setting) | loads a placement file |
 //! | [`access`] | device isolation: an instance's access files belong to its job's user, or to root | chown/chmod |
@@ -44,6 +45,7 @@ pub mod placement;
 pub mod plan;
 pub mod policy_choice;
 pub mod server;
+pub mod shadow;
 pub mod slurm;
 pub mod summary;
 pub mod usage;

@@ -90,6 +90,17 @@ struct OpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RunningLabel {
+    policy: String,
+    role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToLabel {
+    to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabel {
     configured: String,
     running: String,
@@ -123,6 +134,10 @@ pub struct Scrape {
     pub fragmentation: Vec<(u32, i64)>,
     /// The `policy` setting and the policy running (its name as built).
     pub policy: (String, String),
+    /// The policies the shadow chooses between, `(role, name, runs)`:
+    /// `learned` (the configured policy) and, while the shadow is on,
+    /// `fallback`.
+    pub running: Vec<(String, String, bool)>,
 }
 
 /// The daemon's metrics.
@@ -152,6 +167,8 @@ pub struct Metrics {
     fragmentation: Family<GpuLabel, Gauge>,
     reconfiguration_seconds: Family<OpLabel, Histogram>,
     policy: Family<PolicyLabel, Gauge>,
+    policy_running: Family<RunningLabel, Gauge>,
+    shadow_switches: Family<ToLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -254,6 +271,14 @@ mod help {
         "policy_info",
         "1 for the repartitioning policy running: configured (the policy setting), running (what runs) and fallback (true when a learned policy could not load and greedy runs)",
     );
+    pub const POLICY_RUNNING: (&str, &str) = (
+        "policy_running",
+        "1 for the policy whose decisions apply now, 0 for the other: role learned (the policy setting) or fallback (the shadow's, while it is on), with its name",
+    );
+    pub const SHADOW_SWITCHES: (&str, &str) = (
+        "shadow_switches",
+        "Hand-overs by the day's shadow, by the role that took over (fallback, learned)",
+    );
     pub const EPOCHS: (&str, &str) = (
         "epochs",
         "Epochs of the repartitioning loop that ran to the end",
@@ -312,6 +337,8 @@ impl Metrics {
                 }),
             ),
             policy: registered(r, help::POLICY, Family::default()),
+            policy_running: registered(r, help::POLICY_RUNNING, Family::default()),
+            shadow_switches: registered(r, help::SHADOW_SWITCHES, Family::default()),
             registry,
         }
     }
@@ -323,6 +350,13 @@ impl Metrics {
             .get_or_create(&TaskLabel {
                 task: task.to_string(),
             })
+            .inc();
+    }
+
+    /// The shadow handed over to `to` (`fallback` or `learned`).
+    pub fn shadow_switch(&self, to: &str) {
+        self.shadow_switches
+            .get_or_create(&ToLabel { to: to.to_string() })
             .inc();
     }
 
@@ -447,6 +481,15 @@ impl Metrics {
                 fallback: fallback.to_string(),
             })
             .set(1);
+        self.policy_running.clear();
+        for (role, name, runs) in &now.running {
+            self.policy_running
+                .get_or_create(&RunningLabel {
+                    policy: name.clone(),
+                    role: role.clone(),
+                })
+                .set(i64::from(*runs));
+        }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out = "# metrics encoding failed\n".into();
@@ -502,6 +545,7 @@ mod tests {
         m.reconfiguration(0, "create", 0.2);
         m.panic("status");
         m.epoch();
+        m.shadow_switch("fallback");
         let text = m.render(&Scrape {
             instances: vec![MigInstance {
                 gpu: 0,
@@ -520,6 +564,10 @@ mod tests {
                 "onnx:p.onnx".into(),
                 "greedy (fallback: onnx:p.onnx unavailable)".into(),
             ),
+            running: vec![
+                ("learned".into(), "policy:p.onnx".into(), false),
+                ("fallback".into(), "greedy".into(), true),
+            ],
         });
         for needle in [
             "smartmig_allocations_total{result=\"created\"} 1",
@@ -537,6 +585,9 @@ mod tests {
             "smartmig_fragmented_compute_slices{gpu=\"0\"} 4",
             "smartmig_reconfiguration_duration_seconds_bucket{le=\"0.256\",op=\"create\"} 1",
             "smartmig_policy_info{configured=\"onnx:p.onnx\",running=\"greedy\",fallback=\"true\"} 1",
+            "smartmig_policy_running{policy=\"policy:p.onnx\",role=\"learned\"} 0",
+            "smartmig_policy_running{policy=\"greedy\",role=\"fallback\"} 1",
+            "smartmig_shadow_switches_total{to=\"fallback\"} 1",
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }

@@ -10,8 +10,9 @@
 //! not installed still repartitions sensibly.
 
 use crate::formats::policy_file::{GuardError, MetadataError};
-use crate::mig::GpuModel;
+use crate::mig::{Geometry, GpuModel};
 use crate::policy::onnx::{load_any_policy, load_policy, LearnedSpec, PolicyLoadError};
+use crate::policy::shadow::Toward;
 use crate::policy::{self, greedy::Greedy, PolicyParseError, RepartitionPolicy};
 
 /// A policy ready to run, with the name shown in status and logs.
@@ -96,6 +97,28 @@ pub fn build(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError
     Ok((p, name))
 }
 
+/// Builds the shadow's fallback (`[shadow] fallback`, docs/daemon.md):
+/// any spec [`build`] accepts; a `static:` layout is pursued from any
+/// state ([`Toward`]), since the fallback takes over in the middle of a
+/// day, when a plain static policy (which only installs its layout at
+/// start) would leave the GPUs as the learned policy left them.
+pub fn build_fallback(spec: &str, models: &[GpuModel]) -> Result<Built, PolicyChoiceError> {
+    let (mut p, name) = build(spec, models)?;
+    if !spec.trim().starts_with("static:") || models.is_empty() {
+        return Ok((p, name));
+    }
+    let layouts = models
+        .iter()
+        .enumerate()
+        .map(|(gpu, &m)| p.initial_layout(gpu, Geometry::of(m)))
+        .collect();
+    let toward = Toward {
+        label: name.clone(),
+        layouts,
+    };
+    Ok((Box::new(toward), name))
+}
+
 /// Errors that mean "the learned policy cannot run here", not "it is wrong".
 fn is_unavailable(e: &PolicyLoadError) -> bool {
     matches!(
@@ -135,6 +158,41 @@ mod tests {
         );
         let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(err.starts_with("unknown policy"), "{err}");
+    }
+
+    /// A static fallback pursues its layout from any state: from a GPU in
+    /// 1g slices it asks for the whole GPU, which a plain static policy
+    /// never does after start.
+    #[test]
+    fn a_static_fallback_is_pursued_from_any_state() {
+        let a100 = [GpuModel::A100_40gb];
+        let (mut p, name) = build_fallback("static:7", &a100).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            name,
+            build("static:7", &a100).unwrap_or_else(|e| panic!("{e}")).1
+        );
+        let g = Geometry::of(GpuModel::A100_40gb);
+        let whole = p.initial_layout(0, g);
+        let small = *g
+            .catalog()
+            .iter()
+            .find(|&&l| g.picture(l).starts_with("1|1|1|1|1|1|1"))
+            .expect("seven 1g slices");
+        let status = policy::GpuStatus::new(GpuModel::A100_40gb, small);
+        let pending: policy::PendingByProfile = Default::default();
+        let view = policy::ClusterView {
+            now: 10.0,
+            hour_of_day: 0.0,
+            gpus: std::slice::from_ref(&status),
+            pending: &[],
+            pending_by_profile: &pending,
+            arrivals: &[],
+        };
+        let d = p.decide(&view);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].target, whole);
+        assert!(build_fallback("static:nonsense", &a100).is_err());
+        assert!(build_fallback("greedy", &a100).is_ok());
     }
 
     #[test]

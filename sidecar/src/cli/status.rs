@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use super::args::JsonArg;
 use super::socket::SocketArgs;
-use crate::daemon::protocol::{MemoryStatus, StatusReply};
+use crate::daemon::protocol::{MemoryStatus, ShadowStatus, StatusReply};
 use crate::daemon::Client;
 
 #[derive(Debug, clap::Args)]
@@ -77,6 +77,9 @@ pub fn render(s: &StatusReply, now: i64) -> String {
         s.version,
         duration(s.uptime_s)
     );
+    if let Some(sh) = &s.shadow {
+        render_shadow(&mut out, sh);
+    }
     if s.epilog_missing {
         let _ = writeln!(
             out,
@@ -218,6 +221,42 @@ pub fn render(s: &StatusReply, now: i64) -> String {
     out
 }
 
+/// Which policy runs, and the day's shadow that chooses it.
+fn render_shadow(out: &mut String, sh: &ShadowStatus) {
+    if !sh.enabled {
+        let _ = writeln!(out, "running: {} (shadow off)", sh.primary);
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "running: {} ({}); shadow on, fallback {}: every {} s over {} s, margin {}, {} check(s) in a row",
+        sh.running, sh.running_policy, sh.fallback, sh.every_s, sh.window_s, sh.margin, sh.hold_checks
+    );
+    let costs = sh
+        .last_costs_j
+        .map(|[l, f]| format!(", last costs learned {l:.0} J, fallback {f:.0} J"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  {} check(s), {} failed, {} switch(es), {} job(s) since {}{costs}",
+        sh.checks,
+        sh.failures,
+        sh.switches,
+        sh.jobs,
+        local_time(sh.day_start)
+    );
+    if let Some(w) = &sh.last_switch {
+        let _ = writeln!(
+            out,
+            "  last switch {}: {} -> {}: {}",
+            local_time(w.at),
+            w.from,
+            w.to,
+            w.reason
+        );
+    }
+}
+
 /// The out-of-memory restarts and learned estimates.
 fn render_memory(out: &mut String, m: &MemoryStatus) {
     let onoff = |b: bool| if b { "on" } else { "off" };
@@ -335,6 +374,7 @@ mod tests {
             pending_plans: vec![],
             advise: None,
             cluster: None,
+            shadow: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -437,6 +477,7 @@ mod tests {
             pending_plans: vec![],
             advise: None,
             cluster: None,
+            shadow: None,
             waiting: vec![],
         };
         let t = render(&s, 0);

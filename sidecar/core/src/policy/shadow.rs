@@ -152,6 +152,15 @@ impl ShadowState {
         &self.switches
     }
 
+    /// Forgets the cost curves and the current streak but keeps the policy
+    /// that runs: for a caller that restarts its replays from a new origin
+    /// (the daemon's day boundary), where the old cumulative costs no
+    /// longer compare with the new ones.
+    pub fn restart_costs(&mut self) {
+        self.history.clear();
+        self.streak = 0;
+    }
+
     /// One check at `now`: the day's cost so far under each policy
     /// (cumulative, from the same start; always as many, primary first).
     /// The cheapest policy over the window takes over when it undercuts the
@@ -465,6 +474,28 @@ mod tests {
         // restarts); check 3: fallback 2 again, so it takes over.
         assert_eq!(seen, [PRIMARY, PRIMARY, 2]);
         assert_eq!(s.switches()[0].from, PRIMARY);
+    }
+
+    /// After a restart of the costs (the daemon's new day) the running
+    /// policy stays and the next check compares the new cumulative costs
+    /// from zero, not against the old day's curve.
+    #[test]
+    fn restarting_the_costs_keeps_the_running_policy() {
+        let mut s = ShadowState::new(RULE);
+        run(&mut s, &[(110.0, 100.0); 3]);
+        assert_eq!(s.running(), FALLBACK);
+        s.restart_costs();
+        assert_eq!(s.running(), FALLBACK);
+        // New-day costs far below the old ones: taken whole, the primary
+        // leads by 50 % on this check (hold 2: no switch yet).
+        assert!(s
+            .observe(10.0 * RULE.check_every_s, &[50.0, 100.0])
+            .is_none());
+        let sw = s
+            .observe(11.0 * RULE.check_every_s, &[100.0, 200.0])
+            .expect("the primary leads on two checks");
+        assert_eq!(sw.window_costs, [100.0, 200.0]);
+        assert_eq!(sw.to, PRIMARY);
     }
 
     #[test]

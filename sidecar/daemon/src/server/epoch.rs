@@ -5,7 +5,7 @@
 //! and publish. A new step is one more function called from [`run_once`].
 
 use super::view::{self, Ahead};
-use super::{advise, holds, queue, reap, unix_now, unix_now_f64, Cx};
+use super::{advise, holds, queue, reap, shadow, unix_now, unix_now_f64, Cx};
 use crate::config::{Mode, SummaryFallback};
 use crate::mig::Geometry;
 use crate::policy::{self, ClusterView, Decision, PendingByProfile, PendingJob};
@@ -63,6 +63,7 @@ async fn steps(cx: &Cx<'_>) {
     let now = unix_now_f64();
     let statuses = view::gpu_statuses(cx, &queue, occupied.as_deref()).await;
     let (jobs, by_profile) = view::pending_jobs(&queue, advise, now);
+    shadow::step(cx).await;
     let decisions = decide(cx, &statuses, &jobs, &by_profile, now).await;
     tidy_plans(cx).await;
     let mut ahead = view::lookahead_of(&statuses, &jobs, now);
@@ -105,7 +106,7 @@ async fn decide(
         pending_by_profile: by_profile,
         arrivals: &arrivals,
     };
-    let mut decisions = cx.live.policy.lock().await.decide(&view);
+    let mut decisions = ask(cx, &view).await;
     if cx.cfg().mode == Mode::Advise && advise::first_epoch(cx) {
         let mut p = cx.live.policy.lock().await;
         if p.installs_initial_layout() {
@@ -118,6 +119,23 @@ async fn decide(
         }
     }
     decisions
+}
+
+/// The decisions of the policy that runs: the configured one, or the
+/// shadow's fallback once the shadow handed over. Both see every epoch (a
+/// learned policy remembers the arrivals it saw), as in the simulator's
+/// `Shadowed`.
+async fn ask(cx: &Cx<'_>, view: &ClusterView<'_>) -> Vec<Decision> {
+    let primary = cx.live.policy.lock().await.decide(view);
+    let Some((fallback, _)) = &cx.live.fallback else {
+        return primary;
+    };
+    let other = fallback.lock().await.decide(view);
+    if cx.svc.shadow.fallback_runs(cx.cfg()) {
+        other
+    } else {
+        primary
+    }
 }
 
 /// Plans that lapsed are dropped; a plan made for a layout the GPU no

@@ -70,6 +70,7 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default(),
         policy: (cx.cfg().policy.clone(), cx.live.policy_name.clone()),
+        running: running_policies(cx),
         ..Scrape::default()
     };
     let mut layouts = Vec::new();
@@ -136,4 +137,19 @@ fn waiting_profiles(cx: &Cx<'_>) -> (Vec<(String, i64)>, HashMap<u32, &'static P
     let mut waiting: Vec<(String, i64)> = counts.into_iter().collect();
     waiting.sort();
     (waiting, largest)
+}
+
+/// `(role, name, runs)` of the configured policy and, while the shadow is
+/// on, its fallback.
+fn running_policies(cx: &Cx<'_>) -> Vec<(String, String, bool)> {
+    let fallback_runs = cx.svc.shadow.fallback_runs(cx.cfg());
+    let mut out = vec![(
+        "learned".to_string(),
+        cx.live.policy_name.clone(),
+        !fallback_runs,
+    )];
+    if let Some((_, name)) = &cx.live.fallback {
+        out.push(("fallback".to_string(), name.clone(), fallback_runs));
+    }
+    out
 }

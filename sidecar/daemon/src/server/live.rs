@@ -16,6 +16,9 @@ use crate::policy::RepartitionPolicy;
 use crate::policy_choice::Built;
 use crate::slurm::{CommandSlurm, NoSlurm, SlurmClient};
 
+/// A policy behind its own lock (it has state of its own).
+pub(super) type SharedPolicy = Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>;
+
 /// One snapshot of the settings. Take it once per request or epoch
 /// ([`Settings::current`]) and read everything from it.
 pub(super) struct Live {
@@ -25,17 +28,27 @@ pub(super) struct Live {
     pub roles: Roles,
     /// The policy has state of its own (learned, greedy's batching window),
     /// so it sits behind its own lock; a new one comes with a new snapshot.
-    pub policy: Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>,
+    pub policy: SharedPolicy,
     pub policy_name: String,
+    /// The shadow's fallback and its name, while the shadow is on
+    /// (`[shadow]`): it sees every epoch, its decisions apply while the
+    /// shadow says it runs ([`super::shadow`]).
+    pub fallback: Option<(SharedPolicy, String)>,
     /// Which waiting allocate goes first (`placement`); asked under a
     /// GPU's lock, never across an `.await`.
     pub placement: Arc<std::sync::Mutex<PlacementRule>>,
 }
 
 impl Live {
-    pub(super) fn new(config: Config, policy: Built, placement: PlacementRule) -> Live {
+    pub(super) fn new(
+        config: Config,
+        policy: Built,
+        fallback: Option<Built>,
+        placement: PlacementRule,
+    ) -> Live {
         let (policy, policy_name) = policy;
         Live {
+            fallback: fallback.map(|(p, name)| (Arc::new(Mutex::new(p)), name)),
             placement: Arc::new(std::sync::Mutex::new(placement)),
             slurm: slurm_client(&config),
             roles: Roles::of(&config),

@@ -56,6 +56,7 @@ mod requeue;
 mod run;
 mod sample;
 mod services;
+mod shadow;
 mod start;
 mod transport;
 mod view;

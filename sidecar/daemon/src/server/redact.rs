@@ -109,6 +109,7 @@ mod tests {
             pending_plans: vec![],
             advise: None,
             cluster: None,
+            shadow: None,
             waiting: vec![],
         }
     }

@@ -26,6 +26,13 @@ impl Daemon {
                 return;
             }
         };
+        let fallback = match super::start::shadow_fallback(&new, &models) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!("SIGHUP: shadow.fallback rejected, keeping the old config: {e}");
+                return;
+            }
+        };
         let placement = match PlacementRule::build(&new.placement, &models) {
             Ok(p) => p,
             Err(e) => {
@@ -48,6 +55,7 @@ impl Daemon {
             tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
         }
         // One swap: readers see the old snapshot or the new one, never a mix.
-        self.settings.replace(Live::new(merged, policy, placement));
+        self.settings
+            .replace(Live::new(merged, policy, fallback, placement));
     }
 }

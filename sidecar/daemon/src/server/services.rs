@@ -29,6 +29,8 @@ pub(super) struct Services {
     pub usage: UsageLog,
     /// dcgm-exporter's job-mapping directory (`hpc_job_mapping_dir`).
     pub jobmap: Option<JobMap>,
+    /// The day's shadow: its jobs and which policy runs.
+    pub shadow: super::shadow::ShadowRun,
 }
 
 impl Services {

@@ -13,6 +13,7 @@ use super::auth::Connections;
 use super::books::{Books, Gpu};
 use super::live::{Live, Settings};
 use super::services::{enforce_access, MemoryLedger, Services, UsageLog};
+use super::shadow::ShadowRun;
 use super::{unix_now, Daemon, NodeId};
 use crate::allocate::GpuBook;
 use crate::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
@@ -85,7 +86,8 @@ impl Daemon {
         let policy = build_policy(&config.policy, &models).map_err(StartError::Policy)?;
         let placement =
             PlacementRule::build(&config.placement, &models).map_err(StartError::Placement)?;
-        let live = Live::new(config, policy, placement);
+        let fallback = shadow_fallback(&config, &models).map_err(StartError::Policy)?;
+        let live = Live::new(config, policy, fallback, placement);
         let node = node_name(&live.config);
         check_slurm(&live, backend.as_ref(), &node)?;
         if live.config.slurm.enabled {
@@ -108,6 +110,7 @@ impl Daemon {
                 metrics: Metrics::new(),
                 memory: MemoryLedger::new(memory),
                 jobmap,
+                shadow: ShadowRun::new(super::unix_now_f64()),
             },
             settings: Settings::new(live, config_path),
             books: Books::new(gpus),
@@ -119,6 +122,17 @@ impl Daemon {
             connections: Connections::default(),
         }))
     }
+}
+
+/// The shadow's fallback, when the shadow is on (`[shadow]`).
+pub(super) fn shadow_fallback(
+    config: &Config,
+    models: &[GpuModel],
+) -> Result<Option<crate::policy_choice::Built>, PolicyChoiceError> {
+    if config.mode == Mode::Advise || !config.shadow.on(&config.policy) {
+        return Ok(None);
+    }
+    crate::policy_choice::build_fallback(config.shadow.fallback_spec(), models).map(Some)
 }
 
 fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, StartError> {

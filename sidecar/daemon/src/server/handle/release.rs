@@ -9,6 +9,7 @@ use super::super::books::Gpu;
 use super::super::holds;
 use super::super::job_record::{self, Record};
 use super::super::requeue::{self, RequeueWhen};
+use super::super::shadow;
 use super::super::unix_now;
 use super::Cx;
 use crate::memory::{OomPolicy, Released};
@@ -128,6 +129,13 @@ async fn release_on(cx: &Cx<'_>, gpu: &Gpu, req: &ReleaseRequest, now: u64, free
         cx.svc.memory.lock().sample(job_id, gb);
     }
     if let Some(a) = &inst.job {
+        let deadline = cx
+            .books
+            .ledger()
+            .times_of(job_id, a.deadline, None)
+            .deadline;
+        let job = shadow::seen(a, st.book.geometry, h.compute, h.memory_gb, deadline);
+        cx.svc.shadow.ended(job_id, now as f64, job);
         let peak = cx.svc.memory.lock().peak(job_id, req.used_memory_gb);
         freed.usage.push(UsageRecord {
             job_id,

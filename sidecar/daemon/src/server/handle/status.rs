@@ -30,6 +30,10 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
     let cfg = cx.cfg();
     let memory = memory_status(cx);
     let placement = cx.live.placement_name();
+    let fallback = cx.live.fallback.as_ref().map_or_else(
+        || cfg.shadow.fallback_spec().to_string(),
+        |(_, name)| name.clone(),
+    );
     let ledger = cx.books.ledger();
     StatusReply {
         node: cx.node.name.clone(),
@@ -45,6 +49,7 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         pending_plans: ledger.plans.pending(),
         advise: advise::status(&ledger.advise, cfg),
         cluster: Some(queue::cluster_status(&ledger.view_source, cfg)),
+        shadow: Some(cx.svc.shadow.status(cfg, &cx.live.policy_name, &fallback)),
     }
 }
 
