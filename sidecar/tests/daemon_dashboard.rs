@@ -14,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use daemon_common::{free_port, req, TestDaemon};
-use smartmig::daemon::protocol::ReleaseRequest;
+use smartmig::daemon::protocol::{AllocateReply, ReleaseRequest};
+use smartmig::daemon::ClientError;
 
 /// Debian's `prometheus` package puts it here (scripts/test installs it).
 const PROMETHEUS: &str = "/usr/bin/prometheus";
@@ -83,7 +84,10 @@ impl Prometheus {
         let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
         let child = Command::new(PROMETHEUS)
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -185,7 +189,11 @@ fn expressions(dashboard: &serde_json::Value) -> Vec<(String, String)> {
     }
     let mut out = Vec::new();
     walk(&dashboard["panels"], &mut out);
-    for v in dashboard["templating"]["list"].as_array().into_iter().flatten() {
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         if v["type"] != "query" {
             continue;
         }
@@ -245,10 +253,7 @@ fn release(job_id: u64, oom: bool) -> ReleaseRequest {
 /// counters and histograms rise between samples: creates and destroys on
 /// GPU 1, a normal and an out-of-memory release; leaves job 4501 busy on
 /// GPU 0 and a 7g allocate (job 4599) waiting behind it. Returns the waiter.
-fn serve_jobs(
-    d: &TestDaemon,
-) -> std::thread::JoinHandle<Result<smartmig::daemon::protocol::AllocateReply, smartmig::daemon::ClientError>>
-{
+fn serve_jobs(d: &TestDaemon) -> std::thread::JoinHandle<Result<AllocateReply, ClientError>> {
     let pause = || std::thread::sleep(Duration::from_millis(2500));
     let c = d.client();
     c.allocate(req(4501, 0, 1, None)).unwrap();
@@ -311,7 +316,7 @@ fn every_dashboard_expression_returns_data_from_a_real_prometheus() {
                 Err(e) => failures.push(format!("{place}: {q}\n    {e}")),
                 Ok(v) if v.is_empty() => failures.push(format!("{place}: {q}\n    no series")),
                 Ok(v) if !v.iter().any(|x| x.is_finite()) => {
-                    failures.push(format!("{place}: {q}\n    only NaN/Inf: {v:?}"))
+                    failures.push(format!("{place}: {q}\n    only NaN/Inf: {v:?}"));
                 }
                 Ok(_) => {}
             }
