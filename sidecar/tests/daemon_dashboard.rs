@@ -222,7 +222,7 @@ fn concrete(expr: &str, node: &str, gpu: &str) -> String {
         ("$node", node),
         ("${gpu}", gpu),
         ("$gpu", gpu),
-        ("$__rate_interval", "1m"),
+        ("$__rate_interval", "2m"),
         ("$__range", "5m"),
         ("$__interval_ms", "1000"),
         ("$__interval", "1s"),
