@@ -224,7 +224,10 @@ impl TrainConfig {
         if !(0.0..=1.0).contains(&self.dagger.beta) || self.dagger.minibatch == 0 {
             return bad("dagger.beta must be in [0, 1] and dagger.minibatch > 0".into());
         }
-        self.dagger.planner.validate().map_err(LearnError::Config)?;
+        self.dagger
+            .planner
+            .validate()
+            .map_err(|e| LearnError::Config(e.to_string()))?;
         self.heuristic()?;
         self.workload
             .validate()

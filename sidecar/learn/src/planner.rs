@@ -81,23 +81,34 @@ impl Default for PlannerConfig {
     }
 }
 
+/// A planner setting that is out of range, named.
+#[derive(Debug, thiserror::Error)]
+pub enum PlannerConfigError {
+    #[error("planner.{name} {value} is not a number of seconds > 0")]
+    NotSeconds { name: &'static str, value: f64 },
+    #[error("planner.margin {0} is not in [0, 1)")]
+    Margin(f64),
+    #[error("planner.splits, .kstep and .rescore_every must be > 0")]
+    ZeroCount,
+}
+
 impl PlannerConfig {
     /// Checks every field, naming the one that is wrong.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
+    pub fn validate(&self) -> Result<(), PlannerConfigError> {
+        for (name, value) in [
             ("period_s", self.period_s),
             ("window_s", self.window_s),
             ("lookahead_s", self.lookahead_s),
         ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(format!("planner.{name} {v} is not a number of seconds > 0"));
+            if !(value.is_finite() && value > 0.0) {
+                return Err(PlannerConfigError::NotSeconds { name, value });
             }
         }
         if !(0.0..1.0).contains(&self.margin) {
-            return Err(format!("planner.margin {} is not in [0, 1)", self.margin));
+            return Err(PlannerConfigError::Margin(self.margin));
         }
         if self.splits == 0 || self.kstep == 0 || self.rescore_every == 0 {
-            return Err("planner.splits, .kstep and .rescore_every must be > 0".into());
+            return Err(PlannerConfigError::ZeroCount);
         }
         Ok(())
     }

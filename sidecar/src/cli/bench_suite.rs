@@ -349,7 +349,6 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     cfg.shadow_fallbacks.clone_from(&a.shadow_fallback);
     cfg.shadow = crate::policy::shadow::ShadowRule::default()
         .with_overrides(&a.shadow)
-        .map_err(anyhow::Error::msg)
         .context("--shadow")?;
     eprintln!(
         "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",

@@ -29,7 +29,9 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use super::{layout_or_whole, step_toward, ClusterView, Decision, RepartitionPolicy};
+use super::{
+    layout_or_whole, step_toward, ClusterView, Decision, PolicyParseError, RepartitionPolicy,
+};
 use crate::mig::{Geometry, GpuModel, Layout};
 use crate::sim::{simulate, Heuristic, RunHooks, SimConfig, SimError};
 use crate::workload::Job;
@@ -59,19 +61,39 @@ impl Default for ShadowRule {
     }
 }
 
+/// Why a shadow rule or a shadowed policy was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ShadowError {
+    #[error("`{0}`: expected key=value")]
+    NotKeyValue(String),
+    #[error("`{0}`: not a non-negative number")]
+    NotNumber(String),
+    #[error("`{0}`: not a whole number")]
+    NotWhole(String),
+    #[error("unknown shadow setting `{0}` (every, window, margin, hold)")]
+    UnknownKey(String),
+    #[error("every and window must be > 0, hold >= 1")]
+    OutOfRange,
+    #[error("the shadow needs a policy and at least one fallback")]
+    NoFallback,
+    /// A policy of the shadow could not be made.
+    #[error(transparent)]
+    Policy(#[from] PolicyParseError),
+}
+
 impl ShadowRule {
     /// The rule from a spec's `key=value` pairs (`every`, `window` in
     /// seconds, `margin`, `hold`), on top of the defaults.
-    pub fn with_overrides(mut self, pairs: &str) -> Result<Self, String> {
+    pub fn with_overrides(mut self, pairs: &str) -> Result<Self, ShadowError> {
         for kv in pairs.split(['&', ',']).filter(|s| !s.is_empty()) {
             let (k, v) = kv
                 .split_once('=')
-                .ok_or_else(|| format!("`{kv}`: expected key=value"))?;
+                .ok_or_else(|| ShadowError::NotKeyValue(kv.to_string()))?;
             let num = |v: &str| {
                 v.parse::<f64>()
                     .ok()
                     .filter(|x| x.is_finite() && *x >= 0.0)
-                    .ok_or_else(|| format!("`{kv}`: not a non-negative number"))
+                    .ok_or_else(|| ShadowError::NotNumber(kv.to_string()))
             };
             match k {
                 "every" => self.check_every_s = num(v)?,
@@ -80,17 +102,13 @@ impl ShadowRule {
                 "hold" => {
                     self.hold_checks = v
                         .parse()
-                        .map_err(|_| format!("`{kv}`: not a whole number"))?;
+                        .map_err(|_| ShadowError::NotWhole(kv.to_string()))?;
                 }
-                _ => {
-                    return Err(format!(
-                        "unknown shadow setting `{k}` (every, window, margin, hold)"
-                    ))
-                }
+                _ => return Err(ShadowError::UnknownKey(k.to_string())),
             }
         }
         if self.check_every_s <= 0.0 || self.window_s <= 0.0 || self.hold_checks == 0 {
-            return Err("every and window must be > 0, hold >= 1".into());
+            return Err(ShadowError::OutOfRange);
         }
         Ok(self)
     }
@@ -256,7 +274,8 @@ impl Replay {
 
 /// Makes a fresh copy of a policy (for each replay); the error says why
 /// it could not (a policy file gone: the replay is then skipped).
-pub type MakePolicy = Box<dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, String> + Send>;
+pub type MakePolicy =
+    Box<dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError> + Send>;
 
 /// Fixed layouts pursued from any state ([`step_toward`]): a static
 /// fallback that can take over in the middle of a day (a plain `static:`
@@ -313,9 +332,9 @@ impl Shadowed {
         replay: Replay,
         mut jobs: Vec<Job>,
         rule: ShadowRule,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ShadowError> {
         if make.len() < 2 {
-            return Err("the shadow needs a policy and at least one fallback".into());
+            return Err(ShadowError::NoFallback);
         }
         jobs.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
         let live = make.iter_mut().map(|m| m()).collect::<Result<_, _>>()?;
@@ -340,14 +359,12 @@ impl Shadowed {
         let jobs = &self.jobs[..arrived];
         let mut cost = vec![0.0; self.make.len()];
         for (k, make) in self.make.iter_mut().enumerate() {
-            let c = make().and_then(|mut p| {
-                self.replay
-                    .cost(jobs, now, p.as_mut())
-                    .map_err(|e| e.to_string())
-            });
+            let c = make()
+                .ok()
+                .and_then(|mut p| self.replay.cost(jobs, now, p.as_mut()).ok());
             match c {
-                Ok(c) => cost[k] = c,
-                Err(_) => {
+                Some(c) => cost[k] = c,
+                None => {
                     self.failures += 1;
                     return;
                 }
@@ -519,6 +536,7 @@ mod tests {
         assert!(ShadowRule::default()
             .with_overrides("speed=2")
             .unwrap_err()
+            .to_string()
             .contains("speed"));
         assert!(ShadowRule::default().with_overrides("margin=-1").is_err());
     }

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::bound::{self, BoundGpu};
 use crate::mig::GpuModel;
 use crate::policy::search::SearchConfig;
-use crate::policy::shadow::{MakePolicy, Replay, ShadowRule, Shadowed, Toward};
+use crate::policy::shadow::{MakePolicy, Replay, ShadowError, ShadowRule, Shadowed, Toward};
 use crate::policy::{parse_policy, NoPartition, PolicyParseError, RepartitionPolicy};
 use crate::sim::{common_horizon, AuditError, AuditReport, Collect, Heuristic, Metrics, SimError};
 
@@ -275,9 +275,8 @@ impl Scorer<'_> {
         self.row(&row, RowKind::Candidate, description, &mut |i| {
             let day = &s.test[i];
             let (spec_c, models_c) = (spec.to_string(), models.to_vec());
-            let mut make: Vec<MakePolicy> = vec![Box::new(move || {
-                parse_policy(&spec_c, &models_c).map_err(|e| e.to_string())
-            })];
+            let mut make: Vec<MakePolicy> =
+                vec![Box::new(move || parse_policy(&spec_c, &models_c))];
             for f in &cfg.shadow_fallbacks {
                 make.push(shadow_fallback(f, fitted, &s.cluster, models));
             }
@@ -289,12 +288,15 @@ impl Scorer<'_> {
             };
             Shadowed::new(row.clone(), make, replay, day.jobs.clone(), r)
                 .map(|p| Box::new(p) as Box<dyn RepartitionPolicy + Send>)
-                .map_err(|reason| SuiteError::Policy {
+                .map_err(|e| SuiteError::Policy {
                     scenario: s.name.clone(),
                     spec: spec.to_string(),
-                    source: PolicyParseError::Learned {
-                        spec: spec.to_string(),
-                        reason,
+                    source: match e {
+                        ShadowError::Policy(e) => e,
+                        other => PolicyParseError::Learned {
+                            spec: spec.to_string(),
+                            reason: other.to_string(),
+                        },
                     },
                 })
         })
@@ -433,7 +435,7 @@ fn shadow_fallback(
         ),
         spec => {
             let (spec, models) = (spec.to_string(), models.to_vec());
-            Box::new(move || parse_policy(&spec, &models).map_err(|e| e.to_string()))
+            Box::new(move || parse_policy(&spec, &models))
         }
     }
 }
