@@ -271,3 +271,30 @@ fn the_audit_recomputes_the_charge_for_jobs_that_never_ran() {
     std::fs::remove_file(&t).ok();
     std::fs::remove_file(&log).ok();
 }
+
+/// `bench oracle --json -` prints only the JSON on stdout (the tables go
+/// to stderr), like every other command with `--json`; the oracle, which
+/// starts from a layout searched on the day and only keeps improving
+/// moves, is no worse than the day's `none` run.
+#[test]
+fn the_oracle_prints_its_json_on_stdout_and_beats_whole_gpus() {
+    let out = smartmig(&[
+        "bench", "oracle", "--quick", "--seeds", "1000", "--json", "-",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    let day = &json[0]["days"][0];
+    let none = day["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r[0] == "none")
+        .expect("a none row");
+    let oracle = day["oracle_et"].as_f64().expect("oracle ET");
+    assert!(oracle <= none[2].as_f64().expect("none's ET"), "{day}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("oracle"));
+}

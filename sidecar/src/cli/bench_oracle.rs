@@ -12,13 +12,13 @@
 //! days, every run of a day charged at the day's common horizon, rows with
 //! jobs left unserved ranked behind (the oracle optimises that very ET).
 
-use std::path::PathBuf;
+use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::args::GpuModelArg;
+use super::args::{GpuModelArg, JsonArg};
 use super::bench_suite::{search_for, shipped_learned, trace_scenarios, TraceArgs};
 use crate::eval::{run_scenario, Day, RowKind, ScenarioDays, ScenarioResult, SuiteConfig};
 use crate::learn::oracle::{from_whole, rollout};
@@ -71,9 +71,8 @@ pub struct OracleArgs {
     /// Print every move of the oracle (epoch, hour, GPU, layout).
     #[arg(long)]
     pub moves: bool,
-    /// Also write the tables as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub json: JsonArg,
 }
 
 /// One test day: every row's ET and the oracle's, all charged at the
@@ -130,7 +129,7 @@ pub fn run(a: &OracleArgs) -> Result<()> {
     for s in &scenarios {
         let r = run_scenario(s, &cfg, &mut |_| {})?;
         let days = oracle_days(a, s, &r)?;
-        print_table(&r, &days);
+        print_table(&mut *a.json.table(), &r, &days)?;
         out.push(OracleScenario {
             name: r.name.clone(),
             gpus: r.gpus,
@@ -139,11 +138,7 @@ pub fn run(a: &OracleArgs) -> Result<()> {
             days,
         });
     }
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&out)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    a.json.write(&out)
 }
 
 /// The scenarios to run: the trace's windows, a family's scenarios, or the
@@ -229,7 +224,7 @@ fn oracle_days(a: &OracleArgs, s: &ScenarioDays, r: &ScenarioResult) -> Result<V
         };
         let seconds = t0.elapsed().as_secs_f64();
         if a.moves {
-            print_moves(a.gpu.gpu_model, &test.label, &run);
+            print_moves(&mut *a.json.table(), a.gpu.gpu_model, &test.label, &run)?;
         }
         out.push(day_row(r, i, &test.label, &run, seconds));
     }
@@ -282,32 +277,42 @@ fn day_row(
     }
 }
 
-fn print_moves(model: GpuModel, label: &str, run: &crate::learn::oracle::OracleRun) {
+fn print_moves(
+    out: &mut dyn Write,
+    model: GpuModel,
+    label: &str,
+    run: &crate::learn::oracle::OracleRun,
+) -> Result<()> {
     let g = crate::mig::Geometry::of(model);
-    println!("oracle moves on {label}:");
+    writeln!(out, "oracle moves on {label}:")?;
     for (k, ds) in run.decisions.iter().enumerate() {
         for d in ds {
-            println!(
+            writeln!(
+                out,
                 "  epoch {k:>4} {:>5.2} h  gpu {:>3} -> {}",
                 run.hours.get(k).copied().unwrap_or(0.0),
                 d.gpu,
                 g.picture(d.target)
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 /// One table per scenario: a line per test day, a column per row (`U` =
 /// left jobs unserved), the oracle, its gain over greedy and over the best
 /// runnable row, and its cost; then the means.
-fn print_table(r: &ScenarioResult, days: &[DayRow]) {
-    let Some(first) = days.first() else { return };
-    println!(
+fn print_table(out: &mut dyn Write, r: &ScenarioResult, days: &[DayRow]) -> Result<()> {
+    let Some(first) = days.first() else {
+        return Ok(());
+    };
+    writeln!(
+        out,
         "{}: {} GPUs, exchange rate from the training days (1 s of mean tardiness = {:.0} J)",
         r.name,
         r.gpus,
         r.reference.joules_per_tardiness_s()
-    );
+    )?;
     let mut header = vec!["day".to_string()];
     header.extend(first.rows.iter().map(|x| x.0.clone()));
     header.extend(
@@ -354,6 +359,6 @@ fn print_table(r: &ScenarioResult, days: &[DayRow]) {
         pct(mean(&|d| d.oracle_vs_best_runnable)),
     ]);
     lines.push(l);
-    print!("{}", aligned(&lines));
-    println!();
+    writeln!(out, "{}", aligned(&lines))?;
+    Ok(())
 }
