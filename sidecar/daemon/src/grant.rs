@@ -10,10 +10,13 @@
 //! fewer shards than claimed is refused, and the instance has the job's
 //! granted size.
 //!
-//! Pure code: [`parse_grant`] reads the detail lines
-//! (`Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:3(IDX:0)`, typed GPUs
-//! `GRES=shard:mig0:3(IDX:0),shard:mig1:0(IDX:)`, whole GPUs
-//! `GRES=gpu:1(IDX:1)`).
+//! Pure code: [`parse_grant`] reads the detail lines. Slurm 22.05 lists
+//! the GPU indices (`Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:3(IDX:0)`, typed
+//! GPUs `GRES=shard:mig0:3(IDX:0),shard:mig1:0(IDX:)`, whole GPUs
+//! `GRES=gpu:1(IDX:1)`); 24.11 and 26.05 list a shared GRES as the job's
+//! share of every GPU of the node, in index order (`GRES=shard:3(3/7,0/7)`:
+//! 3 of GPU 0's 7 shards, none of GPU 1's), checked on both series' real
+//! `scontrol show job -d` (docs/slurm-integration.md, "Slurm series").
 
 /// GRES Slurm allocated to a job on one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,24 +85,32 @@ pub fn parse_grant(text: &str, node: &str) -> Option<Grant> {
             .split_whitespace()
             .find_map(|w| w.strip_prefix("GRES="))
             .unwrap_or("");
-        let mut g = Grant::default();
-        for entry in split_outside(gres, '(', ')') {
-            let Some((name, count, idx)) = parse_entry(entry) else {
-                continue;
-            };
-            match (name, idx.as_slice()) {
-                (_, []) => {}
-                ("shard", [one]) if count > 0 => g.shards.push((*one, count)),
-                // Shards on several GPUs: refused by `check` (one instance
-                // per job and node), whatever the split.
-                ("shard", list) if count > 0 => g.shards.extend(list.iter().map(|i| (*i, count))),
-                ("gpu", list) => g.gpus.extend(list),
-                _ => {}
-            }
-        }
-        found = Some(g);
+        found = Some(parse_gres(gres));
     }
     found
+}
+
+/// A job's GRES on one node as Slurm prints it (`scontrol show job -d`'s
+/// `GRES=` and `squeue --json`'s `gres_detail` entries): `shard:3(IDX:0)`,
+/// `gpu:1(IDX:1),shard:2(IDX:1)`, `shard:a100:2(0/4,2/4)`. Entries that do
+/// not parse count for nothing (a claim then finds no grant).
+pub fn parse_gres(gres: &str) -> Grant {
+    let mut g = Grant::default();
+    for entry in split_outside(gres, '(', ')') {
+        let Some((name, count, on)) = parse_entry(entry) else {
+            continue;
+        };
+        match name {
+            // Shards on several GPUs: refused by `check` (one instance
+            // per job and node), whatever the split.
+            "shard" if count > 0 => g
+                .shards
+                .extend(on.iter().map(|(i, n)| (*i, n.unwrap_or(count)))),
+            "gpu" => g.gpus.extend(on.iter().map(|(i, _)| *i)),
+            _ => {}
+        }
+    }
+    g
 }
 
 /// Checks the plugin's claim (`slices` on `gpu`) against `grant` and
@@ -145,18 +156,36 @@ fn split_outside(s: &str, open: char, close: char) -> Vec<&str> {
     out.into_iter().filter(|e| !e.is_empty()).collect()
 }
 
-/// `shard:mig0:3(IDX:0)` -> ("shard", 3, [0]); `gpu:2(IDX:0-1)` -> ("gpu",
-/// 2, [0, 1]).
-fn parse_entry(entry: &str) -> Option<(&str, u32, Vec<u32>)> {
+/// One GRES entry: its name, its count and the GPUs it is on, each with
+/// the job's own count there when Slurm says it (24.11+ shared GRES).
+/// `shard:mig0:3(IDX:0)` -> ("shard", 3, [(0, None)]); `gpu:2(IDX:0-1)` ->
+/// ("gpu", 2, [(0, None), (1, None)]); `shard:3(0/7,3/7)` -> ("shard", 3,
+/// [(1, Some(3))]).
+fn parse_entry(entry: &str) -> Option<(&str, u32, Vec<(u32, Option<u32>)>)> {
     let (head, tail) = entry.split_once('(').unwrap_or((entry, ""));
     let mut parts = head.split(':');
     let name = parts.next()?;
     let count = parts.next_back()?.parse().ok()?;
-    let idx = tail
-        .strip_prefix("IDX:")
-        .map(|s| s.trim_end_matches(')'))
-        .unwrap_or("");
-    Some((name, count, expand_ranges(idx)?))
+    let inner = tail.trim_end_matches(')');
+    let on = match inner.strip_prefix("IDX:") {
+        Some(idx) => expand_ranges(idx)?.into_iter().map(|i| (i, None)).collect(),
+        None => shares_per_gpu(inner)?,
+    };
+    Some((name, count, on))
+}
+
+/// `3/7,0/7` (24.11+: the job's share of each GPU of the node, in index
+/// order) -> the GPUs it has a share of, with that share; `""` -> [].
+fn shares_per_gpu(s: &str) -> Option<Vec<(u32, Option<u32>)>> {
+    let mut out = Vec::new();
+    for (i, part) in s.split(',').filter(|p| !p.is_empty()).enumerate() {
+        let (used, _total) = part.split_once('/')?;
+        let used: u32 = used.parse().ok()?;
+        if used > 0 {
+            out.push((u32::try_from(i).ok()?, Some(used)));
+        }
+    }
+    Some(out)
 }
 
 /// `0-2,5` -> [0, 1, 2, 5]; `""` -> [].
@@ -185,6 +214,40 @@ mod tests {
         JOB_GRES=shard:mig0:3,shard:mig1:0\n     \
         Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:mig0:3(IDX:0),shard:mig1:0(IDX:)\n   \
         TresPerNode=gres:shard:3\n";
+
+    /// `scontrol show job -d` of a `--gres=shard:3` job on Slurm 24.11.5
+    /// and 26.05.5 (the test cluster's two GPUs of 7 shards), 2026-11-28.
+    const SHARD_JOB_24_11: &str = "   JOB_GRES=shard:3\n     \
+        Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:3(3/7,0/7)\n   TresPerNode=gres/shard:3\n";
+
+    #[test]
+    fn reads_the_per_gpu_shares_of_slurm_24_11_and_later() {
+        let g = parse_grant(SHARD_JOB_24_11, "vm").expect("grant");
+        assert_eq!(g.shards, vec![(0, 3)]);
+        assert_eq!(check(&g, 0, 3), Ok(3));
+        assert!(check(&g, 1, 3).is_err());
+        let second = "     Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:2(0/7,2/7)";
+        assert_eq!(
+            parse_grant(second, "vm").expect("grant").shards,
+            vec![(1, 2)]
+        );
+        let split = "     Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:4(2/7,2/7)";
+        let g = parse_grant(split, "vm").expect("grant");
+        assert_eq!(g.shards, vec![(0, 2), (1, 2)]);
+        assert!(matches!(
+            check(&g, 0, 2),
+            Err(GrantError::SeveralGpus { .. })
+        ));
+        let typed = "     Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:mig0:3(3/7),shard:mig1:0(0/7)";
+        assert_eq!(
+            parse_grant(typed, "vm").expect("grant").shards,
+            vec![(0, 3)]
+        );
+        assert_eq!(
+            parse_grant("     Nodes=vm GRES=shard:3(x/7)", "vm").map(|g| g.shards),
+            Some(vec![])
+        );
+    }
 
     #[test]
     fn reads_the_shards_and_the_gpu_of_this_node() {

@@ -630,24 +630,10 @@ fn gres_gpu(detail: &Value) -> Option<u32> {
         _ => return None,
     };
     entries.iter().find_map(|e| {
-        let at = e.find("shard")?;
-        let rest = &e[at..];
-        let inside = rest.split_once('(')?.1.split(')').next()?;
-        if let Some(idx) = inside.strip_prefix("IDX:") {
-            let digits: String = idx.chars().take_while(char::is_ascii_digit).collect();
-            return digits.parse().ok();
-        }
-        inside
-            .split(',')
-            .position(|per_gpu| {
-                per_gpu
-                    .split('/')
-                    .next()
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .is_some_and(|n| n > 0)
-            })?
-            .try_into()
-            .ok()
+        crate::grant::parse_gres(e)
+            .shards
+            .first()
+            .map(|(gpu, _)| *gpu)
     })
 }
 
