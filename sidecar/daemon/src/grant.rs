@@ -156,12 +156,15 @@ fn split_outside(s: &str, open: char, close: char) -> Vec<&str> {
     out.into_iter().filter(|e| !e.is_empty()).collect()
 }
 
+/// A GPU index, with the job's count there when Slurm prints it.
+type GpuShare = (u32, Option<u32>);
+
 /// One GRES entry: its name, its count and the GPUs it is on, each with
 /// the job's own count there when Slurm says it (24.11+ shared GRES).
 /// `shard:mig0:3(IDX:0)` -> ("shard", 3, [(0, None)]); `gpu:2(IDX:0-1)` ->
 /// ("gpu", 2, [(0, None), (1, None)]); `shard:3(0/7,3/7)` -> ("shard", 3,
 /// [(1, Some(3))]).
-fn parse_entry(entry: &str) -> Option<(&str, u32, Vec<(u32, Option<u32>)>)> {
+fn parse_entry(entry: &str) -> Option<(&str, u32, Vec<GpuShare>)> {
     let (head, tail) = entry.split_once('(').unwrap_or((entry, ""));
     let mut parts = head.split(':');
     let name = parts.next()?;
@@ -176,7 +179,7 @@ fn parse_entry(entry: &str) -> Option<(&str, u32, Vec<(u32, Option<u32>)>)> {
 
 /// `3/7,0/7` (24.11+: the job's share of each GPU of the node, in index
 /// order) -> the GPUs it has a share of, with that share; `""` -> [].
-fn shares_per_gpu(s: &str) -> Option<Vec<(u32, Option<u32>)>> {
+fn shares_per_gpu(s: &str) -> Option<Vec<GpuShare>> {
     let mut out = Vec::new();
     for (i, part) in s.split(',').filter(|p| !p.is_empty()).enumerate() {
         let (used, _total) = part.split_once('/')?;
