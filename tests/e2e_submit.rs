@@ -141,10 +141,17 @@ fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
         &["--gres=gpu:2"],
         "--gres=gpu:2: on smartmig nodes a job gets one GPU per node, as one MIG instance; ask --gres=gpu:1 (billed as shard:7)",
     );
+    // The message quotes Slurm's own TRES text: `gres:gpu:1` on 22.05,
+    // `gres/gpu:1` from 23.11 (docs/slurm-integration.md, "Slurm series").
+    let tres = if smartmig_suite::slurm_release() >= (23, 11) {
+        "gres/gpu:1"
+    } else {
+        "gres:gpu:1"
+    };
     assert_refused(
         &cluster,
         &["--gpus=1"],
-        "tres_per_job=gres:gpu:1: on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1",
+        &format!("tres_per_job={tres}: on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1"),
     );
     assert_refused(
         &cluster,
