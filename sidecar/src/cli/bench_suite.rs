@@ -88,6 +88,13 @@ pub struct SuiteArgs {
     /// alone and both on seeds 500-503, docs/policy.md).
     #[arg(long, value_delimiter = ',', default_value = "static-hist,greedy")]
     pub shadow_fallback: Vec<String>,
+    /// Where our learned policies begin each day: `fitted` (the static
+    /// layout fitted on the training days, where `static-hist` starts; the
+    /// better start on the validation days of all three models,
+    /// docs/policy.md) or `own` (the file's initial layout, whole GPUs for
+    /// the shipped files). Greedy always starts from its own.
+    #[arg(long, value_name = "WHERE", default_value = "fitted", value_parser = ["own", "fitted"])]
+    pub start: String,
     /// Write one SVG bar chart per scenario into DIR.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
@@ -347,6 +354,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     // ... and as it runs with the shadow rule switching it during the day.
     cfg.shadow_for.clone_from(&cfg.fallback_for);
     cfg.shadow_fallbacks.clone_from(&a.shadow_fallback);
+    cfg.start_fitted = a.start == "fitted";
     cfg.shadow = crate::policy::shadow::ShadowRule::default()
         .with_overrides(&a.shadow)
         .context("--shadow")?;

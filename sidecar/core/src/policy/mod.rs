@@ -35,6 +35,7 @@ pub mod onnx;
 pub mod search;
 pub mod shadow;
 pub mod share;
+pub mod start;
 
 use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape, MAX_PROFILES};
 use crate::workload::SpeedupCurve;

@@ -85,6 +85,12 @@ pub struct SuiteConfig {
     /// on the training days), `none` (whole GPUs), or a policy spec such as
     /// `greedy`.
     pub shadow_fallbacks: Vec<String>,
+    /// Our learned candidates (`policy:` specs) begin each day from the
+    /// static layout fitted on the training days (as `static-hist` does)
+    /// instead of their own initial layout, in every row of theirs
+    /// ([`crate::policy::start`]). Greedy, a runnable heuristic, keeps its
+    /// own start.
+    pub start_fitted: bool,
 }
 
 impl Default for SuiteConfig {
@@ -100,6 +106,7 @@ impl Default for SuiteConfig {
             shadow_for: Vec::new(),
             shadow: ShadowRule::default(),
             shadow_fallbacks: vec!["static-hist".into(), "greedy".into()],
+            start_fitted: true,
         }
     }
 }
@@ -274,9 +281,11 @@ impl Scorer<'_> {
         );
         self.row(&row, RowKind::Candidate, description, &mut |i| {
             let day = &s.test[i];
-            let (spec_c, models_c) = (spec.to_string(), models.to_vec());
-            let mut make: Vec<MakePolicy> =
-                vec![Box::new(move || parse_policy(&spec_c, &models_c))];
+            let (spec_c, models_c, start) = (spec.to_string(), models.to_vec(), cfg.start_fitted);
+            let fitted_c = fitted.to_vec();
+            let mut make: Vec<MakePolicy> = vec![Box::new(move || {
+                candidate(&spec_c, &models_c, start, &fitted_c)
+            })];
             for f in &cfg.shadow_fallbacks {
                 make.push(shadow_fallback(f, fitted, &s.cluster, models));
             }
@@ -440,6 +449,25 @@ fn shadow_fallback(
     }
 }
 
+/// Candidate `spec`, started from `fitted` when `start_fitted` (the
+/// config's `start_fitted`).
+fn candidate(
+    spec: &str,
+    models: &[GpuModel],
+    start_fitted: bool,
+    fitted: &[crate::mig::Layout],
+) -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError> {
+    let inner = parse_policy(spec, models)?;
+    if !start_fitted || !spec.trim().starts_with("policy:") {
+        return Ok(inner);
+    }
+    Ok(Box::new(crate::policy::start::StartingFrom {
+        label: inner.name(),
+        inner,
+        layouts: fitted.to_vec(),
+    }))
+}
+
 /// Scores one scenario (module docs). `progress` hears each step's name.
 pub fn run_scenario(
     s: &ScenarioDays,
@@ -549,17 +577,21 @@ fn candidate_rows(
         spec: spec.to_string(),
         source,
     };
+    let sp = fitted.static_policy();
+    let start = cfg.start_fitted;
     for (name, spec) in &cfg.candidates {
         progress(name);
-        let description = parse_policy(spec, &models)
+        let mut description = parse_policy(spec, &models)
             .map_err(|e| policy_err(spec, e))?
             .describe();
+        if start && spec.trim().starts_with("policy:") {
+            description.push_str(", started from the layout fitted on the training days");
+        }
         sc.row(name, RowKind::Candidate, description, &mut |_| {
-            parse_policy(spec, &models).map_err(|e| policy_err(spec, e))
+            candidate(spec, &models, start, sp.layouts()).map_err(|e| policy_err(spec, e))
         })?;
     }
     let mut fallbacks = Vec::new();
-    let sp = fitted.static_policy();
     for (name, spec) in cfg
         .candidates
         .iter()
@@ -573,7 +605,7 @@ fn candidate_rows(
             &sc.reference,
             cfg.alpha,
             name,
-            &mut || parse_policy(spec, &models),
+            &mut || candidate(spec, &models, start, sp.layouts()),
         )
         .map_err(|e| match e {
             FallbackError::Sim(e) => sc.sim_err(e),
@@ -586,7 +618,7 @@ fn candidate_rows(
             &mut |_| match choice.chosen.as_str() {
                 "none" => Ok(Box::new(NoPartition)),
                 "static-hist" => Ok(Box::new(sp.clone())),
-                _ => parse_policy(spec, &models).map_err(|e| policy_err(spec, e)),
+                _ => candidate(spec, &models, start, sp.layouts()).map_err(|e| policy_err(spec, e)),
             },
         )?;
         fallbacks.push(choice);
@@ -678,6 +710,19 @@ mod tests {
             test,
             batch: false,
         }
+    }
+
+    #[test]
+    fn only_learned_candidates_start_from_the_fitted_layout() {
+        let g = crate::mig::Geometry::of(M);
+        let split = g.catalog()[g.catalog().len() - 1];
+        let mut greedy = candidate("greedy", &[M], true, &[split]).unwrap();
+        let mut own = parse_policy("greedy", &[M]).unwrap();
+        assert_ne!(own.initial_layout(0, g), split);
+        assert_eq!(greedy.initial_layout(0, g), own.initial_layout(0, g));
+        // A `policy:` spec is wrapped before its file is read: a missing
+        // file is the parse error, not a silent unwrapped policy.
+        assert!(candidate("policy:/nonexistent.onnx", &[M], true, &[split]).is_err());
     }
 
     fn describe(r: &ScenarioResult, policy: &str) -> String {
