@@ -165,9 +165,11 @@ pub fn drain_reason(gpu: u32, xid: u64) -> String {
     format!("smartmig: gpu {gpu} xid {xid}")
 }
 
-/// Whether a Slurm drain reason is one this module sets.
-pub fn is_health_reason(reason: &str) -> bool {
-    reason.starts_with("smartmig: gpu ") && reason.contains(" xid ")
+/// The (GPU, XID) of a drain reason this module set, if it is one.
+pub fn parse_reason(reason: &str) -> Option<(u32, u64)> {
+    let rest = reason.strip_prefix("smartmig: gpu ")?;
+    let (gpu, xid) = rest.split_once(" xid ")?;
+    Some((gpu.trim().parse().ok()?, xid.trim().parse().ok()?))
 }
 
 /// What the node needs from Slurm, given its GPUs' fatal marks.
@@ -178,6 +180,10 @@ pub enum NodeAction {
     Drain { reason: String },
     /// An admin resumed the node we drained: the GPUs' fatal marks go.
     ClearMarks,
+    /// The node is drained for GPU `gpu`'s XID `xid` (by an earlier run of
+    /// the daemon: marks live in memory, the drain reason in Slurm): the
+    /// mark is taken back, so the GPU stays out of service.
+    Adopt { gpu: u32, xid: u64 },
 }
 
 /// The node's Slurm state against its GPUs' health.
@@ -190,10 +196,22 @@ pub enum NodeAction {
 /// by an admin, who is trusted to have dealt with the GPU. Resuming after
 /// an admin's `smartmig health clear` is the existing rule for `smartmig:`
 /// reasons (the server resumes them once no GPU is out of service).
-pub fn node_action(fatal: &[(u32, u64)], drained: bool, we_drained: bool) -> NodeAction {
+pub fn node_action(
+    fatal: &[(u32, u64)],
+    drained: bool,
+    reason: &str,
+    we_drained: bool,
+) -> NodeAction {
+    if drained {
+        return match parse_reason(reason) {
+            Some((gpu, xid)) if !we_drained && !fatal.iter().any(|&(g, _)| g == gpu) => {
+                NodeAction::Adopt { gpu, xid }
+            }
+            _ => NodeAction::Nothing,
+        };
+    }
     match fatal.first() {
         None => NodeAction::Nothing,
-        Some(_) if drained => NodeAction::Nothing,
         Some(_) if we_drained => NodeAction::ClearMarks,
         Some(&(gpu, xid)) => NodeAction::Drain {
             reason: drain_reason(gpu, xid),
@@ -253,20 +271,34 @@ mod tests {
 
     #[test]
     fn node_actions() {
-        assert_eq!(node_action(&[], false, false), NodeAction::Nothing);
+        assert_eq!(node_action(&[], false, "", false), NodeAction::Nothing);
         assert_eq!(
-            node_action(&[(1, 79), (2, 48)], false, false),
+            node_action(&[(1, 79), (2, 48)], false, "", false),
             NodeAction::Drain {
                 reason: "smartmig: gpu 1 xid 79".into()
             }
         );
         // Drained already (by us or by an admin for another reason): leave it.
-        assert_eq!(node_action(&[(1, 79)], true, false), NodeAction::Nothing);
-        assert_eq!(node_action(&[(1, 79)], true, true), NodeAction::Nothing);
+        assert_eq!(
+            node_action(&[(1, 79)], true, "smartmig: gpu 1 xid 79", true),
+            NodeAction::Nothing
+        );
+        assert_eq!(
+            node_action(&[(1, 79)], true, "bad fan", false),
+            NodeAction::Nothing
+        );
         // We drained it and it is resumed: the admin's word stands.
-        assert_eq!(node_action(&[(1, 79)], false, true), NodeAction::ClearMarks);
-        assert!(is_health_reason(&drain_reason(3, 95)));
-        assert!(!is_health_reason("smartmig: sidecar unreachable"));
+        assert_eq!(
+            node_action(&[(1, 79)], false, "", true),
+            NodeAction::ClearMarks
+        );
+        // A restarted daemon takes the mark back from the drain reason.
+        assert_eq!(
+            node_action(&[], true, "smartmig: gpu 3 xid 95", false),
+            NodeAction::Adopt { gpu: 3, xid: 95 }
+        );
+        assert_eq!(parse_reason(&drain_reason(3, 95)), Some((3, 95)));
+        assert_eq!(parse_reason("smartmig: sidecar unreachable"), None);
     }
 
     proptest! {
