@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use super::args::JsonArg;
 use super::socket::SocketArgs;
-use crate::daemon::protocol::{MemoryStatus, ShadowStatus, StatusReply};
+use crate::daemon::protocol::{GpuHealthStatus, MemoryStatus, ShadowStatus, StatusReply};
 use crate::daemon::Client;
 
 #[derive(Debug, clap::Args)]
@@ -111,6 +111,9 @@ pub fn render(s: &StatusReply, now: i64) -> String {
                 .collect();
             let _ = writeln!(out, "  other users' jobs hold: {}", held.join(", "));
         }
+        if let Some(h) = &g.health {
+            render_gpu_health(&mut out, g.index, h);
+        }
         if g.instances.is_empty() {
             if g.others_busy.is_empty() {
                 let _ = writeln!(out, "  (no instances)");
@@ -138,6 +141,10 @@ pub fn render(s: &StatusReply, now: i64) -> String {
                 ),
                 (None, Some(idle)) => format!("idle {}", duration(idle)),
                 _ => "-".into(),
+            };
+            let state = match i.unhealthy_xid {
+                Some(x) => format!("{state}  UNHEALTHY (xid {x}: rebuilt once idle)"),
+                None => state,
             };
             let _ = writeln!(
                 out,
@@ -219,6 +226,19 @@ pub fn render(s: &StatusReply, now: i64) -> String {
         render_memory(&mut out, m);
     }
     out
+}
+
+/// A GPU's XIDs: out of service (and why), and the XIDs seen.
+fn render_gpu_health(out: &mut String, index: u32, h: &GpuHealthStatus) {
+    if let Some(x) = h.fatal_xid {
+        let _ = writeln!(
+            out,
+            "  OUT OF SERVICE: GPU-fatal XID {x}; no job is placed here and the node is drained \
+             (`smartmig: gpu {index} xid {x}`). Reset the GPU, then `smartmig health clear {index}`."
+        );
+    }
+    let seen: Vec<String> = h.xids.iter().map(|(x, n)| format!("{x} x{n}")).collect();
+    let _ = writeln!(out, "  XIDs seen: {}", seen.join(", "));
 }
 
 /// Which policy runs, and the day's shadow that chooses it.
@@ -364,10 +384,12 @@ mod tests {
                     busy_since: Some(1_700_000_000),
                     idle_s: None,
                     access_files: Vec::new(),
+ unhealthy_xid: None,
                 }],
                 idle_s: 0,
                 energy_j: Some(1500.0),
                 others_busy: [("1g.5gb".to_string(), 2)].into(),
+ health: None,
             }],
             memory: None,
             epilog_missing: false,

@@ -259,6 +259,7 @@ mod tests {
             idle_s: 0,
             energy_j: None,
             others_busy: Default::default(),
+ health: None,
         };
         let node = [NodeGpu {
             index: 0,
