@@ -142,7 +142,8 @@ fn an_instance_xid_keeps_jobs_off_it_and_it_is_rebuilt_when_idle() {
     let gi = gi_of(&emu, 0, &b.uuid);
     emu.inject_xid(0, 94, Some(gi)).unwrap();
     d.wait_until("second XID recorded", || {
-        scrape(port).contains("smartmig_xid_events_total{gpu=\"0\",xid=\"94\",class=\"instance\"} 2")
+        scrape(port)
+            .contains("smartmig_xid_events_total{gpu=\"0\",xid=\"94\",class=\"instance\"} 2")
     });
     let next = c.allocate(req(3, 0, 3, None)).unwrap();
     assert_ne!(next.uuid, b.uuid, "an unhealthy instance was handed out");
@@ -179,7 +180,10 @@ fn a_fatal_xid_stops_placement_on_the_gpu_and_drains_the_node_until_resumed() {
         "smartmig: gpu 1 xid 79"
     );
     let log = d.log();
-    assert!(log.contains("GPU-fatal XID") && log.contains("jobs=[1]"), "{log}");
+    assert!(
+        log.contains("GPU-fatal XID") && log.contains("jobs=[1]"),
+        "{log}"
+    );
     let err = c.allocate(req(2, 1, 1, None)).unwrap_err().to_string();
     assert!(err.contains("out of service after XID 79"), "{err}");
     c.allocate(req(3, 0, 1, None)).expect("GPU 0 still serves");

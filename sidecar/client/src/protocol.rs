@@ -640,7 +640,7 @@ pub struct GpuStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuHealthStatus {
     /// The GPU-fatal XID that put the GPU out of service (no placement,
-    /// node drained), until `smartmig health clear` or a node resume.
+    /// node drained), until an admin resumes the node in Slurm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fatal_xid: Option<u64>,
     /// XIDs seen since the daemon started, by number.

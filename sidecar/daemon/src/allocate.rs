@@ -77,7 +77,7 @@ pub enum Refusal {
         reason: String,
     },
     /// The GPU is out of service after a GPU-fatal XID ([`crate::health`]).
-    #[error("GPU {gpu} is out of service after XID {xid} (smartmig health clear {gpu} once it is reset)")]
+    #[error("GPU {gpu} is out of service after XID {xid} (the node is drained: reset the GPU, then resume the node)")]
     Unhealthy { gpu: u32, xid: u64 },
 }
 

@@ -15,7 +15,8 @@
 //!   NVLink error, 79 GPU has fallen off the bus, 95 uncontained ECC error
 //!   (all applications on the GPU affected, reset required), 119/120 GSP
 //!   RPC timeout / GSP error, 140 unrecovered ECC error. Placement stops on
-//!   the GPU and the node is drained (`smartmig: gpu N xid X`).
+//!   the GPU and the node is drained (`smartmig: gpu N xid X`) until an
+//!   admin resets the GPU and resumes the node.
 //! - **Application errors** ([`APPLICATION`]): 13 graphics engine
 //!   exception, 31 GPU memory page fault, 43 GPU stopped processing, 45
 //!   preemptive cleanup. The catalogue names user application errors as
@@ -147,7 +148,7 @@ impl GpuHealth {
         self.instances.remove(uuid);
     }
 
-    /// The GPU was reset and an admin cleared it: the fatal mark goes
+    /// The GPU was reset and an admin resumed the node: the fatal mark goes
     /// (instance marks stay until their rebuild). Returns the XID cleared.
     pub fn clear(&mut self) -> Option<u64> {
         self.fatal.take().map(|m| m.xid)
@@ -177,13 +178,18 @@ pub fn parse_reason(reason: &str) -> Option<(u32, u64)> {
 pub enum NodeAction {
     Nothing,
     /// `scontrol update nodename=N state=drain reason=R`.
-    Drain { reason: String },
+    Drain {
+        reason: String,
+    },
     /// An admin resumed the node we drained: the GPUs' fatal marks go.
     ClearMarks,
     /// The node is drained for GPU `gpu`'s XID `xid` (by an earlier run of
     /// the daemon: marks live in memory, the drain reason in Slurm): the
     /// mark is taken back, so the GPU stays out of service.
-    Adopt { gpu: u32, xid: u64 },
+    Adopt {
+        gpu: u32,
+        xid: u64,
+    },
 }
 
 /// The node's Slurm state against its GPUs' health.
@@ -193,9 +199,10 @@ pub enum NodeAction {
 /// daemon drained it for health and has not seen it resumed since. A node
 /// somebody else drained keeps its reason (a second drain would replace
 /// it); a node that was drained by us and is no longer drained was resumed
-/// by an admin, who is trusted to have dealt with the GPU. Resuming after
-/// an admin's `smartmig health clear` is the existing rule for `smartmig:`
-/// reasons (the server resumes them once no GPU is out of service).
+/// by an admin, who is trusted to have dealt with the GPU (reset it): that
+/// resume is how the daemon learns that the GPU recovered. NVML cannot
+/// say it for us: after XID 79 the GPU answers nothing until a reset, and
+/// after 48/95 it answers while its memory is not to be trusted.
 pub fn node_action(
     fatal: &[(u32, u64)],
     drained: bool,

@@ -308,7 +308,7 @@ mod help {
     );
     pub const GPU_HEALTHY: (&str, &str) = (
         "gpu_healthy",
-        "1 while the GPU is in service, 0 after a GPU-fatal XID until `smartmig health clear` or a node resume; labelled like dcgm-exporter's series (gpu, UUID, Hostname)",
+        "1 while the GPU is in service, 0 after a GPU-fatal XID until an admin resumes the node; labelled like dcgm-exporter's series (gpu, UUID, Hostname)",
     );
     pub const INSTANCE_HEALTHY: (&str, &str) = (
         "mig_instance_healthy",

@@ -1293,8 +1293,11 @@ impl SlurmClient for CommandSlurm {
     fn drain(&self, node: &str, reason: &str) -> Result<(), SlurmError> {
         let node_arg = format!("NodeName={node}");
         let reason_arg = format!("Reason={reason}");
-        self.run(&self.scontrol, &["update", &node_arg, "State=DRAIN", &reason_arg])
-            .map(|_| ())
+        self.run(
+            &self.scontrol,
+            &["update", &node_arg, "State=DRAIN", &reason_arg],
+        )
+        .map(|_| ())
     }
 }
 

@@ -296,9 +296,17 @@ impl Emulator {
     /// its id, with its compute instance's). Event sets registered for
     /// `nvmlEventTypeXidCriticalError` on that GPU hand it out once
     /// ([`event`]). An instance that does not exist is refused.
-    pub fn inject_xid(&self, gpu: u32, xid: u64, gpu_instance: Option<u32>) -> Result<(), EmuError> {
+    pub fn inject_xid(
+        &self,
+        gpu: u32,
+        xid: u64,
+        gpu_instance: Option<u32>,
+    ) -> Result<(), EmuError> {
         self.with(|st| {
-            let g = st.gpus.get(gpu as usize).ok_or_else(|| self.no_gpu(st, gpu))?;
+            let g = st
+                .gpus
+                .get(gpu as usize)
+                .ok_or_else(|| self.no_gpu(st, gpu))?;
             let instance = match gpu_instance {
                 None => None,
                 Some(gi) => {

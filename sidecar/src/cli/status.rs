@@ -234,7 +234,8 @@ fn render_gpu_health(out: &mut String, index: u32, h: &GpuHealthStatus) {
         let _ = writeln!(
             out,
             "  OUT OF SERVICE: GPU-fatal XID {x}; no job is placed here and the node is drained \
-             (`smartmig: gpu {index} xid {x}`). Reset the GPU, then `smartmig health clear {index}`."
+             (`smartmig: gpu {index} xid {x}`). Reset the GPU, then resume the node \
+             (`scontrol update nodename=<node> state=resume`)."
         );
     }
     let seen: Vec<String> = h.xids.iter().map(|(x, n)| format!("{x} x{n}")).collect();
@@ -384,12 +385,12 @@ mod tests {
                     busy_since: Some(1_700_000_000),
                     idle_s: None,
                     access_files: Vec::new(),
- unhealthy_xid: None,
+                    unhealthy_xid: None,
                 }],
                 idle_s: 0,
                 energy_j: Some(1500.0),
                 others_busy: [("1g.5gb".to_string(), 2)].into(),
- health: None,
+                health: None,
             }],
             memory: None,
             epilog_missing: false,

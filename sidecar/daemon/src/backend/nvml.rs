@@ -34,8 +34,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings as sys;
 
 use super::{Backend, BackendError, BackendInstance, GpuInfo, MemoryUse};
-use crate::health::{XidEvent, NOT_ATTRIBUTED};
 use crate::config::NvmlConfig;
+use crate::health::{XidEvent, NOT_ATTRIBUTED};
 use crate::mig::driver::driver_name;
 use crate::mig::{
     match_driver, DriverMatch, DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec, Shape,

@@ -41,7 +41,9 @@ pub(super) fn spawn(daemon: &Arc<Daemon>) {
                 Ok(Ok(None)) => failing = false,
                 Ok(Err(e)) => {
                     if !failing {
-                        tracing::error!("cannot wait for NVML XID events: {e}; retrying every 10 s");
+                        tracing::error!(
+                            "cannot wait for NVML XID events: {e}; retrying every 10 s"
+                        );
                     }
                     failing = true;
                     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -57,7 +59,11 @@ pub(super) fn spawn(daemon: &Arc<Daemon>) {
 /// drains the node after a GPU-fatal one.
 pub(super) async fn record(cx: &Cx<'_>, event: XidEvent) {
     let Some(gpu) = cx.books.gpus.get(event.gpu as usize) else {
-        tracing::warn!(gpu = event.gpu, xid = event.xid, "XID on a GPU smartmigd does not manage; ignored");
+        tracing::warn!(
+            gpu = event.gpu,
+            xid = event.xid,
+            "XID on a GPU smartmigd does not manage; ignored"
+        );
         return;
     };
     let mut st = gpu.state.lock().await;
@@ -147,7 +153,12 @@ async fn fatal_gpus(cx: &Cx<'_>) -> Vec<(u32, u64)> {
 pub(super) async fn settle_node(cx: &Cx<'_>, info: &NodeInfo) -> bool {
     let fatal = fatal_gpus(cx).await;
     let drained = &cx.books.health_drained;
-    let action = node_action(&fatal, info.drain, &info.reason, drained.load(Ordering::SeqCst));
+    let action = node_action(
+        &fatal,
+        info.drain,
+        &info.reason,
+        drained.load(Ordering::SeqCst),
+    );
     let node = cx.node.name.clone();
     match action {
         NodeAction::Nothing => {}
@@ -187,7 +198,7 @@ pub(super) async fn settle_node(cx: &Cx<'_>, info: &NodeInfo) -> bool {
                 st.book.health.record(xid, None, unix_now());
                 drained.store(true, Ordering::SeqCst);
                 tracing::warn!(gpu, xid, node = %node, reason = %info.reason,
-                    "the node is drained for this GPU's XID: the GPU stays out of service until `smartmig health clear` or a resume");
+                    "the node is drained for this GPU's XID: the GPU stays out of service until an admin resumes the node");
             }
             return false;
         }
