@@ -217,3 +217,38 @@ fn a_fatal_xid_stops_placement_on_the_gpu_and_drains_the_node_until_resumed() {
     c.allocate(req(4, 1, 1, None)).expect("GPU 1 serves again");
     assert!(!drain.exists(), "drained again after the admin's resume");
 }
+
+/// A node an admin drained for another reason keeps that reason through a
+/// GPU-fatal XID: smartmigd neither drains it again (which would replace
+/// the reason) nor resumes it; placement on the GPU still stops.
+#[test]
+fn a_fatal_xid_on_a_node_drained_by_someone_else_leaves_the_drain_alone() {
+    let port = free_port();
+    let d = start("health-admin-drain", 1, port);
+    let drain = d.dir.join("drain");
+    std::fs::write(&drain, "maintenance: bios update").unwrap();
+    let emu = emulator(&d);
+    let c = d.client();
+    emu.inject_xid(1, 48, None).unwrap();
+    d.wait_until("GPU 1 out of service", || {
+        c.status().unwrap().gpus[1]
+            .health
+            .as_ref()
+            .is_some_and(|h| h.fatal_xid == Some(48))
+    });
+    // A few epochs compare the node with Slurm.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(
+        std::fs::read_to_string(&drain).unwrap(),
+        "maintenance: bios update",
+        "{}",
+        d.log()
+    );
+    let calls = std::fs::read_to_string(d.dir.join("scontrol.log")).unwrap_or_default();
+    assert!(
+        !calls.contains("State=DRAIN") && !calls.contains("State=RESUME"),
+        "{calls}"
+    );
+    let err = c.allocate(req(1, 1, 1, None)).unwrap_err().to_string();
+    assert!(err.contains("out of service after XID 48"), "{err}");
+}

@@ -599,6 +599,9 @@ mod tests {
                                     );
                                 }
                             }
+                            Err(Refusal::Unhealthy { .. }) => {
+                                prop_assert!(false, "no XID was recorded, yet the GPU is unhealthy");
+                            }
                         }
                         for (uuid, job_id) in busy_before {
                             let inst = b.find_uuid(&uuid);
