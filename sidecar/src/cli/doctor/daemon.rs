@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn gpu_health_fails_on_a_fatal_xid_and_warns_on_an_instance() {
-        use smartmig::daemon::protocol::{GpuHealthStatus, InstanceStatus};
+        use crate::daemon::protocol::{GpuHealthStatus, InstanceStatus};
         let mut g = GpuStatus {
             index: 1,
             model: GpuModel::A100_40gb,
