@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::{Check, Context, NodeGpu};
-use crate::daemon::config::BackendKind;
+use crate::daemon::config::{BackendKind, Config};
 use crate::daemon::protocol::GpuStatus;
 use crate::daemon::Client;
 
@@ -243,7 +243,15 @@ pub fn check(ctx: &Context) -> Vec<Check> {
         ));
         return out;
     }
+    out.extend(status_checks(config, ctx));
+    out
+}
+
+/// What smartmigd's status says: its GPUs' health and whether they are
+/// the backend's.
+fn status_checks(config: &Config, ctx: &Context) -> Vec<Check> {
     let status = client(&config.socket).status();
+    let mut out = Vec::new();
     if let Ok(s) = &status {
         out.push(gpu_health_check(&s.gpus));
     }
