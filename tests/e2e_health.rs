@@ -10,54 +10,13 @@
 
 mod common;
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+use common::{held_job, instance_of, read, release};
 
-use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+use std::time::Duration;
 
-const JOB_TIMEOUT: Duration = Duration::from_secs(90);
+use smartmig_suite::{plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
 
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// A job that prints its instance, then waits for `GO/go.<job id>`.
-fn held_job(go: &Path) -> String {
-    format!(
-        "echo CVD=$CUDA_VISIBLE_DEVICES; \
-         for i in $(seq 900); do [ -e {g}/go.$SLURM_JOB_ID ] && break; sleep 0.1; done",
-        g = go.display()
-    )
-}
-
-fn instance_of(cluster: &SlurmCluster, out: &Path) -> String {
-    let start = Instant::now();
-    loop {
-        if let Some(cvd) = fields(&read(out)).get("CVD") {
-            return cvd.clone();
-        }
-        assert!(
-            start.elapsed() < JOB_TIMEOUT,
-            "{} names no instance: {:?}\n{}",
-            out.display(),
-            read(out),
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn finish(cluster: &SlurmCluster, job: u32, out: &Path) {
-    std::fs::write(cluster.shared_dir().join(format!("go.{job}")), b"").expect("go file");
-    let state = cluster.wait_job(job, JOB_TIMEOUT);
-    assert_eq!(
-        state,
-        "COMPLETED",
-        "job {job}: {}\n{}",
-        read(out),
-        cluster.log_tails()
-    );
-}
+const JOB_TIMEOUT: Duration = common::HELD_JOB_TIMEOUT;
 
 /// `scontrol show node`'s text.
 fn show_node(cluster: &SlurmCluster) -> String {
@@ -98,7 +57,7 @@ fn xids_keep_jobs_off_an_instance_and_drain_the_node_until_resumed() {
     // log, and once job 1 ends the instance is destroyed and rebuilt.
     let out1 = shared.join("one.out");
     let job1 = cluster.sbatch_as_job_user(&out1, &["--gres=shard:3"], &held_job(&shared));
-    let sick = instance_of(&cluster, &out1);
+    let (sick, _) = instance_of(&cluster, &out1);
     let (gpu, gi) = (0..2u32)
         .find_map(|g| {
             let list = emu.instances(g).expect("emulator instances");
@@ -115,7 +74,7 @@ fn xids_keep_jobs_off_an_instance_and_drain_the_node_until_resumed() {
     });
     let log = cluster.smartmigd_log();
     assert!(log.contains(&format!("job=Some({job1})")), "{log}");
-    finish(&cluster, job1, &out1);
+    release(&cluster, job1, &out1);
     wait(&cluster, &sidecar, "instance rebuilt", || {
         !Sidecar::instances(&sidecar.status())
             .iter()
@@ -123,9 +82,9 @@ fn xids_keep_jobs_off_an_instance_and_drain_the_node_until_resumed() {
     });
     let out2 = shared.join("two.out");
     let job2 = cluster.sbatch_as_job_user(&out2, &["--gres=shard:3"], &held_job(&shared));
-    let second = instance_of(&cluster, &out2);
+    let (second, _) = instance_of(&cluster, &out2);
     assert_ne!(second, sick, "a job got the instance the XID marked");
-    finish(&cluster, job2, &out2);
+    release(&cluster, job2, &out2);
 
     // An XID 79 on GPU 1: the node is drained with smartmig's reason and a
     // new job waits; the admin's resume brings both back.
