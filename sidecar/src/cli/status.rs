@@ -364,8 +364,8 @@ fn render_memory(out: &mut String, m: &MemoryStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::protocol::WaitingJob;
     use crate::daemon::protocol::InstanceStatus;
+    use crate::daemon::protocol::WaitingJob;
 
     #[test]
     fn gpu_health_shows_out_of_service_and_unhealthy_instances() {
