@@ -18,59 +18,16 @@
 
 mod common;
 
+use common::{held_job, instance_of, read, release};
+
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use smartmig_mig::{GpuModel, Shape};
 use smartmig_nvml_emu::{Emulator, Fault};
-use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+use smartmig_suite::{plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// A job that prints what it got, then waits for `GO/go.<job id>`.
-fn held_job(go: &Path) -> String {
-    format!(
-        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE; \
-         for i in $(seq 900); do [ -e {g}/go.$SLURM_JOB_ID ] && break; sleep 0.1; done",
-        g = go.display()
-    )
-}
-
-/// Waits until `out` names the instance the job got; returns (uuid, profile).
-fn instance_of(cluster: &SlurmCluster, out: &Path) -> (String, String) {
-    let start = Instant::now();
-    loop {
-        let f = fields(&read(out));
-        if let (Some(cvd), Some(profile)) = (f.get("CVD"), f.get("PROFILE")) {
-            return (cvd.clone(), profile.clone());
-        }
-        assert!(
-            start.elapsed() < JOB_TIMEOUT,
-            "{} names no instance: {:?}\n{}",
-            out.display(),
-            read(out),
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn release(cluster: &SlurmCluster, job: u32, out: &Path) {
-    std::fs::write(cluster.shared_dir().join(format!("go.{job}")), b"").expect("write go file");
-    let state = cluster.wait_job(job, JOB_TIMEOUT);
-    assert_eq!(
-        state,
-        "COMPLETED",
-        "job {job}: {}\n{}",
-        read(out),
-        cluster.log_tails()
-    );
-}
 
 /// The GPU index and job of instance `uuid` in `smartmig status`.
 fn in_status(sidecar: &Sidecar, uuid: &str) -> Option<(u64, Option<u64>)> {

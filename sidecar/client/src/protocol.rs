@@ -630,6 +630,21 @@ pub struct GpuStatus {
     /// `instances`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub others_busy: BTreeMap<String, u32>,
+    /// XIDs NVML reported for this GPU (absent when none, and from daemons
+    /// that predate them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<GpuHealthStatus>,
+}
+
+/// A GPU's XID record in a status reply.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHealthStatus {
+    /// The GPU-fatal XID that put the GPU out of service (no placement,
+    /// node drained), until an admin resumes the node in Slurm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fatal_xid: Option<u64>,
+    /// XIDs seen since the daemon started, by number.
+    pub xids: BTreeMap<u64, u64>,
 }
 
 /// One instance in a status reply.
@@ -659,6 +674,10 @@ pub struct InstanceStatus {
     /// `isolate_devices` is off).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub access_files: Vec<String>,
+    /// The XID that marked the instance unhealthy: no job is placed on it
+    /// and it is rebuilt once idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_xid: Option<u64>,
 }
 
 /// Stable error kinds: clients (the SPANK plugin) branch on these, never on messages.

@@ -10,6 +10,7 @@
 //! re-shape idle instances ([`Geometry::reshape_for`]), else no fit. All
 //! geometry comes from [`crate::mig`]; nothing is re-implemented here.
 
+use crate::health::GpuHealth;
 use crate::mig::{select_profile, Geometry, Layout, PlacementId, ProfileSpec, SelectError};
 
 pub use crate::formats::journal::Assignment;
@@ -75,6 +76,9 @@ pub enum Refusal {
         profile: &'static ProfileSpec,
         reason: String,
     },
+    /// The GPU is out of service after a GPU-fatal XID ([`crate::health`]).
+    #[error("GPU {gpu} is out of service after XID {xid} (the node is drained: reset the GPU, then resume the node)")]
+    Unhealthy { gpu: u32, xid: u64 },
 }
 
 /// The daemon's view of one GPU: its instances and who holds them.
@@ -85,6 +89,8 @@ pub struct GpuBook {
     pub instances: Vec<Instance>,
     /// Unix seconds when the GPU last became fully idle.
     pub idle_since: u64,
+    /// XID marks: the GPU's and its instances' ([`crate::health`]).
+    pub health: GpuHealth,
 }
 
 impl GpuBook {
@@ -94,6 +100,7 @@ impl GpuBook {
             geometry,
             instances: Vec::new(),
             idle_since: now,
+            health: GpuHealth::default(),
         }
     }
 
@@ -124,6 +131,12 @@ impl GpuBook {
 
     /// Decides how to serve `need` (see the module docs for the order).
     pub fn plan(&self, need: Need) -> Result<(&'static ProfileSpec, Plan), Refusal> {
+        if let Some(mark) = self.health.fatal {
+            return Err(Refusal::Unhealthy {
+                gpu: self.index,
+                xid: mark.xid,
+            });
+        }
         let profile = select_profile(self.geometry.spec, need.slices, need.memory_gb)?;
         let plan = self.plan_profile(profile, need.memory_gb.unwrap_or(0.0))?;
         let got = match &plan {
@@ -138,7 +151,8 @@ impl GpuBook {
     /// How to get an instance of `profile`'s compute size with at least
     /// `want_gb` of memory: reuse the idle one with the least sufficient
     /// memory, else create `profile` in free space, else re-shape idle
-    /// instances for it.
+    /// instances for it. An unhealthy instance is never reused (it waits,
+    /// idle, for its rebuild; a re-shape may destroy it).
     pub fn plan_profile(
         &self,
         profile: &'static ProfileSpec,
@@ -149,7 +163,7 @@ impl GpuBook {
         let reuse = self
             .instances
             .iter()
-            .filter(|i| i.job.is_none())
+            .filter(|i| i.job.is_none() && self.health.instance_ok(&i.uuid))
             .filter(|i| {
                 let p = g.placement(i.placement).profile;
                 p.shape.compute == profile.shape.compute && f64::from(p.memory_gb) >= want_gb
@@ -262,7 +276,22 @@ impl GpuBook {
             self.instances[pos].job.is_none(),
             "removing busy instance {uuid}"
         );
+        self.health.forget(uuid);
         Some(self.instances.remove(pos))
+    }
+
+    /// Idle instances an XID marked unhealthy: destroy and rebuild them.
+    pub fn rebuild_due(&self) -> Vec<(String, PlacementId)> {
+        self.instances
+            .iter()
+            .filter(|i| i.job.is_none() && !self.health.instance_ok(&i.uuid))
+            .map(|i| (i.uuid.clone(), i.placement))
+            .collect()
+    }
+
+    /// The instance NVML calls GPU instance `gi` here, if the daemon has it.
+    pub fn find_gpu_instance(&self, gi: u32) -> Option<&Instance> {
+        self.instances.iter().find(|i| i.gi == Some(gi))
     }
 
     /// Gives an idle instance to a job. Panics if the instance is held or the
@@ -353,6 +382,29 @@ mod tests {
         let uuid = apply(b, &plan, s);
         b.assign(&uuid, job(id));
         Ok((uuid, plan))
+    }
+
+    #[test]
+    fn unhealthy_instances_are_not_reused_and_a_fatal_gpu_refuses() {
+        let mut b = book();
+        let mut s = 0;
+        let need = Need {
+            slices: 1,
+            memory_gb: None,
+        };
+        let (sick, _) = allocate(&mut b, 1, 1, None, &mut s).unwrap();
+        b.release(1, 0);
+        b.health.record(94, Some(&sick), 0);
+        // The idle, unhealthy 1g is not reused: a new one is made beside it.
+        let (_, plan) = b.plan(need).unwrap();
+        assert!(matches!(plan, Plan::Create { .. }), "{plan:?}");
+        assert_eq!(b.rebuild_due().len(), 1);
+        b.remove_instance(&sick).unwrap();
+        assert!(b.rebuild_due().is_empty() && b.health.instance_ok(&sick));
+        b.health.record(79, None, 0);
+        assert_eq!(b.plan(need), Err(Refusal::Unhealthy { gpu: 1, xid: 79 }));
+        b.health.clear();
+        assert!(b.plan(need).is_ok());
     }
 
     #[test]
@@ -546,6 +598,9 @@ mod tests {
                                         profile.name(), g.placement(id).describe(), g.picture(busy)
                                     );
                                 }
+                            }
+                            Err(Refusal::Unhealthy { .. }) => {
+                                prop_assert!(false, "no XID was recorded, yet the GPU is unhealthy");
                             }
                         }
                         for (uuid, job_id) in busy_before {

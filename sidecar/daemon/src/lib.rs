@@ -11,6 +11,7 @@
 //! | [`policy_choice`] | which repartitioning policy runs, from the config (shared by validation and the server) | loads a policy file |
 //! | [`shadow`] | `[shadow]` settings; the node's day as simulator jobs, replayed to choose between the policy and its fallback | no |
 //! | [`allocate`] | the allocation decision on one GPU ([`allocate::GpuBook`]) | no |
+//! | [`health`] | what an NVML XID means for a GPU or a MIG instance, one GPU's health marks, the node's drain | no |
 //! | [`placement`] | which waiting allocate goes first, and which profile it gets (the `placement` setting) | loads a placement file |
 //! | [`access`] | device isolation: an instance's access files belong to its job's user, or to root | chown/chmod |
 //! | [`backend`] | MIG backends: `sim` (persisted) and `nvml` | yes |
@@ -35,6 +36,7 @@ pub mod backend;
 pub mod config;
 pub mod fsutil;
 pub mod grant;
+pub mod health;
 pub mod holds;
 pub mod jobmap;
 pub mod journal;

@@ -63,6 +63,22 @@ struct GpuLabel {
     gpu: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabel {
+    gpu: String,
+    xid: String,
+    class: String,
+}
+
+/// A whole GPU labelled as dcgm-exporter labels it.
+#[allow(non_snake_case)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DcgmGpuLabel {
+    gpu: String,
+    UUID: String,
+    Hostname: String,
+}
+
 /// One MIG instance labelled as dcgm-exporter labels its series, so that
 /// a PromQL join on (`Hostname`, `gpu`, `GPU_I_ID`) pairs them.
 #[allow(non_snake_case)]
@@ -116,6 +132,8 @@ pub struct MigInstance {
     pub gi: Option<u32>,
     pub job: Option<u64>,
     pub compute: u8,
+    /// No XID marked it unhealthy ([`crate::health`]).
+    pub healthy: bool,
 }
 
 /// What the scrape-time gauges show, read from the books at the scrape.
@@ -124,6 +142,8 @@ pub struct Scrape {
     pub instances: Vec<MigInstance>,
     /// Energy used per GPU (J).
     pub energy: Vec<(u32, f64)>,
+    /// Per GPU: its UUID and whether it is in service (no GPU-fatal XID).
+    pub gpus_healthy: Vec<(u32, String, bool)>,
     pub epilog_missing: bool,
     /// The host name (DCGM's `Hostname`).
     pub hostname: String,
@@ -169,6 +189,9 @@ pub struct Metrics {
     policy: Family<PolicyLabel, Gauge>,
     policy_running: Family<RunningLabel, Gauge>,
     shadow_switches: Family<ToLabel, Counter>,
+    xid_events: Family<XidLabel, Counter>,
+    gpu_healthy: Family<DcgmGpuLabel, Gauge>,
+    instance_healthy: Family<DcgmLabel, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -279,6 +302,18 @@ mod help {
         "shadow_switches",
         "Hand-overs by the day's shadow, by the role that took over (fallback, learned)",
     );
+    pub const XID_EVENTS: (&str, &str) = (
+        "xid_events",
+        "NVML XID events by GPU, XID and class (gpu_fatal: the GPU is out of service and the node drained; instance: the MIG instance is rebuilt; counted: logged only)",
+    );
+    pub const GPU_HEALTHY: (&str, &str) = (
+        "gpu_healthy",
+        "1 while the GPU is in service, 0 after a GPU-fatal XID until an admin resumes the node; labelled like dcgm-exporter's series (gpu, UUID, Hostname)",
+    );
+    pub const INSTANCE_HEALTHY: (&str, &str) = (
+        "mig_instance_healthy",
+        "1 for a healthy MIG instance, 0 after an XID marked it (rebuilt once idle); labelled like smartmig_mig_instance_busy",
+    );
     pub const EPOCHS: (&str, &str) = (
         "epochs",
         "Epochs of the repartitioning loop that ran to the end",
@@ -339,6 +374,9 @@ impl Metrics {
             policy: registered(r, help::POLICY, Family::default()),
             policy_running: registered(r, help::POLICY_RUNNING, Family::default()),
             shadow_switches: registered(r, help::SHADOW_SWITCHES, Family::default()),
+            xid_events: registered(r, help::XID_EVENTS, Family::default()),
+            gpu_healthy: registered(r, help::GPU_HEALTHY, Family::default()),
+            instance_healthy: registered(r, help::INSTANCE_HEALTHY, Family::default()),
             registry,
         }
     }
@@ -440,6 +478,17 @@ impl Metrics {
         self.pending_plans.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// One XID event on `gpu`, of `class` ([`crate::health`]).
+    pub fn xid(&self, gpu: u32, xid: u64, class: &str) {
+        self.xid_events
+            .get_or_create(&XidLabel {
+                gpu: gpu.to_string(),
+                xid: xid.to_string(),
+                class: class.into(),
+            })
+            .inc();
+    }
+
     /// `n` instances freed by the reaper.
     pub fn reaped(&self, n: u64) {
         self.reaped.inc_by(n);
@@ -455,6 +504,16 @@ impl Metrics {
                     gpu: gpu.to_string(),
                 })
                 .set(j);
+        }
+        self.gpu_healthy.clear();
+        for (gpu, uuid, ok) in &now.gpus_healthy {
+            self.gpu_healthy
+                .get_or_create(&DcgmGpuLabel {
+                    gpu: gpu.to_string(),
+                    UUID: uuid.clone(),
+                    Hostname: now.hostname.clone(),
+                })
+                .set(i64::from(*ok));
         }
         self.waiting.clear();
         for (profile, n) in &now.waiting {
@@ -503,6 +562,7 @@ impl Metrics {
         self.instances.clear();
         self.slices.clear();
         self.dcgm.clear();
+        self.instance_healthy.clear();
         for i in &now.instances {
             let state = if i.job.is_some() { "busy" } else { "idle" };
             self.instances
@@ -519,15 +579,19 @@ impl Metrics {
                     state: state.into(),
                 })
                 .inc_by(i64::from(i.compute));
+            let label = DcgmLabel {
+                gpu: i.gpu.to_string(),
+                UUID: i.gpu_uuid.clone(),
+                GPU_I_PROFILE: i.profile.clone(),
+                GPU_I_ID: i.gi.map(|g| g.to_string()).unwrap_or_default(),
+                Hostname: now.hostname.clone(),
+                hpc_job: i.job.map(|j| j.to_string()).unwrap_or_default(),
+            };
+            self.instance_healthy
+                .get_or_create(&label)
+                .set(i64::from(i.healthy));
             self.dcgm
-                .get_or_create(&DcgmLabel {
-                    gpu: i.gpu.to_string(),
-                    UUID: i.gpu_uuid.clone(),
-                    GPU_I_PROFILE: i.profile.clone(),
-                    GPU_I_ID: i.gi.map(|g| g.to_string()).unwrap_or_default(),
-                    Hostname: now.hostname.clone(),
-                    hpc_job: i.job.map(|j| j.to_string()).unwrap_or_default(),
-                })
+                .get_or_create(&label)
                 .set(i64::from(i.job.is_some()));
         }
     }
@@ -546,6 +610,7 @@ mod tests {
         m.panic("status");
         m.epoch();
         m.shadow_switch("fallback");
+        m.xid(0, 79, "gpu_fatal");
         let text = m.render(&Scrape {
             instances: vec![MigInstance {
                 gpu: 0,
@@ -554,8 +619,10 @@ mod tests {
                 gi: Some(2),
                 job: Some(4711),
                 compute: 3,
+                healthy: false,
             }],
             energy: vec![(0, 12.5)],
+            gpus_healthy: vec![(0, "GPU-1".into(), false)],
             epilog_missing: true,
             hostname: "n1".into(),
             waiting: vec![("7g.40gb".into(), 2)],
@@ -588,6 +655,9 @@ mod tests {
             "smartmig_policy_running{policy=\"policy:p.onnx\",role=\"learned\"} 0",
             "smartmig_policy_running{policy=\"greedy\",role=\"fallback\"} 1",
             "smartmig_shadow_switches_total{to=\"fallback\"} 1",
+            "smartmig_xid_events_total{gpu=\"0\",xid=\"79\",class=\"gpu_fatal\"} 1",
+            "smartmig_gpu_healthy{gpu=\"0\",UUID=\"GPU-1\",Hostname=\"n1\"} 0",
+            "smartmig_mig_instance_healthy{gpu=\"0\",UUID=\"GPU-1\",GPU_I_PROFILE=\"3g.20gb\",GPU_I_ID=\"2\",Hostname=\"n1\",hpc_job=\"4711\"} 0",
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }

@@ -460,6 +460,14 @@ pub trait SlurmClient: Send + Sync {
     fn set_node_features(&self, node: &str, features: &NodeFeatures) -> Result<(), SlurmError>;
     /// `scontrol update NodeName=N State=RESUME`.
     fn resume(&self, node: &str) -> Result<(), SlurmError>;
+    /// `scontrol update NodeName=N State=DRAIN Reason=R`.
+    fn drain(&self, node: &str, reason: &str) -> Result<(), SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: format!("scontrol update NodeName={node} State=DRAIN Reason={reason}"),
+            status: "not supported by this client".into(),
+            stderr: String::new(),
+        })
+    }
     /// The node's `gpu` GRES as slurmd parsed gres.conf (`slurmd -G`):
     /// Slurm's GPU index and its device file. Clients that cannot tell
     /// say so (the daemon then skips the check).
@@ -1280,6 +1288,16 @@ impl SlurmClient for CommandSlurm {
         let node_arg = format!("NodeName={node}");
         self.run(&self.scontrol, &["update", &node_arg, "State=RESUME"])
             .map(|_| ())
+    }
+
+    fn drain(&self, node: &str, reason: &str) -> Result<(), SlurmError> {
+        let node_arg = format!("NodeName={node}");
+        let reason_arg = format!("Reason={reason}");
+        self.run(
+            &self.scontrol,
+            &["update", &node_arg, "State=DRAIN", &reason_arg],
+        )
+        .map(|_| ())
     }
 }
 

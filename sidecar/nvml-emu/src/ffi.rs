@@ -1169,12 +1169,178 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     })
 }
 
+// ---------------------------------------------------------------- events
+
+const SET_TAG: u64 = 4;
+
+fn set_handle(id: u32) -> sys::nvmlEventSet_t {
+    to_ptr((SET_TAG << 32) | u64::from(id))
+}
+
+fn decode_set(h: sys::nvmlEventSet_t) -> Option<u32> {
+    let v = value(h);
+    (v >> 32 == SET_TAG).then_some((v & 0xFFFF_FFFF) as u32)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> nvmlReturn_t {
+    call("nvmlEventSetCreate", None, |_, st| {
+        nonnull(set)?;
+        let id = st.events.create_set();
+        // SAFETY: NVML's contract for `set`.
+        unsafe { put(set, set_handle(id)) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> nvmlReturn_t {
+    call("nvmlEventSetFree", None, |_, st| {
+        let id = decode_set(set).ok_or(INVALID_ARGUMENT)?;
+        if st.events.free_set(id) {
+            Ok(())
+        } else {
+            Err(INVALID_ARGUMENT)
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    dev: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    call(
+        "nvmlDeviceGetSupportedEventTypes",
+        decode_dev(dev).map(Dev::gpu),
+        |_, st| {
+            whole_gpu(st, dev)?;
+            // SAFETY: NVML's contract for `types`.
+            unsafe { put(types, crate::event::XID_CRITICAL_ERROR) }
+        },
+    )
+}
+
+/// Registers a whole GPU of the set for XIDs (the only event type the
+/// emulator has: other types are NOT_SUPPORTED, as on a GPU that lacks them).
+#[no_mangle]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    dev: nvmlDevice_t,
+    types: c_ulonglong,
+    set: sys::nvmlEventSet_t,
+) -> nvmlReturn_t {
+    call(
+        "nvmlDeviceRegisterEvents",
+        decode_dev(dev).map(Dev::gpu),
+        |_, st| {
+            let gpu = whole_gpu(st, dev)?;
+            if types & !crate::event::XID_CRITICAL_ERROR != 0 {
+                return Err(NOT_SUPPORTED);
+            }
+            let id = decode_set(set).ok_or(INVALID_ARGUMENT)?;
+            let s = st.events.set_mut(id).ok_or(INVALID_ARGUMENT)?;
+            if !s.gpus.contains(&gpu) {
+                s.gpus.push(gpu);
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Hands out the set's next XID, waiting up to `timeoutms` for one
+/// (`NVML_ERROR_TIMEOUT` when none came). The wait polls the state
+/// read-only every 20 ms and counts as one call.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: sys::nvmlEventSet_t,
+    data: *mut sys::nvmlEventData_t,
+    timeoutms: c_uint,
+) -> nvmlReturn_t {
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(u64::from(timeoutms));
+    let mut first = true;
+    loop {
+        let mut got = None;
+        let take = |_: &Path, st: &mut State| {
+            nonnull(data)?;
+            let id = decode_set(set).ok_or(INVALID_ARGUMENT)?;
+            st.events.set_mut(id).ok_or(INVALID_ARGUMENT)?;
+            got = st.events.take(id);
+            Ok(())
+        };
+        let code = if first {
+            call("nvmlEventSetWait_v2", None, take)
+        } else {
+            call_uncounted(take)
+        };
+        first = false;
+        if code != SUCCESS {
+            return code;
+        }
+        if let Some(x) = got {
+            let out = sys::nvmlEventData_t {
+                device: gpu_handle(x.gpu),
+                eventType: crate::event::XID_CRITICAL_ERROR,
+                eventData: x.xid,
+                gpuInstanceId: x.gpu_instance,
+                computeInstanceId: x.compute_instance,
+            };
+            // SAFETY: NVML's contract for `data` (checked non-null above).
+            return guard(|| unsafe { put(data, out) }.err().unwrap_or(SUCCESS));
+        }
+        if !poll_until(set, deadline) {
+            return sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT;
+        }
+    }
+}
+
+/// Sleeps in 20 ms steps until set `set` has an XID waiting (true) or
+/// `deadline` passes (false), reading the state without changing it.
+fn poll_until(set: sys::nvmlEventSet_t, deadline: std::time::Instant) -> bool {
+    let Some(id) = decode_set(set) else {
+        return false;
+    };
+    let Some(dir) = DIR.lock().unwrap_or_else(PoisonError::into_inner).clone() else {
+        return false;
+    };
+    loop {
+        if state::peek(&dir, |st| crate::event::waiting(st, id)).unwrap_or(false) {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep((deadline - now).min(std::time::Duration::from_millis(20)));
+    }
+}
+
+/// A transaction that neither counts as a call nor consults the faults.
+fn call_uncounted(op: impl FnOnce(&Path, &mut State) -> Result<(), Code>) -> Code {
+    guard(|| {
+        let dir = DIR.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        match dir {
+            Some(dir) if INIT.load(Ordering::SeqCst) > 0 => {
+                match state::transact(&dir, |st| op(&dir, st)) {
+                    Ok(r) => r.err().unwrap_or(SUCCESS),
+                    Err(e) => {
+                        eprintln!("smartmig-nvml-emu: nvmlEventSetWait_v2: {e}");
+                        UNKNOWN
+                    }
+                }
+            }
+            _ => UNINITIALIZED,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn handles_round_trip() {
+        assert_eq!(decode_set(set_handle(5)), Some(5));
+        assert_eq!(decode_set(gpu_handle(5).cast()), None);
         assert_eq!(decode_dev(gpu_handle(3)), Some(Dev::Gpu(3)));
         assert_eq!(
             decode_dev(mig_handle(1, 13, 0)),

@@ -16,11 +16,13 @@
 //! [`mig`]); faults are in [`fault`].
 //!
 //! Modules: [`ffi`] (the exports), [`state`] (state file and locking),
-//! [`mig`] (what the driver accepts), [`fault`] (injected errors).
+//! [`mig`] (what the driver accepts), [`fault`] (injected errors),
+//! [`event`] (injected XID events).
 
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("the emulator encodes handles in 64-bit pointers");
 
+pub mod event;
 pub mod fault;
 pub mod ffi;
 pub mod mig;
@@ -285,6 +287,39 @@ impl Emulator {
     pub fn inject(&self, fault: Fault) -> Result<(), EmuError> {
         self.with(|st| {
             st.faults.push(fault);
+            Ok(())
+        })
+    }
+
+    /// Injects XID `xid` on `gpu`: on the whole GPU (`gpu_instance`
+    /// `None`, as NVML reports a GPU-wide error) or on one GPU instance (by
+    /// its id, with its compute instance's). Event sets registered for
+    /// `nvmlEventTypeXidCriticalError` on that GPU hand it out once
+    /// ([`event`]). An instance that does not exist is refused.
+    pub fn inject_xid(
+        &self,
+        gpu: u32,
+        xid: u64,
+        gpu_instance: Option<u32>,
+    ) -> Result<(), EmuError> {
+        self.with(|st| {
+            let g = st
+                .gpus
+                .get(gpu as usize)
+                .ok_or_else(|| self.no_gpu(st, gpu))?;
+            let instance = match gpu_instance {
+                None => None,
+                Some(gi) => {
+                    let inst = g.instances.iter().find(|i| i.id == gi).ok_or_else(|| {
+                        EmuError::Refused {
+                            path: self.state_path(),
+                            message: format!("GPU {gpu} has no GPU instance {gi}"),
+                        }
+                    })?;
+                    Some((gi, inst.ci.as_ref().map_or(0, |c| c.id)))
+                }
+            };
+            st.events.inject(gpu, xid, instance);
             Ok(())
         })
     }

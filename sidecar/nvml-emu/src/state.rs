@@ -38,6 +38,9 @@ pub struct State {
     /// Pending faults, consulted in order ([`crate::fault`]).
     #[serde(default)]
     pub faults: Vec<Fault>,
+    /// Injected XID events and the event sets reading them ([`crate::event`]).
+    #[serde(default)]
+    pub events: crate::event::Events,
     /// Calls per exported NVML function.
     #[serde(default)]
     pub calls: BTreeMap<String, u64>,
@@ -145,6 +148,7 @@ impl State {
         State {
             gpus,
             faults: Vec::new(),
+            events: crate::event::Events::default(),
             calls: BTreeMap::new(),
             seed,
             next_uuid: 0,
@@ -190,6 +194,12 @@ pub fn transact<R>(dir: &Path, f: impl FnOnce(&mut State) -> R) -> Result<R, Emu
     let out = f(&mut state);
     write(dir, &state)?;
     Ok(out)
+}
+
+/// Reads the state of `dir` under the lock, changing nothing (a poll).
+pub fn peek<R>(dir: &Path, f: impl FnOnce(&State) -> R) -> Result<R, EmuError> {
+    let _lock = lock(dir)?;
+    Ok(f(&read(dir)?))
 }
 
 /// Replaces the state of `dir` (under the lock).

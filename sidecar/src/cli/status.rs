@@ -9,7 +9,9 @@ use anyhow::Context;
 
 use super::args::JsonArg;
 use super::socket::SocketArgs;
-use crate::daemon::protocol::{MemoryStatus, ShadowStatus, StatusReply};
+use crate::daemon::protocol::{
+    GpuHealthStatus, GpuStatus, MemoryStatus, ShadowStatus, StatusReply,
+};
 use crate::daemon::Client;
 
 #[derive(Debug, clap::Args)]
@@ -89,62 +91,7 @@ pub fn render(s: &StatusReply, now: i64) -> String {
         );
     }
     for g in &s.gpus {
-        let energy = g
-            .energy_j
-            .map(|j| format!("  energy {:.1} kJ", j / 1000.0))
-            .unwrap_or_default();
-        let idle = if g.idle_s > 0 {
-            format!("  idle {}", duration(g.idle_s))
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            out,
-            "\nGPU {} {}  [{}]  {}{idle}{energy}",
-            g.index, g.model, g.picture, g.layout
-        );
-        if !g.others_busy.is_empty() {
-            let held: Vec<String> = g
-                .others_busy
-                .iter()
-                .map(|(p, n)| format!("{n} x {p}"))
-                .collect();
-            let _ = writeln!(out, "  other users' jobs hold: {}", held.join(", "));
-        }
-        if g.instances.is_empty() {
-            if g.others_busy.is_empty() {
-                let _ = writeln!(out, "  (no instances)");
-            }
-            continue;
-        }
-        let _ = writeln!(
-            out,
-            "  {:<44} {:<9} {:>5} {:>10} {:>6} BUSY/IDLE",
-            "UUID", "PROFILE", "START", "JOB", "UID"
-        );
-        for i in &g.instances {
-            // An array task as Slurm names it (`11_1`), else the job id.
-            let job = i
-                .slurm_id
-                .clone()
-                .or_else(|| i.job_id.map(|j| j.to_string()))
-                .unwrap_or_else(|| "-".into());
-            let uid = i.uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
-            let state = match (i.busy_since, i.idle_s) {
-                (Some(since), _) => format!(
-                    "busy since {} ({})",
-                    local_time(since),
-                    duration(unix_now().saturating_sub(since))
-                ),
-                (None, Some(idle)) => format!("idle {}", duration(idle)),
-                _ => "-".into(),
-            };
-            let _ = writeln!(
-                out,
-                "  {:<44} {:<9} {:>5} {:>10} {:>6} {}",
-                i.uuid, i.profile, i.start, job, uid, state
-            );
-        }
+        render_gpu(&mut out, g);
     }
     if !s.waiting.is_empty() {
         let _ = writeln!(out, "\nWaiting for an instance");
@@ -219,6 +166,87 @@ pub fn render(s: &StatusReply, now: i64) -> String {
         render_memory(&mut out, m);
     }
     out
+}
+
+/// One GPU: its line, other users' holds, its health and its instances.
+fn render_gpu(out: &mut String, g: &GpuStatus) {
+    let energy = g
+        .energy_j
+        .map(|j| format!("  energy {:.1} kJ", j / 1000.0))
+        .unwrap_or_default();
+    let idle = if g.idle_s > 0 {
+        format!("  idle {}", duration(g.idle_s))
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "\nGPU {} {}  [{}]  {}{idle}{energy}",
+        g.index, g.model, g.picture, g.layout
+    );
+    if !g.others_busy.is_empty() {
+        let held: Vec<String> = g
+            .others_busy
+            .iter()
+            .map(|(p, n)| format!("{n} x {p}"))
+            .collect();
+        let _ = writeln!(out, "  other users' jobs hold: {}", held.join(", "));
+    }
+    if let Some(h) = &g.health {
+        render_gpu_health(out, g.index, h);
+    }
+    if g.instances.is_empty() {
+        if g.others_busy.is_empty() {
+            let _ = writeln!(out, "  (no instances)");
+        }
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:<44} {:<9} {:>5} {:>10} {:>6} BUSY/IDLE",
+        "UUID", "PROFILE", "START", "JOB", "UID"
+    );
+    for i in &g.instances {
+        // An array task as Slurm names it (`11_1`), else the job id.
+        let job = i
+            .slurm_id
+            .clone()
+            .or_else(|| i.job_id.map(|j| j.to_string()))
+            .unwrap_or_else(|| "-".into());
+        let uid = i.uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
+        let state = match (i.busy_since, i.idle_s) {
+            (Some(since), _) => format!(
+                "busy since {} ({})",
+                local_time(since),
+                duration(unix_now().saturating_sub(since))
+            ),
+            (None, Some(idle)) => format!("idle {}", duration(idle)),
+            _ => "-".into(),
+        };
+        let state = match i.unhealthy_xid {
+            Some(x) => format!("{state}  UNHEALTHY (xid {x}: rebuilt once idle)"),
+            None => state,
+        };
+        let _ = writeln!(
+            out,
+            "  {:<44} {:<9} {:>5} {:>10} {:>6} {}",
+            i.uuid, i.profile, i.start, job, uid, state
+        );
+    }
+}
+
+/// A GPU's XIDs: out of service (and why), and the XIDs seen.
+fn render_gpu_health(out: &mut String, index: u32, h: &GpuHealthStatus) {
+    if let Some(x) = h.fatal_xid {
+        let _ = writeln!(
+            out,
+            "  OUT OF SERVICE: GPU-fatal XID {x}; no job is placed here and the node is drained \
+             (`smartmig: gpu {index} xid {x}`). Reset the GPU, then resume the node \
+             (`scontrol update nodename=<node> state=resume`)."
+        );
+    }
+    let seen: Vec<String> = h.xids.iter().map(|(x, n)| format!("{x} x{n}")).collect();
+    let _ = writeln!(out, "  XIDs seen: {}", seen.join(", "));
 }
 
 /// Which policy runs, and the day's shadow that chooses it.
@@ -336,8 +364,52 @@ fn render_memory(out: &mut String, m: &MemoryStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::protocol::InstanceStatus;
     use crate::daemon::protocol::WaitingJob;
-    use crate::daemon::protocol::{GpuStatus, InstanceStatus};
+
+    #[test]
+    fn gpu_health_shows_out_of_service_and_unhealthy_instances() {
+        let mut g = GpuStatus {
+            index: 1,
+            model: crate::mig::GpuModel::A100_40gb,
+            picture: "3333|....".into(),
+            layout: "3g.20gb".into(),
+            instances: vec![InstanceStatus {
+                uuid: "MIG-1".into(),
+                profile: "3g.20gb".into(),
+                start: 0,
+                compute: 3,
+                job_id: None,
+                slurm_id: None,
+                uid: None,
+                busy_since: None,
+                idle_s: Some(5),
+                access_files: Vec::new(),
+                unhealthy_xid: Some(94),
+            }],
+            idle_s: 0,
+            energy_j: None,
+            others_busy: Default::default(),
+            health: Some(GpuHealthStatus {
+                fatal_xid: Some(79),
+                xids: [(79, 1), (94, 2)].into(),
+            }),
+        };
+        let mut t = String::new();
+        render_gpu(&mut t, &g);
+        assert!(t.contains("UNHEALTHY (xid 94: rebuilt once idle)"), "{t}");
+        assert!(
+            t.contains("OUT OF SERVICE: GPU-fatal XID 79")
+                && t.contains("`smartmig: gpu 1 xid 79`"),
+            "{t}"
+        );
+        assert!(t.contains("XIDs seen: 79 x1, 94 x2"), "{t}");
+        g.health = None;
+        g.instances[0].unhealthy_xid = None;
+        let mut t = String::new();
+        render_gpu(&mut t, &g);
+        assert!(!t.contains("XID") && !t.contains("UNHEALTHY"), "{t}");
+    }
 
     #[test]
     fn table_shows_layout_instances_and_jobs() {
@@ -364,10 +436,12 @@ mod tests {
                     busy_since: Some(1_700_000_000),
                     idle_s: None,
                     access_files: Vec::new(),
+                    unhealthy_xid: None,
                 }],
                 idle_s: 0,
                 energy_j: Some(1500.0),
                 others_busy: [("1g.5gb".to_string(), 2)].into(),
+                health: None,
             }],
             memory: None,
             epilog_missing: false,

@@ -11,6 +11,9 @@ pub mod nvml;
 pub mod sim;
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::health::XidEvent;
 
 use crate::mig::{GpuModel, PlacementId, Shape};
 
@@ -157,5 +160,17 @@ pub trait Backend: Send + Sync {
     /// daemon should sample it while jobs run (false: no sampling task).
     fn measures_memory(&self) -> bool {
         false
+    }
+    /// Whether the backend reports XID events ([`Backend::next_xid`]), so
+    /// the daemon should listen (false: no listener task).
+    fn reports_xids(&self) -> bool {
+        false
+    }
+    /// Waits up to `timeout` for the GPUs' next XID event (NVML's
+    /// `nvmlEventSetWait_v2` on an event set registered for
+    /// `nvmlEventTypeXidCriticalError`); `Ok(None)` when none came.
+    fn next_xid(&self, timeout: Duration) -> Result<Option<XidEvent>, BackendError> {
+        std::thread::sleep(timeout);
+        Ok(None)
     }
 }

@@ -26,6 +26,8 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_uint};
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
@@ -33,6 +35,7 @@ use nvml_wrapper_sys::bindings as sys;
 
 use super::{Backend, BackendError, BackendInstance, GpuInfo, MemoryUse};
 use crate::config::NvmlConfig;
+use crate::health::{XidEvent, NOT_ATTRIBUTED};
 use crate::mig::driver::driver_name;
 use crate::mig::{
     match_driver, DriverMatch, DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec, Shape,
@@ -269,7 +272,17 @@ pub struct NvmlBackend {
     capabilities_dir: PathBuf,
     /// The capability device files (`nvml.caps_dev_dir`).
     caps_dev_dir: PathBuf,
+    /// The XID event set, made at the first [`Backend::next_xid`].
+    events: Mutex<Option<EventSet>>,
 }
+
+/// An NVML event set handle.
+struct EventSet(sys::nvmlEventSet_t);
+
+// SAFETY: the handle is an opaque value NVML accepts from any thread ("all
+// NVML calls are thread-safe", nvml.h); the backend's mutex serialises its
+// one user, the XID listener.
+unsafe impl Send for EventSet {}
 
 /// Loads the NVML library `config` names and initialises it.
 pub fn load(config: &NvmlConfig) -> Result<Nvml, BackendError> {
@@ -384,6 +397,7 @@ impl NvmlBackend {
             gpus,
             capabilities_dir: config.capabilities_dir.clone(),
             caps_dev_dir: config.caps_dev_dir.clone(),
+            events: Mutex::new(None),
         };
         for gpu in 0..count {
             backend.remove_orphans(gpu)?;
@@ -570,9 +584,95 @@ pub unsafe fn mig_devices(
     Ok(out)
 }
 
+impl NvmlBackend {
+    /// An event set with every GPU registered for XID events.
+    fn xid_set(&self) -> Result<EventSet, BackendError> {
+        let lib = self.nvml.lib();
+        if lib.nvmlEventSetCreate.is_err() || lib.nvmlEventSetWait_v2.is_err() {
+            return Err(missing_symbol(0, "nvmlEventSetWait_v2"));
+        }
+        let mut set: sys::nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        map_return(unsafe { lib.nvmlEventSetCreate(&mut set) }, 0, "event set")?;
+        let set = EventSet(set);
+        for gpu in &self.gpus {
+            let device = self
+                .nvml
+                .device_by_index(gpu.index)
+                .map_err(|e| nvml_err(gpu.index, "device handle", e))?;
+            // SAFETY: a live device handle and the set just made.
+            let code = unsafe {
+                lib.nvmlDeviceRegisterEvents(
+                    device.handle(),
+                    u64::from(sys::nvmlEventTypeXidCriticalError),
+                    set.0,
+                )
+            };
+            if let Err(e) = map_return(code, gpu.index, "XID event registration") {
+                tracing::warn!(gpu = gpu.index, "no XID events from this GPU: {e}");
+            }
+        }
+        tracing::info!(gpus = self.gpus.len(), "listening for NVML XID events");
+        Ok(set)
+    }
+}
+
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        let set = self
+            .events
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let (Some(set), Ok(free)) = (set, self.nvml.lib().nvmlEventSetFree.as_ref()) {
+            // SAFETY: a set this backend made, freed once, before NVML shuts down.
+            unsafe { free(set.0) };
+        }
+    }
+}
+
 impl Backend for NvmlBackend {
     fn measures_memory(&self) -> bool {
         true
+    }
+
+    fn reports_xids(&self) -> bool {
+        true
+    }
+
+    fn next_xid(&self, timeout: Duration) -> Result<Option<XidEvent>, BackendError> {
+        let mut guard = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if guard.is_none() {
+            *guard = Some(self.xid_set()?);
+        }
+        let Some(set) = guard.as_ref() else {
+            return Ok(None);
+        };
+        let lib = self.nvml.lib();
+        // SAFETY: zeroed plain C struct as out-pointer.
+        let mut data: sys::nvmlEventData_t = unsafe { std::mem::zeroed() };
+        let ms = c_uint::try_from(timeout.as_millis()).unwrap_or(c_uint::MAX);
+        // SAFETY: a live set of this library, valid out-pointer.
+        let code = unsafe { lib.nvmlEventSetWait_v2(set.0, &mut data, ms) };
+        if code == sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT {
+            return Ok(None);
+        }
+        map_return(code, 0, "XID event wait")?;
+        if data.eventType & u64::from(sys::nvmlEventTypeXidCriticalError) == 0 {
+            return Ok(None);
+        }
+        let mut index: c_uint = 0;
+        // SAFETY: the device handle NVML just gave, valid out-pointer.
+        let code = unsafe { lib.nvmlDeviceGetIndex(data.device, &mut index) };
+        map_return(code, 0, "index of the XID event's GPU")?;
+        Ok(Some(XidEvent {
+            gpu: index,
+            xid: data.eventData,
+            gpu_instance: Some(data.gpuInstanceId).filter(|&gi| gi != NOT_ATTRIBUTED),
+        }))
     }
 
     fn name(&self) -> &'static str {

@@ -279,6 +279,9 @@ pub(super) struct Books {
     ledger: Mutex<Ledger>,
     /// The holds on stranded shards this node has in Slurm.
     pub holds: HoldBook,
+    /// This daemon drained the node for a GPU-fatal XID and has not seen
+    /// it resumed since ([`crate::health::node_action`]).
+    pub health_drained: std::sync::atomic::AtomicBool,
 }
 
 impl Books {
@@ -287,6 +290,7 @@ impl Books {
             gpus,
             ledger: Mutex::new(Ledger::default()),
             holds: HoldBook::default(),
+            health_drained: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

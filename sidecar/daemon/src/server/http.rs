@@ -87,8 +87,14 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
                 gi: i.gi,
                 job: i.job.as_ref().map(|a| a.job_id),
                 compute: p.compute(),
+                healthy: st.book.health.instance_ok(&i.uuid),
             });
         }
+        now.gpus_healthy.push((
+            gpu.index,
+            gpu.uuid.clone().unwrap_or_default(),
+            st.book.health.usable(),
+        ));
         layouts.push((gpu.index, g, st.book.layout()));
         now.energy.push((
             gpu.index,

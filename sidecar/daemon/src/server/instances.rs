@@ -107,8 +107,9 @@ pub(super) fn resync(svc: &Services, gpu: u32, book: &mut GpuBook, e: &BackendEr
 }
 
 /// Moves `gpu` towards `target`, destroying idle instances only (`why`:
-/// what asked, for the log). A target that would destroy a busy instance
-/// is refused (and logged). Whether the GPU is now at `target`.
+/// what asked, for the log); a GPU out of service is not touched. A
+/// target that would destroy a busy instance is refused (and logged).
+/// Whether the GPU is now at `target`.
 pub(super) fn apply_target(
     cx: &Cx<'_>,
     gpu: &Gpu,
@@ -116,6 +117,17 @@ pub(super) fn apply_target(
     target: Layout,
     why: &str,
 ) -> bool {
+    if let Some(mark) = st.book.health.fatal {
+        // A GPU out of service after a fatal XID is left as it is until
+        // it is reset (its instances may not even answer).
+        tracing::info!(
+            gpu = gpu.index,
+            why,
+            xid = mark.xid,
+            "GPU out of service: no reconfiguration"
+        );
+        return false;
+    }
     let g = st.book.geometry;
     let current = st.book.layout();
     if !g.is_valid(target) {

@@ -60,6 +60,7 @@ mod shadow;
 mod start;
 mod transport;
 mod view;
+mod xid;
 
 pub use run::run;
 pub use start::StartError;

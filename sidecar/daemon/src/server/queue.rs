@@ -195,11 +195,15 @@ pub(super) async fn node(cx: &Cx<'_>) -> Option<NodeInfo> {
 
 /// The plugin drains the node when it cannot reach smartmigd; this daemon
 /// is up and serving, so it undoes such a drain (and only such a drain:
-/// an admin's reason is left alone).
+/// an admin's reason is left alone). A drain for a GPU-fatal XID stays
+/// while a GPU is out of service ([`super::xid::settle_node`]).
 pub(super) async fn resume_if_drained_by_us(cx: &Cx<'_>, info: &NodeInfo) {
-    if !info.drained_by_smartmig() {
+    if !super::xid::settle_node(cx, info).await || !info.drained_by_smartmig() {
         return;
     }
+    cx.books
+        .health_drained
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     let slurm = cx.live.slurm.clone();
     let node = cx.node.name.clone();
     match tokio::task::spawn_blocking(move || slurm.resume(&node)).await {

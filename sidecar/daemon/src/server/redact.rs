@@ -81,6 +81,7 @@ mod tests {
             busy_since: owner.map(|_| 1),
             idle_s: owner.is_none().then_some(5),
             access_files: vec![format!("/dev/nvidia-caps/{uuid}")],
+            unhealthy_xid: None,
         }
     }
 
@@ -103,6 +104,7 @@ mod tests {
                 idle_s: 0,
                 energy_j: None,
                 others_busy: BTreeMap::new(),
+                health: None,
             }],
             memory: Some(memory),
             epilog_missing: false,

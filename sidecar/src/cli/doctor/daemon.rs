@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::{Check, Context, NodeGpu};
-use crate::daemon::config::BackendKind;
+use crate::daemon::config::{BackendKind, Config};
 use crate::daemon::protocol::GpuStatus;
 use crate::daemon::Client;
 
@@ -96,6 +96,58 @@ pub fn gpus_check(daemon: &[GpuStatus], node: &[NodeGpu]) -> Check {
                 ours.join(", ")
             ),
             "restart smartmigd (gpus and backend are read at start only)",
+        )
+    }
+}
+
+/// The GPUs' XID record (issue 44): a GPU out of service fails, an
+/// instance waiting for its rebuild warns, XIDs only counted are shown.
+pub fn gpu_health_check(gpus: &[GpuStatus]) -> Check {
+    let name = "daemon.gpu_health";
+    let fatal: Vec<String> = gpus
+        .iter()
+        .filter_map(|g| {
+            let x = g.health.as_ref()?.fatal_xid?;
+            Some(format!("GPU {} (xid {x})", g.index))
+        })
+        .collect();
+    if !fatal.is_empty() {
+        return Check::fail(
+            name,
+            format!("out of service after a GPU-fatal XID: {}; the node is drained", fatal.join(", ")),
+            "see NVIDIA's XID catalogue for the XID; reset the GPU (`nvidia-smi -r -i N`, or reboot), then `scontrol update nodename=<node> state=resume`",
+        );
+    }
+    let sick: Vec<String> = gpus
+        .iter()
+        .flat_map(|g| {
+            g.instances.iter().filter_map(move |i| {
+                i.unhealthy_xid
+                    .map(|x| format!("GPU {} {} {} (xid {x})", g.index, i.profile, i.uuid))
+            })
+        })
+        .collect();
+    if !sick.is_empty() {
+        return Check::warn(
+            name,
+            format!("unhealthy MIG instances, rebuilt once idle: {}", sick.join(", ")),
+            "nothing to do unless it repeats: the same slot failing again points at the GPU (smartmigd's log names the jobs)",
+        );
+    }
+    let seen: Vec<String> = gpus
+        .iter()
+        .filter_map(|g| {
+            let h = g.health.as_ref()?;
+            let xids: Vec<String> = h.xids.iter().map(|(x, n)| format!("{x} x{n}")).collect();
+            Some(format!("GPU {}: {}", g.index, xids.join(", ")))
+        })
+        .collect();
+    if seen.is_empty() {
+        Check::ok(name, "no XID events since smartmigd started")
+    } else {
+        Check::ok(
+            name,
+            format!("XIDs counted, nothing out of service: {}", seen.join("; ")),
         )
     }
 }
@@ -191,24 +243,34 @@ pub fn check(ctx: &Context) -> Vec<Check> {
         ));
         return out;
     }
-    out.push(
-        match (client(&config.socket).status(), ctx.gpus.as_deref()) {
-            (Ok(s), Some(node)) => gpus_check(&s.gpus, node),
-            (Ok(s), None) => Check::skipped(
-                "daemon.gpus",
-                format!(
-                    "smartmigd drives {} GPU(s); the backend's GPUs are unknown",
-                    s.gpus.len()
-                ),
-                "fix the GPU checks above",
+    out.extend(status_checks(config, ctx));
+    out
+}
+
+/// What smartmigd's status says: its GPUs' health and whether they are
+/// the backend's.
+fn status_checks(config: &Config, ctx: &Context) -> Vec<Check> {
+    let status = client(&config.socket).status();
+    let mut out = Vec::new();
+    if let Ok(s) = &status {
+        out.push(gpu_health_check(&s.gpus));
+    }
+    out.push(match (status, ctx.gpus.as_deref()) {
+        (Ok(s), Some(node)) => gpus_check(&s.gpus, node),
+        (Ok(s), None) => Check::skipped(
+            "daemon.gpus",
+            format!(
+                "smartmigd drives {} GPU(s); the backend's GPUs are unknown",
+                s.gpus.len()
             ),
-            (Err(e), _) => Check::fail(
-                "daemon.gpus",
-                format!("no status reply: {e}"),
-                "check smartmigd's log",
-            ),
-        },
-    );
+            "fix the GPU checks above",
+        ),
+        (Err(e), _) => Check::fail(
+            "daemon.gpus",
+            format!("no status reply: {e}"),
+            "check smartmigd's log",
+        ),
+    });
     out
 }
 
@@ -249,6 +311,50 @@ mod tests {
     }
 
     #[test]
+    fn gpu_health_fails_on_a_fatal_xid_and_warns_on_an_instance() {
+        use crate::daemon::protocol::{GpuHealthStatus, InstanceStatus};
+        let mut g = GpuStatus {
+            index: 1,
+            model: GpuModel::A100_40gb,
+            picture: String::new(),
+            layout: String::new(),
+            instances: vec![InstanceStatus {
+                uuid: "MIG-a".into(),
+                profile: "3g.20gb".into(),
+                start: 0,
+                compute: 3,
+                job_id: None,
+                slurm_id: None,
+                uid: None,
+                busy_since: None,
+                idle_s: None,
+                access_files: Vec::new(),
+                unhealthy_xid: None,
+            }],
+            idle_s: 0,
+            energy_j: None,
+            others_busy: Default::default(),
+            health: None,
+        };
+        assert_eq!(
+            gpu_health_check(std::slice::from_ref(&g)).status,
+            Status::Ok
+        );
+        g.instances[0].unhealthy_xid = Some(94);
+        g.health = Some(GpuHealthStatus {
+            fatal_xid: None,
+            xids: [(94, 1)].into(),
+        });
+        let c = gpu_health_check(std::slice::from_ref(&g));
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.detail.contains("MIG-a (xid 94)"), "{c:?}");
+        g.health.as_mut().unwrap().fatal_xid = Some(79);
+        let c = gpu_health_check(std::slice::from_ref(&g));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("GPU 1 (xid 79)"), "{c:?}");
+    }
+
+    #[test]
     fn daemon_gpus_must_match() {
         let gpu = |index, model| GpuStatus {
             index,
@@ -259,6 +365,7 @@ mod tests {
             idle_s: 0,
             energy_j: None,
             others_busy: Default::default(),
+            health: None,
         };
         let node = [NodeGpu {
             index: 0,

@@ -334,6 +334,9 @@ fn next_step(
             None => Step::Go(profile, plan),
         }),
         Err(Refusal::NoFit { reason, .. }) => Ok(Step::Wait { reason, mine }),
+        Err(e @ Refusal::Unhealthy { .. }) => {
+            Err(ErrorBody::new(ErrorKind::Backend, e.to_string()))
+        }
         Ok(_) => Ok(Step::Wait {
             reason: format!(
                 "GPU {}: jobs that go first under placement `{}` take the room",

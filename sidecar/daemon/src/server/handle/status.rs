@@ -8,7 +8,7 @@ use super::super::auth::user_name;
 use super::super::books::Gpu;
 use super::super::{advise, queue, redact, unix_now};
 use super::Cx;
-use crate::protocol::{GpuStatus, InstanceStatus, MemoryStatus, StatusReply};
+use crate::protocol::{GpuHealthStatus, GpuStatus, InstanceStatus, MemoryStatus, StatusReply};
 
 pub(super) async fn serve(cx: &Cx<'_>, peer: u32) -> StatusReply {
     let mut reply = status(cx).await;
@@ -96,6 +96,7 @@ async fn gpu_status(
                 } else {
                     Vec::new()
                 },
+                unhealthy_xid: b.health.instances.get(&i.uuid).map(|m| m.xid),
             }
         })
         .collect();
@@ -112,6 +113,10 @@ async fn gpu_status(
         },
         energy_j: Some(cx.svc.backend.energy_j(gpu.index).unwrap_or(modelled)),
         others_busy: Default::default(),
+        health: (b.health.fatal.is_some() || b.health.total() > 0).then(|| GpuHealthStatus {
+            fatal_xid: b.health.fatal.map(|m| m.xid),
+            xids: b.health.counts.clone(),
+        }),
     }
 }
 

@@ -1,0 +1,207 @@
+//! The XID listener: NVML XID events become the GPUs' health marks
+//! ([`crate::health`]), unhealthy idle instances are rebuilt, and the node
+//! is drained (or its drain taken back) through Slurm.
+//!
+//! One task waits on the backend's event set (`Backend::next_xid`, one
+//! second at a time, on a blocking thread) and, after each wait, rebuilds
+//! the idle instances an XID marked. The node's drain follows the marks in
+//! [`settle_node`], run after a GPU-fatal XID and by every epoch.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{instances, queue, unix_now, Cx, Daemon};
+use crate::health::{node_action, NodeAction, Severity, Verdict, XidEvent};
+use crate::slurm::NodeInfo;
+
+/// How long one wait for an XID lasts: also how soon an instance marked
+/// while busy is rebuilt after its job ends.
+const WAIT: Duration = Duration::from_secs(1);
+
+/// Starts the listener (on backends that report XIDs), until shutdown.
+pub(super) fn spawn(daemon: &Arc<Daemon>) {
+    let daemon = daemon.clone();
+    let mut stop = daemon.node.shutdown.subscribe();
+    tokio::spawn(async move {
+        let mut failing = false;
+        loop {
+            let backend = daemon.svc.backend.clone();
+            let wait = tokio::task::spawn_blocking(move || backend.next_xid(WAIT));
+            let got = tokio::select! {
+                r = wait => r,
+                _ = stop.changed() => break,
+            };
+            let cx = daemon.cx();
+            match got {
+                Ok(Ok(Some(event))) => {
+                    failing = false;
+                    record(&cx, event).await;
+                }
+                Ok(Ok(None)) => failing = false,
+                Ok(Err(e)) => {
+                    if !failing {
+                        tracing::error!(
+                            "cannot wait for NVML XID events: {e}; retrying every 10 s"
+                        );
+                    }
+                    failing = true;
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                }
+                Err(e) => tracing::error!("XID wait task failed: {e}"),
+            }
+            rebuild_idle(&cx).await;
+        }
+    });
+}
+
+/// Books one XID on its GPU, logs it with the jobs it hits, counts it, and
+/// drains the node after a GPU-fatal one.
+pub(super) async fn record(cx: &Cx<'_>, event: XidEvent) {
+    let Some(gpu) = cx.books.gpus.get(event.gpu as usize) else {
+        tracing::warn!(
+            gpu = event.gpu,
+            xid = event.xid,
+            "XID on a GPU smartmigd does not manage; ignored"
+        );
+        return;
+    };
+    let mut st = gpu.state.lock().await;
+    let hit = event
+        .gpu_instance
+        .and_then(|gi| st.book.find_gpu_instance(gi))
+        .map(|i| (i.uuid.clone(), i.job.as_ref().map(|a| a.job_id)));
+    let uuid = hit.as_ref().map(|(u, _)| u.as_str());
+    let verdict = st.book.health.record(event.xid, uuid, unix_now());
+    let class = match &verdict {
+        Verdict::GpuFatal => "gpu_fatal",
+        Verdict::Instance { .. } => "instance",
+        Verdict::Counted => "counted",
+    };
+    cx.svc.metrics.xid(event.gpu, event.xid, class);
+    let (gi, xid, n) = (event.gpu_instance, event.xid, event.gpu);
+    match verdict {
+        Verdict::GpuFatal => tracing::warn!(gpu = n, xid, jobs = ?st.book.holders(),
+            "GPU-fatal XID: no job is placed on this GPU any more and the node is drained; the jobs on it are likely lost"),
+        Verdict::Instance { uuid } => {
+            let job = hit.and_then(|(_, j)| j);
+            tracing::warn!(gpu = n, xid, gpu_instance = ?gi, instance = %uuid, job = ?job,
+                "XID on a MIG instance: marked unhealthy, no job is placed on it, rebuilt once idle");
+        }
+        Verdict::Counted => {
+            let job = hit.and_then(|(_, j)| j);
+            let why = if crate::health::classify(xid, true) == Severity::Counted && gi.is_some() {
+                "an application error (NVIDIA's XID catalogue): counted, the instance stays in service"
+            } else {
+                "not attributed to a known instance and not GPU-fatal: counted"
+            };
+            tracing::warn!(gpu = n, xid, gpu_instance = ?gi, job = ?job, "XID: {why}");
+        }
+    }
+    let fatal = !st.book.health.usable();
+    drop(st);
+    // Waiting allocates look again (and fail on a GPU out of service).
+    gpu.released.notify_waiters();
+    if fatal && cx.cfg().slurm.enabled {
+        if let Some(info) = queue::node(cx).await {
+            settle_node(cx, &info).await;
+        }
+    }
+}
+
+/// Destroys and re-creates, at the same placement, every idle instance an
+/// XID marked: the new instance is healthy.
+async fn rebuild_idle(cx: &Cx<'_>) {
+    for gpu in &cx.books.gpus {
+        let mut st = gpu.state.lock().await;
+        if !st.book.health.usable() {
+            continue;
+        }
+        for (uuid, placement) in st.book.rebuild_due() {
+            let why = " (unhealthy after an XID: rebuilt)";
+            if let Err(e) = instances::destroy_idle(cx.svc, gpu.index, &mut st.book, &uuid, why) {
+                instances::resync(cx.svc, gpu.index, &mut st.book, &e);
+                continue;
+            }
+            match instances::create(cx.svc, gpu.index, &mut st.book, placement, unix_now()) {
+                Ok(new) => tracing::info!(gpu = gpu.index, old = %uuid, instance = %new,
+                    "unhealthy instance rebuilt"),
+                Err(e) => {
+                    instances::resync(cx.svc, gpu.index, &mut st.book, &e);
+                }
+            }
+        }
+        drop(st);
+        gpu.released.notify_waiters();
+    }
+}
+
+/// The GPUs out of service, as (GPU, XID).
+async fn fatal_gpus(cx: &Cx<'_>) -> Vec<(u32, u64)> {
+    let mut out = Vec::new();
+    for gpu in &cx.books.gpus {
+        if let Some(m) = gpu.state.lock().await.book.health.fatal {
+            out.push((gpu.index, m.xid));
+        }
+    }
+    out
+}
+
+/// Brings Slurm's drain and the GPUs' fatal marks in line
+/// ([`node_action`]); returns whether no GPU is out of service now (then
+/// a `smartmig:` drain may be resumed).
+pub(super) async fn settle_node(cx: &Cx<'_>, info: &NodeInfo) -> bool {
+    let fatal = fatal_gpus(cx).await;
+    let drained = &cx.books.health_drained;
+    let action = node_action(
+        &fatal,
+        info.drain,
+        &info.reason,
+        drained.load(Ordering::SeqCst),
+    );
+    let node = cx.node.name.clone();
+    match action {
+        NodeAction::Nothing => {}
+        NodeAction::Drain { reason } => {
+            let slurm = cx.live.slurm.clone();
+            let (n, r) = (node.clone(), reason.clone());
+            match tokio::task::spawn_blocking(move || slurm.drain(&n, &r)).await {
+                Ok(Ok(())) => {
+                    drained.store(true, Ordering::SeqCst);
+                    tracing::warn!(node = %node, %reason, "node drained");
+                }
+                Ok(Err(e)) => tracing::error!(node = %node, %reason, "cannot drain the node: {e}"),
+                Err(e) => tracing::error!("node drain task failed: {e}"),
+            }
+        }
+        NodeAction::ClearMarks => {
+            // The node info may be the cluster summary's (older than our
+            // drain): only Slurm's own answer counts as a resume.
+            let slurm = cx.live.slurm.clone();
+            let n = node.clone();
+            match tokio::task::spawn_blocking(move || slurm.node(&n)).await {
+                Ok(Ok(fresh)) if !fresh.drain => {}
+                _ => return false,
+            }
+            for gpu in &cx.books.gpus {
+                if let Some(xid) = gpu.state.lock().await.book.health.clear() {
+                    tracing::warn!(gpu = gpu.index, xid, node = %node,
+                        "the node was resumed in Slurm: the GPU is back in service");
+                }
+            }
+            drained.store(false, Ordering::SeqCst);
+            return true;
+        }
+        NodeAction::Adopt { gpu, xid } => {
+            if let Some(g) = cx.books.gpus.get(gpu as usize) {
+                let mut st = g.state.lock().await;
+                st.book.health.record(xid, None, unix_now());
+                drained.store(true, Ordering::SeqCst);
+                tracing::warn!(gpu, xid, node = %node, reason = %info.reason,
+                    "the node is drained for this GPU's XID: the GPU stays out of service until an admin resumes the node");
+            }
+            return false;
+        }
+    }
+    fatal.is_empty()
+}
