@@ -124,7 +124,7 @@ fn served(layout: Layout, pending: &[PendingJob]) -> usize {
     let g = Geometry::of(M);
     let mut free: Vec<(u8, u32)> = layout
         .iter()
-        .map(|id| (g.placement(id).compute(), g.placement(id).profile.memory_gb))
+        .map(|id| (g.spot(id).compute(), g.spot(id).profile.memory_gb))
         .collect();
     let mut n = 0;
     for p in pending {
@@ -205,7 +205,7 @@ fn greedy_serves_the_most_pending_shapes() {
         assert_eq!(best, want_served, "{jobs:?}");
         if let Some(want) = want_picture {
             let shapes = |l: Layout| {
-                let mut v: Vec<Shape> = l.iter().map(|id| g.placement(id).shape()).collect();
+                let mut v: Vec<Shape> = l.iter().map(|id| g.spot(id).shape()).collect();
                 v.sort();
                 v
             };
