@@ -479,7 +479,7 @@ mod tests {
 
     /// Counts of all valid and all maximal layouts per model (the
     /// eight-slice models share one set of placement rules), derived
-    /// independently by brute force in `sidecar/tests/geometry_props.rs`.
+    /// independently by brute force in `sidecar/tests/sim/geometry_props.rs`.
     #[test]
     fn layout_counts_per_model() {
         for model in GpuModel::ALL {

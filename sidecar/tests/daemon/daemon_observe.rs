@@ -3,12 +3,12 @@
 //! `SMARTMIG_TEST_BACKEND=nvml`): dcgm-exporter's HPC job-mapping files
 //! appear with jobs and go with them.
 
-mod daemon_common;
+use crate::daemon_common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
+use crate::daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
 
 /// The mapping directory's files (dot-files, the exporter skips them,
 /// left out): name -> content.

@@ -261,7 +261,7 @@ proptest! {
 /// which the table leaves out on purpose (docs/mig-geometry.md).
 #[test]
 fn h200_table_matches_the_recorded_driver() {
-    let text = include_str!("data/nvidia-smi_h200_driver580_mig_off.txt");
+    let text = include_str!("../data/nvidia-smi_h200_driver580_mig_off.txt");
     // "GPU  0 Profile ID 15 Placements: {0,2,4,6}:2"
     let mut driver: std::collections::BTreeMap<u32, Vec<(u8, u8)>> = Default::default();
     for line in text.lines().filter(|l| l.contains("Profile ID")) {
@@ -321,7 +321,7 @@ fn h200_table_matches_the_recorded_driver() {
 fn h200_nvml_record_matches_the_table_by_id_and_slices() {
     use smartmig::mig::driver::driver_name;
     use smartmig::mig::{match_driver, DriverProfile};
-    let text = include_str!("data/nvml-profiles_h200_driver580_mig_off.txt");
+    let text = include_str!("../data/nvml-profiles_h200_driver580_mig_off.txt");
     let num = |line: &str, key: &str| -> u64 {
         let rest = line.split(&format!(" {key} ")).nth(1).expect(key);
         rest.split_whitespace().next().unwrap().parse().expect(key)
