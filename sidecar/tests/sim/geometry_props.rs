@@ -266,7 +266,7 @@ fn h200_table_matches_the_recorded_driver() {
     let mut driver: std::collections::BTreeMap<u32, Vec<(u8, u8)>> = Default::default();
     for line in text.lines().filter(|l| l.contains("Profile ID")) {
         let rest = line.split("Profile ID").nth(1).expect("Profile ID line");
-        let (id, places) = rest.split_once("Spot").expect("placements");
+        let (id, places) = rest.split_once("Placement").expect("placements");
         let id: u32 = id.trim().parse().expect("profile id");
         let places = places.split_once(':').expect("colon").1.trim();
         let (starts, size) = places.rsplit_once(':').expect("size");
