@@ -1,6 +1,6 @@
 //! The checks each fuzz target runs on one input, shared by the libFuzzer
 //! targets (`fuzz/fuzz_targets/*.rs`) and the stable regression test
-//! (`sidecar/tests/fuzz_regressions.rs`, via `#[path]`), so a kept crashing
+//! (`sidecar/tests/sim/fuzz_regressions.rs`, via `#[path]`), so a kept crashing
 //! input is replayed through exactly the code that crashed.
 //!
 //! A check "fails" by panicking; libFuzzer reports the panic as a crash.

@@ -6,12 +6,12 @@
 //!
 //! Order of preference (brief §2): reuse an idle instance of the right
 //! compute size with the least sufficient memory, else create one in free
-//! space at the fragmentation-aware spot ([`Geometry::best_placement`]), else
+//! space at the fragmentation-aware spot ([`Geometry::best_spot`]), else
 //! re-shape idle instances ([`Geometry::reshape_for`]), else no fit. All
 //! geometry comes from [`crate::mig`]; nothing is re-implemented here.
 
 use crate::health::GpuHealth;
-use crate::mig::{select_profile, Geometry, Layout, PlacementId, ProfileSpec, SelectError};
+use crate::mig::{select_profile, Geometry, Layout, ProfileSpec, SelectError, SpotId};
 
 pub use crate::formats::journal::Assignment;
 
@@ -33,7 +33,7 @@ pub(crate) fn test_assignment(job_id: u64) -> Assignment {
 /// One MIG instance the daemon knows of.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instance {
-    pub placement: PlacementId,
+    pub placement: SpotId,
     /// `MIG-<uuid>`, stable for the instance's life.
     pub uuid: String,
     /// The GPU-instance id the backend reports (DCGM's `GPU_I_ID`), if any.
@@ -56,11 +56,11 @@ pub enum Plan {
     /// Hand out this idle instance.
     Reuse { uuid: String },
     /// Create an instance at this placement in free space.
-    Create { placement: PlacementId },
+    Create { placement: SpotId },
     /// Destroy these idle instances, then create at `placement`.
     Reshape {
         destroy: Vec<String>,
-        placement: PlacementId,
+        placement: SpotId,
     },
 }
 
@@ -142,7 +142,7 @@ impl GpuBook {
         let got = match &plan {
             Plan::Reuse { uuid } => self
                 .find_uuid(uuid)
-                .map_or(profile, |i| self.geometry.placement(i.placement).profile),
+                .map_or(profile, |i| self.geometry.spot(i.placement).profile),
             _ => profile,
         };
         Ok((got, plan))
@@ -165,11 +165,11 @@ impl GpuBook {
             .iter()
             .filter(|i| i.job.is_none() && self.health.instance_ok(&i.uuid))
             .filter(|i| {
-                let p = g.placement(i.placement).profile;
+                let p = g.spot(i.placement).profile;
                 p.shape.compute == profile.shape.compute && f64::from(p.memory_gb) >= want_gb
             })
             .min_by_key(|i| {
-                let p = g.placement(i.placement);
+                let p = g.spot(i.placement);
                 (p.profile.memory_gb, p.start)
             });
         if let Some(i) = reuse {
@@ -179,7 +179,7 @@ impl GpuBook {
         }
         // 2. Create in free space.
         let layout = self.layout();
-        if let Some(placement) = g.best_placement(layout, profile.shape) {
+        if let Some(placement) = g.best_spot(layout, profile.shape) {
             return Ok(Plan::Create { placement });
         }
         // 3. Re-shape idle instances (never a busy one).
@@ -208,7 +208,7 @@ impl GpuBook {
         self.instances
             .iter()
             .filter(|i| i.job.is_none())
-            .filter(|i| self.geometry.placement(i.placement).profile.shape == profile.shape)
+            .filter(|i| self.geometry.spot(i.placement).profile.shape == profile.shape)
             .count() as u32
     }
 
@@ -223,7 +223,7 @@ impl GpuBook {
             .instances
             .iter()
             .filter(|i| i.job.is_some())
-            .map(|i| g.placement(i.placement).describe().to_string())
+            .map(|i| g.spot(i.placement).describe().to_string())
             .collect();
         format!(
             "no {} slice can be made on GPU {}: busy instances {}",
@@ -246,7 +246,7 @@ impl GpuBook {
     }
 
     /// Records a new instance (after the backend created it).
-    pub fn add_instance(&mut self, placement: PlacementId, uuid: String, now: u64) {
+    pub fn add_instance(&mut self, placement: SpotId, uuid: String, now: u64) {
         assert!(
             self.geometry.fits(self.layout(), placement),
             "instance does not fit the layout"
@@ -281,7 +281,7 @@ impl GpuBook {
     }
 
     /// Idle instances an XID marked unhealthy: destroy and rebuild them.
-    pub fn rebuild_due(&self) -> Vec<(String, PlacementId)> {
+    pub fn rebuild_due(&self) -> Vec<(String, SpotId)> {
         self.instances
             .iter()
             .filter(|i| i.job.is_none() && !self.health.instance_ok(&i.uuid))
@@ -462,8 +462,8 @@ mod tests {
     fn reuse_prefers_least_sufficient_memory() {
         let mut b = book();
         let g = b.geometry;
-        let wide = g.placement_id(Shape::new(1, 2), 0).unwrap();
-        let narrow = g.placement_id(Shape::new(1, 1), 6).unwrap();
+        let wide = g.spot_id(Shape::new(1, 2), 0).unwrap();
+        let narrow = g.spot_id(Shape::new(1, 1), 6).unwrap();
         b.add_instance(wide, "MIG-wide".into(), 0);
         b.add_instance(narrow, "MIG-narrow".into(), 0);
         let (_, plan) = b
@@ -576,7 +576,7 @@ mod tests {
                                 }
                                 let uuid = apply(&mut b, &plan, &mut s);
                                 let inst = b.find_uuid(&uuid).unwrap();
-                                let got = b.geometry.placement(inst.placement).profile;
+                                let got = b.geometry.spot(inst.placement).profile;
                                 prop_assert_eq!(got.shape.compute, profile.shape.compute);
                                 prop_assert!(got.shape.compute >= k);
                                 prop_assert!(f64::from(got.memory_gb) >= mem.unwrap_or(0.0));
@@ -591,11 +591,11 @@ mod tests {
                                 let profile = select_profile(b.geometry.spec, k, mem).unwrap();
                                 let g = b.geometry;
                                 let busy = b.busy();
-                                for id in g.ids().filter(|&id| g.placement(id).shape() == profile.shape) {
+                                for id in g.ids().filter(|&id| g.spot(id).shape() == profile.shape) {
                                     prop_assert!(
                                         busy.contains(id) || !g.is_valid(busy.with(id)),
                                         "no fit for {} although {} fits beside the busy {}",
-                                        profile.name(), g.placement(id).describe(), g.picture(busy)
+                                        profile.name(), g.spot(id).describe(), g.picture(busy)
                                     );
                                 }
                             }

@@ -117,7 +117,7 @@ mod tests {
         let g = a100();
         let busy = inst.iter().fold(Layout::EMPTY, |l, &(c, m, s)| {
             l.with(
-                g.placement_id(
+                g.spot_id(
                     Shape {
                         compute: c,
                         memory: m,

@@ -111,7 +111,7 @@ mod tests {
             let id = g
                 .ids()
                 .find(|&id| {
-                    let p = g.placement(id);
+                    let p = g.spot(id);
                     p.profile.name() == name && p.start == start
                 })
                 .unwrap();

@@ -355,7 +355,7 @@ impl Journal {
             .iter()
             .filter_map(|i| {
                 let a = i.job.clone()?;
-                let p = book.geometry.placement(i.placement);
+                let p = book.geometry.spot(i.placement);
                 Some(Entry {
                     uuid: i.uuid.clone(),
                     profile: p.profile.name(),
@@ -590,7 +590,7 @@ mod tests {
         let g = Geometry::of(GpuModel::A100_40gb);
         let mut b = GpuBook::new(0, g, 0);
         for (k, &job) in jobs.iter().enumerate() {
-            let id = g.placement_id(Shape::new(1, 1), k as u8).unwrap();
+            let id = g.spot_id(Shape::new(1, 1), k as u8).unwrap();
             b.add_instance(id, format!("MIG-{k}"), 0);
             b.assign(
                 &format!("MIG-{k}"),

@@ -11,13 +11,13 @@
 //! Pure code: the caller says which busy instances belong to young batch
 //! jobs (started within its race window, not `--no-requeue`).
 
-use crate::mig::{Geometry, Layout, PlacementId, Shape};
+use crate::mig::{Geometry, Layout, Shape, SpotId};
 
 /// A busy instance whose batch job may be requeued to make room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Young {
     pub job_id: u64,
-    pub placement: PlacementId,
+    pub placement: SpotId,
     /// Unix seconds the job got the instance.
     pub since: u64,
 }
@@ -69,8 +69,8 @@ mod tests {
         Geometry::of(GpuModel::A100_40gb)
     }
 
-    fn at(g: &Geometry, c: u8, m: u8, s: u8) -> PlacementId {
-        g.placement_id(Shape::new(c, m), s).expect("placement")
+    fn at(g: &Geometry, c: u8, m: u8, s: u8) -> SpotId {
+        g.spot_id(Shape::new(c, m), s).expect("placement")
     }
 
     #[test]

@@ -292,7 +292,7 @@ fn learned_turn(
         .instances
         .iter()
         .filter(|i| i.job.is_some())
-        .map(|i| u32::from(book.geometry.placement(i.placement).shape().compute))
+        .map(|i| u32::from(book.geometry.spot(i.placement).shape().compute))
         .sum();
     let may_defer_at_all = fitting.len() > 1;
     for may_defer in [may_defer_at_all, false] {
@@ -332,7 +332,7 @@ mod tests {
     fn half_busy() -> GpuBook {
         let g = Geometry::of(GpuModel::A100_40gb);
         let mut b = GpuBook::new(0, g, 0);
-        let three = g.placement_id(Shape::new(3, 4), 4).expect("3g at 4");
+        let three = g.spot_id(Shape::new(3, 4), 4).expect("3g at 4");
         b.add_instance(three, "MIG-busy".into(), 0);
         b.assign("MIG-busy", crate::allocate::test_assignment(99));
         b

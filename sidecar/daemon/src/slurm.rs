@@ -32,8 +32,13 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+// The Slurm records the cluster summary carries, defined with its format
+// (`formats::summary`, versioned); parsed here.
+pub use crate::formats::summary::{
+    JobState, NodeFeatures, NodeInfo, QueueSnapshot, QueuedJob, DRAIN_REASON_PREFIX, HOLD_NAME,
+};
 
 /// Why a Slurm query failed.
 #[derive(Debug, thiserror::Error)]
@@ -89,197 +94,6 @@ pub enum ParseError {
          each node's): read `scontrol show nodes --json`"
     )]
     GroupedNodes,
-}
-
-/// Where a job is in its life, from `squeue --json`'s `job_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Pending,
-    /// Running, suspended, configuring, resizing, signaling, ...: it may
-    /// hold its instance.
-    Running,
-    /// Ending on its node(s): the epilog has not finished yet.
-    Completing,
-    /// Requeued: on its way back to pending.
-    Requeued,
-    Completed,
-    Failed,
-    Cancelled,
-    Timeout,
-    /// Any other final state (NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL,
-    /// DEADLINE, PREEMPTED, ...).
-    OtherEnded,
-}
-
-impl JobState {
-    /// The state of a `job_state` string; several (later Slurm versions
-    /// print an array) are folded with completing and requeued first.
-    fn of(states: &[String]) -> JobState {
-        let has = |s: &str| states.iter().any(|x| x == s);
-        if has("COMPLETING") {
-            return JobState::Completing;
-        }
-        if has("REQUEUED") || has("REQUEUE_FED") || has("REQUEUE_HOLD") {
-            return JobState::Requeued;
-        }
-        match states.first().map(String::as_str) {
-            Some("PENDING") => JobState::Pending,
-            Some(
-                "RUNNING" | "SUSPENDED" | "CONFIGURING" | "RESIZING" | "SIGNALING" | "STAGE_OUT"
-                | "STOPPED",
-            ) => JobState::Running,
-            Some("COMPLETED") => JobState::Completed,
-            Some("FAILED") => JobState::Failed,
-            Some("CANCELLED") => JobState::Cancelled,
-            Some("TIMEOUT") => JobState::Timeout,
-            _ => JobState::OtherEnded,
-        }
-    }
-
-    /// Whether processes of a job in this state may still run on its
-    /// instance (running, suspended, or ending with its epilog not done):
-    /// its instance must not be given away (issue 42).
-    pub fn may_run(self) -> bool {
-        matches!(self, JobState::Running | JobState::Completing)
-    }
-
-    /// Whether a job in this state may still hold (or soon hold again)
-    /// its instance: anything but a final state.
-    pub fn is_live(self) -> bool {
-        matches!(
-            self,
-            JobState::Pending | JobState::Running | JobState::Completing | JobState::Requeued
-        )
-    }
-}
-
-/// One job of `squeue --json`, with what the daemon uses (also the
-/// cluster summary's job record, [`crate::summary`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct QueuedJob {
-    pub job_id: u64,
-    pub state: JobState,
-    /// K of its `gres:shard:K` request (0: no shards).
-    pub shards: u8,
-    /// The GPU index its shards were taken from (`gres_detail`,
-    /// `shard:3(IDX:0)`), once running.
-    pub gpu: Option<u32>,
-    /// Node list (`""` while pending).
-    pub nodes: String,
-    /// Wall-time limit in seconds (`None`: unlimited).
-    pub time_limit_s: Option<u64>,
-    /// Unix start time (0 while pending).
-    pub start_time: u64,
-    /// Unix end time: start + time limit while running, the real end after.
-    pub end_time: u64,
-    /// Unix `--deadline` (`None`: none).
-    pub deadline: Option<u64>,
-    pub submit_time: u64,
-    /// `(array job id, task id)` of an array task: Slurm reads a bare
-    /// array job id as the whole array, so a task is named `A_T`.
-    pub array_task: Option<(u64, u64)>,
-    /// The job's account (`None` when Slurm shows none).
-    pub account: Option<String>,
-    /// The job's `AdminComment` (`""` when none).
-    pub admin_comment: String,
-    /// The MIG profile of a native typed GPU request
-    /// (`--gres=gpu:3g.20gb:1`), the way a site without smartmig runs
-    /// jobs on a static MIG layout; `mode = "advise"` watches these.
-    #[serde(default)]
-    pub mig_profile: Option<String>,
-    /// How often Slurm restarted (requeued) it: a pending job with
-    /// restarts may still be some node's to release.
-    #[serde(default)]
-    pub restarts: u32,
-    /// Its partition(s), comma-separated (`""`: not shown).
-    #[serde(default)]
-    pub partition: String,
-    /// The job's name (`""`: not shown); smartmigd's holds on stranded
-    /// shards are named [`HOLD_NAME`]`.<node>.<gpu>`.
-    #[serde(default)]
-    pub name: String,
-}
-
-/// The name prefix of smartmigd's holds on stranded shards (issue 42,
-/// docs/slurm-integration.md §9): placeholder allocations, not demand.
-pub const HOLD_NAME: &str = "smartmig-hold";
-
-impl QueuedJob {
-    /// A job of which only the id and state are known; everything else
-    /// empty (no request, no times, no node).
-    pub fn new(job_id: u64, state: JobState) -> QueuedJob {
-        QueuedJob {
-            job_id,
-            state,
-            shards: 0,
-            gpu: None,
-            nodes: String::new(),
-            time_limit_s: None,
-            start_time: 0,
-            end_time: 0,
-            deadline: None,
-            submit_time: 0,
-            array_task: None,
-            account: None,
-            admin_comment: String::new(),
-            mig_profile: None,
-            restarts: 0,
-            partition: String::new(),
-            name: String::new(),
-        }
-    }
-
-    /// `(node, GPU)` of one of smartmigd's holds (`smartmig-hold.n1.0`).
-    pub fn hold_of(&self) -> Option<(&str, u32)> {
-        let rest = self.name.strip_prefix(HOLD_NAME)?.strip_prefix('.')?;
-        let (node, gpu) = rest.rsplit_once('.')?;
-        Some((node, gpu.parse().ok()?))
-    }
-
-    /// How `scontrol` names this job alone (`A_T` for an array task).
-    pub fn slurm_id(&self) -> String {
-        match self.array_task {
-            Some((array, task)) => format!("{array}_{task}"),
-            None => self.job_id.to_string(),
-        }
-    }
-}
-
-/// The whole queue as one `squeue --json` call saw it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct QueueSnapshot {
-    pub jobs: Vec<QueuedJob>,
-}
-
-impl QueueSnapshot {
-    /// Ids of jobs that are not in a final state.
-    pub fn live(&self) -> HashSet<u64> {
-        self.jobs
-            .iter()
-            .filter(|j| j.state.is_live())
-            .map(|j| j.job_id)
-            .collect()
-    }
-
-    /// Pending jobs with a shard request (smartmigd's holds are no
-    /// demand).
-    pub fn pending_shards(&self) -> impl Iterator<Item = &QueuedJob> {
-        self.jobs
-            .iter()
-            .filter(|j| j.state == JobState::Pending && j.shards > 0 && j.hold_of().is_none())
-    }
-
-    pub fn job(&self, job_id: u64) -> Option<&QueuedJob> {
-        self.jobs.iter().find(|j| j.job_id == job_id)
-    }
-
-    /// Pending jobs with a typed MIG request (`--gres=gpu:3g.20gb:1`).
-    pub fn pending_typed(&self) -> impl Iterator<Item = &QueuedJob> {
-        self.jobs
-            .iter()
-            .filter(|j| j.state == JobState::Pending && j.mig_profile.is_some())
-    }
 }
 
 /// A job's account and `AdminComment`, as `scontrol show job` prints them.
@@ -342,13 +156,6 @@ pub fn job_record(text: &str, job_id: u64) -> &str {
         .map_or(text, |(k, &i)| {
             &text[i..starts.get(k + 1).copied().unwrap_or(text.len())]
         })
-}
-
-/// The node's features (`AvailableFeatures`, `ActiveFeatures`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeFeatures {
-    pub available: Vec<String>,
-    pub active: Vec<String>,
 }
 
 /// One `gpu` GRES line of `slurmd -G`.
@@ -419,28 +226,6 @@ pub fn gpu_order_mismatches(
         }
     }
     out
-}
-
-/// What `sinfo --json` says of one node.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    pub features: NodeFeatures,
-    /// DRAIN is among its state flags (draining or drained).
-    pub drain: bool,
-    /// The admin's (or our) reason, `""` when none.
-    pub reason: String,
-}
-
-/// Reasons smartmig drains a node with start with this; only such a
-/// drain is undone by smartmigd.
-pub const DRAIN_REASON_PREFIX: &str = "smartmig:";
-
-impl NodeInfo {
-    /// Drained by smartmig (the plugin found the sidecar unreachable), so
-    /// smartmigd may resume it; an admin's drain is never touched.
-    pub fn drained_by_smartmig(&self) -> bool {
-        self.drain && self.reason.starts_with(DRAIN_REASON_PREFIX)
-    }
 }
 
 /// The Slurm queries the daemon makes.

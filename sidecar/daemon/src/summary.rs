@@ -19,115 +19,9 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
-
-use crate::slurm::{names_node, JobState, ListedNode, NodeInfo, QueueSnapshot, QueuedJob};
+use crate::slurm::{names_node, JobState, ListedNode, QueueSnapshot, QueuedJob};
+pub use smartmig_core::formats::summary::{NodeSummary, SummaryError, SUMMARY_VERSION};
 use smartmig_core::policy::share;
-
-/// The format's version; a node refuses another one by name.
-pub const SUMMARY_VERSION: u32 = 1;
-
-/// Why a node does not use its summary file.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SummaryError {
-    #[error("version {found} (this smartmigd reads version {SUMMARY_VERSION}): update the publisher and the nodes together")]
-    Version { found: u32 },
-    #[error("written for node {found}, not {wanted}")]
-    Node { found: String, wanted: String },
-    #[error("{age} s old (stale after {limit} s: {max_epochs} of the publisher's {epoch_s} s epochs); is `smartmig publish` running?")]
-    Stale {
-        age: u64,
-        limit: u64,
-        max_epochs: u64,
-        epoch_s: u64,
-    },
-}
-
-/// What one node reads each epoch: `<summary_dir>/<node>.json`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NodeSummary {
-    pub version: u32,
-    /// Unix seconds when the publisher read Slurm.
-    pub generated_at: u64,
-    /// The publisher's epoch, s (a node allows a few before it calls the
-    /// file stale).
-    pub epoch_s: u64,
-    pub node: String,
-    /// smartmig nodes (with shard GRES) the pending jobs were split over.
-    pub nodes: u32,
-    /// The node's Slurm state (features, drain and reason), as `sinfo`
-    /// showed it.
-    pub info: NodeInfo,
-    /// The node's jobs (any state Slurm still lists, with the node in
-    /// their node list) and the pending shard (or typed MIG) jobs it claims.
-    pub jobs: Vec<QueuedJob>,
-    /// Pending jobs that ran before (requeued): they may still hold an
-    /// instance here until the epilog's release, so they count as live.
-    pub requeued: Vec<u64>,
-    /// Pending shard jobs in the whole cluster, by shard count (index 0:
-    /// one shard), for the record and the status.
-    pub pending_by_shards: [u32; 8],
-}
-
-impl NodeSummary {
-    /// Pending jobs this node claims.
-    pub fn claimed(&self) -> usize {
-        self.jobs
-            .iter()
-            .filter(|j| j.state == JobState::Pending)
-            .count()
-    }
-
-    /// The queue as this node sees it: its jobs, its claimed pending jobs
-    /// and the requeued ones (as pending jobs without a request, so they
-    /// are live but no demand).
-    pub fn snapshot(&self) -> QueueSnapshot {
-        let mut jobs = self.jobs.clone();
-        for &id in &self.requeued {
-            if jobs.iter().all(|j| j.job_id != id) {
-                jobs.push(QueuedJob {
-                    restarts: 1,
-                    ..QueuedJob::new(id, JobState::Pending)
-                });
-            }
-        }
-        QueueSnapshot { jobs }
-    }
-
-    /// Whether the file can stand for Slurm at `now` for `node`: right
-    /// version, right node, and no older than `max_epochs` of the
-    /// publisher's epochs (at least `min_age_s`). The reason otherwise.
-    pub fn check(
-        &self,
-        node: &str,
-        now: u64,
-        max_epochs: u64,
-        min_age_s: u64,
-    ) -> Result<(), SummaryError> {
-        if self.version != SUMMARY_VERSION {
-            return Err(SummaryError::Version {
-                found: self.version,
-            });
-        }
-        if self.node != node {
-            return Err(SummaryError::Node {
-                found: self.node.clone(),
-                wanted: node.to_string(),
-            });
-        }
-        let age = now.saturating_sub(self.generated_at);
-        let limit = (self.epoch_s.saturating_mul(max_epochs)).max(min_age_s);
-        if age > limit {
-            return Err(SummaryError::Stale {
-                age,
-                limit,
-                max_epochs,
-                epoch_s: self.epoch_s,
-            });
-        }
-        Ok(())
-    }
-}
 
 /// Splits one read of the queue and the nodes into each smartmig node's
 /// summary. Nodes without shard or MIG GRES get none; a pending job goes to the
@@ -226,6 +120,7 @@ fn eligible_nodes<'a>(ours: &[&'a ListedNode], j: &QueuedJob) -> (Vec<usize>, Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slurm::NodeInfo;
 
     fn job(id: u64, state: JobState, shards: u8, nodes: &str) -> QueuedJob {
         QueuedJob {
@@ -343,29 +238,5 @@ mod tests {
                 .count()
                 == 1
         );
-    }
-
-    #[test]
-    fn a_stale_or_foreign_file_is_refused_by_name() {
-        let s = build(&QueueSnapshot::default(), &[node("gpu0", true)], 1_000, 60)
-            .pop()
-            .unwrap();
-        assert!(s.check("gpu0", 1_100, 3, 10).is_ok());
-        let err = s.check("gpu0", 1_200, 3, 10).unwrap_err().to_string();
-        assert!(err.starts_with("200 s old (stale after 180 s"), "{err}");
-        assert!(s
-            .check("gpu1", 1_000, 3, 10)
-            .unwrap_err()
-            .to_string()
-            .contains("not gpu1"));
-        let mut v2 = s.clone();
-        v2.version = 2;
-        assert!(v2
-            .check("gpu0", 1_000, 3, 10)
-            .unwrap_err()
-            .to_string()
-            .starts_with("version 2"));
-        let text = serde_json::to_string(&s).unwrap();
-        assert_eq!(serde_json::from_str::<NodeSummary>(&text).unwrap(), s);
     }
 }

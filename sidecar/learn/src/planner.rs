@@ -251,7 +251,7 @@ impl Planner {
         let mut jobs = Vec::new();
         for st in view.gpus.iter().filter(|s| s.model == self.model) {
             for id in st.busy.iter() {
-                let shape = g.placement(id).shape();
+                let shape = g.spot(id).shape();
                 let memory = spec
                     .profiles
                     .iter()

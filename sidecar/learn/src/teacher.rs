@@ -7,7 +7,7 @@
 use super::config::{TeacherBase, TrainConfig};
 use super::data::Day;
 use super::LearnError;
-use crate::mig::{Geometry, GpuModel, Layout, PlacementId};
+use crate::mig::{Geometry, GpuModel, Layout, SpotId};
 use crate::policy::adaptive::Adaptive;
 use crate::policy::{ClusterView, Decision, GpuStatus, RepartitionPolicy};
 use crate::sim::Standing;
@@ -162,7 +162,7 @@ impl Demand {
             let mut v: Vec<(u8, u8)> = g
                 .catalog()
                 .iter()
-                .flat_map(|l| l.iter().map(|id| g.placement(id).shape()))
+                .flat_map(|l| l.iter().map(|id| g.spot(id).shape()))
                 .map(|s| (s.compute, s.memory))
                 .collect();
             v.sort_unstable();
@@ -195,8 +195,8 @@ impl Demand {
     }
 
     /// The shape class of instance `id` (exact shape).
-    fn size_of(&self, id: PlacementId) -> Option<usize> {
-        let s = self.geometry.placement(id).shape();
+    fn size_of(&self, id: SpotId) -> Option<usize> {
+        let s = self.geometry.spot(id).shape();
         self.sizes
             .iter()
             .position(|&(c, m)| c == s.compute && m == s.memory)

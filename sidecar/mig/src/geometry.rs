@@ -1,6 +1,6 @@
 //! The placement rules of one GPU model, precomputed once.
 //!
-//! A [`Geometry`] lists every placement (profile × allowed start) of a model
+//! A [`Geometry`] lists every spot (profile × allowed start; NVIDIA: placement) of a model
 //! and, from the two hardware rules,
 //!
 //! 1. instances may not share a memory slot,
@@ -13,7 +13,7 @@
 
 use std::sync::OnceLock;
 
-use super::layout::{InstanceDesc, Layout, Placement, PlacementId};
+use super::layout::{InstanceDesc, Layout, Spot, SpotId};
 use super::models::{GpuModel, ModelSpec, Shape};
 
 /// Why a set of instances is not a layout the hardware accepts.
@@ -62,7 +62,7 @@ pub struct Headroom {
 #[derive(Debug)]
 pub struct Geometry {
     pub spec: &'static ModelSpec,
-    placements: Vec<Placement>,
+    spots: Vec<Spot>,
     /// Every valid layout, ascending.
     valid: Vec<Layout>,
     /// Fragmentation score of each layout of `valid` (same index), see
@@ -83,29 +83,29 @@ impl Geometry {
     }
 
     fn build(spec: &'static ModelSpec) -> Geometry {
-        let mut placements: Vec<Placement> = spec
+        let mut spots: Vec<Spot> = spec
             .profiles
             .iter()
             .flat_map(|profile| {
-                profile.starts.iter().map(move |&start| Placement {
+                profile.starts.iter().map(move |&start| Spot {
                     profile,
                     start,
                     memory_mask: ((1u16 << profile.shape.memory) - 1) << start,
                 })
             })
             .collect();
-        placements.sort_by_key(|p| (p.start, p.profile.shape));
-        assert!(placements.len() <= 32, "layout bit set holds 32 placements");
+        spots.sort_by_key(|p| (p.start, p.profile.shape));
+        assert!(spots.len() <= 32, "layout bit set holds 32 spots");
 
         let mut geometry = Geometry {
             spec,
-            placements,
+            spots,
             valid: Vec::new(),
             room: Vec::new(),
             maximal: Vec::new(),
             catalog: Vec::new(),
         };
-        let all_ids: Vec<PlacementId> = geometry.ids().collect();
+        let all_ids: Vec<SpotId> = geometry.ids().collect();
         geometry.valid = geometry.enumerate(&all_ids);
         geometry.valid.sort_unstable();
         geometry.room = geometry
@@ -120,10 +120,10 @@ impl Geometry {
         // variants only matter for memory-hungry 1g jobs, which the daemon
         // serves on demand; leaving them out keeps the RL action space small
         // (19 layouts on the eight-slice models, NVIDIA's classic table).
-        let catalog_ids: Vec<PlacementId> = geometry
+        let catalog_ids: Vec<SpotId> = geometry
             .ids()
             .filter(|&id| {
-                let shape = geometry.placement(id).shape();
+                let shape = geometry.spot(id).shape();
                 spec.profiles
                     .iter()
                     .filter(|p| p.shape.compute == shape.compute)
@@ -142,17 +142,17 @@ impl Geometry {
     fn catalog_order(&self, layout: Layout) -> (usize, Vec<std::cmp::Reverse<u8>>, Layout) {
         let mut sizes: Vec<_> = layout
             .iter()
-            .map(|id| std::cmp::Reverse(self.placement(id).compute()))
+            .map(|id| std::cmp::Reverse(self.spot(id).compute()))
             .collect();
         sizes.sort();
         (layout.len(), sizes, layout)
     }
 
     /// All valid layouts built from `ids` (backtracking over the rules).
-    fn enumerate(&self, ids: &[PlacementId]) -> Vec<Layout> {
+    fn enumerate(&self, ids: &[SpotId]) -> Vec<Layout> {
         fn go(
             g: &Geometry,
-            ids: &[PlacementId],
+            ids: &[SpotId],
             next: usize,
             layout: Layout,
             memory: u16,
@@ -161,7 +161,7 @@ impl Geometry {
         ) {
             out.push(layout);
             for (i, &id) in ids.iter().enumerate().skip(next) {
-                let p = g.placement(id);
+                let p = g.spot(id);
                 if memory & p.memory_mask == 0 && compute + p.compute() <= g.spec.compute_slices {
                     go(
                         g,
@@ -180,8 +180,8 @@ impl Geometry {
         out
     }
 
-    /// The layouts in `set` to which no placement of `ids` can be added.
-    fn maximal_among(&self, set: &[Layout], ids: &[PlacementId]) -> Vec<Layout> {
+    /// The layouts in `set` to which no spot of `ids` can be added.
+    fn maximal_among(&self, set: &[Layout], ids: &[SpotId]) -> Vec<Layout> {
         set.iter()
             .copied()
             .filter(|&l| !ids.iter().any(|&id| !l.contains(id) && self.fits(l, id)))
@@ -192,30 +192,30 @@ impl Geometry {
         self.spec.model
     }
 
-    /// All placement ids of the model.
-    pub fn ids(&self) -> impl Iterator<Item = PlacementId> + '_ {
-        (0..self.placements.len() as u8).map(PlacementId)
+    /// All spot ids of the model.
+    pub fn ids(&self) -> impl Iterator<Item = SpotId> + '_ {
+        (0..self.spots.len() as u8).map(SpotId)
     }
 
-    pub fn placement(&self, id: PlacementId) -> &Placement {
-        &self.placements[id.0 as usize]
+    pub fn spot(&self, id: SpotId) -> &Spot {
+        &self.spots[id.0 as usize]
     }
 
-    /// The placement of `shape` at `start`, if the hardware allows it.
-    pub fn placement_id(&self, shape: Shape, start: u8) -> Option<PlacementId> {
+    /// The spot of `shape` at `start`, if the hardware allows it.
+    pub fn spot_id(&self, shape: Shape, start: u8) -> Option<SpotId> {
         self.ids().find(|&id| {
-            let p = self.placement(id);
+            let p = self.spot(id);
             p.shape() == shape && p.start == start
         })
     }
 
-    /// The GPU-instance id the driver gives placement `id`: the memory
+    /// The GPU-instance id the driver gives spot `id`: the memory
     /// slots numbered as a binary tree (8 slots: size 8 -> 0, size 4 -> 1 +
     /// start/4, size 2 -> 3 + start/2, size 1 -> 7 + start; the A30's 4
     /// slots alike), as on A100 and H100. The real driver's id is read from
     /// NVML; this is the one the simulator and the NVML emulator give.
-    pub fn gpu_instance_id(&self, id: PlacementId) -> u32 {
-        let p = self.placement(id);
+    pub fn gpu_instance_id(&self, id: SpotId) -> u32 {
+        let p = self.spot(id);
         slot_tree_id(
             u32::from(self.spec.memory_slices),
             u32::from(p.start),
@@ -225,12 +225,12 @@ impl Geometry {
 
     /// The fragmentation of `layout` for a request of `shape`: its free
     /// compute slices (held by no instance) when none of `shape`'s
-    /// placements fits in the free space, so that those slices cannot
+    /// spots fits in the free space, so that those slices cannot
     /// serve the request without a re-shape; 0 when one fits.
     pub fn stranded_compute(&self, layout: Layout, shape: Shape) -> u8 {
         let fits = self
             .ids()
-            .any(|id| self.placement(id).shape() == shape && self.fits(layout, id));
+            .any(|id| self.spot(id).shape() == shape && self.fits(layout, id));
         if fits {
             0
         } else {
@@ -242,14 +242,12 @@ impl Geometry {
 
     /// Memory slots used by `layout`.
     pub fn memory_mask(&self, layout: Layout) -> u16 {
-        layout
-            .iter()
-            .fold(0, |m, id| m | self.placement(id).memory_mask)
+        layout.iter().fold(0, |m, id| m | self.spot(id).memory_mask)
     }
 
     /// Compute slices used by `layout`.
     pub fn compute_used(&self, layout: Layout) -> u8 {
-        layout.iter().map(|id| self.placement(id).compute()).sum()
+        layout.iter().map(|id| self.spot(id).compute()).sum()
     }
 
     /// Whether the hardware accepts `layout`.
@@ -257,10 +255,10 @@ impl Geometry {
         self.valid.binary_search(&layout).is_ok()
     }
 
-    /// Whether placement `id` can be added to `layout` (free memory slots and
+    /// Whether spot `id` can be added to `layout` (free memory slots and
     /// enough compute slices left).
-    pub fn fits(&self, layout: Layout, id: PlacementId) -> bool {
-        let p = self.placement(id);
+    pub fn fits(&self, layout: Layout, id: SpotId) -> bool {
+        let p = self.spot(id);
         !layout.contains(id)
             && self.memory_mask(layout) & p.memory_mask == 0
             && self.compute_used(layout) + p.compute() <= self.spec.compute_slices
@@ -291,13 +289,13 @@ impl Geometry {
     /// The layout with the whole-GPU instance only (MIG "off" in effect).
     pub fn whole_gpu(&self) -> Layout {
         let full = self.spec.full_profile().shape;
-        self.placement_id(full, 0)
+        self.spot_id(full, 0)
             .map(Layout::single)
-            .expect("every model has a whole-GPU placement at slot 0")
+            .expect("every model has a whole-GPU spot at slot 0")
     }
 
     /// How much room `layout` leaves for future requests (the fragmentation
-    /// score behind [`Geometry::best_placement`](super::Geometry::best_placement)).
+    /// score behind [`Geometry::best_spot`](super::Geometry::best_spot)).
     /// The lowest score for invalid layouts.
     pub fn headroom(&self, layout: Layout) -> Headroom {
         self.valid
@@ -310,13 +308,13 @@ impl Geometry {
         let free_compute = self.spec.compute_slices - self.compute_used(layout);
         let mut profiles: Vec<_> = self.spec.profiles.iter().collect();
         profiles.sort_by_key(|p| std::cmp::Reverse(p.shape));
-        // Placements of one profile never overlap each other, so the number
+        // Spots of one profile never overlap each other, so the number
         // of extra instances of it is bounded by free spots and free compute.
         let per_profile = profiles.iter().fold(0u32, |acc, p| {
             let spots = self
                 .ids()
                 .filter(|&id| {
-                    let q = self.placement(id);
+                    let q = self.spot(id);
                     q.shape() == p.shape && q.memory_mask & used_memory == 0
                 })
                 .count() as u32;
@@ -342,24 +340,24 @@ impl Geometry {
                     compute: shape.compute,
                     memory: shape.memory,
                 })?;
-            let id =
-                self.placement_id(shape, start)
-                    .ok_or_else(|| LayoutError::StartNotAllowed {
-                        model: self.spec.id,
-                        profile: profile.name(),
-                        start,
-                        allowed: profile.starts,
-                    })?;
+            let id = self
+                .spot_id(shape, start)
+                .ok_or_else(|| LayoutError::StartNotAllowed {
+                    model: self.spec.id,
+                    profile: profile.name(),
+                    start,
+                    allowed: profile.starts,
+                })?;
             if layout.contains(id) {
-                return Err(LayoutError::Duplicate(self.placement(id).describe()));
+                return Err(LayoutError::Duplicate(self.spot(id).describe()));
             }
-            let p = self.placement(id);
+            let p = self.spot(id);
             if let Some(other) = layout
                 .iter()
-                .find(|&o| self.placement(o).memory_mask & p.memory_mask != 0)
+                .find(|&o| self.spot(o).memory_mask & p.memory_mask != 0)
             {
                 return Err(LayoutError::Overlap {
-                    a: self.placement(other).describe(),
+                    a: self.spot(other).describe(),
                     b: p.describe(),
                 });
             }
@@ -367,7 +365,7 @@ impl Geometry {
         }
         let used: u32 = layout
             .iter()
-            .map(|id| u32::from(self.placement(id).compute()))
+            .map(|id| u32::from(self.spot(id).compute()))
             .sum();
         if used > u32::from(self.spec.compute_slices) {
             return Err(LayoutError::ComputeBudget {
@@ -382,19 +380,16 @@ impl Geometry {
 
     /// The instances of `layout`, by start slot.
     pub fn describe(&self, layout: Layout) -> Vec<InstanceDesc> {
-        layout
-            .iter()
-            .map(|id| self.placement(id).describe())
-            .collect()
+        layout.iter().map(|id| self.spot(id).describe()).collect()
     }
 
     /// A compact picture of the memory slots: each slot shows the compute
     /// size of the instance covering it, `|` separates instances, `.` is a
     /// free slot. `4g + 2g + 1g` on an A100 is `4444|22|1|.`.
     pub fn picture(&self, layout: Layout) -> String {
-        let mut owner: Vec<Option<PlacementId>> = vec![None; self.spec.memory_slices as usize];
+        let mut owner: Vec<Option<SpotId>> = vec![None; self.spec.memory_slices as usize];
         for id in layout.iter() {
-            let p = self.placement(id);
+            let p = self.spot(id);
             for slot in p.start..p.start + p.shape().memory {
                 owner[slot as usize] = Some(id);
             }
@@ -406,7 +401,7 @@ impl Geometry {
             }
             match o {
                 Some(id) => {
-                    let c = self.placement(*id).compute();
+                    let c = self.spot(*id).compute();
                     out.push(char::from_digit(u32::from(c), 10).unwrap_or('?'));
                 }
                 None => out.push('.'),
@@ -422,7 +417,7 @@ impl Geometry {
         }
         layout
             .iter()
-            .map(|id| self.placement(id).profile.name())
+            .map(|id| self.spot(id).profile.name())
             .collect::<Vec<_>>()
             .join("+")
     }
@@ -444,7 +439,7 @@ mod tests {
         let g = Geometry::of(GpuModel::A100_40gb);
         let shape = |name: &str| {
             g.ids()
-                .map(|id| g.placement(id).profile)
+                .map(|id| g.spot(id).profile)
                 .find(|p| p.name() == name)
                 .unwrap()
                 .shape
@@ -484,7 +479,7 @@ mod tests {
 
     /// Counts of all valid and all maximal layouts per model (the
     /// eight-slice models share one set of placement rules), derived
-    /// independently by brute force in `sidecar/tests/geometry_props.rs`.
+    /// independently by brute force in `sidecar/tests/sim/geometry_props.rs`.
     #[test]
     fn layout_counts_per_model() {
         for model in GpuModel::ALL {

@@ -1,6 +1,11 @@
-//! Placements (a profile at a start slot) and layouts (sets of placements).
+//! Spots (a profile at a start slot) and layouts (sets of spots).
 //!
-//! A [`Layout`] is a bit set over the placements of one GPU model (at most
+//! A [`Spot`] is what NVIDIA calls a GPU instance *placement*
+//! (`nvmlGpuInstancePlacement_t`); smartmig keeps the word "placement" for
+//! which job goes where (the simulator's and smartmigd's job placement), so
+//! the Rust names here say spot. NVML's own calls keep NVIDIA's spelling.
+//!
+//! A [`Layout`] is a bit set over the spots of one GPU model (at most
 //! 18 on the eight-slice models), so layouts are `Copy`, hash cheaply and
 //! compare in one instruction: the simulator handles millions of them. A
 //! layout only has meaning together with the [`Geometry`](super::Geometry)
@@ -12,13 +17,13 @@ use serde::{Deserialize, Serialize};
 
 use super::models::{ProfileSpec, Shape};
 
-/// Index of a placement in its model's placement table.
+/// Index of a spot in its model's spot table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PlacementId(pub u8);
+pub struct SpotId(pub u8);
 
 /// A profile placed at a start memory slot: one potential MIG GPU instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub struct Spot {
     pub profile: &'static ProfileSpec,
     /// First memory slot.
     pub start: u8,
@@ -26,7 +31,7 @@ pub struct Placement {
     pub memory_mask: u16,
 }
 
-impl Placement {
+impl Spot {
     pub fn shape(&self) -> Shape {
         self.profile.shape
     }
@@ -61,7 +66,7 @@ impl fmt::Display for InstanceDesc {
     }
 }
 
-/// A set of placements of one model (valid or not: see [`Geometry::is_valid`](super::Geometry::is_valid)).
+/// A set of spots of one model (valid or not: see [`Geometry::is_valid`](super::Geometry::is_valid)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Layout(pub u32);
 
@@ -69,24 +74,24 @@ impl Layout {
     /// No instances: the GPU is in MIG mode with nothing created.
     pub const EMPTY: Layout = Layout(0);
 
-    pub fn single(id: PlacementId) -> Layout {
+    pub fn single(id: SpotId) -> Layout {
         Layout(1 << id.0)
     }
 
-    pub fn contains(self, id: PlacementId) -> bool {
+    pub fn contains(self, id: SpotId) -> bool {
         self.0 & (1 << id.0) != 0
     }
 
-    /// Every placement of `other` is also in `self`.
+    /// Every spot of `other` is also in `self`.
     pub fn contains_all(self, other: Layout) -> bool {
         self.0 & other.0 == other.0
     }
 
-    pub fn with(self, id: PlacementId) -> Layout {
+    pub fn with(self, id: SpotId) -> Layout {
         Layout(self.0 | (1 << id.0))
     }
 
-    pub fn without(self, id: PlacementId) -> Layout {
+    pub fn without(self, id: SpotId) -> Layout {
         Layout(self.0 & !(1 << id.0))
     }
 
@@ -98,7 +103,7 @@ impl Layout {
         Layout(self.0 & other.0)
     }
 
-    /// Placements in `self` but not in `other`.
+    /// Spots in `self` but not in `other`.
     pub fn minus(self, other: Layout) -> Layout {
         Layout(self.0 & !other.0)
     }
@@ -111,8 +116,8 @@ impl Layout {
         self.0.count_ones() as usize
     }
 
-    /// Placement ids in ascending order.
-    pub fn iter(self) -> impl Iterator<Item = PlacementId> {
+    /// Spot ids in ascending order.
+    pub fn iter(self) -> impl Iterator<Item = SpotId> {
         let mut bits = self.0;
         std::iter::from_fn(move || {
             if bits == 0 {
@@ -120,13 +125,13 @@ impl Layout {
             }
             let i = bits.trailing_zeros();
             bits &= bits - 1;
-            Some(PlacementId(i as u8))
+            Some(SpotId(i as u8))
         })
     }
 }
 
-impl FromIterator<PlacementId> for Layout {
-    fn from_iter<I: IntoIterator<Item = PlacementId>>(iter: I) -> Self {
+impl FromIterator<SpotId> for Layout {
+    fn from_iter<I: IntoIterator<Item = SpotId>>(iter: I) -> Self {
         iter.into_iter().fold(Layout::EMPTY, Layout::with)
     }
 }

@@ -8,10 +8,11 @@
 //!   with the table by index, id and slices (never by name).
 //! - [`profile`]: profile names in (driver and Slurm variants), profiles out;
 //!   choosing the profile for K slices and M GB.
-//! - [`layout`]: placements and layouts (bit sets of placements).
+//! - [`layout`]: spots (NVIDIA's GPU instance *placements*: a profile at a
+//!   start slot) and layouts (bit sets of spots).
 //! - [`geometry`]: per-model rules, enumeration of valid and maximal layouts,
 //!   the catalog used as the RL action space.
-//! - [`placement`]: queries the daemon and simulator share (candidates,
+//! - [`spot`]: queries the daemon and simulator share (candidates,
 //!   fragmentation-aware choice, reachable layouts, transitions, re-shaping).
 //! - [`offer`]: how many free slices Slurm may offer next to busy instances
 //!   (the rest is stranded and held, issue 42).
@@ -29,19 +30,19 @@ pub mod layout;
 mod lua_tables;
 pub mod models;
 pub mod offer;
-pub mod placement;
 pub mod profile;
+pub mod spot;
 
 pub use driver::{match_driver, Difference, DriverMatch, DriverProfile};
 pub use geometry::{slot_tree_id, Geometry, Headroom, LayoutError};
-pub use layout::{InstanceDesc, Layout, Placement, PlacementId};
+pub use layout::{InstanceDesc, Layout, Spot, SpotId};
 pub use models::{
     GpuModel, ModelSpec, ProfileSpec, Provenance, Shape, Sources, UnknownModel, VariantKind,
     VariantSpec, MAX_PROFILES, MODELS,
 };
 pub use offer::OfferRule;
-pub use placement::Transition;
 pub use profile::{
     parse_profile, profile_size, requested_profile, select_profile, variant_meaning,
     ProfileParseError, RequestedProfileError, SelectError,
 };
+pub use spot::Transition;

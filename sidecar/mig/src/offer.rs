@@ -25,7 +25,7 @@
 //! soon as the first of them runs.
 
 use super::geometry::Geometry;
-use super::layout::{Layout, PlacementId};
+use super::layout::{Layout, SpotId};
 
 /// How much of a GPU's free compute Slurm may offer next to busy instances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -130,9 +130,9 @@ impl Geometry {
     pub fn keeping_offer(
         &self,
         busy: Layout,
-        options: impl IntoIterator<Item = PlacementId>,
+        options: impl IntoIterator<Item = SpotId>,
         rule: OfferRule,
-    ) -> Option<PlacementId> {
+    ) -> Option<SpotId> {
         options
             .into_iter()
             .enumerate()
@@ -153,7 +153,7 @@ impl Geometry {
             .map(|l| {
                 let mut c = [0u8; 8];
                 for id in l.minus(busy).iter() {
-                    c[usize::from(self.placement(id).compute())] += 1;
+                    c[usize::from(self.spot(id).compute())] += 1;
                 }
                 c
             })
@@ -208,7 +208,7 @@ mod tests {
     fn busy(g: &Geometry, inst: &[(u8, u8, u8)]) -> Layout {
         inst.iter().fold(Layout::EMPTY, |l, &(c, m, s)| {
             l.with(
-                g.placement_id(
+                g.spot_id(
                     Shape {
                         compute: c,
                         memory: m,
@@ -315,7 +315,7 @@ mod tests {
         // next-job still offers; at slot 0-3 it rules out the 4g. Either way
         // the offer drops; the choice keeps the larger one.
         let b = busy(g, &[(1, 1, 6)]);
-        let ones: Vec<PlacementId> = g
+        let ones: Vec<SpotId> = g
             .candidates(
                 b,
                 Shape {

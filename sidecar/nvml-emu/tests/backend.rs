@@ -16,7 +16,7 @@ use nvml_wrapper_sys::bindings as sys;
 use smartmig_daemon::backend::nvml::NvmlBackend;
 use smartmig_daemon::backend::{Backend, BackendError, BackendInstance, GpuInfo};
 use smartmig_daemon::config::NvmlConfig;
-use smartmig_mig::{Geometry, GpuModel, PlacementId, Shape};
+use smartmig_mig::{Geometry, GpuModel, Shape, SpotId};
 use smartmig_nvml_emu::{mig, Emulator, Fault, GpuSetup, DIR_ENV};
 
 static TURN: Mutex<()> = Mutex::new(());
@@ -97,9 +97,9 @@ fn placement_profile(model: GpuModel, compute: u8, memory: u8) -> u32 {
         .smi_id
 }
 
-fn placement(model: GpuModel, compute: u8, memory: u8, start: u8) -> PlacementId {
+fn placement(model: GpuModel, compute: u8, memory: u8, start: u8) -> SpotId {
     Geometry::of(model)
-        .placement_id(Shape::new(compute, memory), start)
+        .spot_id(Shape::new(compute, memory), start)
         .expect("a placement of the table")
 }
 
@@ -123,7 +123,7 @@ fn every_model_places_every_instance_and_full_layouts() {
         );
         let geometry = Geometry::of(model);
         for id in geometry.ids() {
-            let what = format!("{model} {}", geometry.placement(id).describe());
+            let what = format!("{model} {}", geometry.spot(id).describe());
             let uuid = backend
                 .create(0, id)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -141,7 +141,7 @@ fn every_model_places_every_instance_and_full_layouts() {
             assert_ne!(files[0], files[1], "{what}");
             assert!(files.iter().all(|f| f.exists()), "{what}: {files:?}");
             let held = scene.emu.instances(0).unwrap();
-            let p = geometry.placement(id);
+            let p = geometry.spot(id);
             assert_eq!(held.len(), 1, "{what}");
             assert_eq!(
                 (held[0].profile_id, held[0].start, held[0].size),
@@ -182,7 +182,7 @@ fn every_model_places_every_instance_and_full_layouts() {
                     ),
                     "{model} {}: {} fits",
                     geometry.name(layout),
-                    geometry.placement(id).describe()
+                    geometry.spot(id).describe()
                 );
             }
             for i in &made {

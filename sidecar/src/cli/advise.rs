@@ -160,10 +160,7 @@ fn report(args: &ReportArgs) -> anyhow::Result<()> {
     }
     let mut written = Vec::new();
     if let Some(dir) = &args.plots {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for (name, svg) in plots {
-            let p = dir.join(name);
-            std::fs::write(&p, svg).with_context(|| format!("writing {}", p.display()))?;
+        for p in super::write_files(dir, plots)? {
             written.push(p.display().to_string());
         }
     }

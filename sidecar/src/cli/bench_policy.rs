@@ -22,12 +22,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::args::JsonArg;
-use super::compare::{compare, CompareOptions};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::onnx::load_policy;
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MODEL_COUNT,
 };
+use crate::report::compare::{compare, CompareOptions};
 use crate::report::Comparison;
 use crate::sim::{EpochRule, Heuristic, SimConfig};
 use crate::workload::{

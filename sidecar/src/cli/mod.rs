@@ -1,7 +1,10 @@
 //! The `smartmig` command line: one module per subcommand, each a thin
 //! shell (parse, read files, print) over the library.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::Context as _;
 
 use clap::{Parser, Subcommand};
 
@@ -23,7 +26,6 @@ pub mod bench_policy;
 pub mod bench_suite;
 pub mod bench_throughput;
 pub mod bound;
-pub mod compare;
 #[cfg(feature = "daemon")]
 pub mod doctor;
 pub mod layouts;
@@ -188,6 +190,19 @@ pub fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// Writes rendered files (`(file name, contents)`, e.g. a report's plots)
+/// into `dir`, created if missing. Returns the paths written.
+pub fn write_files(dir: &Path, files: Vec<(String, String)>) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written = Vec::with_capacity(files.len());
+    for (name, text) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        written.push(p);
+    }
+    Ok(written)
 }
 
 // The example error is the trainer's.

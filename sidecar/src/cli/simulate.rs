@@ -575,7 +575,7 @@ fn run_compare(
             .map_or(String::new(), |l| format!(", sized for peak load {l}"));
         format!("{} trace {}{window}{load}", a.trace_format, a.workload)
     };
-    let mut opts = super::compare::CompareOptions::new(label, a.alpha);
+    let mut opts = crate::report::compare::CompareOptions::new(label, a.alpha);
     opts.extra.clone_from(&a.compare_policy);
     if let Some(w) = &a.trace_window {
         // The windows just before the compared one, as an admin looks back.
@@ -638,11 +638,11 @@ fn run_compare(
             );
         }
     }
-    let c = super::compare::compare(cluster, jobs, cfg, heuristic, &opts)?;
+    let c = crate::report::compare::compare(cluster, jobs, cfg, heuristic, &opts)?;
     write!(a.json.table(), "{}", c.table())?;
     a.json.write(&c)?;
     if let Some(dir) = &a.report {
-        let files = super::compare::write_report(&c, dir)?;
+        let files = super::write_files(dir, crate::report::compare::report_files(&c)?)?;
         eprintln!("smartmig: wrote {} files to {}", files.len(), dir.display());
     }
     Ok(())

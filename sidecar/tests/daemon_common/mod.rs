@@ -182,7 +182,12 @@ impl TestDaemon {
     /// Starts the daemon in a fresh directory with the config `config`
     /// writes there (it may also put helper files into the directory).
     pub fn start_with(name: &str, config: impl FnOnce(&std::path::Path) -> String) -> TestDaemon {
-        let dir = std::env::temp_dir().join(format!("smartmig-it-{name}-{}", std::process::id()));
+        // Tests of several files share one process (one binary per theme),
+        // so the directory is unique per start, not only per process.
+        static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("smartmig-it-{name}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let text = config(&dir);

@@ -429,10 +429,10 @@ struct Mix {
 /// Index in `profiles` of the profile of placement `id`.
 fn profile_index(
     geometry: &Geometry,
-    id: crate::mig::PlacementId,
+    id: crate::mig::SpotId,
     profiles: &[crate::mig::ProfileSpec],
 ) -> Option<usize> {
-    let shape = geometry.placement(id).shape();
+    let shape = geometry.spot(id).shape();
     profiles.iter().position(|q| q.shape == shape)
 }
 

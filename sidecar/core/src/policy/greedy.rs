@@ -258,7 +258,7 @@ impl Slots {
             len: 0,
         };
         for id in layout.iter() {
-            let p = geometry.placement(id);
+            let p = geometry.spot(id);
             out.slots[out.len] = Slot {
                 compute: p.compute(),
                 memory_gb: p.profile.memory_gb,
@@ -602,7 +602,7 @@ mod tests {
         let d = Greedy::default().decide(&view(100.0, &gpus, &jobs, &counts));
         assert_eq!(d.len(), 1);
         let t = d[0].target;
-        let shapes: Vec<Shape> = t.iter().map(|id| g.placement(id).shape()).collect();
+        let shapes: Vec<Shape> = t.iter().map(|id| g.spot(id).shape()).collect();
         assert!(shapes.contains(&Shape::new(4, 4)), "{}", g.picture(t));
         assert_eq!(
             shapes.iter().filter(|s| s.compute == 1).count(),

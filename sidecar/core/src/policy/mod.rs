@@ -37,7 +37,7 @@ pub mod shadow;
 pub mod share;
 pub mod start;
 
-use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape, MAX_PROFILES};
+use crate::mig::{Geometry, GpuModel, Layout, Shape, SpotId, MAX_PROFILES};
 use crate::workload::SpeedupCurve;
 
 pub use fixed::{
@@ -97,7 +97,7 @@ impl GpuStatus {
     }
 
     /// Seconds left of the job on busy instance `id` at `now` (0 if idle).
-    pub fn remaining(&self, id: PlacementId, now: f64) -> f64 {
+    pub fn remaining(&self, id: SpotId, now: f64) -> f64 {
         if self.busy.contains(id) {
             (self.busy_until[id.0 as usize] - now).max(0.0)
         } else {

@@ -799,7 +799,7 @@ mod tests {
         let mut s2 = GpuStatus::new(M, mixed);
         s2.busy = mixed
             .iter()
-            .find(|&id| g.placement(id).compute() == 4)
+            .find(|&id| g.spot(id).compute() == 4)
             .map(Layout::single)
             .unwrap();
         let d = view(std::slice::from_ref(&s2), 21.0);

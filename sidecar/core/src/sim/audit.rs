@@ -56,7 +56,7 @@ use serde::Serialize;
 
 use super::events::{Header, JobRecord, KindCounts, OomHeader, OomRecord, Record};
 use super::reshape::{classify_descs, ReconfigKind};
-use crate::mig::{Geometry, Layout, PlacementId, Shape};
+use crate::mig::{Geometry, Layout, Shape, SpotId};
 use crate::workload::{MemoryGrowth, PowerModel};
 
 /// What the audit recomputed.
@@ -209,30 +209,29 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
             .map(|p| p.power)
             .ok_or_else(|| violation(0.0, Some(gpu), format!("no power model for {model}")))
     };
-    let pid =
-        |gpu: usize, time: f64, d: &crate::mig::InstanceDesc| -> Result<PlacementId, AuditError> {
-            let g = geos[gpu];
-            let shape = Shape::new(d.compute, d.memory_slices);
-            let id = g.placement_id(shape, d.start).ok_or_else(|| {
-                violation(
-                    time,
-                    Some(gpu),
-                    format!("{d} is not a placement of {}", g.model()),
-                )
-            })?;
-            let name = g.placement(id).profile.name();
-            if name != d.profile {
-                return Err(violation(
-                    time,
-                    Some(gpu),
-                    format!(
-                        "instance {d}: a {}-compute/{}-memory-slice profile is {name}",
-                        d.compute, d.memory_slices
-                    ),
-                ));
-            }
-            Ok(id)
-        };
+    let pid = |gpu: usize, time: f64, d: &crate::mig::InstanceDesc| -> Result<SpotId, AuditError> {
+        let g = geos[gpu];
+        let shape = Shape::new(d.compute, d.memory_slices);
+        let id = g.spot_id(shape, d.start).ok_or_else(|| {
+            violation(
+                time,
+                Some(gpu),
+                format!("{d} is not a placement of {}", g.model()),
+            )
+        })?;
+        let name = g.spot(id).profile.name();
+        if name != d.profile {
+            return Err(violation(
+                time,
+                Some(gpu),
+                format!(
+                    "instance {d}: a {}-compute/{}-memory-slice profile is {name}",
+                    d.compute, d.memory_slices
+                ),
+            ));
+        }
+        Ok(id)
+    };
 
     // Failed runs as job-like records (ending at the failure), so the
     // replay below treats both alike.

@@ -22,7 +22,7 @@ use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
 use super::metrics::{ChargeBasis, Metrics};
 use super::reshape::{classify, ReconfigKind, Span};
 use super::{EpochRule, OomConfig, SimConfig, SimError};
-use crate::mig::{Geometry, GpuModel, Layout, Placement, PlacementId, ProfileSpec, Shape};
+use crate::mig::{Geometry, GpuModel, Layout, ProfileSpec, Shape, Spot, SpotId};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -454,7 +454,7 @@ impl<'j> Engine<'j> {
                 self.m.events += 1;
                 match kind {
                     EV_COMPLETION => {
-                        self.complete(gpu as usize, PlacementId(pid), heuristic);
+                        self.complete(gpu as usize, SpotId(pid), heuristic);
                         since_epoch += 1;
                     }
                     EV_RECONFIG_DONE => self.reconfig_done(gpu as usize),
@@ -702,7 +702,7 @@ impl<'j> Engine<'j> {
                 .or_else(|| set.iter().next())
                 .copied()
                 .ok_or(SimError::Internal("free class without instance"))?;
-            self.start(i, gpu as usize, PlacementId(pid), c, hooks)?;
+            self.start(i, gpu as usize, SpotId(pid), c, hooks)?;
         }
         for (k, j, b) in deferred {
             self.buckets[b].heap.push(Reverse((k, j)));
@@ -710,14 +710,14 @@ impl<'j> Engine<'j> {
         Ok(())
     }
 
-    fn take_free(&mut self, c: usize, gpu: usize, pid: PlacementId) {
+    fn take_free(&mut self, c: usize, gpu: usize, pid: SpotId) {
         self.free[c].remove(&(gpu as u32, pid.0));
         if self.free[c].is_empty() {
             self.free_mask &= !(1 << c);
         }
     }
 
-    fn put_free(&mut self, c: usize, gpu: usize, pid: PlacementId) {
+    fn put_free(&mut self, c: usize, gpu: usize, pid: SpotId) {
         self.free[c].insert((gpu as u32, pid.0));
         self.free_mask |= 1 << c;
     }
@@ -733,7 +733,7 @@ impl<'j> Engine<'j> {
         &mut self,
         i: u32,
         gpu: usize,
-        pid: PlacementId,
+        pid: SpotId,
         class: usize,
         hooks: &mut RunHooks<'_>,
     ) -> Result<(), SimError> {
@@ -742,7 +742,7 @@ impl<'j> Engine<'j> {
         self.take_free(class, gpu, pid);
         self.remove_pending_at(i);
         let total = self.rt[gpu].total;
-        let placement = *self.status[gpu].geometry.placement(pid);
+        let placement = *self.status[gpu].geometry.spot(pid);
         let compute = placement.compute();
         let speed = job.speed(compute, total);
         let end = self.now + job.work / speed;
@@ -867,10 +867,10 @@ impl<'j> Engine<'j> {
         }
     }
 
-    fn complete(&mut self, gpu: usize, pid: PlacementId, heuristic: &dyn PlacementHeuristic) {
+    fn complete(&mut self, gpu: usize, pid: SpotId, heuristic: &dyn PlacementHeuristic) {
         self.charge(gpu);
         let g = self.status[gpu].geometry;
-        let placement = g.placement(pid);
+        let placement = g.spot(pid);
         let compute = placement.compute();
         let i = self.rt[gpu].job_on[pid.0 as usize];
         self.rt[gpu].active -= u32::from(compute);
@@ -1181,7 +1181,7 @@ pub(crate) fn transition_kind(g: &Geometry, destroy: Layout, create: Layout) -> 
     fn spans(g: &Geometry, l: Layout, out: &mut [Span; MAX_PLACEMENTS]) -> usize {
         let mut n = 0;
         for (slot, id) in out.iter_mut().zip(l.iter()) {
-            *slot = Span::from(g.placement(id));
+            *slot = Span::from(g.spot(id));
             n += 1;
         }
         n
@@ -1197,13 +1197,7 @@ pub(crate) fn transition_kind(g: &Geometry, destroy: Layout, create: Layout) -> 
 
 /// `max(1, (end - arrival) / max(end - start, tau))`.
 /// The part of a job's log record that finished and failed runs share.
-pub(crate) fn run_record(
-    job: &Job,
-    gpu: usize,
-    placement: &Placement,
-    speed: f64,
-    start: f64,
-) -> Run {
+pub(crate) fn run_record(job: &Job, gpu: usize, placement: &Spot, speed: f64, start: f64) -> Run {
     let d = placement.describe();
     Run {
         id: job.id,
@@ -1264,8 +1258,8 @@ fn mask_for(classes: &[Option<Class>], mem: f64, k: u8, exact: bool) -> u64 {
     mask
 }
 
-fn class_of(g: &Geometry, slot: usize, id: PlacementId) -> usize {
-    let shape = g.placement(id).shape();
+fn class_of(g: &Geometry, slot: usize, id: SpotId) -> usize {
+    let shape = g.spot(id).shape();
     let pi = g
         .spec
         .profiles

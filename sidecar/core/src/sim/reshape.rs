@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::mig::{InstanceDesc, Placement};
+use crate::mig::{InstanceDesc, Spot};
 
 /// The kind of one applied reconfiguration of one GPU.
 ///
@@ -88,8 +88,8 @@ impl From<&InstanceDesc> for Span {
     }
 }
 
-impl From<&Placement> for Span {
-    fn from(p: &Placement) -> Self {
+impl From<&Spot> for Span {
+    fn from(p: &Spot) -> Self {
         Span {
             compute: p.compute(),
             start: p.start,
@@ -151,9 +151,9 @@ mod tests {
         spec.iter()
             .map(|&(c, m, s)| {
                 let id = g
-                    .placement_id(Shape::new(c, m), s)
+                    .spot_id(Shape::new(c, m), s)
                     .unwrap_or_else(|| panic!("no {c}g/{m} at {s} on an A100"));
-                Span::from(g.placement(id))
+                Span::from(g.spot(id))
             })
             .collect()
     }
@@ -230,7 +230,7 @@ mod tests {
         let whole = g.whole_gpu();
         let mut two = Layout::EMPTY;
         for s in [0, 4] {
-            let id = g.placement_id(Shape::new(3, 4), s).expect("3g placement");
+            let id = g.spot_id(Shape::new(3, 4), s).expect("3g placement");
             two = two.with(id);
         }
         assert_eq!(

@@ -64,7 +64,7 @@ use super::heuristics::PlacementHeuristic;
 use super::metrics::Metrics;
 use super::reshape::ReconfigKind;
 use super::{EpochRule, RunHooks, SimConfig, SimError};
-use crate::mig::{select_profile, Geometry, GpuModel, Layout, OfferRule, PlacementId, ProfileSpec};
+use crate::mig::{select_profile, Geometry, GpuModel, Layout, OfferRule, ProfileSpec, SpotId};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -517,7 +517,7 @@ impl<'j> Deploy<'j> {
                 self.m.events += 1;
                 match kind {
                     EV_COMPLETION => {
-                        self.complete(a as usize, PlacementId(b as u8));
+                        self.complete(a as usize, SpotId(b as u8));
                         since_epoch += 1;
                         pass = true;
                     }
@@ -640,20 +640,20 @@ impl<'j> Deploy<'j> {
         // Every way to serve the job, in smartmigd's order of preference:
         // reuse an idle instance (least memory first), create in free space
         // (least fragmenting first), re-shape idle instances.
-        let mut reuse: Vec<PlacementId> = st
+        let mut reuse: Vec<SpotId> = st
             .idle()
             .iter()
             .filter(|&id| {
-                let q = g.placement(id).profile;
+                let q = g.spot(id).profile;
                 q.shape.compute == p.shape.compute && f64::from(q.memory_gb) >= need
             })
             .collect();
-        reuse.sort_by_key(|&id| (g.placement(id).profile.memory_gb, id));
-        let mut options: Vec<(PlacementId, Option<Layout>)> =
+        reuse.sort_by_key(|&id| (g.spot(id).profile.memory_gb, id));
+        let mut options: Vec<(SpotId, Option<Layout>)> =
             reuse.into_iter().map(|id| (id, None)).collect();
         // Creations wait for the policy's reconfiguration to end.
         if self.gpus[gpu].policy_until <= self.now {
-            let mut create: Vec<PlacementId> = g.candidates(st.layout, p.shape).collect();
+            let mut create: Vec<SpotId> = g.candidates(st.layout, p.shape).collect();
             create.sort_by_key(|&id| (std::cmp::Reverse(g.headroom(st.layout.with(id))), id));
             options.extend(create.into_iter().map(|id| (id, Some(Layout::EMPTY))));
             let taken = st.busy.union(st.reconfiguring);
@@ -687,7 +687,7 @@ impl<'j> Deploy<'j> {
         &mut self,
         i: u32,
         gpu: usize,
-        pid: PlacementId,
+        pid: SpotId,
         destroy: Layout,
         hooks: &mut RunHooks<'_>,
     ) -> Result<(), SimError> {
@@ -751,12 +751,12 @@ impl<'j> Deploy<'j> {
         &mut self,
         i: u32,
         gpu: usize,
-        pid: PlacementId,
+        pid: SpotId,
         hooks: &mut RunHooks<'_>,
     ) -> Result<(), SimError> {
         let jobs: &'j [Job] = self.jobs;
         let job = &jobs[i as usize];
-        let placement = *self.gpus[gpu].status.geometry.placement(pid);
+        let placement = *self.gpus[gpu].status.geometry.spot(pid);
         let compute = placement.compute();
         let speed = job.speed(compute, self.gpus[gpu].total);
         let end = self.now + job.work / speed;
@@ -790,12 +790,12 @@ impl<'j> Deploy<'j> {
         Ok(())
     }
 
-    fn complete(&mut self, gpu: usize, pid: PlacementId) {
+    fn complete(&mut self, gpu: usize, pid: SpotId) {
         self.charge(gpu);
         let i = self.gpus[gpu].job_on[pid.0 as usize];
         let billed = self.billed(i as usize, gpu);
         let gp = &mut self.gpus[gpu];
-        let compute = gp.status.geometry.placement(pid).compute();
+        let compute = gp.status.geometry.spot(pid).compute();
         gp.active -= u32::from(compute);
         gp.job_on[pid.0 as usize] = u32::MAX;
         gp.status.busy = gp.status.busy.without(pid);
@@ -817,7 +817,7 @@ impl<'j> Deploy<'j> {
     fn ready(&mut self, gpu: usize, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
         let now = self.now;
         let gp = &mut self.gpus[gpu];
-        let done: Vec<PlacementId> = gp
+        let done: Vec<SpotId> = gp
             .status
             .reconfiguring
             .iter()

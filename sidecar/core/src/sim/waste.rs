@@ -173,7 +173,7 @@ mod tests {
 
     fn layout(parts: &[(u8, u8, u8)]) -> Layout {
         parts.iter().fold(Layout::EMPTY, |l, &(c, m, s)| {
-            l.with(g().placement_id(Shape::new(c, m), s).expect("placement"))
+            l.with(g().spot_id(Shape::new(c, m), s).expect("placement"))
         })
     }
 

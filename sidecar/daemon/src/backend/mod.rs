@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::health::XidEvent;
 
-use crate::mig::{GpuModel, PlacementId, Shape};
+use crate::mig::{GpuModel, Shape, SpotId};
 
 /// One GPU the backend drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct GpuInfo {
 /// An instance as the hardware reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendInstance {
-    pub placement: PlacementId,
+    pub placement: SpotId,
     /// `MIG-<uuid>`.
     pub uuid: String,
 }
@@ -114,7 +114,7 @@ pub trait Backend: Send + Sync {
     /// The instances that exist on `gpu` now.
     fn list(&self, gpu: u32) -> Result<Vec<BackendInstance>, BackendError>;
     /// Creates a GPU instance and its compute instance at `placement`; returns its uuid.
-    fn create(&self, gpu: u32, placement: PlacementId) -> Result<String, BackendError>;
+    fn create(&self, gpu: u32, placement: SpotId) -> Result<String, BackendError>;
     /// Destroys an instance (compute instance first, then the GPU instance).
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError>;
     /// The device files whose opening grants the use of instance `uuid`

@@ -38,7 +38,7 @@ use crate::config::NvmlConfig;
 use crate::health::{XidEvent, NOT_ATTRIBUTED};
 use crate::mig::driver::driver_name;
 use crate::mig::{
-    match_driver, DriverMatch, DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec, Shape,
+    match_driver, DriverMatch, DriverProfile, Geometry, GpuModel, ProfileSpec, Shape, SpotId,
 };
 
 /// Turns an NVML return code into a result, with the codes the daemon must
@@ -84,12 +84,12 @@ pub fn placement_of(
     ids: &HashMap<Shape, c_uint>,
     profile_id: c_uint,
     start: c_uint,
-) -> Option<PlacementId> {
+) -> Option<SpotId> {
     let shape = ids
         .iter()
         .find(|(_, &id)| id == profile_id)
         .map(|(s, _)| *s)?;
-    geometry.placement_id(shape, u8::try_from(start).ok()?)
+    geometry.spot_id(shape, u8::try_from(start).ok()?)
 }
 
 /// The `nvmlGpuInstanceProfileInfo_t.id` values the table expects, for when
@@ -739,9 +739,9 @@ impl Backend for NvmlBackend {
         Ok(out)
     }
 
-    fn create(&self, gpu: u32, placement: PlacementId) -> Result<String, BackendError> {
+    fn create(&self, gpu: u32, placement: SpotId) -> Result<String, BackendError> {
         let info = self.gpu(gpu)?;
-        let p = *Geometry::of(info.model).placement(placement);
+        let p = *Geometry::of(info.model).spot(placement);
         let what = p.describe().to_string();
         let profile_id = *info
             .ids
@@ -975,7 +975,7 @@ mod tests {
             let g = Geometry::of(model);
             let ids = table_profile_ids(model);
             for id in g.ids() {
-                let p = g.placement(id);
+                let p = g.spot(id);
                 let got = placement_of(g, &ids, p.profile.smi_id, c_uint::from(p.start));
                 assert_eq!(got, Some(id), "{model} {}", p.describe());
                 assert!(compute_instance_profile(p.compute()).is_some());

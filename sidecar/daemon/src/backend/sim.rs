@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::{Backend, BackendError, BackendInstance, GpuInfo};
 use crate::config::{InjectError, SimConfig};
 use crate::fsutil::{atomic_write, ensure_dir, remove_if_present};
-use crate::mig::{Geometry, GpuModel, PlacementId, Shape};
+use crate::mig::{Geometry, GpuModel, Shape, SpotId};
 
 /// One persisted instance: keyed on slice counts and start, never on names.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -117,7 +117,7 @@ impl SimBackend {
                     let mut instances = Vec::new();
                     for s in saved.instances {
                         let placement = g
-                            .placement_id(Shape::new(s.compute, s.memory_slices), s.start)
+                            .spot_id(Shape::new(s.compute, s.memory_slices), s.start)
                             .ok_or_else(|| state_err(&path, format!("invalid instance {s:?}")))?;
                         instances.push(BackendInstance {
                             placement,
@@ -181,7 +181,7 @@ impl SimBackend {
                 .instances
                 .iter()
                 .map(|i| {
-                    let p = g.placement(i.placement);
+                    let p = g.spot(i.placement);
                     SavedInstance {
                         compute: p.shape().compute,
                         memory_slices: p.shape().memory,
@@ -287,10 +287,10 @@ impl Backend for SimBackend {
         Ok(self.gpu(gpu)?.instances.clone())
     }
 
-    fn create(&self, gpu: u32, placement: PlacementId) -> Result<String, BackendError> {
+    fn create(&self, gpu: u32, placement: SpotId) -> Result<String, BackendError> {
         let mut state = self.gpu(gpu)?;
         let g = Geometry::of(state.model);
-        let what = g.placement(placement).describe().to_string();
+        let what = g.spot(placement).describe().to_string();
         let late = match self.injected("create", gpu, &what) {
             // A timeout is the worst case: the instance was made anyway.
             Some(e @ BackendError::Timeout { .. }) => Some(e),
@@ -335,7 +335,7 @@ impl Backend for SimBackend {
             state.instances.insert(pos, removed);
             return Err(e);
         }
-        let start = Geometry::of(state.model).placement(removed.placement).start;
+        let start = Geometry::of(state.model).spot(removed.placement).start;
         for f in self.cap_paths(gpu, start) {
             if let Err(e) = remove_if_present(&f) {
                 tracing::warn!(gpu, uuid, file = %f.display(), "access file not removed: {e}");
@@ -355,7 +355,7 @@ impl Backend for SimBackend {
     fn access_files(&self, gpu: u32, uuid: &str) -> Result<Vec<PathBuf>, BackendError> {
         let state = self.gpu(gpu)?;
         let inst = &state.instances[state.position(gpu, uuid)?];
-        let start = Geometry::of(state.model).placement(inst.placement).start;
+        let start = Geometry::of(state.model).spot(inst.placement).start;
         let files = self.cap_paths(gpu, start);
         for f in &files {
             Self::make_cap(f).map_err(|e| state_err(f, e.to_string()))?;
@@ -384,9 +384,9 @@ mod tests {
         };
         let b = SimBackend::open(&d, &models, cfg.clone()).unwrap();
         let g = Geometry::of(GpuModel::A100_40gb);
-        let four = g.placement_id(Shape::new(4, 4), 0).unwrap();
-        let three = g.placement_id(Shape::new(3, 4), 4).unwrap();
-        let two = g.placement_id(Shape::new(2, 2), 2).unwrap();
+        let four = g.spot_id(Shape::new(4, 4), 0).unwrap();
+        let three = g.spot_id(Shape::new(3, 4), 4).unwrap();
+        let two = g.spot_id(Shape::new(2, 2), 2).unwrap();
         let u4 = b.create(1, four).unwrap();
         assert!(u4.starts_with("MIG-"));
         assert!(matches!(
@@ -433,7 +433,7 @@ mod tests {
         };
         let b = SimBackend::open(&d, &[GpuModel::A100_40gb], cfg).unwrap();
         let g = Geometry::of(GpuModel::A100_40gb);
-        let id = g.placement_id(Shape::new(1, 1), 6).unwrap();
+        let id = g.spot_id(Shape::new(1, 1), 6).unwrap();
         let err = b.create(0, id).unwrap_err();
         assert!(err.to_string().contains("injected"), "{err}");
         assert!(b.create(0, id).is_ok());

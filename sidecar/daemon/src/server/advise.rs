@@ -16,7 +16,7 @@ use super::books::{Gpu, GpuState};
 use super::services::append_rotating;
 use crate::allocate::GpuBook;
 use crate::config::{Config, Mode};
-use crate::mig::{Layout, PlacementId};
+use crate::mig::{Layout, SpotId};
 use crate::policy::MAX_PLACEMENTS;
 use crate::protocol::{PlanEffect, PlanStatus};
 use crate::slurm::{JobState, QueueSnapshot};
@@ -119,7 +119,7 @@ async fn reread_layout(
     gpu: &Gpu,
     now: u64,
     records: &mut Vec<AdviceRecord>,
-) -> Vec<(PlacementId, String)> {
+) -> Vec<(SpotId, String)> {
     let mut st = gpu.state.lock().await;
     match tokio::task::block_in_place(|| cx.svc.backend.list(gpu.index)) {
         Ok(real) => sync_instances(&mut st.book, &real, now),
@@ -130,7 +130,7 @@ async fn reread_layout(
         .book
         .instances
         .iter()
-        .map(|i| (i.placement, g.placement(i.placement).profile.name()))
+        .map(|i| (i.placement, g.spot(i.placement).profile.name()))
         .collect();
     let mut ledger = cx.books.ledger();
     let book = &mut ledger.advise;
@@ -211,7 +211,7 @@ fn follow_jobs(
 /// Which instances the watched jobs occupy, per GPU. Slurm's gres index
 /// of a MIG device is not the physical GPU, so a watched job occupies the
 /// first free instance of its profile.
-fn occupy(book: &AdviseBook, layouts: &[Vec<(PlacementId, String)>]) -> Vec<Occupied> {
+fn occupy(book: &AdviseBook, layouts: &[Vec<(SpotId, String)>]) -> Vec<Occupied> {
     let mut occupied: Vec<Occupied> = layouts
         .iter()
         .map(|_| Occupied {
@@ -259,7 +259,7 @@ pub(super) fn advise(
     let g = st.book.geometry;
     let keeps: Vec<String> = busy
         .iter()
-        .map(|p| g.placement(p).describe().to_string())
+        .map(|p| g.spot(p).describe().to_string())
         .collect();
     let shown = super::view::reshape_shown(gpu.index, g, st.book.layout(), target, busy, keeps);
     let mut ledger = cx.books.ledger();

@@ -31,7 +31,7 @@ use super::reap::ReleaseCounts;
 use super::unix_now_f64;
 use crate::allocate::GpuBook;
 use crate::memory::{next_larger_memory, Released};
-use crate::mig::{Geometry, GpuModel, PlacementId};
+use crate::mig::{Geometry, GpuModel, SpotId};
 use crate::placement::{Contender, Turn};
 use crate::plan::Plans;
 use crate::protocol::WaitingJob;
@@ -82,7 +82,7 @@ impl GpuState {
     fn load(&self) -> f64 {
         let g = self.book.geometry;
         gpu_load(
-            self.book.busy().iter().map(|id| g.placement(id).compute()),
+            self.book.busy().iter().map(|id| g.spot(id).compute()),
             g.spec.compute_slices,
         )
     }
@@ -124,8 +124,8 @@ impl Gpu {
     /// What a job on `placement` holds, as the memory bookkeeping sees it
     /// (profile, memory, and the next larger memory size for its compute
     /// slices).
-    pub(super) fn held(&self, geometry: &Geometry, placement: PlacementId) -> Released {
-        let p = geometry.placement(placement);
+    pub(super) fn held(&self, geometry: &Geometry, placement: SpotId) -> Released {
+        let p = geometry.spot(placement);
         Released {
             gpu: self.index,
             profile: p.profile.name(),

@@ -79,7 +79,7 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
         let modelled = st.tick_energy();
         let g = st.book.geometry;
         for i in &st.book.instances {
-            let p = g.placement(i.placement);
+            let p = g.spot(i.placement);
             now.instances.push(MigInstance {
                 gpu: gpu.index,
                 gpu_uuid: gpu.uuid.clone().unwrap_or_default(),

@@ -8,7 +8,7 @@ use super::services::Services;
 use super::{unix_now, Cx};
 use crate::allocate::GpuBook;
 use crate::backend::{Backend, BackendError};
-use crate::mig::{Layout, PlacementId};
+use crate::mig::{Layout, SpotId};
 use crate::protocol::{ErrorBody, ErrorKind};
 
 /// Creates the instance at `placement` and books it (idle); returns its
@@ -17,7 +17,7 @@ pub(super) fn create(
     svc: &Services,
     gpu: u32,
     book: &mut GpuBook,
-    placement: PlacementId,
+    placement: SpotId,
     now: u64,
 ) -> Result<String, BackendError> {
     let backend = &svc.backend;
@@ -25,7 +25,7 @@ pub(super) fn create(
     let uuid = tokio::task::block_in_place(|| backend.create(gpu, placement))?;
     svc.metrics
         .reconfiguration(gpu, "create", t0.elapsed().as_secs_f64());
-    tracing::info!(gpu, %uuid, instance = %book.geometry.placement(placement).describe(), "created instance");
+    tracing::info!(gpu, %uuid, instance = %book.geometry.spot(placement).describe(), "created instance");
     adopt(svc.backend.as_ref(), book, placement, uuid.clone(), now);
     Ok(uuid)
 }
@@ -35,7 +35,7 @@ pub(super) fn create(
 pub(super) fn adopt(
     backend: &dyn Backend,
     book: &mut GpuBook,
-    placement: PlacementId,
+    placement: SpotId,
     uuid: String,
     now: u64,
 ) {
@@ -161,11 +161,7 @@ pub(super) fn apply_target(
     let now = unix_now();
     for id in t.create.iter() {
         if let Err(e) = create(svc, index, book, id, now) {
-            tracing::warn!(
-                gpu = index,
-                "create {} failed: {e}",
-                g.placement(id).describe()
-            );
+            tracing::warn!(gpu = index, "create {} failed: {e}", g.spot(id).describe());
             resync(svc, index, book, &e);
             return false;
         }

@@ -8,7 +8,7 @@ use super::books::Gpu;
 use super::requeue::{self, RequeueWhen};
 use super::{unix_now, unix_now_f64, Cx};
 use crate::memory::{EarlyTrigger, OomPolicy, Released};
-use crate::mig::PlacementId;
+use crate::mig::SpotId;
 use crate::protocol::OomDecision;
 
 /// One round of samples over every GPU.
@@ -25,7 +25,7 @@ async fn sample_gpu(cx: &Cx<'_>, gpu: &Gpu) {
     let rule = cfg.oom.early_restart.then_some(&cfg.oom.early);
     let (geometry, busy) = {
         let st = gpu.state.lock().await;
-        let busy: Vec<(u64, String, PlacementId)> = st
+        let busy: Vec<(u64, String, SpotId)> = st
             .book
             .instances
             .iter()
@@ -42,7 +42,7 @@ async fn sample_gpu(cx: &Cx<'_>, gpu: &Gpu) {
         let size = if now.total_gb > 0.0 {
             now.total_gb
         } else {
-            f64::from(geometry.placement(placement).profile.memory_gb)
+            f64::from(geometry.spot(placement).profile.memory_gb)
         };
         let fired = cx
             .svc

@@ -202,7 +202,7 @@ async fn running_jobs(cx: &Cx<'_>) -> Vec<(u64, SeenJob)> {
         let g = st.book.geometry;
         for i in &st.book.instances {
             if let Some(a) = &i.job {
-                let p = g.placement(i.placement);
+                let p = g.spot(i.placement);
                 held.push((a.clone(), g, p.compute(), p.profile.memory_gb));
             }
         }

@@ -49,7 +49,7 @@ pub(super) fn lookahead_of(
         .iter()
         .flat_map(|s| {
             s.busy.iter().map(move |p| {
-                let pl = s.geometry.placement(p);
+                let pl = s.geometry.spot(p);
                 Running {
                     compute: pl.compute(),
                     memory_gb: f64::from(pl.profile.memory_gb),
@@ -117,10 +117,7 @@ pub(super) fn plan_status(gpu: &Gpu, st: &GpuState, target: Layout) -> Option<Pl
         .iter()
         .filter_map(|i| {
             let job = i.job.as_ref()?.job_id;
-            Some(format!(
-                "{} (job {job})",
-                g.placement(i.placement).describe()
-            ))
+            Some(format!("{} (job {job})", g.spot(i.placement).describe()))
         })
         .collect();
     reshape_shown(
@@ -318,7 +315,7 @@ pub(super) async fn publish_layout(cx: &Cx<'_>, current: &NodeFeatures) {
             .book
             .layout()
             .iter()
-            .map(|id| g.placement(id).compute())
+            .map(|id| g.spot(id).compute())
             .collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
         layouts.push((gpu.index, sizes));

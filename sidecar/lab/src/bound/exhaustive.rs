@@ -6,14 +6,14 @@
 //! in the chosen order, each job starts at the earliest time, no earlier
 //! than its arrival and the previous job's start, at which an instance of
 //! its profile fits next to the instances still running (placed by
-//! [`Geometry::best_placement`]). Instances are created for free and at
+//! [`Geometry::best_spot`]). Instances are created for free and at
 //! once (no reconfiguration time), which only helps the oracle. Every
 //! schedule found is feasible for the simulator's rules (one instance per
 //! job, no preemption, valid layouts at every instant), so any lower bound
 //! must stay below the best of them. The energy of each schedule is
 //! integrated exactly with the simulator's definition of load and horizon.
 
-use crate::mig::{Geometry, GpuModel, Layout, PlacementId, Shape};
+use crate::mig::{Geometry, GpuModel, Layout, Shape, SpotId};
 use crate::workload::{Job, PowerModel};
 
 /// Largest instance the oracle accepts (orders x profiles grows as n! 6^n).
@@ -166,7 +166,7 @@ fn list_schedule(
     workload_horizon_s: f64,
 ) -> Outcome {
     // (start, end, placement, compute) of the jobs scheduled so far.
-    let mut placed: Vec<(f64, f64, PlacementId, u8)> = Vec::with_capacity(order.len());
+    let mut placed: Vec<(f64, f64, SpotId, u8)> = Vec::with_capacity(order.len());
     let mut prev_start = f64::NEG_INFINITY;
     let mut tardiness = 0.0;
     let mut late = 0;
@@ -186,7 +186,7 @@ fn list_schedule(
                     .filter(|p| p.0 <= t && t < p.1)
                     .map(|p| p.2)
                     .collect();
-                geometry.best_placement(running, shape).map(|id| (t, id))
+                geometry.best_spot(running, shape).map(|id| (t, id))
             })
             .expect("after every running job has ended the GPU is empty and any profile fits");
         let end = start + job.runtime_on(shape.compute, total);

@@ -1,10 +1,12 @@
 //! The comparison report: every policy on the same workload, side by side,
 //! with the gap to the lower bounds (the README's main table).
 //!
-//! This module is pure: [`Comparison`] holds finished runs (metrics and
-//! per-bin series from the event logs) and renders them as a text table,
-//! JSON ([`serde`]) or SVG plots ([`plot`]). Running the simulations is the
-//! CLI's job (`smartmig simulate --compare`, in `cli::compare`).
+//! [`Comparison`] holds finished runs (metrics and per-bin series from the
+//! event logs) and renders them as a text table, JSON ([`serde`]) or SVG
+//! plots ([`plot`]), all pure. [`compare`] runs the simulations behind it
+//! (`smartmig simulate --compare` is a thin shell over it) and assembles
+//! the table from the finished runs ([`compare::assemble`]); no IO here:
+//! the CLI prints and writes the files.
 //!
 //! ## Columns
 //!
@@ -23,6 +25,7 @@
 //! | flags | `UNSERVED n` (ranks behind every row that served all), `WORSE` (ET above `none`'s) |
 
 pub mod advise;
+pub mod compare;
 pub mod plot;
 pub mod series;
 pub mod suite;

@@ -22,7 +22,7 @@ use crate::daemon::backend::Backend;
 use crate::daemon::config::Config;
 use crate::daemon::Client;
 use crate::mig::driver::table_placements;
-use crate::mig::{DriverProfile, Geometry, GpuModel, PlacementId, ProfileSpec};
+use crate::mig::{DriverProfile, Geometry, GpuModel, ProfileSpec, SpotId};
 
 pub fn run(args: &Args) -> anyhow::Result<Vec<Check>> {
     let Some(gpu) = args.gpu else {
@@ -133,7 +133,7 @@ fn test_profile(
     };
     let placement = u8::try_from(start)
         .ok()
-        .and_then(|s| Geometry::of(model).placement_id(spec.shape, s));
+        .and_then(|s| Geometry::of(model).spot_id(spec.shape, s));
     let Some(placement) = placement else {
         problems.push(format!("start {start} is not a placement of the table"));
         return Check::fail(name, problems.join("; "), fix);
@@ -163,7 +163,7 @@ fn verify(
     backend: &dyn Backend,
     gpu: u32,
     model: GpuModel,
-    placement: PlacementId,
+    placement: SpotId,
     uuid: &str,
 ) -> Vec<String> {
     let mut problems = Vec::new();
@@ -232,7 +232,7 @@ fn empty_check(backend: &dyn Backend, config: &Config, gpu: u32) -> Check {
 }
 
 /// `3g.20gb@4` for messages.
-fn placement_text(model: GpuModel, id: PlacementId) -> String {
-    let p = Geometry::of(model).placement(id);
+fn placement_text(model: GpuModel, id: SpotId) -> String {
+    let p = Geometry::of(model).spot(id);
     format!("{}@{}", p.profile.name(), p.start)
 }

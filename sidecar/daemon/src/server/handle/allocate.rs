@@ -146,7 +146,7 @@ async fn held_anywhere(cx: &Cx<'_>, req: &AllocateRequest) -> Option<AllocateRep
 
 fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
     let inst = book.find_job(job_id)?;
-    let p = book.geometry.placement(inst.placement);
+    let p = book.geometry.spot(inst.placement);
     Some(AllocateReply {
         uuid: inst.uuid.clone(),
         gpu: book.index,
@@ -510,8 +510,8 @@ fn execute(
     hand_over(cx, gpu.index, &mut st.book, req, &uuid, now)?;
     let placed = st.book.find_uuid(&uuid).map(|i| i.placement);
     let g = st.book.geometry;
-    let start = placed.map_or(0, |p| g.placement(p).start);
-    let p = placed.map_or(profile, |p| g.placement(p).profile);
+    let start = placed.map_or(0, |p| g.spot(p).start);
+    let p = placed.map_or(profile, |p| g.spot(p).profile);
     tracing::info!(gpu = gpu.index, job = req.job_id, uid = req.uid, %uuid, profile = %p.name(), start, ?action, "allocated");
     Ok(AllocateReply {
         uuid,

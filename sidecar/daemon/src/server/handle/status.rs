@@ -71,7 +71,7 @@ async fn gpu_status(
         .instances
         .iter()
         .map(|i| {
-            let p = g.placement(i.placement);
+            let p = g.spot(i.placement);
             InstanceStatus {
                 uuid: i.uuid.clone(),
                 profile: p.profile.name(),

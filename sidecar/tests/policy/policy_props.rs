@@ -4,7 +4,6 @@
 //! whole comparison is deterministic.
 
 use proptest::prelude::*;
-use smartmig::cli::compare::{compare, CompareOptions};
 use smartmig::eval::search_score;
 use smartmig::mig::{Geometry, GpuModel, Layout, Shape, MAX_PROFILES};
 use smartmig::policy::search::{static_best, SearchConfig};
@@ -12,6 +11,7 @@ use smartmig::policy::{
     ClusterView, Decision, GpuStatus, Greedy, GreedyConfig, NoPartition, PendingByProfile,
     PendingJob, RepartitionPolicy, TwiceDaily, MODEL_COUNT,
 };
+use smartmig::report::compare::{compare, report_files, CompareOptions};
 use smartmig::sim::{simulate, Heuristic, RunHooks, SimConfig};
 use smartmig::workload::{generate_diurnal, DiurnalConfig, SpeedupCurve};
 
@@ -124,7 +124,7 @@ fn served(layout: Layout, pending: &[PendingJob]) -> usize {
     let g = Geometry::of(M);
     let mut free: Vec<(u8, u32)> = layout
         .iter()
-        .map(|id| (g.placement(id).compute(), g.placement(id).profile.memory_gb))
+        .map(|id| (g.spot(id).compute(), g.spot(id).profile.memory_gb))
         .collect();
     let mut n = 0;
     for p in pending {
@@ -205,7 +205,7 @@ fn greedy_serves_the_most_pending_shapes() {
         assert_eq!(best, want_served, "{jobs:?}");
         if let Some(want) = want_picture {
             let shapes = |l: Layout| {
-                let mut v: Vec<Shape> = l.iter().map(|id| g.placement(id).shape()).collect();
+                let mut v: Vec<Shape> = l.iter().map(|id| g.spot(id).shape()).collect();
                 v.sort();
                 v
             };
@@ -328,14 +328,12 @@ fn comparison_is_deterministic() {
         );
     }
     // The plots render.
-    let dir = std::env::temp_dir().join(format!("smartmig-report-{}", std::process::id()));
-    let files = smartmig::cli::compare::write_report(&a, &dir).unwrap();
-    assert!(files.iter().any(|f| f.ends_with("power.svg")));
-    let svg = std::fs::read_to_string(dir.join("power.svg")).unwrap();
+    let files = report_files(&a).unwrap();
+    let (_, svg) = files.iter().find(|(name, _)| name == "power.svg").unwrap();
     assert!(
         svg.starts_with("<svg") && svg.contains("greedy"),
         "{}",
         &svg[..200.min(svg.len())]
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    assert!(files.iter().any(|(name, _)| name == "comparison.json"));
 }

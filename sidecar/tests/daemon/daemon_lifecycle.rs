@@ -1,11 +1,11 @@
 //! Restart recovery, signals and configuration errors of a real smartmigd.
 
-mod daemon_common;
+use crate::daemon_common;
 
 use std::process::Command;
 use std::time::Duration;
 
-use daemon_common::{base_config, req, TestDaemon};
+use crate::daemon_common::{base_config, req, TestDaemon};
 use nix::sys::signal::Signal;
 use smartmig::daemon::protocol::AllocAction;
 

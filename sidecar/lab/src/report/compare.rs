@@ -1,6 +1,9 @@
-//! `smartmig simulate --compare`: every policy on the same workload, seed and
-//! placement heuristic, in one table with the gap to the lower bounds; the
-//! README's main command.
+//! The runs behind `smartmig simulate --compare` (the README's main
+//! command): every policy on the same workload, seed and placement
+//! heuristic, assembled into one [`Comparison`] with the gap to the lower
+//! bounds. [`compare`] runs the simulations; [`assemble`] is the pure step
+//! from finished runs to the table; [`report_files`] renders the plots of
+//! `--report DIR` (the CLI writes them).
 //!
 //! The runs, in order: `none` (whole GPUs), `static` (an arbitrary admin
 //! layout, catalog index 1: `4444|3333` on the eight-slice models),
@@ -21,25 +24,60 @@
 //! the jobs they left unserved first. Each final run records its event log
 //! in memory; the plots of `--report DIR` are derived from those logs.
 
-use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-
-use crate::bound::{self, BoundGpu};
-use crate::eval::fallback::cross_validate;
+use crate::bound::{self, BoundError, BoundGpu};
+use crate::eval::fallback::{cross_validate, FallbackError};
 use crate::eval::{fit, Day, DaySet, Fitted, RowKind};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::search::SearchConfig;
 use crate::policy::{
-    parse_policy, parse_policy_on, Greedy, NoPartition, RepartitionPolicy, StaticLayout,
+    parse_policy, parse_policy_on, Greedy, NoPartition, PolicyParseError, RepartitionPolicy,
+    StaticLayout,
 };
-use crate::report::{plot, series, Comparison, Row};
+use crate::report::{plot, series, Comparison, ReportError, Row};
 use crate::sim::{
     common_horizon, simulate, Collect, EtScore, Heuristic, Metrics, Reference, RunHooks, SimConfig,
-    SimResult,
+    SimError, SimResult,
 };
 use crate::workload::Job;
+
+/// Why a comparison could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    #[error("simulating `{policy}`")]
+    Simulate {
+        policy: String,
+        #[source]
+        source: SimError,
+    },
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error("policy `{spec}`")]
+    Policy {
+        spec: String,
+        #[source]
+        source: PolicyParseError,
+    },
+    #[error(transparent)]
+    Layout(#[from] PolicyParseError),
+    #[error("fitting the opponents")]
+    Opponents(#[source] SimError),
+    #[error("hindsight searches")]
+    Hindsight(#[source] SimError),
+    #[error("choosing the fallback of `{spec}` on the training days")]
+    Fallback {
+        spec: String,
+        #[source]
+        source: FallbackError,
+    },
+    #[error(transparent)]
+    Bound(#[from] BoundError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+}
+
+type Result<T, E = CompareError> = std::result::Result<T, E>;
 
 /// Default width of the plot bins, s.
 pub const DEFAULT_BIN_S: f64 = 900.0;
@@ -81,24 +119,41 @@ impl CompareOptions {
     }
 }
 
-struct Ctx<'a> {
-    cluster: &'a [GpuModel],
-    jobs: &'a [Job],
-    cfg: &'a SimConfig,
-    heuristic: Heuristic,
-    opts: &'a CompareOptions,
-    /// The finished runs, at their own horizons.
-    runs: Vec<Raw>,
+/// What every run of a comparison shares.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup<'a> {
+    pub cluster: &'a [GpuModel],
+    pub jobs: &'a [Job],
+    pub cfg: &'a SimConfig,
+    pub heuristic: Heuristic,
+    pub opts: &'a CompareOptions,
 }
 
-/// One finished run, before the common horizon is known.
-struct Raw {
-    policy: String,
-    kind: RowKind,
-    description: String,
-    metrics: Metrics,
-    series: series::TimeSeries,
-    search_runs: Option<usize>,
+/// One finished run, at its own horizon (before the common one is known).
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// The row's short name.
+    pub policy: String,
+    pub kind: RowKind,
+    pub description: String,
+    pub metrics: Metrics,
+    /// Per-bin series of the run's event log.
+    pub series: series::TimeSeries,
+    /// Simulations the policy's search ran.
+    pub search_runs: Option<usize>,
+}
+
+/// The comparison while it runs: the setup and the finished runs.
+struct Ctx<'a> {
+    setup: Setup<'a>,
+    runs: Vec<Run>,
+}
+
+impl<'a> std::ops::Deref for Ctx<'a> {
+    type Target = Setup<'a>;
+    fn deref(&self) -> &Setup<'a> {
+        &self.setup
+    }
 }
 
 impl Ctx<'_> {
@@ -111,15 +166,20 @@ impl Ctx<'_> {
         search_runs: Option<usize>,
     ) -> Result<String> {
         let mut log = Collect::default();
-        let r = self.run(
-            policy,
-            RunHooks {
-                sink: Some(&mut log),
-                progress: None,
-            },
-        )?;
+        let r = self
+            .run(
+                policy,
+                RunHooks {
+                    sink: Some(&mut log),
+                    progress: None,
+                },
+            )
+            .map_err(|source| CompareError::Simulate {
+                policy: row.0.to_string(),
+                source,
+            })?;
         let series = series::from_records(&log.0, self.opts.bin_s)?;
-        self.runs.push(Raw {
+        self.runs.push(Run {
             policy: row.0.to_string(),
             kind: row.1,
             description: row.2,
@@ -131,16 +191,13 @@ impl Ctx<'_> {
     }
 
     /// One simulation of the compared workload with `policy`.
-    fn run(&self, policy: &mut dyn RepartitionPolicy, hooks: RunHooks<'_>) -> Result<SimResult> {
+    fn run(
+        &self,
+        policy: &mut dyn RepartitionPolicy,
+        hooks: RunHooks<'_>,
+    ) -> Result<SimResult, SimError> {
         let mut h = self.heuristic.build(self.cfg.seed);
-        Ok(simulate(
-            self.cluster,
-            self.jobs,
-            h.as_mut(),
-            policy,
-            self.cfg,
-            hooks,
-        )?)
+        simulate(self.cluster, self.jobs, h.as_mut(), policy, self.cfg, hooks)
     }
 
     /// Our policies `(row name, spec)`: greedy, the learned one, extras.
@@ -167,11 +224,13 @@ pub fn compare(
 ) -> Result<Comparison> {
     let started = Instant::now();
     let mut ctx = Ctx {
-        cluster,
-        jobs,
-        cfg,
-        heuristic,
-        opts,
+        setup: Setup {
+            cluster,
+            jobs,
+            cfg,
+            heuristic,
+            opts,
+        },
         runs: Vec::new(),
     };
     ctx.run_logged(
@@ -182,8 +241,7 @@ pub fn compare(
             "MIG off in effect: every GPU is one whole-GPU instance".into(),
         ),
         None,
-    )
-    .context("simulating `none`")?;
+    )?;
     let train = if opts.training.is_empty() {
         None
     } else {
@@ -197,7 +255,7 @@ pub fn compare(
     };
     candidates(&mut ctx, train.as_ref().zip(fitted.as_ref()), &rate)?;
     hindsight(&mut ctx, &rate)?;
-    let mut c = assemble(&ctx, rate, reference)?;
+    let mut c = assemble(&ctx.setup, &ctx.runs, rate, reference)?;
     c.elapsed_s = started.elapsed().as_secs_f64();
     Ok(c)
 }
@@ -242,7 +300,7 @@ fn arbitrary_static(ctx: &mut Ctx<'_>) -> Result<()> {
 /// The opponents: fitted on the training days, applied unchanged.
 fn opponents(ctx: &mut Ctx<'_>, train: &DaySet, rate: &Reference) -> Result<Fitted> {
     let opts = ctx.opts;
-    let fitted = fit(train, &opts.search, rate, opts.alpha).context("fitting the opponents")?;
+    let fitted = fit(train, &opts.search, rate, opts.alpha).map_err(CompareError::Opponents)?;
     let days = train
         .days
         .iter()
@@ -275,7 +333,8 @@ fn candidates(ctx: &mut Ctx<'_>, past: Option<(&DaySet, &Fitted)>, rate: &Refere
         let mut p = if spec == "greedy" {
             Box::new(Greedy::default())
         } else {
-            parse_policy_on(&spec, ctx.cluster, 0.0).with_context(|| format!("policy `{spec}`"))?
+            parse_policy_on(&spec, ctx.cluster, 0.0)
+                .map_err(|source| CompareError::Policy { spec, source })?
         };
         let description = p.describe();
         ctx.run_logged(p.as_mut(), (&name, RowKind::Candidate, description), None)?;
@@ -291,7 +350,10 @@ fn candidates(ctx: &mut Ctx<'_>, past: Option<(&DaySet, &Fitted)>, rate: &Refere
         let choice = cross_validate(train, &opts.search, rate, opts.alpha, &name, &mut || {
             parse_policy(&spec, &models)
         })
-        .with_context(|| format!("choosing the fallback of `{spec}` on the training days"))?;
+        .map_err(|source| CompareError::Fallback {
+            spec: spec.clone(),
+            source,
+        })?;
         let mut p: Box<dyn RepartitionPolicy + Send> = match choice.chosen.as_str() {
             "none" => Box::new(NoPartition),
             "static-hist" => Box::new(fitted.static_policy()),
@@ -319,7 +381,8 @@ fn hindsight(ctx: &mut Ctx<'_>, rate: &Reference) -> Result<()> {
             cfg: ctx.cfg.clone(),
         }],
     )?;
-    let h = fit(&this_day, &ctx.opts.search, rate, ctx.opts.alpha).context("hindsight searches")?;
+    let h =
+        fit(&this_day, &ctx.opts.search, rate, ctx.opts.alpha).map_err(CompareError::Hindsight)?;
     let note = "(searched on this workload: a reference, not an opponent)";
     let description = format!("{} {note}", h.static_spec(&this_day));
     ctx.run_logged(
@@ -337,13 +400,18 @@ fn hindsight(ctx: &mut Ctx<'_>, rate: &Reference) -> Result<()> {
     Ok(())
 }
 
-/// Charges every run at the common horizon, scores it with `rate`, and
-/// ranks the rows beside the lower bounds.
-fn assemble(ctx: &Ctx<'_>, rate: Reference, reference: String) -> Result<Comparison> {
-    let (cluster, cfg, alpha) = (ctx.cluster, ctx.cfg, ctx.opts.alpha);
-    let horizon = common_horizon(ctx.runs.iter().map(|r| &r.metrics));
-    let rows = ctx
-        .runs
+/// The table from finished runs (pure): charges every run at the common
+/// horizon, scores it with `rate` (described by `reference`), and ranks
+/// the rows beside the lower bounds.
+pub fn assemble(
+    setup: &Setup<'_>,
+    runs: &[Run],
+    rate: Reference,
+    reference: String,
+) -> Result<Comparison> {
+    let (cluster, cfg, alpha) = (setup.cluster, setup.cfg, setup.opts.alpha);
+    let horizon = common_horizon(runs.iter().map(|r| &r.metrics));
+    let rows = runs
         .iter()
         .map(|r| {
             let metrics = r.metrics.at_horizon(horizon);
@@ -374,21 +442,21 @@ fn assemble(ctx: &Ctx<'_>, rate: Reference, reference: String) -> Result<Compari
         .collect();
     let bound_horizon = cfg
         .workload_horizon_s
-        .unwrap_or_else(|| ctx.jobs.iter().map(|j| j.arrival).fold(0.0, f64::max));
-    let bounds = bound::compute(ctx.jobs, &gpus, bound_horizon)?;
+        .unwrap_or_else(|| setup.jobs.iter().map(|j| j.arrival).fold(0.0, f64::max));
+    let bounds = bound::compute(setup.jobs, &gpus, bound_horizon)?;
     let et_lower_bound = rate.et(bounds.energy.total_j, bounds.tardiness.mean_s, alpha);
     let mut baselines = vec!["none".to_string()];
-    if !ctx.opts.training.is_empty() {
+    if !setup.opts.training.is_empty() {
         baselines.extend(["static-hist".to_string(), "twice-daily-hist".to_string()]);
     }
     let mut c = Comparison {
-        workload: ctx.opts.workload.clone(),
+        workload: setup.opts.workload.clone(),
         gpus: cluster.len(),
         models: GpuModel::distinct(cluster)
             .iter()
             .map(std::string::ToString::to_string)
             .collect(),
-        placement: ctx.heuristic.to_string(),
+        placement: setup.heuristic.to_string(),
         seed: cfg.seed,
         alpha,
         reconfig_time_s: cfg.reconfig_time_s,
@@ -418,46 +486,42 @@ fn slug(s: &str) -> String {
         .collect()
 }
 
-/// Writes `power.svg`, `queue.svg`, `layouts-<policy>.svg` and
-/// `comparison.json` into `dir` (created if missing). Returns the files.
-pub fn write_report(c: &Comparison, dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// The files of `--report DIR` as `(file name, contents)`: `power.svg`,
+/// `queue.svg`, `layouts-<policy>.svg` and `comparison.json`.
+pub fn report_files(c: &Comparison) -> Result<Vec<(String, String)>> {
     let runs: Vec<(String, &series::TimeSeries)> = c
         .rows
         .iter()
         .filter_map(|r| r.series.as_ref().map(|s| (r.policy.clone(), s)))
         .collect();
-    let mut files = Vec::new();
-    let mut write = |name: String, text: String| -> Result<()> {
-        let p = dir.join(name);
-        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
-        files.push(p);
-        Ok(())
-    };
-    write(
-        "power.svg".into(),
-        plot::lines(
-            &format!("Cluster power, {} GPUs ({})", c.gpus, c.workload),
-            "mean power (kW)",
-            &runs,
-            &|s| s.power_w.iter().map(|w| w / 1000.0).collect(),
-        )?,
-    )?;
-    write(
-        "queue.svg".into(),
-        plot::lines(
-            &format!("Waiting jobs ({})", c.workload),
-            "mean queue length (jobs)",
-            &runs,
-            &|s| s.queue.clone(),
-        )?,
-    )?;
+    let mut files = vec![
+        (
+            "power.svg".to_string(),
+            plot::lines(
+                &format!("Cluster power, {} GPUs ({})", c.gpus, c.workload),
+                "mean power (kW)",
+                &runs,
+                &|s| s.power_w.iter().map(|w| w / 1000.0).collect(),
+            )?,
+        ),
+        (
+            "queue.svg".to_string(),
+            plot::lines(
+                &format!("Waiting jobs ({})", c.workload),
+                "mean queue length (jobs)",
+                &runs,
+                &|s| s.queue.clone(),
+            )?,
+        ),
+    ];
     for (name, s) in &runs {
-        write(
+        files.push((
             format!("layouts-{}.svg", slug(name)),
             plot::layout_mix(&format!("Layout mix: {name}"), s, c.gpus)?,
-        )?;
+        ));
     }
-    write("comparison.json".into(), serde_json::to_string_pretty(c)?)?;
+    let json = serde_json::to_string_pretty(c)
+        .map_err(|e| ReportError::Invalid(format!("comparison as JSON: {e}")))?;
+    files.push(("comparison.json".to_string(), json));
     Ok(files)
 }

@@ -2,14 +2,12 @@
 //! socket (2 x A100-40GB, sim backend or the NVML emulator): which waiting
 //! allocate goes first when room frees on a GPU.
 
-mod daemon_common;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use daemon_common::{base_config, req, TestDaemon};
+use crate::daemon_common::{base_config, req, TestDaemon};
 use smartmig::daemon::protocol::{AllocateReply, AllocateRequest};
 use smartmig::daemon::ClientError;
 

@@ -10,12 +10,10 @@
 //!   `SMARTMIG_SOAK_SECS` (default 20 s in CI; the documented manual run is
 //!   600 s at 100/s) reporting latency percentiles and RSS growth (printed, not asserted).
 
-mod daemon_common;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use daemon_common::{backend_uuids, req, TestDaemon};
+use crate::daemon_common::{backend_uuids, req, TestDaemon};
 use smartmig::daemon::{ClientError, ErrorKind};
 
 fn rss_kib(pid: i32) -> u64 {

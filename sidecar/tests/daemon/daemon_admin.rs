@@ -3,11 +3,9 @@
 //! the config file, against a real smartmigd whose `squeue` is a script
 //! printing a queue far larger than a pipe buffer.
 
-mod daemon_common;
-
 use std::process::{Command, Output};
 
-use daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
+use crate::daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
 
 /// `smartmig ARGS --config <the daemon's config>`.
 fn smartmig(d: &TestDaemon, args: &[&str]) -> Output {

@@ -3,12 +3,12 @@
 //! `SMARTMIG_TEST_BACKEND=nvml`): dcgm-exporter's HPC job-mapping files
 //! appear with jobs and go with them.
 
-mod daemon_common;
+use crate::daemon_common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
+use crate::daemon_common::{req, unix_now, with_fake_slurm, TestDaemon};
 
 /// The mapping directory's files (dot-files, the exporter skips them,
 /// left out): name -> content.
@@ -118,21 +118,21 @@ fn job_mapping_is_rebuilt_at_start() {
 #[test]
 fn job_mapping_follows_reconcile() {
     let queue = r#"{"jobs":[{"job_id":4301,"job_state":"RUNNING","time_limit":60}]}"#;
+    // The daemon's own directory is named only once it starts (one per
+    // start), so the mapping directory lives beside it.
+    let map = std::env::temp_dir().join(format!(
+        "smartmig-it-jobmap-reconcile-dcgm-jobs-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&map);
     let d = with_fake_slurm(
         "jobmap-reconcile",
         &format!(
             "epoch_s = 3600\nhpc_job_mapping_dir = \"{}\"\n",
-            std::env::temp_dir()
-                .join(format!(
-                    "smartmig-it-jobmap-reconcile-{}",
-                    std::process::id()
-                ))
-                .join("dcgm-jobs")
-                .display()
+            map.display()
         ),
         queue,
     );
-    let map = d.dir.join("dcgm-jobs");
     let c = d.client();
     c.allocate(req(4301, 0, 1, None)).unwrap();
     c.allocate(req(4302, 0, 1, None)).unwrap();
@@ -145,6 +145,8 @@ fn job_mapping_follows_reconcile() {
     assert_eq!(files["0"], "4301\n");
     assert_eq!(instance_file(&files, 0).1, "4301\n");
     assert_eq!(files.len(), 2, "{files:?}");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&map);
 }
 
 /// The value of the series `line_start` (name and labels as printed) in

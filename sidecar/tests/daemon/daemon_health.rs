@@ -6,11 +6,9 @@
 //! them out. Slurm is a set of scripts: `scontrol` logs its arguments and
 //! keeps the node's drain in a file that `sinfo --json` prints.
 
-mod daemon_common;
-
 use std::path::Path;
 
-use daemon_common::{emulator_library, free_port, req, scrape, TestDaemon};
+use crate::daemon_common::{emulator_library, free_port, req, scrape, TestDaemon};
 use smartmig::mig::GpuModel;
 use smartmig_nvml_emu::{Emulator, GpuSetup};
 

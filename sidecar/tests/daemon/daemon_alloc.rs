@@ -1,11 +1,9 @@
 //! Allocation through a real smartmigd over its Unix socket (sim backend,
 //! 2 x A100-40GB).
 
-mod daemon_common;
-
 use std::time::{Duration, Instant};
 
-use daemon_common::{free_port, req, scrape, TestDaemon};
+use crate::daemon_common::{free_port, req, scrape, TestDaemon};
 use smartmig::daemon::protocol::{AllocAction, AllocateRequest};
 use smartmig::daemon::{ClientError, ErrorKind};
 

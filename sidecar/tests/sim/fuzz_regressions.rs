@@ -3,7 +3,7 @@
 //! (the seed inputs the fuzzer starts from, and crashing inputs found by
 //! fuzzing, kept there after the fix). See docs/reliability.md.
 
-#[path = "../../fuzz/harness.rs"]
+#[path = "../../../fuzz/harness.rs"]
 mod harness;
 
 use smartmig::workload::trace::TraceFormat;

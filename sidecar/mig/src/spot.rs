@@ -1,9 +1,9 @@
-//! Placement queries shared by the daemon and the simulator: where a profile
+//! Spot queries shared by the daemon and the simulator: where a profile
 //! can go, which spot fragments the GPU least, which layouts are reachable
 //! without touching busy instances, and how to get from one layout to another.
 
 use super::geometry::Geometry;
-use super::layout::{Layout, PlacementId};
+use super::layout::{Layout, SpotId};
 use super::models::Shape;
 
 /// The changes that take one layout to another: destroy first, then create.
@@ -35,30 +35,26 @@ impl Transition {
 }
 
 impl Geometry {
-    /// Placements of `shape` that fit next to every instance of `layout`.
+    /// Spots of `shape` that fit next to every instance of `layout`.
     ///
     /// Pass the current layout to ask "where can it go in free space", or
     /// only the busy instances to ask "where could it go if the idle ones
     /// were re-shaped".
-    pub fn candidates(
-        &self,
-        layout: Layout,
-        shape: Shape,
-    ) -> impl Iterator<Item = PlacementId> + '_ {
+    pub fn candidates(&self, layout: Layout, shape: Shape) -> impl Iterator<Item = SpotId> + '_ {
         self.ids()
-            .filter(move |&id| self.placement(id).shape() == shape && self.fits(layout, id))
+            .filter(move |&id| self.spot(id).shape() == shape && self.fits(layout, id))
     }
 
     /// The fragmentation-aware choice among [`Geometry::candidates`].
     ///
-    /// It picks the placement that leaves the most [`Headroom`](super::geometry::Headroom):
+    /// It picks the spot that leaves the most [`Headroom`](super::geometry::Headroom):
     /// first the ability to add the largest profiles, then the number of
     /// valid layouts still reachable by only adding instances. On an empty
     /// A100 a 1g instance goes to slot 6 (the one slot no 2g can use), which
     /// keeps the 4g and a 3g at slot 0 and all three 2g spots possible; at
     /// slot 0 it would rule out every 3g, 4g and 7g on the left half. Ties go
-    /// to the lowest placement id, so the choice is deterministic.
-    pub fn best_placement(&self, layout: Layout, shape: Shape) -> Option<PlacementId> {
+    /// to the lowest spot id, so the choice is deterministic.
+    pub fn best_spot(&self, layout: Layout, shape: Shape) -> Option<SpotId> {
         self.candidates(layout, shape)
             .max_by_key(|&id| (self.headroom(layout.with(id)), std::cmp::Reverse(id)))
     }
@@ -86,7 +82,7 @@ impl Geometry {
 
     /// Makes room for `shape` by destroying idle instances of `current`
     /// (never one in `busy`), destroying as few as possible and, among equal
-    /// choices, leaving the most room. Returns the new placement and the
+    /// choices, leaving the most room. Returns the new spot and the
     /// transition (which includes creating it), or `None` when even
     /// destroying every idle instance would not make room.
     pub fn reshape_for(
@@ -94,22 +90,22 @@ impl Geometry {
         current: Layout,
         busy: Layout,
         shape: Shape,
-    ) -> Option<(PlacementId, Transition)> {
+    ) -> Option<(SpotId, Transition)> {
         debug_assert!(current.contains_all(busy));
         let budget = self.spec.compute_slices;
         self.candidates(busy, shape)
             .map(|id| {
-                let p = self.placement(id);
+                let p = self.spot(id);
                 let idle = current.minus(busy);
                 // Idle instances in the way in memory must go.
                 let mut kept = current.minus(Layout(
                     idle.iter()
-                        .filter(|&o| self.placement(o).memory_mask & p.memory_mask != 0)
+                        .filter(|&o| self.spot(o).memory_mask & p.memory_mask != 0)
                         .fold(0, |m, o| m | (1 << o.0)),
                 ));
                 // Then the smallest idle ones, until the compute budget fits.
-                let mut rest: Vec<PlacementId> = kept.minus(busy).iter().collect();
-                rest.sort_by_key(|&o| (self.placement(o).compute(), std::cmp::Reverse(o)));
+                let mut rest: Vec<SpotId> = kept.minus(busy).iter().collect();
+                rest.sort_by_key(|&o| (self.spot(o).compute(), std::cmp::Reverse(o)));
                 let mut rest = rest.into_iter();
                 while self.compute_used(kept) + p.compute() > budget {
                     match rest.next() {
@@ -144,18 +140,18 @@ mod tests {
     #[test]
     fn one_g_goes_where_it_fragments_least() {
         let g = a100();
-        let id = g.best_placement(Layout::EMPTY, Shape::new(1, 1)).unwrap();
-        assert_eq!(g.placement(id).start, 6);
+        let id = g.best_spot(Layout::EMPTY, Shape::new(1, 1)).unwrap();
+        assert_eq!(g.spot(id).start, 6);
         // With 4g@0 in place, a 2g goes to slot 4 and leaves 1g@6 possible.
         let four = g.layout_from(&[(Shape::new(4, 4), 0)]).unwrap();
-        let id = g.best_placement(four, Shape::new(2, 2)).unwrap();
-        assert_eq!(g.placement(id).start, 4);
+        let id = g.best_spot(four, Shape::new(2, 2)).unwrap();
+        assert_eq!(g.spot(id).start, 4);
     }
 
     #[test]
     fn no_candidate_when_full() {
         let g = a100();
-        assert!(g.best_placement(g.whole_gpu(), Shape::new(1, 1)).is_none());
+        assert!(g.best_spot(g.whole_gpu(), Shape::new(1, 1)).is_none());
     }
 
     #[test]
@@ -186,7 +182,7 @@ mod tests {
         let current = g.layout_from(&ones).unwrap();
         let busy = g.layout_from(&[(Shape::new(1, 1), 0)]).unwrap();
         let (id, t) = g.reshape_for(current, busy, Shape::new(3, 4)).unwrap();
-        assert_eq!(g.placement(id).start, 4);
+        assert_eq!(g.spot(id).start, 4);
         assert_eq!(t.destroy.len(), 3);
         assert!(!t.touches(busy));
         // Everything busy: nothing can be made.

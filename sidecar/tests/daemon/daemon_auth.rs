@@ -3,14 +3,14 @@
 //! test FAILS (never skips) otherwise. Also checks the file modes of a real
 //! daemon's socket, socket directory, state directory and state files.
 
-mod daemon_common;
+use crate::daemon_common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use daemon_common::{req, TestDaemon};
+use crate::daemon_common::{req, TestDaemon};
 use smartmig::daemon::{Client, ClientError, ErrorKind};
 
 const USER: &str = "smartmig-test";
@@ -84,7 +84,7 @@ fn unprivileged_writes_are_refused() {
     assert_eq!(mode.permissions().mode() & 0o777, 0o666);
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
-            "auth_child",
+            "daemon_auth::auth_child",
             "--exact",
             "--ignored",
             "--nocapture",

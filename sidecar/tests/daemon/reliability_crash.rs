@@ -20,14 +20,12 @@
 //! `SMARTMIG_CRASH_ROUNDS` changes the 100 rounds (docs/reliability.md,
 //! "Crash safety", says how the run shows that kills land mid-request).
 
-mod daemon_common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daemon_common::{backend_uuids, req, TestDaemon};
+use crate::daemon_common::{backend_uuids, req, TestDaemon};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smartmig::daemon::{Client, ClientError, ErrorKind};

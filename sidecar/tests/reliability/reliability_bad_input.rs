@@ -6,13 +6,11 @@
 //! impossible requests) go through a real smartmigd (sim backend, 2 x
 //! A100-40GB, `max_message_bytes = 1024`, `request_timeout_s = 2`).
 
-mod daemon_common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use daemon_common::TestDaemon;
+use crate::daemon_common::TestDaemon;
 use smartmig::daemon::config::Config;
 use smartmig::daemon::protocol::parse_request;
 use smartmig::mig::GpuModel;

@@ -13,7 +13,7 @@ fn obeys_hardware_rules(g: &Geometry, layout: Layout) -> bool {
     let mut slots = vec![0u8; g.spec.memory_slices as usize];
     let mut compute = 0u32;
     for id in layout.iter() {
-        let p = g.placement(id);
+        let p = g.spot(id);
         if !p.profile.starts.contains(&p.start) {
             return false;
         }
@@ -67,7 +67,7 @@ fn every_placement_subset_is_valid_iff_the_restated_rules_hold() {
         let ids: Vec<_> = places
             .iter()
             .map(|&(c, mem, s)| {
-                g.placement_id(Shape::new(c, mem), s)
+                g.spot_id(Shape::new(c, mem), s)
                     .unwrap_or_else(|| panic!("{m}: no placement {c}g/{mem} at {s}"))
             })
             .collect();
@@ -143,7 +143,7 @@ fn nothing_can_be_added_to_a_maximal_layout() {
         // Catalog layouts are maximal among the catalog's own profiles (one
         // per compute size, the one with the fewest memory slots).
         let is_catalog_shape = |id| {
-            let shape = g.placement(id).shape();
+            let shape = g.spot(id).shape();
             g.spec
                 .profiles
                 .iter()
@@ -198,10 +198,10 @@ proptest! {
         let g = Geometry::of(m);
         let current = g.layouts()[pick.index(g.layouts().len())];
         let shape = g.spec.profiles[shape_pick.index(g.spec.profiles.len())].shape;
-        match g.best_placement(current, shape) {
+        match g.best_spot(current, shape) {
             Some(id) => {
                 prop_assert!(g.fits(current, id));
-                prop_assert_eq!(g.placement(id).shape(), shape);
+                prop_assert_eq!(g.spot(id).shape(), shape);
                 let best = g.headroom(current.with(id));
                 for other in g.candidates(current, shape) {
                     prop_assert!(g.headroom(current.with(other)) <= best);
@@ -261,7 +261,7 @@ proptest! {
 /// which the table leaves out on purpose (docs/mig-geometry.md).
 #[test]
 fn h200_table_matches_the_recorded_driver() {
-    let text = include_str!("data/nvidia-smi_h200_driver580_mig_off.txt");
+    let text = include_str!("../data/nvidia-smi_h200_driver580_mig_off.txt");
     // "GPU  0 Profile ID 15 Placements: {0,2,4,6}:2"
     let mut driver: std::collections::BTreeMap<u32, Vec<(u8, u8)>> = Default::default();
     for line in text.lines().filter(|l| l.contains("Profile ID")) {
@@ -294,7 +294,7 @@ fn h200_table_matches_the_recorded_driver() {
     for spec in GpuModel::H200_141gb.spec().profiles {
         let want: Vec<(u8, u8)> = g
             .ids()
-            .map(|id| g.placement(id))
+            .map(|id| g.spot(id))
             .filter(|p| p.shape() == spec.shape)
             .map(|p| (p.start, p.shape().memory))
             .collect();
@@ -321,7 +321,7 @@ fn h200_table_matches_the_recorded_driver() {
 fn h200_nvml_record_matches_the_table_by_id_and_slices() {
     use smartmig::mig::driver::driver_name;
     use smartmig::mig::{match_driver, DriverProfile};
-    let text = include_str!("data/nvml-profiles_h200_driver580_mig_off.txt");
+    let text = include_str!("../data/nvml-profiles_h200_driver580_mig_off.txt");
     let num = |line: &str, key: &str| -> u64 {
         let rest = line.split(&format!(" {key} ")).nth(1).expect(key);
         rest.split_whitespace().next().unwrap().parse().expect(key)

@@ -16,11 +16,9 @@
 //! layout): it checks as often and never switches, so the first one's
 //! switch comes from the costs, not from the clock.
 
-mod daemon_common;
-
 use std::time::{Duration, Instant};
 
-use daemon_common::{base_config, free_port, req, scrape, TestDaemon};
+use crate::daemon_common::{base_config, free_port, req, scrape, TestDaemon};
 use smartmig::daemon::protocol::{AllocateRequest, ShadowStatus};
 
 const POLICY: &str = "static:77777777";

@@ -5,7 +5,7 @@
 //! Unix socket, and every PromQL expression of the dashboard, and every
 //! template variable's query, returns data through Prometheus's HTTP API.
 
-mod daemon_common;
+use crate::daemon_common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon_common::{free_port, req, TestDaemon};
+use crate::daemon_common::{free_port, req, TestDaemon};
 use smartmig::daemon::protocol::{AllocateReply, ReleaseRequest};
 use smartmig::daemon::ClientError;
 

@@ -12,12 +12,10 @@
 //! - the repartitioning loop releases instances of jobs Slurm no longer
 //!   lists, and only those.
 
-mod daemon_common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use daemon_common::{req, with_fake_slurm, TestDaemon};
+use crate::daemon_common::{req, with_fake_slurm, TestDaemon};
 use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ReleaseRequest};
 
 fn named(job_id: u64, gpu: u32, slices: u8, mem: Option<f64>, name: &str) -> AllocateRequest {

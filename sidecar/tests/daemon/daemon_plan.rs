@@ -4,9 +4,7 @@
 //! `apply` and lapse; with the default `mode = "dynamic"` they are carried
 //! out and listed as applied. Jobs are served on demand either way.
 
-mod daemon_common;
-
-use daemon_common::{base_config, epochs, free_port, req, TestDaemon};
+use crate::daemon_common::{base_config, epochs, free_port, req, TestDaemon};
 use smartmig::daemon::protocol::PlanReply;
 
 fn start(name: &str, extra: &str) -> TestDaemon {

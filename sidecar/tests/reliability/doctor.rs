@@ -7,13 +7,11 @@
 //! Every node is a fresh directory: the emulator's state, smartmig.toml,
 //! slurm.conf, gres.conf, plugstack.conf and a stand-in plugin library.
 
-mod daemon_common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon_common::emulator_library;
+use crate::daemon_common::emulator_library;
 use serde_json::Value;
 use smartmig::daemon::protocol::AllocateRequest;
 use smartmig::daemon::Client;

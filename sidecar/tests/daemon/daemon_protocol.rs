@@ -1,13 +1,13 @@
 //! Malformed input over the real socket: each gets its error kind, and the
 //! daemon keeps serving.
 
-mod daemon_common;
+use crate::daemon_common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use daemon_common::TestDaemon;
+use crate::daemon_common::TestDaemon;
 
 #[test]
 fn bad_messages_get_their_kind_and_the_daemon_survives() {
