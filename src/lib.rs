@@ -359,8 +359,20 @@ impl SlurmCluster {
 
     /// Runs `sbatch --parsable ARGS` and returns the job id.
     pub fn sbatch(&self, args: &[&str]) -> u32 {
+        self.sbatch_env(&[], args)
+    }
+
+    /// Runs `sbatch --parsable ARGS` with `env` added to sbatch's own
+    /// environment (which the job inherits: `--export=ALL`, the default)
+    /// and returns the job id. Use this, not `--export=ALL,VAR=value`, for a
+    /// variable a user sets: an `--export` list implies `--get-user-env`,
+    /// which loads the job user's login environment on the node and, from
+    /// Slurm 26.05 on, fails the launch (the job is requeued and held) for a
+    /// user without a login shell, such as the test user.
+    pub fn sbatch_env(&self, env: &[(&str, &str)], args: &[&str]) -> u32 {
         let out = self
             .command("sbatch")
+            .envs(env.iter().copied())
             .arg("--parsable")
             .arg(format!("--chdir={}", self.dir.display()))
             .args(args)
@@ -429,6 +441,31 @@ impl SlurmCluster {
 
     /// Submits `BODY` as `user` (group `group`), output to `out`.
     pub fn sbatch_as(&self, user: &str, group: &str, out: &Path, args: &[&str], body: &str) -> u32 {
+        self.sbatch_as_env(user, group, &[], out, args, body)
+    }
+
+    /// [`SlurmCluster::sbatch_as_job_user`] with `env` in sbatch's
+    /// environment, as a user who set it in their shell.
+    pub fn sbatch_as_job_user_env(
+        &self,
+        env: &[(&str, &str)],
+        out: &Path,
+        args: &[&str],
+        body: &str,
+    ) -> u32 {
+        let user = job_user();
+        self.sbatch_as_env(user, user, env, out, args, body)
+    }
+
+    fn sbatch_as_env(
+        &self,
+        user: &str,
+        group: &str,
+        env: &[(&str, &str)],
+        out: &Path,
+        args: &[&str],
+        body: &str,
+    ) -> u32 {
         let (uid, gid) = (format!("--uid={user}"), format!("--gid={group}"));
         let mut all = vec![
             uid.as_str(),
@@ -438,7 +475,7 @@ impl SlurmCluster {
         ];
         all.extend_from_slice(args);
         all.extend_from_slice(&["--wrap", body]);
-        self.sbatch(&all)
+        self.sbatch_env(env, &all)
     }
 
     /// Runs `sbatch --parsable ARGS`, asserts that Slurm refused it and

@@ -18,7 +18,8 @@
 //! (smartmigd's `slurm.holds`: `any-mix` default, the best measured;
 //! `next-job`; `off` for the behaviour before issue 42; the requeue bound
 //! is asserted for `any-mix` only), `SMARTMIG_BUSY_MIX_OUT=DIR` (keep the job
-//! CSV, the per-job records and the summary JSON there).
+//! CSV, the per-job records, the summary JSON and smartmigd's and
+//! slurmctld's logs there).
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
@@ -320,6 +321,13 @@ fn a_busy_mix_completes_without_requeue_loops() {
             serde_json::to_string_pretty(&summary).expect("json"),
         )
         .expect("write the summary");
+        // The logs that say why a job was requeued (smartmigd's `no ...
+        // slice can be made`, slurmctld's `Requeuing`).
+        for log in ["smartmigd.log", "slurmctld.log"] {
+            let from = cluster.dir().join("log").join(log);
+            std::fs::copy(&from, dir.join(log))
+                .unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+        }
     }
     assert!(
         real.failed.is_empty(),

@@ -38,8 +38,15 @@ use smartmig_suite::{describe, job_user, plugstack_line, Sidecar, SlurmCluster};
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// smartmigd's refusal of a shard count Slurm did not grant.
 const NOT_SLURMS: &str = "Slurm granted this job no shards on this node (gpu on GPU 0)";
-/// A `gpu` job with a shard count of the user's.
-const FORGED_GPU_JOB: [&str; 2] = ["--gres=gpu:1", "--export=ALL,SLURM_SHARDS_ON_NODE=3"];
+/// A shard count of the user's, set in the shell that submits a `gpu` job
+/// (`SLURM_SHARDS_ON_NODE=3 sbatch --gres=gpu:1`). Forged variables travel
+/// in sbatch's environment, never as `--export=ALL,VAR=value`: an export
+/// list implies `--get-user-env`, which the test user (no login shell)
+/// cannot satisfy, and from Slurm 26.05 on slurmd then fails the launch and
+/// the job is requeued and held before the plugin ever runs.
+const FORGED_COUNT: [(&str, &str); 1] = [("SLURM_SHARDS_ON_NODE", "3")];
+/// The `gpu` job the forged count comes with.
+const GPU_JOB: [&str; 1] = ["--gres=gpu:1"];
 /// What a job prints: its devices and profile.
 const ECHO: &str = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
 
@@ -81,11 +88,18 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// Runs a batch job as the test user with its output in `name` (shared dir),
-/// and returns its final state and output.
-fn batch(cluster: &SlurmCluster, name: &str, args: &[&str], body: &str) -> (String, String) {
+/// Runs a batch job as the test user, with `env` set in sbatch's
+/// environment and its output in `name` (shared dir), and returns its final
+/// state and output.
+fn batch(
+    cluster: &SlurmCluster,
+    name: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+    body: &str,
+) -> (String, String) {
     let out = cluster.shared_dir().join(name);
-    let job = cluster.sbatch_as_job_user(&out, args, body);
+    let job = cluster.sbatch_as_job_user_env(env, &out, args, body);
     let state = cluster.wait_job(job, TIMEOUT);
     (state, read(&out))
 }
@@ -97,7 +111,7 @@ fn a_users_variables_never_choose_an_instance() {
     let jobs = cluster.shared_dir();
 
     // Batch step of a gpu job with a forged shard count.
-    let (state, text) = batch(&cluster, "forged-batch.out", &FORGED_GPU_JOB, ECHO);
+    let (state, text) = batch(&cluster, "forged-batch.out", &FORGED_COUNT, &GPU_JOB, ECHO);
     assert_eq!(state, "FAILED", "{text}\n{}", cluster.log_tails());
     assert!(
         text.contains(NOT_SLURMS),
@@ -121,7 +135,8 @@ fn a_users_variables_never_choose_an_instance() {
     let (state, text) = batch(
         &cluster,
         "no-gres.out",
-        &["--export=ALL,SLURM_SHARDS_ON_NODE=7,CUDA_VISIBLE_DEVICES=1"],
+        &[("SLURM_SHARDS_ON_NODE", "7"), ("CUDA_VISIBLE_DEVICES", "1")],
+        &[],
         ECHO,
     );
     assert_eq!(state, "COMPLETED", "{text}");
@@ -172,9 +187,11 @@ fn a_users_variables_never_choose_an_instance() {
         &cluster,
         "forged-shard.out",
         &[
-            "--gres=shard:2",
-            "--export=ALL,SLURM_SHARDS_ON_NODE=7,SLURM_JOB_GPUS=1,CUDA_VISIBLE_DEVICES=1",
+            ("SLURM_SHARDS_ON_NODE", "7"),
+            ("SLURM_JOB_GPUS", "1"),
+            ("CUDA_VISIBLE_DEVICES", "1"),
         ],
+        &["--gres=shard:2"],
         "echo PROFILE=$SMARTMIG_PROFILE SHARDS=$SLURM_SHARDS_ON_NODE GPUS=$SLURM_JOB_GPUS",
     );
     assert_eq!(state, "COMPLETED", "{text}");
@@ -189,11 +206,11 @@ fn a_users_variables_never_choose_an_instance() {
 fn smartmigd_refuses_a_claim_slurm_did_not_grant() {
     let cluster = cluster("gpu_jobs=allow");
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
-    let (state, text) = batch(&cluster, "honest.out", &["--gres=gpu:1"], ECHO);
+    let (state, text) = batch(&cluster, "honest.out", &[], &GPU_JOB, ECHO);
     assert_eq!(state, "COMPLETED", "{text}");
     assert!(text.contains("CVD=0 PROFILE="), "{text}");
 
-    let (state, text) = batch(&cluster, "forged.out", &FORGED_GPU_JOB, ECHO);
+    let (state, text) = batch(&cluster, "forged.out", &FORGED_COUNT, &GPU_JOB, ECHO);
     assert_eq!(state, "FAILED", "{text}");
     assert!(text.contains(NOT_SLURMS), "{text}");
     assert!(!text.contains("PROFILE=3g"), "{text}");

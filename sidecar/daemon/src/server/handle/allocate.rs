@@ -10,7 +10,7 @@ use tokio::sync::{watch, MutexGuard};
 
 use super::super::books::{Gpu, GpuState, Waiter, WaitingGuard};
 use super::super::job_record::{self, Record};
-use super::super::{instances, queue, reap, unix_now, unix_now_f64};
+use super::super::{holds, instances, queue, reap, unix_now, unix_now_f64};
 use super::Cx;
 use crate::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
@@ -428,6 +428,14 @@ impl<'a> Wait<'a> {
             // The user sees the reason; the admin's log line also names
             // the jobs holding the GPU's instances.
             tracing::warn!(job = req.job_id, gpu = req.gpu, held_by = ?holders, "{reason}");
+            // The job is requeued (or its step fails) on this answer, and
+            // Slurm frees its shards: they were counted as used while it
+            // waited, so the hold on what MIG still cannot build there is
+            // queued first, or Slurm's next pass hands them to a job that
+            // meets the same wall (measured: a second 3g placed beside
+            // `1g@0` and `3g@4` 3 s after the first was requeued).
+            self.listed = None;
+            holds::sync(cx).await;
             return Err(ErrorBody::new(ErrorKind::NoFit, reason));
         }
         // The job whose turn it is may be asleep: wake it before this
