@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use crate::daemon_common::{emulator_library, free_port, req, scrape, TestDaemon};
+use smartmig::daemon::{ClientError, ErrorKind};
 use smartmig::mig::GpuModel;
 use smartmig_nvml_emu::{Emulator, GpuSetup};
 
@@ -182,7 +183,12 @@ fn a_fatal_xid_stops_placement_on_the_gpu_and_drains_the_node_until_resumed() {
         log.contains("GPU-fatal XID") && log.contains("jobs=[1]"),
         "{log}"
     );
-    let err = c.allocate(req(2, 1, 1, None)).unwrap_err().to_string();
+    let err = c.allocate(req(2, 1, 1, None)).unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Daemon(b) if b.kind == ErrorKind::NoFit),
+        "an out-of-service GPU is no fit (the plugin requeues a batch job): {err:?}"
+    );
+    let err = err.to_string();
     assert!(err.contains("out of service after XID 79"), "{err}");
     c.allocate(req(3, 0, 1, None)).expect("GPU 0 still serves");
     let status = c.status().unwrap();

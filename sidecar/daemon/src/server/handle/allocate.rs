@@ -334,8 +334,11 @@ fn next_step(
             None => Step::Go(profile, plan),
         }),
         Err(Refusal::NoFit { reason, .. }) => Ok(Step::Wait { reason, mine }),
+        // No instance can be made on this GPU, through no fault of the
+        // job: `no_fit`, so the plugin requeues a batch job (the node is
+        // drained, so Slurm places it elsewhere) rather than failing it.
         Err(e @ Refusal::Unhealthy { .. }) => {
-            Err(ErrorBody::new(ErrorKind::Backend, e.to_string()))
+            Err(ErrorBody::new(ErrorKind::NoFit, e.to_string()))
         }
         Ok(_) => Ok(Step::Wait {
             reason: format!(
