@@ -337,9 +337,7 @@ fn next_step(
         // No instance can be made on this GPU, through no fault of the
         // job: `no_fit`, so the plugin requeues a batch job (the node is
         // drained, so Slurm places it elsewhere) rather than failing it.
-        Err(e @ Refusal::Unhealthy { .. }) => {
-            Err(ErrorBody::new(ErrorKind::NoFit, e.to_string()))
-        }
+        Err(e @ Refusal::Unhealthy { .. }) => Err(ErrorBody::new(ErrorKind::NoFit, e.to_string())),
         Ok(_) => Ok(Step::Wait {
             reason: format!(
                 "GPU {}: jobs that go first under placement `{}` take the room",
