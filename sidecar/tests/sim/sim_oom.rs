@@ -3,11 +3,12 @@
 //! steps never), and (proptest) audited, deterministic logs with OOM and
 //! early restarts.
 
+use crate::sim_props::RandomValid;
 use proptest::prelude::*;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use smartmig::mig::GpuModel;
-use smartmig::policy::{parse_policy, ClusterView, Decision, RepartitionPolicy};
+use smartmig::policy::parse_policy;
 use smartmig::sim::events::Record;
 use smartmig::sim::{
     audit, read_events, simulate, Collect, EpochRule, Heuristic, JsonLines, OomConfig, RunHooks,
@@ -489,27 +490,6 @@ fn early_restart_on_study_days() {
         far_false_lost > false_lost,
         "far horizon wastes {far_false_lost} GPU-s on false restarts, the default {false_lost}"
     );
-}
-
-/// Random valid repartitioning, as in `sim_props.rs`.
-struct RandomValid(ChaCha8Rng);
-
-impl RepartitionPolicy for RandomValid {
-    fn name(&self) -> String {
-        "random-valid".into()
-    }
-    fn decide(&mut self, v: &ClusterView<'_>) -> Vec<Decision> {
-        let mut out = Vec::new();
-        for (gpu, s) in v.gpus.iter().enumerate() {
-            if s.in_reconfiguration || !self.0.random_bool(0.5) {
-                continue;
-            }
-            let options: Vec<_> = s.geometry.reachable(s.busy, s.geometry.layouts()).collect();
-            let target = options[self.0.random_range(0..options.len())];
-            out.push(Decision { gpu, target });
-        }
-        out
-    }
 }
 
 fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {

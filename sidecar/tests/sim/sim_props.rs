@@ -11,8 +11,9 @@ use smartmig::sim::{audit, simulate, EpochRule, Heuristic, JsonLines, RunHooks, 
 use smartmig::workload::{Job, JobClass, SpeedupCurve};
 
 /// Random *valid* decisions: for random GPUs not being reconfigured, a
-/// random valid layout that keeps every busy instance.
-struct RandomValid(ChaCha8Rng);
+/// random valid layout that keeps every busy instance (also used by
+/// `sim_oom`).
+pub(crate) struct RandomValid(pub(crate) ChaCha8Rng);
 
 impl RepartitionPolicy for RandomValid {
     fn name(&self) -> String {
