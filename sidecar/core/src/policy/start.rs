@@ -20,6 +20,13 @@ impl<P: RepartitionPolicy> RepartitionPolicy for StartingFrom<P> {
         self.label.clone()
     }
 
+    fn describe(&self) -> String {
+        format!(
+            "{}, each day started from the static-hist layout (fitted on past days)",
+            self.inner.describe()
+        )
+    }
+
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
         layout_or_whole(&self.layouts, gpu, geometry)
     }

@@ -450,8 +450,9 @@ fn shadow_fallback(
 }
 
 /// Candidate `spec`, started from `fitted` when `start_fitted` (the
-/// config's `start_fitted`).
-fn candidate(
+/// config's `start_fitted`) and `spec` is a learned policy (`policy:`);
+/// `simulate --compare` starts its learned rows the same way.
+pub(crate) fn candidate(
     spec: &str,
     models: &[GpuModel],
     start_fitted: bool,
@@ -581,12 +582,9 @@ fn candidate_rows(
     let start = cfg.start_fitted;
     for (name, spec) in &cfg.candidates {
         progress(name);
-        let mut description = parse_policy(spec, &models)
+        let description = candidate(spec, &models, start, sp.layouts())
             .map_err(|e| policy_err(spec, e))?
             .describe();
-        if start && spec.trim().starts_with("policy:") {
-            description.push_str(", started from the layout fitted on the training days");
-        }
         sc.row(name, RowKind::Candidate, description, &mut |_| {
             candidate(spec, &models, start, sp.layouts()).map_err(|e| policy_err(spec, e))
         })?;

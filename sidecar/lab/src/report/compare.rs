@@ -28,12 +28,12 @@ use std::time::Instant;
 
 use crate::bound::{self, BoundError, BoundGpu};
 use crate::eval::fallback::{cross_validate, FallbackError};
+use crate::eval::suite::candidate;
 use crate::eval::{fit, Day, DaySet, Fitted, RowKind};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::search::SearchConfig;
 use crate::policy::{
-    parse_policy, parse_policy_on, Greedy, NoPartition, PolicyParseError, RepartitionPolicy,
-    StaticLayout,
+    parse_policy_on, Greedy, NoPartition, PolicyParseError, RepartitionPolicy, StaticLayout,
 };
 use crate::report::{plot, series, Comparison, ReportError, Row};
 use crate::sim::{
@@ -332,6 +332,11 @@ fn candidates(ctx: &mut Ctx<'_>, past: Option<(&DaySet, &Fitted)>, rate: &Refere
     for (name, spec) in ctx.candidates() {
         let mut p = if spec == "greedy" {
             Box::new(Greedy::default())
+        } else if let Some((_, fitted)) = past.filter(|_| spec.starts_with("policy:")) {
+            // A learned policy begins the day where `static-hist` does, as
+            // in `bench suite` (docs/policy.md, "A fitted start").
+            candidate(&spec, &models, true, fitted.static_policy().layouts())
+                .map_err(|source| CompareError::Policy { spec, source })?
         } else {
             parse_policy_on(&spec, ctx.cluster, 0.0)
                 .map_err(|source| CompareError::Policy { spec, source })?
@@ -347,8 +352,9 @@ fn candidates(ctx: &mut Ctx<'_>, past: Option<(&DaySet, &Fitted)>, rate: &Refere
         if !spec.starts_with("policy:") {
             continue;
         }
+        let layouts = fitted.static_policy().layouts().to_vec();
         let choice = cross_validate(train, &opts.search, rate, opts.alpha, &name, &mut || {
-            parse_policy(&spec, &models)
+            candidate(&spec, &models, true, &layouts)
         })
         .map_err(|source| CompareError::Fallback {
             spec: spec.clone(),
@@ -357,7 +363,7 @@ fn candidates(ctx: &mut Ctx<'_>, past: Option<(&DaySet, &Fitted)>, rate: &Refere
         let mut p: Box<dyn RepartitionPolicy + Send> = match choice.chosen.as_str() {
             "none" => Box::new(NoPartition),
             "static-hist" => Box::new(fitted.static_policy()),
-            _ => parse_policy(&spec, &models)?,
+            _ => candidate(&spec, &models, true, &layouts)?,
         };
         let description = format!("{} on the training days", choice.describe());
         ctx.run_logged(
