@@ -3,16 +3,13 @@
 //! steps never), and (proptest) audited, deterministic logs with OOM and
 //! early restarts.
 
-use crate::sim_props::RandomValid;
+use crate::sim_props::run_to_bytes;
 use proptest::prelude::*;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use smartmig::mig::GpuModel;
 use smartmig::policy::parse_policy;
 use smartmig::sim::events::Record;
 use smartmig::sim::{
-    audit, read_events, simulate, Collect, EpochRule, Heuristic, JsonLines, OomConfig, RunHooks,
-    SimConfig,
+    audit, read_events, simulate, Collect, EpochRule, Heuristic, OomConfig, RunHooks, SimConfig,
 };
 use smartmig::workload::declare::{
     assign_growth, assign_templates, underdeclare, GrowthMix, Underdeclare,
@@ -548,31 +545,6 @@ fn rule_strategy() -> impl Strategy<Value = Option<EarlyRestartRule>> {
     ))
 }
 
-fn run_bytes(
-    cluster: &[GpuModel],
-    jobs: &[Job],
-    h: Heuristic,
-    seed: u64,
-    cfg: &SimConfig,
-) -> (smartmig::sim::Metrics, Vec<u8>) {
-    let mut sink = JsonLines::new(Vec::new());
-    let mut heur = h.build(seed);
-    let mut policy = RandomValid(ChaCha8Rng::seed_from_u64(seed));
-    let r = simulate(
-        cluster,
-        jobs,
-        heur.as_mut(),
-        &mut policy,
-        cfg,
-        RunHooks {
-            sink: Some(&mut sink),
-            progress: None,
-        },
-    )
-    .unwrap();
-    (r.metrics, sink.into_inner())
-}
-
 /// A saturating curve (beta 0.5, saturation 0.5) and the documented A100
 /// power model, with numbers by hand. Layout 4g.20gb + 2g.10gb + 1g.5gb;
 /// two jobs of work 100 s at time 0: A needs 4 GB (best fit 1g.5gb), B
@@ -654,7 +626,7 @@ proptest! {
             }),
             ..SimConfig::default()
         };
-        let (m, bytes) = run_bytes(&gpus, &jobs, h, seed, &cfg);
+        let (m, bytes) = run_to_bytes(&gpus, &jobs, h, seed, &cfg);
         let recs = read_events(&bytes[..]).unwrap();
         let report = audit(&recs).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!((report.energy_j - m.energy_j).abs() <= 1e-9 * m.energy_j.max(1.0));
@@ -677,7 +649,7 @@ proptest! {
             }
         }
         prop_assert!(per_job.values().all(|&n| n <= retries + 1));
-        let (_, again) = run_bytes(&gpus, &jobs, h, seed, &cfg);
+        let (_, again) = run_to_bytes(&gpus, &jobs, h, seed, &cfg);
         prop_assert!(bytes == again);
     }
 }

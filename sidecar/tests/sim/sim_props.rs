@@ -66,7 +66,9 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
     })
 }
 
-fn run_to_bytes(
+/// One simulation under [`RandomValid`], with its event log (also used by
+/// `sim_oom`).
+pub(crate) fn run_to_bytes(
     cluster: &[GpuModel],
     jobs: &[Job],
     h: Heuristic,
