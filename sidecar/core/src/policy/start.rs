@@ -8,16 +8,15 @@ use super::{layout_or_whole, ClusterView, Decision, RepartitionPolicy};
 use crate::mig::{Geometry, Layout};
 
 /// `inner`, started from `layouts` (one per GPU; a missing or invalid one
-/// is a whole GPU).
+/// is a whole GPU), under `inner`'s name.
 pub struct StartingFrom<P> {
     pub inner: P,
     pub layouts: Vec<Layout>,
-    pub label: String,
 }
 
 impl<P: RepartitionPolicy> RepartitionPolicy for StartingFrom<P> {
     fn name(&self) -> String {
-        self.label.clone()
+        self.inner.name()
     }
 
     fn describe(&self) -> String {
@@ -33,10 +32,6 @@ impl<P: RepartitionPolicy> RepartitionPolicy for StartingFrom<P> {
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
         self.inner.decide(view)
-    }
-
-    fn installs_initial_layout(&self) -> bool {
-        true
     }
 
     fn served_through_shards(&self) -> bool {
@@ -84,14 +79,13 @@ mod tests {
             },
             // GPU 1's layout is not a valid A100 layout; GPU 2 has none.
             layouts: vec![split, Layout(u32::MAX)],
-            label: "fixed@fitted".into(),
         };
         assert_eq!(p.initial_layout(0, g), split);
         assert_eq!(p.initial_layout(1, g), g.whole_gpu());
         assert_eq!(p.initial_layout(2, g), g.whole_gpu());
         assert!(p.installs_initial_layout());
         assert!(!p.served_through_shards());
-        assert_eq!(p.name(), "fixed@fitted");
+        assert_eq!(p.name(), "fixed");
 
         let gpus = vec![GpuStatus::new(GpuModel::A100_40gb, g.whole_gpu())];
         let view = ClusterView {

@@ -463,7 +463,6 @@ pub(crate) fn candidate(
         return Ok(inner);
     }
     Ok(Box::new(crate::policy::start::StartingFrom {
-        label: inner.name(),
         inner,
         layouts: fitted.to_vec(),
     }))
