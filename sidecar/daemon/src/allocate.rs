@@ -7,11 +7,15 @@
 //! Order of preference (brief §2): reuse an idle instance of the right
 //! compute size with the least sufficient memory, else create one in free
 //! space at the fragmentation-aware spot ([`Geometry::best_spot`]), else
-//! re-shape idle instances ([`Geometry::reshape_for`]), else no fit. All
+//! re-shape idle instances ([`Geometry::reshape_for`]), else no fit; among
+//! these, the first that leaves room for what is [`Beside`] the request
+//! ([`Geometry::choose_spot`]). All
 //! geometry comes from [`crate::mig`]; nothing is re-implemented here.
 
 use crate::health::GpuHealth;
-use crate::mig::{select_profile, Geometry, Layout, ProfileSpec, SelectError, SpotId};
+use crate::mig::{
+    select_profile, Geometry, Layout, Mix, OfferRule, ProfileSpec, SelectError, SpotId,
+};
 
 pub use crate::formats::journal::Assignment;
 
@@ -62,6 +66,16 @@ pub enum Plan {
         destroy: Vec<String>,
         placement: SpotId,
     },
+}
+
+/// What a choice of instance must leave room for besides the request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Beside {
+    /// The other jobs Slurm placed on this GPU that hold no instance yet
+    /// (the rest of a scheduling pass, allocates waiting for room).
+    pub mates: Mix,
+    /// With holds on, what Slurm may still send here is kept largest.
+    pub holds: Option<OfferRule>,
 }
 
 /// Why a request cannot be served now.
@@ -131,6 +145,16 @@ impl GpuBook {
 
     /// Decides how to serve `need` (see the module docs for the order).
     pub fn plan(&self, need: Need) -> Result<(&'static ProfileSpec, Plan), Refusal> {
+        self.plan_beside(need, &Beside::default())
+    }
+
+    /// [`GpuBook::plan`], choosing among the ways to serve `need` the one
+    /// that leaves room for what is `beside` it ([`Geometry::choose_spot`]).
+    pub fn plan_beside(
+        &self,
+        need: Need,
+        beside: &Beside,
+    ) -> Result<(&'static ProfileSpec, Plan), Refusal> {
         if let Some(mark) = self.health.fatal {
             return Err(Refusal::Unhealthy {
                 gpu: self.index,
@@ -138,7 +162,7 @@ impl GpuBook {
             });
         }
         let profile = select_profile(self.geometry.spec, need.slices, need.memory_gb)?;
-        let plan = self.plan_profile(profile, need.memory_gb.unwrap_or(0.0))?;
+        let plan = self.plan_profile_beside(profile, need.memory_gb.unwrap_or(0.0), beside)?;
         let got = match &plan {
             Plan::Reuse { uuid } => self
                 .find_uuid(uuid)
@@ -158,9 +182,39 @@ impl GpuBook {
         profile: &'static ProfileSpec,
         want_gb: f64,
     ) -> Result<Plan, Refusal> {
+        self.plan_profile_beside(profile, want_gb, &Beside::default())
+    }
+
+    /// [`GpuBook::plan_profile`] among every way to serve the profile, in
+    /// that order of preference, choosing as [`Geometry::choose_spot`] does.
+    pub fn plan_profile_beside(
+        &self,
+        profile: &'static ProfileSpec,
+        want_gb: f64,
+        beside: &Beside,
+    ) -> Result<Plan, Refusal> {
+        let ways = self.ways(profile, want_gb);
+        let spots: Vec<SpotId> = ways.iter().map(|(id, _)| *id).collect();
+        let chosen = self
+            .geometry
+            .choose_spot(self.busy(), &spots, &beside.mates, beside.holds);
+        ways.into_iter()
+            .find(|(id, _)| Some(*id) == chosen)
+            .map(|(_, plan)| plan)
+            .ok_or_else(|| Refusal::NoFit {
+                profile,
+                reason: self.no_fit_reason(profile),
+            })
+    }
+
+    /// Every way to serve `profile` with `want_gb`, best first: reuse an
+    /// idle instance (least sufficient memory first), create in free space
+    /// (most headroom first, [`Geometry::best_spot`]'s order), re-shape idle
+    /// instances ([`Geometry::reshapes_for`], fewest destroyed first).
+    fn ways(&self, profile: &'static ProfileSpec, want_gb: f64) -> Vec<(SpotId, Plan)> {
         let g = self.geometry;
         // 1. Reuse: same compute size, enough memory, the least memory that suffices.
-        let reuse = self
+        let mut reuse: Vec<&Instance> = self
             .instances
             .iter()
             .filter(|i| i.job.is_none() && self.health.instance_ok(&i.uuid))
@@ -168,39 +222,47 @@ impl GpuBook {
                 let p = g.spot(i.placement).profile;
                 p.shape.compute == profile.shape.compute && f64::from(p.memory_gb) >= want_gb
             })
-            .min_by_key(|i| {
-                let p = g.spot(i.placement);
-                (p.profile.memory_gb, p.start)
-            });
-        if let Some(i) = reuse {
-            return Ok(Plan::Reuse {
-                uuid: i.uuid.clone(),
-            });
-        }
+            .collect();
+        reuse.sort_by_key(|i| {
+            let p = g.spot(i.placement);
+            (p.profile.memory_gb, p.start)
+        });
+        let mut ways: Vec<(SpotId, Plan)> = reuse
+            .into_iter()
+            .map(|i| {
+                let uuid = i.uuid.clone();
+                (i.placement, Plan::Reuse { uuid })
+            })
+            .collect();
         // 2. Create in free space.
         let layout = self.layout();
-        if let Some(placement) = g.best_spot(layout, profile.shape) {
-            return Ok(Plan::Create { placement });
-        }
-        // 3. Re-shape idle instances (never a busy one).
+        let mut create: Vec<SpotId> = g.candidates(layout, profile.shape).collect();
+        create.sort_by_key(|&id| (std::cmp::Reverse(g.headroom(layout.with(id))), id));
+        ways.extend(
+            create
+                .into_iter()
+                .map(|placement| (placement, Plan::Create { placement })),
+        );
+        // 3. Re-shape idle instances (never a busy one), where nothing is
+        //    free (a spot free space offers is created, not re-shaped).
         let busy = self.busy();
-        if let Some((placement, t)) = g.reshape_for(layout, busy, profile.shape) {
+        for (placement, t) in g.reshapes_for(layout, busy, profile.shape) {
             assert!(
                 !t.touches(busy),
                 "reshape_for proposed destroying a busy instance"
             );
+            if t.destroy.is_empty() {
+                continue;
+            }
             let destroy = self
                 .instances
                 .iter()
                 .filter(|i| t.destroy.contains(i.placement))
                 .map(|i| i.uuid.clone())
                 .collect();
-            return Ok(Plan::Reshape { destroy, placement });
+            ways.push((placement, Plan::Reshape { destroy, placement }));
         }
-        Err(Refusal::NoFit {
-            profile,
-            reason: self.no_fit_reason(profile),
-        })
+        ways
     }
 
     /// Idle instances of exactly `profile`.
@@ -405,6 +467,63 @@ mod tests {
         assert_eq!(b.plan(need), Err(Refusal::Unhealthy { gpu: 1, xid: 79 }));
         b.health.clear();
         assert!(b.plan(need).is_ok());
+    }
+
+    #[test]
+    fn a_burst_is_served_whole_when_each_allocate_knows_the_rest() {
+        // One scheduling pass starts 2, 1, 1 and 3 shards on an empty
+        // A100, in that order (measured on the real Slurm, issue 42).
+        let burst = [2u8, 1, 1, 3];
+        let serve = |aware: bool, idle_whole: bool| -> Result<usize, Refusal> {
+            let mut b = book();
+            let mut s = 0;
+            if idle_whole {
+                // The GPU a whole-GPU job just left: every way is a re-shape.
+                allocate(&mut b, 99, 7, None, &mut s)?;
+                b.release(99, 0);
+            }
+            for (n, &k) in burst.iter().enumerate() {
+                let beside = Beside {
+                    mates: if aware {
+                        Mix::of(burst[n + 1..].iter().copied())
+                    } else {
+                        Mix::default()
+                    },
+                    holds: None,
+                };
+                let need = Need {
+                    slices: k,
+                    memory_gb: None,
+                };
+                let (_, plan) = b.plan_beside(need, &beside)?;
+                let uuid = apply(&mut b, &plan, &mut s);
+                b.assign(&uuid, job(n as u64 + 1));
+            }
+            Ok(b.busy().iter().count())
+        };
+        // One at a time, the 3g finds no room; told of the rest, all four
+        // fit, on an empty GPU and on one whose idle 7g is re-shaped.
+        for idle_whole in [false, true] {
+            let alone = serve(false, idle_whole);
+            assert!(matches!(alone, Err(Refusal::NoFit { .. })), "{alone:?}");
+            assert_eq!(serve(true, idle_whole), Ok(4), "{idle_whole}");
+        }
+    }
+
+    #[test]
+    fn plan_beside_nothing_is_plan() {
+        let mut b = book();
+        let mut s = 0;
+        allocate(&mut b, 1, 3, None, &mut s).unwrap();
+        allocate(&mut b, 2, 1, None, &mut s).unwrap();
+        b.release(2, 0);
+        for k in [1u8, 2, 3, 4, 7] {
+            let need = Need {
+                slices: k,
+                memory_gb: None,
+            };
+            assert_eq!(b.plan(need), b.plan_beside(need, &Beside::default()), "{k}");
+        }
     }
 
     #[test]

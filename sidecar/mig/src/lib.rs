@@ -40,7 +40,7 @@ pub use models::{
     GpuModel, ModelSpec, ProfileSpec, Provenance, Shape, Sources, UnknownModel, VariantKind,
     VariantSpec, MAX_PROFILES, MODELS,
 };
-pub use offer::OfferRule;
+pub use offer::{Mix, OfferRule};
 pub use profile::{
     parse_profile, profile_size, requested_profile, select_profile, variant_meaning,
     ProfileParseError, RequestedProfileError, SelectError,

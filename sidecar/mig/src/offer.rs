@@ -77,6 +77,31 @@ impl std::fmt::Display for OfferRule {
 /// Instance counts per compute size (index = compute slices, 0..=7).
 type Counts = [u8; 8];
 
+/// Jobs counted by the compute size they are billed (index = compute
+/// slices, 0..=7): the jobs Slurm has placed on a GPU that hold no instance
+/// yet, which one allocate's choice of spot must leave room for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mix(Counts);
+
+impl Mix {
+    /// The mix of jobs billed these compute sizes (0 and sizes above 7
+    /// are ignored: no instance serves them).
+    pub fn of(sizes: impl IntoIterator<Item = u8>) -> Mix {
+        let mut c = [0u8; 8];
+        for k in sizes.into_iter().filter(|&k| k > 0) {
+            if let Some(n) = c.get_mut(usize::from(k)) {
+                *n = n.saturating_add(1);
+            }
+        }
+        Mix(c)
+    }
+
+    /// No job to leave room for.
+    pub fn is_empty(&self) -> bool {
+        self.0 == [0; 8]
+    }
+}
+
 impl Geometry {
     /// Compute slices Slurm may offer on a GPU whose busy instances are
     /// `busy` (at most its free slices; all of them when nothing is busy).
@@ -138,6 +163,43 @@ impl Geometry {
             .enumerate()
             .min_by_key(|&(i, id)| (std::cmp::Reverse(self.offer(busy.with(id), rule)), i))
             .map(|(_, id)| id)
+    }
+
+    /// The spot a job gets, of `options` (the spots that serve it, in
+    /// smartmigd's order of preference: reuse, create, re-shape).
+    ///
+    /// First, the options after which the `mates` can all still be built:
+    /// the other jobs Slurm placed on this GPU that hold no instance yet.
+    /// One scheduling pass often starts several jobs on a GPU whose free
+    /// shards they fill exactly; served one at a time at the spot that is
+    /// best for each alone, the first ones can rule out the last (2, 1, 1
+    /// and 3 shards on an empty A100: `2g@4`, `1g@0`, `1g@6`, and no 3g is
+    /// left, though `3g@4 2g@0 1g@2 1g@3` serves all four), which is then
+    /// requeued. When no option leaves room for all of them (3 + 3 + 1),
+    /// every option stays in the running. Then, with holds, the one after
+    /// which Slurm's offer stays largest ([`Geometry::keeping_offer`]);
+    /// without, the first. `None` when `options` is empty.
+    pub fn choose_spot(
+        &self,
+        busy: Layout,
+        options: &[SpotId],
+        mates: &Mix,
+        holds: Option<OfferRule>,
+    ) -> Option<SpotId> {
+        let roomy: Vec<SpotId> = if mates.is_empty() {
+            Vec::new()
+        } else {
+            options
+                .iter()
+                .copied()
+                .filter(|&id| self.buildable(busy.with(id), &mates.0))
+                .collect()
+        };
+        let pool = if roomy.is_empty() { options } else { &roomy };
+        match holds {
+            None => pool.first().copied(),
+            Some(rule) => self.keeping_offer(busy, pool.iter().copied(), rule),
+        }
     }
 
     /// Whether instances of the compute sizes in `mix` can all be built
@@ -306,6 +368,103 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Spots for one job of compute `k` in free space beside `layout`, in
+    /// smartmigd's order (most headroom first, as [`Geometry::best_spot`]).
+    fn create_options(g: &Geometry, layout: Layout, k: u8) -> Vec<SpotId> {
+        let p = g
+            .spec
+            .profiles
+            .iter()
+            .filter(|p| p.shape.compute == k)
+            .min_by_key(|p| p.shape.memory)
+            .expect("a profile of every compute size");
+        let mut ids: Vec<SpotId> = g.candidates(layout, p.shape).collect();
+        ids.sort_by_key(|&id| (std::cmp::Reverse(g.headroom(layout.with(id))), id));
+        ids
+    }
+
+    /// Serves `jobs` one at a time in this order, each told of the ones
+    /// still to come when `lookahead`; `true` when every one got a spot.
+    fn serve_in_order(g: &Geometry, jobs: &[u8], lookahead: bool) -> bool {
+        let mut busy = Layout::EMPTY;
+        for (n, &k) in jobs.iter().enumerate() {
+            let mates = if lookahead {
+                Mix::of(jobs[n + 1..].iter().copied())
+            } else {
+                Mix::default()
+            };
+            let options = create_options(g, busy, k);
+            match g.choose_spot(busy, &options, &mates, None) {
+                Some(id) => busy = busy.with(id),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Every distinct order of the multiset `jobs`.
+    fn orders(jobs: &[u8]) -> Vec<Vec<u8>> {
+        if jobs.is_empty() {
+            return vec![Vec::new()];
+        }
+        let mut out = Vec::new();
+        let mut firsts = jobs.to_vec();
+        firsts.sort_unstable();
+        firsts.dedup();
+        for k in firsts {
+            let mut rest = jobs.to_vec();
+            let at = rest.iter().position(|&j| j == k).expect("present");
+            rest.remove(at);
+            for mut o in orders(&rest) {
+                o.insert(0, k);
+                out.push(o);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_burst_that_fits_together_is_served_in_any_order() {
+        for m in GpuModel::ALL {
+            let g = Geometry::of(m);
+            for total in 1..=g.spec.compute_slices {
+                for_each_mix(&g.spec.compute_sizes(), total, &mut |mix| {
+                    if !g.buildable(Layout::EMPTY, mix) {
+                        return;
+                    }
+                    let jobs: Vec<u8> = (0u8..8)
+                        .flat_map(|k| std::iter::repeat_n(k, usize::from(mix[usize::from(k)])))
+                        .collect();
+                    for order in orders(&jobs) {
+                        assert!(serve_in_order(g, &order, true), "{m:?}: {order:?}");
+                    }
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn without_the_mates_a_burst_can_rule_out_its_last_job() {
+        // The burst measured on the real Slurm (docs/slurm-integration.md
+        // §9): 2, 1, 1 and 3 shards on an empty A100, which fit together.
+        let g = a100();
+        assert!(g.buildable(Layout::EMPTY, &Mix::of([2, 1, 1, 3]).0));
+        assert!(!serve_in_order(g, &[2, 1, 1, 3], false));
+        assert!(serve_in_order(g, &[2, 1, 1, 3], true));
+    }
+
+    #[test]
+    fn mates_that_cannot_all_fit_leave_the_usual_choice() {
+        // 3 + 3 + 1 cannot be built at all: the first 3g goes where it
+        // would without them.
+        let g = a100();
+        let options = create_options(g, Layout::EMPTY, 3);
+        let with = g.choose_spot(Layout::EMPTY, &options, &Mix::of([3, 1]), None);
+        assert_eq!(with, options.first().copied());
+        assert_eq!(Mix::of([0]), Mix::default());
+        assert!(Mix::of([0, 9]).is_empty());
     }
 
     #[test]

@@ -91,6 +91,19 @@ impl Geometry {
         busy: Layout,
         shape: Shape,
     ) -> Option<(SpotId, Transition)> {
+        self.reshapes_for(current, busy, shape).into_iter().next()
+    }
+
+    /// Every spot [`Geometry::reshape_for`] could make room at, each with
+    /// its transition, best first (fewest destroyed, then most room, then
+    /// the lowest spot id): the choices an allocate weighs when the best
+    /// one alone would rule out jobs placed beside it.
+    pub fn reshapes_for(
+        &self,
+        current: Layout,
+        busy: Layout,
+        shape: Shape,
+    ) -> Vec<(SpotId, Transition)> {
         debug_assert!(current.contains_all(busy));
         let budget = self.spec.compute_slices;
         self.candidates(busy, shape)
@@ -117,14 +130,18 @@ impl Geometry {
                 (id, self.transition(current, target))
             })
             .filter(|(_, t)| self.is_valid(current.minus(t.destroy).union(t.create)))
-            .min_by_key(|&(id, t)| {
+            .map(|(id, t)| {
                 let target = current.minus(t.destroy).union(t.create);
-                (
+                let key = (
                     t.destroy.len(),
                     std::cmp::Reverse(self.headroom(target)),
                     id,
-                )
+                );
+                (key, (id, t))
             })
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_values()
+            .collect()
     }
 }
 

@@ -333,12 +333,14 @@ fn crash_rounds(name: &str, journal: Option<std::path::PathBuf>) {
         *next_job.lock().unwrap(),
         wall.as_secs_f64()
     );
-    // One per two rounds: rounds whose GPUs are full of held allocations
+    // One per four rounds: rounds whose GPUs are full of held allocations
     // (released only every third round) acknowledge none, and a loaded
     // machine serves fewer before the kill (94 to 99 per 100 rounds seen
-    // with a build running beside the test, 165 to 181 without).
+    // with a build running beside the test, 165 to 181 without, 44 at a
+    // load average of 8 on 2 cores). The bound only asks that the kills
+    // met served clients, not how fast they were served.
     assert!(
-        2 * acked >= ran,
+        4 * acked >= ran,
         "{acked} allocations acknowledged in {ran} rounds: the clients barely got served"
     );
     assert!(

@@ -68,6 +68,19 @@ fn run(
         "energy {report:?} vs {:?}",
         r.metrics
     );
+    assert!(r.metrics.energy_j > 0.0, "{:?}", r.metrics);
+    // A comparison charges every run at the latest horizon of its runs:
+    // the GPUs idle on, and the audit agrees (a run that reported no
+    // energy there once made `bench suite --slurm-like` refuse its log).
+    let later = r.metrics.horizon_s + 3600.0;
+    let (a, m) = (report.at_horizon(later), r.metrics.at_horizon(later));
+    assert!(
+        (a.energy_j - m.energy_j).abs() <= 1e-6 * m.energy_j.max(1.0),
+        "at the common horizon: audit {} J, run {} J",
+        a.energy_j,
+        m.energy_j
+    );
+    assert!(m.energy_j > r.metrics.energy_j, "{m:?}");
     r.metrics
 }
 

@@ -23,8 +23,11 @@
 //! 2. **smartmigd's allocate** on that GPU, for each job the pass placed, in
 //!    order: reuse an idle instance of the job's compute size with enough
 //!    memory, else create the job's profile in free space, else re-shape idle
-//!    instances (never a busy one); with holds, among these the one after
-//!    which Slurm's offer stays largest ([`crate::mig::Geometry::keeping_offer`]).
+//!    instances (never a busy one); among these, first those that leave room
+//!    for the jobs placed on the GPU that hold no instance yet (the rest of
+//!    the pass, the waiting ones), then with holds the one after which
+//!    Slurm's offer stays largest ([`crate::mig::Geometry::choose_spot`], as
+//!    smartmigd).
 //!    A created instance runs the job after `reconfig_time_s`. Otherwise the job waits on the GPU, holding its
 //!    shards, for a neighbour to end; after `allocate_wait_s` it is
 //!    *requeued*: its shards are freed and Slurm holds it for
@@ -61,10 +64,10 @@ use super::events::{
     UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::PlacementHeuristic;
-use super::metrics::Metrics;
+use super::metrics::{ChargeBasis, Metrics};
 use super::reshape::ReconfigKind;
 use super::{EpochRule, RunHooks, SimConfig, SimError};
-use crate::mig::{select_profile, Geometry, GpuModel, Layout, OfferRule, ProfileSpec, SpotId};
+use crate::mig::{select_profile, Geometry, GpuModel, Layout, Mix, OfferRule, ProfileSpec, SpotId};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -609,12 +612,17 @@ impl<'j> Deploy<'j> {
                 .max()
                 .unwrap_or(0);
         }
-        for i in placed {
+        for (n, &i) in placed.iter().enumerate() {
             let St::Waiting { gpu } = self.state[i as usize] else {
                 continue;
             };
             self.touched[gpu as usize] = true;
-            if !self.allocate(i, gpu as usize, hooks)? {
+            // The rest of the pass on this GPU, and the jobs waiting there.
+            let later = placed[n + 1..]
+                .iter()
+                .filter(|&&j| self.state[j as usize] == St::Waiting { gpu });
+            let mates = self.mates(gpu as usize, later.chain(&self.gpus[gpu as usize].waiting));
+            if !self.allocate(i, gpu as usize, &mates, hooks)? {
                 self.wait_gen[i as usize] += 1;
                 self.gpus[gpu as usize].waiting.push(i);
                 let t = self.now + self.slurm.allocate_wait_s;
@@ -628,9 +636,20 @@ impl<'j> Deploy<'j> {
         self.profile[i][self.gpus[gpu].slot].map_or(0, |p| p.shape.compute)
     }
 
+    /// Jobs placed on `gpu` that hold no instance yet, by billed size.
+    fn mates<'a>(&self, gpu: usize, jobs: impl Iterator<Item = &'a u32>) -> Mix {
+        Mix::of(jobs.map(|&j| self.billed(j as usize, gpu)))
+    }
+
     /// smartmigd's allocate of job `i` on `gpu`: reuse, create or re-shape
     /// (module docs). `false`: no room now.
-    fn allocate(&mut self, i: u32, gpu: usize, hooks: &mut RunHooks<'_>) -> Result<bool, SimError> {
+    fn allocate(
+        &mut self,
+        i: u32,
+        gpu: usize,
+        mates: &Mix,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<bool, SimError> {
         let Some(p) = self.profile[i as usize][self.gpus[gpu].slot] else {
             return Ok(false);
         };
@@ -657,17 +676,19 @@ impl<'j> Deploy<'j> {
             create.sort_by_key(|&id| (std::cmp::Reverse(g.headroom(st.layout.with(id))), id));
             options.extend(create.into_iter().map(|id| (id, Some(Layout::EMPTY))));
             let taken = st.busy.union(st.reconfiguring);
-            if let Some((id, t)) = g.reshape_for(st.layout, taken, p.shape) {
-                options.push((id, Some(t.destroy)));
-            }
+            let reshapes = g.reshapes_for(st.layout, taken, p.shape).into_iter();
+            options.extend(
+                reshapes
+                    .filter(|(_, t)| !t.destroy.is_empty())
+                    .map(|(id, t)| (id, Some(t.destroy))),
+            );
         }
-        // With holds, the choice also keeps what Slurm may still send here.
-        let chosen = match self.slurm.holds {
-            None => options.first().copied(),
-            Some(rule) => g
-                .keeping_offer(st.busy, options.iter().map(|o| o.0), rule)
-                .and_then(|id| options.iter().copied().find(|o| o.0 == id)),
-        };
+        // The choice leaves room for the jobs placed here that hold no
+        // instance yet, and with holds keeps what Slurm may still send.
+        let ids: Vec<SpotId> = options.iter().map(|o| o.0).collect();
+        let chosen = g
+            .choose_spot(st.busy, &ids, mates, self.slurm.holds)
+            .and_then(|id| options.iter().copied().find(|o| o.0 == id));
         match chosen {
             None => Ok(false),
             Some((pid, None)) => {
@@ -919,8 +940,9 @@ impl<'j> Deploy<'j> {
     fn retry(&mut self, gpu: usize, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
         let waiting = std::mem::take(&mut self.gpus[gpu].waiting);
         let mut still = Vec::new();
-        for i in waiting {
-            if !self.allocate(i, gpu, hooks)? {
+        for (n, &i) in waiting.iter().enumerate() {
+            let mates = self.mates(gpu, still.iter().chain(&waiting[n + 1..]));
+            if !self.allocate(i, gpu, &mates, hooks)? {
                 still.push(i);
             }
         }
@@ -1082,24 +1104,42 @@ impl<'j> Deploy<'j> {
         let never: Vec<u32> = (0..self.jobs.len() as u32)
             .filter(|&i| self.state[i as usize] != St::Done)
             .collect();
-        let m = &mut self.m;
-        m.horizon_s = horizon;
-        m.energy_j = energy;
-        m.energy_mj = energy / 1e6;
         for &i in &never {
-            let j = &self.jobs[i as usize];
-            m.total_tardiness_s += (horizon - j.deadline).max(0.0);
-            m.late_jobs += 1;
             if self.state[i as usize] == St::Rejected {
-                m.rejected += 1;
+                self.m.rejected += 1;
             } else {
-                m.unserved += 1;
+                self.m.unserved += 1;
             }
         }
+        // Jobs that never ran are charged by the one rule of `sim::metrics`
+        // (late, on a whole GPU from the horizon on), as in the central
+        // engine; the basis also lets a comparison re-charge the run at a
+        // common horizon (`Metrics::at_horizon`).
+        let basis = ChargeBasis {
+            window_energy_j: energy,
+            idle_w: self
+                .gpus
+                .iter()
+                .map(|g| self.powers[g.slot].power_w(0.0))
+                .sum(),
+            whole_gpu_w: self
+                .powers
+                .iter()
+                .map(|p| p.power_w(1.0))
+                .fold(0.0, f64::max),
+            served_tardiness_s: self.m.total_tardiness_s,
+            served_late: self.m.late_jobs,
+            never_ran: never
+                .iter()
+                .map(|&i| {
+                    let j = &self.jobs[i as usize];
+                    (j.deadline, j.work)
+                })
+                .collect(),
+        };
+        let m = &mut self.m;
+        m.charge(basis, horizon);
         let ran = m.completed.max(1) as f64;
-        let all = m.jobs.max(1) as f64;
-        m.mean_tardiness_s = m.total_tardiness_s / all;
-        m.late_share = m.late_jobs as f64 / all;
         m.mean_wait_s = self.wait_sum / ran;
         m.p95_wait_s = percentile(&mut self.waits, 0.95);
         m.mean_bounded_slowdown = if m.completed > 0 {
@@ -1154,7 +1194,7 @@ impl<'j> Deploy<'j> {
         let m = &self.m;
         s.record(&Record::Summary(SummaryRecord {
             horizon_s: horizon,
-            energy_j: energy,
+            energy_j: m.energy_j,
             total_tardiness_s: m.total_tardiness_s,
             completed: m.completed,
             unserved: m.unserved + m.rejected,

@@ -31,11 +31,11 @@ use super::reap::ReleaseCounts;
 use super::unix_now_f64;
 use crate::allocate::GpuBook;
 use crate::memory::{next_larger_memory, Released};
-use crate::mig::{Geometry, GpuModel, SpotId};
+use crate::mig::{Geometry, GpuModel, Mix, SpotId};
 use crate::placement::{Contender, Turn};
 use crate::plan::Plans;
 use crate::protocol::WaitingJob;
-use crate::slurm::QueueSnapshot;
+use crate::slurm::{JobState, QueueSnapshot};
 use crate::workload::{gpu_load, PowerModel};
 
 /// Energy of one GPU integrated from the workload power model (used when
@@ -180,6 +180,20 @@ pub(super) struct Ledger {
     /// When the queue was last read: an allocate that finds no room
     /// re-reads it at most every [`super::queue::QUEUE_REFRESH`].
     pub queue_read: Option<Instant>,
+    /// The shard jobs the last queue read showed running on this node:
+    /// an allocate leaves room for those of its GPU that hold no instance
+    /// yet ([`Ledger::mates`]).
+    pub shard_jobs: Vec<ShardJob>,
+}
+
+/// A shard job Slurm runs on this node, as the last queue read showed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ShardJob {
+    pub job_id: u64,
+    pub gpu: u32,
+    pub shards: u8,
+    /// Unix second Slurm started it.
+    pub start_time: u64,
 }
 
 impl Ledger {
@@ -212,6 +226,49 @@ impl Ledger {
             time_limit_s: t.time_limit_s,
             ..w.contender.clone()
         }
+    }
+
+    /// The jobs an allocate of `except` on `book`'s GPU must leave room
+    /// for ([`crate::mig::Geometry::choose_spot`]): the other allocates
+    /// waiting there, and the shard jobs Slurm started there since
+    /// `since` (Unix seconds) that hold no instance yet, mostly the rest of
+    /// the scheduling pass that started `except`, whose allocates are on
+    /// their way.
+    pub(super) fn mates(&self, book: &GpuBook, except: u64, since: u64) -> Mix {
+        let spec = book.geometry.spec;
+        let billed = |shards: u8| {
+            crate::mig::select_profile(spec, shards, None).map_or(0, |p| p.shape.compute)
+        };
+        let waiting = self
+            .waiting
+            .iter()
+            .filter(|(&job, w)| w.gpu == book.index && job != except)
+            .map(|(_, w)| billed(w.contender.need.slices));
+        let started = self
+            .shard_jobs
+            .iter()
+            .filter(|j| j.gpu == book.index && j.job_id != except && j.start_time >= since)
+            .filter(|j| !self.waiting.contains_key(&j.job_id) && book.find_job(j.job_id).is_none())
+            .map(|j| billed(j.shards));
+        Mix::of(waiting.chain(started))
+    }
+
+    /// Remembers the shard jobs `q` shows running on `node`.
+    pub(super) fn remember_shard_jobs(&mut self, q: &QueueSnapshot, node: &str) {
+        self.shard_jobs = q
+            .jobs
+            .iter()
+            .filter(|j| j.state == JobState::Running && j.shards > 0 && j.hold_of().is_none())
+            .filter(|j| crate::slurm::names_node(&j.nodes, node))
+            .filter_map(|j| {
+                Some(ShardJob {
+                    job_id: j.job_id,
+                    gpu: j.gpu?,
+                    shards: j.shards,
+                    start_time: j.start_time,
+                })
+            })
+            .collect();
     }
 
     /// The other allocates waiting on `gpu`, as the placement rule sees them.
@@ -282,6 +339,11 @@ pub(super) struct Books {
     /// This daemon drained the node for a GPU-fatal XID and has not seen
     /// it resumed since ([`crate::health::node_action`]).
     pub health_drained: std::sync::atomic::AtomicBool,
+    /// Taken by an allocate that reads the queue for its scheduling pass:
+    /// the pass's other allocates wait for that read instead of deciding
+    /// on the older one (measured: the first job of a pass reading, the
+    /// two behind it placed without knowing of it).
+    pub pass_read: tokio::sync::Mutex<()>,
 }
 
 impl Books {
@@ -291,6 +353,7 @@ impl Books {
             ledger: Mutex::new(Ledger::default()),
             holds: HoldBook::default(),
             health_drained: std::sync::atomic::AtomicBool::new(false),
+            pass_read: tokio::sync::Mutex::new(()),
         }
     }
 

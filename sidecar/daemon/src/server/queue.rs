@@ -66,14 +66,14 @@ pub(super) async fn read(cx: &Cx<'_>) -> Option<(QueueSnapshot, u64)> {
     cx.books.ledger().queue_read = Some(Instant::now());
     if let Ok(s) = summary {
         let q = s.snapshot();
-        cx.books.ledger().remember_job_times(&q);
+        remember(cx, &q);
         return Some((q, s.generated_at));
     }
     let t0 = unix_now();
     let slurm = cx.live.slurm.clone();
     match tokio::task::spawn_blocking(move || slurm.queue()).await {
         Ok(Ok(q)) => {
-            cx.books.ledger().remember_job_times(&q);
+            remember(cx, &q);
             Some((q, t0))
         }
         Ok(Err(e)) => {
@@ -85,6 +85,25 @@ pub(super) async fn read(cx: &Cx<'_>) -> Option<(QueueSnapshot, u64)> {
             None
         }
     }
+}
+
+/// What the books keep of a queue read: the jobs' times, and the shard
+/// jobs running on this node.
+fn remember(cx: &Cx<'_>, q: &QueueSnapshot) {
+    let mut ledger = cx.books.ledger();
+    ledger.remember_job_times(q);
+    ledger.remember_shard_jobs(q, &cx.node.name);
+}
+
+/// Whether the last queue read already shows `job_id` running here: when
+/// it does not, it predates the scheduling pass that started the job, and
+/// so misses the others that pass started.
+pub(super) fn shows_running(cx: &Cx<'_>, job_id: u64) -> bool {
+    cx.books
+        .ledger()
+        .shard_jobs
+        .iter()
+        .any(|j| j.job_id == job_id)
 }
 
 /// Reads `<summary_dir>/<node>.json` and checks it; records the outcome

@@ -12,7 +12,7 @@ use super::super::books::{Gpu, GpuState, Waiter, WaitingGuard};
 use super::super::job_record::{self, Record};
 use super::super::{holds, instances, queue, reap, unix_now, unix_now_f64};
 use super::Cx;
-use crate::allocate::{Assignment, GpuBook, Need, Plan, Refusal};
+use crate::allocate::{Assignment, Beside, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
 use crate::grant;
 use crate::memory::Sizing;
@@ -56,6 +56,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
         return Ok(r);
     }
     let req = granted(cx, req).await?;
+    read_pass(cx, &req).await;
     if let Some(marker) = req.oom_marker {
         cx.books.ledger().plugin_oom_requeue = Some(marker);
     }
@@ -206,6 +207,27 @@ async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateReques
     }
 }
 
+/// With holds on, the queue as it is since the scheduling pass that
+/// started this job (re-read, at most every [`queue::QUEUE_REFRESH`], when
+/// the last read does not show the job running; a read under way is
+/// waited for), so that the allocate
+/// knows the other jobs that pass placed on its GPU
+/// ([`crate::mig::Geometry::choose_spot`]). Without holds the last read
+/// (epoch, waiting allocates) is used as it is: no extra call to Slurm.
+async fn read_pass(cx: &Cx<'_>, req: &AllocateRequest) {
+    let cfg = cx.cfg();
+    if cfg.slurm.holds.offer_rule().is_none() || queue::shows_running(cx, req.job_id) {
+        return;
+    }
+    // One read at a time: a read under way (another job of the pass) is
+    // waited for, and it most likely shows this job too.
+    let _reading = cx.books.pass_read.lock().await;
+    if queue::shows_running(cx, req.job_id) || !queue::is_stale(cx) {
+        return;
+    }
+    let _ = queue::read(cx).await;
+}
+
 /// `--mig-profile`: exactly that profile, or a refusal naming why.
 fn exact_profile(
     gpu: &Gpu,
@@ -294,7 +316,15 @@ fn next_step(
     me: &Contender,
     req: &AllocateRequest,
 ) -> Result<Step, ErrorBody> {
-    let planned = st.book.plan(me.need);
+    let cfg = cx.cfg();
+    // Jobs Slurm started since before this one could wait hold no
+    // instance because their allocates are on their way.
+    let since = unix_now().saturating_sub(cfg.allocate_wait_s + queue::QUEUE_REFRESH.as_secs());
+    let beside = Beside {
+        mates: cx.books.ledger().mates(&st.book, req.job_id, since),
+        holds: cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled),
+    };
+    let planned = st.book.plan_beside(me.need, &beside);
     // Who goes first among this allocate and those waiting on the same
     // GPU (`placement`); only asked when this one could go.
     let turn = match &planned {
