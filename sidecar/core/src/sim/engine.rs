@@ -1151,23 +1151,28 @@ impl<'j> Engine<'j> {
                 (j.deadline, j.work)
             })
             .collect();
+        let (idle_w, whole_gpu_w) = charge_powers(&self.powers, self.rt.iter().map(|r| r.slot));
         ChargeBasis {
             window_energy_j: energy,
-            idle_w: self
-                .rt
-                .iter()
-                .map(|r| self.powers[r.slot].power_w(0.0))
-                .sum(),
-            whole_gpu_w: self
-                .powers
-                .iter()
-                .map(|p| p.power_w(1.0))
-                .fold(0.0, f64::max),
+            idle_w,
+            whole_gpu_w,
             served_tardiness_s: self.m.total_tardiness_s,
             served_late: self.m.late_jobs,
             never_ran,
         }
     }
+}
+
+/// The powers [`ChargeBasis`] needs, from each model's power (`powers`)
+/// and each GPU's index into it (`slots`): the idle power of all GPUs
+/// together, and the full power of one whole GPU of the hungriest model.
+pub(super) fn charge_powers(
+    powers: &[PowerModel],
+    slots: impl Iterator<Item = usize>,
+) -> (f64, f64) {
+    let idle_w = slots.map(|s| powers[s].power_w(0.0)).sum();
+    let whole_gpu_w = powers.iter().map(|p| p.power_w(1.0)).fold(0.0, f64::max);
+    (idle_w, whole_gpu_w)
 }
 
 /// Threshold of the bounded slowdown, s: jobs shorter than this count as

@@ -57,7 +57,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
 use super::engine::{
-    bounded_slowdown, check_job, percentile, run_record, transition_kind, SimResult, T,
+    bounded_slowdown, charge_powers, check_job, percentile, run_record, transition_kind, SimResult,
+    T,
 };
 use super::events::{
     GpuHeader, Header, JobRecord, KindCounts, ModelPower, ReconfigRecord, Record, SummaryRecord,
@@ -1115,18 +1116,11 @@ impl<'j> Deploy<'j> {
         // (late, on a whole GPU from the horizon on), as in the central
         // engine; the basis also lets a comparison re-charge the run at a
         // common horizon (`Metrics::at_horizon`).
+        let (idle_w, whole_gpu_w) = charge_powers(&self.powers, self.gpus.iter().map(|g| g.slot));
         let basis = ChargeBasis {
             window_energy_j: energy,
-            idle_w: self
-                .gpus
-                .iter()
-                .map(|g| self.powers[g.slot].power_w(0.0))
-                .sum(),
-            whole_gpu_w: self
-                .powers
-                .iter()
-                .map(|p| p.power_w(1.0))
-                .fold(0.0, f64::max),
+            idle_w,
+            whole_gpu_w,
             served_tardiness_s: self.m.total_tardiness_s,
             served_late: self.m.late_jobs,
             never_ran: never
