@@ -392,10 +392,13 @@ fn teacher_on(
     for day in validation {
         sum += if cfg.dagger.rounds > 0 {
             day.evaluate(cfg, &mut super::rollout::planner_for(cfg, day)?)?
+        } else if day.start.is_empty() {
+            day.evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?
         } else {
+            // A fitted start: the teacher begins the day there too.
             let mut teacher = crate::policy::start::StartingFrom {
                 inner: Teacher::new(cfg.gpu_model, base.clone()),
-                layouts: day.initial_layouts(cfg),
+                layouts: day.start.clone(),
             };
             day.evaluate(cfg, &mut teacher)?
         }

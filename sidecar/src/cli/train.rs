@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TraceWindow;
 use crate::formats::policy_file::{PolicyMetadata, POLICY_KEY};
-use crate::learn::train::{train, Progress, TrainConfig, TrainStart, TrainingData};
+use crate::learn::train::{train, Progress, StartSearch, TrainConfig, TrainStart, TrainingData};
 use crate::policy::features::FeatureSpec;
 use crate::scenario::{default_scenarios, select_scenarios};
 use crate::workload::{read_trace, TraceFormat, TraceOptions};
@@ -213,8 +213,12 @@ pub fn run(a: &Args) -> Result<()> {
             TrainStart::Fitted => serde_json::json!({
                 "kind": "fitted",
                 "description": format!(
-                    "each scenario episode and validation day began from the static layout fitted ({:?} search) on the scenario's days with seeds 0..{} on its cluster size",
-                    cfg.start_search, cfg.start_days
+                    "each scenario episode and validation day began from the static layout fitted ({} search) on the scenario's days with seeds 0..{} on its cluster size",
+                    match cfg.start_search {
+                        StartSearch::Coarse => "coarse",
+                        StartSearch::Full => "full",
+                    },
+                    cfg.start_days
                 ),
                 "fit_seconds": report.start_fit_seconds,
                 "layouts": report.start_layouts,
