@@ -40,6 +40,18 @@ pub struct TrainConfig {
     /// whole GPU). Written to the policy's metadata: the runtime policy
     /// starts there too.
     pub initial_layout: usize,
+    /// Where each scenario episode and validation day begins: `own` (every
+    /// GPU at `initial_layout`) or `fitted` (the static layout fitted on
+    /// the scenario's past days, where `bench suite` starts a learned
+    /// policy; `super::start`). Scenario training data only.
+    pub start: TrainStart,
+    /// `start = "fitted"`: days each fit runs on (scenario seeds
+    /// `0..start_days`, the days `bench suite` fits its opponents on).
+    pub start_days: usize,
+    /// `start = "fitted"`: the layout search, `coarse` (uniform layouts and
+    /// coordinate descent) or `full` (also every two-layout mix: the
+    /// suite's search, tens of times dearer on 16 GPUs).
+    pub start_search: StartSearch,
     pub workload: DiurnalConfig,
     pub imitation: ImitationConfig,
     pub ppo: PpoConfig,
@@ -138,6 +150,9 @@ impl Default for TrainConfig {
             teacher_base: TeacherBase::TwiceDaily,
             teacher_days: 1,
             initial_layout: 0,
+            start: TrainStart::Own,
+            start_days: 4,
+            start_search: StartSearch::Coarse,
             workload: DiurnalConfig::default(),
             imitation: ImitationConfig::default(),
             ppo: PpoConfig::default(),
@@ -221,6 +236,9 @@ impl TrainConfig {
                 self.initial_layout, self.gpu_model
             ));
         }
+        if self.start == TrainStart::Fitted && self.start_days == 0 {
+            return bad("start_days must be > 0 with start = \"fitted\"".into());
+        }
         if !(0.0..=1.0).contains(&self.dagger.beta) || self.dagger.minibatch == 0 {
             return bad("dagger.beta must be in [0, 1] and dagger.minibatch > 0".into());
         }
@@ -270,6 +288,26 @@ pub enum TeacherBase {
     /// A load-driven rule ([`crate::policy::adaptive::Adaptive`]) instead of
     /// the clock.
     Adaptive,
+}
+
+/// Where training days begin (`start` in the training config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainStart {
+    /// Every GPU at catalog layout `initial_layout` (whole GPUs by default).
+    Own,
+    /// The static layout fitted on the scenario's past days.
+    Fitted,
+}
+
+/// The search of a fitted start (`start_search`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StartSearch {
+    /// `policy::search::SearchConfig::coarse`.
+    Coarse,
+    /// `policy::search::SearchConfig::default` (the suite's).
+    Full,
 }
 
 /// ES hyper-parameters (`[es]` in the training config).
@@ -334,6 +372,11 @@ mod tests {
         assert!(refusal(|c| c.validation.days = 0).contains(".days"));
         assert!(refusal(|c| c.heuristic = "fastest".into()).starts_with("heuristic:"));
         assert!(refusal(|c| c.workload.horizon_s = -1.0).starts_with("workload:"));
+        assert!(refusal(|c| {
+            c.start = TrainStart::Fitted;
+            c.start_days = 0;
+        })
+        .contains("start_days"));
     }
 
     /// The simulator settings carry the config's epoch rule, reconfiguration

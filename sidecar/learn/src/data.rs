@@ -5,7 +5,7 @@
 
 use super::config::TrainConfig;
 use super::LearnError;
-use crate::mig::GpuModel;
+use crate::mig::{Geometry, GpuModel, Layout};
 use crate::policy::RepartitionPolicy;
 use crate::scenario::Scenario;
 use crate::sim::{common_horizon, simulate, Metrics, Reference, RunHooks, SimConfig, Standing};
@@ -29,6 +29,10 @@ pub struct Day {
     /// seen before): the planning teacher's sample of the future. Empty
     /// unless the trainer fills it.
     pub past: Vec<Vec<Job>>,
+    /// The layout each GPU begins the day with (the trainer's fitted start,
+    /// `start = "fitted"`); empty: every GPU at the config's
+    /// `initial_layout` ([`Day::initial_layouts`]).
+    pub start: Vec<Layout>,
 }
 
 impl Day {
@@ -89,6 +93,7 @@ impl Day {
             reference: Metrics::default(),
             rate: Reference::pooled(&[], 0.0),
             past: Vec::new(),
+            start: Vec::new(),
         };
         day.reference = simulate(
             &day.cluster,
@@ -107,6 +112,27 @@ impl Day {
     pub fn with_past(mut self, past: Vec<Vec<Job>>) -> Self {
         self.past = past;
         self
+    }
+
+    /// The same day begun from `layouts` (one per GPU) instead of the
+    /// config's `initial_layout`.
+    pub fn with_start(mut self, layouts: Vec<Layout>) -> Self {
+        self.start = layouts;
+        self
+    }
+
+    /// The layout every GPU begins the day with: [`Day::start`] when set,
+    /// else catalog layout `cfg.initial_layout` on each. What the episode
+    /// policy, the deterministic policy and the planning teacher install.
+    pub fn initial_layouts(&self, cfg: &TrainConfig) -> Vec<Layout> {
+        if self.start.is_empty() {
+            vec![
+                initial_layout(Geometry::of(cfg.gpu_model), cfg.initial_layout);
+                self.cluster.len()
+            ]
+        } else {
+            self.start.clone()
+        }
     }
 
     /// The day's exchange rate ([`Day::rate`], `T_ref` floored as the
@@ -162,6 +188,15 @@ impl Day {
         let et = self.rate.et_of(&m, 1.0);
         Ok((m, et))
     }
+}
+
+/// Catalog layout `index` of `geometry` (the whole GPU if out of range).
+pub fn initial_layout(geometry: &Geometry, index: usize) -> Layout {
+    geometry
+        .catalog()
+        .get(index)
+        .copied()
+        .unwrap_or_else(|| geometry.whole_gpu())
 }
 
 /// A day's objective ([`Day::objective`]): jobs that never ran first, then

@@ -49,7 +49,7 @@ fn set(net: &ActorCritic, theta: &[f32]) -> Result<(), LearnError> {
 pub fn score(cfg: &TrainConfig, net: &ActorCritic, days: &[Day]) -> Result<Standing, LearnError> {
     let mut each = Vec::with_capacity(days.len());
     for day in days {
-        let mut p = CandlePolicy::new(net, cfg.gpu_model).starting_at(cfg.initial_layout);
+        let mut p = CandlePolicy::new(net, cfg.gpu_model).starting_from(day.initial_layouts(cfg));
         each.push(day.objective(cfg, &mut p)?);
     }
     Ok(Standing::over(each))

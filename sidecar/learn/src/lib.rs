@@ -8,6 +8,8 @@
 //! - [`data`]: the days episodes run on (diurnal days or trace windows).
 //! - `reward`: energy and tardiness per decision epoch from the event log.
 //! - [`teacher`]: the imitation teacher and the layout searches it rests on.
+//! - [`start`]: fitted starts (`start = "fitted"`): the static layout
+//!   fitted on each scenario's past days, where its days begin.
 //! - [`rollout`]: episodes on the simulator, GAE, the deterministic policy.
 //! - [`ppo`]: the imitation and PPO updates.
 //! - [`es`]: evolution-strategies fine-tuning of the actor.
@@ -18,7 +20,7 @@
 //! - [`placement`]: the learned job placement (masked PPO over the
 //!   simulator's placement decisions), its config and its episodes.
 //!
-//! The trainer's modules are layered: `config` -> `data` -> `teacher` ->
+//! The trainer's modules are layered: `config` -> `data` -> `start` -> `teacher` ->
 //! `rollout` (with `reward`) -> `ppo`/`es` -> `train`, each importing only
 //! modules before it; no module here imports `train`, whose re-exports keep
 //! the paths callers used before the split (`learn::train::TrainConfig`, ...).
@@ -45,6 +47,7 @@ pub mod planner;
 pub mod ppo;
 mod reward;
 pub mod rollout;
+pub mod start;
 pub mod teacher;
 #[cfg(test)]
 mod testing;

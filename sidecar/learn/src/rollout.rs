@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::config::TrainConfig;
+pub use super::data::initial_layout;
 use super::data::Day;
 use super::model::{critic_dim, ActorCritic, NODE_GPUS};
 use super::planner::Planner;
@@ -60,8 +61,8 @@ struct Rollout<'m> {
     teacher: Teacher,
     /// The planning teacher of [`Mode::Dagger`].
     planner: Option<Planner>,
-    /// Catalog index every GPU starts from.
-    initial: usize,
+    /// The layout each GPU starts from ([`Day::initial_layouts`]).
+    initial: Vec<Layout>,
     mode: Mode,
     rng: ChaCha8Rng,
     ledger: Rc<RefCell<Ledger>>,
@@ -81,8 +82,8 @@ impl RepartitionPolicy for Rollout<'_> {
         "learning".into()
     }
 
-    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
-        initial_layout(geometry, self.initial)
+    fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
+        crate::policy::layout_or_whole(&self.initial, gpu, geometry)
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
@@ -324,7 +325,7 @@ pub fn run_episode(
         encoder: Encoder::new(cfg.gpu_model),
         teacher: Teacher::new(cfg.gpu_model, base.clone()),
         planner,
-        initial: cfg.initial_layout,
+        initial: day.initial_layouts(cfg),
         mode,
         rng: ChaCha8Rng::seed_from_u64(rng_seed),
         ledger: Rc::clone(&ledger),
@@ -541,9 +542,8 @@ fn next_interval<'a>(e: &'a [Vec<f64>], t: &'a [Vec<f64>], k: usize) -> (&'a [f6
 }
 
 /// The planning teacher of `day` (its jobs, its past days, its rate),
-/// starting from the configured initial layout.
+/// starting from the day's initial layouts.
 pub fn planner_for(cfg: &TrainConfig, day: &Day) -> Result<Planner, LearnError> {
-    let g = Geometry::of(cfg.gpu_model);
     let n = day.cluster.iter().filter(|&&m| m == cfg.gpu_model).count();
     Ok(Planner::new(
         cfg.gpu_model,
@@ -554,16 +554,7 @@ pub fn planner_for(cfg: &TrainConfig, day: &Day) -> Result<Planner, LearnError> 
         day.jobs.clone(),
     )
     .with_past(day.past.clone())
-    .with_initial(vec![initial_layout(g, cfg.initial_layout); n]))
-}
-
-/// Catalog layout `index` of `geometry` (the whole GPU if out of range).
-pub fn initial_layout(geometry: &Geometry, index: usize) -> Layout {
-    geometry
-        .catalog()
-        .get(index)
-        .copied()
-        .unwrap_or_else(|| geometry.whole_gpu())
+    .with_initial(day.initial_layouts(cfg).into_iter().take(n).collect()))
 }
 
 /// A deterministic evaluation policy over a candle network (same decisions
@@ -571,8 +562,10 @@ pub fn initial_layout(geometry: &Geometry, index: usize) -> Layout {
 pub struct CandlePolicy<'m> {
     pub net: &'m ActorCritic,
     encoder: Encoder,
-    /// Catalog index every GPU starts from.
+    /// Catalog index every GPU starts from, unless `layouts` says.
     initial: usize,
+    /// The layout each GPU starts from (empty: catalog layout `initial`).
+    layouts: Vec<Layout>,
 }
 
 impl<'m> CandlePolicy<'m> {
@@ -581,6 +574,7 @@ impl<'m> CandlePolicy<'m> {
             net,
             encoder: Encoder::new(model),
             initial: 0,
+            layouts: Vec::new(),
         }
     }
 
@@ -590,6 +584,14 @@ impl<'m> CandlePolicy<'m> {
         self.initial = index;
         self
     }
+
+    /// Each GPU starts the day from its entry of `layouts` (a day's
+    /// [`Day::initial_layouts`]: the fitted start when training had one),
+    /// as the suite starts the exported policy (`policy::start`).
+    pub fn starting_from(mut self, layouts: Vec<Layout>) -> Self {
+        self.layouts = layouts;
+        self
+    }
 }
 
 impl RepartitionPolicy for CandlePolicy<'_> {
@@ -597,8 +599,12 @@ impl RepartitionPolicy for CandlePolicy<'_> {
         "candle".into()
     }
 
-    fn initial_layout(&mut self, _gpu: usize, geometry: &'static Geometry) -> Layout {
-        initial_layout(geometry, self.initial)
+    fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
+        if self.layouts.is_empty() {
+            initial_layout(geometry, self.initial)
+        } else {
+            crate::policy::layout_or_whole(&self.layouts, gpu, geometry)
+        }
     }
 
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
@@ -794,5 +800,35 @@ mod tests {
         assert!(m.reconfigurations > 0, "the policy acts");
         assert_eq!(greedy.metrics, m);
         assert_eq!(greedy.et, et);
+    }
+
+    /// A day's start (the trainer's fitted start) is where its episode
+    /// begins: a greedy episode on a day started from a split layout runs
+    /// as the candle policy started there, not as from whole GPUs.
+    #[test]
+    fn episodes_begin_from_the_days_start() {
+        let cfg = tiny();
+        let g = Geometry::of(cfg.gpu_model);
+        let split = g.catalog()[g.catalog().len() - 1];
+        assert_ne!(split, g.whole_gpu());
+        let whole = day(&cfg, 4);
+        let d = day(&cfg, 4).with_start(vec![split; 3]);
+        assert_eq!(whole.initial_layouts(&cfg), vec![g.whole_gpu(); 3]);
+        assert_eq!(d.initial_layouts(&cfg), vec![split; 3]);
+        let n = net(&cfg, 2);
+        let greedy = |d: &Day| {
+            let mut b = Batch::default();
+            run_episode(&cfg, &n, d, Mode::Greedy, &Base::default(), 0, &mut b).unwrap()
+        };
+        let mut started = CandlePolicy::new(&n, cfg.gpu_model).starting_from(vec![split; 3]);
+        assert_eq!(started.initial_layout(2, g), split);
+        let (m, et) = d.evaluate(&cfg, &mut started).unwrap();
+        let ep = greedy(&d);
+        assert_eq!(ep.metrics, m);
+        assert_eq!(ep.et, et);
+        assert_ne!(ep.metrics, greedy(&whole).metrics);
+        // The planning teacher starts there too.
+        let mut planner = planner_for(&cfg, &d).unwrap();
+        assert_eq!(planner.initial_layout(1, g), split);
     }
 }

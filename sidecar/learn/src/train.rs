@@ -61,6 +61,7 @@ use serde::Serialize;
 use super::checkpoint::Checkpoint;
 use super::model::ActorCritic;
 use super::ppo::optimiser;
+use super::start::FittedStarts;
 use super::LearnError;
 use crate::policy::features::FeatureSpec;
 use crate::scenario::Scenario;
@@ -68,7 +69,8 @@ use crate::sim::Standing;
 use crate::workload::{generate_diurnal, Job};
 
 pub use super::config::{
-    EsConfig, ImitationConfig, PpoConfig, TeacherBase, TrainConfig, ValidationConfig,
+    EsConfig, ImitationConfig, PpoConfig, StartSearch, TeacherBase, TrainConfig, TrainStart,
+    ValidationConfig,
 };
 pub use super::data::{Day, Objective, TrainingData};
 pub use super::ppo::{imitation_update, ppo_update};
@@ -96,6 +98,13 @@ pub enum Progress {
         et: Option<f64>,
         static_best_et: Option<f64>,
     },
+    /// The fitted starts (`start = "fitted"`) are ready: `fits` searches,
+    /// `simulations` simulated days, `seconds` of wall-clock time.
+    StartsFitted {
+        fits: usize,
+        simulations: usize,
+        seconds: f64,
+    },
 }
 
 /// Outcome of training.
@@ -115,6 +124,12 @@ pub struct TrainReport {
     /// Best checkpoint (by validation ET): `imitation`, `ppo:<iteration>` or
     /// `es:<iteration>`.
     pub chosen: String,
+    /// `start = "fitted"`: each fit's layouts (`diurnal/tight on 8 GPUs:
+    /// ...`), empty otherwise.
+    pub start_layouts: Vec<String>,
+    /// `start = "fitted"`: wall-clock time of the fits, s (part of
+    /// `seconds`).
+    pub start_fit_seconds: f64,
 }
 
 /// Trains a policy; returns the best network (by validation ET) and a report.
@@ -126,11 +141,19 @@ pub fn train(
     cfg.validate()?;
     check_windows(data)?;
     let started = Instant::now();
+    let starts = fitted_starts(cfg, data)?;
+    if !starts.is_empty() {
+        progress(Progress::StartsFitted {
+            fits: starts.len(),
+            simulations: starts.simulations,
+            seconds: starts.seconds,
+        });
+    }
     let spec = FeatureSpec::new(cfg.gpu_model);
     let net = ActorCritic::new(spec.obs_dim, spec.actions, cfg.hidden, cfg.seed)?;
     let rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED);
     let mut opt = optimiser(&net, cfg.imitation.lr)?;
-    let validation = validation_days(cfg, data)?;
+    let validation = validation_days(cfg, data, &starts)?;
     let (static_best_et, static_best_layout) = static_best_on(cfg, &validation)?;
     let base = teacher_base(cfg, &base_days(cfg, data)?)?;
     let teacher_et = teacher_on(cfg, &base, &validation)?;
@@ -138,7 +161,7 @@ pub fn train(
         cfg,
         started,
         rng,
-        days: EpisodeDays::new(cfg, data),
+        days: EpisodeDays::new(cfg, data, &starts),
         validation,
         static_best_et,
         base,
@@ -174,8 +197,36 @@ pub fn train(
         validation_static_best_et: static_best_et,
         validation_static_best_layout: static_best_layout,
         chosen: best.label,
+        start_layouts: starts.described.clone(),
+        start_fit_seconds: starts.seconds,
     };
     Ok((best.net, report))
+}
+
+/// The fitted start of every scenario on every episode and validation
+/// cluster size with `start = "fitted"` (`super::start`); none with
+/// `start = "own"`. Other data than scenarios is refused with a fitted
+/// start: its days have no scenario to generate past days from.
+fn fitted_starts(cfg: &TrainConfig, data: &TrainingData) -> Result<FittedStarts, LearnError> {
+    if cfg.start == TrainStart::Own {
+        return Ok(FittedStarts::default());
+    }
+    let TrainingData::Scenarios(list) = data else {
+        return Err(LearnError::Config(
+            "start = \"fitted\" needs scenario training data (--scenarios)".into(),
+        ));
+    };
+    let mut sizes = cfg.gpus.clone();
+    sizes.push(cfg.validation.gpus);
+    FittedStarts::fit(cfg, list, &sizes)
+}
+
+/// Scenario `k`'s day on `gpus` GPUs begins from its fitted start, if any.
+fn started(day: Day, starts: &FittedStarts, k: usize, gpus: usize) -> Day {
+    match starts.get(k, gpus) {
+        Some(l) => day.with_start(l.to_vec()),
+        None => day,
+    }
 }
 
 /// Trace data must hold a training and a validation window.
@@ -234,8 +285,13 @@ fn past_of(
 }
 
 /// The days checkpoints are chosen on: `cfg.validation.days` diurnal days
-/// from `cfg.validation.seed`, or the trace's validation windows.
-fn validation_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, LearnError> {
+/// from `cfg.validation.seed`, or the trace's validation windows; a
+/// scenario's day begins from its fitted start when there is one.
+fn validation_days(
+    cfg: &TrainConfig,
+    data: &TrainingData,
+    starts: &FittedStarts,
+) -> Result<Vec<Day>, LearnError> {
     let gpus = cfg.validation.gpus;
     match data {
         TrainingData::Diurnal => (0..cfg.validation.days as u64)
@@ -249,7 +305,8 @@ fn validation_days(cfg: &TrainConfig, data: &TrainingData) -> Result<Vec<Day>, L
                 let seed = cfg.validation.seed + k as u64;
                 let s = &list[k % list.len()];
                 let past = past_of(cfg, data, Some(s), gpus, seed, 0);
-                Ok(Day::scenario(cfg, s, gpus, seed)?.with_past(past))
+                let day = Day::scenario(cfg, s, gpus, seed)?.with_past(past);
+                Ok(started(day, starts, k % list.len(), gpus))
             })
             .collect(),
         TrainingData::Trace {
@@ -335,8 +392,15 @@ fn teacher_on(
     for day in validation {
         sum += if cfg.dagger.rounds > 0 {
             day.evaluate(cfg, &mut super::rollout::planner_for(cfg, day)?)?
-        } else {
+        } else if day.start.is_empty() {
             day.evaluate(cfg, &mut Teacher::new(cfg.gpu_model, base.clone()))?
+        } else {
+            // A fitted start: the teacher begins the day there too.
+            let mut teacher = crate::policy::start::StartingFrom {
+                inner: Teacher::new(cfg.gpu_model, base.clone()),
+                layouts: day.start.clone(),
+            };
+            day.evaluate(cfg, &mut teacher)?
         }
         .1;
     }
@@ -349,16 +413,19 @@ fn teacher_on(
 struct EpisodeDays<'a> {
     cfg: &'a TrainConfig,
     data: &'a TrainingData,
+    /// Where scenario days begin (`start = "fitted"`).
+    starts: &'a FittedStarts,
     seed: u64,
     /// Trace windows (or scenario days) handed out so far.
     windows: usize,
 }
 
 impl<'a> EpisodeDays<'a> {
-    fn new(cfg: &'a TrainConfig, data: &'a TrainingData) -> Self {
+    fn new(cfg: &'a TrainConfig, data: &'a TrainingData, starts: &'a FittedStarts) -> Self {
         EpisodeDays {
             cfg,
             data,
+            starts,
             seed: cfg.seed.wrapping_mul(1_000_003),
             windows: 0,
         }
@@ -377,10 +444,12 @@ impl<'a> EpisodeDays<'a> {
             }
             TrainingData::Scenarios(list) => {
                 // Cycle through the scenarios in order (deterministic).
-                let s = &list[self.windows % list.len()];
+                let k = self.windows % list.len();
+                let s = &list[k];
                 self.windows += 1;
                 let past = past_of(cfg, self.data, Some(s), gpus, seed, 0);
-                Ok(Day::scenario(cfg, s, gpus, seed)?.with_past(past))
+                let day = Day::scenario(cfg, s, gpus, seed)?.with_past(past);
+                Ok(started(day, self.starts, k, gpus))
             }
             TrainingData::Trace {
                 train, window_s, ..
@@ -422,8 +491,8 @@ impl Run<'_> {
     fn validate(&self, net: &ActorCritic) -> Result<Standing, LearnError> {
         let mut days = Vec::with_capacity(self.validation.len());
         for day in &self.validation {
-            let mut p =
-                CandlePolicy::new(net, self.cfg.gpu_model).starting_at(self.cfg.initial_layout);
+            let mut p = CandlePolicy::new(net, self.cfg.gpu_model)
+                .starting_from(day.initial_layouts(self.cfg));
             days.push(day.objective(self.cfg, &mut p)?);
         }
         Ok(Standing::over(days))
@@ -648,7 +717,8 @@ mod tests {
             teacher_days: 3,
             ..tiny()
         };
-        let mut days = EpisodeDays::new(&cfg, &TrainingData::Diurnal);
+        let none = FittedStarts::default();
+        let mut days = EpisodeDays::new(&cfg, &TrainingData::Diurnal, &none);
         let got: Vec<(u64, usize)> = (0..3)
             .map(|k| days.next(k).map(|d| (d.seed, d.cluster.len())).unwrap())
             .collect();
@@ -659,7 +729,7 @@ mod tests {
             .map(|d| d.seed)
             .collect();
         assert_eq!(base, [4_000_012, 4_500_013, 4_500_014]);
-        let v: Vec<u64> = validation_days(&cfg, &TrainingData::Diurnal)
+        let v: Vec<u64> = validation_days(&cfg, &TrainingData::Diurnal, &none)
             .unwrap()
             .iter()
             .map(|d| d.seed)
@@ -673,12 +743,71 @@ mod tests {
             train: vec![window(1), window(2)],
             validation: vec![window(3)],
         };
-        let mut days = EpisodeDays::new(&cfg, &data);
+        let mut days = EpisodeDays::new(&cfg, &data, &none);
         for want in [1, 2, 1] {
             assert_eq!(days.next(0).unwrap().jobs, window(want));
         }
         assert_eq!(base_days(&cfg, &data).unwrap().len(), 2);
-        assert_eq!(validation_days(&cfg, &data).unwrap()[0].jobs, window(3));
+        assert_eq!(
+            validation_days(&cfg, &data, &none).unwrap()[0].jobs,
+            window(3)
+        );
+    }
+
+    /// `start = "fitted"`: every scenario episode and validation day begins
+    /// from the layout fitted on its scenario's past days for its cluster
+    /// size (one fit per scenario and size, the same on a second run);
+    /// `start = "own"` keeps catalog layout `initial_layout` (whole GPUs);
+    /// data without scenarios is refused a fitted start.
+    #[test]
+    fn fitted_starts_reach_every_scenario_day() {
+        let mut cfg = TrainConfig {
+            gpus: vec![3, 2],
+            start: TrainStart::Fitted,
+            start_days: 1,
+            ..tiny()
+        };
+        cfg.validation.gpus = 2;
+        cfg.validation.days = 3;
+        let list: Vec<Scenario> = crate::scenario::default_scenarios()
+            .into_iter()
+            .filter(|s| s.name.starts_with("batch/") || s.name == "diurnal/tight")
+            .collect();
+        assert_eq!(list.len(), 3);
+        let data = TrainingData::Scenarios(list.clone());
+        let starts = fitted_starts(&cfg, &data).unwrap();
+        assert_eq!(starts.len(), 3 * 2, "sizes 3 and 2 (validation's 2 once)");
+        let again = fitted_starts(&cfg, &data).unwrap();
+        let whole = crate::mig::Geometry::of(cfg.gpu_model).whole_gpu();
+        let mut days = EpisodeDays::new(&cfg, &data, &starts);
+        let mut split = 0;
+        for k in 0..6 {
+            let d = days.next(k).unwrap();
+            let want = starts.get(k % 3, d.cluster.len()).unwrap();
+            assert_eq!(want, again.get(k % 3, d.cluster.len()).unwrap());
+            assert_eq!(d.initial_layouts(&cfg), want);
+            split += usize::from(want.iter().any(|&l| l != whole));
+        }
+        assert!(split > 0, "some fitted start is not whole GPUs");
+        for (k, d) in validation_days(&cfg, &data, &starts)
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(d.initial_layouts(&cfg), starts.get(k, 2).unwrap());
+        }
+
+        let own = TrainConfig {
+            start: TrainStart::Own,
+            ..cfg.clone()
+        };
+        let none = fitted_starts(&own, &data).unwrap();
+        assert!(none.is_empty());
+        let d = EpisodeDays::new(&own, &data, &none).next(0).unwrap();
+        assert_eq!(d.initial_layouts(&own), vec![whole; 3]);
+
+        let err = fitted_starts(&cfg, &TrainingData::Diurnal).unwrap_err();
+        assert!(err.to_string().contains("scenario"), "{err}");
     }
 
     /// The phases run in order and report as they go: imitation, a
@@ -705,6 +834,7 @@ mod tests {
                 Progress::Phase { name, steps } => format!("{name}:{steps}"),
                 Progress::Step { phase, step, .. } => format!("{phase} {step}"),
                 Progress::Validation { step, .. } => format!("val {step}"),
+                Progress::StartsFitted { .. } => "fitted".into(),
             });
         })
         .unwrap();

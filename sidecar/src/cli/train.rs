@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TraceWindow;
 use crate::formats::policy_file::{PolicyMetadata, POLICY_KEY};
-use crate::learn::train::{train, Progress, TrainConfig, TrainingData};
+use crate::learn::train::{train, Progress, StartSearch, TrainConfig, TrainStart, TrainingData};
 use crate::policy::features::FeatureSpec;
 use crate::scenario::{default_scenarios, select_scenarios};
 use crate::workload::{read_trace, TraceFormat, TraceOptions};
@@ -56,6 +56,13 @@ pub struct Args {
     /// Training and validation seeds never meet the suite's test days.
     #[arg(long, value_delimiter = ',', conflicts_with = "trace")]
     pub scenarios: Vec<String>,
+    /// Override the config's `start`: where each scenario episode and
+    /// validation day begins, `own` (catalog layout `initial_layout`, whole
+    /// GPUs by default) or `fitted` (the static layout fitted on the
+    /// scenario's past days, where `bench suite` starts learned policies;
+    /// needs --scenarios; docs/policy.md).
+    #[arg(long, value_name = "WHERE", value_parser = ["own", "fitted"])]
+    pub start: Option<String>,
 }
 
 pub fn run(a: &Args) -> Result<()> {
@@ -81,6 +88,11 @@ pub fn run(a: &Args) -> Result<()> {
     }
     if let Some(t) = a.time_budget {
         cfg.time_budget_s = t;
+    }
+    match a.start.as_deref() {
+        Some("fitted") => cfg.start = TrainStart::Fitted,
+        Some(_) => cfg.start = TrainStart::Own,
+        None => {}
     }
     cfg.validate()?;
     let data = match &a.trace {
@@ -138,6 +150,20 @@ pub fn run(a: &Args) -> Result<()> {
     let mut last_val = String::from("val: -");
     let (net, report) = train(&cfg, &data, |p| match p {
         Progress::Phase { name, .. } => bar.set_prefix(name),
+        Progress::StartsFitted {
+            fits,
+            simulations,
+            seconds,
+        } => {
+            let line = format!(
+                "fitted starts: {fits} fits ({simulations} simulated days) in {seconds:.1} s"
+            );
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
+        }
         Progress::Step {
             mean_return,
             mean_et,
@@ -179,6 +205,25 @@ pub fn run(a: &Args) -> Result<()> {
         "ppo_iterations": report.ppo_iterations,
         "chosen_checkpoint": report.chosen,
         "smartmig_version": env!("CARGO_PKG_VERSION"),
+        "start": match cfg.start {
+            TrainStart::Own => serde_json::json!({
+                "kind": "own",
+                "description": "every GPU began each episode and validation day at catalog layout initial_layout",
+            }),
+            TrainStart::Fitted => serde_json::json!({
+                "kind": "fitted",
+                "description": format!(
+                    "each scenario episode and validation day began from the static layout fitted ({} search) on the scenario's days with seeds 0..{} on its cluster size",
+                    match cfg.start_search {
+                        StartSearch::Coarse => "coarse",
+                        StartSearch::Full => "full",
+                    },
+                    cfg.start_days
+                ),
+                "fit_seconds": report.start_fit_seconds,
+                "layouts": report.start_layouts,
+            }),
+        },
     });
     meta.validation = serde_json::json!({
         "days": match &data {

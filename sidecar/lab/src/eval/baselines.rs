@@ -57,11 +57,25 @@ pub fn fit(
     alpha: f64,
 ) -> Result<Fitted, SimError> {
     let start_hour = days.days.first().map_or(0.0, |d| d.cfg.start_hour);
+    let statics = fit_static(days, cfg, reference, alpha)?;
     let mut evaluate =
         |p: &mut dyn crate::policy::RepartitionPolicy| days.objective(p, reference, alpha);
-    let statics = search::static_best(&days.cluster, cfg, &mut evaluate)?;
     let twice = search::twice_daily(&days.cluster, cfg, &statics, start_hour, &mut evaluate)?;
     Ok(Fitted { statics, twice })
+}
+
+/// The static half of [`fit`] alone (`static-hist`'s layout): what the
+/// trainer's fitted start (`start = "fitted"`, `smartmig_learn::start`)
+/// needs, without the twice-daily search's cost.
+pub fn fit_static(
+    days: &DaySet,
+    cfg: &SearchConfig,
+    reference: &Reference,
+    alpha: f64,
+) -> Result<StaticBest, SimError> {
+    let mut evaluate =
+        |p: &mut dyn crate::policy::RepartitionPolicy| days.objective(p, reference, alpha);
+    search::static_best(&days.cluster, cfg, &mut evaluate)
 }
 
 #[cfg(test)]
