@@ -210,10 +210,10 @@ async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateReques
 /// With holds on, the queue as it is since the scheduling pass that
 /// started this job (re-read, at most every [`queue::QUEUE_REFRESH`], when
 /// the last read does not show the job running; a read under way is
-/// waited for), so that the allocate
-/// knows the other jobs that pass placed on its GPU
-/// ([`crate::mig::Geometry::choose_spot`]). Without holds the last read
-/// (epoch, waiting allocates) is used as it is: no extra call to Slurm.
+/// waited for), so that the allocate knows the other jobs that pass placed
+/// on its GPU ([`crate::mig::Geometry::choose_spot`]). Without holds the
+/// last read (epoch, waiting allocates) is used as it is: no extra call to
+/// Slurm.
 async fn read_pass(cx: &Cx<'_>, req: &AllocateRequest) {
     let cfg = cx.cfg();
     if cfg.slurm.holds.offer_rule().is_none() || queue::shows_running(cx, req.job_id) {
