@@ -7,9 +7,15 @@
 //! seventh slice without memory; a `shard:7` job fills GPU 1. Slurm still
 //! counts one free shard on GPU 0: without the hold it starts an `srun
 //! --gres=shard:1` there, smartmigd finds no 1g it can build, and the step
-//! fails after `allocate_wait_s` (an interactive step cannot be requeued).
-//! With the hold, the `srun` waits in Slurm's queue, as for any busy node,
-//! and runs on a 1g.5gb once the first 3g job ends.
+//! would fail after `allocate_wait_s` (an interactive step cannot be
+//! requeued) if the 3g jobs were old. With the hold, the `srun` waits in
+//! Slurm's queue, as for any busy node, and runs on a 1g.5gb once the first
+//! 3g job ends.
+//!
+//! Where no hold can help (one pass placing jobs that do not fit together,
+//! or holds off), an interactive step on a stranded slice gets room from a
+//! batch job that started moments ago: smartmigd requeues it
+//! (`srun_on_a_stranded_slice_gets_room_from_a_young_batch_job`).
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
@@ -140,4 +146,95 @@ fn srun_waits_instead_of_landing_on_a_stranded_slice() {
         holds(&cluster),
         cluster.smartmigd_log()
     );
+}
+
+/// `Restarts=` of a job (`scontrol show job`): how often Slurm requeued it.
+fn restarts(cluster: &SlurmCluster, job: u32) -> u32 {
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "job", "-o", &job.to_string()])
+        .output()
+        .expect("run scontrol");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("Restarts="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 42, item 3, where no hold can help: Slurm started an `srun` on a
+/// slice MIG cannot build beside two batch jobs that started moments ago
+/// (here without holds; with holds, one scheduling pass placing 3 + 3 + 1
+/// shards on an empty GPU does the same). The step must not fail: smartmigd
+/// requeues the younger batch job, whose restart costs it almost nothing,
+/// and the `srun` runs on a 1g.5gb.
+#[test]
+fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
+    let cluster = cluster();
+    let sidecar = Sidecar::start_configured(cluster.dir(), "", true, "", &SidecarBackend::Sim);
+    let jobs = [
+        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
+        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
+    ];
+    let busy = smartmig_suite::wait_until(TIMEOUT, || {
+        Sidecar::instances(&sidecar.status())
+            .iter()
+            .filter(|i| {
+                i.get("job_id")
+                    .and_then(serde_json::Value::as_u64)
+                    .is_some()
+            })
+            .count()
+            == 2
+    });
+    assert!(
+        busy,
+        "jobs {jobs:?} did not both get an instance:\n{}\n{}",
+        sidecar.status_table(),
+        cluster.log_tails()
+    );
+
+    let out = srun(
+        &cluster,
+        &[
+            "--gres=shard:mig0:1",
+            "sh",
+            "-c",
+            "echo PROFILE=$SMARTMIG_PROFILE",
+        ],
+    );
+    let text = describe(&out);
+    assert!(
+        out.status.success(),
+        "srun failed on the stranded slice: {text}\n{}",
+        cluster.smartmigd_log()
+    );
+    assert!(text.contains("PROFILE=1g.5gb"), "{text}");
+    let requeued: Vec<u32> = jobs
+        .iter()
+        .copied()
+        .filter(|&j| restarts(&cluster, j) > 0)
+        .collect();
+    assert_eq!(
+        requeued.len(),
+        1,
+        "exactly one batch job should have given way: {requeued:?}\n{}",
+        cluster.smartmigd_log()
+    );
+    assert!(
+        cluster
+            .smartmigd_log()
+            .contains("to make room for interactive job"),
+        "{}",
+        cluster.smartmigd_log()
+    );
+    let stayed = jobs.iter().find(|j| !requeued.contains(j)).copied();
+    assert_eq!(
+        stayed.and_then(|j| cluster.job_state(j)).as_deref(),
+        Some("RUNNING"),
+        "the other batch job must keep running"
+    );
+    for job in jobs {
+        let _ = cluster.command("scancel").arg(job.to_string()).output();
+    }
 }

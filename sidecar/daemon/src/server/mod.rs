@@ -17,7 +17,8 @@
 //! 3. **Shared operations**: changing one GPU's instances
 //!    ([`instances`]), where the queue comes from ([`queue`]), releasing
 //!    what ended jobs hold ([`reap`]), out-of-memory requeues
-//!    ([`requeue`]), what `status` shows to whom ([`redact`]).
+//!    ([`requeue`]), room for an interactive step ([`room`]), what
+//!    `status` shows to whom ([`redact`]).
 //! 4. **The node's books** ([`books`]: per-GPU state and the node-wide
 //!    ledger, one owner, a documented lock order), **the services**
 //!    ([`services`]: backend, journal, metrics, memory estimates, usage
@@ -53,6 +54,7 @@ mod reap;
 pub mod redact;
 mod reload;
 mod requeue;
+mod room;
 mod run;
 mod sample;
 mod services;

@@ -10,7 +10,7 @@ use tokio::sync::{watch, MutexGuard};
 
 use super::super::books::{Gpu, GpuState, Waiter, WaitingGuard};
 use super::super::job_record::{self, Record};
-use super::super::{holds, instances, queue, reap, unix_now, unix_now_f64};
+use super::super::{holds, instances, queue, reap, room, unix_now, unix_now_f64};
 use super::Cx;
 use crate::allocate::{Assignment, Beside, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
@@ -93,7 +93,22 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
                 cx.books.holds.wanted.notify_one();
                 return Ok(reply);
             }
-            Step::Wait { reason, mine } => wait.for_room(cx, st, &req, &me, reason, mine).await?,
+            Step::Wait {
+                reason,
+                mine,
+                no_room_for,
+            } => {
+                // An interactive step cannot be requeued: young batch jobs
+                // of its scheduling pass give way to it (`room`).
+                let st = match no_room_for.filter(|_| mine) {
+                    Some(profile) => match wait.room.try_now(cx, st, &req, profile).await {
+                        Some(st) => st,
+                        None => continue,
+                    },
+                    None => st,
+                };
+                wait.for_room(cx, st, &req, &me, reason, mine).await?
+            }
         }
     }
 }
@@ -304,8 +319,13 @@ enum Step {
     /// Its turn: this profile, by this plan.
     Go(&'static ProfileSpec, Plan),
     /// No room now (`reason`), or others go first; `mine`: the turn is this
-    /// allocate's once room frees.
-    Wait { reason: String, mine: bool },
+    /// allocate's once room frees; `no_room_for`: the profile MIG cannot
+    /// build now (`None` when others go first).
+    Wait {
+        reason: String,
+        mine: bool,
+        no_room_for: Option<&'static ProfileSpec>,
+    },
 }
 
 /// Whether `me` can be served now on `gpu` (locked in `st`), and how.
@@ -363,7 +383,11 @@ fn next_step(
             Some(t) => Step::Go(t.profile, t.plan),
             None => Step::Go(profile, plan),
         }),
-        Err(Refusal::NoFit { reason, .. }) => Ok(Step::Wait { reason, mine }),
+        Err(Refusal::NoFit { reason, profile }) => Ok(Step::Wait {
+            reason,
+            mine,
+            no_room_for: Some(profile),
+        }),
         // No instance can be made on this GPU, through no fault of the
         // job: `no_fit`, so the plugin requeues a batch job (the node is
         // drained, so Slurm places it elsewhere) rather than failing it.
@@ -375,6 +399,7 @@ fn next_step(
                 cx.live.placement_name()
             ),
             mine,
+            no_room_for: None,
         }),
     }
 }
@@ -425,6 +450,8 @@ struct Wait<'a> {
     deadline: tokio::time::Instant,
     shutdown: watch::Receiver<bool>,
     listed: Option<WaitingGuard<'a>>,
+    /// Its asking for room when it is an interactive job's step.
+    room: room::Asker,
 }
 
 impl<'a> Wait<'a> {
@@ -437,6 +464,7 @@ impl<'a> Wait<'a> {
             deadline: tokio::time::Instant::from_std(start + limit),
             shutdown: cx.node.shutdown.subscribe(),
             listed: None,
+            room: room::Asker::default(),
         }
     }
 
