@@ -44,6 +44,12 @@ pub(super) fn is_stale(cx: &Cx<'_>) -> bool {
     last.is_none_or(|t| t.elapsed() >= QUEUE_REFRESH)
 }
 
+/// Whether a queue read started at or after `t` (it then shows every job
+/// Slurm started before `t`).
+pub(super) fn read_since(cx: &Cx<'_>, t: Instant) -> bool {
+    cx.books.ledger().queue_read.is_some_and(|r| r >= t)
+}
+
 /// The queue as this node sees it, with the Unix second it was read (an
 /// assignment made in or after that second may be missing from it): from
 /// the cluster summary when a fresh one is there (no call to Slurm), else

@@ -56,7 +56,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
         return Ok(r);
     }
     let req = granted(cx, req).await?;
-    read_pass(cx, &req).await;
+    read_pass(cx, &req, start).await;
     if let Some(marker) = req.oom_marker {
         cx.books.ledger().plugin_oom_requeue = Some(marker);
     }
@@ -223,13 +223,16 @@ async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateReques
 }
 
 /// With holds on, the queue as it is since the scheduling pass that
-/// started this job (re-read, at most every [`queue::QUEUE_REFRESH`], when
-/// the last read does not show the job running; a read under way is
-/// waited for), so that the allocate knows the other jobs that pass placed
-/// on its GPU ([`crate::mig::Geometry::choose_spot`]). Without holds the
-/// last read (epoch, waiting allocates) is used as it is: no extra call to
-/// Slurm.
-async fn read_pass(cx: &Cx<'_>, req: &AllocateRequest) {
+/// started this job (re-read when the last read does not show the job
+/// running and started before the allocate arrived, `start`; a read under
+/// way is waited for), so that the allocate knows the other jobs that pass
+/// placed on its GPU ([`crate::mig::Geometry::choose_spot`]). A pass costs
+/// one read: its allocates wait for the first one's, which shows them all.
+/// (Measured: with a 2 s rate limit instead, a pass of four placed within
+/// 2 s of an older read knew nothing of each other, and 3 + 2 + 1 + 1 was
+/// served as `3g@0 2g@4 1g@6` and a requeue.) Without holds the last read
+/// (epoch, waiting allocates) is used as it is: no extra call to Slurm.
+async fn read_pass(cx: &Cx<'_>, req: &AllocateRequest, start: Instant) {
     let cfg = cx.cfg();
     if cfg.slurm.holds.offer_rule().is_none() || queue::shows_running(cx, req.job_id) {
         return;
@@ -237,7 +240,7 @@ async fn read_pass(cx: &Cx<'_>, req: &AllocateRequest) {
     // One read at a time: a read under way (another job of the pass) is
     // waited for, and it most likely shows this job too.
     let _reading = cx.books.pass_read.lock().await;
-    if queue::shows_running(cx, req.job_id) || !queue::is_stale(cx) {
+    if queue::shows_running(cx, req.job_id) || queue::read_since(cx, start) {
         return;
     }
     let _ = queue::read(cx).await;
@@ -345,6 +348,18 @@ fn next_step(
         holds: cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled),
     };
     let planned = st.book.plan_beside(me.need, &beside);
+    if let (false, Ok((profile, plan))) = (beside.mates.is_empty(), &planned) {
+        // Which jobs of its pass an allocate left room for: the log line
+        // that explains a later no_fit (docs/slurm-integration.md §9).
+        tracing::info!(
+            job = req.job_id,
+            gpu = req.gpu,
+            mates = ?beside.mates,
+            busy = ?st.book.busy(),
+            "{} by {plan:?}, beside the rest of its scheduling pass",
+            profile.name()
+        );
+    }
     // Who goes first among this allocate and those waiting on the same
     // GPU (`placement`); only asked when this one could go.
     let turn = match &planned {
