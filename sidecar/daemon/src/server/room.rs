@@ -150,7 +150,7 @@ async fn requeue(
                 job = req.job_id,
                 gpu = req.gpu,
                 requeued = %slurm_id,
-                "requeued batch job {slurm_id}, started moments ago on this GPU, to make room for interactive job {}'s {} (an interactive step cannot be requeued; MIG could not build its instance beside the jobs of the same scheduling pass)",
+                "requeued batch job {slurm_id}, started moments ago on this GPU, to make room for interactive job {}'s {} (an interactive step cannot be requeued, and MIG could not build its instance beside the GPU's jobs)",
                 req.job_id,
                 profile.name()
             );
