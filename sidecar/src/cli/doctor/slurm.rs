@@ -106,6 +106,8 @@ pub struct GresLine {
     /// `NodeName=` as written (absent: every node).
     pub nodes: Option<String>,
     pub name: Option<String>,
+    /// `Type=` (the per-GPU `mig<i>` that `slurm.holds` needs).
+    pub gtype: Option<String>,
     pub count: Option<String>,
     pub file: Option<String>,
     pub autodetect: Option<String>,
@@ -124,6 +126,7 @@ pub fn parse_gres_conf(text: &str) -> Vec<GresLine> {
                 line: n,
                 nodes: get("nodename"),
                 name: get("name").map(|s| s.to_ascii_lowercase()),
+                gtype: get("type"),
                 count: get("count"),
                 file: get("file"),
                 autodetect: get("autodetect"),
@@ -256,6 +259,16 @@ pub fn check(slurm_conf: &Path, ctx: &Context) -> (Vec<Check>, Option<SlurmConf>
                 ctx.gpus.as_deref(),
                 &minors,
             ));
+            if ctx
+                .config
+                .is_some_and(|c| c.slurm.enabled && c.slurm.holds.offer_rule().is_some())
+            {
+                out.push(holds_check(
+                    &gres_path.display().to_string(),
+                    &lines,
+                    &ctx.node,
+                ));
+            }
         }
         Err(e) => out.push(Check::fail(
             "slurm.gres",
@@ -545,6 +558,61 @@ pub fn gres_checks(
     out
 }
 
+/// With `slurm.holds` on, a hold names its GPU by GRES type: Slurm's GPU
+/// i (the i-th `gpu` device file in sorted order) needs its own `gpu` and
+/// `shard` lines with `Type=mig<i>` (docs/slurm-integration.md §9), or
+/// every hold's `salloc` is refused and Slurm keeps offering stranded shards.
+pub fn holds_check(path: &str, lines: &[GresLine], node: &str) -> Check {
+    let (mine, _) = lines_for_node(lines, node);
+    let of = |name: &str| {
+        mine.iter()
+            .filter(|l| l.name.as_deref() == Some(name))
+            .flat_map(|l| {
+                let files = l.file.as_deref().map(expand).and_then(Result::ok);
+                let files = files.unwrap_or_default();
+                let shared = files.len() > 1;
+                files.into_iter().map(move |f| (f, l.gtype.clone(), shared))
+            })
+            .collect::<Vec<_>>()
+    };
+    let (mut gpus, shards) = (of("gpu"), of("shard"));
+    gpus.sort_by_key(|(f, _, _)| natural_key(f));
+    let mut problems = Vec::new();
+    for (i, (file, gtype, shared)) in gpus.iter().enumerate() {
+        let want = format!("mig{i}");
+        if *shared || gtype.as_deref() != Some(want.as_str()) {
+            problems.push(format!(
+                "GPU {i} ({file}) needs its own gpu line with Type={want}"
+            ));
+        }
+        let shard_type = shards.iter().find(|(f, _, _)| f == file).map(|(_, t, _)| t);
+        if shard_type.is_none_or(|t| t.as_deref() != Some(want.as_str())) {
+            problems.push(format!("its shard line (File={file}) needs Type={want}"));
+        }
+    }
+    if gpus.is_empty() {
+        problems.push(format!("no gpu line for {node}"));
+    }
+    if problems.is_empty() {
+        return Check::ok(
+            "slurm.holds",
+            format!(
+                "{path}: each GPU has its own GRES type (mig0..mig{}) for smartmigd's holds",
+                gpus.len() - 1
+            ),
+        );
+    }
+    Check::fail(
+        "slurm.holds",
+        format!("slurm.holds is on, but {path}: {}", problems.join("; ")),
+        format!(
+            "give each GPU its own type: `NodeName={node} Name=gpu Type=mig0 File=/dev/nvidia0`, \
+             `NodeName={node} Name=shard Type=mig0 Count=7 File=/dev/nvidia0`, ... and in slurm.conf \
+             `Gres=gpu:mig0:1,...,shard:mig0:7,...` (docs/slurm-integration.md §9), or set holds = \"off\""
+        ),
+    )
+}
+
 /// gres.conf `AutoDetect` of this node. `nvml` (every series) and `full`
 /// (26.05+, NVML first) report the MIG instances that exist when slurmd
 /// starts: wrong for GPUs whose instances smartmigd changes. `nvidia`
@@ -780,6 +848,26 @@ mod tests {
         let checks = gres_checks("gres.conf", &lines, "n1", Some(&a100s()), &by_name);
         assert!(checks.iter().all(|c| c.status == Status::Ok), "{checks:?}");
         assert!(checks.iter().any(|c| c.check == "slurm.gres.shard.gpu1"));
+    }
+
+    #[test]
+    fn holds_need_one_gres_type_per_gpu() {
+        let untyped = holds_check("g", &parse_gres_conf(GRES), "n1");
+        assert_eq!(untyped.status, Status::Fail, "{untyped:?}");
+        assert!(untyped.detail.contains("Type=mig0"), "{untyped:?}");
+        let typed = "NodeName=n1 Name=gpu Type=mig1 File=/dev/nvidia1\n\
+                     NodeName=n1 Name=gpu Type=mig0 File=/dev/nvidia0\n\
+                     NodeName=n1 Name=shard Type=mig0 Count=7 File=/dev/nvidia0\n\
+                     NodeName=n1 Name=shard Type=mig1 Count=7 File=/dev/nvidia1\n";
+        let ok = holds_check("g", &parse_gres_conf(typed), "n1");
+        assert_eq!(ok.status, Status::Ok, "{ok:?}");
+        let swapped = typed.replace("Type=mig1 Count=7", "Type=mig0 Count=7");
+        let bad = holds_check("g", &parse_gres_conf(&swapped), "n1");
+        assert_eq!(bad.status, Status::Fail, "{bad:?}");
+        assert!(
+            bad.detail.contains("File=/dev/nvidia1) needs Type=mig1"),
+            "{bad:?}"
+        );
     }
 
     #[test]

@@ -107,7 +107,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
                     },
                     None => st,
                 };
-                wait.for_room(cx, st, &req, &me, reason, mine).await?
+                wait.for_room(cx, st, &req, &me, reason, mine).await?;
             }
         }
     }
