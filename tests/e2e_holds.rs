@@ -85,17 +85,7 @@ fn srun_waits_instead_of_landing_on_a_stranded_slice() {
     let first = cluster.sbatch_wrap(&["--gres=shard:3"], &format!("sleep {FIRST_JOB_S}"));
     let second = cluster.sbatch_wrap(&["--gres=shard:3"], "sleep 300");
     let whole = cluster.sbatch_wrap(&["--gres=shard:7"], "sleep 300");
-    let busy = smartmig_suite::wait_until(TIMEOUT, || {
-        Sidecar::instances(&sidecar.status())
-            .iter()
-            .filter(|i| {
-                i.get("job_id")
-                    .and_then(serde_json::Value::as_u64)
-                    .is_some()
-            })
-            .count()
-            == 3
-    });
+    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(&sidecar) == 3);
     assert!(
         busy,
         "jobs {first}, {second}, {whole} did not all get an instance:\n{}\n{}",
@@ -148,18 +138,25 @@ fn srun_waits_instead_of_landing_on_a_stranded_slice() {
     );
 }
 
-/// `Restarts=` of a job (`scontrol show job`): how often Slurm requeued it.
+/// `Restarts=` of a job: how often Slurm requeued it.
 fn restarts(cluster: &SlurmCluster, job: u32) -> u32 {
-    let out = cluster
-        .command("scontrol")
-        .args(["show", "job", "-o", &job.to_string()])
-        .output()
-        .expect("run scontrol");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("Restarts="))
-        .and_then(|n| n.parse().ok())
+    cluster
+        .job_records(job)
+        .first()
+        .and_then(|r| r.get("Restarts")?.parse().ok())
         .unwrap_or(0)
+}
+
+/// How many of smartmigd's instances a job holds.
+fn busy_instances(sidecar: &Sidecar) -> usize {
+    Sidecar::instances(&sidecar.status())
+        .iter()
+        .filter(|i| {
+            i.get("job_id")
+                .and_then(serde_json::Value::as_u64)
+                .is_some()
+        })
+        .count()
 }
 
 /// Issue 42, item 3, where no hold can help: Slurm started an `srun` on a
@@ -176,17 +173,7 @@ fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
         cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
         cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
     ];
-    let busy = smartmig_suite::wait_until(TIMEOUT, || {
-        Sidecar::instances(&sidecar.status())
-            .iter()
-            .filter(|i| {
-                i.get("job_id")
-                    .and_then(serde_json::Value::as_u64)
-                    .is_some()
-            })
-            .count()
-            == 2
-    });
+    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(&sidecar) == 2);
     assert!(
         busy,
         "jobs {jobs:?} did not both get an instance:\n{}\n{}",
