@@ -19,10 +19,10 @@ use crate::make_room::{self, RecordFacts, Young};
 use crate::mig::{Geometry, Layout, ProfileSpec};
 use crate::protocol::AllocateRequest;
 
-/// One allocate's asking for room: whether its job is interactive (read
-/// once), the young jobs it already looked at (asked again only when
-/// they change), and whether it made room (once per allocate).
-#[derive(Default)]
+/// One allocate's asking for room: whether its job is interactive (from
+/// the record the grant check read, else read once here), the young jobs
+/// it already looked at (asked again only when they change), and whether
+/// it made room (once per allocate).
 pub(super) struct Asker {
     interactive: Option<bool>,
     seen: Vec<u64>,
@@ -30,6 +30,15 @@ pub(super) struct Asker {
 }
 
 impl Asker {
+    /// `interactive`: what the job's record said, if it was read.
+    pub(super) fn new(interactive: Option<bool>) -> Asker {
+        Asker {
+            interactive,
+            seen: Vec::new(),
+            made: false,
+        }
+    }
+
     /// With the GPU's lock `st`: when young jobs hold instances there that
     /// this allocate has not looked at yet, gives up the lock, requeues
     /// those that make room for `profile` if `req` is an interactive job's

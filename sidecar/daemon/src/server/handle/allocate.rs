@@ -55,7 +55,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
     if let Some(r) = held_anywhere(cx, &req).await {
         return Ok(r);
     }
-    let req = granted(cx, req).await?;
+    let (req, interactive) = granted(cx, req).await?;
     read_pass(cx, &req, start).await;
     if let Some(marker) = req.oom_marker {
         cx.books.ledger().plugin_oom_requeue = Some(marker);
@@ -70,7 +70,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
         deadline: f64::INFINITY,
         time_limit_s: None,
     };
-    let mut wait = Wait::new(cx, gpu, start);
+    let mut wait = Wait::new(cx, gpu, start, interactive);
     loop {
         // Re-read each round: a queue read while waiting may have brought
         // the job's deadline.
@@ -181,11 +181,16 @@ fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
 /// `SLURM_SHARDS_ON_NODE` the user set (docs/slurm-integration.md §9), so
 /// they are checked against slurmctld's record of the job before anything
 /// is built. A claim Slurm did not grant, or a job Slurm cannot vouch for,
-/// is refused and logged; the instance has the job's granted size.
-async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateRequest, ErrorBody> {
+/// is refused and logged; the instance has the job's granted size. With
+/// the request, whether the record says the job is interactive (`None`
+/// when it was not read), for [`room`].
+async fn granted(
+    cx: &Cx<'_>,
+    mut req: AllocateRequest,
+) -> Result<(AllocateRequest, Option<bool>), ErrorBody> {
     let cfg = cx.cfg();
     if !(cfg.slurm.enabled && cfg.slurm.check_grants) {
-        return Ok(req);
+        return Ok((req, None));
     }
     let refuse = |kind: ErrorKind, why: String| {
         let message = format!("job {}: {why}", req.job_id);
@@ -216,7 +221,8 @@ async fn granted(cx: &Cx<'_>, mut req: AllocateRequest) -> Result<AllocateReques
     match grant::check(&grant, req.gpu, req.slices) {
         Ok(slices) => {
             req.slices = slices;
-            Ok(req)
+            let interactive = crate::make_room::record_facts(&text).map(|f| !f.batch);
+            Ok((req, interactive))
         }
         Err(e) => Err(refuse(ErrorKind::NotGranted, e.to_string())),
     }
@@ -470,7 +476,7 @@ struct Wait<'a> {
 }
 
 impl<'a> Wait<'a> {
-    fn new(cx: &Cx<'a>, gpu: &'a Gpu, start: Instant) -> Wait<'a> {
+    fn new(cx: &Cx<'a>, gpu: &'a Gpu, start: Instant, interactive: Option<bool>) -> Wait<'a> {
         let limit = Duration::from_secs(cx.cfg().allocate_wait_s);
         Wait {
             gpu,
@@ -479,7 +485,7 @@ impl<'a> Wait<'a> {
             deadline: tokio::time::Instant::from_std(start + limit),
             shutdown: cx.node.shutdown.subscribe(),
             listed: None,
-            room: room::Asker::default(),
+            room: room::Asker::new(interactive),
         }
     }
 
