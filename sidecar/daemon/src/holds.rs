@@ -16,6 +16,12 @@
 
 use crate::mig::{Geometry, Layout, OfferRule};
 
+/// The GRES type of GPU `index` in gres.conf (`Type=mig<index>`): how a
+/// hold names its GPU (and what `smartmig doctor` checks gres.conf for).
+pub fn gres_type(index: u32) -> String {
+    format!("mig{index}")
+}
+
 /// One GPU as the hold planner sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuShards {

@@ -25,11 +25,6 @@ pub(super) struct HoldBook {
     pub wanted: Notify,
 }
 
-/// The GRES type of GPU `index` in gres.conf (`Type=mig<index>`).
-fn gres_type(index: u32) -> String {
-    format!("mig{index}")
-}
-
 /// Takes this node's holds to what its GPUs should hold now.
 pub(super) async fn sync(cx: &Cx<'_>) {
     let cfg = cx.cfg();
@@ -119,8 +114,10 @@ async fn queue_hold(cx: &Cx<'_>, gpu: u32, shards: u8) -> Option<Hold> {
     let slurm = cx.live.slurm.clone();
     let node = cx.node.name.clone();
     let name = format!("{HOLD_NAME}.{node}.{gpu}");
-    let r = tokio::task::spawn_blocking(move || slurm.hold(&name, &node, &gres_type(gpu), shards))
-        .await;
+    let r = tokio::task::spawn_blocking(move || {
+        slurm.hold(&name, &node, &crate::holds::gres_type(gpu), shards)
+    })
+    .await;
     match r {
         Ok(Ok(job_id)) => {
             tracing::info!(

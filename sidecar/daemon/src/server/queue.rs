@@ -44,6 +44,13 @@ pub(super) fn is_stale(cx: &Cx<'_>) -> bool {
     last.is_none_or(|t| t.elapsed() >= QUEUE_REFRESH)
 }
 
+/// The Unix second from which a job Slurm started may still belong to a
+/// scheduling pass whose allocates are on their way (`allocate_wait_s` +
+/// [`QUEUE_REFRESH`]): the window of the pass's mates and of young jobs.
+pub(super) fn pass_window_start(cfg: &Config) -> u64 {
+    unix_now().saturating_sub(cfg.allocate_wait_s + QUEUE_REFRESH.as_secs())
+}
+
 /// Whether a queue read started at or after `t` (it then shows every job
 /// Slurm started before `t`).
 pub(super) fn read_since(cx: &Cx<'_>, t: Instant) -> bool {

@@ -13,7 +13,7 @@ use tokio::sync::MutexGuard;
 
 use super::books::GpuState;
 use super::job_record::{self, Record};
-use super::{queue, unix_now, Cx};
+use super::{queue, Cx};
 use crate::allocate::GpuBook;
 use crate::make_room::{self, RecordFacts, Young};
 use crate::mig::{Geometry, Layout, ProfileSpec};
@@ -75,8 +75,7 @@ impl Asker {
 /// The jobs that got their instances on the GPU within one scheduling
 /// pass's window (`allocate_wait_s` + the queue refresh).
 fn young(cx: &Cx<'_>, book: &GpuBook) -> Vec<Young> {
-    let since =
-        unix_now().saturating_sub(cx.cfg().allocate_wait_s + queue::QUEUE_REFRESH.as_secs());
+    let since = queue::pass_window_start(cx.cfg());
     book.instances
         .iter()
         .filter_map(|i| {

@@ -579,7 +579,7 @@ pub fn holds_check(path: &str, lines: &[GresLine], node: &str) -> Check {
     gpus.sort_by_key(|(f, _, _)| natural_key(f));
     let mut problems = Vec::new();
     for (i, (file, gtype, shared)) in gpus.iter().enumerate() {
-        let want = format!("mig{i}");
+        let want = smartmig_daemon::holds::gres_type(i as u32);
         if *shared || gtype.as_deref() != Some(want.as_str()) {
             problems.push(format!(
                 "GPU {i} ({file}) needs its own gpu line with Type={want}"

@@ -348,7 +348,7 @@ fn next_step(
     let cfg = cx.cfg();
     // Jobs Slurm started since before this one could wait hold no
     // instance because their allocates are on their way.
-    let since = unix_now().saturating_sub(cfg.allocate_wait_s + queue::QUEUE_REFRESH.as_secs());
+    let since = queue::pass_window_start(cfg);
     let beside = Beside {
         mates: cx.books.ledger().mates(&st.book, req.job_id, since),
         holds: cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled),
