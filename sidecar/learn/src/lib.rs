@@ -16,6 +16,8 @@
 //! - `checkpoint`: the best network by validation.
 //! - [`train`]: the whole run (imitation, PPO, ES, checkpoint choice).
 //! - [`export`]: the actor as an ONNX graph (onnx-rs), with its metadata.
+//! - [`ensemble`]: exported actors read back and merged into one that
+//!   acts on the mean of their logits (`smartmig train --merge`).
 //! - [`oracle`]: the hindsight rollout oracle (`smartmig bench oracle`).
 //! - [`placement`]: the learned job placement (masked PPO over the
 //!   simulator's placement decisions), its config and its episodes.
@@ -38,6 +40,7 @@ use smartmig_mig as mig;
 mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod ensemble;
 pub mod es;
 pub mod export;
 pub mod model;

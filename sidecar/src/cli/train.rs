@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TraceWindow;
@@ -19,15 +19,32 @@ use crate::workload::{read_trace, TraceFormat, TraceOptions};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Training configuration (TOML, see etc/train.toml).
-    #[arg(long)]
-    pub config: PathBuf,
+    #[arg(long, required_unless_present = "merge")]
+    pub config: Option<PathBuf>,
+    /// Instead of training, merge these policy files (comma-separated,
+    /// trained for the same GPU model and feature spec, e.g. with
+    /// different `--seed`s) into one that acts on the mean of their logits
+    /// (docs/policy.md, "An ensemble of seeds").
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "FILES",
+        conflicts_with_all = ["config", "seed", "seeds", "gpu_model", "time_budget", "trace", "scenarios", "start"]
+    )]
+    pub merge: Vec<PathBuf>,
     /// Where to write the policy (e.g. `policy.onnx`); the metadata goes
     /// next to it as `.json`.
     #[arg(long, short, value_name = "FILE")]
     pub out: PathBuf,
     /// Override the config's seed.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "seeds")]
     pub seed: Option<u64>,
+    /// Train once per seed (comma-separated, e.g. `7,8,9,10`), write each
+    /// member next to `--out` as `<stem>.seed<N>.onnx`, and merge them into
+    /// `--out`: an ensemble acting on the mean of their logits
+    /// (docs/policy.md, "An ensemble of seeds").
+    #[arg(long, value_delimiter = ',', value_name = "SEEDS")]
+    pub seeds: Vec<u64>,
     /// Override the config's GPU model (e.g. `h100-80gb`).
     #[arg(long, value_name = "MODEL", alias = "model")]
     pub gpu_model: Option<crate::mig::GpuModel>,
@@ -73,13 +90,16 @@ pub fn run(a: &Args) -> Result<()> {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         std::env::set_var("RAYON_NUM_THREADS", "1");
     }
-    let text = std::fs::read_to_string(&a.config)
-        .with_context(|| format!("reading {}", a.config.display()))?;
+    let Some(config) = &a.config else {
+        return merge(&a.merge, &a.out);
+    };
+    let text =
+        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     if super::train_placement::is_placement_config(&text) {
-        return super::train_placement::run(a, &text);
+        return super::train_placement::run(a, config, &text);
     }
     let mut cfg: TrainConfig =
-        toml::from_str(&text).with_context(|| format!("parsing {}", a.config.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", config.display()))?;
     if let Some(s) = a.seed {
         cfg.seed = s;
     }
@@ -135,6 +155,36 @@ pub fn run(a: &Args) -> Result<()> {
             )?
         }
     };
+    match a.seeds.as_slice() {
+        [] => train_and_write(&cfg, &data, &a.out),
+        [seed] => {
+            cfg.seed = *seed;
+            train_and_write(&cfg, &data, &a.out)
+        }
+        seeds => {
+            let mut members = Vec::with_capacity(seeds.len());
+            for &seed in seeds {
+                cfg.seed = seed;
+                let member = member_path(&a.out, seed);
+                train_and_write(&cfg, &data, &member)?;
+                members.push(member);
+            }
+            merge(&members, &a.out)
+        }
+    }
+}
+
+/// Where `--seeds` writes the member trained with `seed`: beside `out`,
+/// `<stem>.seed<seed>.onnx`.
+fn member_path(out: &std::path::Path, seed: u64) -> PathBuf {
+    let stem = out
+        .file_stem()
+        .map_or_else(|| "policy".into(), |s| s.to_string_lossy().into_owned());
+    out.with_file_name(format!("{stem}.seed{seed}.onnx"))
+}
+
+/// One training run of `cfg` on `data`, written to `out` (and its `.json`).
+fn train_and_write(cfg: &TrainConfig, data: &TrainingData, out: &std::path::Path) -> Result<()> {
     let first = if cfg.dagger.rounds > 0 {
         (cfg.dagger.rounds + 1) * cfg.dagger.episodes
     } else {
@@ -148,7 +198,7 @@ pub fn run(a: &Args) -> Result<()> {
             .progress_chars("=> "),
     );
     let mut last_val = String::from("val: -");
-    let (net, report) = train(&cfg, &data, |p| match p {
+    let (net, report) = train(cfg, data, |p| match p {
         Progress::Phase { name, .. } => bar.set_prefix(name),
         Progress::StartsFitted {
             fits,
@@ -199,7 +249,7 @@ pub fn run(a: &Args) -> Result<()> {
     meta.initial_layout = cfg.initial_layout;
     meta.training = serde_json::json!({
         "config": cfg,
-        "data": data.describe(&cfg),
+        "data": data.describe(cfg),
         "seconds": report.seconds,
         "episodes": report.episodes,
         "ppo_iterations": report.ppo_iterations,
@@ -226,7 +276,7 @@ pub fn run(a: &Args) -> Result<()> {
         },
     });
     meta.validation = serde_json::json!({
-        "days": match &data {
+        "days": match data {
             TrainingData::Diurnal => format!(
                 "{} diurnal days, seeds {}..{}, {} GPUs (means over the days)",
                 report.validation_days,
@@ -255,7 +305,6 @@ pub fn run(a: &Args) -> Result<()> {
         "static_best_et": report.validation_static_best_et,
         "static_best_layout": report.validation_static_best_layout,
     });
-    let out = &a.out;
     let (bytes, meta_path) = write_policy(&net, POLICY_KEY, &meta, out)?;
     println!(
         "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
@@ -284,14 +333,94 @@ pub(super) fn write_policy(
 ) -> Result<(Vec<u8>, PathBuf)> {
     let json = serde_json::to_string(meta).context("serialising metadata")?;
     let bytes = net.export_onnx(&[(key, json.as_str())])?;
-    std::fs::write(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+    write_with_metadata(&bytes, meta, out)
+}
+
+/// Writes a policy file's `bytes` to `out` and `meta`, pretty, next to it
+/// as `.json`. Returns the bytes and the JSON's path.
+fn write_with_metadata(
+    bytes: &[u8],
+    meta: &impl serde::Serialize,
+    out: &std::path::Path,
+) -> Result<(Vec<u8>, PathBuf)> {
+    std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
     let meta_path = out.with_extension("json");
     std::fs::write(
         &meta_path,
         serde_json::to_string_pretty(meta).context("serialising metadata")? + "\n",
     )
     .with_context(|| format!("writing {}", meta_path.display()))?;
-    Ok((bytes, meta_path))
+    Ok((bytes.to_vec(), meta_path))
+}
+
+/// `smartmig train --merge A.onnx,B.onnx,... --out M.onnx`: one policy
+/// file acting on the mean of the members' logits
+/// ([`crate::learn::ensemble`]). The members must be repartitioning
+/// policies of one GPU model, feature spec, action space and initial
+/// layout; the merged metadata keeps each member's training record and
+/// member 0's guard.
+fn merge(paths: &[PathBuf], out: &std::path::Path) -> Result<()> {
+    use crate::formats::policy_file::{read, Kind};
+    use crate::learn::ensemble;
+    let mut members = Vec::with_capacity(paths.len());
+    let mut metas: Vec<PolicyMetadata> = Vec::with_capacity(paths.len());
+    for path in paths {
+        let (meta, bytes): (PolicyMetadata, Vec<u8>) = read(path, Kind::Repartitioning)?;
+        if let Some(first) = metas.first() {
+            let same = |m: &PolicyMetadata| {
+                (
+                    m.gpu_model,
+                    m.feature_spec_version,
+                    m.obs_dim,
+                    m.actions,
+                    m.initial_layout,
+                )
+            };
+            if same(first) != same(&meta) || first.catalog != meta.catalog {
+                bail!(
+                    "{} does not fit {}: model {} spec {} ({} inputs, {} actions, initial layout {}) against model {} spec {} ({} inputs, {} actions, initial layout {})",
+                    path.display(),
+                    paths[0].display(),
+                    meta.gpu_model, meta.feature_spec_version, meta.obs_dim, meta.actions, meta.initial_layout,
+                    first.gpu_model, first.feature_spec_version, first.obs_dim, first.actions, first.initial_layout,
+                );
+            }
+        }
+        members.push(
+            ensemble::read_actor(&bytes).with_context(|| format!("reading {}", path.display()))?,
+        );
+        metas.push(meta);
+    }
+    let merged = ensemble::merge(&members).context("--merge")?;
+    let mut meta = metas[0].clone();
+    meta.hidden = merged[0].2;
+    meta.training = serde_json::json!({
+        "ensemble": {
+            "how": "one MLP acting on the mean of the members' logits (smartmig train --merge)",
+            "members": paths.iter().zip(&metas).map(|(p, m)| serde_json::json!({
+                "file": p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned()),
+                "hidden": m.hidden,
+                "training": m.training,
+                "validation": m.validation,
+            })).collect::<Vec<_>>(),
+        },
+        "smartmig_version": env!("CARGO_PKG_VERSION"),
+    });
+    meta.validation = serde_json::json!({
+        "note": "the members' validation is under training.ensemble.members; the merged file was not validated by the trainer (bench suite --test-seed 500 scores it)",
+    });
+    let json = serde_json::to_string(&meta).context("serialising metadata")?;
+    let bytes = crate::learn::export::mlp_policy_onnx(&merged, &[(POLICY_KEY, json.as_str())]);
+    let (bytes, meta_path) = write_with_metadata(&bytes, &meta, out)?;
+    println!(
+        "wrote {} ({} bytes, {} members, hidden {}) and {}",
+        out.display(),
+        bytes.len(),
+        paths.len(),
+        meta.hidden,
+        meta_path.display()
+    );
+    Ok(())
 }
 
 fn fmt(x: Option<f64>) -> String {

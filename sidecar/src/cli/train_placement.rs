@@ -18,12 +18,15 @@ pub fn is_placement_config(text: &str) -> bool {
         .is_some_and(|k| k == "placement")
 }
 
-pub fn run(a: &super::train::Args, text: &str) -> Result<()> {
+pub fn run(a: &super::train::Args, config: &std::path::Path, text: &str) -> Result<()> {
     if a.trace.is_some() || !a.scenarios.is_empty() {
         bail!("a placement config names its days in [data]; --trace and --scenarios are for repartitioning configs");
     }
+    if !a.seeds.is_empty() {
+        bail!("--seeds (an ensemble) is for repartitioning configs; train a placement policy with one --seed");
+    }
     let mut cfg: PlacementTrainConfig =
-        toml::from_str(text).with_context(|| format!("parsing {}", a.config.display()))?;
+        toml::from_str(text).with_context(|| format!("parsing {}", config.display()))?;
     if let Some(s) = a.seed {
         cfg.seed = s;
     }
