@@ -400,8 +400,6 @@ fn bench_policy_writes_its_report() {
 #[test]
 fn the_guard_bounds_reconfigurations() {
     use smartmig::policy::fixed::parse_policy;
-    use smartmig::sim::{simulate, Heuristic, RunHooks, SimConfig};
-    use smartmig::workload::{generate_diurnal, DiurnalConfig};
 
     // An untrained network moves often, so a budget of one move a day
     // binds (the shipped ensemble moves a few times a day and would not).
@@ -409,28 +407,9 @@ fn the_guard_bounds_reconfigurations() {
     let path = tmp("guarded.onnx");
     write_policy(&path, &net, &PolicyMetadata::new(&spec, 64));
     let cluster = vec![GpuModel::A100_40gb; 8];
-    let wl = DiurnalConfig::default();
-    let jobs = generate_diurnal(&wl, GpuModel::A100_40gb, cluster.len(), 0);
     let reconfigurations = |query: &str| {
         let spec = format!("policy:{}{query}", path.display());
-        let mut p = parse_policy(&spec, &cluster).unwrap_or_else(|e| panic!("{e}"));
-        let mut h = Heuristic::Edf.build(0);
-        let cfg = SimConfig {
-            workload_horizon_s: Some(wl.horizon_s),
-            start_hour: wl.start_hour,
-            ..SimConfig::default()
-        };
-        simulate(
-            &cluster,
-            &jobs,
-            h.as_mut(),
-            p.as_mut(),
-            &cfg,
-            RunHooks::default(),
-        )
-        .unwrap()
-        .metrics
-        .reconfigurations
+        simulated_day(&spec, GpuModel::A100_40gb).0
     };
     let free = reconfigurations("");
     let budget = reconfigurations("?max_reconfigurations_per_day=1");
