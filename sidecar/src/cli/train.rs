@@ -11,7 +11,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TraceWindow;
 use crate::formats::policy_file::{PolicyMetadata, POLICY_KEY};
-use crate::learn::train::{train, Progress, StartSearch, TrainConfig, TrainStart, TrainingData};
+use crate::learn::train::{
+    train, Progress, StartSearch, TrainConfig, TrainReport, TrainStart, TrainingData,
+};
 use crate::policy::features::FeatureSpec;
 use crate::scenario::{default_scenarios, select_scenarios};
 use crate::workload::{read_trace, TraceFormat, TraceOptions};
@@ -185,6 +187,30 @@ fn member_path(out: &std::path::Path, seed: u64) -> PathBuf {
 
 /// One training run of `cfg` on `data`, written to `out` (and its `.json`).
 fn train_and_write(cfg: &TrainConfig, data: &TrainingData, out: &std::path::Path) -> Result<()> {
+    let (net, report) = train_with_progress(cfg, data)?;
+    let meta = trained_metadata(cfg, data, &report);
+    let (bytes, meta_path) = write_policy(&net, POLICY_KEY, &meta, out)?;
+    println!(
+        "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
+        out.display(),
+        bytes.len(),
+        meta_path.display(),
+        report.seconds,
+        report.episodes,
+        report.chosen,
+        fmt(report.validation_et),
+        fmt(report.validation_static_best_et),
+        report.validation_static_best_layout,
+        fmt(report.validation_teacher_et),
+    );
+    Ok(())
+}
+
+/// [`train`] with a progress bar (phases, steps, validation lines).
+fn train_with_progress(
+    cfg: &TrainConfig,
+    data: &TrainingData,
+) -> Result<(crate::learn::model::ActorCritic, TrainReport)> {
     let first = if cfg.dagger.rounds > 0 {
         (cfg.dagger.rounds + 1) * cfg.dagger.episodes
     } else {
@@ -198,7 +224,7 @@ fn train_and_write(cfg: &TrainConfig, data: &TrainingData, out: &std::path::Path
             .progress_chars("=> "),
     );
     let mut last_val = String::from("val: -");
-    let (net, report) = train(cfg, data, |p| match p {
+    let trained = train(cfg, data, |p| match p {
         Progress::Phase { name, .. } => bar.set_prefix(name),
         Progress::StartsFitted {
             fits,
@@ -243,7 +269,15 @@ fn train_and_write(cfg: &TrainConfig, data: &TrainingData, out: &std::path::Path
         }
     })?;
     bar.finish();
+    Ok(trained)
+}
 
+/// The metadata of a trained policy: how it was trained and validated.
+fn trained_metadata(
+    cfg: &TrainConfig,
+    data: &TrainingData,
+    report: &TrainReport,
+) -> PolicyMetadata {
     let spec = FeatureSpec::new(cfg.gpu_model);
     let mut meta = PolicyMetadata::new(&spec, cfg.hidden);
     meta.initial_layout = cfg.initial_layout;
@@ -305,21 +339,7 @@ fn train_and_write(cfg: &TrainConfig, data: &TrainingData, out: &std::path::Path
         "static_best_et": report.validation_static_best_et,
         "static_best_layout": report.validation_static_best_layout,
     });
-    let (bytes, meta_path) = write_policy(&net, POLICY_KEY, &meta, out)?;
-    println!(
-        "wrote {} ({} bytes) and {}\ntraining: {:.0} s, {} episodes, checkpoint {}\nvalidation days (mean): ET {} vs static-best {} ({}), teacher {}",
-        out.display(),
-        bytes.len(),
-        meta_path.display(),
-        report.seconds,
-        report.episodes,
-        report.chosen,
-        fmt(report.validation_et),
-        fmt(report.validation_static_best_et),
-        report.validation_static_best_layout,
-        fmt(report.validation_teacher_et),
-    );
-    Ok(())
+    meta
 }
 
 /// Exports `net`'s actor with `meta` embedded under `key`, writes it to
@@ -333,24 +353,24 @@ pub(super) fn write_policy(
 ) -> Result<(Vec<u8>, PathBuf)> {
     let json = serde_json::to_string(meta).context("serialising metadata")?;
     let bytes = net.export_onnx(&[(key, json.as_str())])?;
-    write_with_metadata(&bytes, meta, out)
+    write_with_metadata(bytes, meta, out)
 }
 
 /// Writes a policy file's `bytes` to `out` and `meta`, pretty, next to it
 /// as `.json`. Returns the bytes and the JSON's path.
 fn write_with_metadata(
-    bytes: &[u8],
+    bytes: Vec<u8>,
     meta: &impl serde::Serialize,
     out: &std::path::Path,
 ) -> Result<(Vec<u8>, PathBuf)> {
-    std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
+    std::fs::write(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
     let meta_path = out.with_extension("json");
     std::fs::write(
         &meta_path,
         serde_json::to_string_pretty(meta).context("serialising metadata")? + "\n",
     )
     .with_context(|| format!("writing {}", meta_path.display()))?;
-    Ok((bytes.to_vec(), meta_path))
+    Ok((bytes, meta_path))
 }
 
 /// `smartmig train --merge A.onnx,B.onnx,... --out M.onnx`: one policy
@@ -411,7 +431,7 @@ fn merge(paths: &[PathBuf], out: &std::path::Path) -> Result<()> {
     });
     let json = serde_json::to_string(&meta).context("serialising metadata")?;
     let bytes = crate::learn::export::mlp_policy_onnx(&merged, &[(POLICY_KEY, json.as_str())]);
-    let (bytes, meta_path) = write_with_metadata(&bytes, &meta, out)?;
+    let (bytes, meta_path) = write_with_metadata(bytes, &meta, out)?;
     println!(
         "wrote {} ({} bytes, {} members, hidden {}) and {}",
         out.display(),
