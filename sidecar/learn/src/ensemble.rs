@@ -163,32 +163,32 @@ pub fn merge(members: &[Vec<Layer>]) -> Result<Vec<Layer>, EnsembleError> {
     ])
 }
 
-/// The unmasked logits of `layers` for one observation (ReLU between
-/// layers): the reference the merge is tested against.
-pub fn logits(layers: &[Layer], obs: &[f32]) -> Vec<f32> {
-    let last = layers.len().saturating_sub(1);
-    layers
-        .iter()
-        .enumerate()
-        .fold(obs.to_vec(), |x, (i, (w, b, out, inp))| {
-            (0..*out)
-                .map(|o| {
-                    let y = b[o] + (0..*inp).map(|j| w[o * inp + j] * x[j]).sum::<f32>();
-                    if i == last {
-                        y
-                    } else {
-                        y.max(0.0)
-                    }
-                })
-                .collect()
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    /// The unmasked logits of `layers` for one observation (ReLU between
+    /// layers): the reference the merge is tested against.
+    fn logits(layers: &[Layer], obs: &[f32]) -> Vec<f32> {
+        let last = layers.len().saturating_sub(1);
+        layers
+            .iter()
+            .enumerate()
+            .fold(obs.to_vec(), |x, (i, (w, b, out, inp))| {
+                (0..*out)
+                    .map(|o| {
+                        let y = b[o] + (0..*inp).map(|j| w[o * inp + j] * x[j]).sum::<f32>();
+                        if i == last {
+                            y
+                        } else {
+                            y.max(0.0)
+                        }
+                    })
+                    .collect()
+            })
+    }
 
     fn random_mlp(rng: &mut ChaCha8Rng, d: usize, h: usize, a: usize) -> Vec<Layer> {
         let mut dense = |out: usize, inp: usize| {
