@@ -54,9 +54,10 @@ pub const MIN_WORK_S: f64 = 1.0;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShadowConfig {
-    /// On or off; absent: on when `policy` is a learned policy
-    /// (`policy:FILE.onnx`), off otherwise.
-    pub enabled: Option<bool>,
+    /// On or off; off unless set. Opt-in because on the validation days
+    /// the switch cost more than it saved beside every shipped policy
+    /// (docs/policy.md, "The shadow, off by default").
+    pub enabled: bool,
     /// The policy that takes over (any `policy` spec; a `static:` layout
     /// is pursued from whatever layout the GPUs have). Absent: `greedy`.
     pub fallback: Option<String>,
@@ -77,7 +78,7 @@ impl Default for ShadowConfig {
     fn default() -> Self {
         let r = ShadowRule::default();
         ShadowConfig {
-            enabled: None,
+            enabled: false,
             fallback: None,
             every_s: r.check_every_s,
             window_s: r.window_s,
@@ -92,10 +93,10 @@ impl Default for ShadowConfig {
 pub const DEFAULT_FALLBACK: &str = "greedy";
 
 impl ShadowConfig {
-    /// Whether the shadow runs beside `policy` (the config's `policy`).
-    pub fn on(&self, policy: &str) -> bool {
+    /// Whether the shadow runs (`enabled`; never in advise mode, which the
+    /// server checks).
+    pub fn on(&self) -> bool {
         self.enabled
-            .unwrap_or_else(|| policy.trim().starts_with("policy:"))
     }
 
     /// The fallback's spec.
@@ -376,13 +377,13 @@ mod tests {
     fn settings_default_to_the_core_rule_and_bad_ones_name_the_key() {
         let c = ShadowConfig::default();
         assert_eq!(c.rule(), ShadowRule::default());
-        assert!(c.on("policy:/x.onnx") && !c.on("greedy"));
+        assert!(!c.on(), "the shadow is opt-in");
         assert_eq!(c.fallback_spec(), "greedy");
-        let off = ShadowConfig {
-            enabled: Some(false),
+        let on = ShadowConfig {
+            enabled: true,
             ..c.clone()
         };
-        assert!(!off.on("policy:/x.onnx"));
+        assert!(on.on());
         for (bad, key) in [
             (
                 ShadowConfig {

@@ -370,7 +370,17 @@ impl Shadowed {
                 }
             }
         }
-        self.state.observe(now, &cost);
+        let switch = self.state.observe(now, &cost);
+        // The replays' day costs at each check, for diagnosing a switch
+        // (`RUST_LOG=smartmig_core::policy::shadow=debug smartmig bench suite ...`).
+        tracing::debug!(
+            policy = %self.label,
+            at_s = now,
+            costs_j = ?cost,
+            running = self.state.running(),
+            switched = switch.is_some(),
+            "shadow check"
+        );
     }
 }
 

@@ -7,6 +7,8 @@
 //! Rows are ranked by `sim::Standing`: a row that left jobs unserved never
 //! ranks ahead of one that served them all, whatever its ET.
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::{PolicyRow, RowKind, ScenarioResult};
@@ -157,6 +159,10 @@ pub struct SuiteGates {
     pub best_runnable_mean: f64,
     /// Gate 1: `mean_et / best_runnable_mean` (<= 0.95).
     pub mean_ratio: f64,
+    /// The 5th and 95th percentiles of gate 1's ratio over test days
+    /// resampled with replacement ([`mean_ratio_interval`]): how much the
+    /// ratio owes to which days were drawn.
+    pub mean_ratio_90: Option<(f64, f64)>,
     /// Gate 2, per scenario: ET against the best runnable row there, in
     /// percent (<= +3 %), and whether it is above `none`'s.
     pub per_scenario: Vec<(String, f64, bool)>,
@@ -241,6 +247,7 @@ pub fn suite_gates(scenarios: &[ScenarioResult], policy: &str) -> Option<SuiteGa
         best_runnable,
         best_runnable_mean,
         mean_ratio: mean_et / best_runnable_mean,
+        mean_ratio_90: mean_ratio_interval(&used, policy),
         per_scenario,
         worst_day_pct: worst(policy),
         best_runnable_worst_day,
@@ -248,6 +255,54 @@ pub fn suite_gates(scenarios: &[ScenarioResult], policy: &str) -> Option<SuiteGa
         gap_closed,
         max_reconfigurations_per_gpu_day,
     })
+}
+
+/// Resamples behind [`SuiteGates::mean_ratio_90`].
+pub const BOOTSTRAP_RESAMPLES: usize = 2000;
+
+/// Gate 1's ratio on [`BOOTSTRAP_RESAMPLES`] paired bootstrap resamples of
+/// the test days: each scenario's days are drawn with replacement, the same
+/// draw for every row (the rows were scored on the same days), and the best
+/// runnable heuristic is chosen again on each resample. Returns the 5th and
+/// 95th percentiles; `None` where a scenario's rows disagree on the number
+/// of days. Seeded, so the same suite prints the same interval.
+fn mean_ratio_interval(used: &[&ScenarioResult], policy: &str) -> Option<(f64, f64)> {
+    let names: Vec<&str> = std::iter::once(policy).chain(RUNNABLE).collect();
+    let days: Vec<Vec<&[super::DayScore]>> = used
+        .iter()
+        .map(|s| {
+            names
+                .iter()
+                .map(|n| Some(s.row(n)?.days.as_slice()))
+                .collect()
+        })
+        .collect::<Option<_>>()?;
+    if days.iter().any(|rows| {
+        rows.iter()
+            .any(|d| d.is_empty() || d.len() != rows[0].len())
+    }) {
+        return None;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(39);
+    let mut ratios: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            let mut sums = vec![0.0; names.len()];
+            for rows in &days {
+                let n = rows[0].len();
+                for _ in 0..n {
+                    let k = rng.random_range(0..n);
+                    for (sum, d) in sums.iter_mut().zip(rows) {
+                        *sum += d[k].et / n as f64;
+                    }
+                }
+            }
+            let best = sums[1..].iter().copied().fold(f64::INFINITY, f64::min);
+            sums[0] / best
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    Some((at(0.05), at(0.95)))
 }
 
 #[cfg(test)]
@@ -374,6 +429,47 @@ mod tests {
         );
         // Gap: (0.7 - 0.725) / (0.7 - 0.1) < 0: nothing closed.
         assert!(g.gap_closed.unwrap() < 0.0);
+    }
+
+    /// Gate 1's interval: exact where ours is the same share of the best
+    /// heuristic on every day, wide where one day decides the ratio, and
+    /// absent where the rows were scored on different numbers of days.
+    #[test]
+    fn gate_one_interval_shows_how_much_the_ratio_owes_to_the_days() {
+        let suite = |ours: &[f64], greedy: &[f64]| {
+            scenario(vec![
+                row("none", RowKind::Opponent, &[2.0, 2.0, 2.0, 2.0], 0),
+                row("static-hist", RowKind::Opponent, &[1.5, 1.5, 1.5, 1.5], 0),
+                row(
+                    "twice-daily-hist",
+                    RowKind::Opponent,
+                    &[1.0, 0.5, 0.8, 0.6],
+                    0,
+                ),
+                row("greedy", RowKind::Candidate, greedy, 0),
+                row("ours", RowKind::Candidate, ours, 0),
+            ])
+        };
+        let steady = suite(&[0.9, 0.45, 0.72, 0.54], &[1.2, 1.2, 1.2, 1.2]);
+        let g = suite_gates(&[steady], "ours").unwrap();
+        let (lo, hi) = g.mean_ratio_90.unwrap();
+        assert!((lo - 0.9).abs() < 1e-12 && (hi - 0.9).abs() < 1e-12);
+        // One good day carries the mean: the interval spans both sides of 1.
+        let lucky = suite(&[0.2, 0.55, 0.88, 0.66], &[1.2, 1.2, 1.2, 1.2]);
+        let g = suite_gates(std::slice::from_ref(&lucky), "ours").unwrap();
+        let (lo, hi) = g.mean_ratio_90.unwrap();
+        assert!(g.mean_ratio < 0.95, "{}", g.mean_ratio);
+        assert!(
+            lo < g.mean_ratio && g.mean_ratio < hi && hi > 1.0,
+            "{lo} {hi}"
+        );
+        // The same suite gives the same interval.
+        assert_eq!(
+            suite_gates(&[lucky], "ours").unwrap().mean_ratio_90,
+            Some((lo, hi))
+        );
+        let ragged = suite(&[0.9, 0.45, 0.72, 0.54], &[1.2, 1.2, 1.2]);
+        assert_eq!(suite_gates(&[ragged], "ours").unwrap().mean_ratio_90, None);
     }
 
     /// A row that left jobs unserved ranks behind every row that served

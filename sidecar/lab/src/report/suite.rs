@@ -374,11 +374,15 @@ pub fn suite_gates_table(g: &crate::eval::SuiteGates) -> String {
     );
     let _ = writeln!(
         out,
-        "1. suite mean ET {:.3} = {:.3} x the best runnable ({} {:.3}); gate <= 0.95: {}",
+        "1. suite mean ET {:.3} = {:.3} x the best runnable ({} {:.3}; {}); gate <= 0.95: {}",
         g.mean_et,
         g.mean_ratio,
         g.best_runnable,
         g.best_runnable_mean,
+        g.mean_ratio_90.map_or_else(
+            || "no interval: rows scored on different days".into(),
+            |(lo, hi)| format!("{lo:.3}-{hi:.3} over resampled test days, 90 %")
+        ),
         yes(g.mean_ratio <= 0.95)
     );
     let over: Vec<String> = g
