@@ -252,7 +252,11 @@ fn render_gpu_health(out: &mut String, index: u32, h: &GpuHealthStatus) {
 /// Which policy runs, and the day's shadow that chooses it.
 fn render_shadow(out: &mut String, sh: &ShadowStatus) {
     if !sh.enabled {
-        let _ = writeln!(out, "running: {} (shadow off)", sh.primary);
+        let _ = writeln!(
+            out,
+            "running: {} (shadow off; `[shadow] enabled = true` turns it on, docs/daemon.md)",
+            sh.primary
+        );
         return;
     }
     let _ = writeln!(
@@ -571,6 +575,21 @@ mod tests {
         assert!(
             t.contains("early restart on (window 3 samples, horizon 0.5x the time run, from 50 % full): 4 restart(s), 1 false"),
             "{t}"
+        );
+    }
+
+    /// The shadow is opt-in: status says so, and how to turn it on.
+    #[test]
+    fn a_shadow_that_is_off_says_how_to_turn_it_on() {
+        let mut out = String::new();
+        let off = ShadowStatus {
+            primary: "policy:/p.onnx".into(),
+            ..ShadowStatus::default()
+        };
+        render_shadow(&mut out, &off);
+        assert!(
+            out.starts_with("running: policy:/p.onnx (shadow off; `[shadow] enabled = true`"),
+            "{out}"
         );
     }
 }
