@@ -1035,7 +1035,7 @@ mod tests {
     #[test]
     fn shadow_settings_parse_and_bad_ones_name_the_key() {
         let c = Config::parse(MINIMAL).unwrap();
-        assert!(!c.shadow.on());
+        assert!(!c.shadow.enabled);
         assert_eq!(c.shadow.fallback_spec(), "greedy");
         assert_eq!(
             c.shadow.rule(),
@@ -1045,7 +1045,7 @@ mod tests {
             "{MINIMAL}[shadow]\nenabled = true\nfallback = \"static:7\"\nevery_s = 2\nwindow_s = 60\nmargin = 0.05\nhold_checks = 1\njoules_per_tardiness_s = 100\n"
         ))
         .unwrap();
-        assert!(c.shadow.on());
+        assert!(c.shadow.enabled);
         assert_eq!(c.shadow.fallback_spec(), "static:7");
         assert_eq!(
             (

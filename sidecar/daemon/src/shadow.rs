@@ -93,12 +93,6 @@ impl Default for ShadowConfig {
 pub const DEFAULT_FALLBACK: &str = "greedy";
 
 impl ShadowConfig {
-    /// Whether the shadow runs (`enabled`; never in advise mode, which the
-    /// server checks).
-    pub fn on(&self) -> bool {
-        self.enabled
-    }
-
     /// The fallback's spec.
     pub fn fallback_spec(&self) -> &str {
         self.fallback.as_deref().unwrap_or(DEFAULT_FALLBACK).trim()
@@ -377,13 +371,8 @@ mod tests {
     fn settings_default_to_the_core_rule_and_bad_ones_name_the_key() {
         let c = ShadowConfig::default();
         assert_eq!(c.rule(), ShadowRule::default());
-        assert!(!c.on(), "the shadow is opt-in");
+        assert!(!c.enabled, "the shadow is opt-in");
         assert_eq!(c.fallback_spec(), "greedy");
-        let on = ShadowConfig {
-            enabled: true,
-            ..c.clone()
-        };
-        assert!(on.on());
         for (bad, key) in [
             (
                 ShadowConfig {

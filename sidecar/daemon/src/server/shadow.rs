@@ -107,7 +107,7 @@ impl ShadowRun {
 /// Whether the shadow runs under `cfg` (never in advise mode, where
 /// smartmigd allocates nothing and so sees no jobs).
 fn on(cfg: &Config) -> bool {
-    cfg.mode != Mode::Advise && cfg.shadow.on()
+    cfg.mode != Mode::Advise && cfg.shadow.enabled
 }
 
 /// `learned` (the configured policy, whatever it is) or `fallback`.

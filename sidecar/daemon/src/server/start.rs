@@ -129,7 +129,7 @@ pub(super) fn shadow_fallback(
     config: &Config,
     models: &[GpuModel],
 ) -> Result<Option<crate::policy_choice::Built>, PolicyChoiceError> {
-    if config.mode == Mode::Advise || !config.shadow.on() {
+    if config.mode == Mode::Advise || !config.shadow.enabled {
         return Ok(None);
     }
     crate::policy_choice::build_fallback(config.shadow.fallback_spec(), models).map(Some)
