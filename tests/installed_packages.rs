@@ -8,14 +8,28 @@
 //!    plugin's directory is Slurm's on each family);
 //! 2. installs both `.deb`s with `dpkg -i`, checks the installed layout
 //!    (binaries, unit, conffile, plugin, the commented-out plugstack
-//!    snippet) and `systemd-analyze verify`s the unit;
+//!    snippet) and `systemd-analyze verify`s the unit; runs the plugin
+//!    `.rpm`'s `%preun` and `%post` as rpm would on a copy of that snippet,
+//!    enabled (what steps 5 and 6 check for the `.deb`, with rpm's
+//!    `.rpmsave`);
 //! 3. points the real-Slurm test cluster at the installed plugin (the
-//!    snippet's line, uncommented as the admin does) and runs the installed
+//!    cluster's plugstack.conf includes the installed
+//!    `/etc/slurm/plugstack.conf.d/smartmig.conf`, whose line the test
+//!    uncomments as the admin does) and runs the installed
 //!    `smartmigd` with the installed config, changed only where a test node
 //!    differs (its socket and state directory under the cluster's
 //!    directory, and the NVML emulator instead of a GPU's driver);
 //! 4. runs `smartmig doctor` from the package and one `--gres=shard:1` job;
-//! 5. purges both packages while that smartmigd still runs (as an admin
+//! 5. installs the plugin package over itself (dpkg's upgrade path), which
+//!    leaves the enabled line alone, then removes (not purges) both
+//!    packages with `dpkg -r`: the package stops smartmigd, comments out
+//!    the enabled plugstack line with a marker, and a job without GPUs
+//!    submitted with `sbatch` still runs (a `required` line naming the
+//!    deleted plugin would fail every sbatch and srun on the node with
+//!    "Failed to initialize plugin stack");
+//! 6. installs both packages again: the admin's line is back, unchanged,
+//!    and a shard job runs again on a restarted smartmigd;
+//! 7. purges both packages while that smartmigd still runs (as an admin
 //!    who follows the Remove steps does) and checks that the package stopped
 //!    it and that nothing is left, `/run/smartmig-journal` included.
 //!
@@ -40,6 +54,13 @@ use smartmig_suite::{
 };
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The plugin's plugstack file, a conffile of `smartmig-spank`.
+const PLUGSTACK_FILE: &str = "/etc/slurm/plugstack.conf.d/smartmig.conf";
+
+/// What the plugin package's removal puts before the line it disables
+/// (then the time in parentheses, `": "` and the admin's line).
+const DISABLED_MARKER: &str = "# disabled by smartmig-spank removal (";
 
 /// Runs `program` where the series' Slurm is installed (the host, or the
 /// series' root file system).
@@ -220,10 +241,176 @@ fn test_node_config(installed: &str, dir: &Path, emu: &Emulator) -> String {
     out
 }
 
+/// Whether `line` loads the plugin (`required` or `optional`, not
+/// commented out).
+fn loads_plugin(line: &str) -> bool {
+    let mut words = line.split_whitespace();
+    matches!(words.next(), Some("required" | "optional"))
+        && words
+            .next()
+            .is_some_and(|p| p.rsplit('/').next() == Some("libsmartmig_spank.so"))
+}
+
+/// The shipped plugstack file as an admin enables it: the commented
+/// `#required libsmartmig_spank.so ...` line uncommented (the quickstart's
+/// `sed 's/^#required /required /'`), with the test node's `socket`.
+fn enable_plugstack(shipped: &str, socket: &Path) -> String {
+    let mut enabled = 0;
+    let mut out = String::new();
+    for line in shipped.lines() {
+        match line.strip_prefix("#required ") {
+            Some(rest) if rest.starts_with("libsmartmig_spank.so ") => {
+                enabled += 1;
+                let words: Vec<String> = line[1..]
+                    .split_whitespace()
+                    .map(|w| {
+                        if w.starts_with("socket=") {
+                            format!("socket={}", socket.display())
+                        } else {
+                            w.to_string()
+                        }
+                    })
+                    .collect();
+                out.push_str(&words.join(" "));
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    assert_eq!(
+        enabled, 1,
+        "expected one `#required libsmartmig_spank.so ...` line: {shipped}"
+    );
+    out
+}
+
+/// The lines of a plugstack file that name the plugin (for messages).
+fn plugin_lines(text: &str) -> String {
+    text.lines()
+        .filter(|l| l.contains("libsmartmig_spank.so"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Checks a plugstack file after the plugin package's removal: no line
+/// loads the plugin, and each line the admin had enabled is there once,
+/// commented out behind [`DISABLED_MARKER`].
+fn assert_disabled(text: &str, enabled: &str, what: &str) {
+    assert!(
+        !text.lines().any(loads_plugin),
+        "{what}: a line still loads the deleted plugin:\n{}",
+        plugin_lines(text)
+    );
+    let disabled: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(DISABLED_MARKER))
+        .filter_map(|l| l.split_once("): ").map(|(_, line)| line))
+        .collect();
+    let wanted: Vec<&str> = enabled.lines().filter(|l| loads_plugin(l)).collect();
+    assert_eq!(
+        disabled,
+        wanted,
+        "{what}: the enabled line is not commented out behind `{DISABLED_MARKER}...): `:\n{}",
+        plugin_lines(text)
+    );
+}
+
+/// One scriptlet of an `.rpm` (`PREUN`, `POSTIN`) with the plugstack file's
+/// path replaced by `conf`.
+fn rpm_scriptlet(rpm: &Path, tag: &str, conf: &Path) -> String {
+    let text = ok_here(
+        "rpm",
+        &[
+            "-qp",
+            "--qf",
+            &format!("%{{{tag}}}"),
+            &rpm.display().to_string(),
+        ],
+    );
+    assert!(
+        text.contains(PLUGSTACK_FILE) && text.contains("exit 0"),
+        "{}: %{{{tag}}} is not the scriptlet of packaging/rpm/ (a wrong path in \
+         slurm-plugin/Cargo.toml becomes the scriptlet's text): {text:?}",
+        rpm.display()
+    );
+    text.replace(PLUGSTACK_FILE, &conf.display().to_string())
+}
+
+/// Runs a scriptlet as rpm does (`sh`, `$1` = the number of instances left
+/// or installed).
+fn run_scriptlet(script: &str, arg: &str) {
+    ok_here("sh", &["-c", script, "sh", arg]);
+}
+
+/// The plugin `.rpm`'s `%preun` and `%post` on a copy of the plugstack
+/// file (installing the `.rpm` itself needs a RHEL-like root): an upgrade
+/// leaves the enabled line alone; an erase disables it (rpm then keeps the
+/// changed file as `.rpmsave`, which plugstack.conf's `*.conf` include does
+/// not read) and a new install restores the admin's file from it; an erase
+/// that stopped after `%preun` is undone by the next `%post`; a first
+/// install leaves the shipped line commented out.
+fn rpm_scriptlets_round_trip(rpm: &Path, shipped: &str, enabled: &str) {
+    let dir = std::env::temp_dir().join(format!("smartmig-rpm-scriptlets-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scriptlet directory");
+    let conf = dir.join("smartmig.conf");
+    let rpmsave = dir.join("smartmig.conf.rpmsave");
+    let (preun, post) = (
+        rpm_scriptlet(rpm, "PREUN", &conf),
+        rpm_scriptlet(rpm, "POSTIN", &conf),
+    );
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let write = |p: &Path, text: &str| std::fs::write(p, text).expect("write scriptlet file");
+
+    write(&conf, enabled);
+    run_scriptlet(&preun, "1");
+    assert_eq!(
+        read(&conf),
+        enabled,
+        "rpm %preun on upgrade changed the line"
+    );
+
+    run_scriptlet(&preun, "0");
+    assert_disabled(&read(&conf), enabled, "after rpm %preun (erase)");
+    std::fs::rename(&conf, &rpmsave).expect("rename to .rpmsave");
+    write(&conf, shipped);
+    run_scriptlet(&post, "1");
+    assert_eq!(
+        read(&conf),
+        enabled,
+        "rpm %post after rpm -e did not bring back the admin's file"
+    );
+    assert!(!rpmsave.exists(), "rpm %post left the restored .rpmsave");
+
+    run_scriptlet(&preun, "0");
+    run_scriptlet(&post, "1");
+    assert_eq!(
+        read(&conf),
+        enabled,
+        "rpm %post after an erase that stopped after %preun"
+    );
+
+    write(&conf, shipped);
+    run_scriptlet(&post, "1");
+    assert_eq!(
+        read(&conf),
+        shipped,
+        "rpm %post changed a first install's file"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 #[ignore = "needs the packages: scripts/test builds them (scripts/package) and runs this with --ignored"]
 fn installed_packages_run_a_shard_job() {
     require_root("dpkg -i and the test cluster need root");
+    // `cargo test` puts target/release on LD_LIBRARY_PATH, and the build's
+    // libsmartmig_spank.so is there: Slurm, given the plugin's bare name,
+    // falls back to dlopen's search when the plugin is not in its
+    // PluginDir, so sbatch and the daemons this test starts would load
+    // that copy once the package's is gone, and hide a plugstack line
+    // that names a deleted plugin (step 5).
+    std::env::remove_var("LD_LIBRARY_PATH");
     // Each series has its own plugin packages: `+slurm24.11.5` in the
     // .deb's version, `.slurm24.11.5` in the .rpm's release.
     let series = running_series();
@@ -279,8 +466,8 @@ fn installed_packages_run_a_shard_job() {
         .find(|l| l.ends_with("libsmartmig_spank.so"))
         .unwrap_or_else(|| panic!("no plugin in smartmig-spank: {plugin_files}"))
         .to_string();
-    let snippet = std::fs::read_to_string(on_node("/etc/slurm/plugstack.conf.d/smartmig.conf"))
-        .expect("read the plugstack snippet");
+    let snippet =
+        std::fs::read_to_string(on_node(PLUGSTACK_FILE)).expect("read the plugstack snippet");
     assert!(
         !snippet
             .lines()
@@ -288,15 +475,11 @@ fn installed_packages_run_a_shard_job() {
                 || l.trim_start().starts_with("optional")),
         "the shipped plugstack line must be commented out: {snippet}"
     );
-    let line = snippet
-        .lines()
-        .filter_map(|l| l.trim_start().strip_prefix('#'))
-        .map(str::trim)
-        .find(|l| l.starts_with("required ") && l.contains("libsmartmig_spank.so"))
-        .unwrap_or_else(|| {
-            panic!("no commented `required libsmartmig_spank.so ...` line: {snippet}")
-        })
-        .to_string();
+    rpm_scriptlets_round_trip(
+        &rpm_plugin,
+        &snippet,
+        &enable_plugstack(&snippet, Path::new("/run/smartmig/smartmig-root.sock")),
+    );
     if slurm_series().is_none() {
         let verify = run(
             "systemd-analyze",
@@ -309,21 +492,18 @@ fn installed_packages_run_a_shard_job() {
         );
     }
 
-    // 3. The test cluster on the installed plugin; the installed daemon.
+    // 3. The test cluster on the installed plugin and plugstack file,
+    // enabled as the admin does (with the test node's socket); the
+    // installed daemon.
+    let mut enabled = String::new();
     let cluster = SlurmCluster::up_with(|dir| {
-        let socket = dir.join("run/smartmig-root.sock");
-        let enabled: Vec<String> = line
-            .split_whitespace()
-            .map(|w| {
-                if w.starts_with("socket=") {
-                    format!("socket={}", socket.display())
-                } else {
-                    w.to_string()
-                }
-            })
-            .collect();
-        std::fs::write(dir.join("plugstack.conf"), enabled.join(" ") + "\n")
-            .expect("write plugstack.conf");
+        enabled = enable_plugstack(&snippet, &dir.join("run/smartmig-root.sock"));
+        std::fs::write(on_node(PLUGSTACK_FILE), &enabled).expect("enable the plugstack line");
+        std::fs::write(
+            dir.join("plugstack.conf"),
+            format!("include {PLUGSTACK_FILE}\n"),
+        )
+        .expect("write plugstack.conf");
     });
     let dir = cluster.dir().to_path_buf();
     std::fs::create_dir_all(dir.join("run")).expect("mkdir run");
@@ -332,34 +512,44 @@ fn installed_packages_run_a_shard_job() {
         .expect("read the installed config");
     let config = dir.join("smartmig.toml");
     std::fs::write(&config, test_node_config(&installed, &dir, &emu)).expect("write config");
-    let log = std::fs::File::create(dir.join("log/smartmigd.log")).expect("smartmigd log");
-    let daemon = in_slurm("/usr/sbin/smartmigd")
-        .arg("--config")
-        .arg(&config)
-        .env("SLURM_CONF", dir.join("slurm.conf"))
-        .env(smartmig_nvml_emu::DIR_ENV, emu.dir())
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log handle"))
-        .stderr(log)
-        .spawn()
-        .expect("start the installed smartmigd");
-    let _daemon = Killed(daemon);
-    let answers = || {
-        in_slurm("/usr/bin/smartmig")
-            .args(["status", "--json", "--socket"])
-            .arg(dir.join("run/smartmig.sock"))
-            .output()
-            .is_ok_and(|o| o.status.success())
+    // The installed smartmigd, started by hand (no systemd), once it
+    // answers.
+    let start_daemon = || {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(dir.join("log/smartmigd.log"))
+            .expect("smartmigd log");
+        let daemon = in_slurm("/usr/sbin/smartmigd")
+            .arg("--config")
+            .arg(&config)
+            .env("SLURM_CONF", dir.join("slurm.conf"))
+            .env(smartmig_nvml_emu::DIR_ENV, emu.dir())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("start the installed smartmigd");
+        let daemon = Killed(daemon);
+        let answers = || {
+            in_slurm("/usr/bin/smartmig")
+                .args(["status", "--json", "--socket"])
+                .arg(dir.join("run/smartmig.sock"))
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        let start = Instant::now();
+        while !answers() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the installed smartmigd does not answer: {}",
+                cluster.log_tails()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        daemon
     };
-    let start = Instant::now();
-    while !answers() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the installed smartmigd does not answer: {}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let _daemon = start_daemon();
 
     // 4. doctor from the package, then a job.
     let doctor = in_slurm("/usr/bin/smartmig")
@@ -375,50 +565,117 @@ fn installed_packages_run_a_shard_job() {
         "smartmig doctor on the installed layout: {}",
         describe(&doctor)
     );
-    let out = cluster.shared_dir().join("installed.out");
-    let job = cluster.sbatch_as_job_user(
-        &out,
-        &["--gres=shard:1"],
-        "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
-    );
-    let state = cluster.wait_job(job, JOB_TIMEOUT);
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
-    assert_eq!(state, "COMPLETED", "{text}\n{}", cluster.log_tails());
-    let f = fields(&text);
-    assert!(
-        f.get("CVD").is_some_and(|c| c.starts_with("MIG-")),
-        "{text}"
-    );
-    assert_eq!(
-        f.get("PROFILE").map(String::as_str),
-        Some("1g.5gb"),
-        "{text}"
-    );
+    let shard_job = |name: &str| {
+        let out = cluster.shared_dir().join(name);
+        let job = cluster.sbatch_as_job_user(
+            &out,
+            &["--gres=shard:1"],
+            "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE",
+        );
+        let state = cluster.wait_job(job, JOB_TIMEOUT);
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        assert_eq!(state, "COMPLETED", "{text}\n{}", cluster.log_tails());
+        let f = fields(&text);
+        assert!(
+            f.get("CVD").is_some_and(|c| c.starts_with("MIG-")),
+            "{text}"
+        );
+        assert_eq!(
+            f.get("PROFILE").map(String::as_str),
+            Some("1g.5gb"),
+            "{text}"
+        );
+    };
+    shard_job("installed.out");
     assert!(
         on_node("/run/smartmig-journal").is_dir(),
         "the installed config's journal_dir is not in use"
     );
 
-    // 5. Purge as the quickstart's Remove steps do, with smartmigd still
+    // 5. An upgrade (here the same version again: dpkg runs the old
+    // package's `prerm upgrade`) replaces the plugin in place and leaves the
+    // line alone.
+    ok("dpkg", &["-i", &deb_plugin.display().to_string()]);
+    assert_eq!(
+        std::fs::read_to_string(on_node(PLUGSTACK_FILE)).expect("read the plugstack file"),
+        enabled,
+        "an upgrade of smartmig-spank changed the plugstack file"
+    );
+
+    // Remove (not purge) both packages with smartmigd running: the
+    // package stops it, the plugin is gone, its plugstack line is commented
+    // out with the marker, and a job without GPUs is still submitted and
+    // runs (sbatch and slurmstepd load the plugin stack).
+    let removed = ok("dpkg", &["-r", "smartmig-spank", "smartmig"]);
+    wait_exit(_daemon, "dpkg -r");
+    assert!(
+        !on_node(&plugin).exists(),
+        "{plugin} left after dpkg -r: {removed}"
+    );
+    let after_remove =
+        std::fs::read_to_string(on_node(PLUGSTACK_FILE)).expect("dpkg -r keeps the conffile");
+    let out = cluster.shared_dir().join("no-gpu.out");
+    let submitted = cluster.try_sbatch(&[
+        "-o",
+        out.to_str().expect("utf-8 path"),
+        "--wrap",
+        "echo PLAIN=ran",
+    ]);
+    assert!(
+        submitted.status.success(),
+        "sbatch of a job without GPUs failed after dpkg -r smartmig-spank:\n\
+         {PLUGSTACK_FILE} has\n{}\n{}",
+        plugin_lines(&after_remove),
+        describe(&submitted)
+    );
+    let job: u32 = String::from_utf8_lossy(&submitted.stdout)
+        .trim()
+        .split(';')
+        .next()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("sbatch printed no job id: {}", describe(&submitted)));
+    let state = cluster.wait_job(job, JOB_TIMEOUT);
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(
+        (
+            state.as_str(),
+            fields(&text).get("PLAIN").map(String::as_str)
+        ),
+        ("COMPLETED", Some("ran")),
+        "a job without GPUs after dpkg -r: {text}\n{}",
+        cluster.log_tails()
+    );
+    assert_disabled(&after_remove, &enabled, "after dpkg -r");
+
+    // 6. Install again: the admin's line is back as it was, and shard jobs
+    // get instances again.
+    ok(
+        "dpkg",
+        &[
+            "-i",
+            &deb.display().to_string(),
+            &deb_plugin.display().to_string(),
+        ],
+    );
+    assert_eq!(
+        std::fs::read_to_string(on_node(PLUGSTACK_FILE)).expect("read the plugstack file"),
+        enabled,
+        "installing smartmig-spank again did not bring back the admin's line"
+    );
+    let _daemon = start_daemon();
+    shard_job("reinstalled.out");
+
+    // 7. Purge as the quickstart's Remove steps do, with smartmigd still
     // running (started by hand, no systemd): the package stops it, and
     // nothing of either package is left.
     drop(_installed);
-    let start = Instant::now();
-    let mut daemon = _daemon;
-    while daemon.0.try_wait().ok().flatten().is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "dpkg --purge left smartmigd running from the deleted binary"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    drop(daemon);
+    wait_exit(_daemon, "dpkg --purge");
     drop(cluster);
     for path in [
         "/usr/sbin/smartmigd",
         "/usr/bin/smartmig",
         "/etc/smartmig/smartmig.toml",
-        "/etc/slurm/plugstack.conf.d/smartmig.conf",
+        PLUGSTACK_FILE,
         "/var/lib/smartmig",
         "/run/smartmig-journal",
         plugin.as_str(),
@@ -429,6 +686,18 @@ fn installed_packages_run_a_shard_job() {
 
 /// A child process killed (and reaped) when dropped.
 struct Killed(Child);
+
+/// Waits until the packages' removal (`what`) has stopped `daemon`.
+fn wait_exit(mut daemon: Killed, what: &str) {
+    let start = Instant::now();
+    while daemon.0.try_wait().ok().flatten().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what} left smartmigd running from the deleted binary"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 impl Drop for Killed {
     fn drop(&mut self) {
