@@ -1,5 +1,6 @@
-//! End-to-end: `etc/slurm/job_submit.lua` in a real Slurm 22.05
-//! (job_submit/lua plugin, single node with two fake GPUs of 7 shards), with
+//! End-to-end: `etc/slurm/job_submit.lua` in a real Slurm (22.05 on the
+//! host, 24.11 or 26.05 with `SMARTMIG_SLURM_SERIES`; job_submit/lua
+//! plugin, single node with two fake GPUs of 7 shards), with
 //! the SPANK plugin loaded (its `--mig-mem`/`--mig-profile` reach slurmctld
 //! in the job's spank_job_env) and, for the jobs that run, smartmigd's sim
 //! backend (two A100-40GB).
@@ -10,7 +11,10 @@
 //! without an instance, beside its shard jobs),
 //! and bills `shard:5`/`shard:6`/`shard:1 --mig-mem=20G` as asked although
 //! MIG builds a 7g/7g/3g instance, so a second job is placed on the slices
-//! that instance takes and fails on the node.
+//! that instance takes and fails on the node. The table of `FORMS` (issue
+//! 53) holds every way the three series take to ask for GPUs: each is
+//! billed as what MIG builds or refused at submit, never accepted as a
+//! whole GPU that then fails on the node.
 //!
 //! Needs root and a release build of the workspace (`scripts/test` does
 //! both); fails, never skips, when Slurm or smartmigd cannot start.
@@ -151,7 +155,7 @@ fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
     assert_refused(
         &cluster,
         &["--gpus=1"],
-        &format!("tres_per_job={tres}: on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1"),
+        &format!("--gpus (tres_per_job={tres}): on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1"),
     );
     assert_refused(
         &cluster,
@@ -299,6 +303,470 @@ fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
 }
 
 // ---------------------------------------------------------------------------
+// Every way to ask for GPUs (issue 53): billed or refused at submit, never
+// accepted and then failed on the node.
+
+/// Which series' Slurm takes a form at all: where it does not, sbatch or
+/// slurmctld refuses it whatever the script says.
+#[derive(Clone, Copy, Debug)]
+enum Takes {
+    /// Every series.
+    All,
+    /// This release and later; older ones refuse the form themselves
+    /// (22.05 has no `--tres-per-task` and no `gpu=1` spelling).
+    Since(u32, u32),
+    /// Releases before this one; from it on Slurm refuses the form itself
+    /// (`--gres=gres:gpu:1`, `--cpus-per-gpu` without GPUs).
+    Before(u32, u32),
+}
+
+impl Takes {
+    fn on(self, release: (u32, u32)) -> bool {
+        match self {
+            Takes::All => true,
+            Takes::Since(major, minor) => release >= (major, minor),
+            Takes::Before(major, minor) => release < (major, minor),
+        }
+    }
+}
+
+/// What a form must come to where Slurm takes it.
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    /// Accepted, with this `TresPerNode` (22.05's spelling, `gres:`) and
+    /// this note to the user (`None`: untouched, no smartmig note); no GPU
+    /// left in `TresPerJob`/`TresPerSocket`/`TresPerTask`.
+    Billed(&'static str, Option<&'static str>),
+    /// Refused by the script: one `error: smartmig: ` line the user saw
+    /// holds every one of these words.
+    Refused(&'static [&'static str]),
+}
+
+struct Form {
+    args: &'static [&'static str],
+    takes: Takes,
+    outcome: Outcome,
+}
+
+const fn form(args: &'static [&'static str], takes: Takes, outcome: Outcome) -> Form {
+    Form {
+        args,
+        takes,
+        outcome,
+    }
+}
+
+const WHOLE: Option<&str> =
+    Some("billed as shard:7: a whole a100-40gb as one 7g.40gb MIG instance");
+const ONE_GPU: &str = "on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1 for a whole GPU or --gres=shard:K for K compute slices";
+const PER_TASK: &[&str] = &["--gpus-per-task/--tres-per-task (tres_per_task=", ONE_GPU];
+const GPUS: &[&str] = &["--gpus (tres_per_job=", ONE_GPU];
+const SHARDS_PER_TASK: &[&str] = &[
+    "shards must be requested per node with --gres=shard:K",
+    "not with --tres-per-task (tres_per_task=",
+];
+const CPUS_PER_GPU: &[&str] = &[
+    "--cpus-per-gpu=2 (cpus_per_tres=",
+    "ask --mincpus=2 (CPUs per node) or --cpus-per-task=2 (-c, per task) with --gres=gpu:1 instead",
+];
+
+/// The forms: GRES spellings of 22.05 (`gres:gpu:1`) and of 24.11/26.05
+/// (`gres/gpu:1`, `gres/gpu=1`), typed ones, the `--gpus*` options,
+/// `--tres-per-task` (24.11+), and the per-GPU options that cannot follow a
+/// GPU billed as shards.
+const FORMS: &[Form] = &[
+    // A whole GPU per node: billed as all of its shards.
+    form(
+        &["--gres=gpu:1"],
+        Takes::All,
+        Outcome::Billed("gres:shard:7", WHOLE),
+    ),
+    form(
+        &["--gres=gpu"],
+        Takes::All,
+        Outcome::Billed("gres:shard:7", WHOLE),
+    ),
+    form(
+        &["--gpus-per-node=1"],
+        Takes::All,
+        Outcome::Billed("gres:shard:7", WHOLE),
+    ),
+    form(
+        &["--gres=gres:gpu:1"],
+        Takes::Before(24, 11),
+        Outcome::Billed("gres:shard:7", WHOLE),
+    ),
+    form(
+        &["--gres=gres/gpu:1"],
+        Takes::Since(24, 11),
+        Outcome::Billed("gres:shard:7", WHOLE),
+    ),
+    form(
+        &["--gres=gpu=1"],
+        Takes::Since(24, 11),
+        Outcome::Billed("gres:shard:7", Some("--gres=gpu=1 billed as shard:7")),
+    ),
+    form(
+        &["--gres=gpu:a100:1"],
+        Takes::All,
+        Outcome::Billed(
+            "gres:shard:a100:7",
+            Some("--gres=gpu:a100:1 billed as shard:a100:7"),
+        ),
+    ),
+    form(
+        &["--gpus-per-node=a100:1"],
+        Takes::All,
+        Outcome::Billed(
+            "gres:shard:a100:7",
+            Some("--gres=gpu:a100:1 billed as shard:a100:7"),
+        ),
+    ),
+    form(
+        &["--gres=gpu:a100=1"],
+        Takes::All,
+        Outcome::Billed(
+            "gres:shard:a100:7",
+            Some("--gres=gpu:a100=1 billed as shard:a100:7"),
+        ),
+    ),
+    // 24.11+ put --cpus-per-task in tres_per_task (`cpu=2`): not a GPU.
+    form(
+        &["--gres=gpu:1", "--cpus-per-task=2"],
+        Takes::All,
+        Outcome::Billed("gres:shard:7", WHOLE),
+    ),
+    // Shards, in both separators.
+    form(
+        &["--gres=shard:5"],
+        Takes::All,
+        Outcome::Billed(
+            "gres:shard:7",
+            Some("shard:5 billed as shard:7 (no 5-slice MIG profile on a100-40gb)"),
+        ),
+    ),
+    form(
+        &["--gres=shard=5"],
+        Takes::Since(24, 11),
+        Outcome::Billed(
+            "gres:shard:7",
+            Some("shard:5 billed as shard:7 (no 5-slice MIG profile on a100-40gb)"),
+        ),
+    ),
+    form(
+        &["--gres=shard=2"],
+        Takes::Since(24, 11),
+        Outcome::Billed("gres:shard=2", None),
+    ),
+    form(
+        &["--gres=shard:2", "--cpus-per-task=2"],
+        Takes::All,
+        Outcome::Billed("gres:shard:2", None),
+    ),
+    // No GPU at all: untouched.
+    form(
+        &["--tres-per-task=cpu=2", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Billed("", None),
+    ),
+    form(
+        &["--cpus-per-gpu=2"],
+        Takes::Before(24, 11),
+        Outcome::Billed("", None),
+    ),
+    // More than one GPU per node, MIG device types.
+    form(
+        &["--gres=gpu:2"],
+        Takes::All,
+        Outcome::Refused(&["--gres=gpu:2: on smartmig nodes a job gets one GPU per node"]),
+    ),
+    form(
+        &["--gpus-per-node=2"],
+        Takes::All,
+        Outcome::Refused(&["--gres=gpu:2: on smartmig nodes a job gets one GPU per node"]),
+    ),
+    form(
+        &["--gres=gpu=2"],
+        Takes::Since(24, 11),
+        Outcome::Refused(&["--gres=gpu=2: on smartmig nodes a job gets one GPU per node"]),
+    ),
+    form(
+        &["--gres=gpu:3g.20gb:1"],
+        Takes::All,
+        Outcome::Refused(&["--gres=gpu:3g.20gb asks for a MIG device type"]),
+    ),
+    // GPUs per job, socket or task.
+    form(&["--gpus=1"], Takes::All, Outcome::Refused(GPUS)),
+    form(&["--gpus=a100:1"], Takes::All, Outcome::Refused(GPUS)),
+    form(
+        &["--gpus=1", "--ntasks-per-gpu=1"],
+        Takes::All,
+        Outcome::Refused(GPUS),
+    ),
+    form(
+        &["--cpus-per-gpu=2", "--gpus=1"],
+        Takes::All,
+        Outcome::Refused(GPUS),
+    ),
+    form(
+        &["--gpus-per-socket=1", "--sockets-per-node=1"],
+        Takes::All,
+        Outcome::Refused(&["--gpus-per-socket (tres_per_socket=", ONE_GPU]),
+    ),
+    form(
+        &["--gpus-per-task=1", "-n", "1"],
+        Takes::All,
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--gpus-per-task=1", "-n", "2"],
+        Takes::All,
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--gpus-per-task=1", "-n", "1", "--cpus-per-task=2"],
+        Takes::All,
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--gpus-per-task=1", "--gres=gpu:1", "-n", "1"],
+        Takes::All,
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--cpus-per-gpu=2", "--gpus-per-task=1", "-n", "1"],
+        Takes::All,
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--tres-per-task=gres/gpu:1", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--tres-per-task=gres/gpu=1", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--tres-per-task=gres:gpu:1", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--tres-per-task=gres:gpu=1", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--tres-per-task=gres/gpu:a100=1", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Refused(PER_TASK),
+    ),
+    form(
+        &["--tres-per-task=gres/shard:2", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Refused(SHARDS_PER_TASK),
+    ),
+    form(
+        &["--tres-per-task=gres/shard=2", "-n", "1"],
+        Takes::Since(24, 11),
+        Outcome::Refused(SHARDS_PER_TASK),
+    ),
+    // Per-GPU options beside a whole GPU: Slurm would refuse the job once it
+    // is billed as shards ("Invalid generic resource (gres) specification").
+    form(
+        &["--cpus-per-gpu=2", "--gres=gpu:1"],
+        Takes::All,
+        Outcome::Refused(CPUS_PER_GPU),
+    ),
+    form(
+        &["--cpus-per-gpu=2", "--gpus-per-node=1"],
+        Takes::All,
+        Outcome::Refused(CPUS_PER_GPU),
+    ),
+    form(
+        &["--mem-per-gpu=1G", "--gres=gpu:1"],
+        Takes::All,
+        Outcome::Refused(&[
+            "--mem-per-gpu=1024M (mem_per_tres=",
+            "ask --mem=1024M with --gres=gpu:1 instead",
+        ]),
+    ),
+    form(
+        &["--gres=gpu:1", "--ntasks-per-gpu=1"],
+        Takes::All,
+        Outcome::Refused(&[
+            "--ntasks-per-gpu=1: ",
+            "ask --ntasks-per-node=1 with --gres=gpu:1 instead",
+        ]),
+    ),
+    form(
+        &["--gres=gpu:1", "--gpu-freq=high"],
+        Takes::All,
+        Outcome::Refused(&["--gpu-freq (tres_freq=", "submit without --gpu-freq"]),
+    ),
+];
+
+/// Submits one form (held) and checks it against its row. Returns a
+/// description of what went wrong, and the id of a job it left held.
+fn check_form(
+    cluster: &SlurmCluster,
+    release: (u32, u32),
+    row: &Form,
+) -> (Option<String>, Option<u32>) {
+    let mut all = row.args.to_vec();
+    all.extend_from_slice(&["--hold", "--wrap", "true"]);
+    let out = cluster.try_sbatch(&all);
+    let seen = text(&out);
+    let job: Option<u32> = String::from_utf8_lossy(&out.stdout).trim().parse().ok();
+    let args = row.args;
+    if !row.takes.on(release) {
+        // Slurm itself refuses it on this series: refused at submit,
+        // whoever said so.
+        return if out.status.success() {
+            (Some(format!("{args:?}: accepted (job {job:?}), expected refused at submit by Slurm or the script: {seen}")), job)
+        } else {
+            (None, None)
+        };
+    }
+    match row.outcome {
+        Outcome::Refused(words) => {
+            if out.status.success() {
+                return (
+                    Some(format!(
+                        "{args:?}: accepted (job {job:?}), expected refused with {words:?}: {seen}"
+                    )),
+                    job,
+                );
+            }
+            // One line of the script's, with all the words.
+            let said = seen
+                .lines()
+                .any(|l| l.contains("error: smartmig: ") && words.iter().all(|w| l.contains(w)));
+            if !said {
+                return (
+                    Some(format!(
+                        "{args:?}: refused, but no `error: smartmig: ` line with all of {words:?}: {seen}"
+                    )),
+                    None,
+                );
+            }
+            (None, None)
+        }
+        Outcome::Billed(tres, note) => {
+            let Some(job) = job.filter(|_| out.status.success()) else {
+                return (
+                    Some(format!(
+                        "{args:?}: refused, expected billed as {tres:?}: {seen}"
+                    )),
+                    None,
+                );
+            };
+            let record = cluster
+                .job_records(job)
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            let get = |key: &str| {
+                record
+                    .get(key)
+                    .map_or(String::new(), |v| v.replace("gres/", "gres:"))
+            };
+            let mut problems = Vec::new();
+            let billed = get("TresPerNode");
+            if billed != tres {
+                problems.push(format!("TresPerNode={billed}, expected {tres:?}"));
+            }
+            for key in ["TresPerJob", "TresPerSocket", "TresPerTask"] {
+                let value = get(key);
+                if value.contains("gpu") || value.contains("shard") {
+                    problems.push(format!("{key}={value} asks for GPUs beside TresPerNode"));
+                }
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            match note {
+                Some(n)
+                    if !stderr
+                        .lines()
+                        .any(|l| l.starts_with("sbatch: smartmig: ") && l.contains(n)) =>
+                {
+                    problems.push(format!("expected the note {n:?}"));
+                }
+                None if stderr.contains("smartmig") => {
+                    problems.push("unexpected smartmig note".to_string());
+                }
+                _ => {}
+            }
+            if problems.is_empty() {
+                (None, Some(job))
+            } else {
+                (
+                    Some(format!(
+                        "{args:?} (job {job}): {}; stderr: {stderr}",
+                        problems.join("; ")
+                    )),
+                    Some(job),
+                )
+            }
+        }
+    }
+}
+
+/// Issue 53: every way Slurm 22.05, 24.11 and 26.05 take to ask for GPUs
+/// is billed as what MIG builds or refused at submit with a message naming
+/// the option and what to ask instead. Before, 24.11 and 26.05 accepted
+/// `--gpus-per-task=1` (`TresPerTask=gres/gpu=1`), `--gres=gpu=1` and
+/// `--tres-per-task=gres/shard=2` untouched (the script read only the
+/// `gres/gpu:1` spelling), and the jobs failed on the node. All rows run;
+/// the failures are reported together.
+#[test]
+fn every_way_to_ask_for_gpus_is_billed_or_refused_at_submit() {
+    let start = Instant::now();
+    let cluster = cluster();
+    let release = smartmig_suite::slurm_release();
+    let mut failures = Vec::new();
+    let mut held = Vec::new();
+    let (mut by_script, mut by_slurm, mut billed) = (0, 0, 0);
+    for row in FORMS {
+        let (failure, job) = check_form(&cluster, release, row);
+        held.extend(job);
+        match (failure, row.takes.on(release), row.outcome) {
+            (Some(f), _, _) => failures.push(f),
+            (None, false, _) => by_slurm += 1,
+            (None, true, Outcome::Refused(_)) => by_script += 1,
+            (None, true, Outcome::Billed(..)) => billed += 1,
+        }
+    }
+    if !held.is_empty() {
+        let ids: Vec<String> = held.iter().map(u32::to_string).collect();
+        let out = cluster
+            .command("scancel")
+            .args(&ids)
+            .output()
+            .expect("run scancel");
+        assert!(out.status.success(), "scancel: {}", describe(&out));
+    }
+    assert!(
+        failures.is_empty(),
+        "Slurm {}.{:02}: {} of {} forms wrong:\n{}\n{}",
+        release.0,
+        release.1,
+        failures.len(),
+        FORMS.len(),
+        failures.join("\n"),
+        cluster.log_tails()
+    );
+    eprintln!(
+        "Slurm {}.{:02}: {} forms: {billed} billed, {by_script} refused by the script, {by_slurm} refused by Slurm itself ({:?})",
+        release.0,
+        release.1,
+        FORMS.len(),
+        start.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Jobs that run: Slurm's placement now matches the instances MIG builds.
 
 /// A job body that prints what the job saw and waits for `DIR/go.all`
@@ -436,7 +904,8 @@ fn side_by_side(
 /// so Slurm puts a `shard:2` job on the other GPU, where it gets its
 /// instance (without the script Slurm puts it next to the 7g instance and
 /// it fails). Then `shard:1 --mig-mem=20G` (a 3g.20gb instance) next to
-/// `shard:6` (7g): both run, on different GPUs.
+/// `shard:6` (7g): both run, on different GPUs. Then a whole GPU next to
+/// `shard:2`, in the `=` spelling where the series takes it.
 #[test]
 fn rounded_jobs_run_side_by_side_without_failures() {
     let start = Instant::now();
@@ -460,6 +929,17 @@ fn rounded_jobs_run_side_by_side_without_failures() {
         &["--gres=shard:1", "--mig-mem=20G"],
     );
     assert_eq!((p6.as_str(), p1.as_str()), ("7g.40gb", "3g.20gb"));
+
+    // Issue 53: the `=` spelling that 24.11 and 26.05 take (`--gres=gpu=1`,
+    // `--gres=shard=2`) is billed and runs like the `:` one: a whole GPU as
+    // its 7g instance, two shards beside it on the other GPU.
+    let (whole, two) = if smartmig_suite::slurm_release() >= (24, 11) {
+        ("--gres=gpu=1", "--gres=shard=2")
+    } else {
+        ("--gres=gpu:1", "--gres=shard:2")
+    };
+    let (pw, p2) = side_by_side(&cluster, &sidecar, "whole-two", &[whole], &[two]);
+    assert_eq!((pw.as_str(), p2.as_str()), ("7g.40gb", "2g.10gb"));
 
     assert!(
         cluster.wait_node_state("idle", Duration::from_secs(10)),

@@ -13,14 +13,17 @@ This script makes Slurm bill what MIG will build, and refuses at submit what
 can never run.
 
 For every job with `shard` or `gpu` GRES or smartmig options it:
-  - turns a whole-GPU request (`--gres=gpu:1`) into all of one GPU's shards
-    (shard:7 on an A100), served as one whole-GPU MIG instance, or refuses
-    it (SMARTMIG_WHOLE_GPU); refuses more than one GPU per node, typed MIG
-    devices and --gpus/--gpus-per-task/--gpus-per-socket;
+  - turns a whole-GPU request (`--gres=gpu:1`, `--gpus-per-node=1`) into all
+    of one GPU's shards (shard:7 on an A100), served as one whole-GPU MIG
+    instance, or refuses it (SMARTMIG_WHOLE_GPU); refuses more than one GPU
+    per node, typed MIG devices, --gpus/--gpus-per-task/--gpus-per-socket/
+    --tres-per-task GPUs, and --cpus-per-gpu/--mem-per-gpu/--ntasks-per-gpu/
+    --gpu-freq with a whole GPU (Slurm would refuse them once it is billed
+    as shards), each with a message naming what to ask instead;
   - refuses `shard:0`, more shards than the GPU has compute slices, shards
-    requested per job/socket/task instead of per node, `--mig-mem` or
-    `--mig-profile` without shards, both options together, and a size or
-    profile the partition's GPU model cannot serve;
+    requested per job/socket/task (--tres-per-task) instead of per node,
+    `--mig-mem` or `--mig-profile` without shards, both options together,
+    and a size or profile the partition's GPU model cannot serve;
   - raises K to the compute size of the profile the sidecar will build
     (the smallest profile with >= K slices and >= the `--mig-mem` memory, or
     the `--mig-profile`), rewrites the job's `--gres`, and tells the user once,
@@ -38,8 +41,13 @@ Install (see docs/slurm-integration.md, "Submit-time checks"):
      it when its modification time changes);
   3. set the GPU model of your shard nodes below.
 
-Tested with Slurm 22.05 (Debian 12) and Lua 5.1. The smartmig SPANK plugin
-passes `--mig-mem`/`--mig-profile` to slurmctld as
+Every TRES string (tres_per_node/job/socket/task, cpus_per_tres, ...) is
+read by one parser, parse_tres, which takes all the spellings Slurm 22.05,
+24.11 and 26.05 use: `gres:gpu:1`, `gres/gpu:1`, `gres/gpu=1`, typed
+`gpu:a100:1`/`gpu:a100=1`, and other TRES such as `cpu=2` beside them.
+
+Tested with Slurm 22.05 (Debian 12), 24.11 and 26.05, and Lua 5.1. The
+smartmig SPANK plugin passes `--mig-mem`/`--mig-profile` to slurmctld as
 `_SLURM_SPANK_OPTION_smartmig_mig_mem=VALUE` in the job's spank_job_env
 (sbatch, srun, salloc) and, for batch jobs, in the job environment.
 ]]
@@ -68,10 +76,11 @@ local SMARTMIG_PARTITION_MODELS = {
 -- (shard:7 on an A100) and smartmig serves it as one whole-GPU MIG instance,
 -- isolated like any shard job; "refuse" refuses it with a message naming
 -- --gres=shard:7. More than one GPU per node, typed MIG devices
--- (--gres=gpu:3g.20gb:1) and --gpus/--gpus-per-task/--gpus-per-socket are
--- refused either way: a job gets one MIG instance per node. (A plain GPU
--- job would get a GPU in MIG mode with no instance of its own, and Slurm
--- 22.05 can run it beside the shard jobs of that GPU.)
+-- (--gres=gpu:3g.20gb:1) and --gpus/--gpus-per-task/--gpus-per-socket/
+-- --tres-per-task=gres/gpu:N are refused either way: a job gets one MIG
+-- instance per node. (A plain GPU job would get a GPU in MIG mode with no
+-- instance of its own, and Slurm 22.05 can run it beside the shard jobs of
+-- that GPU.)
 local SMARTMIG_WHOLE_GPU = "mig"
 
 -- Partitions whose nodes do not run smartmig (whole GPUs, no shards): jobs
@@ -385,31 +394,53 @@ local function select_profile(model, slices, memory_gb)
     return nil
 end
 
--- Entries of GRES `name` in a TRES string such as "gres:gpu:1,gres:shard:3":
--- a list of { index, prefix, type, count } (count nil when Slurm's syntax
--- is not understood here; Slurm then judges it), plus all entries.
-local function find_gres(tres, name)
+-- A GRES count as Slurm writes it: digits with an optional k/m/g suffix
+-- ("2", "1k"), or nil.
+local function parse_count(text)
+    local digits, suffix = string.match(text or "", "^(%d+)([kKmMgG]?)$")
+    if digits == nil then
+        return nil
+    end
+    local mult = ({ [""] = 1, k = 1024, m = 1024 * 1024, g = 1024 * 1024 * 1024 })[string.lower(suffix)]
+    return tonumber(digits) * mult
+end
+
+-- THE parser of TRES strings: every tres_per_* field (and cpus_per_tres,
+-- mem_per_tres) is read through it. Slurm spells one request in many ways,
+-- by series and by option: `gpu:1` and `gres:gpu:1` (22.05), `gres/gpu:1`
+-- (23.11+), `gres/gpu=1` (--gpus-per-task and `--gres=gpu=1` on 24.11 and
+-- 26.05), typed `gpu:a100:1` and `gpu:a100=1`, no count (`gpu`, one), and
+-- other TRES in the same string (`cpu=2` in tres_per_task from 24.11).
+-- Returns a list of { index, prefix, name, type, count } (prefix "",
+-- "gres:" or "gres/"; count nil when the syntax is not understood here, and
+-- Slurm then judges it), plus all entries, trimmed, for rewriting.
+local function parse_tres(tres)
     local entries = split(tres or "", ",")
-    local found = {}
+    local parsed = {}
     for i, raw in ipairs(entries) do
         local entry = trim(raw)
         entries[i] = entry
-        local prefix, rest = string.match(entry, "^(gres[:/])" .. name .. "(.*)$")
+        local prefix, rest = string.match(entry, "^(gres[:/])(.*)$")
         if prefix == nil then
-            prefix = ""
-            rest = string.match(entry, "^" .. name .. "(.*)$")
+            prefix, rest = "", entry
         end
-        if rest ~= nil and (rest == "" or string.sub(rest, 1, 1) == ":") then
-            local parts = split(string.sub(rest, 2), ":")
-            local gres_type, count = nil, nil
-            if #parts == 0 then
-                count = 1
-            else
+        local name, tail = string.match(rest, "^([^:=]*)(.*)$")
+        local gres_type, count = nil, nil
+        if tail == "" or tail == ":" then
+            count = 1
+        elseif string.sub(tail, 1, 1) == "=" then
+            count = parse_count(string.sub(tail, 2))
+        else
+            local body = string.sub(tail, 2)
+            local t, c = string.match(body, "^([^:=]+)=([^=]*)$")
+            if t ~= nil then
+                -- `gpu:a100=1`
+                gres_type, count = t, parse_count(c)
+            elseif not string.find(body, "=", 1, true) then
+                local parts = split(body, ":")
                 local last = parts[#parts]
-                local digits, suffix = string.match(last, "^(%d+)([kKmMgG]?)$")
-                if digits then
-                    local mult = ({ [""] = 1, k = 1024, m = 1024 * 1024, g = 1024 * 1024 * 1024 })[string.lower(suffix)]
-                    count = tonumber(digits) * mult
+                count = parse_count(last)
+                if count ~= nil then
                     if #parts == 2 then
                         gres_type = parts[1]
                     elseif #parts > 2 then
@@ -420,10 +451,33 @@ local function find_gres(tres, name)
                     count = 1
                 end
             end
-            found[#found + 1] = { index = i, prefix = prefix, type = gres_type, count = count }
+        end
+        parsed[#parsed + 1] = { index = i, prefix = prefix, name = name, type = gres_type, count = count }
+    end
+    return parsed, entries
+end
+
+-- Entries of GRES `name` in a TRES string (see parse_tres), plus all
+-- entries.
+local function find_gres(tres, name)
+    local parsed, entries = parse_tres(tres)
+    local found = {}
+    for _, e in ipairs(parsed) do
+        if e.name == name then
+            found[#found + 1] = e
         end
     end
     return found, entries
+end
+
+-- One GRES entry written back, in Slurm's own prefix and `:` separators
+-- (`gres/shard:7`, `gres:shard:mig0:7`): every series reads those.
+local function gres_entry(found, name, count)
+    local text = found.prefix .. name
+    if found.type ~= nil then
+        text = text .. ":" .. found.type
+    end
+    return text .. ":" .. string.format("%d", count)
 end
 
 local function find_shards(tres)
@@ -595,6 +649,71 @@ local function single_model(job, part_list)
     return model
 end
 
+-- The options that fill each TRES field (names for the messages: the
+-- script sees the field, not the option the user typed).
+local GPU_OPTIONS = {
+    tres_per_job = "--gpus",
+    tres_per_socket = "--gpus-per-socket",
+    tres_per_task = "--gpus-per-task/--tres-per-task",
+}
+local SHARD_OPTIONS = {
+    tres_per_task = "--tres-per-task",
+}
+
+-- "--gpus (tres_per_job=gres/gpu:1)": the option and what Slurm made of it.
+local function field_text(options, field, value)
+    local opt = options[field]
+    if opt == nil then
+        return field .. "=" .. tostring(value)
+    end
+    return opt .. " (" .. field .. "=" .. tostring(value) .. ")"
+end
+
+-- What to ask instead of a GPU request this script refuses.
+local function whole_gpu_hint()
+    if SMARTMIG_WHOLE_GPU == "mig" then
+        return "ask --gres=gpu:1 for a whole GPU or --gres=shard:K for K compute slices"
+    end
+    return "ask --gres=shard:K for K compute slices"
+end
+
+-- Options that count per GPU (Slurm's cpus_per_tres, mem_per_tres,
+-- ntasks_per_tres, tres_freq). Once a whole GPU is billed as shards the job
+-- has no `gpu` left for them to count by, and Slurm refuses the job with
+-- "Invalid generic resource (gres) specification": refuse it first, naming
+-- the option and its per-node equivalent (a job has one GPU per node).
+-- nil or { error = msg }.
+local function per_gpu_options(job, whole)
+    local billed = "on smartmig nodes a whole GPU is billed as " .. whole ..
+        " (one MIG instance), so Slurm has no GPU to count it by"
+    local cpus = find_gres(job.cpus_per_tres, "gpu")
+    if #cpus > 0 then
+        local n = cpus[1].count and string.format("%d", cpus[1].count) or "N"
+        return { error = string.format(
+            "--cpus-per-gpu=%s (cpus_per_tres=%s): %s; ask --mincpus=%s (CPUs per node) or --cpus-per-task=%s (-c, per task) with --gres=gpu:1 instead",
+            n, job.cpus_per_tres, billed, n, n) }
+    end
+    local mem = find_gres(job.mem_per_tres, "gpu")
+    if #mem > 0 then
+        local n = mem[1].count and string.format("%dM", mem[1].count) or "SIZE"
+        return { error = string.format(
+            "--mem-per-gpu=%s (mem_per_tres=%s): %s; ask --mem=%s with --gres=gpu:1 instead",
+            n, job.mem_per_tres, billed, n) }
+    end
+    local ntasks = tonumber(job.ntasks_per_tres)
+    if ntasks ~= nil and ntasks > 0 and ntasks < 65534 then
+        return { error = string.format(
+            "--ntasks-per-gpu=%d: %s; ask --ntasks-per-node=%d with --gres=gpu:1 instead",
+            ntasks, billed, ntasks) }
+    end
+    if type(job.tres_freq) == "string" and string.find(job.tres_freq, "gpu", 1, true) then
+        return { error = string.format(
+            "--gpu-freq (tres_freq=%s): on smartmig nodes a whole GPU is billed as %s (one MIG instance), and Slurm takes --gpu-freq only with GPUs billed as gpu; submit without --gpu-freq",
+            job.tres_freq, whole) }
+    end
+    return nil
+end
+
 -- Whole-GPU requests on smartmig nodes (SMARTMIG_WHOLE_GPU): nil when the
 -- job asks for no `gpu` GRES, else { error = msg } or { tres_per_node =
 -- new, note = msg } with the gpu entry rewritten to the GPU's shards.
@@ -602,8 +721,8 @@ local function whole_gpu(job, part_list)
     for _, field in ipairs({ "tres_per_job", "tres_per_socket", "tres_per_task" }) do
         if #find_gres(job[field], "gpu") > 0 then
             return { error = string.format(
-                "%s=%s: on smartmig nodes a job gets one GPU, as one MIG instance, per node; ask --gres=gpu:1 for a whole GPU or --gres=shard:K for K compute slices",
-                field, job[field]) }
+                "%s: on smartmig nodes a job gets one GPU, as one MIG instance, per node; %s",
+                field_text(GPU_OPTIONS, field, job[field]), whole_gpu_hint()) }
         end
     end
     local gpus, entries = find_gres(job.tres_per_node, "gpu")
@@ -636,11 +755,11 @@ local function whole_gpu(job, part_list)
             "whole-GPU jobs (--gres=gpu:1) are not taken on smartmig nodes here; ask --gres=%s for a whole %s as one MIG instance",
             whole, model.id) }
     end
-    local entry = gpu.prefix .. "shard"
-    if gpu.type ~= nil then
-        entry = entry .. ":" .. gpu.type
+    local refused = per_gpu_options(job, whole)
+    if refused ~= nil then
+        return refused
     end
-    entries[gpu.index] = entry .. ":" .. string.format("%d", model.compute_slices)
+    entries[gpu.index] = gres_entry(gpu, "shard", model.compute_slices)
     local full = nil
     for _, p in ipairs(model.profiles) do
         if p.compute == model.compute_slices and (full == nil or p.memory > full.memory) then
@@ -653,15 +772,16 @@ local function whole_gpu(job, part_list)
 end
 
 -- The shard check. `job` has tres_per_node, tres_per_job, tres_per_socket,
--- tres_per_task, partition, mig_mem, mig_profile. Returns nil (pass
--- untouched), or { error = msg }, or { tres_per_node = new, notes = {...} }.
+-- tres_per_task, cpus_per_tres, mem_per_tres, ntasks_per_tres, tres_freq,
+-- partition, mig_mem, mig_profile. Returns nil (pass untouched), or
+-- { error = msg }, or { tres_per_node = new, notes = {...} }.
 local function check_shards(job, part_list)
     local shards, entries = find_shards(job.tres_per_node)
     for _, field in ipairs({ "tres_per_job", "tres_per_socket", "tres_per_task" }) do
         if #find_shards(job[field]) > 0 then
             return { error = string.format(
-                "shards must be requested per node with --gres=shard:K (one MIG instance per node), not in %s=%s",
-                field, job[field]) }
+                "shards must be requested per node with --gres=shard:K (one MIG instance per node), not with %s",
+                field_text(SHARD_OPTIONS, field, job[field])) }
         end
     end
     if #shards == 0 then
@@ -727,11 +847,7 @@ local function check_shards(job, part_list)
     if first.k == k then
         return nil
     end
-    local entry = shard.prefix .. "shard"
-    if shard.type ~= nil then
-        entry = entry .. ":" .. shard.type
-    end
-    entries[shard.index] = entry .. ":" .. string.format("%d", first.k)
+    entries[shard.index] = gres_entry(shard, "shard", first.k)
     return { tres_per_node = table.concat(entries, ","), notes = { first.note } }
 end
 
@@ -786,6 +902,10 @@ local function submit(job_desc, part_list)
         tres_per_job = job_desc.tres_per_job,
         tres_per_socket = job_desc.tres_per_socket,
         tres_per_task = job_desc.tres_per_task,
+        cpus_per_tres = job_desc.cpus_per_tres,
+        mem_per_tres = job_desc.mem_per_tres,
+        ntasks_per_tres = job_desc.ntasks_per_tres,
+        tres_freq = job_desc.tres_freq,
         partition = job_desc.partition,
         mig_mem = mig_mem,
         mig_profile = mig_profile,
@@ -822,6 +942,10 @@ local function modify(job_desc, job_rec, part_list)
         tres_per_job = job_desc.tres_per_job,
         tres_per_socket = job_desc.tres_per_socket,
         tres_per_task = job_desc.tres_per_task,
+        cpus_per_tres = job_desc.cpus_per_tres,
+        mem_per_tres = job_desc.mem_per_tres,
+        ntasks_per_tres = job_desc.ntasks_per_tres,
+        tres_freq = job_desc.tres_freq,
         partition = job_desc.partition or job_rec.partition,
         mig_mem = mig_mem,
         mig_profile = mig_profile,
