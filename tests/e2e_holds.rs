@@ -225,3 +225,67 @@ fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
         let _ = cluster.command("scancel").arg(job.to_string()).output();
     }
 }
+
+/// Issue 53, item 5: the same stranded slice, but the `srun` is another
+/// user's and the node's other GPU is empty. Another user's batch job never
+/// gives way while the node has room elsewhere; the step fails after
+/// `allocate_wait_s` with advice that is true with holds off (a rerun may
+/// land on the same GPU; GPU 1 has room; sbatch or holds), not "run it
+/// again". Before the fix root's younger job was requeued for it.
+#[test]
+fn an_srun_never_requeues_another_users_job_while_another_gpu_has_room() {
+    let cluster = cluster();
+    let sidecar = Sidecar::start_configured(
+        cluster.dir(),
+        "allocate_wait_s = 5",
+        true,
+        "",
+        &SidecarBackend::Sim,
+    );
+    let jobs = [
+        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
+        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
+    ];
+    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(&sidecar) == 2);
+    assert!(
+        busy,
+        "jobs {jobs:?} did not both get an instance:\n{}\n{}",
+        sidecar.status_table(),
+        cluster.log_tails()
+    );
+    let user = smartmig_suite::job_user();
+    let conf = format!("SLURM_CONF={}", cluster.slurm_conf().display());
+    let out = cluster
+        .command("timeout")
+        .args(["120", "runuser", "-u", user, "--", "env", &conf, "srun"])
+        .args([
+            "--gres=shard:mig0:1",
+            "sh",
+            "-c",
+            "echo PROFILE=$SMARTMIG_PROFILE",
+        ])
+        .current_dir("/tmp")
+        .output()
+        .expect("run srun");
+    let text = describe(&out);
+    assert!(!out.status.success(), "the srun got room: {text}");
+    for job in jobs {
+        assert_eq!(
+            restarts(&cluster, job),
+            0,
+            "root's job {job} gave way to another user's srun: {}",
+            cluster.smartmigd_log()
+        );
+    }
+    for words in [
+        "GPU 1 of this node has room now",
+        "slurm.holds is off",
+        "submit it with sbatch",
+    ] {
+        assert!(text.contains(words), "{words:?} not in: {text}");
+    }
+    assert!(!text.contains("Slurm then places it"), "{text}");
+    for job in jobs {
+        let _ = cluster.command("scancel").arg(job.to_string()).output();
+    }
+}

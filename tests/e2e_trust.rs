@@ -27,13 +27,28 @@
 //! `not_granted`, naming the grant, and the job fails whatever
 //! `on_failure` says.
 //!
+//! Issue 53: nothing a user sets acts on another user's job or buys a
+//! bigger slice than Slurm billed:
+//!
+//! - forged `SLURM_ARRAY_JOB_ID`/`SLURM_ARRAY_TASK_ID` in a shard batch job
+//!   that gets no instance: the plugin's root `scontrol requeue` used to
+//!   name them (`W_0,V` requeued another user's job V); it now names the
+//!   job's own id from Slurm's SPANK items;
+//! - a forged `SLURM_CONF` and `SLURMD_NODENAME` in an `srun` step's
+//!   environment: the plugin's root `scontrol` used to read that config
+//!   (so the node was not drained); it now reads slurmstepd's;
+//! - `srun --mig-mem=40G` (and the same option through its
+//!   `SLURM_SPANK_...` variable) inside `salloc --gres=shard:1`: it used to
+//!   get a 7g.40gb while Slurm billed one shard; smartmigd now refuses it,
+//!   naming what to ask for.
+//!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use smartmig_suite::{describe, job_user, plugstack_line, Sidecar, SlurmCluster};
+use smartmig_suite::{describe, job_user, plugstack_line, wait_until, Sidecar, SlurmCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// smartmigd's refusal of a shard count Slurm did not grant.
@@ -73,15 +88,181 @@ fn held(sidecar: &Sidecar) -> Vec<(u64, String)> {
 
 /// Runs `srun ARGS` as the test user with `env` added to its environment.
 fn srun_as_user(cluster: &SlurmCluster, env: &[(&str, &str)], args: &[&str]) -> Output {
+    as_user(cluster, env, "srun", args)
+}
+
+/// Runs `PROGRAM ARGS` (a Slurm client) as the test user with `env` added
+/// to its environment, for at most 60 s.
+fn as_user(cluster: &SlurmCluster, env: &[(&str, &str)], program: &str, args: &[&str]) -> Output {
     let mut cmd = cluster.command("timeout");
     cmd.args(["60", "runuser", "-u", job_user(), "--", "env"]);
     cmd.arg(format!("SLURM_CONF={}", cluster.slurm_conf().display()));
     for (k, v) in env {
         cmd.arg(format!("{k}={v}"));
     }
-    cmd.arg("srun").args(args);
+    cmd.arg(program).args(args);
     cmd.current_dir("/tmp");
-    cmd.output().expect("run srun")
+    cmd.output().expect("run a Slurm client")
+}
+
+/// A field of the job's first `scontrol show job` record.
+fn job_field(cluster: &SlurmCluster, job: u32, key: &str) -> Option<String> {
+    cluster.job_records(job).first()?.get(key).cloned()
+}
+
+/// Plugin arguments for a node whose smartmigd cannot be reached: a step
+/// waits 1 s, then the plugin drains (`drain`) and requeues by itself.
+fn unreachable(drain: bool) -> String {
+    format!(
+        "socket=/nonexistent/smartmig-root.sock sidecar_wait=1 requeue=yes drain_on_unreachable={}",
+        if drain { "yes" } else { "no" }
+    )
+}
+
+#[test]
+fn forged_array_ids_never_requeue_another_users_job() {
+    let cluster = cluster(&unreachable(false));
+    // Two jobs of root's, running: V, the victim, and W, whose id the
+    // forged array id borrows (`W_0,V` is a list of two ids to scontrol).
+    let victim = cluster.sbatch_wrap(&[], "sleep 300");
+    let other = cluster.sbatch_wrap(&[], "sleep 300");
+    assert!(
+        wait_until(TIMEOUT, || [victim, other]
+            .iter()
+            .all(|j| cluster.job_state(*j).as_deref() == Some("RUNNING"))),
+        "root's jobs did not start: {:#?}",
+        cluster.job_records(victim)
+    );
+    let task = format!("0,{victim}");
+    let array_job = other.to_string();
+    let out = cluster.shared_dir().join("forged-array.out");
+    let attacker = cluster.sbatch_as_job_user_env(
+        &[
+            ("SLURM_ARRAY_JOB_ID", array_job.as_str()),
+            ("SLURM_ARRAY_TASK_ID", task.as_str()),
+        ],
+        &out,
+        &["--gres=shard:1"],
+        "echo ran",
+    );
+    // Its first run meets no smartmigd and gives up after 1 s: it is
+    // requeued, or (before issue 53) it failed.
+    let first_run_over = wait_until(TIMEOUT, || {
+        job_field(&cluster, attacker, "Restarts").is_some_and(|n| n != "0")
+            || cluster
+                .job_state(attacker)
+                .is_some_and(|s| smartmig_suite::FINAL_JOB_STATES.contains(&s.as_str()))
+    });
+    assert!(
+        first_run_over,
+        "{:#?}\n{}",
+        cluster.job_records(attacker),
+        cluster.log_tails()
+    );
+    for job in [victim, other] {
+        assert_eq!(
+            job_field(&cluster, job, "Restarts").as_deref(),
+            Some("0"),
+            "root's job {job} was requeued by the user's forged array ids: {:#?}\n{}",
+            cluster.job_records(job),
+            cluster.log_tails()
+        );
+        assert_eq!(cluster.job_state(job).as_deref(), Some("RUNNING"));
+    }
+    // The requeue named the job's own id.
+    assert_ne!(
+        job_field(&cluster, attacker, "Restarts").as_deref(),
+        Some("0"),
+        "the shard job was not requeued: {:#?}\n{}",
+        cluster.job_records(attacker),
+        read(&out)
+    );
+    let _ = cluster
+        .command("scancel")
+        .args([
+            &victim.to_string(),
+            &other.to_string(),
+            &attacker.to_string(),
+        ])
+        .output();
+}
+
+#[test]
+fn a_forged_slurm_conf_never_steers_the_plugins_scontrol() {
+    let cluster = cluster(&unreachable(true));
+    // The step's environment says: another config, another node.
+    let out = srun_as_user(
+        &cluster,
+        &[],
+        &[
+            "--export=ALL,SLURM_CONF=/forged/slurm.conf,SLURMD_NODENAME=nosuchnode",
+            "--gres=shard:1",
+            "true",
+        ],
+    );
+    let text = describe(&out);
+    assert!(
+        !out.status.success(),
+        "the step ran without smartmigd: {text}"
+    );
+    assert!(
+        cluster.wait_node_state("drained", TIMEOUT),
+        "the node was not drained with slurmstepd's config (node state {}): {text}\n{}",
+        cluster.node_state(),
+        cluster.log_tails()
+    );
+    assert!(
+        !text.contains("could not drain") && !text.contains("forged") && text.contains("drained"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_step_gets_no_bigger_slice_than_its_job_was_billed() {
+    let cluster = cluster("");
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
+    let step = ["srun", "sh", "-c", "echo PROFILE=$SMARTMIG_PROFILE"];
+    for (env, option) in [
+        (vec![], Some("--mig-mem=40G")),
+        (
+            vec![("SLURM_SPANK__SLURM_SPANK_OPTION_smartmig_mig_mem", "40G")],
+            None,
+        ),
+    ] {
+        let mut args = vec!["--gres=shard:1", step[0]];
+        args.extend(option);
+        args.extend_from_slice(&step[1..]);
+        let out = as_user(&cluster, &env, "salloc", &args);
+        let text = describe(&out);
+        assert!(!out.status.success(), "{env:?} {option:?}: ran: {text}");
+        assert!(!text.contains("PROFILE=7g"), "{env:?} {option:?}: {text}");
+        assert!(
+            text.contains("needs 7g.40gb") && text.contains("--gres=shard:7"),
+            "{env:?} {option:?}: {text}\n{}",
+            cluster.smartmigd_log()
+        );
+        assert!(
+            held(&sidecar).is_empty(),
+            "instances left: {:?}",
+            held(&sidecar)
+        );
+    }
+    // Within the grant it is served: 10 GB is a 1-slice profile.
+    let out = as_user(
+        &cluster,
+        &[],
+        "salloc",
+        &[
+            "--gres=shard:1",
+            "srun",
+            "--mig-mem=10G",
+            step[1],
+            step[2],
+            step[3],
+        ],
+    );
+    let text = describe(&out);
+    assert!(text.contains("PROFILE=1g.10gb"), "{text}");
 }
 
 fn read(path: &Path) -> String {

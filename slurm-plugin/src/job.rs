@@ -21,11 +21,43 @@
 //! - GPU variables without `SLURM_SHARDS_ON_NODE` are a whole-GPU step
 //!   ([`whole_gpus`]), which gets no MIG instance.
 
-/// Slurm's step id of a batch script (`SLURM_BATCH_SCRIPT`).
-pub const BATCH_STEP: u32 = 0xFFFF_FFFB;
+pub use smartmig_client::protocol::BATCH_STEP;
 /// Slurm's step id of the extern step (`SLURM_EXTERN_CONT`), which runs no
 /// user task that needs a GPU.
 pub const EXTERN_STEP: u32 = 0xFFFF_FFFC;
+
+/// Slurm's "no value" for a `u32` item (`NO_VAL`): an array task id of a
+/// job that is not an array task.
+const NO_VAL: u32 = 0xFFFF_FFFE;
+
+/// The array task a job is, from Slurm's SPANK items `S_JOB_ARRAY_ID` and
+/// `S_JOB_ARRAY_TASK_ID` (never from `SLURM_ARRAY_*` in the job's
+/// environment, which the user sets: issue 53 requeued another user's job
+/// through `SLURM_ARRAY_TASK_ID=0,15`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrayTask(Option<(u32, u32)>);
+
+impl ArrayTask {
+    /// From the two items as read (`None`: Slurm did not answer). Slurm
+    /// reports array id 0 for a job that is not an array task.
+    pub fn new(array_job_id: Option<u32>, task_id: Option<u32>) -> ArrayTask {
+        match (array_job_id, task_id) {
+            (Some(a), Some(t)) if a != 0 && a != NO_VAL && t != NO_VAL => ArrayTask(Some((a, t))),
+            _ => ArrayTask(None),
+        }
+    }
+
+    /// The id `scontrol requeue` must name for job `job_id` and no other:
+    /// `A_T` for an array task (a bare array job id would requeue every
+    /// task of the array), else the job id. Digits and `_` only, so it is
+    /// one job whatever the items held.
+    pub fn requeue_target(self, job_id: u32) -> String {
+        match self.0 {
+            Some((array, task)) => format!("{array}_{task}"),
+            None => job_id.to_string(),
+        }
+    }
+}
 
 /// The shards a step holds on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,14 +184,6 @@ pub fn whole_gpus(
         })
 }
 
-/// What an `srun`/`salloc` step that met no buildable slice is told (it
-/// cannot be requeued as a batch job is): Slurm placed it on shards MIG
-/// could not build in `allocate_wait_s` (with `slurm.holds` on, only when
-/// one scheduling pass placed several jobs on a GPU together).
-pub const INTERACTIVE_NO_FIT: &str = "; an interactive step is not requeued: run it again \
-     (Slurm then places it on shards MIG can build), or submit it with sbatch, which is \
-     requeued instead of failing";
-
 /// Why a whole-GPU step ([`whole_gpus`]) may not run on a smartmig node
 /// (`gpu_jobs=fail`): on a GPU in MIG mode it gets no instance of its own
 /// and Slurm 22.05 can run it beside the GPU's shard jobs (once one shard
@@ -186,6 +210,29 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn a_requeue_names_the_steps_own_job_only() {
+        assert_eq!(
+            ArrayTask::new(Some(0), Some(NO_VAL)).requeue_target(15),
+            "15"
+        );
+        assert_eq!(ArrayTask::new(None, None).requeue_target(15), "15");
+        assert_eq!(ArrayTask::new(Some(14), Some(1)).requeue_target(15), "14_1");
+        assert_eq!(
+            ArrayTask::new(Some(14), Some(NO_VAL)).requeue_target(15),
+            "15"
+        );
+        assert_eq!(ArrayTask::new(Some(14), None).requeue_target(15), "15");
+        // Whatever the items say, the target is one id: digits and `_`.
+        for (a, t) in [(u32::MAX, u32::MAX), (1, 0), (NO_VAL, 3)] {
+            let id = ArrayTask::new(Some(a), Some(t)).requeue_target(7);
+            assert!(
+                id.chars().all(|c| c.is_ascii_digit() || c == '_') && id.matches('_').count() <= 1,
+                "{id}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! (`smartmig_mig::requested_profile`), refusing a profile the model lacks
 //! or whose compute slices differ from the shard count.
 
-use smartmig_mig::{parse_profile, ProfileParseError, RequestedProfileError, VariantKind, MODELS};
+use smartmig_mig::{
+    parse_profile, profile_size, ProfileParseError, RequestedProfileError, VariantKind, MODELS,
+};
 
 /// The accepted forms, repeated in every `--mig-mem` refusal.
 const MIG_MEM_HINT: &str = "expected a size such as 10G, 15GB, 20480M or 40 (GB)";
@@ -110,13 +112,18 @@ pub fn check_profile_syntax(name: &str) -> Result<u8, MigProfileError> {
         match parse_profile(model, name) {
             Ok(p) => {
                 return match VariantKind::of_name(name) {
+                    // The base as the user wrote it (`1g.5gb+me` ->
+                    // `1g.5gb`): the node's model is unknown here, and
+                    // another model's nearest profile (the A30's 1g.6gb)
+                    // would be no advice for an A100 user.
                     Some(kind) => Err(MigProfileError::Variant(RequestedProfileError::Variant {
                         name: name.to_string(),
                         kind,
-                        base: p.name(),
+                        base: profile_size(name)
+                            .map_or_else(|| p.name(), |(c, gb)| format!("{c}g.{gb}gb")),
                     })),
                     None => Ok(p.shape.compute),
-                }
+                };
             }
             Err(e @ (ProfileParseError::Empty | ProfileParseError::NoProfile(_))) => {
                 return Err(MigProfileError::Parse {
@@ -174,6 +181,10 @@ mod tests {
             e.starts_with("--mig-profile=1g.24gb+gfx is a `+gfx` variant"),
             "{e}"
         );
+        // The hint is the base the user wrote, not another model's profile.
+        let e = check_profile_syntax("1g.5gb+me").unwrap_err().to_string();
+        assert!(e.contains("ask for --mig-profile=1g.5gb "), "{e}");
+        assert!(!e.contains("1g.6gb"), "{e}");
         assert_eq!(check_profile_syntax("nvidia_a100_1g.5gb").unwrap(), 1);
         assert!(check_profile_syntax("three")
             .unwrap_err()

@@ -13,11 +13,15 @@ use smartmig_client::protocol::{AllocateReply, AllocateRequest, ErrorKind};
 use crate::args::{OnFailure, PluginArgs};
 use crate::{job, log, oom, slurmctl, spank, state, sys, LogLevel, Outcome};
 
-/// A step with shards: who it is and where Slurm put it.
+/// A step with shards: who it is (from Slurm's SPANK items, never from
+/// the job's environment) and where Slurm put it (a claim smartmigd checks
+/// against slurmctld's record).
 struct Step {
     job_id: u32,
     uid: u32,
     step_id: u32,
+    /// `S_JOB_ARRAY_ID` and `S_JOB_ARRAY_TASK_ID`: what a requeue names.
+    array: job::ArrayTask,
     gres: job::StepGres,
 }
 
@@ -131,10 +135,18 @@ unsafe fn ours(sp: sys::spank_t) -> Result<Option<Step>, Outcome> {
             "Slurm did not provide the job id or uid to the plugin".into(),
         ));
     };
+    // SAFETY: `sp` is the callback's handle.
+    let array = unsafe {
+        job::ArrayTask::new(
+            spank::item_u32(sp, sys::spank_item_S_JOB_ARRAY_ID),
+            spank::item_u32(sp, sys::spank_item_S_JOB_ARRAY_TASK_ID),
+        )
+    };
     Ok(Some(Step {
         job_id,
         uid,
         step_id,
+        array,
         gres,
     }))
 }
@@ -258,37 +270,17 @@ unsafe fn ask_sidecar(
             Err(fail(format!("{what}: {}", b.message)))
         }
         // SAFETY: `sp` is the callback's handle.
-        Err(e) => Err(unsafe { sidecar_failed(sp, step, args, e, &what) }),
+        Err(e) => Err(sidecar_failed(step, args, e, &what)),
     }
 }
 
 /// The sidecar gave no instance: the job fails (after the node is
 /// drained or the job requeued, see [`give_back`]), or with
 /// `on_failure=whole-gpu` runs on the GPU Slurm chose.
-///
-/// # Safety
-/// `sp` is the callback's handle.
-unsafe fn sidecar_failed(
-    sp: sys::spank_t,
-    step: &Step,
-    args: &PluginArgs,
-    e: ClientError,
-    what: &str,
-) -> Outcome {
+fn sidecar_failed(step: &Step, args: &PluginArgs, e: ClientError, what: &str) -> Outcome {
     let reason = format!("{what}: {e}");
     match args.on_failure {
-        OnFailure::Fail => {
-            // SAFETY: `sp` is the callback's handle.
-            let job_env = |name: &str| unsafe { spank::getenv(sp, name) };
-            fail(give_back(
-                args,
-                &e,
-                reason,
-                step.job_id,
-                step.step_id,
-                &job_env,
-            ))
-        }
+        OnFailure::Fail => fail(give_back(args, &e, reason, step)),
         OnFailure::WholeGpu => {
             let warning = format!(
                 "{reason}; running on GPU {} as Slurm assigned it \
@@ -384,24 +376,22 @@ fn patiently<T>(
 /// instances strand the seventh slice), requeue a batch job so it runs
 /// later instead of failing. Returns the reason for the job's output,
 /// saying what was done.
-fn give_back(
-    args: &PluginArgs,
-    e: &ClientError,
-    mut text: String,
-    job_id: u32,
-    step_id: u32,
-    job_env: &dyn Fn(&str) -> Option<String>,
-) -> String {
+///
+/// Both commands run as root, so nothing in them comes from the job's
+/// environment (the user's, issue 53): the job to requeue is the step's
+/// own ([`job::ArrayTask::requeue_target`] of Slurm's items), the node is
+/// slurmstepd's, and `scontrol` reads the config of [`slurm_conf`].
+fn give_back(args: &PluginArgs, e: &ClientError, mut text: String, step: &Step) -> String {
     let unreachable = is_unreachable(e);
     let no_fit = matches!(e, ClientError::Daemon(b) if b.kind == ErrorKind::NoFit);
-    let conf = job_env("SLURM_CONF").or_else(|| std::env::var("SLURM_CONF").ok());
+    let conf = slurm_conf(args);
     if unreachable {
         text.push_str(&format!(
             " (waited {:.0} s for smartmigd)",
             args.sidecar_wait.as_secs_f64()
         ));
         if args.drain_on_unreachable {
-            match node_name(job_env) {
+            match node_name() {
                 Some(node) => match slurmctl::drain(
                     &args.scontrol,
                     conf.as_deref(),
@@ -415,32 +405,34 @@ fn give_back(
             }
         }
     }
-    if (unreachable || no_fit) && args.requeue && step_id == job::BATCH_STEP {
-        let id = match (
-            job_env("SLURM_ARRAY_JOB_ID"),
-            job_env("SLURM_ARRAY_TASK_ID"),
-        ) {
-            (Some(a), Some(t)) => format!("{a}_{t}"),
-            _ => job_id.to_string(),
-        };
+    if (unreachable || no_fit) && args.requeue && step.step_id == job::BATCH_STEP {
+        let id = step.array.requeue_target(step.job_id);
         match slurmctl::requeue(&args.scontrol, conf.as_deref(), &id) {
             Ok(()) => text.push_str("; job requeued: it starts again later"),
             Err(e) => text.push_str(&format!("; could not requeue the job: {e}")),
         }
     }
-    if no_fit && step_id != job::BATCH_STEP {
-        text.push_str(job::INTERACTIVE_NO_FIT);
-    }
     text
 }
 
+/// The slurm.conf the plugin's `scontrol` reads: `slurm_conf=` of
+/// plugstack.conf, else slurmstepd's own `SLURM_CONF` (slurmd's, which it
+/// inherits), else none (Slurm's compiled-in path). Never the job's.
+fn slurm_conf(args: &PluginArgs) -> Option<String> {
+    args.slurm_conf
+        .as_ref()
+        .map(|p| p.to_string_lossy().into_owned())
+        .or_else(|| std::env::var("SLURM_CONF").ok())
+        .filter(|c| !c.is_empty())
+}
+
 /// The node's Slurm name: slurmd exports `SLURMD_NODENAME` to the
-/// processes it starts (slurmstepd included); else the job's copy; else
-/// the short host name (right unless slurm.conf maps names).
-fn node_name(job_env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+/// processes it starts (slurmstepd included); else the short host name
+/// (right unless slurm.conf maps names). Never the job's copy, which is
+/// the user's to set.
+fn node_name() -> Option<String> {
     std::env::var("SLURMD_NODENAME")
         .ok()
-        .or_else(|| job_env("SLURMD_NODENAME"))
         .filter(|n| !n.is_empty())
         .or_else(|| {
             let mut buf = [0u8; 256];

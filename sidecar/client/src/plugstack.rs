@@ -67,6 +67,11 @@ pub struct PluginArgs {
     pub requeue: bool,
     /// The `scontrol` used for that (`scontrol=`, default from PATH).
     pub scontrol: PathBuf,
+    /// The slurm.conf that `scontrol` reads (`slurm_conf=`); default:
+    /// slurmstepd's own `SLURM_CONF`, else Slurm's compiled-in path. Never
+    /// the job's `SLURM_CONF`: the job's environment is the user's, and a
+    /// config of the user's would steer a root `scontrol` (issue 53).
+    pub slurm_conf: Option<PathBuf>,
     /// `gpu_jobs=fail` (default): a step Slurm gave whole GPUs (`gpu` GRES,
     /// no shards) fails with a message naming `--gres=shard:K`, because on
     /// a GPU in MIG mode it gets no instance and Slurm 22.05 can run it
@@ -87,6 +92,7 @@ impl Default for PluginArgs {
             drain_on_unreachable: true,
             requeue: true,
             scontrol: PathBuf::from("scontrol"),
+            slurm_conf: None,
             gpu_jobs_allowed: false,
         }
     }
@@ -97,7 +103,7 @@ pub const DEFAULT_SIDECAR_WAIT: Duration = Duration::from_secs(15);
 
 /// Valid keys, for error messages.
 const KNOWN_KEYS: &str = "socket, timeout, on_failure, oom_requeue, oom_dir, sidecar_wait, \
-                          drain_on_unreachable, requeue, scontrol, gpu_jobs";
+                          drain_on_unreachable, requeue, scontrol, slurm_conf, gpu_jobs";
 
 /// A plugstack.conf word the plugin refuses. The text names the word and
 /// what is wrong with it, because it ends up in slurmd.log and in the failed
@@ -225,6 +231,12 @@ impl PluginArgs {
                     }
                     args.oom_dir = Some(PathBuf::from(value));
                 }
+                "slurm_conf" => {
+                    if value.is_empty() || !value.starts_with('/') {
+                        return bad("slurm_conf", Wanted::AbsolutePath);
+                    }
+                    args.slurm_conf = Some(PathBuf::from(value));
+                }
                 _ => {
                     return Err(ArgsError::UnknownKey {
                         word: word.to_string(),
@@ -276,9 +288,12 @@ mod tests {
             "drain_on_unreachable=no",
             "requeue=no",
             "scontrol=/usr/bin/scontrol",
+            "slurm_conf=/etc/slurm/slurm.conf",
             "gpu_jobs=allow",
         ])
         .unwrap();
+        assert_eq!(a.slurm_conf, Some(PathBuf::from("/etc/slurm/slurm.conf")));
+        assert_eq!(PluginArgs::default().slurm_conf, None);
         assert!(a.gpu_jobs_allowed && !PluginArgs::default().gpu_jobs_allowed);
         assert_eq!(a.sidecar_wait, Duration::from_secs(2));
         assert!(!a.drain_on_unreachable && !a.requeue);
@@ -312,6 +327,7 @@ mod tests {
             (vec!["sidecar_wait=x"], "number of seconds"),
             (vec!["scontrol="], "must name a program"),
             (vec!["oom_dir=oom"], "absolute path"),
+            (vec!["slurm_conf=slurm.conf"], "absolute path"),
         ] {
             let err = PluginArgs::parse(&words).unwrap_err().to_string();
             assert!(err.contains(needle), "{words:?}: {err}");

@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use smartmig_mig::GpuModel;
 
+/// Slurm's step id of a batch script (`SLURM_BATCH_SCRIPT`): the one step
+/// the plugin requeues rather than fails when it gets no instance.
+pub const BATCH_STEP: u32 = 0xFFFF_FFFB;
+
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -97,7 +101,9 @@ impl Request {
 pub struct AllocateRequest {
     /// Slurm job id; a second allocate for the same job returns the same instance.
     pub job_id: u64,
-    /// Slurm step id (informational: all steps of a job share the instance).
+    /// Slurm step id (all steps of a job share the instance; a step that
+    /// is not [`BATCH_STEP`] cannot be requeued, so its `no_fit` says what
+    /// to do instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
     /// The job owner's uid (recorded in the journal and status).

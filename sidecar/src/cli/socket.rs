@@ -27,18 +27,42 @@ pub struct SocketArgs {
 
 impl SocketArgs {
     /// The socket to use. A config file named with `--config` must be
-    /// readable and valid; the default one may be absent.
+    /// readable and valid; the default one may be absent, or broken: an
+    /// admin's typo in it must not keep every user from asking the running
+    /// smartmigd (which keeps its last good config on SIGHUP) for `status`.
     pub fn socket(&self) -> anyhow::Result<PathBuf> {
         if let Some(s) = &self.socket {
             return Ok(s.clone());
         }
-        let default = self.config == Path::new(DEFAULT_CONFIG);
-        if default && !self.config.exists() {
-            return Ok(PathBuf::from(DEFAULT_SOCKET));
+        socket_of(&self.config, self.config == Path::new(DEFAULT_CONFIG))
+    }
+}
+
+/// The socket named by `config`: strictly from a valid config file; for
+/// the default file (`lenient`) none means the built-in default, and a file
+/// that does not load gives its `socket` key if that alone reads, else the
+/// built-in default, each with a warning naming the error.
+fn socket_of(config: &Path, lenient: bool) -> anyhow::Result<PathBuf> {
+    if lenient && !config.exists() {
+        return Ok(PathBuf::from(DEFAULT_SOCKET));
+    }
+    let loaded = Config::load(config)
+        .with_context(|| format!("reading the socket path from {}", config.display()));
+    match loaded {
+        Ok(c) => Ok(c.socket),
+        Err(e) if lenient => {
+            let socket = std::fs::read_to_string(config)
+                .ok()
+                .and_then(|text| text.parse::<toml::Table>().ok())
+                .and_then(|t| t.get("socket")?.as_str().map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+            tracing::warn!(
+                "{e:#}; asking the socket {} (a running smartmigd keeps its last good config)",
+                socket.display()
+            );
+            Ok(socket)
         }
-        let config = Config::load(&self.config)
-            .with_context(|| format!("reading the socket path from {}", self.config.display()))?;
-        Ok(config.socket)
+        Err(e) => Err(e),
     }
 }
 
@@ -78,6 +102,28 @@ mod tests {
             config: conf,
         };
         assert!(bad.socket().is_err());
+        // The default file, broken: its socket key if that alone reads,
+        // else the built-in default; never an error.
+        let conf = dir.join("broken.toml");
+        std::fs::write(
+            &conf,
+            "socket = \"/tmp/kept.sock\"\n[[gpus]]\nmodel = \"a99\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            socket_of(&conf, true).unwrap(),
+            PathBuf::from("/tmp/kept.sock")
+        );
+        assert!(socket_of(&conf, false).is_err());
+        std::fs::write(&conf, "socket = [unclosed\n").unwrap();
+        assert_eq!(
+            socket_of(&conf, true).unwrap(),
+            PathBuf::from(DEFAULT_SOCKET)
+        );
+        assert_eq!(
+            socket_of(&dir.join("absent.toml"), true).unwrap(),
+            PathBuf::from(DEFAULT_SOCKET)
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -146,7 +146,21 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
             .map(smartmig::daemon::protocol::OomDecision::as_str),
         Some("requeue_scheduled")
     );
-    c.allocate(named(9, 1, 1, None, "big.sh")).unwrap();
+    // The restart needs 20 GB, a 3g: smartmigd raises the job's shard
+    // request, so Slurm bills and the plugin claims 3. A restart that still
+    // claims one shard (the raise failed) is refused, not given a slice
+    // Slurm does not bill (issue 53).
+    match c.allocate(named(9, 1, 1, None, "big.sh")) {
+        Err(smartmig::daemon::ClientError::Daemon(e)) => {
+            assert_eq!(e.kind, smartmig::daemon::ErrorKind::NotGranted, "{e}");
+            assert!(e.message.contains("--gres=shard:3"), "{e}");
+        }
+        other => panic!("a restart beyond its grant was served: {other:?}"),
+    }
+    assert_eq!(
+        c.allocate(named(9, 1, 3, None, "big.sh")).unwrap().profile,
+        "3g.20gb"
+    );
     assert_eq!(
         c.release_with(oom(9))
             .unwrap()

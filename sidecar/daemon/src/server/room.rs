@@ -7,7 +7,10 @@
 //! their epilogs' releases (a requeued job is killed as a cancelled one
 //! is; one that ignores SIGTERM holds the room up to Slurm's `KillWait`).
 //! Batch jobs never requeue others: they are requeued themselves when
-//! nothing fits.
+//! nothing fits. Nor does an interactive step requeue another user's job
+//! while another GPU of the node could build its instance now (issue 53):
+//! then only its own user's young batch jobs may give way, and its
+//! `no_fit` says where the room is ([`advice`]).
 
 use tokio::sync::MutexGuard;
 
@@ -17,7 +20,7 @@ use super::{queue, Cx};
 use crate::allocate::GpuBook;
 use crate::make_room::{self, RecordFacts, Young};
 use crate::mig::{Geometry, Layout, ProfileSpec};
-use crate::protocol::AllocateRequest;
+use crate::protocol::{AllocateRequest, BATCH_STEP};
 
 /// One allocate's asking for room: whether its job is interactive (from
 /// the record the grant check read, else read once here), the young jobs
@@ -55,7 +58,7 @@ impl Asker {
             return Some(st);
         }
         let young = young(cx, &st.book);
-        let ids: Vec<u64> = young.iter().map(|y| y.job_id).collect();
+        let ids: Vec<u64> = young.iter().map(|(y, _)| y.job_id).collect();
         if young.is_empty() || ids == self.seen {
             return Some(st);
         }
@@ -66,6 +69,24 @@ impl Asker {
             self.interactive = Some(facts(cx, req.job_id).await.is_some_and(|f| !f.batch));
         }
         if self.interactive == Some(true) {
+            // Room elsewhere on the node: no other user's job gives way.
+            let young = match room_elsewhere(cx, req.gpu, profile).await {
+                Some(other) => {
+                    tracing::info!(
+                        job = req.job_id,
+                        gpu = req.gpu,
+                        "interactive step: GPU {other} could build a {} now, so only uid {}'s own young batch jobs may give way",
+                        profile.name(),
+                        req.uid
+                    );
+                    young
+                        .into_iter()
+                        .filter(|(_, uid)| *uid == req.uid)
+                        .collect()
+                }
+                None => young,
+            };
+            let young = young.into_iter().map(|(y, _)| y).collect();
             self.made = make(cx, req, geometry, busy, young, profile).await;
         }
         None
@@ -73,20 +94,82 @@ impl Asker {
 }
 
 /// The jobs that got their instances on the GPU within one scheduling
-/// pass's window (`allocate_wait_s` + the queue refresh).
-fn young(cx: &Cx<'_>, book: &GpuBook) -> Vec<Young> {
+/// pass's window (`allocate_wait_s` + the queue refresh), each with its
+/// user's uid.
+fn young(cx: &Cx<'_>, book: &GpuBook) -> Vec<(Young, u32)> {
     let since = queue::pass_window_start(cx.cfg());
     book.instances
         .iter()
         .filter_map(|i| {
             let a = i.job.as_ref()?;
-            (a.since >= since).then_some(Young {
+            let young = Young {
                 job_id: a.job_id,
                 placement: i.placement,
                 since: a.since,
-            })
+            };
+            (a.since >= since).then_some((young, a.uid))
         })
         .collect()
+}
+
+/// Another GPU of the node (the first by index) on which `profile` could
+/// be built now, with its idle instances re-shaped if need be. Locks one
+/// GPU at a time; the caller holds none.
+pub(super) async fn room_elsewhere(
+    cx: &Cx<'_>,
+    gpu: u32,
+    profile: &'static ProfileSpec,
+) -> Option<u32> {
+    for other in cx.books.gpus.iter().filter(|g| g.index != gpu) {
+        let st = other.state.lock().await;
+        // The same profile exists there only on a GPU of the same model.
+        let same_model = st
+            .book
+            .geometry
+            .spec
+            .profiles
+            .iter()
+            .any(|p| std::ptr::eq(p, profile));
+        if same_model
+            && st
+                .book
+                .plan_profile(profile, f64::from(profile.memory_gb))
+                .is_ok()
+        {
+            return Some(other.index);
+        }
+    }
+    None
+}
+
+/// What an interactive step (any step but the batch script) that got no
+/// instance in time is told to do, true for this node's configuration:
+/// with `slurm.holds` on Slurm places a rerun on shards MIG can build;
+/// with holds off it knows nothing of the layout and may place it on the
+/// same GPU again, so a rerun is no advice there (issue 53).
+pub(super) fn advice(cx: &Cx<'_>, req: &AllocateRequest, elsewhere: Option<u32>) -> String {
+    if req.step.is_none_or(|s| s == BATCH_STEP) {
+        return String::new();
+    }
+    let cfg = cx.cfg();
+    if cfg.slurm.enabled && cfg.slurm.holds.offer_rule().is_some() {
+        return "; an interactive step is not requeued: run it again (this node holds the \
+                shards MIG cannot build, so Slurm places it where an instance can be made), \
+                or submit it with sbatch, which is requeued instead of failing"
+            .into();
+    }
+    let room = elsewhere.map_or_else(String::new, |g| {
+        format!(
+            " (GPU {g} of this node has room now, but Slurm chose GPU {})",
+            req.gpu
+        )
+    });
+    format!(
+        "; an interactive step is not requeued, and this node does not tell Slurm which \
+         shards MIG can build (slurm.holds is off), so running it again may land on the same \
+         GPU{room}: submit it with sbatch, which is requeued instead of failing, or ask the \
+         administrator to turn on slurm.holds (docs/slurm-integration.md §9)"
+    )
 }
 
 /// Requeues the fewest `young` jobs that Slurm may requeue and whose

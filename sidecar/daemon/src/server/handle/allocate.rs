@@ -64,7 +64,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
     let key = memory_key(&req);
     let mut me = Contender {
         job_id: req.job_id,
-        need: sized_need(cx, gpu, &req, exact, key.as_ref()),
+        need: sized_need(cx, gpu, &req, exact, key.as_ref())?,
         exact,
         arrival: unix_now_f64() - start.elapsed().as_secs_f64(),
         deadline: f64::INFINITY,
@@ -107,7 +107,8 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
                     },
                     None => st,
                 };
-                wait.for_room(cx, st, &req, &me, reason, mine).await?;
+                wait.for_room(cx, st, &req, &me, (reason, no_room_for), mine)
+                    .await?;
             }
         }
     }
@@ -282,14 +283,15 @@ fn memory_key(req: &AllocateRequest) -> Option<MemoryKey> {
 }
 
 /// What the job needs: its slices and the memory it declared, its learned
-/// estimate, or more than it ran out of before.
+/// estimate, or more than it ran out of before; never more than the
+/// slices Slurm billed hold ([`within_grant`]).
 fn sized_need(
     cx: &Cx<'_>,
     gpu: &Gpu,
     req: &AllocateRequest,
     exact: Option<&'static ProfileSpec>,
     key: Option<&MemoryKey>,
-) -> Need {
+) -> Result<Need, ErrorBody> {
     let declared_gb = exact.map_or(req.memory_gb, |p| Some(f64::from(p.memory_gb)));
     let (memory_gb, sizing) = cx.svc.memory.lock().size_request(
         gpu.model.spec(),
@@ -317,10 +319,62 @@ fn sized_need(
             memory_gb.unwrap_or(0.0)
         ),
     }
-    Need {
+    within_grant(gpu.model.spec(), req, memory_gb, &sizing)?;
+    Ok(Need {
         slices: req.slices,
         memory_gb,
-    }
+    })
+}
+
+/// Refuses a memory need that only more compute slices than Slurm billed
+/// hold (`req.slices`, the granted shards, rounded up to a profile size;
+/// issue 53). A `--mig-mem` is a step's own option, settable inside an
+/// allocation billed for less; an out-of-memory restart gets more slices
+/// only once smartmigd raised the job's shard request (its grant then
+/// says so), and a learned estimate is already capped there
+/// ([`crate::memory::memory_within_shards`]). The refusal names what to
+/// ask for.
+fn within_grant(
+    spec: &'static crate::mig::ModelSpec,
+    req: &AllocateRequest,
+    memory_gb: Option<f64>,
+    sizing: &Sizing,
+) -> Result<(), ErrorBody> {
+    let Some(cap_gb) = crate::memory::memory_within_shards(spec, req.slices) else {
+        // More shards than a GPU has: the profile choice refuses it.
+        return Ok(());
+    };
+    let Some(gb) = memory_gb.filter(|&gb| gb > f64::from(cap_gb)) else {
+        return Ok(());
+    };
+    // More than any profile has: the profile choice refuses it as such.
+    let Ok(bigger) = crate::mig::select_profile(spec, req.slices, Some(gb)) else {
+        return Ok(());
+    };
+    let what = match sizing {
+        Sizing::OomRestart { after_gb } => format!(
+            "its restart after running out of memory on {after_gb} GB asks for {gb} GB, which"
+        ),
+        _ => format!("--mig-mem={gb} GB"),
+    };
+    let compute = bigger.shape.compute;
+    let message = format!(
+        "job {}: {what} needs {} ({compute} compute slices), but Slurm billed this job \
+         shard:{} on GPU {}, and no {} instance with that many compute slices has more than \
+         {cap_gb} GB; submit it with --gres=shard:{compute}, or --mig-mem of at most {cap_gb}G",
+        req.job_id,
+        bigger.name(),
+        req.slices,
+        req.gpu,
+        spec.id
+    );
+    tracing::warn!(
+        job = req.job_id,
+        gpu = req.gpu,
+        uid = req.uid,
+        "refused: {message}"
+    );
+    Err(ErrorBody::new(ErrorKind::NotGranted, message))
 }
 
 /// What an allocate does next on its GPU.
@@ -491,20 +545,31 @@ impl<'a> Wait<'a> {
 
     /// Waits (the GPU's lock `st` given up) until a release or a re-shape
     /// may have made room, the queue was re-read, or the time is up
-    /// (`no_fit`, naming `reason`), or the daemon shuts down.
+    /// (`no_fit`, naming `reason`, and for an interactive step what to do
+    /// instead: [`room::advice`]), or the daemon shuts down. `why`: the
+    /// reason, and the profile MIG cannot build now, if that is it.
     async fn for_room(
         &mut self,
         cx: &Cx<'a>,
         st: MutexGuard<'_, GpuState>,
         req: &AllocateRequest,
         me: &Contender,
-        reason: String,
+        why: (String, Option<&'static ProfileSpec>),
         mine: bool,
     ) -> Result<(), ErrorBody> {
+        let (reason, no_room_for) = why;
         if tokio::time::Instant::now() >= self.deadline {
             let holders = st.book.holders();
             drop(st);
-            let reason = format!("{reason}; waited {} s", self.limit.as_secs());
+            let elsewhere = match no_room_for {
+                Some(profile) => room::room_elsewhere(cx, req.gpu, profile).await,
+                None => None,
+            };
+            let reason = format!(
+                "{reason}; waited {} s{}",
+                self.limit.as_secs(),
+                room::advice(cx, req, elsewhere)
+            );
             // The user sees the reason; the admin's log line also names
             // the jobs holding the GPU's instances.
             tracing::warn!(job = req.job_id, gpu = req.gpu, held_by = ?holders, "{reason}");
