@@ -159,6 +159,23 @@ fn busy_instances(sidecar: &Sidecar) -> usize {
         .count()
 }
 
+/// Two `shard:3` batch jobs of root's on GPU 0 (type `mig0`), both holding
+/// their 3g.20gb: the seventh slice is stranded, GPU 1 is empty.
+fn two_young_3g_jobs_on_gpu0(cluster: &SlurmCluster, sidecar: &Sidecar) -> [u32; 2] {
+    let jobs = [
+        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
+        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
+    ];
+    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(sidecar) == 2);
+    assert!(
+        busy,
+        "jobs {jobs:?} did not both get an instance:\n{}\n{}",
+        sidecar.status_table(),
+        cluster.log_tails()
+    );
+    jobs
+}
+
 /// Issue 42, item 3, where no hold can help: Slurm started an `srun` on a
 /// slice MIG cannot build beside two batch jobs that started moments ago
 /// (here without holds; with holds, one scheduling pass placing 3 + 3 + 1
@@ -169,17 +186,7 @@ fn busy_instances(sidecar: &Sidecar) -> usize {
 fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
     let cluster = cluster();
     let sidecar = Sidecar::start_configured(cluster.dir(), "", true, "", &SidecarBackend::Sim);
-    let jobs = [
-        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
-        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
-    ];
-    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(&sidecar) == 2);
-    assert!(
-        busy,
-        "jobs {jobs:?} did not both get an instance:\n{}\n{}",
-        sidecar.status_table(),
-        cluster.log_tails()
-    );
+    let jobs = two_young_3g_jobs_on_gpu0(&cluster, &sidecar);
 
     let out = srun(
         &cluster,
@@ -242,17 +249,7 @@ fn an_srun_never_requeues_another_users_job_while_another_gpu_has_room() {
         "",
         &SidecarBackend::Sim,
     );
-    let jobs = [
-        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
-        cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
-    ];
-    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(&sidecar) == 2);
-    assert!(
-        busy,
-        "jobs {jobs:?} did not both get an instance:\n{}\n{}",
-        sidecar.status_table(),
-        cluster.log_tails()
-    );
+    let jobs = two_young_3g_jobs_on_gpu0(&cluster, &sidecar);
     let user = smartmig_suite::job_user();
     let conf = format!("SLURM_CONF={}", cluster.slurm_conf().display());
     let out = cluster
