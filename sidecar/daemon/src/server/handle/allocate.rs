@@ -359,10 +359,9 @@ fn within_grant(
     };
     let compute = bigger.shape.compute;
     let message = format!(
-        "job {}: {what} needs {} ({compute} compute slices), but Slurm billed this job \
-         shard:{} on GPU {}, and no {} instance with that many compute slices has more than \
-         {cap_gb} GB; submit it with --gres=shard:{compute}, or --mig-mem of at most {cap_gb}G",
-        req.job_id,
+        "{what} needs {} ({compute} compute slices), but Slurm billed this job shard:{} on \
+         GPU {}, and no {} instance with that many compute slices has more than {cap_gb} GB; \
+         submit it with --gres=shard:{compute}, or --mig-mem of at most {cap_gb}G",
         bigger.name(),
         req.slices,
         req.gpu,
