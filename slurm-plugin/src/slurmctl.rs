@@ -38,8 +38,9 @@ pub enum ScontrolError {
     },
 }
 
-/// Runs `scontrol ARGS` with `SLURM_CONF` from the job (test clusters and
-/// sites with a non-default path); the error carries its stderr.
+/// Runs `scontrol ARGS` with `slurm_conf` as its `SLURM_CONF` (test
+/// clusters and sites with a non-default path; the caller's, never the
+/// job's); the error carries its stderr.
 fn scontrol(program: &Path, slurm_conf: Option<&str>, args: &[&str]) -> Result<(), ScontrolError> {
     let mut cmd = Command::new(program);
     cmd.args(args)

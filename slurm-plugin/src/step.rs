@@ -269,7 +269,6 @@ unsafe fn ask_sidecar(
         {
             Err(fail(format!("{what}: {}", b.message)))
         }
-        // SAFETY: `sp` is the callback's handle.
         Err(e) => Err(sidecar_failed(step, args, e, &what)),
     }
 }
