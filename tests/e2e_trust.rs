@@ -187,6 +187,27 @@ fn forged_array_ids_never_requeue_another_users_job() {
         .output();
 }
 
+/// The requeue target of a real array task is `ARRAY_TASK`, from Slurm's
+/// SPANK items on every series (a bare array id would requeue every task):
+/// each task of a two-task array is requeued by itself.
+#[test]
+fn an_array_task_is_requeued_by_its_own_array_id() {
+    let cluster = cluster(&unreachable(false));
+    let out = cluster.shared_dir().join("array-%A_%a.out");
+    let array = cluster.sbatch_as_job_user(&out, &["--gres=shard:1", "--array=0-1"], "echo ran");
+    let log = cluster.dir().join("log/slurmd.log");
+    let both = wait_until(TIMEOUT, || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (0..2).all(|t| text.contains(&format!("requeued as {array}_{t}")))
+    });
+    assert!(
+        both,
+        "the tasks were not requeued as {array}_0 and {array}_1:\n{}",
+        cluster.log_tails()
+    );
+    let _ = cluster.command("scancel").arg(array.to_string()).output();
+}
+
 #[test]
 fn a_forged_slurm_conf_never_steers_the_plugins_scontrol() {
     let cluster = cluster(&unreachable(true));

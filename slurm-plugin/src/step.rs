@@ -407,7 +407,13 @@ fn give_back(args: &PluginArgs, e: &ClientError, mut text: String, step: &Step) 
     if (unreachable || no_fit) && args.requeue && step.step_id == job::BATCH_STEP {
         let id = step.array.requeue_target(step.job_id);
         match slurmctl::requeue(&args.scontrol, conf.as_deref(), &id) {
-            Ok(()) => text.push_str("; job requeued: it starts again later"),
+            Ok(()) => {
+                log(
+                    LogLevel::Info,
+                    &format!("job {}: requeued as {id}", step.job_id),
+                );
+                text.push_str("; job requeued: it starts again later");
+            }
             Err(e) => text.push_str(&format!("; could not requeue the job: {e}")),
         }
     }
