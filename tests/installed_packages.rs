@@ -538,15 +538,11 @@ fn installed_packages_run_a_shard_job() {
                 .output()
                 .is_ok_and(|o| o.status.success())
         };
-        let start = Instant::now();
-        while !answers() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the installed smartmigd does not answer: {}",
-                cluster.log_tails()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        assert!(
+            smartmig_suite::wait_until(Duration::from_secs(20), answers),
+            "the installed smartmigd does not answer: {}",
+            cluster.log_tails()
+        );
         daemon
     };
     let _daemon = start_daemon();
