@@ -14,7 +14,7 @@
 
 use crate::health::GpuHealth;
 use crate::mig::{
-    select_profile, Geometry, Layout, Mix, OfferRule, ProfileSpec, SelectError, SpotId,
+    select_profile, Geometry, GpuNow, Layout, Mix, OfferRule, ProfileSpec, SelectError, SpotId, Way,
 };
 
 pub use crate::formats::journal::Assignment;
@@ -185,84 +185,52 @@ impl GpuBook {
         self.plan_profile_beside(profile, want_gb, &Beside::default())
     }
 
-    /// [`GpuBook::plan_profile`] among every way to serve the profile, in
-    /// that order of preference, choosing as [`Geometry::choose_spot`] does.
+    /// [`GpuBook::plan_profile`] among every way to serve the profile,
+    /// choosing as the shared serving rule does ([`Geometry::serve`], the
+    /// rule the simulators model too).
     pub fn plan_profile_beside(
         &self,
         profile: &'static ProfileSpec,
         want_gb: f64,
         beside: &Beside,
     ) -> Result<Plan, Refusal> {
-        let ways = self.ways(profile, want_gb);
-        let spots: Vec<SpotId> = ways.iter().map(|(id, _)| *id).collect();
-        let chosen = self
-            .geometry
-            .choose_spot(self.busy(), &spots, &beside.mates, beside.holds);
-        ways.into_iter()
-            .find(|(id, _)| Some(*id) == chosen)
-            .map(|(_, plan)| plan)
-            .ok_or_else(|| Refusal::NoFit {
-                profile,
-                reason: self.no_fit_reason(profile),
-            })
-    }
-
-    /// Every way to serve `profile` with `want_gb`, best first: reuse an
-    /// idle instance (least sufficient memory first), create in free space
-    /// (most headroom first, [`Geometry::best_spot`]'s order), re-shape idle
-    /// instances ([`Geometry::reshapes_for`], fewest destroyed first).
-    fn ways(&self, profile: &'static ProfileSpec, want_gb: f64) -> Vec<(SpotId, Plan)> {
-        let g = self.geometry;
-        // 1. Reuse: same compute size, enough memory, the least memory that suffices.
-        let mut reuse: Vec<&Instance> = self
-            .instances
-            .iter()
-            .filter(|i| i.job.is_none() && self.health.instance_ok(&i.uuid))
-            .filter(|i| {
-                let p = g.spot(i.placement).profile;
-                p.shape.compute == profile.shape.compute && f64::from(p.memory_gb) >= want_gb
-            })
-            .collect();
-        reuse.sort_by_key(|i| {
-            let p = g.spot(i.placement);
-            (p.profile.memory_gb, p.start)
-        });
-        let mut ways: Vec<(SpotId, Plan)> = reuse
-            .into_iter()
-            .map(|i| {
-                let uuid = i.uuid.clone();
-                (i.placement, Plan::Reuse { uuid })
-            })
-            .collect();
-        // 2. Create in free space.
-        let layout = self.layout();
-        let mut create: Vec<SpotId> = g.candidates(layout, profile.shape).collect();
-        create.sort_by_key(|&id| (std::cmp::Reverse(g.headroom(layout.with(id))), id));
-        ways.extend(
-            create
-                .into_iter()
-                .map(|placement| (placement, Plan::Create { placement })),
-        );
-        // 3. Re-shape idle instances (never a busy one), where nothing is
-        //    free (a spot free space offers is created, not re-shaped).
-        let busy = self.busy();
-        for (placement, t) in g.reshapes_for(layout, busy, profile.shape) {
-            assert!(
-                !t.touches(busy),
-                "reshape_for proposed destroying a busy instance"
-            );
-            if t.destroy.is_empty() {
-                continue;
-            }
-            let destroy = self
+        let now = GpuNow {
+            layout: self.layout(),
+            taken: self.busy(),
+            // An unhealthy instance is never reused (it waits, idle, for
+            // its rebuild; a re-shape may destroy it).
+            reusable: self
                 .instances
                 .iter()
-                .filter(|i| t.destroy.contains(i.placement))
+                .filter(|i| i.job.is_none() && self.health.instance_ok(&i.uuid))
+                .map(|i| i.placement)
+                .collect(),
+            may_build: true,
+        };
+        let no_fit = || Refusal::NoFit {
+            profile,
+            reason: self.no_fit_reason(profile),
+        };
+        let (placement, way) = self
+            .geometry
+            .serve(now, profile, want_gb, &beside.mates, beside.holds)
+            .ok_or_else(no_fit)?;
+        let uuid_at = |id: SpotId| {
+            self.instances
+                .iter()
+                .find(|i| i.placement == id)
                 .map(|i| i.uuid.clone())
-                .collect();
-            ways.push((placement, Plan::Reshape { destroy, placement }));
-        }
-        ways
+        };
+        Ok(match way {
+            Way::Reuse => Plan::Reuse {
+                uuid: uuid_at(placement).ok_or_else(no_fit)?,
+            },
+            Way::Create => Plan::Create { placement },
+            Way::Reshape { destroy } => Plan::Reshape {
+                destroy: destroy.iter().filter_map(uuid_at).collect(),
+                placement,
+            },
+        })
     }
 
     /// Idle instances of exactly `profile`.

@@ -31,6 +31,7 @@ mod lua_tables;
 pub mod models;
 pub mod offer;
 pub mod profile;
+pub mod serve;
 pub mod spot;
 
 pub use driver::{match_driver, Difference, DriverMatch, DriverProfile};
@@ -45,4 +46,5 @@ pub use profile::{
     parse_profile, profile_size, requested_profile, select_profile, variant_meaning,
     ProfileParseError, RequestedProfileError, SelectError,
 };
+pub use serve::{GpuNow, Way};
 pub use spot::Transition;

@@ -9,7 +9,7 @@
 //! what a site can run today?", which is what a learned policy's target
 //! should be compared with. The yardstick is the suite's
 //! (docs/evaluation.md): one exchange rate per scenario from its training
-//! days, every run of a day charged at the day's common horizon, rows with
+//! days, every run of a day charged at the day's horizon (where `none` ends, `sim::day_horizon`), rows with
 //! jobs left unserved ranked behind (the oracle optimises that very ET).
 
 use std::io::Write;
@@ -239,10 +239,11 @@ fn day_row(
     seconds: f64,
 ) -> DayRow {
     let schedules = || r.rows.iter().filter(|row| row.kind != RowKind::Bound);
+    // The day's horizon (`sim::day_horizon`): where `none` ends.
     let horizon = schedules()
-        .filter_map(|row| row.days[i].metrics.as_ref())
-        .map(|m| m.horizon_s)
-        .fold(run.metrics.horizon_s, f64::max);
+        .find(|row| row.policy == "none")
+        .and_then(|row| row.days[i].metrics.as_ref())
+        .map_or(run.metrics.horizon_s, crate::sim::day_horizon);
     let alpha = 1.0;
     let rows: Vec<(String, RowKind, f64, u64)> = schedules()
         .filter_map(|row| {

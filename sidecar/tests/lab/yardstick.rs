@@ -298,3 +298,39 @@ fn the_oracle_prints_its_json_on_stdout_and_beats_whole_gpus() {
     assert!(oracle <= none[2].as_f64().expect("none's ET"), "{day}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("oracle"));
 }
+
+/// A row's figures do not depend on the other rows of its run (issue 54):
+/// each day is charged at where `none` ends, not at the latest end of any
+/// row. An extra row of seven 1g.5gb slices per GPU runs every job slowly
+/// and ends hours after the others; before, it moved every row's energy.
+#[test]
+fn a_row_scores_the_same_alone_and_beside_a_row_that_ends_late() {
+    let t = trace("alone.csv", 4.0, 3000.0, &|_| None);
+    let alone = compare(&t);
+    let slow = "static:1|1|1|1|1|1|1|.";
+    let beside: Value =
+        serde_json::from_str(&compare_output(&t, &["--json", "--compare-policy", slow])).unwrap();
+    let late = rows(&beside)
+        .iter()
+        .find(|r| r["policy"].as_str().is_some_and(|p| p.contains("1|1|1")))
+        .unwrap_or_else(|| panic!("no row {slow}: {beside}"));
+    let end = |r: &Value| r["metrics"]["horizon_s"].as_f64().unwrap();
+    assert!(
+        end(late) > end(row(&beside, "none")) + 600.0,
+        "the extra row must end later than whole GPUs for the test to mean anything: {} vs {}",
+        end(late),
+        end(row(&beside, "none"))
+    );
+    for r in rows(&alone) {
+        let p = r["policy"].as_str().unwrap();
+        let b = row(&beside, p);
+        for key in ["et", "energy_j"] {
+            let (x, y) = (
+                r[key].as_f64().or_else(|| r["metrics"][key].as_f64()),
+                b[key].as_f64().or_else(|| b["metrics"][key].as_f64()),
+            );
+            assert_eq!(x, y, "{p} {key}: alone {x:?}, beside the slow row {y:?}");
+        }
+    }
+    std::fs::remove_file(&t).ok();
+}

@@ -233,7 +233,12 @@ fn simulated_day(spec: &str, model: GpuModel) -> (u64, u64) {
     )
     .unwrap()
     .metrics;
-    (m.reconfigurations, m.rejected_decisions)
+    // The policy's own moves: the instances built on demand for jobs at
+    // their allocate (issue 54) are smartmigd's, not the policy's.
+    (
+        m.reconfigurations - m.on_demand_builds,
+        m.rejected_decisions,
+    )
 }
 
 /// `policy:FILE?serve=MODEL`: the shipped H100-80GB policy acts on B200s

@@ -312,12 +312,12 @@ fn comparison_is_deterministic() {
             );
         }
         // The series integrate the run's own log; the row adds the idle
-        // GPUs up to the common horizon and the charge for jobs that
-        // never ran.
+        // GPUs up to the day's horizon (where `none` ends, or the row's own
+        // end if later) and the charge for jobs that never ran.
         let s = r.series.as_ref().unwrap();
         let span: f64 = s.bin_len_s.iter().sum();
         let expected = s.energy_j()
-            + r.metrics.basis.idle_w * (a.horizon_s - span)
+            + r.metrics.basis.idle_w * (r.metrics.horizon_s - span)
             + r.metrics.unserved_energy_j;
         let rel = (expected - r.metrics.energy_j).abs() / r.metrics.energy_j;
         assert!(

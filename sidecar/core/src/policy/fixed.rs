@@ -10,7 +10,7 @@ use crate::mig::{Geometry, GpuModel, Layout};
 /// Why a `--policy` value was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyParseError {
-    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., twice:<hour>=<layout>/<hour>=<layout>, greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)")]
+    #[error("unknown policy `{0}` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., twice:<hour>=<layout>/<hour>=<layout>, greedy, greedy:window=<s>,init=<index>, rolling-fit, rolling-fit:period=<s>&window=<s>&margin=<x>, e.g. static:0 or static:4444|3333)")]
     Unknown(String),
     #[error("static layout `{given}`: catalog index {index} is out of range for {model} (its catalog has {len} layouts; see `smartmig layouts --catalog --gpu {model}`)")]
     IndexOutOfRange {
@@ -33,6 +33,8 @@ pub enum PolicyParseError {
     Greedy(#[from] super::greedy::GreedyParseError),
     #[error(transparent)]
     PerNode(#[from] super::nodes::NodesError),
+    #[error(transparent)]
+    Rolling(#[from] super::rolling::RollingParseError),
     #[error("`{0}` is searched on days of a workload: run `smartmig simulate --compare` or `smartmig bench suite` (they print the assignment the search chose; pass it back as static:<N>x<layout>+...)")]
     NeedsWorkload(String),
     /// A `policy:FILE.onnx` that could not be loaded (the message of
@@ -66,9 +68,9 @@ impl RepartitionPolicy for NoPartition {
 
 /// No repartitioning, every instance made on demand: what smartmigd does
 /// with `policy = "none"` (each job's instance is created, reused or made
-/// by re-shaping idle ones when it starts). In the central simulator, which
-/// makes no instance on demand, it is the same as `none` (whole GPUs); in
-/// the Slurm-like mode ([`crate::sim::SlurmLike`]) it is smartmigd's
+/// by re-shaping idle ones when it starts). Both engines serve it on
+/// demand (the central one since issue 54; the Slurm-like mode,
+/// [`crate::sim::SlurmLike`], places by shards first): smartmigd's
 /// on-demand allocation alone, the baseline of the real-Slurm busy mix.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OnDemand;
@@ -228,7 +230,8 @@ pub fn parse_policy_on(
 }
 
 /// Builds a policy from its command-line name: `none`, `on-demand`, `static:<index>` or
-/// `static:<picture>`, checked against every model of the cluster.
+/// `static:<picture>`, checked against every model of the cluster, `greedy[:...]`,
+/// `rolling-fit[:period=S&window=S&margin=X]` ([`super::rolling`]).
 pub fn parse_policy(
     spec: &str,
     models: &[GpuModel],
@@ -245,6 +248,9 @@ pub fn parse_policy(
     }
     if let Some(greedy) = super::greedy::Greedy::parse(s) {
         return Ok(Box::new(greedy?));
+    }
+    if let Some(rolling) = super::rolling::RollingFit::parse(s) {
+        return Ok(Box::new(rolling?));
     }
     if s.starts_with("twice:") || s.starts_with("nodes:") {
         return Err(PolicyParseError::NeedsCluster(s.to_string()));

@@ -32,6 +32,7 @@ pub mod fixed;
 pub mod greedy;
 pub mod nodes;
 pub mod onnx;
+pub mod rolling;
 pub mod search;
 pub mod shadow;
 pub mod share;
@@ -45,6 +46,7 @@ pub use fixed::{
 };
 pub use greedy::{Greedy, GreedyConfig};
 pub use nodes::{Nodes, NodesError, PerNode, Split};
+pub use rolling::{RollingConfig, RollingFit};
 pub use search::{SearchConfig, StaticMix, TwiceDaily};
 
 /// Most placements a model has (the [`Layout`] bit set is 32 bits wide).

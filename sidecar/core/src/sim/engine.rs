@@ -22,7 +22,7 @@ use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
 use super::metrics::{ChargeBasis, Metrics};
 use super::reshape::{classify, ReconfigKind, Span};
 use super::{EpochRule, OomConfig, SimConfig, SimError};
-use crate::mig::{Geometry, GpuModel, Layout, ProfileSpec, Shape, Spot, SpotId};
+use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, ProfileSpec, Shape, Spot, SpotId, Way};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -197,6 +197,12 @@ struct Engine<'j> {
     busy_compute: u32,
     cand_buf: Vec<Candidate>,
     oom: Option<OomState>,
+    /// Serve a waiting job on demand as smartmigd's allocate would
+    /// ([`Engine::serve_on_demand`]): set for policies smartmig runs
+    /// ([`RepartitionPolicy::served_through_shards`]); the opponents that
+    /// stand for a site without smartmig wait for a matching slot, as Slurm
+    /// with fixed GRES types would.
+    on_demand: bool,
 }
 
 impl<'j> Engine<'j> {
@@ -346,6 +352,7 @@ impl<'j> Engine<'j> {
             busy_compute: 0,
             cand_buf: Vec::with_capacity(64),
             oom,
+            on_demand: policy.served_through_shards(),
         })
     }
 
@@ -457,7 +464,7 @@ impl<'j> Engine<'j> {
                         self.complete(gpu as usize, SpotId(pid), heuristic);
                         since_epoch += 1;
                     }
-                    EV_RECONFIG_DONE => self.reconfig_done(gpu as usize),
+                    EV_RECONFIG_DONE => self.reconfig_done(gpu as usize, &mut hooks)?,
                     _ => {
                         epoch_due = true;
                         if let EpochRule::Seconds(s) = self.cfg.epoch {
@@ -481,6 +488,7 @@ impl<'j> Engine<'j> {
                 self.arrive(i, heuristic);
             }
             self.dispatch(heuristic, &mut hooks)?;
+            self.serve_on_demand(&mut hooks)?;
             if let EpochRule::Events(e) = self.cfg.epoch {
                 if since_epoch >= e {
                     epoch_due = true;
@@ -737,10 +745,21 @@ impl<'j> Engine<'j> {
         class: usize,
         hooks: &mut RunHooks<'_>,
     ) -> Result<(), SimError> {
-        let jobs: &'j [Job] = self.jobs;
-        let job = &jobs[i as usize];
         self.take_free(class, gpu, pid);
         self.remove_pending_at(i);
+        self.run_job(i, gpu, pid, hooks)
+    }
+
+    /// Runs job `i` (no longer waiting) on ready instance `pid` of `gpu`.
+    fn run_job(
+        &mut self,
+        i: u32,
+        gpu: usize,
+        pid: SpotId,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<(), SimError> {
+        let jobs: &'j [Job] = self.jobs;
+        let job = &jobs[i as usize];
         let total = self.rt[gpu].total;
         let placement = *self.status[gpu].geometry.spot(pid);
         let compute = placement.compute();
@@ -965,7 +984,9 @@ impl<'j> Engine<'j> {
         }
     }
 
-    fn reconfig_done(&mut self, gpu: usize) {
+    /// The end of a reconfiguration: its instances are ready; one built on
+    /// demand for a job runs it, the others are free.
+    fn reconfig_done(&mut self, gpu: usize, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
         let st = &mut self.status[gpu];
         let created = st.reconfiguring;
         st.reconfiguring = Layout::EMPTY;
@@ -974,8 +995,149 @@ impl<'j> Engine<'j> {
         let g = st.geometry;
         let slot = self.rt[gpu].slot;
         for id in created.iter() {
-            self.put_free(class_of(g, slot, id), gpu, id);
+            match self.rt[gpu].job_on[id.0 as usize] {
+                NONE => self.put_free(class_of(g, slot, id), gpu, id),
+                i => self.run_job(i, gpu, id, hooks)?,
+            }
         }
+        Ok(())
+    }
+
+    /// smartmigd's on-demand rule (issue 54): a waiting job that no free
+    /// instance fits gets one built for it, as an allocate would build it
+    /// ([`Geometry::serve`]: create in free space, else re-shape idle
+    /// instances, never a busy one), and runs when it is ready. Jobs are
+    /// taken in priority order; a fit mask no GPU can serve now is not
+    /// tried again before the next event. The policy still decides what
+    /// is prepared ahead of demand.
+    fn serve_on_demand(&mut self, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
+        if !self.on_demand || self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut tried = vec![false; self.buckets.len()];
+        loop {
+            let mut best: Option<(T, u32, usize)> = None;
+            for (bi, b) in self.buckets.iter().enumerate() {
+                if let (false, Some(&Reverse((k, i)))) = (tried[bi], b.heap.peek()) {
+                    if best.is_none_or(|(bk, bj, _)| (k, i) < (bk, bj)) {
+                        best = Some((k, i, bi));
+                    }
+                }
+            }
+            let Some((_, i, bi)) = best else {
+                return Ok(());
+            };
+            match self.on_demand_way(i) {
+                Some((gpu, pid, way)) => {
+                    self.buckets[bi].heap.pop();
+                    self.remove_pending_at(i);
+                    self.build_for(i, gpu, pid, way, hooks)?;
+                }
+                None => tried[bi] = true,
+            }
+        }
+    }
+
+    /// Where job `i` is served on demand: the first GPU (by index) that can
+    /// create its smallest fitting profile in free space, else the one whose
+    /// re-shape destroys the fewest idle instances. GPUs in a
+    /// reconfiguration wait for its end, as smartmigd's creations do.
+    fn on_demand_way(&self, i: u32) -> Option<(usize, SpotId, Way)> {
+        let pos = self.pending_pos[i as usize];
+        let shapes = self.pending.get(pos as usize)?.shapes;
+        let want_gb = self.seen_job(i).memory_gb;
+        let mut best: Option<(usize, usize, SpotId, Way)> = None;
+        for (gpu, st) in self.status.iter().enumerate() {
+            let Some(shape) = shapes[st.model as usize] else {
+                continue;
+            };
+            let r = &self.rt[gpu];
+            if st.in_reconfiguration || u32::from(r.total) < r.active + u32::from(shape.compute) {
+                continue;
+            }
+            let g = st.geometry;
+            let Some(profile) = g.spec.profiles.iter().find(|p| p.shape == shape) else {
+                continue;
+            };
+            let now = GpuNow {
+                layout: st.layout,
+                taken: st.busy.union(st.reconfiguring),
+                reusable: st.idle(),
+                may_build: true,
+            };
+            let Some((pid, way)) = g.serve(now, profile, want_gb, &Mix::default(), None) else {
+                continue;
+            };
+            let cost = way.destroyed().len();
+            if best.is_none_or(|b| cost < b.0) {
+                best = Some((cost, gpu, pid, way));
+            }
+            if cost == 0 {
+                break;
+            }
+        }
+        best.map(|(_, gpu, pid, way)| (gpu, pid, way))
+    }
+
+    /// Builds `pid` on `gpu` for job `i` (after destroying the idle
+    /// instances `way` names); the job runs when it is ready.
+    fn build_for(
+        &mut self,
+        i: u32,
+        gpu: usize,
+        pid: SpotId,
+        way: Way,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<(), SimError> {
+        let g = self.status[gpu].geometry;
+        let slot = self.rt[gpu].slot;
+        if way == Way::Reuse {
+            // Not reached after `dispatch` (a free instance that fits is
+            // taken there); kept so that the rule's every answer is served.
+            self.take_free(class_of(g, slot, pid), gpu, pid);
+            return self.run_job(i, gpu, pid, hooks);
+        }
+        let destroy = way.destroyed();
+        let create = Layout::single(pid);
+        let kind = transition_kind(g, destroy, create);
+        match kind {
+            ReconfigKind::Fusion => self.m.fusions += 1,
+            ReconfigKind::Fission => self.m.fissions += 1,
+            ReconfigKind::Reshape => self.m.reshapes += 1,
+        }
+        self.m.reconfigurations += 1;
+        self.m.on_demand_builds += 1;
+        for id in destroy.iter() {
+            self.take_free(class_of(g, slot, id), gpu, id);
+            self.rt[gpu].origin[id.0 as usize] = ReconfigKind::Reshape;
+        }
+        let rt = &mut self.rt[gpu];
+        rt.origin[pid.0 as usize] = kind;
+        rt.job_on[pid.0 as usize] = i;
+        let ready = self.now + self.cfg.reconfig_time_s;
+        let job = &self.jobs[i as usize];
+        let run_s = job.work / job.speed(g.spot(pid).compute(), rt.total);
+        let st = &mut self.status[gpu];
+        st.layout = st.layout.minus(destroy).with(pid);
+        st.busy = st.busy.with(pid);
+        st.busy_until[pid.0 as usize] = ready + run_s;
+        st.reconfiguring = create;
+        st.in_reconfiguration = true;
+        st.reconfig_until = ready;
+        self.in_reconfig += 1;
+        self.push(ready, EV_RECONFIG_DONE, gpu as u32, 0);
+        if let Some(s) = hooks.sink.as_deref_mut() {
+            s.record(&Record::Reconfig(ReconfigRecord {
+                time: self.now,
+                gpu,
+                destroyed: g.describe(destroy),
+                created: g.describe(create),
+                duration: self.cfg.reconfig_time_s,
+                ready,
+                kind: Some(kind),
+            }))?;
+        }
+        Ok(())
     }
 
     /// A decision epoch: asks the policy, applies what is acceptable.

@@ -89,6 +89,12 @@ impl RepartitionPolicy for Fixed {
         "fixed".into()
     }
 
+    /// The runs compare two layouts held fixed: nothing is built on demand
+    /// in between, or both would serve the queue alike.
+    fn served_through_shards(&self) -> bool {
+        false
+    }
+
     fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
         self.0
             .get(gpu)

@@ -121,6 +121,11 @@ pub struct Metrics {
     /// Slurm as stranded (what the prevention costs in offered capacity).
     #[serde(skip_serializing_if = "is_zero_f")]
     pub held_slice_s: f64,
+    /// Of `reconfigurations`, those made for one job at its allocate
+    /// (smartmigd's on-demand create or re-shape, [`crate::mig::Geometry::serve`]),
+    /// not by the policy. Omitted from JSON when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub on_demand_builds: u64,
 }
 
 /// The parts of a run's totals that do not depend on its horizon, and what
@@ -203,6 +208,16 @@ pub fn never_ran_charge(never_ran: &[(f64, f64)], h: f64, whole_gpu_w: f64) -> (
         .fold((0.0, 0.0), |(t, e), &(deadline, run_s)| {
             (t + (h + run_s - deadline).max(0.0), e + whole_gpu_w * run_s)
         })
+}
+
+/// The horizon every row of one day is charged at (issue 54): where that
+/// day's `none` run (whole GPUs) ends; a row that ends later is charged at
+/// its own end ([`Metrics::at_horizon`] never moves a horizon back). It is
+/// fixed by the day's workload (and placement) alone, so a row's figures
+/// are the same whatever other rows share its run; the latest horizon of
+/// the rows ([`common_horizon`]) moved a row's ET by up to 0.008.
+pub fn day_horizon(none: &Metrics) -> f64 {
+    none.horizon_s
 }
 
 /// The horizon common to the runs of one comparison: the latest of theirs.

@@ -13,6 +13,17 @@
 //! - **Placement.** Work-conserving: whenever a free, ready instance fits a
 //!   waiting job, the [`heuristics`] (or a learned placement,
 //!   [`placement_onnx`]) choose which job and which instance.
+//! - **On demand** (issue 54). For a policy smartmig runs
+//!   ([`RepartitionPolicy::served_through_shards`]), a waiting job that no
+//!   free instance fits gets one built as smartmigd's allocate builds it
+//!   ([`crate::mig::Geometry::serve`]: create its smallest fitting profile
+//!   in free space, else re-shape idle instances), on the first GPU that
+//!   can without destroying anything, else the one that destroys fewest;
+//!   it runs when the instance is ready. No such job waits on a GPU whose
+//!   idle instances could be re-shaped for it; the policy decides what is
+//!   prepared ahead of demand. The opponents that stand for a site without
+//!   smartmig (`none`, fixed layouts: Slurm's own GRES types) wait for a
+//!   matching slot.
 //! - **Reconfiguration.** Only idle instances may be destroyed. Applying a
 //!   decision takes [`SimConfig::reconfig_time_s`] (default 4 s, as in
 //!   SMART-MIG): destroyed instances vanish at once, created ones exist but
@@ -57,8 +68,8 @@ pub use heuristics::{
     Candidate, Heuristic, Pick, PlacementContext, PlacementHeuristic, UnknownHeuristic,
 };
 pub use metrics::{
-    common_horizon, mean_work_s, never_ran_charge, ChargeBasis, EtScore, Metrics, Reference,
-    Standing,
+    common_horizon, day_horizon, mean_work_s, never_ran_charge, ChargeBasis, EtScore, Metrics,
+    Reference, Standing,
 };
 pub use placement::{PlacementSpec, PlacementSpecError};
 pub use reshape::{classify, ReconfigKind};

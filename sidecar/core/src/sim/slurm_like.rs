@@ -1,9 +1,9 @@
 //! The deployment model (issue 42): Slurm counts shards, smartmigd builds
 //! instances.
 //!
-//! The central engine ([`super::engine`]) starts a job only on an instance
-//! that exists and fits, so it never meets a slice MIG cannot build. A
-//! deployed smartmig does: Slurm picks the GPU by its free *shards* and
+//! The central engine ([`super::engine`]) serves a job on demand on a GPU
+//! where its instance can be built, so it never meets a slice MIG cannot
+//! build. A deployed smartmig does: Slurm picks the GPU by its free *shards* and
 //! starts the job; only then does smartmigd look for an instance on that
 //! GPU. This engine models that chain:
 //!
@@ -68,7 +68,9 @@ use super::heuristics::PlacementHeuristic;
 use super::metrics::{ChargeBasis, Metrics};
 use super::reshape::ReconfigKind;
 use super::{EpochRule, RunHooks, SimConfig, SimError};
-use crate::mig::{select_profile, Geometry, GpuModel, Layout, Mix, OfferRule, ProfileSpec, SpotId};
+use crate::mig::{
+    select_profile, Geometry, GpuModel, GpuNow, Layout, Mix, OfferRule, ProfileSpec, SpotId, Way,
+};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -657,39 +659,22 @@ impl<'j> Deploy<'j> {
         let need = self.jobs[i as usize].memory_gb;
         let st = &self.gpus[gpu].status;
         let g = st.geometry;
-        // Every way to serve the job, in smartmigd's order of preference:
-        // reuse an idle instance (least memory first), create in free space
-        // (least fragmenting first), re-shape idle instances.
-        let mut reuse: Vec<SpotId> = st
-            .idle()
-            .iter()
-            .filter(|&id| {
-                let q = g.spot(id).profile;
-                q.shape.compute == p.shape.compute && f64::from(q.memory_gb) >= need
-            })
-            .collect();
-        reuse.sort_by_key(|&id| (g.spot(id).profile.memory_gb, id));
-        let mut options: Vec<(SpotId, Option<Layout>)> =
-            reuse.into_iter().map(|id| (id, None)).collect();
-        // Creations wait for the policy's reconfiguration to end.
-        if self.gpus[gpu].policy_until <= self.now {
-            let mut create: Vec<SpotId> = g.candidates(st.layout, p.shape).collect();
-            create.sort_by_key(|&id| (std::cmp::Reverse(g.headroom(st.layout.with(id))), id));
-            options.extend(create.into_iter().map(|id| (id, Some(Layout::EMPTY))));
-            let taken = st.busy.union(st.reconfiguring);
-            let reshapes = g.reshapes_for(st.layout, taken, p.shape).into_iter();
-            options.extend(
-                reshapes
-                    .filter(|(_, t)| !t.destroy.is_empty())
-                    .map(|(id, t)| (id, Some(t.destroy))),
-            );
-        }
-        // The choice leaves room for the jobs placed here that hold no
-        // instance yet, and with holds keeps what Slurm may still send.
-        let ids: Vec<SpotId> = options.iter().map(|o| o.0).collect();
+        // smartmigd's rule ([`Geometry::serve`]): creations wait for the
+        // policy's reconfiguration to end; the choice leaves room for the
+        // jobs placed here that hold no instance yet, and with holds keeps
+        // what Slurm may still send.
+        let now = GpuNow {
+            layout: st.layout,
+            taken: st.busy.union(st.reconfiguring),
+            reusable: st.idle(),
+            may_build: self.gpus[gpu].policy_until <= self.now,
+        };
         let chosen = g
-            .choose_spot(st.busy, &ids, mates, self.slurm.holds)
-            .and_then(|id| options.iter().copied().find(|o| o.0 == id));
+            .serve(now, p, need, mates, self.slurm.holds)
+            .map(|(pid, way)| match way {
+                Way::Reuse => (pid, None),
+                way => (pid, Some(way.destroyed())),
+            });
         match chosen {
             None => Ok(false),
             Some((pid, None)) => {
@@ -719,6 +704,7 @@ impl<'j> Deploy<'j> {
         let g = self.gpus[gpu].status.geometry;
         let kind = transition_kind(g, destroy, create);
         self.count_kind(kind);
+        self.m.on_demand_builds += 1;
         let gp = &mut self.gpus[gpu];
         for id in destroy.iter() {
             gp.origin[id.0 as usize] = ReconfigKind::Reshape;

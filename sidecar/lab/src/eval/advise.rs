@@ -16,7 +16,7 @@ use crate::mig::{parse_profile, Geometry, GpuModel, Layout, ProfileParseError};
 use crate::policy::{layout_or_whole, ClusterView, Decision, NoPartition, RepartitionPolicy};
 use crate::sim::engine::percentile;
 use crate::sim::{
-    common_horizon, simulate, AuditError, Collect, EpochRule, Heuristic, Metrics, Record, RunHooks,
+    day_horizon, simulate, AuditError, Collect, EpochRule, Heuristic, Metrics, Record, RunHooks,
     SimConfig, SimError,
 };
 use crate::workload::{Job, JobClass, SpeedupCurve};
@@ -568,6 +568,13 @@ impl RepartitionPolicy for AsRun {
         layout_or_whole(&self.initial, gpu, geometry)
     }
 
+    /// The replay reproduces what the site ran: the recorded layouts, on
+    /// which every job waited for its own profile; building instances on
+    /// demand on top of them would change what was observed.
+    fn served_through_shards(&self) -> bool {
+        false
+    }
+
     fn decide(&mut self, view: &ClusterView<'_>) -> Vec<Decision> {
         let mut out = Vec::new();
         for (gpu, status) in view.gpus.iter().enumerate() {
@@ -776,7 +783,7 @@ pub fn replay(
     ];
     // One energy window and one charge for jobs that never ran (the rule
     // of `sim::metrics`), re-checked against the audit's own.
-    let h = common_horizon(runs.iter().map(|r| &r.3));
+    let h = day_horizon(&runs[2].3);
     let mut charged = Vec::with_capacity(runs.len());
     for (role, name, description, metrics, log, a) in runs {
         let metrics = metrics.at_horizon(h);

@@ -38,8 +38,7 @@ use crate::policy::nodes::{Nodes, NodesError, PerNode, Split};
 use crate::policy::{parse_policy_on, PolicyParseError, RepartitionPolicy};
 use crate::scenario::Scenario;
 use crate::sim::{
-    common_horizon, count_waste, AuditError, Collect, EpochRule, Heuristic, Metrics, SimError,
-    Waste,
+    count_waste, day_horizon, AuditError, Collect, EpochRule, Heuristic, Metrics, SimError, Waste,
 };
 use crate::workload::WorkloadError;
 
@@ -551,7 +550,7 @@ fn charged_rows(
 ) -> Result<Vec<CoordinationRow>, CoordinationError> {
     let days = raw.first().map_or(0, |r| r.days.len());
     let horizons: Vec<f64> = (0..days)
-        .map(|i| common_horizon(raw.iter().map(|r| &r.days[i].metrics)))
+        .map(|i| day_horizon(&raw[0].days[i].metrics))
         .collect();
     let mut rows = Vec::new();
     for r in raw {

@@ -3,7 +3,7 @@
 use crate::mig::GpuModel;
 use crate::policy::{NoPartition, RepartitionPolicy};
 use crate::sim::{
-    common_horizon, mean_work_s, simulate, EventSink, Heuristic, Metrics, Reference, RunHooks,
+    day_horizon, mean_work_s, simulate, EventSink, Heuristic, Metrics, Reference, RunHooks,
     SimConfig, SimError, SimResult, Standing,
 };
 use crate::workload::Job;
@@ -134,6 +134,6 @@ impl DaySet {
 /// `reference`; a run that leaves jobs unserved ranks behind every run
 /// that serves them all.
 pub fn search_score(run: &Metrics, none: &Metrics, reference: &Reference, alpha: f64) -> Standing {
-    let charged = run.at_horizon(common_horizon([run, none]));
+    let charged = run.at_horizon(day_horizon(none));
     reference.standing(&charged, alpha)
 }

@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use crate::policy::search::{static_best, SearchConfig};
 use crate::policy::{PolicyParseError, RepartitionPolicy};
-use crate::sim::{common_horizon, Metrics, Reference, SimError, Standing};
+use crate::sim::{day_horizon, Metrics, Reference, SimError, Standing};
 
 use super::days::DaySet;
 
@@ -222,7 +222,7 @@ pub fn cross_validate(
     let contenders = [&ours, &history.references, &statics];
     let mut scores = contenders.map(|_| (Vec::with_capacity(n), 0u64));
     for i in 0..n {
-        let h = common_horizon(contenders.iter().map(|c| &c[i]));
+        let h = day_horizon(&history.references[i]);
         for (c, (days, unserved)) in contenders.iter().zip(&mut scores) {
             let m = c[i].at_horizon(h);
             days.push(reference.et_of(&m, alpha));

@@ -28,7 +28,7 @@ pub enum RowKind {
     Bound,
 }
 
-/// One policy on one test day, charged at the day's common horizon (the
+/// One policy on one test day, charged at the day's horizon (where `none` ends, `sim::day_horizon`) (the
 /// latest of every row's; `sim::metrics`).
 #[derive(Clone, Debug, Serialize)]
 pub struct DayScore {

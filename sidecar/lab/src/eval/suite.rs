@@ -13,7 +13,7 @@ use crate::mig::GpuModel;
 use crate::policy::search::SearchConfig;
 use crate::policy::shadow::{MakePolicy, Replay, ShadowError, ShadowRule, Shadowed, Toward};
 use crate::policy::{parse_policy, NoPartition, PolicyParseError, RepartitionPolicy};
-use crate::sim::{common_horizon, AuditError, AuditReport, Collect, Heuristic, Metrics, SimError};
+use crate::sim::{day_horizon, AuditError, AuditReport, Collect, Heuristic, Metrics, SimError};
 
 use super::baselines::{fit, Fitted};
 use super::days::{Day, DaySet};
@@ -333,12 +333,13 @@ impl Scorer<'_> {
         Ok(())
     }
 
-    /// Charges every run at its day's common horizon (the latest of every
-    /// row's; `sim::metrics`), re-checks the charge against the audit's
-    /// own, and scores the rows (`none` first).
+    /// Charges every run at its day's horizon (where that day's `none`
+    /// ends, or the run's own end if later: `sim::day_horizon`), re-checks
+    /// the charge against the audit's own, and scores the rows (`none`
+    /// first).
     fn finish(&self) -> Result<Vec<PolicyRow>, SuiteError> {
         let horizons: Vec<f64> = (0..self.test.len())
-            .map(|i| common_horizon(self.rows.iter().map(|r| &r.runs[i].metrics)))
+            .map(|i| day_horizon(&self.rows[0].runs[i].metrics))
             .collect();
         let own: Vec<Reference> = (0..self.test.len())
             .map(|i| {

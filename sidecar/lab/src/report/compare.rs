@@ -37,8 +37,8 @@ use crate::policy::{
 };
 use crate::report::{plot, series, Comparison, ReportError, Row};
 use crate::sim::{
-    common_horizon, simulate, Collect, EtScore, Heuristic, Metrics, Reference, RunHooks, SimConfig,
-    SimError, SimResult,
+    common_horizon, day_horizon, simulate, Collect, EtScore, Heuristic, Metrics, Reference,
+    RunHooks, SimConfig, SimError, SimResult,
 };
 use crate::workload::Job;
 
@@ -416,7 +416,11 @@ pub fn assemble(
     reference: String,
 ) -> Result<Comparison> {
     let (cluster, cfg, alpha) = (setup.cluster, setup.cfg, setup.opts.alpha);
-    let horizon = common_horizon(runs.iter().map(|r| &r.metrics));
+    // The day's horizon: where `none` (the first row) ends.
+    let horizon = runs.iter().find(|r| r.policy == "none").map_or_else(
+        || common_horizon(runs.iter().map(|r| &r.metrics)),
+        |r| day_horizon(&r.metrics),
+    );
     let rows = runs
         .iter()
         .map(|r| {

@@ -13,8 +13,8 @@
 //! | column | meaning |
 //! |---|---|
 //! | rank | 1 = first: the fewest jobs unserved, then the lowest ET (`sim::Standing`) |
-//! | energy MJ | energy of every GPU over the comparison's common horizon, idle included, plus the charge for jobs that never ran |
-//! | tard. s | mean tardiness over all jobs (a job that never ran is charged as if run on a whole GPU after the common horizon) |
+//! | energy MJ | energy of every GPU up to the day's horizon (where `none` ends; a row that ends later, its own end), idle included, plus the charge for jobs that never ran |
+//! | tard. s | mean tardiness over all jobs (a job that never ran is charged as if run on a whole GPU after its row's horizon) |
 //! | late % | share of jobs that finished after their deadline or never ran |
 //! | unserved | jobs that never ran |
 //! | ET | `(e + a t) / (1 + a)`, `e`, `t` relative to the exchange rate ([`Comparison::rate`]) |
@@ -57,7 +57,8 @@ pub struct Row {
     pub kind: RowKind,
     /// Full name, with the layouts a search chose.
     pub description: String,
-    /// Charged at the comparison's common horizon ([`Comparison::horizon_s`]).
+    /// Charged at the day's horizon ([`Comparison::horizon_s`]), or at the
+    /// row's own end if later.
     pub metrics: Metrics,
     /// Energy and mean tardiness relative to [`Comparison::rate`], and ET.
     pub e: f64,
@@ -96,8 +97,11 @@ pub struct Comparison {
     /// The ET exchange rate: `none` pooled over the past days, or this
     /// workload's own `none` run when it has none; `T_ref` floored.
     pub rate: Reference,
-    /// The horizon common to every row: energy is integrated up to it and
-    /// jobs that never ran are charged from it (`sim::metrics`), s.
+    /// The day's horizon, where `none` ends (`sim::day_horizon`): every
+    /// row's energy is integrated at least up to it, and up to its own end
+    /// if later; jobs that never ran are charged from the row's horizon.
+    /// Fixed by the workload, so a row's figures do not depend on the
+    /// other rows. s.
     pub horizon_s: f64,
     /// Policies the `vs` columns compare against (short names).
     pub baselines: Vec<String>,
@@ -233,7 +237,7 @@ impl Comparison {
         );
         let _ = writeln!(
             out,
-            "Every row's energy runs to {:.2} h, the latest end of any row; a job that never ran is charged as if run on a whole GPU at full power from then, and ranks its row behind every row that served all (docs/evaluation.md).",
+            "Every row's energy runs to {:.2} h, where whole GPUs end (a row that ends later, to its own end); a job that never ran is charged as if run on a whole GPU at full power from then, and ranks its row behind every row that served all (docs/evaluation.md).",
             self.horizon_s / 3600.0
         );
         let b = &self.bounds;
