@@ -172,6 +172,7 @@ fn scenario_days(a: &OracleArgs) -> Result<Vec<ScenarioDays>> {
             train: train.map(day).collect(),
             test: a.seeds.iter().map(|&s| day(s)).collect(),
             batch: false,
+            trace: false,
         }]);
     };
     let list = select_scenarios(default_scenarios(), std::slice::from_ref(name))
@@ -191,6 +192,7 @@ fn scenario_days(a: &OracleArgs) -> Result<Vec<ScenarioDays>> {
                 .map(|&seed| super::bench_suite::day(s, a.gpu.gpu_model, a.gpus, seed))
                 .collect(),
             batch: s.is_batch(),
+            trace: false,
         })
         .collect())
 }

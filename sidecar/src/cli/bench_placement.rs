@@ -148,6 +148,7 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
                 .map(|seed| super::bench_suite::day(s, a.gpu.gpu_model, gpus, seed))
                 .collect(),
             batch: s.is_batch(),
+            trace: false,
         };
         let mut progress = |step: &str| {
             if verbose {

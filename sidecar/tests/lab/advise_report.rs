@@ -164,14 +164,14 @@ fn the_report_prints_the_table_and_writes_plots_and_json() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["as-run", "greedy", "none"]);
+    assert_eq!(names, ["as-run", "greedy", "none", "rolling-fit"]);
     assert_eq!(v["rows"][0]["role"], "as-run");
     assert_eq!(v["observed"]["jobs"], 12);
     // Waits seen: 1300 s (job 5) and 1500 s (job 8) over 12 jobs.
     let mean_wait = v["observed"]["mean_wait_s"].as_f64().unwrap();
     assert!((mean_wait - 2800.0 / 12.0).abs() < 1e-6, "{mean_wait}");
     assert_eq!(v["observed"]["late_jobs"], 1);
-    assert_eq!(v["audited_logs"], 3);
+    assert_eq!(v["audited_logs"], 4);
     for r in v["rows"].as_array().unwrap() {
         assert_eq!(r["metrics"]["completed"], 12, "{r}");
         assert!(r["metrics"]["energy_mj"].as_f64().unwrap() > 0.0, "{r}");

@@ -1039,26 +1039,24 @@ impl<'j> Engine<'j> {
     }
 
     /// Where job `i` is served on demand: the first GPU (by index) that can
-    /// create its smallest fitting profile in free space, else the one whose
-    /// re-shape destroys the fewest idle instances. GPUs in a
-    /// reconfiguration wait for its end, as smartmigd's creations do.
+    /// create the profile the job asks for ([`super::asked_profile`], as in
+    /// the Slurm-like engine) in free space, else the one whose re-shape
+    /// destroys the fewest idle instances. GPUs in a reconfiguration wait
+    /// for its end, as smartmigd's creations do.
     fn on_demand_way(&self, i: u32) -> Option<(usize, SpotId, Way)> {
-        let pos = self.pending_pos[i as usize];
-        let shapes = self.pending.get(pos as usize)?.shapes;
-        let want_gb = self.seen_job(i).memory_gb;
+        let job = self.seen_job(i);
+        let want_gb = job.memory_gb;
         let mut best: Option<(usize, usize, SpotId, Way)> = None;
         for (gpu, st) in self.status.iter().enumerate() {
-            let Some(shape) = shapes[st.model as usize] else {
+            let Some(profile) = super::asked_profile(&job, st.model) else {
                 continue;
             };
             let r = &self.rt[gpu];
-            if st.in_reconfiguration || u32::from(r.total) < r.active + u32::from(shape.compute) {
+            let k = profile.shape.compute;
+            if st.in_reconfiguration || u32::from(r.total) < r.active + u32::from(k) {
                 continue;
             }
             let g = st.geometry;
-            let Some(profile) = g.spec.profiles.iter().find(|p| p.shape == shape) else {
-                continue;
-            };
             let now = GpuNow {
                 layout: st.layout,
                 taken: st.busy.union(st.reconfiguring),

@@ -76,9 +76,9 @@ pub use reshape::{classify, ReconfigKind};
 pub use slurm_like::SlurmLike;
 pub use waste::{count_waste, Waste};
 
-use crate::mig::GpuModel;
+use crate::mig::{select_profile, GpuModel, ProfileSpec};
 use crate::policy::RepartitionPolicy;
-use crate::workload::{PowerModel, WorkloadError};
+use crate::workload::{Job, PowerModel, WorkloadError};
 
 /// Repartitioning time of SMART-MIG (s).
 pub const DEFAULT_RECONFIG_TIME_S: f64 = 4.0;
@@ -358,6 +358,31 @@ pub fn learned_model(cluster: &[GpuModel]) -> Option<GpuModel> {
         [one] => Some(*one),
         _ => None,
     }
+}
+
+/// The profile a job gets on `model` in a deployment, where every job asks
+/// Slurm for K shards: its own `requested_slices`; for a job that leaves
+/// the size open (either engine lets it take any free instance that fits; this is what
+/// is built for it on demand), the
+/// K a user who knows the job would ask for, as the diurnal generator
+/// draws the requesting jobs' sizes: the smallest profile that holds its
+/// memory and meets its deadline if started at once, else the whole GPU.
+/// Then smartmigd's choice for K and the memory (`select_profile`).
+pub fn asked_profile(job: &Job, model: GpuModel) -> Option<&'static ProfileSpec> {
+    let spec = model.spec();
+    let k = job.requested_slices.unwrap_or_else(|| {
+        let mut sizes: Vec<&ProfileSpec> = spec.profiles.iter().collect();
+        sizes.sort_by_key(|p| (p.shape.compute, p.memory_gb));
+        sizes
+            .iter()
+            .find(|p| {
+                job.memory_gb <= f64::from(p.memory_gb)
+                    && job.runtime_on(p.shape.compute, spec.compute_slices)
+                        <= job.deadline - job.arrival
+            })
+            .map_or(spec.compute_slices, |p| p.shape.compute)
+    });
+    select_profile(spec, k.max(1), Some(job.memory_gb)).ok()
 }
 
 #[cfg(test)]

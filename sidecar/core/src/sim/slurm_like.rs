@@ -18,7 +18,7 @@
 //!    is billed the compute slices of the profile it will get
 //!    (`job_submit.lua`: `shard:5` is billed 7, a memory need that takes a
 //!    bigger profile is billed that profile); a job that leaves its size
-//!    open asks for what a user who knows it would ([`asked_profile`]). Later jobs may start past one
+//!    open asks for what a user who knows it would ([`super::asked_profile`]). Later jobs may start past one
 //!    that does not fit (backfill, without reservations).
 //! 2. **smartmigd's allocate** on that GPU, for each job the pass placed, in
 //!    order: reuse an idle instance of the job's compute size with enough
@@ -68,9 +68,7 @@ use super::heuristics::PlacementHeuristic;
 use super::metrics::{ChargeBasis, Metrics};
 use super::reshape::ReconfigKind;
 use super::{EpochRule, RunHooks, SimConfig, SimError};
-use crate::mig::{
-    select_profile, Geometry, GpuModel, GpuNow, Layout, Mix, OfferRule, ProfileSpec, SpotId, Way,
-};
+use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, OfferRule, ProfileSpec, SpotId, Way};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -278,30 +276,6 @@ pub fn simulate(
     e.run(policy, hooks)
 }
 
-/// The profile a job gets on `model` in a deployment, where every job asks
-/// Slurm for K shards: its own `requested_slices`; for a job that leaves
-/// the size open (the central engine lets it take any free instance), the
-/// K a user who knows the job would ask for, as the diurnal generator
-/// draws the requesting jobs' sizes: the smallest profile that holds its
-/// memory and meets its deadline if started at once, else the whole GPU.
-/// Then smartmigd's choice for K and the memory (`select_profile`).
-fn asked_profile(job: &Job, model: GpuModel) -> Option<&'static ProfileSpec> {
-    let spec = model.spec();
-    let k = job.requested_slices.unwrap_or_else(|| {
-        let mut sizes: Vec<&ProfileSpec> = spec.profiles.iter().collect();
-        sizes.sort_by_key(|p| (p.shape.compute, p.memory_gb));
-        sizes
-            .iter()
-            .find(|p| {
-                job.memory_gb <= f64::from(p.memory_gb)
-                    && job.runtime_on(p.shape.compute, spec.compute_slices)
-                        <= job.deadline - job.arrival
-            })
-            .map_or(spec.compute_slices, |p| p.shape.compute)
-    });
-    select_profile(spec, k.max(1), Some(job.memory_gb)).ok()
-}
-
 struct Deploy<'j> {
     cfg: SimConfig,
     slurm: SlurmLike,
@@ -371,7 +345,7 @@ impl<'j> Deploy<'j> {
             .map(|j| {
                 let mut out = [None; MODEL_COUNT];
                 for (slot, m) in models.iter().enumerate() {
-                    out[slot] = asked_profile(j, *m);
+                    out[slot] = super::asked_profile(j, *m);
                 }
                 out
             })

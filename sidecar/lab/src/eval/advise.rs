@@ -107,6 +107,11 @@ pub enum AdviseError {
     BadJob { job_id: u64, why: String },
     #[error("replaying {row}: {source}")]
     Sim { row: String, source: SimError },
+    #[error("building {row}: {source}")]
+    Policy {
+        row: String,
+        source: crate::policy::PolicyParseError,
+    },
     #[error("replaying {row}: the event log fails the audit: {source}")]
     Audit { row: String, source: AuditError },
     #[error("replaying {row}: the audit recomputed {what} {audited}, the run reported {reported}")]
@@ -643,6 +648,8 @@ pub enum Role {
     Policy,
     /// Whole GPUs, for context.
     WholeGpus,
+    /// `rolling-fit`, the opponent that needs no history (issue 54).
+    NoHistory,
 }
 
 /// One replay of the observed jobs.
@@ -776,10 +783,17 @@ pub fn replay(
         let a = audit_run(&log.0, &r.metrics).map_err(|f| audit_error(&name, f))?;
         Ok::<_, AdviseError>((role, name, p.describe(), r.metrics, log.0, a))
     };
+    let rolling = crate::eval::suite::ROLLING_FIT;
+    let mut rolling_fit = crate::policy::parse_policy(rolling, &GpuModel::distinct(&cluster))
+        .map_err(|source| AdviseError::Policy {
+            row: rolling.to_string(),
+            source,
+        })?;
     let runs = [
         run(Role::AsRun, &mut obs.as_run())?,
         run(Role::Policy, policy)?,
         run(Role::WholeGpus, &mut NoPartition)?,
+        run(Role::NoHistory, rolling_fit.as_mut())?,
     ];
     // One energy window and one charge for jobs that never ran (the rule
     // of `sim::metrics`), re-checked against the audit's own.
@@ -948,7 +962,7 @@ mod tests {
         assert!((r.observed.mean_wait_s - 10.0).abs() < 1e-9);
         assert_eq!(as_run(&r).metrics.mean_wait_s, 0.0);
         assert_eq!(as_run(&r).metrics.reconfigurations, 0);
-        assert_eq!(r.audited_logs, 3);
+        assert_eq!(r.audited_logs, 4);
         // Whole GPUs: every job on 7g, faster by the linear curve.
         let none = r.row(Role::WholeGpus).unwrap();
         assert_eq!(none.metrics.completed, 3);
@@ -1090,7 +1104,7 @@ mod tests {
         let mut greedy = crate::policy::parse_policy("greedy", &[M]).unwrap();
         let r = replay(&obs, greedy.as_mut(), &ReplayConfig::default()).unwrap();
         let names: Vec<&str> = r.rows.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["as-run", "greedy", "none"]);
+        assert_eq!(names, ["as-run", "greedy", "none", "rolling-fit"]);
         assert!(
             r.rows.iter().all(|r| r.metrics.completed == 6),
             "{:?}",

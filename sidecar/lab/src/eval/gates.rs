@@ -143,8 +143,15 @@ pub fn best_runnable(scenarios: &[ScenarioResult]) -> Vec<RunnableBest> {
 }
 
 /// The runnable heuristics issue 39's gates measure against: what a site
-/// can run without us, `greedy` included.
-pub const RUNNABLE: [&str; 4] = ["none", "static-hist", "twice-daily-hist", "greedy"];
+/// can run without us, `greedy` and `rolling-fit` (issue 54: the opponent
+/// that needs no history) included.
+pub const RUNNABLE: [&str; 5] = [
+    "none",
+    "static-hist",
+    "twice-daily-hist",
+    "greedy",
+    "rolling-fit",
+];
 
 /// Issue 39's gates for one policy over the whole suite (the scenarios that
 /// have its row and every runnable heuristic's).
@@ -177,6 +184,36 @@ pub struct SuiteGates {
     pub gap_closed: Option<f64>,
     /// Gate 5 (reconfigurations part): the most per GPU per day (<= 12).
     pub max_reconfigurations_per_gpu_day: Option<f64>,
+}
+
+/// The 90 % interval of `policy`'s suite mean ET (the mean over
+/// `scenarios` of its per-scenario means) over test days resampled with
+/// replacement within each scenario; `None` where a scenario lacks the row
+/// or has fewer than two days.
+pub fn suite_mean_interval(scenarios: &[&ScenarioResult], policy: &str) -> Option<(f64, f64)> {
+    let days: Vec<&[super::DayScore]> = scenarios
+        .iter()
+        .map(|s| Some(s.row(policy)?.days.as_slice()))
+        .collect::<Option<_>>()?;
+    if days.is_empty() || days.iter().any(|d| d.len() < 2) {
+        return None;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(54);
+    let mut means: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            days.iter()
+                .map(|d| {
+                    (0..d.len())
+                        .map(|_| d[rng.random_range(0..d.len())].et)
+                        .sum::<f64>()
+                        / d.len() as f64
+                })
+                .sum::<f64>()
+                / days.len() as f64
+        })
+        .collect();
+    means.sort_by(f64::total_cmp);
+    Some(super::score::percentiles_90(&means))
 }
 
 /// [`SuiteGates`] of `policy`, or `None` when no scenario has every row.
@@ -257,8 +294,7 @@ pub fn suite_gates(scenarios: &[ScenarioResult], policy: &str) -> Option<SuiteGa
     })
 }
 
-/// Resamples behind [`SuiteGates::mean_ratio_90`].
-pub const BOOTSTRAP_RESAMPLES: usize = 2000;
+pub use super::score::BOOTSTRAP_RESAMPLES;
 
 /// Gate 1's ratio on [`BOOTSTRAP_RESAMPLES`] paired bootstrap resamples of
 /// the test days: each scenario's days are drawn with replacement, the same
@@ -301,8 +337,7 @@ fn mean_ratio_interval(used: &[&ScenarioResult], policy: &str) -> Option<(f64, f
         })
         .collect();
     ratios.sort_by(f64::total_cmp);
-    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
-    Some((at(0.05), at(0.95)))
+    Some(super::score::percentiles_90(&ratios))
 }
 
 #[cfg(test)]
@@ -333,6 +368,7 @@ mod tests {
             kind,
             description: String::new(),
             et: days.iter().map(|d| d.et).sum::<f64>() / days.len() as f64,
+            et_90: None,
             et_seedwise: 0.0,
             energy_j: 0.0,
             tardiness_s: 0.0,
@@ -362,6 +398,7 @@ mod tests {
             rows,
             models: Vec::new(),
             batch: false,
+            trace: false,
             train_days: Vec::new(),
             test_days: Vec::new(),
             jobs_per_day: 0.0,
@@ -419,6 +456,9 @@ mod tests {
         let mut s = s;
         s.rows
             .push(row("greedy", RowKind::Candidate, &[0.7, 0.7], 0));
+        // ... and rolling-fit's (no better than whole GPUs here).
+        s.rows
+            .push(row("rolling-fit", RowKind::Opponent, &[1.0, 1.0], 0));
         let g = suite_gates(&[s], "ours").unwrap();
         assert!((g.mean_ratio - 0.725 / 0.7).abs() < 1e-9);
         assert_eq!(g.per_scenario.len(), 1);
@@ -447,6 +487,7 @@ mod tests {
                     0,
                 ),
                 row("greedy", RowKind::Candidate, greedy, 0),
+                row("rolling-fit", RowKind::Opponent, &[2.0, 2.0, 2.0, 2.0], 0),
                 row("ours", RowKind::Candidate, ours, 0),
             ])
         };

@@ -28,8 +28,8 @@ pub enum RowKind {
     Bound,
 }
 
-/// One policy on one test day, charged at the day's horizon (where `none` ends, `sim::day_horizon`) (the
-/// latest of every row's; `sim::metrics`).
+/// One policy on one test day, charged at the day's horizon (where `none`
+/// ends, or the run's own end if later: `sim::day_horizon`).
 #[derive(Clone, Debug, Serialize)]
 pub struct DayScore {
     pub day: String,
@@ -78,6 +78,10 @@ pub struct PolicyRow {
     pub description: String,
     /// Mean over the test days of the pooled-reference ET.
     pub et: f64,
+    /// The 5th and 95th percentiles of that mean over the test days
+    /// resampled with replacement ([`bootstrap_mean_90`]); `None` with
+    /// fewer than two days.
+    pub et_90: Option<(f64, f64)>,
     /// Mean over the test days of the seed-wise ET.
     pub et_seedwise: f64,
     /// Mean energy per test day, J.
@@ -144,6 +148,7 @@ impl PolicyRow {
             kind,
             description,
             et: mean(days.iter().map(|d| d.et)).unwrap_or(f64::NAN),
+            et_90: bootstrap_mean_90(&days.iter().map(|d| d.et).collect::<Vec<_>>()),
             et_seedwise: mean(days.iter().map(|d| d.et_seedwise)).unwrap_or(f64::NAN),
             energy_j: mean(days.iter().map(|d| d.energy_j)).unwrap_or(f64::NAN),
             tardiness_s: mean(days.iter().map(|d| d.tardiness_s)).unwrap_or(f64::NAN),
@@ -174,9 +179,53 @@ impl PolicyRow {
     }
 }
 
+/// Resamples behind every interval of the suite's tables.
+pub const BOOTSTRAP_RESAMPLES: usize = 2000;
+
+/// The 5th and 95th percentiles of the mean of `values` (one per test
+/// day) over [`BOOTSTRAP_RESAMPLES`] resamples with replacement; `None`
+/// with fewer than two values. Seeded, so a table prints the same interval
+/// every time.
+pub fn bootstrap_mean_90(values: &[f64]) -> Option<(f64, f64)> {
+    use rand::{Rng, SeedableRng};
+    let n = values.len();
+    if n < 2 {
+        return None;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(54);
+    let mut means: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| (0..n).map(|_| values[rng.random_range(0..n)]).sum::<f64>() / n as f64)
+        .collect();
+    means.sort_by(f64::total_cmp);
+    Some(percentiles_90(&means))
+}
+
+/// The 5th and 95th percentiles of sorted `v` (nearest rank).
+pub(crate) fn percentiles_90(v: &[f64]) -> (f64, f64) {
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.05), at(0.95))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_interval_holds_the_mean_and_widens_with_the_spread() {
+        assert_eq!(bootstrap_mean_90(&[1.0]), None);
+        let (lo, hi) = bootstrap_mean_90(&[1.0, 1.0, 1.0, 1.0]).unwrap();
+        assert_eq!((lo, hi), (1.0, 1.0));
+        let calm: Vec<f64> = (0..48).map(|i| 1.0 + 0.01 * f64::from(i % 3)).collect();
+        let wild: Vec<f64> = (0..48)
+            .map(|i| if i % 8 == 0 { 3.0 } else { 1.0 })
+            .collect();
+        let (a, b) = bootstrap_mean_90(&calm).unwrap();
+        let (c, d) = bootstrap_mean_90(&wild).unwrap();
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        assert!(a <= mean(&calm) && mean(&calm) <= b);
+        assert!(c <= mean(&wild) && mean(&wild) <= d);
+        assert!(d - c > 10.0 * (b - a), "{a}-{b} vs {c}-{d}");
+    }
 
     fn m(energy_j: f64, tardiness: f64) -> Metrics {
         Metrics {

@@ -20,6 +20,7 @@ fn label(r: &ReplayRow) -> String {
         Role::AsRun => format!("{} (opponent)", r.name),
         Role::Policy => format!("{} (policy)", r.name),
         Role::WholeGpus => format!("{} (whole GPUs)", r.name),
+        Role::NoHistory => format!("{} (opponent, no history)", r.name),
     }
 }
 

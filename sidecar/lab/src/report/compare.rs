@@ -7,6 +7,7 @@
 //!
 //! The runs, in order: `none` (whole GPUs), `static` (an arbitrary admin
 //! layout, catalog index 1: `4444|3333` on the eight-slice models),
+//! `rolling-fit` (the opponent that needs no history, `policy::rolling`),
 //! `static-hist` and `twice-daily-hist` (the opponents: searched on
 //! *training days*, other days of the same workload, and applied unchanged;
 //! `eval::baselines`), `greedy`, the shipped learned policy (`learned`) and
@@ -20,7 +21,7 @@
 //! The yardstick is the suite's (docs/evaluation.md): ET's exchange rate
 //! comes from the training days' `none` runs (a workload with no past
 //! uses its own `none` run), `T_ref` floored; every row is charged at the
-//! horizon common to all rows (`sim::metrics`), and rows are ranked with
+//! day's horizon, where `none` ends (`sim::day_horizon`), and rows are ranked with
 //! the jobs they left unserved first. Each final run records its event log
 //! in memory; the plots of `--report DIR` are derived from those logs.
 
@@ -249,6 +250,7 @@ pub fn compare(
     };
     let (rate, reference) = exchange_rate(&ctx, train.as_ref());
     arbitrary_static(&mut ctx)?;
+    rolling_fit(&mut ctx)?;
     let fitted = match &train {
         Some(t) => Some(opponents(&mut ctx, t, &rate)?),
         None => None,
@@ -294,6 +296,19 @@ fn arbitrary_static(ctx: &mut Ctx<'_>) -> Result<()> {
         pictures.join(" / ")
     );
     ctx.run_logged(&mut fixed, ("static", RowKind::Opponent, description), None)?;
+    Ok(())
+}
+
+/// The opponent that needs no history (`policy::rolling`): whole GPUs at
+/// the start, a static layout refitted every hour on what it has seen.
+fn rolling_fit(ctx: &mut Ctx<'_>) -> Result<()> {
+    let spec = crate::eval::suite::ROLLING_FIT;
+    let mut p = parse_policy_on(spec, ctx.cluster, 0.0).map_err(|source| CompareError::Policy {
+        spec: spec.to_string(),
+        source,
+    })?;
+    let description = p.describe();
+    ctx.run_logged(p.as_mut(), (spec, RowKind::Opponent, description), None)?;
     Ok(())
 }
 

@@ -91,6 +91,7 @@ pub fn scenario_table(s: &ScenarioResult) -> String {
         "policy",
         "kind",
         "ET",
+        "ET 90%",
         "ET/seed",
         "energy MJ",
         "tard. s",
@@ -137,6 +138,8 @@ fn row_cells(r: &PolicyRow) -> Vec<String> {
         r.policy.clone(),
         kind(r.kind).to_string(),
         format!("{:.3}", r.et),
+        r.et_90
+            .map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.3}-{hi:.3}")),
         format!("{:.3}", r.et_seedwise),
         format!("{:.2}", r.energy_j / 1e6),
         format!("{:.1}", r.tardiness_s),
@@ -203,14 +206,17 @@ pub fn summary_table(r: &SuiteReport) -> String {
                 None => "-".into(),
             });
         }
+        let all: Vec<&ScenarioResult> = r.scenarios.iter().collect();
         l.push(if sum.1 > 0 {
-            format!("{:.3}", sum.0 / sum.1 as f64)
+            let interval = crate::eval::gates::suite_mean_interval(&all, p)
+                .map_or(String::new(), |(lo, hi)| format!(" ({lo:.3}-{hi:.3})"));
+            format!("{:.3}{interval}", sum.0 / sum.1 as f64)
         } else {
             "-".into()
         });
         lines.push(l);
     }
-    let mut out = String::from("Summary: ET per scenario (pooled none reference, lower is better; ! = worse than whole GPUs on some test day; U = left jobs unserved, ranks behind every row that served all)\n");
+    let mut out = String::from("Summary: ET per scenario (pooled none reference, lower is better; ! = worse than whole GPUs on some test day; U = left jobs unserved, ranks behind every row that served all); mean over the scenarios with its 90 % interval over resampled test days\n");
     out.push_str(&aligned(&lines));
     out
 }
@@ -369,8 +375,10 @@ pub fn suite_gates_table(g: &crate::eval::SuiteGates) -> String {
     let pct = |v: f64| format!("{v:+.1}%");
     let yes = |ok: bool| if ok { "met" } else { "MISSED" };
     let mut out = format!(
-        "Gates of {} over {} scenarios (docs/policy.md, issue 39; runnable: none, static-hist, twice-daily-hist, greedy)\n",
-        g.policy, g.scenarios
+        "Gates of {} over {} scenarios (docs/policy.md, issue 39; runnable: {})\n",
+        g.policy,
+        g.scenarios,
+        crate::eval::gates::RUNNABLE.join(", ")
     );
     let _ = writeln!(
         out,
