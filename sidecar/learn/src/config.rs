@@ -270,6 +270,10 @@ impl TrainConfig {
             oom: None,
             exact_size: false,
             slurm: None,
+            // The trainer still learns in the engine where jobs wait for
+            // the policy (its teacher, oracle and rewards were built for
+            // it); training in the on-demand engine is issue 55's.
+            serve_on_demand: false,
         }
     }
 }

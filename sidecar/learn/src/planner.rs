@@ -314,6 +314,9 @@ impl Planner {
             epoch: EpochRule::Events(crate::sim::DEFAULT_EPOCH_EVENTS),
             workload_horizon_s: Some(self.cfg.window_s),
             start_hour: hour,
+            // Plans are compared as layouts (jobs wait for them), as the
+            // trainer learns (`TrainConfig::sim_config`).
+            serve_on_demand: false,
             ..SimConfig::default()
         };
         let mut h = self.heuristic.build(0);

@@ -221,6 +221,8 @@ fn simulated_day(spec: &str, model: GpuModel) -> (u64, u64) {
     let cfg = SimConfig {
         workload_horizon_s: Some(wl.horizon_s),
         start_hour: wl.start_hour,
+        // The policy's own moves, with jobs waiting for them.
+        serve_on_demand: false,
         ..SimConfig::default()
     };
     let m = simulate(

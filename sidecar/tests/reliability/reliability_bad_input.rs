@@ -41,7 +41,7 @@ fn config_cases() -> Vec<Case> {
         c("request_timeout_s = 0", format!("request_timeout_s = 0\n{GPUS}"), "request_timeout_s: must be at least 1"),
         c("max_message_bytes too small", format!("max_message_bytes = 10\n{GPUS}"), "max_message_bytes: 10 is outside 256..=16777216"),
         c("epoch_s = 0", format!("epoch_s = 0\n{GPUS}"), "epoch_s: must be at least 1"),
-        c("unknown policy", format!("policy = \"magic\"\n{GPUS}"), "policy: unknown policy `magic` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., twice:<hour>=<layout>/<hour>=<layout>, greedy, greedy:window=<s>,init=<index>, e.g. static:0 or static:4444|3333)"),
+        c("unknown policy", format!("policy = \"magic\"\n{GPUS}"), "policy: unknown policy `magic` (known: none, static:<catalog index>, static:<picture>, static:<N>x<layout>+<M>x<layout>..., twice:<hour>=<layout>/<hour>=<layout>, greedy, greedy:window=<s>,init=<index>, rolling-fit, rolling-fit:period=<s>&window=<s>&margin=<x>, e.g. static:0 or static:4444|3333)"),
         c("metrics_listen not host:port", format!("metrics_listen = \"localhost\"\n{GPUS}"), "metrics_listen: \"localhost\" is not host:port (invalid socket address syntax)"),
         c("string for a number", format!("allocate_wait_s = \"ten\"\n{GPUS}"), "<config>: TOML parse error at line 1, column 19\n  |\n1 | allocate_wait_s = \"ten\"\n  |                   ^^^^^\ninvalid type: string \"ten\", expected u64"),
         c("negative number", format!("allocate_wait_s = -1\n{GPUS}"), "<config>: TOML parse error at line 1, column 19\n  |\n1 | allocate_wait_s = -1\n  |                   ^^\ninvalid value: integer `-1`, expected u64"),

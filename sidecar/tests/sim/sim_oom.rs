@@ -447,6 +447,9 @@ fn early_restart_on_study_days() {
                     early_restart: early,
                     ..OomConfig::default()
                 }),
+                // The study's jobs take any instance that fits, as when it
+                // was measured (docs/oom-and-memory.md).
+                serve_on_demand: false,
                 ..SimConfig::default()
             };
             let mut p = parse_policy("greedy", &[M]).unwrap();

@@ -170,6 +170,12 @@ impl RepartitionPolicy for Always {
     fn name(&self) -> String {
         "always".into()
     }
+    /// Jobs take any free instance that fits and wait for the policy:
+    /// these tests pin the engine's own mechanics, not smartmigd's
+    /// on-demand service (sim_on_demand.rs).
+    fn served_through_shards(&self) -> bool {
+        false
+    }
     fn decide(&mut self, _v: &ClusterView<'_>) -> Vec<Decision> {
         vec![Decision {
             gpu: 0,
@@ -230,6 +236,12 @@ struct Phases {
 impl RepartitionPolicy for Phases {
     fn name(&self) -> String {
         "phases".into()
+    }
+    /// Jobs take any free instance that fits and wait for the policy:
+    /// these tests pin the engine's own mechanics, not smartmigd's
+    /// on-demand service (sim_on_demand.rs).
+    fn served_through_shards(&self) -> bool {
+        false
     }
     fn decide(&mut self, v: &ClusterView<'_>) -> Vec<Decision> {
         let target = if v.now < 20.0 {

@@ -307,7 +307,14 @@ fn window_objective<'a>(
     jobs: &'a [Job],
     sims: &'a mut u64,
 ) -> Result<impl FnMut(&mut dyn RepartitionPolicy) -> Result<Standing, SimError> + 'a, SimError> {
-    let cfg = SimConfig::default();
+    // Every candidate, and the current target, is scored as a fixed layout
+    // (jobs wait for a matching instance): served on demand, the current
+    // target's row would also get instances built for its jobs and win
+    // every comparison against the search's fixed layouts.
+    let cfg = SimConfig {
+        serve_on_demand: false,
+        ..SimConfig::default()
+    };
     let run = move |policy: &mut dyn RepartitionPolicy| -> Result<Metrics, SimError> {
         let mut h = Heuristic::Edf.build(cfg.seed);
         Ok(simulate(cluster, jobs, h.as_mut(), policy, &cfg, RunHooks::default())?.metrics)
@@ -401,6 +408,9 @@ mod tests {
     fn run(jobs: &[Job], policy: &mut RollingFit, log: Option<&mut Collect>) -> Metrics {
         let cfg = SimConfig {
             epoch: EpochRule::Events(5),
+            // The policy's own refits and moves, without smartmigd's
+            // on-demand builds in between.
+            serve_on_demand: false,
             ..SimConfig::default()
         };
         let mut h = Heuristic::Edf.build(0);

@@ -256,6 +256,12 @@ impl Replay {
         }
         let cfg = SimConfig {
             workload_horizon_s: Some(now),
+            // The policies are compared on what they decide: jobs wait for
+            // the layouts in every replay. Served on demand, a policy
+            // smartmig runs would get instances built that a fixed layout
+            // (Slurm's GRES) does not, and the same layout named two ways
+            // would cost two amounts.
+            serve_on_demand: false,
             ..self.cfg.clone()
         };
         let mut h = self.heuristic.build(cfg.seed);

@@ -203,6 +203,20 @@ struct Engine<'j> {
     /// stand for a site without smartmig wait for a matching slot, as Slurm
     /// with fixed GRES types would.
     on_demand: bool,
+    /// Slurm's backfill reservation for the first waiting job
+    /// ([`Engine::reserve`]); on-demand mode only.
+    reservation: Option<Reservation>,
+}
+
+/// The first waiting job's reservation, as Slurm's backfill scheduler makes
+/// one (issue 55): the GPU where the job's instance can be built soonest,
+/// and when. Until then another job may start there only if it ends by
+/// then, so a stream of small jobs cannot keep a big one waiting forever.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Reservation {
+    job: u32,
+    gpu: usize,
+    at: f64,
 }
 
 impl<'j> Engine<'j> {
@@ -244,6 +258,7 @@ impl<'j> Engine<'j> {
             let (ja, jb) = (&jobs[a as usize], &jobs[b as usize]);
             ja.arrival.total_cmp(&jb.arrival).then(ja.id.cmp(&jb.id))
         });
+        let on_demand = cfg.serve_on_demand && policy.served_through_shards();
         let mut fit_mask = vec![0u64; jobs.len()];
         let mut rejected = Vec::new();
         let oom_on = cfg.oom.is_some();
@@ -255,7 +270,7 @@ impl<'j> Engine<'j> {
             } else {
                 j.memory_gb
             };
-            let mask = mask_for(&classes, mem, k, exact);
+            let mask = fit_mask_of(&classes, j, mem, k, exact, on_demand);
             fit_mask[i] = mask;
             if mask == 0 {
                 rejected.push((
@@ -352,7 +367,8 @@ impl<'j> Engine<'j> {
             busy_compute: 0,
             cand_buf: Vec::with_capacity(64),
             oom,
-            on_demand: policy.served_through_shards(),
+            on_demand,
+            reservation: None,
         })
     }
 
@@ -487,6 +503,7 @@ impl<'j> Engine<'j> {
                 since_epoch += 1;
                 self.arrive(i, heuristic);
             }
+            self.reserve();
             self.dispatch(heuristic, &mut hooks)?;
             self.serve_on_demand(&mut hooks)?;
             if let EpochRule::Events(e) = self.cfg.epoch {
@@ -518,7 +535,8 @@ impl<'j> Engine<'j> {
             if let Some(o) = self.oom.as_mut() {
                 o.asked[i as usize] = asked;
             }
-            let mask = mask_for(&self.classes, asked, k, exact);
+            let job = &self.jobs[i as usize];
+            let mask = fit_mask_of(&self.classes, job, asked, k, exact, self.on_demand);
             self.fit_mask[i as usize] = mask;
             if mask == 0 {
                 let reason = format!(
@@ -641,6 +659,8 @@ impl<'j> Engine<'j> {
         hooks: &mut RunHooks<'_>,
     ) -> Result<(), SimError> {
         let mut deferred: Vec<(T, u32, usize)> = Vec::new();
+        // Jobs the reservation keeps off its GPU this round.
+        let mut held: Vec<(T, u32, usize)> = Vec::new();
         let mut may_defer = true;
         loop {
             let mut best: Option<(T, u32, usize)> = None;
@@ -704,18 +724,102 @@ impl<'j> Engine<'j> {
             let c = self.cand_buf[pick.candidate.min(self.cand_buf.len() - 1)].class as usize;
             let hint = pick.gpu_hint % self.status.len() as u32;
             let set = &self.free[c];
-            let (gpu, pid) = set
+            let compute = self.classes[c]
+                .as_ref()
+                .map_or(1, |cl| cl.profile.shape.compute);
+            let may = |gpu: u32| self.may_start_on(i, gpu as usize, compute);
+            let Some(&(gpu, pid)) = set
                 .range((hint, 0)..)
-                .next()
-                .or_else(|| set.iter().next())
-                .copied()
-                .ok_or(SimError::Internal("free class without instance"))?;
+                .find(|(g, _)| may(*g))
+                .or_else(|| set.iter().find(|(g, _)| may(*g)))
+            else {
+                // Only the reserved GPU has such an instance, and the job
+                // would still run there when the reservation starts.
+                held.push((key, i, bi));
+                continue;
+            };
             self.start(i, gpu as usize, SpotId(pid), c, hooks)?;
         }
-        for (k, j, b) in deferred {
+        for (k, j, b) in deferred.into_iter().chain(held) {
             self.buckets[b].heap.push(Reverse((k, j)));
         }
         Ok(())
+    }
+
+    /// Whether job `i` may start on `gpu` on an instance of `compute`
+    /// slices now: anywhere but the reserved GPU; there, the reserved job,
+    /// or one that ends before the reservation starts (backfill).
+    fn may_start_on(&self, i: u32, gpu: usize, compute: u8) -> bool {
+        match self.reservation {
+            Some(r) if r.gpu == gpu && r.job != i => {
+                let job = &self.jobs[i as usize];
+                self.now + job.runtime_on(compute, self.rt[gpu].total) <= r.at
+            }
+            _ => true,
+        }
+    }
+
+    /// Slurm's backfill reservation ([`Reservation`]) for the first waiting
+    /// job (smallest priority key): the GPU where the profile it asks for
+    /// can be built soonest, by destroying idle instances once the busy
+    /// ones in the way have ended (run ends are known exactly here).
+    fn reserve(&mut self) {
+        self.reservation = None;
+        if !self.on_demand {
+            return;
+        }
+        let first = self
+            .buckets
+            .iter()
+            .filter_map(|b| b.heap.peek().map(|&Reverse(ki)| ki))
+            .min();
+        let Some((_, i)) = first else {
+            return;
+        };
+        let job = self.seen_job(i);
+        let mut best: Option<(f64, usize)> = None;
+        for (gpu, st) in self.status.iter().enumerate() {
+            let Some(p) = super::asked_profile(&job, st.model) else {
+                continue;
+            };
+            if let Some(at) = self.buildable_at(gpu, p.shape) {
+                if best.is_none_or(|b| at < b.0) {
+                    best = Some((at, gpu));
+                }
+            }
+        }
+        self.reservation = best.map(|(at, gpu)| Reservation { job: i, gpu, at });
+    }
+
+    /// When an instance of `shape` can be built on `gpu`: now (or when its
+    /// reconfiguration ends), else at the end of the busy instance after
+    /// which the rest leave room; `None` if never.
+    fn buildable_at(&self, gpu: usize, shape: Shape) -> Option<f64> {
+        let st = &self.status[gpu];
+        let g = st.geometry;
+        let mut held = st.busy.union(st.reconfiguring);
+        let mut at = if st.in_reconfiguration {
+            self.now.max(st.reconfig_until)
+        } else {
+            self.now
+        };
+        if g.candidates(held, shape).next().is_some() {
+            return Some(at);
+        }
+        let mut ends: Vec<(f64, SpotId)> = st
+            .busy
+            .iter()
+            .map(|id| (st.busy_until[id.0 as usize], id))
+            .collect();
+        ends.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for (end, id) in ends {
+            held = held.without(id);
+            at = at.max(end);
+            if g.candidates(held, shape).next().is_some() {
+                return Some(at);
+            }
+        }
+        None
     }
 
     fn take_free(&mut self, c: usize, gpu: usize, pid: SpotId) {
@@ -970,7 +1074,7 @@ impl<'j> Engine<'j> {
             Some(m) => {
                 let asked = o.asked[i as usize].max(f64::from(m));
                 o.asked[i as usize] = asked;
-                let mask = mask_for(&self.classes, asked, k, exact);
+                let mask = fit_mask_of(&self.classes, job, asked, k, exact, self.on_demand);
                 self.fit_mask[i as usize] = mask;
                 (mask == 0).then(|| format!("no instance with {asked} GB after out of memory"))
             }
@@ -1054,6 +1158,16 @@ impl<'j> Engine<'j> {
             let r = &self.rt[gpu];
             let k = profile.shape.compute;
             if st.in_reconfiguration || u32::from(r.total) < r.active + u32::from(k) {
+                continue;
+            }
+            // The reconfiguration counts: the instance is busy from now on.
+            let reserved_ok = match self.reservation {
+                Some(res) if res.gpu == gpu && res.job != i => {
+                    self.now + self.cfg.reconfig_time_s + job.runtime_on(k, r.total) <= res.at
+                }
+                _ => true,
+            };
+            if !reserved_ok {
                 continue;
             }
             let g = st.geometry;
@@ -1405,6 +1519,40 @@ fn request(j: &Job, exact_size: bool) -> (u8, bool) {
         j.requested_slices.unwrap_or(1).max(1),
         exact_size && j.requested_slices.is_some(),
     )
+}
+
+/// The classes job `j` may run on, with `mem` GB asked. Served on demand
+/// (a policy smartmig runs), as in a deployment: Slurm bills the job the
+/// compute slices of the profile it asks for ([`super::asked_profile`]) and
+/// smartmigd hands it an instance of exactly that size with enough memory,
+/// never a bigger one (a 1-slice job on an idle whole GPU would hold all
+/// of it). Otherwise [`mask_for`].
+fn fit_mask_of(
+    classes: &[Option<Class>],
+    j: &Job,
+    mem: f64,
+    k: u8,
+    exact: bool,
+    on_demand: bool,
+) -> u64 {
+    if !on_demand {
+        return mask_for(classes, mem, k, exact);
+    }
+    let asked = Job {
+        memory_gb: mem,
+        ..j.clone()
+    };
+    let mut mask = 0u64;
+    for (c, class) in classes.iter().enumerate() {
+        let Some(cl) = class else { continue };
+        let Some(p) = super::asked_profile(&asked, cl.model) else {
+            continue;
+        };
+        if cl.profile.shape.compute == p.shape.compute && f64::from(cl.profile.memory_gb) >= mem {
+            mask |= 1 << c;
+        }
+    }
+    mask
 }
 
 /// Classes whose profile has at least `mem` GB and at least (`exact`:
