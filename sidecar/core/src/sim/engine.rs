@@ -1088,6 +1088,15 @@ impl<'j> Engine<'j> {
         }
     }
 
+    /// Counts one applied reconfiguration by its kind.
+    fn count_kind(&mut self, kind: ReconfigKind) {
+        match kind {
+            ReconfigKind::Fusion => self.m.fusions += 1,
+            ReconfigKind::Fission => self.m.fissions += 1,
+            ReconfigKind::Reshape => self.m.reshapes += 1,
+        }
+    }
+
     /// The end of a reconfiguration: its instances are ready; one built on
     /// demand for a job runs it, the others are free.
     fn reconfig_done(&mut self, gpu: usize, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
@@ -1212,11 +1221,7 @@ impl<'j> Engine<'j> {
         let destroy = way.destroyed();
         let create = Layout::single(pid);
         let kind = transition_kind(g, destroy, create);
-        match kind {
-            ReconfigKind::Fusion => self.m.fusions += 1,
-            ReconfigKind::Fission => self.m.fissions += 1,
-            ReconfigKind::Reshape => self.m.reshapes += 1,
-        }
+        self.count_kind(kind);
         self.m.reconfigurations += 1;
         self.m.on_demand_builds += 1;
         for id in destroy.iter() {
@@ -1286,11 +1291,7 @@ impl<'j> Engine<'j> {
             let g = st.geometry;
             let tr = g.transition(st.layout, d.target);
             let kind = transition_kind(g, tr.destroy, tr.create);
-            match kind {
-                ReconfigKind::Fusion => self.m.fusions += 1,
-                ReconfigKind::Fission => self.m.fissions += 1,
-                ReconfigKind::Reshape => self.m.reshapes += 1,
-            }
+            self.count_kind(kind);
             let slot = self.rt[d.gpu].slot;
             for id in tr.destroy.iter() {
                 self.take_free(class_of(g, slot, id), d.gpu, id);
