@@ -376,7 +376,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         a.test_seed
     );
     let started = Instant::now();
-    let steps_per_scenario = 6
+    let steps_per_scenario = 7
         + (cfg.candidates.len() + cfg.fallback_for.len() + cfg.shadow_for.len()) as u64
         + u64::from(cfg.hindsight);
     let bar = indicatif::ProgressBar::new(list.len() as u64 * steps_per_scenario);

@@ -80,6 +80,10 @@ impl RepartitionPolicy for OnDemand {
         "on-demand".to_string()
     }
 
+    fn describe(&self) -> String {
+        "smartmigd's allocate alone: no repartitioning, each job's instance built (or re-shaped from idle ones) when it starts, from whole GPUs".to_string()
+    }
+
     fn installs_initial_layout(&self) -> bool {
         false
     }

@@ -143,13 +143,14 @@ pub fn best_runnable(scenarios: &[ScenarioResult]) -> Vec<RunnableBest> {
 }
 
 /// The runnable heuristics issue 39's gates measure against: what a site
-/// can run without us, `greedy` and `rolling-fit` (issue 54: the opponent
-/// that needs no history) included.
-pub const RUNNABLE: [&str; 5] = [
+/// can run without us, `greedy`, and the opponents that need no history
+/// (issue 54: `on-demand`, smartmigd with no policy, and `rolling-fit`).
+pub const RUNNABLE: [&str; 6] = [
     "none",
     "static-hist",
     "twice-daily-hist",
     "greedy",
+    "on-demand",
     "rolling-fit",
 ];
 
@@ -456,9 +457,11 @@ mod tests {
         let mut s = s;
         s.rows
             .push(row("greedy", RowKind::Candidate, &[0.7, 0.7], 0));
-        // ... and rolling-fit's (no better than whole GPUs here).
-        s.rows
-            .push(row("rolling-fit", RowKind::Opponent, &[1.0, 1.0], 0));
+        // ... and those of the opponents that need no history (no better
+        // than whole GPUs here).
+        for name in ["on-demand", "rolling-fit"] {
+            s.rows.push(row(name, RowKind::Opponent, &[1.0, 1.0], 0));
+        }
         let g = suite_gates(&[s], "ours").unwrap();
         assert!((g.mean_ratio - 0.725 / 0.7).abs() < 1e-9);
         assert_eq!(g.per_scenario.len(), 1);
@@ -487,6 +490,7 @@ mod tests {
                     0,
                 ),
                 row("greedy", RowKind::Candidate, greedy, 0),
+                row("on-demand", RowKind::Opponent, &[2.0, 2.0, 2.0, 2.0], 0),
                 row("rolling-fit", RowKind::Opponent, &[2.0, 2.0, 2.0, 2.0], 0),
                 row("ours", RowKind::Candidate, ours, 0),
             ])

@@ -533,9 +533,9 @@ pub fn run_scenario(
     })
 }
 
-/// `none`, the opponents fitted on the training days, and `rolling-fit`
-/// (the opponent that needs no history: it starts each day from whole GPUs
-/// and refits on what it has seen that day).
+/// `none`, the opponents fitted on the training days, and those that need
+/// no history ([`NO_HISTORY`]: `on-demand` and `rolling-fit`, which start
+/// each day from whole GPUs).
 fn opponent_rows(
     sc: &mut Scorer<'_>,
     fitted: &Fitted,
@@ -570,23 +570,30 @@ fn opponent_rows(
         format!("{} ({train_label})", tp.schedule(&sc.s.cluster)),
         &mut |_| Ok(Box::new(tp.clone())),
     )?;
-    progress(ROLLING_FIT);
     let models = GpuModel::distinct(&sc.s.cluster);
-    let policy_err = |source| SuiteError::Policy {
-        scenario: sc.s.name.clone(),
-        spec: ROLLING_FIT.to_string(),
-        source,
-    };
-    let description = parse_policy(ROLLING_FIT, &models)
-        .map_err(policy_err)?
-        .describe();
-    sc.row(ROLLING_FIT, RowKind::Opponent, description, &mut |_| {
-        parse_policy(ROLLING_FIT, &models).map_err(policy_err)
-    })
+    for spec in NO_HISTORY {
+        progress(spec);
+        let policy_err = |source| SuiteError::Policy {
+            scenario: sc.s.name.clone(),
+            spec: spec.to_string(),
+            source,
+        };
+        let description = parse_policy(spec, &models).map_err(policy_err)?.describe();
+        sc.row(spec, RowKind::Opponent, description, &mut |_| {
+            parse_policy(spec, &models).map_err(policy_err)
+        })?;
+    }
+    Ok(())
 }
 
 /// The causal opponent that needs no history (`policy::rolling`).
 pub const ROLLING_FIT: &str = "rolling-fit";
+
+/// The opponents that need no history, each a row of every table: what
+/// smartmigd does with no policy at all (`on-demand`: every instance built
+/// at the job's allocate, nothing prepared), and [`ROLLING_FIT`]. A policy
+/// that does not beat `on-demand` adds nothing to smartmigd's allocate.
+pub const NO_HISTORY: [&str; 2] = ["on-demand", ROLLING_FIT];
 
 /// Our policies, then the `+fallback` rows; returns the fallback choices.
 fn candidate_rows(
@@ -795,6 +802,7 @@ mod tests {
                 "none",
                 "static-hist",
                 "twice-daily-hist",
+                "on-demand",
                 "rolling-fit",
                 "greedy",
                 "static-hindsight",
@@ -802,8 +810,8 @@ mod tests {
                 "lower-bound"
             ]
         );
-        // Every simulated run's log was audited: 7 policies x 2 days.
-        assert_eq!(r.audited_logs, 14);
+        // Every simulated run's log was audited: 8 policies x 2 days.
+        assert_eq!(r.audited_logs, 16);
         let none = r.row("none").unwrap();
         assert_eq!(none.days_worse_than_none, Some(0));
         assert!((none.et_seedwise - 1.0).abs() < 1e-12);

@@ -7,7 +7,8 @@
 //!
 //! The runs, in order: `none` (whole GPUs), `static` (an arbitrary admin
 //! layout, catalog index 1: `4444|3333` on the eight-slice models),
-//! `rolling-fit` (the opponent that needs no history, `policy::rolling`),
+//! `on-demand` and `rolling-fit` (the opponents that need no history:
+//! smartmigd's allocate alone, and `policy::rolling`),
 //! `static-hist` and `twice-daily-hist` (the opponents: searched on
 //! *training days*, other days of the same workload, and applied unchanged;
 //! `eval::baselines`), `greedy`, the shipped learned policy (`learned`) and
@@ -250,7 +251,7 @@ pub fn compare(
     };
     let (rate, reference) = exchange_rate(&ctx, train.as_ref());
     arbitrary_static(&mut ctx)?;
-    rolling_fit(&mut ctx)?;
+    no_history(&mut ctx)?;
     let fitted = match &train {
         Some(t) => Some(opponents(&mut ctx, t, &rate)?),
         None => None,
@@ -299,16 +300,19 @@ fn arbitrary_static(ctx: &mut Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The opponent that needs no history (`policy::rolling`): whole GPUs at
-/// the start, a static layout refitted every hour on what it has seen.
-fn rolling_fit(ctx: &mut Ctx<'_>) -> Result<()> {
-    let spec = crate::eval::suite::ROLLING_FIT;
-    let mut p = parse_policy_on(spec, ctx.cluster, 0.0).map_err(|source| CompareError::Policy {
-        spec: spec.to_string(),
-        source,
-    })?;
-    let description = p.describe();
-    ctx.run_logged(p.as_mut(), (spec, RowKind::Opponent, description), None)?;
+/// The opponents that need no history (`eval::suite::NO_HISTORY`):
+/// smartmigd's allocate alone (`on-demand`), and a static layout refitted
+/// every hour on what it has seen (`rolling-fit`), both from whole GPUs.
+fn no_history(ctx: &mut Ctx<'_>) -> Result<()> {
+    for spec in crate::eval::suite::NO_HISTORY {
+        let mut p =
+            parse_policy_on(spec, ctx.cluster, 0.0).map_err(|source| CompareError::Policy {
+                spec: spec.to_string(),
+                source,
+            })?;
+        let description = p.describe();
+        ctx.run_logged(p.as_mut(), (spec, RowKind::Opponent, description), None)?;
+    }
     Ok(())
 }
 
