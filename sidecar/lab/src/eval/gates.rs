@@ -234,8 +234,9 @@ pub fn suite_gates(scenarios: &[ScenarioResult], policy: &str) -> Option<SuiteGa
             .sum::<f64>()
             / n
     };
-    let (best_runnable, best_runnable_mean) = RUNNABLE
-        .iter()
+    // A runnable row is judged against the others, not against itself.
+    let others = || RUNNABLE.iter().filter(|&&r| r != policy);
+    let (best_runnable, best_runnable_mean) = others()
         .map(|r| (r.to_string(), mean(r)))
         .min_by(|a, b| a.1.total_cmp(&b.1))?;
     let mean_et = mean(policy);
@@ -243,8 +244,7 @@ pub fn suite_gates(scenarios: &[ScenarioResult], policy: &str) -> Option<SuiteGa
         .iter()
         .filter_map(|s| {
             let et = s.row(policy)?.et;
-            let best = RUNNABLE
-                .iter()
+            let best = others()
                 .filter_map(|r| s.row(r))
                 .map(|r| r.et)
                 .reduce(f64::min)?;
@@ -260,8 +260,7 @@ pub fn suite_gates(scenarios: &[ScenarioResult], policy: &str) -> Option<SuiteGa
             .filter_map(|s| worst_day_vs_safe(s, s.row(name)?))
             .reduce(f64::max)
     };
-    let best_runnable_worst_day = RUNNABLE
-        .iter()
+    let best_runnable_worst_day = others()
         .filter_map(|r| Some((r.to_string(), worst(r)?)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     let hindsight_mean = used[0]
@@ -304,7 +303,9 @@ pub use super::score::BOOTSTRAP_RESAMPLES;
 /// 95th percentiles; `None` where a scenario's rows disagree on the number
 /// of days. Seeded, so the same suite prints the same interval.
 fn mean_ratio_interval(used: &[&ScenarioResult], policy: &str) -> Option<(f64, f64)> {
-    let names: Vec<&str> = std::iter::once(policy).chain(RUNNABLE).collect();
+    let names: Vec<&str> = std::iter::once(policy)
+        .chain(RUNNABLE.iter().copied().filter(|&r| r != policy))
+        .collect();
     let days: Vec<Vec<&[super::DayScore]>> = used
         .iter()
         .map(|s| {
@@ -462,7 +463,7 @@ mod tests {
         for name in ["on-demand", "rolling-fit"] {
             s.rows.push(row(name, RowKind::Opponent, &[1.0, 1.0], 0));
         }
-        let g = suite_gates(&[s], "ours").unwrap();
+        let g = suite_gates(std::slice::from_ref(&s), "ours").unwrap();
         assert!((g.mean_ratio - 0.725 / 0.7).abs() < 1e-9);
         assert_eq!(g.per_scenario.len(), 1);
         // Worst days: ours +10 %, greedy +40 % (0.7 vs 0.5), twice-daily +20 %.
@@ -472,6 +473,12 @@ mod tests {
         );
         // Gap: (0.7 - 0.725) / (0.7 - 0.1) < 0: nothing closed.
         assert!(g.gap_closed.unwrap() < 0.0);
+        // A runnable row is judged against the others, never itself:
+        // greedy (0.7) against twice-daily-hist (0.7 mean), not 1.000 by
+        // construction.
+        let g = suite_gates(std::slice::from_ref(&s), "greedy").unwrap();
+        assert_ne!(g.best_runnable, "greedy");
+        assert!(g.per_scenario.iter().all(|p| p.1.is_finite()));
     }
 
     /// Gate 1's interval: exact where ours is the same share of the best

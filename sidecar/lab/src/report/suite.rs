@@ -311,7 +311,7 @@ pub fn runnable_table(rows: &[RunnableBest]) -> String {
         String::new(),
     ]);
     let mut out = String::from(
-        "Best row a site could run per scenario (none, static-hist, twice-daily-hist, greedy, learned, learned+fallback: nothing fitted on the scored days), against the best hindsight reference\n",
+        "Best row a site could run per scenario (the runnable opponents and our policies: nothing fitted on the scored days), against the best hindsight reference\n",
     );
     out.push_str(&aligned(&lines));
     out
