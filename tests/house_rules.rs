@@ -8,9 +8,10 @@
 //!   `unsafe_op_in_unsafe_fn` and `clippy::undocumented_unsafe_blocks`;
 //! - every crate with no `unsafe` code says `#![forbid(unsafe_code)]`, so
 //!   the first unsafe block in it is a decision, not an accident;
-//! - the product is apart from the lab: smartmigd's library links no lab,
-//!   trainer or plotting crate (`cargo tree`; the plugin's own check is
-//!   `slurm-plugin/tests/lean_deps.rs`).
+//! - the product is apart from the lab: smartmigd's library, and the
+//!   package that builds the `smartmigd` binary a node installs, link no
+//!   lab, trainer or plotting crate (`cargo metadata`, `cargo tree`; the
+//!   plugin's own check is `slurm-plugin/tests/lean_deps.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -281,20 +282,97 @@ fn normal_dependencies(package: &str) -> Vec<String> {
         .collect()
 }
 
+/// The crates of `crates` that belong to the lab, the trainer or the
+/// plots: none of them may reach a node.
+fn lab_crates(crates: &[String]) -> Vec<String> {
+    let mut lab: Vec<String> = crates
+        .iter()
+        .filter(|c| {
+            ["smartmig", "smartmig-lab", "smartmig-learn"].contains(&c.as_str())
+                || c.starts_with("candle")
+                || c.starts_with("plotters")
+        })
+        .cloned()
+        .collect();
+    lab.sort();
+    lab.dedup();
+    lab
+}
+
+/// The workspace packages that build a binary named `bin`
+/// (`cargo metadata`), so the check follows the binary wherever it moves.
+fn packages_building(bin: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--offline",
+            "--no-deps",
+            "--format-version",
+            "1",
+        ])
+        .current_dir(root())
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    let packages = meta["packages"].as_array().expect("a `packages` array");
+    packages
+        .iter()
+        .filter(|p| {
+            p["targets"].as_array().is_some_and(|ts| {
+                ts.iter().any(|t| {
+                    t["name"] == bin
+                        && t["kind"]
+                            .as_array()
+                            .is_some_and(|k| k.contains(&"bin".into()))
+                })
+            })
+        })
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect()
+}
+
 #[test]
 fn the_daemon_links_no_lab() {
     let crates = normal_dependencies("smartmig-daemon");
     assert!(crates.iter().any(|c| c == "smartmig-core"), "{crates:?}");
-    for lab in [
-        "smartmig-lab",
-        "smartmig-learn",
-        "smartmig",
-        "candle-core",
-        "plotters",
-    ] {
-        assert!(
-            !crates.iter().any(|c| c == lab),
-            "smartmig-daemon depends on `{lab}` again: {crates:?}"
-        );
+    let lab = lab_crates(&crates);
+    assert!(
+        lab.is_empty(),
+        "smartmig-daemon depends on {lab:?} again: {crates:?}"
+    );
+}
+
+/// The binary a node installs (scripts/package stages `smartmigd`) is built
+/// from a package whose whole tree is free of the lab: a library that is
+/// clean does not help if the binary's package pulls the lab back in.
+#[test]
+fn the_installed_daemon_links_no_lab() {
+    let packages = packages_building("smartmigd");
+    let [package] = packages.as_slice() else {
+        panic!("expected one package building `smartmigd`, found {packages:?}");
+    };
+    let crates = normal_dependencies(package);
+    assert!(crates.iter().any(|c| c == "smartmig-daemon"), "{crates:?}");
+    let lab = lab_crates(&crates);
+    assert!(
+        lab.is_empty(),
+        "`smartmigd` is built by package `{package}`, which depends on {lab:?}: {crates:?}"
+    );
+}
+
+/// The check above can fail: on the CLI's package, which has the lab and
+/// (by default) the trainer, it finds them.
+#[test]
+fn the_lab_check_sees_the_lab() {
+    let lab = lab_crates(&normal_dependencies("smartmig"));
+    for name in ["smartmig-lab", "smartmig-learn", "candle-core"] {
+        assert!(lab.iter().any(|c| c == name), "{name} not seen: {lab:?}");
     }
 }

@@ -1,8 +1,9 @@
 //! # smartmig
 //!
-//! Dynamic NVIDIA MIG partitioning for Slurm clusters: the `smartmig` CLI
-//! and the `smartmigd` daemon, over crates with one job each, re-exported
-//! here under one name:
+//! Dynamic NVIDIA MIG partitioning for Slurm clusters: the `smartmig` CLI,
+//! over crates with one job each, re-exported here under one name (the
+//! `smartmigd` binary is a package of its own, `sidecar/smartmigd`, over
+//! the `daemon` crate alone):
 //!
 //! | module       | crate              | what it holds                                                        | IO? |
 //! |--------------|--------------------|----------------------------------------------------------------------|-----|

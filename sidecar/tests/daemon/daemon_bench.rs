@@ -8,7 +8,7 @@ fn args(clients: Vec<usize>, pairs: usize) -> Args {
         clients,
         pairs,
         json: Default::default(),
-        smartmigd: Some(env!("CARGO_BIN_EXE_smartmigd").into()),
+        smartmigd: Some(crate::daemon_common::smartmigd()),
         journal_dir: None,
         flood: 0,
         flood_user: "nobody".into(),

@@ -80,7 +80,7 @@ fn check_config_names_the_key() {
     std::fs::create_dir_all(&dir).unwrap();
     let good = dir.join("good.toml");
     std::fs::write(&good, base_config(&dir, "")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+    let out = Command::new(crate::daemon_common::smartmigd())
         .args(["--check-config", "--config"])
         .arg(&good)
         .output()
@@ -102,7 +102,7 @@ fn check_config_names_the_key() {
     for (extra_table, want) in cases.iter().take(1) {
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, format!("{}{extra_table}", base_config(&dir, ""))).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+        let out = Command::new(crate::daemon_common::smartmigd())
             .args(["--check-config", "--config"])
             .arg(&bad)
             .output()
@@ -119,7 +119,7 @@ fn check_config_names_the_key() {
     ] {
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, base_config(&dir, extra)).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+        let out = Command::new(crate::daemon_common::smartmigd())
             .args(["--check-config", "--config"])
             .arg(&bad)
             .output()

@@ -155,7 +155,7 @@ fn bad_placements_are_refused_naming_the_key() {
             base_config(&dir, &format!("placement = \"{value}\"\n")),
         )
         .unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+        let out = Command::new(crate::daemon_common::smartmigd())
             .args(["--check-config", "--config"])
             .arg(&file)
             .output()

@@ -27,15 +27,49 @@ pub fn backend() -> &'static str {
     }
 }
 
+/// The profile directory of this build (`target/release` for
+/// `cargo test --release`): where cargo put this package's `smartmig`, and
+/// where the same profile's build of the other packages puts `smartmigd`
+/// and the NVML emulator.
+pub fn profile_dir() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_smartmig"))
+        .parent()
+        .expect("cargo names a binary by its full path")
+}
+
+/// The command that builds package `package` in this test's profile.
+fn build_command(package: &str) -> String {
+    match profile_dir().file_name().and_then(|n| n.to_str()) {
+        Some("debug") => format!("cargo build -p {package}"),
+        Some("release") | None => format!("cargo build --release -p {package}"),
+        Some(profile) => format!("cargo build --profile {profile} -p {package}"),
+    }
+}
+
+/// The `smartmigd` binary of this build. It is its own package
+/// (`sidecar/smartmigd`), and cargo builds only a package's own binaries
+/// for its tests, so it must have been built first (`scripts/test` builds
+/// the workspace); a missing binary fails the test, saying how to build it.
+pub fn smartmigd() -> PathBuf {
+    let path = profile_dir().join("smartmigd");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `{}` (scripts/test builds the whole workspace); \
+         rebuild it after changing the daemon, or these tests run the old one",
+        path.display(),
+        build_command("smartmigd"),
+    );
+    path
+}
+
 /// The NVML emulator library of this build (beside `smartmigd`).
 pub fn emulator_library() -> PathBuf {
-    let lib = std::path::Path::new(env!("CARGO_BIN_EXE_smartmigd"))
-        .with_file_name("libsmartmig_nvml_emu.so");
+    let lib = profile_dir().join("libsmartmig_nvml_emu.so");
     assert!(
         lib.is_file(),
-        "{} is missing: build it with `cargo build --release -p smartmig-nvml-emu` \
-         (scripts/test builds the whole workspace)",
-        lib.display()
+        "{} is missing: build it with `{}` (scripts/test builds the whole workspace)",
+        lib.display(),
+        build_command("smartmig-nvml-emu"),
     );
     lib
 }
@@ -209,7 +243,7 @@ impl TestDaemon {
             .append(true)
             .open(self.dir.join("daemon.log"))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+        let child = Command::new(smartmigd())
             .arg("--config")
             .arg(&self.config)
             .env(smartmig_nvml_emu::DIR_ENV, emulator_dir(&self.dir))

@@ -127,7 +127,7 @@ impl Node {
 
     fn start_daemon(&mut self) {
         let log = std::fs::File::create(self.dir.join("daemon.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+        let child = Command::new(crate::daemon_common::smartmigd())
             .arg("--config")
             .arg(self.dir.join("smartmig.toml"))
             .env(DIR_ENV, &self.emu_dir)
@@ -579,7 +579,7 @@ fn a_driver_that_differs_fails_and_a_renamed_profile_warns() {
 
     // smartmigd will not start on a GPU it cannot describe.
     let log = std::fs::File::create(node.dir.join("daemon.log")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_smartmigd"))
+    let mut child = Command::new(crate::daemon_common::smartmigd())
         .arg("--config")
         .arg(node.dir.join("smartmig.toml"))
         .env(DIR_ENV, &node.emu_dir)

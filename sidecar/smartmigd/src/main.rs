@@ -1,6 +1,8 @@
-//! `smartmigd`: the per-node sidecar daemon. All logic lives in
-//! `smartmig::daemon`; this file parses arguments, sets up logging and the
-//! runtime, and maps errors to exit codes.
+//! `smartmigd`: the per-node sidecar daemon. All logic lives in the
+//! `smartmig-daemon` library; this file parses arguments, sets up logging
+//! and the runtime, and maps errors to exit codes. It is a package of its
+//! own so that the installed binary links no lab or trainer crate
+//! (docs/architecture.md, "Workspace layout").
 
 #![forbid(unsafe_code)]
 
@@ -9,11 +11,19 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use smartmig::daemon::{server, Config};
+use smartmig_daemon::{server, Config};
 
 /// Dynamic MIG partitioning sidecar for Slurm nodes.
+// `about` is spelled out: a bare `about` reads the package's description,
+// and `--help` (packaged as smartmigd-help.txt) keeps the text it had when
+// this binary was built in the `smartmig` package.
 #[derive(Debug, Parser)]
-#[command(name = "smartmigd", version, about)]
+#[command(
+    name = "smartmigd",
+    version,
+    about = "Dynamic MIG partitioning for Slurm: the `smartmig` CLI and `smartmigd` binaries \
+             over the smartmig crates, re-exported as one library"
+)]
 struct Args {
     /// Configuration file (see etc/smartmig.toml).
     #[arg(long, short, default_value = "/etc/smartmig/smartmig.toml")]
