@@ -114,7 +114,7 @@ fn report(args: &ReportArgs) -> anyhow::Result<()> {
         records.extend(read_log(p)?);
     }
     let names: Vec<String> = src.logs.iter().map(|p| p.display().to_string()).collect();
-    let now = super::status::unix_now();
+    let now = super::clock::unix_now();
     let since = args.since.map(|s| now.saturating_sub(s) as f64);
     let obs = advise::observe(&records, since).with_context(|| names.join(", "))?;
     let spec = args
@@ -147,8 +147,8 @@ fn report(args: &ReportArgs) -> anyhow::Result<()> {
     let plots = crate::report::advise::plots(&r, bin_s)?;
     let period = format!(
         "{} to {} from {}",
-        super::status::local_time(obs.origin as u64),
-        super::status::local_time(obs.end as u64),
+        super::clock::local_time(obs.origin as u64),
+        super::clock::local_time(obs.end as u64),
         names.join(", ")
     );
     let mut out = args.json.table();

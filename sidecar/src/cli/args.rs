@@ -148,6 +148,16 @@ impl TraceWindow {
     }
 }
 
+/// `--slurm-like[=SPEC]` as the simulator's setting (`simulate`, `bench
+/// suite`).
+pub fn slurm_like(spec: Option<&str>) -> Result<Option<crate::sim::SlurmLike>> {
+    spec.map(|s| {
+        s.parse()
+            .map_err(|e: String| anyhow::anyhow!("--slurm-like={s}: {e}"))
+    })
+    .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

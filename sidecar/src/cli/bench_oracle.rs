@@ -19,7 +19,8 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::args::{GpuModelArg, JsonArg};
-use super::bench_suite::{search_for, shipped_learned, trace_scenarios, TraceArgs};
+use super::bench_suite::{search_for, trace_scenarios, TraceArgs};
+use super::learned::shipped_learned;
 use crate::eval::{run_scenario, Day, RowKind, ScenarioDays, ScenarioResult, SuiteConfig};
 use crate::learn::oracle::{from_whole, rollout};
 use crate::learn::train::{static_best, TrainConfig};

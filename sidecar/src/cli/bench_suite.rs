@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use super::args::{GpuModelArg, JsonArg};
+use super::args::{slurm_like, GpuModelArg, JsonArg};
+use super::learned::shipped_learned;
 use crate::eval::{
     best_runnable, gate_rows, run_scenario, suite_gates, Day, RowKind, ScenarioDays,
     ScenarioResult, SuiteConfig, SuiteReport,
@@ -216,28 +217,6 @@ pub(super) fn search_for(quick: bool) -> SearchConfig {
     }
 }
 
-/// The shipped learned policy of `model` as a `policy:` spec, when it and
-/// ONNX Runtime exist (else says why it is left out).
-pub(super) fn shipped_learned(model: GpuModel) -> Option<String> {
-    match (
-        crate::policy::onnx::shipped_policy(model),
-        crate::policy::onnx::find_onnxruntime(),
-    ) {
-        (Some(p), Ok(_)) => Some(format!("policy:{}", p.display())),
-        (Some(p), Err(e)) => {
-            eprintln!(
-                "smartmig: leaving the learned policy {} out: {e}",
-                p.display()
-            );
-            None
-        }
-        (None, _) => {
-            eprintln!("smartmig: no shipped learned policy for {model}");
-            None
-        }
-    }
-}
-
 /// The trace scenarios: one per deadline regime, on the last `train +
 /// test` windows that hold jobs (training first, in time order), on a
 /// cluster sized by the load from the training windows.
@@ -407,7 +386,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     if let Some(source) = a.trace.source(a.gpu.gpu_model, a.train_seed) {
         all.extend(trace_scenarios(&source, train_days, test_days)?);
     }
-    let slurm = super::simulate::slurm_like(a.slurm_like.as_deref())?;
+    let slurm = slurm_like(a.slurm_like.as_deref())?;
     for d in all
         .iter_mut()
         .flat_map(|s| s.train.iter_mut().chain(s.test.iter_mut()))

@@ -27,11 +27,16 @@ pub mod bench_suite;
 pub mod bench_throughput;
 pub mod bound;
 #[cfg(feature = "daemon")]
+pub mod clock;
+#[cfg(feature = "daemon")]
 pub mod doctor;
 pub mod layouts;
+pub mod learned;
 pub mod oom;
 #[cfg(feature = "daemon")]
 pub mod plan;
+#[cfg(feature = "train")]
+pub mod policy_out;
 #[cfg(feature = "daemon")]
 pub mod publish;
 pub mod simulate;

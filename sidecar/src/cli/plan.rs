@@ -34,7 +34,7 @@ pub struct ApplyArgs {
 }
 
 fn now() -> i64 {
-    super::status::unix_now() as i64
+    super::clock::unix_now() as i64
 }
 
 pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {

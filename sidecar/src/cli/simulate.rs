@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::args::{GpuModelArg, JsonArg};
+use super::args::{slurm_like, GpuModelArg, JsonArg};
 use crate::mig::GpuModel;
 use crate::policy::parse_policy_on;
 use crate::sim::{
@@ -448,15 +448,6 @@ pub fn run(a: &Args) -> Result<()> {
     a.json.write(&report)
 }
 
-/// `--slurm-like[=SPEC]` as the simulator's setting.
-pub fn slurm_like(spec: Option<&str>) -> Result<Option<crate::sim::SlurmLike>> {
-    spec.map(|s| {
-        s.parse()
-            .map_err(|e: String| anyhow::anyhow!("--slurm-like={s}: {e}"))
-    })
-    .transpose()
-}
-
 /// One table row: label and how to format it from the metrics.
 type Row = (&'static str, Box<dyn Fn(&Metrics) -> String>);
 
@@ -629,12 +620,12 @@ fn run_compare(
     if !opts.extra.iter().any(|s| s.starts_with("policy:")) {
         let models = GpuModel::distinct(cluster);
         if let [one] = models.as_slice() {
-            opts.learned = super::bench_suite::shipped_learned(*one);
+            opts.learned = super::learned::shipped_learned(*one);
         } else {
             opts.extra.extend(
                 models
                     .into_iter()
-                    .filter_map(super::bench_suite::shipped_learned),
+                    .filter_map(super::learned::shipped_learned),
             );
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::args::JsonArg;
+use super::clock::{local_time, unix_now};
 use super::socket::SocketArgs;
 use crate::daemon::protocol::{
     GpuHealthStatus, GpuStatus, MemoryStatus, ShadowStatus, StatusReply,
@@ -29,28 +30,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         print!("{}", render(&status, unix_now() as i64));
     }
     args.json.write(&status)
-}
-
-/// A Unix time in the local time zone (`TZ`, else /etc/localtime), e.g.
-/// `2026-11-26 06:30:12`; the raw number if it is out of range.
-pub(super) fn local_time(unix: u64) -> String {
-    i64::try_from(unix)
-        .ok()
-        .and_then(|s| jiff::Timestamp::from_second(s).ok())
-        .map(|t| {
-            t.to_zoned(jiff::tz::TimeZone::system())
-                .strftime("%Y-%m-%d %H:%M:%S")
-                .to_string()
-        })
-        .unwrap_or_else(|| unix.to_string())
-}
-
-/// Seconds since the Unix epoch (0 on a clock before it).
-pub(super) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 fn duration(s: u64) -> String {

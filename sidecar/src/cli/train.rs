@@ -10,6 +10,8 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TraceWindow;
+use super::policy_out::{write_policy, write_with_metadata};
+use super::train_placement::{self, PlacementOverrides};
 use crate::formats::policy_file::{PolicyMetadata, POLICY_KEY};
 use crate::learn::train::{
     train, Progress, StartSearch, TrainConfig, TrainReport, TrainStart, TrainingData,
@@ -97,8 +99,20 @@ pub fn run(a: &Args) -> Result<()> {
     };
     let text =
         std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
-    if super::train_placement::is_placement_config(&text) {
-        return super::train_placement::run(a, config, &text);
+    if train_placement::is_placement_config(&text) {
+        if a.trace.is_some() || !a.scenarios.is_empty() {
+            bail!("a placement config names its days in [data]; --trace and --scenarios are for repartitioning configs");
+        }
+        if !a.seeds.is_empty() {
+            bail!("--seeds (an ensemble) is for repartitioning configs; train a placement policy with one --seed");
+        }
+        let overrides = PlacementOverrides {
+            seed: a.seed,
+            gpu_model: a.gpu_model,
+            time_budget_s: a.time_budget,
+            out: &a.out,
+        };
+        return train_placement::run(&overrides, config, &text);
     }
     let mut cfg: TrainConfig =
         toml::from_str(&text).with_context(|| format!("parsing {}", config.display()))?;
@@ -340,37 +354,6 @@ fn trained_metadata(
         "static_best_layout": report.validation_static_best_layout,
     });
     meta
-}
-
-/// Exports `net`'s actor with `meta` embedded under `key`, writes it to
-/// `out` and the same metadata, pretty, next to it as `.json` (what a
-/// human reads). Returns the file's bytes and the JSON's path.
-pub(super) fn write_policy(
-    net: &crate::learn::model::ActorCritic,
-    key: &str,
-    meta: &impl serde::Serialize,
-    out: &std::path::Path,
-) -> Result<(Vec<u8>, PathBuf)> {
-    let json = serde_json::to_string(meta).context("serialising metadata")?;
-    let bytes = net.export_onnx(&[(key, json.as_str())])?;
-    write_with_metadata(bytes, meta, out)
-}
-
-/// Writes a policy file's `bytes` to `out` and `meta`, pretty, next to it
-/// as `.json`. Returns the bytes and the JSON's path.
-fn write_with_metadata(
-    bytes: Vec<u8>,
-    meta: &impl serde::Serialize,
-    out: &std::path::Path,
-) -> Result<(Vec<u8>, PathBuf)> {
-    std::fs::write(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
-    let meta_path = out.with_extension("json");
-    std::fs::write(
-        &meta_path,
-        serde_json::to_string_pretty(meta).context("serialising metadata")? + "\n",
-    )
-    .with_context(|| format!("writing {}", meta_path.display()))?;
-    Ok((bytes, meta_path))
 }
 
 /// `smartmig train --merge A.onnx,B.onnx,... --out M.onnx`: one policy

@@ -3,7 +3,7 @@
 //! the `--out` file plus its metadata JSON (docs/policy.md, "The learned
 //! placement").
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::formats::policy_file::{PlacementMetadata, PLACEMENT_KEY};
@@ -18,13 +18,17 @@ pub fn is_placement_config(text: &str) -> bool {
         .is_some_and(|k| k == "placement")
 }
 
-pub fn run(a: &super::train::Args, config: &std::path::Path, text: &str) -> Result<()> {
-    if a.trace.is_some() || !a.scenarios.is_empty() {
-        bail!("a placement config names its days in [data]; --trace and --scenarios are for repartitioning configs");
-    }
-    if !a.seeds.is_empty() {
-        bail!("--seeds (an ensemble) is for repartitioning configs; train a placement policy with one --seed");
-    }
+/// What `smartmig train` may change in a placement config, and where the
+/// policy goes: the flags that apply to this kind of training, so that this
+/// module needs nothing of `train`'s (the caller refuses the others).
+pub struct PlacementOverrides<'a> {
+    pub seed: Option<u64>,
+    pub gpu_model: Option<crate::mig::GpuModel>,
+    pub time_budget_s: Option<f64>,
+    pub out: &'a std::path::Path,
+}
+
+pub fn run(a: &PlacementOverrides<'_>, config: &std::path::Path, text: &str) -> Result<()> {
     let mut cfg: PlacementTrainConfig =
         toml::from_str(text).with_context(|| format!("parsing {}", config.display()))?;
     if let Some(s) = a.seed {
@@ -33,7 +37,7 @@ pub fn run(a: &super::train::Args, config: &std::path::Path, text: &str) -> Resu
     if let Some(m) = a.gpu_model {
         cfg.gpu_model = m;
     }
-    if let Some(t) = a.time_budget {
+    if let Some(t) = a.time_budget_s {
         cfg.time_budget_s = t;
     }
     cfg.validate()?;
@@ -95,8 +99,8 @@ pub fn run(a: &super::train::Args, config: &std::path::Path, text: &str) -> Resu
         "teacher": report.teacher_totals,
         "learned": report.validation_learned,
     });
-    let out = &a.out;
-    let (bytes, meta_path) = super::train::write_policy(&net, PLACEMENT_KEY, &meta, out)?;
+    let out = a.out;
+    let (bytes, meta_path) = super::policy_out::write_policy(&net, PLACEMENT_KEY, &meta, out)?;
     let best = report
         .validation_heuristics
         .iter()

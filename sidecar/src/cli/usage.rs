@@ -63,7 +63,7 @@ pub(super) fn parse_since(text: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let now = super::status::unix_now();
+    let now = super::clock::unix_now();
     let since = args.since.map_or(0, |s| now.saturating_sub(s));
     let (records, source) = if args.sacct {
         (read_sacct(args.since)?, "sacct (AdminComment)".to_string())
