@@ -228,6 +228,7 @@ impl Contender {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         }
     }
 }

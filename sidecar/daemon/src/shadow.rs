@@ -288,6 +288,7 @@ impl DayBook {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         }
     }
 }

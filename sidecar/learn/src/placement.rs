@@ -846,6 +846,7 @@ mod tests {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         };
         let c = |compute: u8| Candidate {
             class: 0,

@@ -271,6 +271,7 @@ impl Planner {
                     declared_memory_gb: None,
                     template: None,
                     memory_growth: None,
+                    gpus: 1,
                 });
             }
         }
@@ -291,6 +292,7 @@ impl Planner {
                 declared_memory_gb: None,
                 template: None,
                 memory_growth: None,
+                gpus: 1,
             });
         }
         jobs

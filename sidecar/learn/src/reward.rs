@@ -173,6 +173,7 @@ mod tests {
                 instance_memory_gb: 5,
                 speed: 1.0,
                 start,
+                gpus: 1,
             },
             end,
         })
@@ -246,6 +247,7 @@ mod tests {
                 memory_gb: 1.0,
                 requested_slices: None,
                 reason: "test".into(),
+                gpus: 1,
             }))
             .unwrap();
         }

@@ -36,6 +36,7 @@ fn arb_job(id: u64) -> impl Strategy<Value = Job> {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         })
 }
 

@@ -38,6 +38,7 @@ fn job(id: u64, arrival: f64, work: f64, deadline: f64) -> Job {
         declared_memory_gb: None,
         template: None,
         memory_growth: None,
+        gpus: 1,
     }
 }
 

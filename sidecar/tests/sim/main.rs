@@ -8,6 +8,7 @@
 mod fuzz_regressions;
 mod geometry_props;
 mod sim_coordination;
+mod sim_gang;
 mod sim_on_demand;
 mod sim_oom;
 mod sim_props;

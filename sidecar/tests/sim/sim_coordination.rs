@@ -203,6 +203,7 @@ fn a_burst_served_on_demand_reshapes_one_gpu_per_job_in_every_arrangement() {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         })
         .collect();
     let cluster = vec![M; 64];
@@ -287,6 +288,7 @@ fn run_on(gpu: usize, d: &smartmig::mig::InstanceDesc, start: f64) -> Run {
         instance_memory_gb: 20,
         speed: 1.0,
         start,
+        gpus: 1,
     }
 }
 

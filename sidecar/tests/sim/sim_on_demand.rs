@@ -27,6 +27,7 @@ fn job(id: u64, arrival: f64, work: f64, memory_gb: f64, k: u8) -> Job {
         declared_memory_gb: None,
         template: None,
         memory_growth: None,
+        gpus: 1,
     }
 }
 

@@ -34,6 +34,7 @@ fn job(id: u64, arrival: f64, need: f64, declared: Option<f64>) -> Job {
         declared_memory_gb: declared,
         template: Some(0),
         memory_growth: None,
+        gpus: 1,
     }
 }
 
@@ -520,6 +521,7 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
                 declared_memory_gb: declared,
                 template: Some(t),
                 memory_growth: None,
+                gpus: 1,
             })
             .collect()
     })

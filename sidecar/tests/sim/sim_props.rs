@@ -43,13 +43,15 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
             0.5f64..30.0,
             1.0f64..2.0,
             prop::option::of(prop::sample::select(vec![1u8, 2, 3, 4, 7])),
+            // Now and then a gang job of two or three whole GPUs.
+            prop::sample::select(vec![1u32, 1, 1, 1, 1, 1, 2, 3]),
         ),
         1..25,
     )
     .prop_map(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(i, (arrival, work, beta, sat, mem, f, k))| Job {
+            .map(|(i, (arrival, work, beta, sat, mem, f, k, gpus))| Job {
                 id: i as u64,
                 arrival: arrival.floor(), // collisions exercise simultaneous events
                 work,
@@ -57,10 +59,12 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
                 memory_gb: mem,
                 deadline: arrival.floor() + f * work,
                 class: JobClass::Inference,
-                requested_slices: k,
+                // A gang job asks for whole GPUs, whatever their model.
+                requested_slices: if gpus > 1 { None } else { k },
                 declared_memory_gb: None,
                 template: None,
                 memory_growth: None,
+                gpus,
             })
             .collect()
     })
@@ -156,6 +160,48 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Served on demand (the policies smartmig runs), in both engines, with
+    /// gang jobs among the single ones: every log passes the audit and
+    /// every job is counted once.
+    #[test]
+    fn served_on_demand_logs_pass_the_audit(
+        jobs in jobs_strategy(),
+        policy in prop::sample::select(vec!["greedy", "on-demand"]),
+        gpus in prop::sample::select(vec![
+            vec![GpuModel::A100_40gb, GpuModel::A100_40gb],
+            vec![GpuModel::A100_40gb, GpuModel::A100_40gb, GpuModel::A100_40gb],
+            vec![GpuModel::H100_80gb, GpuModel::A30_24gb, GpuModel::A100_40gb],
+        ]),
+        slurm_like in any::<bool>(),
+    ) {
+        let cfg = SimConfig {
+            reconfig_time_s: 4.0,
+            epoch: EpochRule::Events(2),
+            slurm: slurm_like.then(smartmig::sim::SlurmLike::default),
+            ..SimConfig::default()
+        };
+        let mut p = smartmig::policy::parse_policy(policy, &gpus).unwrap();
+        let mut heur = Heuristic::Edf.build(0);
+        let mut sink = JsonLines::new(Vec::new());
+        let r = simulate(&gpus, &jobs, heur.as_mut(), p.as_mut(), &cfg, RunHooks {
+            sink: Some(&mut sink),
+            progress: None,
+        }).unwrap();
+        let bytes = sink.into_inner();
+        let recs = smartmig::sim::read_events(&bytes[..]).unwrap();
+        let report = audit(&recs).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let m = r.metrics;
+        prop_assert!((report.energy_j - m.energy_j).abs() <= 1e-9 * m.energy_j.max(1.0),
+            "audit {} vs sim {}", report.energy_j, m.energy_j);
+        prop_assert_eq!(report.jobs, m.completed);
+        prop_assert_eq!(report.unserved, m.unserved + m.rejected);
+        prop_assert_eq!(m.completed + m.unserved + m.rejected, jobs.len() as u64);
+    }
+}
+
 /// A policy that asks for impossible things is refused and counted, and the
 /// log still passes the audit.
 struct Vandal;
@@ -197,6 +243,7 @@ fn invalid_decisions_are_rejected_and_counted() {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         })
         .collect();
     let mut sink = smartmig::sim::Collect::default();

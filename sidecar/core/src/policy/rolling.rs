@@ -251,6 +251,7 @@ impl RollingFit {
                 declared_memory_gb: None,
                 template: None,
                 memory_growth: None,
+                gpus: 1,
             })
             .collect()
     }
@@ -400,6 +401,7 @@ mod tests {
                     declared_memory_gb: None,
                     template: None,
                     memory_growth: None,
+                    gpus: 1,
                 }
             })
             .collect()

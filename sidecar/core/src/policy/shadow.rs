@@ -614,6 +614,7 @@ mod tests {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         }
     }
 

@@ -55,6 +55,7 @@ use std::io::BufRead;
 use serde::Serialize;
 
 use super::events::{Header, JobRecord, KindCounts, OomHeader, OomRecord, Record};
+use super::metrics::{never_ran_charge, NeverRan};
 use super::reshape::{classify_descs, ReconfigKind};
 use crate::mig::{Geometry, Layout, Shape, SpotId};
 use crate::workload::{MemoryGrowth, PowerModel};
@@ -101,8 +102,8 @@ pub struct Books {
     pub whole_gpu_w: f64,
     pub served_tardiness_s: f64,
     pub served_late: u64,
-    /// `(deadline, work)` of the `unserved` records.
-    pub unserved: Vec<(f64, f64)>,
+    /// The `unserved` records, as the charge sees them.
+    pub unserved: Vec<NeverRan>,
 }
 
 impl AuditReport {
@@ -113,16 +114,11 @@ impl AuditReport {
         let h = horizon_s.max(self.horizon_s);
         let b = &self.books;
         let gpu_energy = b.gpu_energy_j + b.idle_w * (h - self.horizon_s);
-        let mut late_tardiness = 0.0;
-        let mut work = 0.0;
-        for &(deadline, w) in &b.unserved {
-            late_tardiness += (h + w - deadline).max(0.0);
-            work += w;
-        }
+        let (late_tardiness, unserved_energy_j) = never_ran_charge(&b.unserved, h, b.whole_gpu_w);
         let mut r = self.clone();
         r.horizon_s = h;
         r.books.gpu_energy_j = gpu_energy;
-        r.unserved_energy_j = b.whole_gpu_w * work;
+        r.unserved_energy_j = unserved_energy_j;
         r.energy_j = gpu_energy + r.unserved_energy_j;
         r.total_tardiness_s = b.served_tardiness_s + late_tardiness;
         r.late_jobs = b.served_late + b.unserved.len() as u64;
@@ -268,6 +264,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
     let mut late = 0u64;
     let mut last_end: f64 = 0.0;
     let mut seen = std::collections::HashSet::new();
+    let mut gangs = GangPieces::default();
     let mut summary = None;
     for (seq, rec) in records.iter().enumerate().skip(1) {
         match rec {
@@ -325,7 +322,8 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                         format!("job {} on GPU {} of {n}", j.run.id, j.run.gpu),
                     ));
                 }
-                if !seen.insert(j.run.id) {
+                let first = gangs.piece(j)?;
+                if first && !seen.insert(j.run.id) {
                     return Err(violation(
                         j.run.start,
                         Some(j.run.gpu),
@@ -333,12 +331,14 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                     ));
                 }
                 check_job(j, header, &geos)?;
-                ran.insert(j.run.id, (j.run.start, j.run.instance_memory_gb));
-                jobs += 1;
-                let t = (j.end - j.run.deadline).max(0.0);
-                tardiness += t;
-                if j.end > j.run.deadline {
-                    late += 1;
+                if first {
+                    ran.insert(j.run.id, (j.run.start, j.run.instance_memory_gb));
+                    jobs += 1;
+                    let t = (j.end - j.run.deadline).max(0.0);
+                    tardiness += t;
+                    if j.end > j.run.deadline {
+                        late += 1;
+                    }
                 }
                 last_end = last_end.max(j.end);
                 timeline[j.run.gpu].push((j.end, 0, seq, 0, Item::End(j)));
@@ -425,7 +425,11 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
                     ));
                 }
                 unserved += 1;
-                unserved_jobs.push((u.deadline, u.work));
+                unserved_jobs.push(NeverRan {
+                    deadline: u.deadline,
+                    run_s: u.work,
+                    gpus: u.gpus,
+                });
             }
             Record::Summary(s) => summary = Some(s),
         }
@@ -640,6 +644,7 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         e += power.power_w(f64::from(active) / f64::from(total)) * (horizon - last);
         energy += e;
     }
+    gangs.all_whole()?;
     let report = AuditReport {
         gpus: n,
         jobs,
@@ -682,6 +687,59 @@ pub fn audit(records: &[Record]) -> Result<AuditReport, AuditError> {
         }
     }
     Ok(report)
+}
+
+/// The pieces of gang jobs seen so far ([`Run::gpus`](super::events::Run::gpus) > 1):
+/// each gang job runs once on `gpus` distinct GPUs, every piece with the
+/// same start and end.
+#[derive(Default)]
+struct GangPieces {
+    /// Job id -> (its first piece's start and end, GPUs, pieces expected).
+    seen: std::collections::HashMap<u64, (f64, f64, Vec<usize>, u32)>,
+}
+
+impl GangPieces {
+    /// Takes one run record; returns whether it is the job's first (or
+    /// only) piece, which alone counts the job.
+    fn piece(&mut self, j: &JobRecord) -> Result<bool, AuditError> {
+        if j.run.gpus <= 1 {
+            return Ok(true);
+        }
+        let at = |what: String| violation(j.run.start, Some(j.run.gpu), what);
+        let Some((start, end, gpus, want)) = self.seen.get_mut(&j.run.id) else {
+            self.seen
+                .insert(j.run.id, (j.run.start, j.end, vec![j.run.gpu], j.run.gpus));
+            return Ok(true);
+        };
+        if !close(*start, j.run.start, 1e-12) || !close(*end, j.end, 1e-12) {
+            return Err(at(format!(
+                "gang job {}: a piece runs {}-{}, another {start}-{end}",
+                j.run.id, j.run.start, j.end
+            )));
+        }
+        if gpus.contains(&j.run.gpu) || gpus.len() as u32 >= *want {
+            return Err(at(format!(
+                "gang job {} of {want} GPUs ran twice on GPU {} or on more GPUs",
+                j.run.id, j.run.gpu
+            )));
+        }
+        gpus.push(j.run.gpu);
+        Ok(false)
+    }
+
+    /// Every gang job ran on as many GPUs as it spans.
+    fn all_whole(&self) -> Result<(), AuditError> {
+        for (id, (start, _, gpus, want)) in &self.seen {
+            if gpus.len() as u32 != *want {
+                return Err(violation(
+                    *start,
+                    None,
+                    format!("gang job {id} of {want} GPUs ran on {} only", gpus.len()),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An early restart: the header must have a rule, the restart must have
@@ -790,6 +848,16 @@ fn check_job(j: &JobRecord, header: &Header, geos: &[&'static Geometry]) -> Resu
                 j.run.memory_gb,
                 profile.name(),
                 profile.memory_gb
+            ),
+        ));
+    }
+    if j.run.gpus > 1 && j.run.compute != total {
+        return Err(violation(
+            j.run.start,
+            gpu,
+            format!(
+                "gang job {} of {} GPUs ran on {} of {total} compute slices, not a whole GPU",
+                j.run.id, j.run.gpus, j.run.compute
             ),
         ));
     }

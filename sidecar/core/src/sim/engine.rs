@@ -19,7 +19,7 @@ use super::events::{
     ReconfigRecord, Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
-use super::metrics::{ChargeBasis, Metrics};
+use super::metrics::{ChargeBasis, Metrics, NeverRan};
 use super::reshape::{classify, ReconfigKind, Span};
 use super::{EpochRule, OomConfig, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, ProfileSpec, Shape, Spot, SpotId, Way};
@@ -47,6 +47,8 @@ impl Ord for T {
 const EV_COMPLETION: u8 = 0;
 const EV_RECONFIG_DONE: u8 = 1;
 const EV_TICK: u8 = 2;
+mod gang;
+
 const NONE: u32 = u32::MAX;
 /// Classes per model slot in the class index (a model has at most 8 profiles).
 const CLASS_STRIDE: usize = 8;
@@ -206,6 +208,8 @@ struct Engine<'j> {
     /// Slurm's backfill reservation for the first waiting job
     /// ([`Engine::reserve`]); on-demand mode only.
     reservation: Option<Reservation>,
+    /// Waiting and running gang jobs ([`gang`]).
+    gangs: gang::Gangs,
 }
 
 /// The first waiting job's reservation, as Slurm's backfill scheduler makes
@@ -270,9 +274,20 @@ impl<'j> Engine<'j> {
             } else {
                 j.memory_gb
             };
-            let mask = fit_mask_of(&classes, j, mem, k, exact, on_demand);
-            fit_mask[i] = mask;
-            if mask == 0 {
+            let mut mask = fit_mask_of(&classes, j, mem, k, exact, on_demand);
+            if mask != 0 && j.is_gang() {
+                let whole = gang_capable(cluster, &models, &classes, mask);
+                if whole < j.gpus as usize {
+                    mask = 0;
+                    rejected.push((
+                        i as u32,
+                        format!(
+                            "spans {} GPUs, each whole with {mem} GB; the cluster has {whole} such GPUs",
+                            j.gpus
+                        ),
+                    ));
+                }
+            } else if mask == 0 {
                 rejected.push((
                     i as u32,
                     format!(
@@ -280,6 +295,7 @@ impl<'j> Engine<'j> {
                     ),
                 ));
             }
+            fit_mask[i] = mask;
         }
         let oom = cfg.oom.as_ref().map(|o| OomState {
             cfg: o.clone(),
@@ -369,6 +385,7 @@ impl<'j> Engine<'j> {
             oom,
             on_demand,
             reservation: None,
+            gangs: gang::Gangs::default(),
         })
     }
 
@@ -503,6 +520,7 @@ impl<'j> Engine<'j> {
                 since_epoch += 1;
                 self.arrive(i, heuristic);
             }
+            self.serve_gangs(&mut hooks)?;
             self.reserve();
             self.dispatch(heuristic, &mut hooks)?;
             self.serve_on_demand(&mut hooks)?;
@@ -546,7 +564,11 @@ impl<'j> Engine<'j> {
                 return;
             }
         }
-        self.enqueue(i, heuristic);
+        if self.jobs[i as usize].is_gang() {
+            self.enqueue_gang(i);
+        } else {
+            self.enqueue(i, heuristic);
+        }
         if let Some(p) = self.pending.last() {
             self.arrived.push(*p);
         }
@@ -605,6 +627,15 @@ impl<'j> Engine<'j> {
         self.buckets[b]
             .heap
             .push(Reverse((T(heuristic.priority(job)), i)));
+        self.push_pending(i);
+    }
+
+    /// Adds job `i` to the waiting list the policy sees, with the smallest
+    /// shape per model its fit mask allows.
+    fn push_pending(&mut self, i: u32) {
+        let mask = self.fit_mask[i as usize];
+        let job = self.seen_job(i);
+        let job = job.as_ref();
         let (id, arrival, deadline, work, memory_gb, min_compute, speedup) = (
             job.id,
             job.arrival,
@@ -750,13 +781,12 @@ impl<'j> Engine<'j> {
     /// slices now: anywhere but the reserved GPU; there, the reserved job,
     /// or one that ends before the reservation starts (backfill).
     fn may_start_on(&self, i: u32, gpu: usize, compute: u8) -> bool {
-        match self.reservation {
-            Some(r) if r.gpu == gpu && r.job != i => {
-                let job = &self.jobs[i as usize];
-                self.now + job.runtime_on(compute, self.rt[gpu].total) <= r.at
-            }
+        let run_s = self.jobs[i as usize].runtime_on(compute, self.rt[gpu].total);
+        let reserved = match self.reservation {
+            Some(r) if r.gpu == gpu && r.job != i => self.now + run_s <= r.at,
             _ => true,
-        }
+        };
+        reserved && self.gang_allows(gpu, run_s)
     }
 
     /// Slurm's backfill reservation ([`Reservation`]) for the first waiting
@@ -878,7 +908,8 @@ impl<'j> Engine<'j> {
         // The scheduler expects the full run even if it will fail.
         st.busy_until[pid.0 as usize] = end;
         self.running += 1;
-        if let Some(o) = self.oom.as_mut() {
+        let first_piece = self.first_piece(i);
+        if let Some(o) = self.oom.as_mut().filter(|_| !job.is_gang()) {
             let inst = f64::from(placement.profile.memory_gb);
             let run_s = job.work / speed;
             let growth = job
@@ -942,12 +973,22 @@ impl<'j> Engine<'j> {
             }
         }
         self.push(end, EV_COMPLETION, gpu as u32, pid.0);
-        // Metrics are settled at start: without preemption the end is known.
+        self.busy_slice_s += f64::from(compute) * (end - self.now);
+        if let Some(sink) = hooks.sink.as_deref_mut() {
+            let run = run_record(job, gpu, &placement, speed, self.now);
+            sink.record(&Record::Job(JobRecord { run, end }))?;
+        }
+        // Per instance: each piece of a gang job counts.
         match self.rt[gpu].origin[pid.0 as usize] {
             ReconfigKind::Fusion => self.m.jobs_served_by_fusion += 1,
             ReconfigKind::Fission => self.m.jobs_served_by_fission += 1,
             ReconfigKind::Reshape => {}
         }
+        if !first_piece {
+            return Ok(());
+        }
+        // Metrics are settled at start (a gang job's at its first piece):
+        // without preemption the end is known.
         let tardiness = (end - job.deadline).max(0.0);
         self.m.total_tardiness_s += tardiness;
         if end > job.deadline {
@@ -957,13 +998,8 @@ impl<'j> Engine<'j> {
         self.wait_sum += wait;
         self.waits.push(wait as f32);
         self.slowdown_sum += bounded_slowdown(job.arrival, self.now, end);
-        self.busy_slice_s += f64::from(compute) * (end - self.now);
         self.m.last_completion_s = self.m.last_completion_s.max(end);
         let started = self.m.completed + self.running as u64;
-        if let Some(sink) = hooks.sink.as_deref_mut() {
-            let run = run_record(job, gpu, &placement, speed, self.now);
-            sink.record(&Record::Job(JobRecord { run, end }))?;
-        }
         if started.is_multiple_of(65_536) {
             if let Some(p) = hooks.progress.as_deref_mut() {
                 p(started);
@@ -1004,7 +1040,12 @@ impl<'j> Engine<'j> {
         self.running -= 1;
         let c = class_of(g, self.rt[gpu].slot, pid);
         self.put_free(c, gpu, pid);
-        if self.oom.is_some() {
+        if self.jobs[i as usize].is_gang() {
+            // Gang jobs never run out of memory: each piece has a whole GPU.
+            if self.last_piece(i) {
+                self.m.completed += 1;
+            }
+        } else if self.oom.is_some() {
             self.oom_outcome(i, placement.profile.memory_gb, heuristic);
         } else {
             self.m.completed += 1;
@@ -1108,8 +1149,11 @@ impl<'j> Engine<'j> {
         let g = st.geometry;
         let slot = self.rt[gpu].slot;
         for id in created.iter() {
-            match self.rt[gpu].job_on[id.0 as usize] {
+            let on = self.rt[gpu].job_on[id.0 as usize];
+            match on {
                 NONE => self.put_free(class_of(g, slot, id), gpu, id),
+                // A gang job's piece waits for the others (`serve_gangs`).
+                _ if self.gang_piece_ready(gpu, id) => {}
                 i => self.run_job(i, gpu, id, hooks)?,
             }
         }
@@ -1170,13 +1214,12 @@ impl<'j> Engine<'j> {
                 continue;
             }
             // The reconfiguration counts: the instance is busy from now on.
+            let run_s = self.cfg.reconfig_time_s + job.runtime_on(k, r.total);
             let reserved_ok = match self.reservation {
-                Some(res) if res.gpu == gpu && res.job != i => {
-                    self.now + self.cfg.reconfig_time_s + job.runtime_on(k, r.total) <= res.at
-                }
+                Some(res) if res.gpu == gpu && res.job != i => self.now + run_s <= res.at,
                 _ => true,
             };
-            if !reserved_ok {
+            if !reserved_ok || !self.gang_allows(gpu, run_s) {
                 continue;
             }
             let g = st.geometry;
@@ -1388,6 +1431,7 @@ impl<'j> Engine<'j> {
                     memory_gb: j.memory_gb,
                     requested_slices: j.requested_slices,
                     reason,
+                    gpus: j.gpus,
                 }))?;
             }
             s.record(&Record::Summary(SummaryRecord {
@@ -1421,10 +1465,7 @@ impl<'j> Engine<'j> {
             .iter()
             .map(|&(i, _)| i)
             .chain((0..self.jobs.len() as u32).filter(|&i| self.pending_pos[i as usize] != NONE))
-            .map(|i| {
-                let j = &self.jobs[i as usize];
-                (j.deadline, j.work)
-            })
+            .map(|i| NeverRan::of(&self.jobs[i as usize]))
             .collect();
         let (idle_w, whole_gpu_w) = charge_powers(&self.powers, self.rt.iter().map(|r| r.slot));
         ChargeBasis {
@@ -1495,6 +1536,7 @@ pub(crate) fn run_record(job: &Job, gpu: usize, placement: &Spot, speed: f64, st
         instance_memory_gb: placement.profile.memory_gb,
         speed,
         start,
+        gpus: job.gpus,
     }
 }
 
@@ -1536,6 +1578,17 @@ fn fit_mask_of(
     exact: bool,
     on_demand: bool,
 ) -> u64 {
+    if j.is_gang() {
+        // Whole GPUs only, with `mem` GB each, whatever the policy.
+        return classes
+            .iter()
+            .enumerate()
+            .filter_map(|(c, cl)| cl.as_ref().map(|cl| (c, cl)))
+            .filter(|(_, cl)| {
+                cl.profile.shape.compute == cl.total && f64::from(cl.profile.memory_gb) >= mem
+            })
+            .fold(0, |mask, (c, _)| mask | 1 << c);
+    }
     if !on_demand {
         return mask_for(classes, mem, k, exact);
     }
@@ -1572,6 +1625,26 @@ fn mask_for(classes: &[Option<Class>], mem: f64, k: u8, exact: bool) -> u64 {
     mask
 }
 
+/// GPUs of `cluster` with a profile among the classes of `mask`: how many
+/// whole GPUs a gang job whose fit mask is `mask` can ever get.
+fn gang_capable(
+    cluster: &[GpuModel],
+    models: &[GpuModel],
+    classes: &[Option<Class>],
+    mask: u64,
+) -> usize {
+    cluster
+        .iter()
+        .filter(|&&model| {
+            let slot = models.iter().position(|&m| m == model).unwrap_or(0);
+            (0..CLASS_STRIDE).any(|pi| {
+                let c = slot * CLASS_STRIDE + pi;
+                c < classes.len() && mask & (1 << c) != 0
+            })
+        })
+        .count()
+}
+
 fn class_of(g: &Geometry, slot: usize, id: SpotId) -> usize {
     let shape = g.spot(id).shape();
     let pi = g
@@ -1599,6 +1672,9 @@ pub(crate) fn check_job(j: &Job) -> Result<(), SimError> {
     }
     if !(j.work.is_finite() && j.work > 0.0) {
         return Err(bad(&format!("work {} is not a finite value > 0", j.work)));
+    }
+    if j.gpus == 0 {
+        return Err(bad("spans 0 GPUs"));
     }
     if !(j.memory_gb.is_finite() && j.memory_gb >= 0.0) {
         return Err(bad(&format!(

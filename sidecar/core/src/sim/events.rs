@@ -135,6 +135,13 @@ pub struct Run {
     /// `speedup` evaluated on the instance: a full run lasts `work / speed`.
     pub speed: f64,
     pub start: f64,
+    /// GPUs the job spans ([`Job::gpus`](crate::workload::Job::gpus)): a
+    /// gang job logs one run per GPU, with the same start and end.
+    #[serde(
+        default = "crate::workload::job::one_gpu",
+        skip_serializing_if = "crate::workload::job::is_one_gpu"
+    )]
+    pub gpus: u32,
 }
 
 /// One job that ran: its parameters, where and when
@@ -185,6 +192,12 @@ pub struct UnservedRecord {
     pub memory_gb: f64,
     pub requested_slices: Option<u8>,
     pub reason: String,
+    /// GPUs the job spans (charged as that many whole GPUs).
+    #[serde(
+        default = "crate::workload::job::one_gpu",
+        skip_serializing_if = "crate::workload::job::is_one_gpu"
+    )]
+    pub gpus: u32,
 }
 
 /// The simulator's own totals, for the audit to compare with.

@@ -129,6 +129,7 @@ fn jobs_of(now: &NodeNow) -> Vec<Job> {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         });
     }
     let base = out.len() as u64;
@@ -146,6 +147,7 @@ fn jobs_of(now: &NodeNow) -> Vec<Job> {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         });
     }
     out

@@ -67,7 +67,8 @@ pub struct Metrics {
     pub reshapes: u64,
     /// What fusions and fissions gained: jobs that completed a run on an
     /// instance one of them created (started before the instance was
-    /// destroyed again; out-of-memory runs are not counted).
+    /// destroyed again; out-of-memory runs are not counted; a gang job
+    /// counts once per GPU it ran on).
     pub jobs_served_by_fusion: u64,
     pub jobs_served_by_fission: u64,
     /// Decisions refused because they would destroy a busy instance, target
@@ -142,8 +143,28 @@ pub struct ChargeBasis {
     /// Tardiness and late jobs of the jobs that ran.
     pub served_tardiness_s: f64,
     pub served_late: u64,
-    /// `(deadline, whole-GPU run time)` of every job that never ran.
-    pub never_ran: Vec<(f64, f64)>,
+    /// Every job that never ran.
+    pub never_ran: Vec<NeverRan>,
+}
+
+/// A job that never ran, as the charge for it sees it: late from the
+/// horizon on, on `gpus` whole GPUs for `run_s` (its whole-GPU run time).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NeverRan {
+    pub deadline: f64,
+    pub run_s: f64,
+    /// GPUs it spans ([`Job::gpus`]): each draws a whole GPU's power.
+    pub gpus: u32,
+}
+
+impl NeverRan {
+    pub fn of(job: &Job) -> NeverRan {
+        NeverRan {
+            deadline: job.deadline,
+            run_s: job.work,
+            gpus: job.gpus,
+        }
+    }
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -199,15 +220,16 @@ impl Metrics {
     }
 }
 
-/// The charge for jobs that never ran, each `(deadline, whole-GPU run
-/// time)`, at horizon `h`: tardiness `max(0, h + run - deadline)` and
-/// energy `whole_gpu_w * run`, summed.
-pub fn never_ran_charge(never_ran: &[(f64, f64)], h: f64, whole_gpu_w: f64) -> (f64, f64) {
-    never_ran
-        .iter()
-        .fold((0.0, 0.0), |(t, e), &(deadline, run_s)| {
-            (t + (h + run_s - deadline).max(0.0), e + whole_gpu_w * run_s)
-        })
+/// The charge for jobs that never ran at horizon `h`: tardiness
+/// `max(0, h + run - deadline)` and energy `whole_gpu_w * run * gpus`,
+/// summed.
+pub fn never_ran_charge(never_ran: &[NeverRan], h: f64, whole_gpu_w: f64) -> (f64, f64) {
+    never_ran.iter().fold((0.0, 0.0), |(t, e), n| {
+        (
+            t + (h + n.run_s - n.deadline).max(0.0),
+            e + whole_gpu_w * n.run_s * f64::from(n.gpus),
+        )
+    })
 }
 
 /// The horizon every row of one day is charged at (issue 54): where that
@@ -456,7 +478,11 @@ mod tests {
                 whole_gpu_w: 400.0,
                 served_tardiness_s: 5.0,
                 served_late: 1,
-                never_ran: vec![(50.0, 40.0)],
+                never_ran: vec![NeverRan {
+                    deadline: 50.0,
+                    run_s: 40.0,
+                    gpus: 1,
+                }],
             },
             100.0,
         );

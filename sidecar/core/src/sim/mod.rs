@@ -69,7 +69,7 @@ pub use heuristics::{
 };
 pub use metrics::{
     common_horizon, day_horizon, mean_work_s, never_ran_charge, ChargeBasis, EtScore, Metrics,
-    Reference, Standing,
+    NeverRan, Reference, Standing,
 };
 pub use placement::{PlacementSpec, PlacementSpecError};
 pub use reshape::{classify, ReconfigKind};
@@ -378,7 +378,9 @@ pub fn learned_model(cluster: &[GpuModel]) -> Option<GpuModel> {
 /// Then smartmigd's choice for K and the memory (`select_profile`).
 pub fn asked_profile(job: &Job, model: GpuModel) -> Option<&'static ProfileSpec> {
     let spec = model.spec();
-    let k = job.requested_slices.unwrap_or_else(|| {
+    // A gang job needs every GPU it spans whole.
+    let whole = job.is_gang().then_some(spec.compute_slices);
+    let k = whole.or(job.requested_slices).unwrap_or_else(|| {
         let mut sizes: Vec<&ProfileSpec> = spec.profiles.iter().collect();
         sizes.sort_by_key(|p| (p.shape.compute, p.memory_gb));
         sizes

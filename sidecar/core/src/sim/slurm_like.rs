@@ -56,6 +56,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
+mod gang;
+
 use super::engine::{
     bounded_slowdown, charge_powers, check_job, percentile, run_record, transition_kind, SimResult,
     T,
@@ -65,7 +67,7 @@ use super::events::{
     UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::PlacementHeuristic;
-use super::metrics::{ChargeBasis, Metrics};
+use super::metrics::{ChargeBasis, Metrics, NeverRan};
 use super::reshape::ReconfigKind;
 use super::{EpochRule, RunHooks, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, OfferRule, ProfileSpec, SpotId, Way};
@@ -224,6 +226,9 @@ enum St {
         gpu: u32,
         pid: u8,
     },
+    /// A gang job placed on its GPUs, whose whole instances are being
+    /// built ([`gang`]).
+    GangStarting,
     Running,
     Done,
 }
@@ -313,6 +318,8 @@ struct Deploy<'j> {
     /// Jobs that arrived since the last decision epoch (the view's
     /// `arrivals`).
     arrived: Vec<u32>,
+    /// Gang jobs starting and running ([`gang`]).
+    gangs: gang::Gangs,
 }
 
 impl<'j> Deploy<'j> {
@@ -417,6 +424,7 @@ impl<'j> Deploy<'j> {
             pass_at: None,
             live: 0,
             arrived: Vec::new(),
+            gangs: gang::Gangs::default(),
         })
     }
 
@@ -470,7 +478,7 @@ impl<'j> Deploy<'j> {
             s.record(&Record::Header(self.header(&name)))?;
         }
         for i in 0..self.jobs.len() {
-            if self.profile[i].iter().all(Option::is_none) {
+            if self.profile[i].iter().all(Option::is_none) || self.gang_too_wide(i) {
                 self.state[i] = St::Rejected;
             }
         }
@@ -570,13 +578,31 @@ impl<'j> Deploy<'j> {
             .max()
             .unwrap_or(0);
         let queued: Vec<(T, u64, u32)> = self.queue.iter().copied().collect();
+        self.gangs.keep.clear();
+        let mut first_gang = true;
         for key in queued {
             if most == 0 {
                 break;
             }
             let i = key.2 as usize;
+            if self.jobs[i].is_gang() {
+                if self.place_gang(key.2, &mut first_gang, hooks)? {
+                    self.queue.remove(&key);
+                    most = (0..self.gpus.len())
+                        .map(|g| self.free(g))
+                        .max()
+                        .unwrap_or(0);
+                }
+                continue;
+            }
             let found = (0..self.gpus.len()).find(|&g| {
-                self.profile[i][self.gpus[g].slot].is_some_and(|p| p.shape.compute <= self.free(g))
+                self.profile[i][self.gpus[g].slot].is_some_and(|p| {
+                    p.shape.compute <= self.free(g)
+                        && self.gang_allows(
+                            g,
+                            self.jobs[i].runtime_on(p.shape.compute, self.gpus[g].total),
+                        )
+                })
             });
             let Some(g) = found else { continue };
             let billed = self.billed(i, g);
@@ -607,6 +633,19 @@ impl<'j> Deploy<'j> {
             }
         }
         Ok(())
+    }
+
+    /// GPUs whose whole profile fits job `i`.
+    fn gang_capable(&self, i: usize) -> usize {
+        self.gpus
+            .iter()
+            .filter(|g| self.profile[i][g.slot].is_some())
+            .count()
+    }
+
+    /// Whether gang job `i` spans more GPUs than can run it.
+    fn gang_too_wide(&self, i: usize) -> bool {
+        self.jobs[i].is_gang() && self.gang_capable(i) < self.jobs[i].gpus as usize
     }
 
     fn billed(&self, i: usize, gpu: usize) -> u8 {
@@ -748,6 +787,7 @@ impl<'j> Deploy<'j> {
         gp.job_on[pid.0 as usize] = i;
         gp.status.busy = gp.status.busy.with(pid);
         gp.status.busy_until[pid.0 as usize] = end;
+        // Per instance: each piece of a gang job counts.
         match gp.origin[pid.0 as usize] {
             ReconfigKind::Fusion => self.m.jobs_served_by_fusion += 1,
             ReconfigKind::Fission => self.m.jobs_served_by_fission += 1,
@@ -755,6 +795,14 @@ impl<'j> Deploy<'j> {
         }
         self.state[i as usize] = St::Running;
         self.push(end, EV_COMPLETION, gpu as u32, u32::from(pid.0));
+        self.busy_slice_s += f64::from(compute) * (end - self.now);
+        if let Some(s) = hooks.sink.as_deref_mut() {
+            let run = run_record(job, gpu, &placement, speed, self.now);
+            s.record(&Record::Job(JobRecord { run, end }))?;
+        }
+        if !self.first_piece(i) {
+            return Ok(());
+        }
         self.m.total_tardiness_s += (end - job.deadline).max(0.0);
         if end > job.deadline {
             self.m.late_jobs += 1;
@@ -763,12 +811,7 @@ impl<'j> Deploy<'j> {
         self.wait_sum += wait;
         self.waits.push(wait as f32);
         self.slowdown_sum += bounded_slowdown(job.arrival, self.now, end);
-        self.busy_slice_s += f64::from(compute) * (end - self.now);
         self.m.last_completion_s = self.m.last_completion_s.max(end);
-        if let Some(s) = hooks.sink.as_deref_mut() {
-            let run = run_record(job, gpu, &placement, speed, self.now);
-            s.record(&Record::Job(JobRecord { run, end }))?;
-        }
         Ok(())
     }
 
@@ -782,9 +825,11 @@ impl<'j> Deploy<'j> {
         gp.job_on[pid.0 as usize] = u32::MAX;
         gp.status.busy = gp.status.busy.without(pid);
         gp.alloc -= billed;
-        self.state[i as usize] = St::Done;
-        self.m.completed += 1;
-        self.live -= 1;
+        if self.last_piece(i) {
+            self.state[i as usize] = St::Done;
+            self.m.completed += 1;
+            self.live -= 1;
+        }
         // Jobs waiting here try again before Slurm's next pass. smartmigd
         // hears of the end in the job's epilog, before Slurm frees its
         // shards, and asks for the new hold then (after the waiting jobs
@@ -819,6 +864,8 @@ impl<'j> Deploy<'j> {
             };
             if self.state.get(i as usize) == Some(&creating) {
                 self.start(i, gpu, id, hooks)?;
+            } else if self.state.get(i as usize) == Some(&St::GangStarting) {
+                self.gang_piece_ready(i, gpu, id, hooks)?;
             }
         }
         self.touched[gpu] = true;
@@ -1085,10 +1132,7 @@ impl<'j> Deploy<'j> {
             served_late: self.m.late_jobs,
             never_ran: never
                 .iter()
-                .map(|&i| {
-                    let j = &self.jobs[i as usize];
-                    (j.deadline, j.work)
-                })
+                .map(|&i| NeverRan::of(&self.jobs[i as usize]))
                 .collect(),
         };
         let m = &mut self.m;
@@ -1129,6 +1173,13 @@ impl<'j> Deploy<'j> {
             let j = &self.jobs[i as usize];
             let reason = if self.profile[i as usize].iter().all(Option::is_none) {
                 "fits no profile of any GPU in the cluster".to_string()
+            } else if self.gang_too_wide(i as usize) {
+                format!(
+                    "spans {} GPUs, each whole with {} GB; the cluster has {} such GPUs",
+                    j.gpus,
+                    j.memory_gb,
+                    self.gang_capable(i as usize)
+                )
             } else {
                 format!(
                     "requeued {} times without finding room",
@@ -1143,6 +1194,7 @@ impl<'j> Deploy<'j> {
                 memory_gb: j.memory_gb,
                 requested_slices: j.requested_slices,
                 reason,
+                gpus: j.gpus,
             }))?;
         }
         let m = &self.m;

@@ -216,6 +216,7 @@ mod tests {
                 instance_memory_gb: 5,
                 speed: 1.0,
                 start,
+                gpus: 1,
             },
             end: start + 10.0,
         })

@@ -463,6 +463,7 @@ impl JobDrawer {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         }
     }
 }

@@ -46,7 +46,8 @@ impl std::str::FromStr for JobClass {
     }
 }
 
-/// One single-GPU job.
+/// One job: a single-GPU job (on one MIG instance), or a gang job that
+/// needs `gpus` whole GPUs at once (`gpus > 1`).
 ///
 /// All times are seconds; `arrival` and `deadline` are absolute on the
 /// workload's clock (the first arrival of a trace is 0). `work` is the run
@@ -94,6 +95,26 @@ pub struct Job {
     /// out-of-memory mode reads it (`docs/oom-and-memory.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_growth: Option<MemoryGrowth>,
+    /// GPUs the job spans (`--gres=gpu:N`, Alibaba `num_gpu`). A job of
+    /// more than one is a gang job: it runs on `gpus` whole-GPU instances
+    /// at once (MIG instances cannot be joined by NVLink or NCCL, so a
+    /// multi-GPU job needs every GPU it spans whole), all starting and
+    /// ending together; `work` is its run time on them and `memory_gb` its
+    /// need per GPU. 1 for every single-GPU job (the default of older
+    /// files).
+    #[serde(default = "one_gpu", skip_serializing_if = "is_one_gpu")]
+    pub gpus: u32,
+}
+
+/// Serde default of [`Job::gpus`] (and of the event log's `gpus`).
+pub(crate) fn one_gpu() -> u32 {
+    1
+}
+
+/// Whether `gpus` is the default 1 (left out of files then).
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+pub(crate) fn is_one_gpu(g: &u32) -> bool {
+    *g == 1
 }
 
 impl Job {
@@ -117,6 +138,12 @@ impl Job {
     pub fn gpu_seconds_on(&self, compute: u8, total_compute: u8) -> f64 {
         f64::from(compute) / f64::from(total_compute.max(1))
             * self.runtime_on(compute, total_compute)
+    }
+
+    /// Whether the job is a gang job (more than one GPU, each whole).
+    #[inline]
+    pub fn is_gang(&self) -> bool {
+        self.gpus > 1
     }
 
     /// Whether the job declared no memory need (`declared_memory_gb = Some(0.0)`).
@@ -192,6 +219,20 @@ impl Job {
             g.validate()?;
         }
         self.speedup.validate()?;
+        if self.gpus == 0 {
+            return Err(WorkloadError::invalid("gpus", "0 is not >= 1"));
+        }
+        let whole = model.spec().compute_slices;
+        if self.is_gang() && self.requested_slices.is_some_and(|k| k != whole) {
+            return Err(WorkloadError::invalid(
+                "requested_slices",
+                format!(
+                    "a job of {} GPUs runs on whole GPUs ({whole} slices of {model}), not on {} slices",
+                    self.gpus,
+                    self.requested_slices.unwrap_or(0)
+                ),
+            ));
+        }
         if let Some(k) = self.requested_slices {
             if !model.spec().profiles.iter().any(|p| p.shape.compute == k) {
                 return Err(WorkloadError::invalid(
@@ -245,6 +286,7 @@ mod tests {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         }
     }
 

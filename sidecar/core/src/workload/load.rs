@@ -169,6 +169,7 @@ mod tests {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         }
     }
 

@@ -239,6 +239,7 @@ mod tests {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: 1,
         };
         let model = GpuModel::A100_40gb;
         let p = PowerModel::default_for(model);

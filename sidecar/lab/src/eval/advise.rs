@@ -290,6 +290,7 @@ impl Observation {
                     declared_memory_gb: None,
                     template: None,
                     memory_growth: None,
+                    gpus: 1,
                 }
             })
             .collect()

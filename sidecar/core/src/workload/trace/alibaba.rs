@@ -9,8 +9,11 @@
 //! `pod_phase` (censoring).
 //!
 //! Mapping (the reasons are in `docs/workload.md`):
-//! - `num_gpu == 0` is dropped (`cpu-only`), `num_gpu > 1` is dropped
-//!   (`multi-gpu`: one job spans GPUs, out of scope for single-GPU MIG);
+//! - `num_gpu == 0` is dropped (`cpu-only`); `num_gpu > 1` is a gang job
+//!   of that many whole GPUs ([`Job::gpus`]: `gpu_milli` is then the share
+//!   of each, but a GPU a multi-GPU job spans cannot be shared or split, so
+//!   `k` is the whole GPU and the memory need is `gpu_milli/1000 x` the
+//!   GPU's memory per GPU);
 //! - empty `scheduled_time` is dropped (`never scheduled`: the pod was
 //!   deleted while pending and never used a GPU);
 //! - arrival = `creation_time`; run time = `deletion_time - scheduled_time`
@@ -49,6 +52,8 @@ struct Cand {
     start: i64,
     end: i64,
     milli: i64,
+    /// `num_gpu` (>= 1).
+    gpus: u32,
     class: JobClass,
     running: bool,
 }
@@ -85,10 +90,6 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
             }
             if num == 0 {
                 out.drop_row("cpu-only (num_gpu = 0)");
-                return Ok(None);
-            }
-            if num > 1 {
-                out.drop_row("multi-gpu (num_gpu > 1)");
                 return Ok(None);
             }
             if !(1..=1000).contains(&milli) {
@@ -133,6 +134,9 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
                 .map(|i| f[i].clone())
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| format!("line{line}"));
+            let gpus = u32::try_from(num).map_err(|_| {
+                RowError::field("num_gpu", FieldProblem::NotAGpuCount(num.to_string()))
+            })?;
             Ok(Some(Cand {
                 line,
                 id,
@@ -140,6 +144,7 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
                 start,
                 end,
                 milli,
+                gpus,
                 class,
                 running,
             }))
@@ -165,7 +170,11 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
         }
         // ceil(milli x C / 1000) in integers: no float rounding at exact shares.
         let slices = ((c.milli * i64::from(total) + 999) / 1000) as u8;
-        let k = round_up_to_profile(opts.model, slices).unwrap_or(total);
+        let k = if c.gpus > 1 {
+            total
+        } else {
+            round_up_to_profile(opts.model, slices).unwrap_or(total)
+        };
         let mut rng = row_rng(opts.seed, c.line);
         let speedup = sample_curve(&mut rng, c.class);
         let arrival = c.arrival as f64;
@@ -181,6 +190,7 @@ pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceErr
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
+            gpus: c.gpus,
         };
         job.deadline = sample_deadline(&mut rng, opts, &job);
         out.push(c.line, c.id, job);
@@ -203,11 +213,10 @@ mod tests {
     fn hand_checked_excerpt() {
         let t = read_alibaba(EXCERPT.as_bytes(), &opts()).unwrap();
         assert_eq!(t.dropped["cpu-only (num_gpu = 0)"], 3);
-        assert_eq!(t.dropped["multi-gpu (num_gpu > 1)"], 2);
         assert_eq!(t.dropped["never scheduled"], 2);
         assert_eq!(t.dropped["running at trace end"], 2);
-        assert_eq!(t.dropped_total(), 9);
-        assert_eq!(t.jobs.len(), 16);
+        assert_eq!(t.dropped_total(), 7);
+        assert_eq!(t.jobs.len(), 18);
         assert!(t.skipped.is_empty());
         assert_eq!(t.source_ids[0], "openb-pod-0000");
         assert_eq!(t.time_offset_s, 0.0);
@@ -234,6 +243,14 @@ mod tests {
         // pod-0027: 320 milli -> 2.24 -> 3g; pod-0022: 220 -> 1.54 -> 2g.
         assert_eq!(by_name("openb-pod-0027").requested_slices, Some(3));
         assert_eq!(by_name("openb-pod-0022").requested_slices, Some(2));
+        // pod-0017: 8 GPUs of 1000 milli each, a gang job of 8 whole GPUs:
+        // run 10769854 - 9437497 s at speed 1, 40 GB on each.
+        let j = by_name("openb-pod-0017");
+        assert_eq!((j.gpus, j.requested_slices), (8, Some(7)));
+        assert_eq!(j.work, 10_769_854.0 - 9_437_497.0);
+        assert!((j.memory_gb - 40.0).abs() < 1e-9);
+        j.validate(GpuModel::A100_40gb).unwrap();
+        assert_eq!(by_name("openb-pod-0128").gpus, 8);
         // Whole-GPU pods run at speed 1: work = run time.
         let j = by_name("openb-pod-0054");
         assert_eq!((j.requested_slices, j.work), (Some(7), 3737.0));

@@ -12,7 +12,10 @@
 //! on `requested_slices`, or x `work_s` without a request),
 //! `requested_slices` (rounded up to a profile size, as Slurm does),
 //! `speedup_beta` and `speedup_saturation` (both empty: sampled from the
-//! class's distribution; one empty: that one is 1.0). Column order is free.
+//! class's distribution; one empty: that one is 1.0), `gpus` (empty: 1;
+//! more is a gang job of that many whole GPUs, [`Job::gpus`], whose
+//! `requested_slices` is empty or the whole GPU and whose `memory_gb` is
+//! per GPU). Column order is free.
 
 use std::io::{Read, Write};
 
@@ -23,7 +26,7 @@ use super::{
 use crate::workload::{round_up_to_profile, Job, JobClass, SpeedupCurve};
 
 /// The columns [`write_csv`] writes, in order.
-pub const CSV_COLUMNS: [&str; 9] = [
+pub const CSV_COLUMNS: [&str; 10] = [
     "id",
     "arrival_s",
     "work_s",
@@ -33,6 +36,7 @@ pub const CSV_COLUMNS: [&str; 9] = [
     "requested_slices",
     "speedup_beta",
     "speedup_saturation",
+    "gpus",
 ];
 
 /// A parsed CSV table: header and `(line, fields)` records, or a row error.
@@ -128,6 +132,7 @@ pub fn read_csv(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> 
         requested: ix("requested_slices"),
         beta: ix("speedup_beta"),
         saturation: ix("speedup_saturation"),
+        gpus: ix("gpus"),
     };
     for (line, fields) in table.rows {
         let parsed = fields.and_then(|f| parse_row(&f, &c, line, opts));
@@ -150,6 +155,7 @@ struct CsvCols {
     requested: Option<usize>,
     beta: Option<usize>,
     saturation: Option<usize>,
+    gpus: Option<usize>,
 }
 
 enum Row {
@@ -202,6 +208,30 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
             Some(k)
         }
     };
+    let gpus = match optional(f, c.gpus) {
+        None => 1,
+        Some(v) => {
+            let n = parse_i64("gpus", v)?;
+            u32::try_from(n)
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| RowError::field("gpus", FieldProblem::NotAGpuCount(v.to_string())))?
+        }
+    };
+    let requested_slices = match requested_slices {
+        Some(k) if gpus > 1 && k != spec.compute_slices => {
+            return Err(RowError::field(
+                "requested_slices",
+                FieldProblem::GangNotWhole {
+                    gpus,
+                    value: k,
+                    whole: spec.compute_slices,
+                },
+            ));
+        }
+        _ if gpus > 1 => Some(spec.compute_slices),
+        k => k,
+    };
     let mut rng = row_rng(opts.seed, line);
     let beta = optional(f, c.beta)
         .map(|v| parse_f64("speedup_beta", v))
@@ -237,6 +267,7 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
         declared_memory_gb: None,
         template: None,
         memory_growth: None,
+        gpus,
     };
     job.deadline = match optional(f, c.deadline) {
         Some(v) => {
@@ -284,6 +315,7 @@ pub fn write_csv(jobs: &[Job], w: impl Write) -> Result<(), TraceError> {
                 .map_or_else(String::new, |k| k.to_string()),
             j.speedup.beta.to_string(),
             j.speedup.saturation.to_string(),
+            j.gpus.to_string(),
         ])
         .map_err(io)?;
     }
@@ -388,6 +420,40 @@ serve-8,40,60,4.5,Inference,200,,0.5,
             .unwrap_err()
             .to_string()
             .contains("column speedup_beta: 1.5"));
+    }
+
+    #[test]
+    fn gang_jobs_span_whole_gpus() {
+        let text = "arrival_s,work_s,memory_gb,class,requested_slices,gpus\n\
+                    0,3600,30,training,,4\n\
+                    1,60,30,training,7,2\n\
+                    2,60,5,inference,1,\n";
+        let t = read_csv(text.as_bytes(), &opts()).unwrap();
+        let g: Vec<(u32, Option<u8>)> = t
+            .jobs
+            .iter()
+            .map(|j| (j.gpus, j.requested_slices))
+            .collect();
+        assert_eq!(g, [(4, Some(7)), (2, Some(7)), (1, Some(1))]);
+        let bad = "arrival_s,work_s,memory_gb,class,requested_slices,gpus\n0,60,5,inference,3,2\n";
+        let e = read_csv(bad.as_bytes(), &opts()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "line 2: column requested_slices: a job of 2 GPUs runs on whole GPUs (7 slices each), not on 3"
+        );
+        for zero in ["0", "-1", "x"] {
+            let bad = format!("arrival_s,work_s,memory_gb,class,gpus\n0,60,5,inference,{zero}\n");
+            let e = read_csv(bad.as_bytes(), &opts()).unwrap_err().to_string();
+            assert!(e.starts_with("line 2: column gpus:"), "{e}");
+        }
+        // Written and read back.
+        let mut buf = Vec::new();
+        write_csv(&t.jobs, &mut buf).unwrap();
+        let back = read_csv(buf.as_slice(), &opts()).unwrap();
+        assert_eq!(
+            back.jobs.iter().map(|j| j.gpus).collect::<Vec<_>>(),
+            [4, 2, 1]
+        );
     }
 
     #[test]

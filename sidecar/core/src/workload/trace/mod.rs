@@ -272,6 +272,13 @@ pub enum FieldProblem {
     /// A TRES GPU or shard count that is not an integer.
     #[error("{key} value {value:?} is not an integer")]
     NotACount { key: String, value: String },
+    /// A GPU count below 1 or beyond what a job can span.
+    #[error("{0:?} is not a GPU count (an integer from 1 to 2^32-1)")]
+    NotAGpuCount(String),
+    /// A multi-GPU job that asks for part of a GPU: a job spanning GPUs
+    /// needs each of them whole.
+    #[error("a job of {gpus} GPUs runs on whole GPUs ({whole} slices each), not on {value}")]
+    GangNotWhole { gpus: u32, value: u8, whole: u8 },
 }
 
 /// The trace formats `smartmig` reads.

@@ -14,10 +14,12 @@
 //!   is censored);
 //! - GPUs from `AllocTRES` (what the job got) or, when that is empty,
 //!   `ReqTRES`: `gres/shard=K` gives K slices (rounded up to a profile size,
-//!   as smartmig's Slurm integration does); K above the GPU's slices is
-//!   dropped (`multi-gpu`); without shards, `gres/gpu=1` is a whole GPU,
-//!   more is dropped (`multi-gpu`), none is dropped (`no gpu`). Typed
-//!   entries (`gres/gpu:a100=2`) are summed when the untyped total is absent;
+//!   as smartmig's Slurm integration does); K above the GPU's slices spans
+//!   `ceil(K / slices)` GPUs; without shards, `gres/gpu=N` is N whole GPUs,
+//!   none is dropped (`no gpu`). A job of more than one GPU is a gang job
+//!   of that many whole GPUs ([`Job::gpus`]: the GPUs a multi-GPU job spans
+//!   cannot be shared or split). Typed entries (`gres/gpu:a100=2`) are
+//!   summed when the untyped total is absent;
 //! - arrival = `Submit`; run time = `Elapsed` (or `End - Start`); work = run
 //!   time x speed(k) (the job ran on k slices, or on a GPU share of k);
 //! - memory need = the memory of the smallest profile with k compute slices
@@ -192,18 +194,21 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
     let g = parse_tres(tres).map_err(in_column(tres_col))?;
     let spec = opts.model.spec();
     let total = spec.compute_slices;
-    let k = if g.shards > 0 {
-        if g.shards > u64::from(total) {
-            return Ok(Row::Dropped("multi-gpu"));
-        }
-        // shards <= total <= 255, so the cast is exact.
+    let gpus = if g.shards > 0 {
+        g.shards.div_ceil(u64::from(total))
+    } else {
+        g.gpus
+    };
+    if gpus == 0 {
+        return Ok(Row::Dropped("no gpu"));
+    }
+    let gpus = u32::try_from(gpus)
+        .map_err(|_| RowError::field(tres_col, FieldProblem::NotAGpuCount(gpus.to_string())))?;
+    let k = if gpus == 1 && g.shards > 0 {
+        // shards <= total <= 255 here, so the cast is exact.
         round_up_to_profile(opts.model, g.shards as u8).unwrap_or(total)
     } else {
-        match g.gpus {
-            0 => return Ok(Row::Dropped("no gpu")),
-            1 => total,
-            _ => return Ok(Row::Dropped("multi-gpu")),
-        }
+        total
     };
     if run <= 0.0 {
         return Ok(Row::Dropped("zero run time"));
@@ -236,6 +241,7 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
         declared_memory_gb: None,
         template: None,
         memory_growth: None,
+        gpus,
     };
     job.deadline = match limit {
         Some(l) => submit + l,
@@ -436,12 +442,11 @@ mod tests {
         assert_eq!(t.dropped["job step"], 7);
         assert_eq!(t.dropped["never started"], 2);
         assert_eq!(t.dropped["not finished"], 1);
-        assert_eq!(t.dropped["multi-gpu"], 2);
         assert_eq!(t.dropped["no gpu"], 1);
-        assert_eq!(t.dropped_total(), 13);
+        assert_eq!(t.dropped_total(), 11);
         assert_eq!(
             t.source_ids,
-            ["1001", "1002", "1003", "1010", "1011", "1012"]
+            ["1001", "1002", "1003", "1007", "1008", "1010", "1011", "1012"]
         );
         let j = &t.jobs;
         // 1001: shard:3 for 01:00:00, limit 02:00:00, submitted first:
@@ -462,15 +467,21 @@ mod tests {
         );
         // 1003: gres/gpu=1 from ReqTRES (AllocTRES empty), named "bert-train".
         assert_eq!((j[2].requested_slices, j[2].memory_gb), (Some(7), 40.0));
+        // 1007: gres/gpu=2 (the untyped total, not 2 + 2 typed): a gang
+        // job of two whole GPUs for 04:00:00, 40 GB on each.
+        assert_eq!((j[3].gpus, j[3].requested_slices), (2, Some(7)));
+        assert_eq!((j[3].work, j[3].memory_gb), (14_400.0, 40.0));
+        // 1008: shard:14 spans two A100s of 7 slices: two whole GPUs.
+        assert_eq!((j[4].gpus, j[4].work), (2, 3600.0));
         // 1010 is an array task "1009_1" with JobIDRaw 1010, shard:1, "serve-resnet".
         assert_eq!(
-            (j[3].requested_slices, j[3].memory_gb, j[3].class),
-            (Some(1), 5.0, JobClass::Inference)
+            (j[5].requested_slices, j[5].memory_gb, j[5].class, j[5].gpus),
+            (Some(1), 5.0, JobClass::Inference, 1)
         );
         // 1011: CANCELLED by 1000 after it ran 00:10:00 -> kept.
-        assert!((j[4].runtime_on(2, 7) - 600.0).abs() < 1e-6);
+        assert!((j[6].runtime_on(2, 7) - 600.0).abs() < 1e-6);
         // 1012: typed gres/gpu:a100=1 only.
-        assert_eq!(j[5].requested_slices, Some(7));
+        assert_eq!(j[7].requested_slices, Some(7));
         assert!(j.windows(2).all(|w| w[0].arrival <= w[1].arrival));
         for job in j {
             job.validate(GpuModel::A100_40gb).unwrap();

@@ -1,0 +1,193 @@
+//! Multi-GPU (gang) jobs (issue 54 item 2): a job of `gpus > 1` runs on
+//! that many whole-GPU instances at once, every piece starting and ending
+//! together, in both engines; the event log of such runs passes the
+//! audit; a fixed layout without enough whole GPUs leaves it unserved and
+//! holds nothing for it; a job wider than the cluster is refused with the
+//! reason.
+
+use smartmig::mig::GpuModel;
+use smartmig::policy::{parse_policy, RepartitionPolicy};
+use smartmig::sim::{
+    audit, simulate, Collect, EpochRule, Heuristic, Record, RunHooks, SimConfig, SimResult,
+    SlurmLike,
+};
+use smartmig::workload::{Job, JobClass, SpeedupCurve};
+
+const A100: GpuModel = GpuModel::A100_40gb;
+
+fn job(id: u64, arrival: f64, work: f64, k: u8, gpus: u32) -> Job {
+    Job {
+        id,
+        arrival,
+        work,
+        speedup: SpeedupCurve::new(1.0, 1.0).expect("curve"),
+        memory_gb: if k == 7 { 30.0 } else { 4.0 },
+        deadline: arrival + 3.0 * work,
+        class: JobClass::Training,
+        requested_slices: Some(k),
+        declared_memory_gb: None,
+        template: None,
+        memory_growth: None,
+        gpus,
+    }
+}
+
+struct Ran {
+    result: SimResult,
+    /// (job id, GPU, start, end) of every run record.
+    runs: Vec<(u64, usize, f64, f64)>,
+    /// (job id, reason) of every unserved record.
+    unserved: Vec<(u64, String)>,
+}
+
+fn run(gpus: usize, jobs: &[Job], policy: &str, slurm: Option<SlurmLike>) -> Ran {
+    let cluster = vec![A100; gpus];
+    let mut policy: Box<dyn RepartitionPolicy + Send> =
+        parse_policy(policy, &cluster).expect("policy");
+    let cfg = SimConfig {
+        epoch: EpochRule::Events(5),
+        slurm,
+        ..SimConfig::default()
+    };
+    let mut log = Collect::default();
+    let mut h = Heuristic::Edf.build(0);
+    let result = simulate(
+        &cluster,
+        jobs,
+        h.as_mut(),
+        policy.as_mut(),
+        &cfg,
+        RunHooks {
+            sink: Some(&mut log),
+            progress: None,
+        },
+    )
+    .expect("simulate");
+    let report = audit(&log.0).unwrap_or_else(|e| panic!("audit: {e}"));
+    assert!(
+        (report.energy_j - result.metrics.energy_j).abs()
+            <= 1e-6 * result.metrics.energy_j.max(1.0),
+        "audit {} J, run {} J",
+        report.energy_j,
+        result.metrics.energy_j
+    );
+    assert_eq!(
+        report.jobs, result.metrics.completed,
+        "the audit counts a gang job once"
+    );
+    let mut runs = Vec::new();
+    let mut unserved = Vec::new();
+    for rec in &log.0 {
+        match rec {
+            Record::Job(j) => runs.push((j.run.id, j.run.gpu, j.run.start, j.end)),
+            Record::Unserved(u) => unserved.push((u.id, u.reason.clone())),
+            _ => {}
+        }
+    }
+    Ran {
+        result,
+        runs,
+        unserved,
+    }
+}
+
+fn pieces(ran: &Ran, id: u64) -> Vec<(usize, f64, f64)> {
+    ran.runs
+        .iter()
+        .filter(|r| r.0 == id)
+        .map(|r| (r.1, r.2, r.3))
+        .collect()
+}
+
+#[test]
+fn whole_gpus_start_a_gang_job_together_once_enough_are_free() {
+    // Four whole GPUs: two single jobs, then a job of three GPUs, which
+    // waits for the first single to end (t = 1000) and runs 500 s.
+    let jobs = [
+        job(0, 0.0, 1000.0, 7, 1),
+        job(1, 0.0, 2000.0, 7, 1),
+        job(2, 10.0, 500.0, 7, 3),
+    ];
+    let ran = run(4, &jobs, "none", None);
+    let p = pieces(&ran, 2);
+    assert_eq!(p.len(), 3, "one run per GPU: {p:?}");
+    let mut gpus: Vec<usize> = p.iter().map(|x| x.0).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    assert_eq!(gpus.len(), 3, "three distinct GPUs: {p:?}");
+    for &(_, start, end) in &p {
+        assert!((start - 1000.0).abs() < 1e-9, "{p:?}");
+        assert!((end - 1500.0).abs() < 1e-9, "{p:?}");
+    }
+    assert_eq!(ran.result.metrics.completed, 3);
+    assert_eq!(ran.result.metrics.unserved, 0);
+}
+
+#[test]
+fn served_on_demand_a_gang_job_gets_its_gpus_made_whole_in_every_engine() {
+    // Greedy starts every A100 as 4g + 3g; smartmigd makes two of them
+    // whole for the job of two GPUs, one reconfiguration each.
+    let reconfig = SimConfig::default().reconfig_time_s;
+    let jobs = [job(0, 0.0, 600.0, 7, 2), job(1, 5.0, 100.0, 1, 1)];
+    for slurm in [None, Some(SlurmLike::default())] {
+        let engine = if slurm.is_some() {
+            "slurm-like"
+        } else {
+            "central"
+        };
+        let ran = run(3, &jobs, "greedy", slurm);
+        let p = pieces(&ran, 0);
+        assert_eq!(p.len(), 2, "{engine}: {p:?}");
+        assert_ne!(p[0].0, p[1].0, "{engine}: {p:?}");
+        assert!(
+            p.iter().all(|x| x.1 <= reconfig + 1e-9 && x.1 == p[0].1),
+            "{engine}: both pieces start together within one reconfiguration: {p:?}"
+        );
+        assert_eq!(
+            ran.result.metrics.completed, 2,
+            "{engine}: {:?}",
+            ran.result.metrics
+        );
+        assert!(
+            ran.result.metrics.on_demand_builds >= 2,
+            "{engine}: {:?}",
+            ran.result.metrics
+        );
+    }
+}
+
+#[test]
+fn a_fixed_layout_without_whole_gpus_leaves_a_gang_job_unserved_and_holds_nothing() {
+    let jobs = [job(0, 0.0, 600.0, 7, 2), job(1, 5.0, 100.0, 3, 1)];
+    let ran = run(2, &jobs, "static:4444|3333", None);
+    assert!(pieces(&ran, 0).is_empty(), "{:?}", ran.runs);
+    assert_eq!(ran.result.metrics.unserved, 1, "{:?}", ran.result.metrics);
+    let single = pieces(&ran, 1);
+    assert_eq!(single.len(), 1);
+    assert!(
+        (single[0].1 - 5.0).abs() < 1e-9,
+        "the single job starts at once: {single:?}"
+    );
+}
+
+#[test]
+fn a_gang_job_wider_than_the_cluster_is_refused_with_the_reason() {
+    let jobs = [job(0, 0.0, 600.0, 7, 5), job(1, 5.0, 100.0, 1, 1)];
+    for (policy, slurm) in [
+        ("none", None),
+        ("greedy", None),
+        ("greedy", Some(SlurmLike::default())),
+    ] {
+        let ran = run(4, &jobs, policy, slurm);
+        let (_, reason) = ran
+            .unserved
+            .iter()
+            .find(|u| u.0 == 0)
+            .unwrap_or_else(|| panic!("{policy}: job 0 is not unserved: {:?}", ran.unserved));
+        assert!(
+            reason.contains("spans 5 GPUs") && reason.contains("has 4"),
+            "{policy}: {reason}"
+        );
+        assert_eq!(ran.result.metrics.completed, 1, "{policy}");
+    }
+}
