@@ -664,11 +664,11 @@ mod tests {
     #[test]
     fn default_suite() {
         let all = default_scenarios();
-        assert_eq!(all.len(), 10);
+        assert_eq!(all.len(), 12);
         let mut names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 10);
+        assert_eq!(names.len(), 12);
         for family in FAMILIES {
             for regime in DeadlineRegime::ALL {
                 let s = scenario(&format!("{family}/{regime}"));
@@ -680,6 +680,45 @@ mod tests {
                 let horizon = if family == "batch" { 0.0 } else { 86_400.0 };
                 assert_eq!(s.horizon_s(), horizon);
             }
+        }
+    }
+
+    #[test]
+    fn multi_gpu_night_brings_gang_jobs_of_whole_gpus() {
+        let s = scenario("multi-gpu-night/tight");
+        let (mut gangs, mut gpu_s, mut all_s) = (0usize, 0.0, 0.0);
+        for seed in 0..20 {
+            for j in s.generate(M, 16, seed) {
+                j.validate(M).unwrap();
+                all_s += j.most_efficient_profile(M).map_or(0.0, |(_, a)| a);
+                if j.is_gang() {
+                    assert!((2..=4).contains(&j.gpus), "{j:?}");
+                    assert_eq!(j.requested_slices, Some(7), "{j:?}");
+                    gangs += 1;
+                    gpu_s += j.work * f64::from(j.gpus);
+                }
+            }
+            // Capped to the cluster: two GPUs never get a job of three.
+            assert!(s.generate(M, 2, seed).iter().all(|j| j.gpus <= 2));
+        }
+        // About 8 gang jobs a day on 16 GPUs, near a quarter of the GPU-time.
+        let per_day = gangs as f64 / 20.0;
+        assert!((5.0..=11.0).contains(&per_day), "{per_day} gang jobs a day");
+        let share = gpu_s / all_s;
+        assert!(
+            (0.15..=0.35).contains(&share),
+            "gang share of GPU-time {share}"
+        );
+        // The other scenarios have none.
+        for other in default_scenarios()
+            .iter()
+            .filter(|o| !o.name.starts_with("multi-gpu"))
+        {
+            assert!(
+                other.generate(M, 16, 1).iter().all(|j| j.gpus == 1),
+                "{}",
+                other.name
+            );
         }
     }
 

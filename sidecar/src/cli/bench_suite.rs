@@ -114,6 +114,68 @@ pub struct SuiteArgs {
     /// in the central view.
     #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "")]
     pub slurm_like: Option<String>,
+    /// Scenarios scored at once, one thread each (default: the machine's
+    /// cores). Every scenario is deterministic and independent of the
+    /// others, so the figures are the same for any value.
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<std::num::NonZeroUsize>,
+}
+
+/// Scores the scenarios on `threads` threads and hands each result to
+/// `print` in the scenarios' order, as soon as it and those before it are
+/// done. Each scenario is deterministic and independent, so the results
+/// are those of one thread; the first error stops the threads from taking
+/// more scenarios and is returned.
+fn run_all(
+    all: &[ScenarioDays],
+    cfg: &SuiteConfig,
+    threads: usize,
+    bar: &indicatif::ProgressBar,
+    print: &mut dyn FnMut(&ScenarioResult) -> Result<()>,
+) -> Result<Vec<ScenarioResult>> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, all.len().max(1)) {
+            let (tx, next, stop) = (tx.clone(), &next, &stop);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(days) = all.get(i) else { break };
+                    let mut progress = |step: &str| {
+                        bar.inc(1);
+                        bar.set_message(format!("{}: {step}", days.name));
+                    };
+                    let r = run_scenario(days, cfg, &mut progress);
+                    if tx.send((i, r)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut done: Vec<Option<ScenarioResult>> = all.iter().map(|_| None).collect();
+        let mut printed = 0;
+        for (i, r) in rx {
+            match r {
+                Ok(r) => done[i] = Some(r),
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e.into());
+                }
+            }
+            while let Some(Some(r)) = done.get(printed) {
+                if let Err(e) = print(r) {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                printed += 1;
+            }
+        }
+        Ok(done.into_iter().flatten().collect())
+    })
 }
 
 /// The trace options `bench suite` and `bench oracle` share.
@@ -394,16 +456,14 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         d.cfg.slurm.clone_from(&slurm);
     }
     bar.set_length(all.len() as u64 * steps_per_scenario);
-    let mut results = Vec::new();
-    for days in &all {
-        let mut progress = |step: &str| {
-            bar.inc(1);
-            bar.set_message(format!("{}: {step}", days.name));
-        };
-        let r = run_scenario(days, &cfg, &mut progress)?;
-        bar.suspend(|| writeln!(a.json.table(), "{}", scenario_table(&r)))?;
-        results.push(r);
-    }
+    let threads = a
+        .jobs
+        .or_else(|| std::thread::available_parallelism().ok())
+        .map_or(1, std::num::NonZeroUsize::get);
+    let results = run_all(&all, &cfg, threads, &bar, &mut |r| {
+        bar.suspend(|| writeln!(a.json.table(), "{}", scenario_table(r)))?;
+        Ok(())
+    })?;
     bar.finish_and_clear();
     let report = SuiteReport {
         alpha: a.alpha,

@@ -2,7 +2,8 @@
 //! (1) the best of an exhaustive scheduler on tiny one-GPU instances
 //!     (`bound::exhaustive`, every order and every profile);
 //! (2) the simulator, on small random clusters, with every catalog layout
-//!     as a static policy, the greedy policy and every placement heuristic.
+//!     as a static policy, the greedy policy and every placement heuristic,
+//!     with gang jobs (several whole GPUs at once) among the single ones.
 
 use proptest::prelude::*;
 use smartmig::bound::{self, exhaustive, BoundGpu};
@@ -80,7 +81,19 @@ proptest! {
     }
 
     #[test]
-    fn bound_below_the_simulator(jobs in arb_jobs(12), gpus in 1usize..=3, exp in 0.3f64..=1.0) {
+    fn bound_below_the_simulator(
+        mut jobs in arb_jobs(12),
+        gpus in 1usize..=3,
+        exp in 0.3f64..=1.0,
+        gang_every in prop::sample::select(vec![0usize, 2, 4]),
+    ) {
+        // Some jobs span two or more whole GPUs (gang jobs).
+        if gang_every > 0 && gpus >= 2 {
+            for j in jobs.iter_mut().filter(|j| j.id as usize % gang_every == 1) {
+                j.gpus = gpus as u32;
+                j.requested_slices = None;
+            }
+        }
         let cluster = vec![M; gpus];
         let p = power(exp);
         let cfg = SimConfig { power: vec![(M, p)], workload_horizon_s: Some(1000.0), ..SimConfig::default() };

@@ -165,3 +165,54 @@ fn bad_suite_options_are_refused_by_name() {
     );
     let _ = std::fs::remove_file(&file);
 }
+
+#[test]
+fn scenarios_scored_on_several_threads_give_the_figures_and_order_of_one() {
+    let run = |jobs: &str| {
+        let json = temp(&format!("jobs{jobs}.json"));
+        let out = smartmig(&[
+            "bench",
+            "suite",
+            "--quick",
+            "--no-hindsight",
+            "--only",
+            "diurnal,big-night/tight",
+            "--jobs",
+            jobs,
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "--jobs {jobs}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        // Wall time is the one figure allowed to differ.
+        v.as_object_mut().unwrap().remove("elapsed_s");
+        (v, String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (one, one_out) = run("1");
+    let (three, three_out) = run("3");
+    let names: Vec<&str> = one["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["diurnal/tight", "diurnal/loose", "big-night/tight"]);
+    assert_eq!(one, three, "the JSON of --jobs 1 and --jobs 3 differ");
+    // The tables come out in the scenarios' order too (the last line is
+    // the wall time).
+    let body = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with('('))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(body(&one_out), body(&three_out));
+    let out = smartmig(&["bench", "suite", "--quick", "--jobs", "0"]);
+    assert!(!out.status.success(), "--jobs 0 was accepted");
+}

@@ -201,6 +201,7 @@ impl DiurnalConfig {
             },
             memory_gb: self.training_memory_gb,
             curve: Some(self.training_curve),
+            gpus: None,
         }
     }
 
@@ -213,6 +214,7 @@ impl DiurnalConfig {
             },
             memory_gb: self.inference_memory_gb,
             curve: Some(self.inference_curve),
+            gpus: None,
         }
     }
 
@@ -306,6 +308,11 @@ pub struct JobKind {
     /// [`CurveDist::INFERENCE`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub curve: Option<CurveDist>,
+    /// Uniform range of the GPUs a job spans, `[low, high]` (a multi-GPU
+    /// training job: a gang job of that many whole GPUs, [`Job::gpus`],
+    /// capped to the cluster's GPUs); absent: one GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<(u32, u32)>,
 }
 
 impl JobKind {
@@ -322,6 +329,14 @@ impl JobKind {
     pub fn validate(&self) -> Result<(), WorkloadError> {
         self.work.validate("work")?;
         range("memory_gb", self.memory_gb, f64::MIN_POSITIVE)?;
+        if let Some((lo, hi)) = self.gpus {
+            if lo < 1 || lo > hi {
+                return Err(bad(
+                    "gpus",
+                    format!("({lo}, {hi}) must be whole numbers with 1 <= low <= high"),
+                ));
+            }
+        }
         self.curve_dist().validate("curve")
     }
 }
@@ -437,7 +452,15 @@ impl JobDrawer {
         let memory_gb = mem.min(self.gpu_mem);
         let slack = lerp(self.deadline_factor, rng.random()) * work;
         let total = self.total;
-        let requested_slices = if rng.random::<f64>() < self.requested_share {
+        // Drawn only for kinds that span GPUs, so the other kinds' streams
+        // stay what they were.
+        let gpus = match kind.gpus {
+            Some((lo, hi)) if hi > 1 => rng.random_range(lo..=hi),
+            _ => 1,
+        };
+        let requested_slices = if gpus > 1 {
+            Some(total)
+        } else if rng.random::<f64>() < self.requested_share {
             // Smallest fitting profile that meets the deadline if started at
             // once; the whole GPU always does (factor >= 1).
             self.by_size
@@ -463,7 +486,7 @@ impl JobDrawer {
             declared_memory_gb: None,
             template: None,
             memory_growth: None,
-            gpus: 1,
+            gpus,
         }
     }
 }
@@ -547,7 +570,9 @@ pub fn generate_overlaid(
                 None => continue, // no stream is active (rate 0): no arrival
             }
         };
-        jobs.push(drawer.draw(rng, &kind, jobs.len() as u64, t));
+        let mut job = drawer.draw(rng, &kind, jobs.len() as u64, t);
+        job.gpus = job.gpus.min(u32::try_from(gpus).unwrap_or(u32::MAX).max(1));
+        jobs.push(job);
     }
     jobs
 }

@@ -161,9 +161,19 @@ impl Job {
     /// The profile of `model` that fits the job's memory and occupies the
     /// fewest GPU-seconds ([`Job::gpu_seconds_on`]); ties go to the larger
     /// (faster) profile. `None` if the job fits no profile. With a requested
-    /// size, only profiles of at least that many compute slices count.
+    /// size, only profiles of at least that many compute slices count; a
+    /// gang job has only the whole GPU, and its GPU-seconds are those of
+    /// all the GPUs it spans.
     pub fn most_efficient_profile(&self, model: GpuModel) -> Option<(&'static ProfileSpec, f64)> {
         let spec = model.spec();
+        if self.is_gang() {
+            return spec
+                .profiles
+                .iter()
+                .filter(|p| p.shape.compute == spec.compute_slices && self.fits(p))
+                .max_by_key(|p| p.memory_gb)
+                .map(|p| (p, self.work * f64::from(self.gpus)));
+        }
         let min_k = self.requested_slices.unwrap_or(0);
         let mut best: Option<(&'static ProfileSpec, f64)> = None;
         for p in spec.profiles {

@@ -22,6 +22,14 @@
 //! only delay jobs and never add load, so ignoring them (as the bounds do)
 //! only lowers the optimum. Jobs that fit no profile of any GPU of the
 //! cluster are rejected by the simulator and left out here too.
+//!
+//! A gang job of `g` GPUs ([`Job::gpus`]) runs on `g` whole GPUs at once
+//! for `work` seconds: its GPU-seconds and dynamic energy are `g` times a
+//! whole GPU's ([`Job::most_efficient_profile`]), which keeps every
+//! argument below valid (the single machine's capacity `N` bounds what all
+//! pieces consume together; each piece still ends no earlier than
+//! `r + work`). A gang job wider than the GPUs that can run it whole is
+//! refused by the simulator and left out.
 
 pub mod exhaustive;
 
@@ -129,6 +137,14 @@ impl Bounds {
 /// separately over the models present and the profiles that fit (memory and
 /// requested size). `None` if nothing fits.
 fn cheapest(job: &Job, gpus: &[BoundGpu]) -> Option<(f64, f64)> {
+    // A gang job the cluster cannot run whole is refused by the simulator.
+    let whole = gpus
+        .iter()
+        .filter(|g| job.most_efficient_profile(g.model).is_some())
+        .count();
+    if whole < job.gpus as usize {
+        return None;
+    }
     gpus.iter()
         .filter_map(|g| {
             job.most_efficient_profile(g.model)
