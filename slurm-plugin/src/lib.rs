@@ -431,9 +431,9 @@ pub unsafe extern "C" fn slurm_spank_init_post_opt(
             // (docs/slurm-integration.md, "Whole-GPU requests"). Inside an
             // allocation srun submits nothing and the variable goes nowhere.
             // SAFETY: `sp` is this callback's handle.
-            if let Err(e) =
-                unsafe { spank::job_control_setenv(sp, SRUN_STEP_GRES, SRUN_STEP_GRES_ASKED) }
-            {
+            let marked =
+                unsafe { spank::job_control_setenv(sp, SRUN_STEP_GRES, SRUN_STEP_GRES_ASKED) };
+            if let Err(e) = marked {
                 log(LogLevel::Debug, &e.to_string());
             }
         }
