@@ -10,7 +10,7 @@ use anyhow::Context;
 use super::args::JsonArg;
 use super::socket::SocketArgs;
 use crate::daemon::protocol::{
-    GpuHealthStatus, GpuStatus, MemoryStatus, ShadowStatus, StatusReply,
+    GpuHealthStatus, GpuOrderStatus, GpuStatus, MemoryStatus, ShadowStatus, StatusReply,
 };
 use crate::daemon::Client;
 
@@ -81,6 +81,9 @@ pub fn render(s: &StatusReply, now: i64) -> String {
     );
     if let Some(sh) = &s.shadow {
         render_shadow(&mut out, sh);
+    }
+    if let Some(o) = &s.gpu_order {
+        render_gpu_order(&mut out, o);
     }
     if s.epilog_missing {
         let _ = writeln!(
@@ -247,6 +250,31 @@ fn render_gpu_health(out: &mut String, index: u32, h: &GpuHealthStatus) {
     }
     let seen: Vec<String> = h.xids.iter().map(|(x, n)| format!("{x} x{n}")).collect();
     let _ = writeln!(out, "  XIDs seen: {}", seen.join(", "));
+}
+
+/// Slurm's GPU order: one line while it is unknown or wrong, nothing
+/// when it matches.
+fn render_gpu_order(out: &mut String, o: &GpuOrderStatus) {
+    match o.state.as_str() {
+        "matches" => {}
+        "waiting" => {
+            let _ = writeln!(
+                out,
+                "\nGPU order: not checked yet, Slurm has not answered ({} ask(s)); smartmigd asks again.\n  {}",
+                o.attempts, o.detail
+            );
+        }
+        "mismatch" => {
+            let _ = writeln!(
+                out,
+                "\nERROR: Slurm numbers the GPUs differently; allocates are refused.\n  {}",
+                o.detail
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "\nGPU order: {}: {}", o.state, o.detail);
+        }
+    }
 }
 
 /// Which policy runs, and the day's shadow that chooses it.
@@ -453,6 +481,7 @@ mod tests {
             advise: None,
             cluster: None,
             shadow: None,
+            gpu_order: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -556,6 +585,7 @@ mod tests {
             advise: None,
             cluster: None,
             shadow: None,
+            gpu_order: None,
             waiting: vec![],
         };
         let t = render(&s, 0);

@@ -51,6 +51,7 @@ pub(super) async fn serve(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateR
 async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, ErrorBody> {
     let start = Instant::now();
     refuse_in_advise_mode(cx)?;
+    refuse_on_wrong_gpu_order(cx)?;
     let gpu = the_gpu(cx, req.gpu)?;
     if let Some(r) = held_anywhere(cx, &req).await {
         return Ok(r);
@@ -127,6 +128,16 @@ fn refuse_in_advise_mode(cx: &Cx<'_>) -> Result<(), ErrorBody> {
             cx.node.name
         ),
     ))
+}
+
+/// Slurm's GPU order turned out wrong after the start (smartmigd started
+/// before Slurm answered): every instance would be on another GPU than
+/// the one Slurm gave the job.
+fn refuse_on_wrong_gpu_order(cx: &Cx<'_>) -> Result<(), ErrorBody> {
+    match cx.books.ledger().gpu_order.refusal() {
+        None => Ok(()),
+        Some(why) => Err(ErrorBody::new(ErrorKind::Backend, why)),
+    }
 }
 
 fn the_gpu<'a>(cx: &Cx<'a>, index: u32) -> Result<&'a Gpu, ErrorBody> {
