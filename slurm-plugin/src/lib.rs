@@ -183,6 +183,9 @@ enum Outcome {
         uuid: String,
         profile: String,
         oom_file: Option<String>,
+        /// smartmigd's note for the job's output (why an earlier run was
+        /// requeued).
+        note: Option<String>,
     },
     /// The job must fail with this reason (printed to its stderr).
     Failed(String),
@@ -474,7 +477,11 @@ pub unsafe extern "C" fn slurm_spank_task_init(
                 uuid,
                 profile,
                 oom_file,
+                note,
             } => {
+                if let Some(note) = note {
+                    to_job_stderr(&format!("smartmig: {note}"));
+                }
                 // Set again: a GRES plugin may set CUDA_VISIBLE_DEVICES per
                 // task after init_post_opt; this is the last word before exec.
                 let mut vars = vec![

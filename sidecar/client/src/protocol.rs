@@ -274,6 +274,11 @@ pub struct AllocateReply {
     pub action: AllocAction,
     /// Time spent waiting for a release, in milliseconds.
     pub waited_ms: u64,
+    /// What the job's user should read in the job's output: why an earlier
+    /// run of this job was requeued (absent otherwise, and from daemons
+    /// that predate it). Given once, to the job's first allocate after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Reply to `release`.

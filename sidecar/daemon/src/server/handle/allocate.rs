@@ -185,6 +185,7 @@ fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
         reused: true,
         action: AllocAction::Existing,
         waited_ms: 0,
+        note: None,
     })
 }
 
@@ -686,6 +687,7 @@ fn execute(
         reused: matches!(action, AllocAction::Reused),
         action,
         waited_ms,
+        note: cx.books.ledger().requeue_notes.remove(&req.job_id),
     })
 }
 
