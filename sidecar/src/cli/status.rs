@@ -622,4 +622,31 @@ mod tests {
             "{out}"
         );
     }
+
+    /// Issue 56: status says when Slurm's GPU order is not checked yet or
+    /// wrong, and nothing when it matches.
+    #[test]
+    fn the_gpu_order_shows_only_while_unknown_or_wrong() {
+        let order = |state: &str| GpuOrderStatus {
+            state: state.into(),
+            detail: "why".into(),
+            attempts: 3,
+        };
+        let mut out = String::new();
+        render_gpu_order(&mut out, &order("matches"));
+        assert_eq!(out, "");
+        render_gpu_order(&mut out, &order("waiting"));
+        assert!(
+            out.contains("GPU order: not checked yet, Slurm has not answered (3 ask(s)); smartmigd asks again.\n  why"),
+            "{out}"
+        );
+        let mut out = String::new();
+        render_gpu_order(&mut out, &order("mismatch"));
+        assert!(
+            out.contains(
+                "ERROR: Slurm numbers the GPUs differently; allocates are refused.\n  why"
+            ),
+            "{out}"
+        );
+    }
 }
