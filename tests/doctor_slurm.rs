@@ -60,6 +60,8 @@ fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
         "plugin.timeout",
         "daemon.health",
         "daemon.gpus",
+        // smartmigd's own check of Slurm's GPU order, on the real slurmd -G.
+        "daemon.gpu_order",
     ] {
         assert_eq!(status(name), "ok", "{name}: {}", describe(&out));
     }

@@ -184,6 +184,9 @@ fn two_young_3g_jobs_on_gpu0(cluster: &SlurmCluster, sidecar: &Sidecar) -> [u32;
 /// and the `srun` runs on a 1g.5gb.
 #[test]
 fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
+    // The job that gives way starts again within seconds (issue 56: its
+    // next run's output is checked below).
+    smartmig_suite::quick_requeues();
     let cluster = cluster();
     let sidecar = Sidecar::start_configured(cluster.dir(), "", true, "", &SidecarBackend::Sim);
     let jobs = two_young_3g_jobs_on_gpu0(&cluster, &sidecar);
@@ -228,6 +231,36 @@ fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
         Some("RUNNING"),
         "the other batch job must keep running"
     );
+
+    // Issue 56: the user of the job that gave way is told why: in
+    // `scontrol show job` (its AdminComment) and in its next run's output.
+    let gave_way = requeued[0];
+    let show = || {
+        let out = cluster
+            .command("scontrol")
+            .args(["show", "job", &gave_way.to_string()])
+            .output()
+            .expect("run scontrol show job");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        smartmig_suite::wait_until(TIMEOUT, || show().contains("smartmig-requeued:at=")),
+        "job {gave_way}'s AdminComment does not say why it was requeued:\n{}\n{}",
+        show(),
+        cluster.smartmigd_log()
+    );
+    assert!(show().contains("for=interactive_job_"), "{}", show());
+    let output = cluster.dir().join(format!("jobs-{gave_way}.out"));
+    let read = || std::fs::read_to_string(&output).unwrap_or_default();
+    let told = "smartmig: this job was requeued by smartmig";
+    assert!(
+        smartmig_suite::wait_until(TIMEOUT, || read().contains(told)),
+        "job {gave_way}'s next run does not say why it was requeued: {:?}\n{}\n{}",
+        read(),
+        show(),
+        cluster.log_tails()
+    );
+    assert!(read().contains("needed a 1g.5gb there"), "{}", read());
     for job in jobs {
         let _ = cluster.command("scancel").arg(job.to_string()).output();
     }

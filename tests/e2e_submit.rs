@@ -948,3 +948,71 @@ fn rounded_jobs_run_side_by_side_without_failures() {
     );
     eprintln!("side-by-side jobs done in {:?}", start.elapsed());
 }
+
+// ---------------------------------------------------------------------------
+// Whole-GPU interactive jobs (issue 56, item 4).
+
+/// Runs `PROGRAM ARGS` (srun, salloc) for at most 60 s; (success, output).
+fn interactive(cluster: &SlurmCluster, program: &str, args: &[&str]) -> (bool, String) {
+    let out = cluster
+        .command("timeout")
+        .arg("60")
+        .arg(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    (out.status.success(), describe(&out))
+}
+
+/// `srun --gres=gpu:1 CMD` runs on one whole-GPU instance where srun's step
+/// asks for the job's billed shards (Slurm 23.02 and later). Slurm 22.05's
+/// srun asks its step for the `gpu:1` it was given, which the job billed as
+/// `shard:7` does not have, and Slurm refused the step after granting the
+/// job ("Step requested GRES (gpu:(null)) not found in the job"); there the
+/// script refuses it at submit, naming what to ask instead, and both of
+/// those (`srun --gres=shard:7`, `salloc --gres=gpu:1` with `srun` inside)
+/// run on the 7g.40gb.
+#[test]
+fn srun_of_a_whole_gpu_runs_or_is_refused_with_what_to_ask() {
+    let cluster = cluster();
+    let _sidecar = Sidecar::start(cluster.dir(), "allocate_wait_s = 10");
+    let show = "echo PROFILE=$SMARTMIG_PROFILE";
+    let asks_own_gres = smartmig_suite::slurm_release() < (23, 2);
+
+    let (ok, seen) = interactive(&cluster, "srun", &["--gres=gpu:1", "sh", "-c", show]);
+    if asks_own_gres {
+        assert!(!ok, "srun --gres=gpu:1 ran on 22.05: {seen}");
+        assert!(
+            seen.contains(
+                "smartmig: srun --gres=gpu:1 cannot start on this Slurm (before 23.02): it would be billed as shard:7, but srun asks its step for the GPU itself, which Slurm then refuses; ask srun --gres=shard:7 (a whole a100-40gb as one 7g.40gb MIG instance), or salloc --gres=gpu:1 and srun without --gres inside it"
+            ),
+            "{seen}\n{}",
+            cluster.log_tails()
+        );
+        assert!(
+            !seen.contains("not found in the job"),
+            "a job was granted and its step refused: {seen}"
+        );
+    } else {
+        assert!(ok, "srun --gres=gpu:1: {seen}\n{}", cluster.log_tails());
+        assert!(seen.contains("billed as shard:7"), "{seen}");
+        assert!(seen.contains("PROFILE=7g.40gb"), "{seen}");
+    }
+
+    // What the refusal asks for runs on every series.
+    let (ok, seen) = interactive(&cluster, "srun", &["--gres=shard:7", "sh", "-c", show]);
+    assert!(ok, "srun --gres=shard:7: {seen}\n{}", cluster.log_tails());
+    assert!(seen.contains("PROFILE=7g.40gb"), "{seen}");
+    let (ok, seen) = interactive(
+        &cluster,
+        "salloc",
+        &["--gres=gpu:1", "srun", "sh", "-c", show],
+    );
+    assert!(
+        ok,
+        "salloc --gres=gpu:1 srun: {seen}\n{}",
+        cluster.log_tails()
+    );
+    assert!(seen.contains("billed as shard:7"), "{seen}");
+    assert!(seen.contains("PROFILE=7g.40gb"), "{seen}");
+}

@@ -187,6 +187,66 @@ fn same_family(paths: &BTreeSet<String>) -> BTreeSet<String> {
         .collect()
 }
 
+/// Where the package puts the docs: not /usr/share/doc, which Debian's
+/// minimal images and dpkg `path-exclude` rules drop (issue 56).
+const DOC_DIR: &str = "/usr/share/smartmig/doc/";
+
+/// Every doc the installed files point to is installed: the
+/// `/usr/share/smartmig/doc/NAME` the plugstack snippet (`snippet`) and the
+/// unit name, and the `docs/NAME.md` of the config and the Slurm snippets,
+/// which say that they are in [`DOC_DIR`].
+fn assert_named_docs_installed(snippet: &str) {
+    let mut named = BTreeSet::new();
+    let mut texts = vec![("plugstack snippet".to_string(), snippet.to_string())];
+    for file in [
+        "/usr/lib/systemd/system/smartmigd.service",
+        "/etc/smartmig/smartmig.toml",
+        "/usr/share/smartmig/slurm/slurm.conf.snippet",
+        "/usr/share/smartmig/slurm/gres.conf.snippet",
+    ] {
+        let text = std::fs::read_to_string(on_node(file))
+            .unwrap_or_else(|e| panic!("read the installed {file}: {e}"));
+        texts.push((file.to_string(), text));
+    }
+    let name_end = |rest: &str| {
+        rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'))
+            .unwrap_or(rest.len())
+    };
+    for (file, text) in &texts {
+        let mut found = 0;
+        for (i, _) in text.match_indices(DOC_DIR) {
+            let rest = &text[i + DOC_DIR.len()..];
+            named.insert(rest[..name_end(rest)].trim_end_matches('.').to_string());
+            found += 1;
+        }
+        if file.ends_with(".toml") || file.ends_with(".snippet") {
+            for (i, _) in text.match_indices("docs/") {
+                let rest = &text[i + "docs/".len()..];
+                let name = rest[..name_end(rest)].trim_end_matches('.');
+                if name.ends_with(".md") {
+                    named.insert(name.to_string());
+                }
+            }
+        }
+        assert!(
+            found > 0,
+            "{file} does not say where the docs are ({DOC_DIR}):\n{text}"
+        );
+    }
+    named.remove("NAME.md");
+    assert!(
+        named.contains("slurm-integration.md") && named.contains("daemon.md"),
+        "{named:?}"
+    );
+    for name in &named {
+        let path = format!("{DOC_DIR}{name}");
+        assert!(
+            on_node(&path).is_file(),
+            "{path} is named but not installed"
+        );
+    }
+}
+
 /// Purges the packages when dropped, so a failed test leaves the machine
 /// as it found it.
 struct Installed;
@@ -475,6 +535,7 @@ fn installed_packages_run_a_shard_job() {
                 || l.trim_start().starts_with("optional")),
         "the shipped plugstack line must be commented out: {snippet}"
     );
+    assert_named_docs_installed(&snippet);
     rpm_scriptlets_round_trip(
         &rpm_plugin,
         &snippet,

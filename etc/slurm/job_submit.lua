@@ -221,6 +221,10 @@ end
 local OPTION_PREFIX = "_SLURM_SPANK_OPTION_smartmig_"
 local OPT_MIG_MEM = OPTION_PREFIX .. "mig_mem"
 local OPT_MIG_PROFILE = OPTION_PREFIX .. "mig_profile"
+-- Set by the plugin of Slurm before 23.02 in an srun (SRUN_STEP_GRES in
+-- slurm-plugin/src/lib.rs): the srun's step asks for its own --gres.
+local SRUN_STEP_GRES = "SMARTMIG_SRUN_STEP_GRES"
+local SRUN_STEP_GRES_ASKED = "asked"
 
 -- Largest --mig-mem accepted (GB), as MAX_MIG_MEM_GB in options.rs.
 local MAX_MIG_MEM_GB = 1024
@@ -548,6 +552,22 @@ local function decide(model, k, mig_mem, mig_profile)
         shard_text(k), shard_text(p.compute), k, model.id) }
 end
 
+-- The value of one variable of a spank_job_env table (nil when absent).
+local function spank_value(spank_env, wanted)
+    if type(spank_env) ~= "table" then
+        return nil
+    end
+    for _, kv in pairs(spank_env) do
+        if type(kv) == "string" then
+            local name, value = string.match(kv, "^([^=]+)=(.*)$")
+            if name == wanted then
+                return value
+            end
+        end
+    end
+    return nil
+end
+
 -- smartmig option values (mig_mem, mig_profile) from a spank_job_env table
 -- (indexed from 0 by Slurm: use pairs) and, for batch jobs, the environment.
 local function option_values(spank_env, environment)
@@ -766,6 +786,16 @@ local function whole_gpu(job, part_list)
             full = p
         end
     end
+    if job.srun_step_gres == SRUN_STEP_GRES_ASKED then
+        -- srun before Slurm 23.02 asks its first step for its own --gres
+        -- (gpu:1), which the job billed as shards no longer has: Slurm would
+        -- grant the job and then refuse the step ("Step requested GRES
+        -- (gpu:(null)) not found in the job"). salloc's steps ask nothing
+        -- and get the job's shards.
+        return { error = string.format(
+            "srun --gres=%s cannot start on this Slurm (before 23.02): it would be billed as %s, but srun asks its step for the GPU itself, which Slurm then refuses; ask srun --gres=%s (a whole %s as one %s MIG instance), or salloc --gres=gpu:1 and srun without --gres inside it",
+            gres_text(job.tres_per_node), whole, whole, model.id, full.name) }
+    end
     return { tres_per_node = table.concat(entries, ","), note = string.format(
         "--gres=%s billed as %s: a whole %s as one %s MIG instance (smartmig node)",
         gres_text(job.tres_per_node), gres_text(entries[gpu.index]), model.id, full.name) }
@@ -909,6 +939,7 @@ local function submit(job_desc, part_list)
         partition = job_desc.partition,
         mig_mem = mig_mem,
         mig_profile = mig_profile,
+        srun_step_gres = spank_value(job_desc.spank_job_env, SRUN_STEP_GRES),
     }
     local result = check(job, part_list)
     if result == nil then

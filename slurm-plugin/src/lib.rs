@@ -18,6 +18,7 @@
 //! | `init` | sbatch/srun, slurmstepd, slurmd | caller / root | registers `--mig-mem`, `--mig-profile`; parses plugstack args |
 //! | option callbacks | sbatch/srun (validate), slurmstepd (store) | caller / root | a bad value makes sbatch refuse the job |
 //! | `init_post_opt` | slurmstepd | root | asks the sidecar, sets `CUDA_VISIBLE_DEVICES=MIG-..` |
+//! | `init_post_opt` | srun (built for Slurm < 23.02) | caller | marks the job for job_submit.lua ([`SRUN_STEP_GRES`]) |
 //! | `task_init` | each task, before exec | job user | fails the job (-1) with the reason on its stderr |
 //! | `task_exit` | slurmstepd, per task | root | `oom_requeue=yes`: a batch script that exited 0 has its OOM marker cleared |
 //! | `job_epilog` | slurmd's epilog | root | releases the job's instance (saying whether it ran out of memory) |
@@ -91,6 +92,15 @@ pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER as c_uint;
 /// the headers bindgen read).
 pub const BUILT_FOR: version::SlurmVersion =
     version::SlurmVersion::from_number(sys::SLURM_VERSION_NUMBER);
+
+/// The job control variable (`spank_job_env`) by which the plugin in an
+/// `srun` of Slurm before 23.02 tells job_submit.lua that the srun's first
+/// step asks for the GRES given on its command line
+/// ([`version::SlurmVersion::srun_step_asks_given_gres`]); its one value is
+/// [`SRUN_STEP_GRES_ASKED`]. The script reads the same name.
+pub const SRUN_STEP_GRES: &str = "SMARTMIG_SRUN_STEP_GRES";
+/// The value of [`SRUN_STEP_GRES`].
+pub const SRUN_STEP_GRES_ASKED: &str = "asked";
 
 /// Version of this plugin, the second argument of `SPANK_PLUGIN()`.
 #[no_mangle]
@@ -173,6 +183,9 @@ enum Outcome {
         uuid: String,
         profile: String,
         oom_file: Option<String>,
+        /// smartmigd's note for the job's output (why an earlier run was
+        /// requeued).
+        note: Option<String>,
     },
     /// The job must fail with this reason (printed to its stderr).
     Failed(String),
@@ -413,6 +426,20 @@ pub unsafe extern "C" fn slurm_spank_init_post_opt(
         return 0;
     }
     guarded("slurm_spank_init_post_opt", -1, || {
+        if ctx == spank::Context::Local && BUILT_FOR.srun_step_asks_given_gres() {
+            // Tells job_submit.lua that this srun's step will ask for the
+            // GRES it was given, not the ones the job is billed: a
+            // `--gres=gpu:1` billed as shards could not start its step, so
+            // the script refuses it at submit with what to ask instead
+            // (docs/slurm-integration.md, "Whole-GPU requests"). Inside an
+            // allocation srun submits nothing and the variable goes nowhere.
+            // SAFETY: `sp` is this callback's handle.
+            let marked =
+                unsafe { spank::job_control_setenv(sp, SRUN_STEP_GRES, SRUN_STEP_GRES_ASKED) };
+            if let Err(e) = marked {
+                log(LogLevel::Debug, &e.to_string());
+            }
+        }
         let st = state();
         if matches!(st.mig_mem, Some(Ok(_))) && matches!(st.mig_profile, Some(Ok(_))) {
             log(
@@ -450,7 +477,11 @@ pub unsafe extern "C" fn slurm_spank_task_init(
                 uuid,
                 profile,
                 oom_file,
+                note,
             } => {
+                if let Some(note) = note {
+                    to_job_stderr(&format!("smartmig: {note}"));
+                }
                 // Set again: a GRES plugin may set CUDA_VISIBLE_DEVICES per
                 // task after init_post_opt; this is the last word before exec.
                 let mut vars = vec![
@@ -647,6 +678,20 @@ mod tests {
             c"smartmig"
         );
         assert_eq!(CStr::from_bytes_with_nul(&plugin_type).unwrap(), c"spank");
+    }
+
+    /// job_submit.lua reads the variable the plugin sets in an srun of
+    /// Slurm before 23.02: the two spellings must agree.
+    #[test]
+    fn job_submit_script_reads_the_srun_marker() {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../etc/slurm/job_submit.lua");
+        let text = std::fs::read_to_string(script).expect("read etc/slurm/job_submit.lua");
+        for line in [
+            format!("local SRUN_STEP_GRES = \"{SRUN_STEP_GRES}\""),
+            format!("local SRUN_STEP_GRES_ASKED = \"{SRUN_STEP_GRES_ASKED}\""),
+        ] {
+            assert!(text.contains(&line), "{script} lacks `{line}`");
+        }
     }
 
     #[test]

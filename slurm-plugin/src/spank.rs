@@ -22,6 +22,11 @@ pub enum SpankError {
         name: String,
         code: sys::spank_err_t,
     },
+    #[error("spank_job_control_setenv({name}) failed with SPANK error {code}")]
+    JobControlSetenv {
+        name: String,
+        code: sys::spank_err_t,
+    },
     #[error("spank_option_register(--{option}) failed with SPANK error {code}")]
     RegisterOption {
         option: String,
@@ -171,6 +176,37 @@ pub unsafe fn setenv(sp: sys::spank_t, name: &str, value: &str) -> Result<(), Sp
         Ok(())
     } else {
         Err(SpankError::Setenv {
+            name: name.to_string(),
+            code: rc,
+        })
+    }
+}
+
+/// Sets a variable in the job's control environment
+/// (`spank_job_control_setenv`: srun, sbatch and salloc only). Slurm sends
+/// it to slurmctld in the job's `spank_job_env`, where job_submit.lua reads
+/// it, as it reads the job options.
+///
+/// # Safety
+/// `sp` must be the handle of the current callback.
+pub unsafe fn job_control_setenv(
+    sp: sys::spank_t,
+    name: &str,
+    value: &str,
+) -> Result<(), SpankError> {
+    let cname = CString::new(name).map_err(|_| SpankError::NulInName {
+        name: name.to_string(),
+    })?;
+    let cvalue = CString::new(value).map_err(|_| SpankError::NulInValue {
+        name: name.to_string(),
+    })?;
+    // SAFETY: both strings are NUL-terminated and outlive the call (Slurm
+    // copies them).
+    let rc = unsafe { sys::spank_job_control_setenv(sp, cname.as_ptr(), cvalue.as_ptr(), 1) };
+    if rc == sys::ESPANK_SUCCESS as sys::spank_err_t {
+        Ok(())
+    } else {
+        Err(SpankError::JobControlSetenv {
             name: name.to_string(),
             code: rc,
         })

@@ -92,6 +92,7 @@ pub(crate) unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_c
         uuid: reply.uuid,
         profile: reply.profile,
         oom_file,
+        note: reply.note,
     }
 }
 

@@ -53,6 +53,17 @@ impl SlurmVersion {
         })
     }
 
+    /// Whether an `srun` of this release that makes its own allocation asks
+    /// its step for the GRES it was given (`--gres=gpu:1`) rather than for
+    /// the ones slurmctld billed the job (job_submit.lua's `shard:7`):
+    /// Slurm before 23.02 (`launch_common_create_job_step` takes
+    /// `opt->gres`; from 23.02 srun replaces it with the allocation's
+    /// `tres_per_node`). The step is then refused ("Step requested GRES
+    /// (gpu:(null)) not found in the job").
+    pub fn srun_step_asks_given_gres(self) -> bool {
+        (self.major, self.minor) < (23, 2)
+    }
+
     /// Whether a plugin built for `self` may run in `running`: the same
     /// major.minor, as Slurm's loader requires of SPANK plugins.
     pub fn compatible_with(self, running: SlurmVersion) -> bool {
@@ -112,6 +123,24 @@ mod tests {
         );
         assert_eq!(BUILT.to_string(), "22.05.8");
         assert_eq!(SlurmVersion::from_number(0x170b0a).to_string(), "23.11.10");
+    }
+
+    #[test]
+    fn only_srun_before_23_02_asks_its_step_for_the_given_gres() {
+        assert!(BUILT.srun_step_asks_given_gres());
+        for (n, asks) in [
+            (0x170100, true),
+            (0x170200, false),
+            (0x180b05, false),
+            (0x1a0505, false),
+        ] {
+            assert_eq!(
+                SlurmVersion::from_number(n).srun_step_asks_given_gres(),
+                asks,
+                "{}",
+                SlurmVersion::from_number(n)
+            );
+        }
     }
 
     #[test]

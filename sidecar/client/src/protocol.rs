@@ -274,6 +274,11 @@ pub struct AllocateReply {
     pub action: AllocAction,
     /// Time spent waiting for a release, in milliseconds.
     pub waited_ms: u64,
+    /// What the job's user should read in the job's output: why an earlier
+    /// run of this job was requeued (absent otherwise, and from daemons
+    /// that predate it). Given once, to the job's first allocate after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Reply to `release`.
@@ -388,6 +393,25 @@ pub struct StatusReply {
     /// daemons that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowStatus>,
+    /// Whether Slurm numbers the GPUs as the backend does (absent with
+    /// Slurm queries off, in advise mode, and from daemons that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_order: Option<GpuOrderStatus>,
+}
+
+/// The `gpu_order` section of a status reply: Slurm's GPU order (`slurmd
+/// -G`) against the backend's, checked at start and asked again until
+/// Slurm answers once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuOrderStatus {
+    /// `matches`; `not-checked` (slurmd lists no gpu GRES); `waiting`
+    /// (Slurm has not answered yet, smartmigd asks again); `mismatch`
+    /// (allocates are refused).
+    pub state: String,
+    /// In words.
+    pub detail: String,
+    /// Times Slurm was asked.
+    pub attempts: u32,
 }
 
 /// The `shadow` section of a status reply (docs/daemon.md, "Do no harm

@@ -114,6 +114,30 @@ pub fn merge_comment(existing: &str, tag: &SliceTag) -> String {
     words.join(" ")
 }
 
+/// The word smartmigd puts in the `AdminComment` of a job it requeued to
+/// make room for an interactive step (issue 56): not [`COMMENT_PREFIX`],
+/// so the next run's [`SliceTag`] leaves it.
+pub const REQUEUE_PREFIX: &str = "smartmig-requeued:";
+
+/// `smartmig-requeued:at=1764635412,for=interactive_job_14,gpu=0,next=runs_again_after_the_requeue_hold`:
+/// one word, as [`SliceTag::to_word`].
+pub fn requeue_word(at_unix: u64, for_job: u64, gpu: u32) -> String {
+    format!(
+        "{REQUEUE_PREFIX}at={at_unix},for=interactive_job_{for_job},gpu={gpu},next=runs_again_after_the_requeue_hold"
+    )
+}
+
+/// `existing` with the last requeue word replaced by `word` (or `word`
+/// appended); everything else is left as it was.
+pub fn merge_requeue(existing: &str, word: &str) -> String {
+    let mut words: Vec<&str> = existing
+        .split_whitespace()
+        .filter(|w| !w.starts_with(REQUEUE_PREFIX))
+        .collect();
+    words.push(word);
+    words.join(" ")
+}
+
 /// One released instance, as the node's usage log keeps it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UsageRecord {
@@ -288,6 +312,33 @@ mod tests {
         assert_eq!(again, format!("site=abc ticket=12 {}", next.to_word()));
         assert_eq!(SliceTag::find(&again), Some(next));
         assert_eq!(merge_comment("", &t), t.to_word());
+    }
+
+    /// Issue 56: a job smartmigd requeued says so in its AdminComment, and
+    /// the word stays when its next run is tagged; a second requeue
+    /// replaces it.
+    #[test]
+    fn the_requeue_word_survives_the_next_runs_tag() {
+        let t = tag();
+        let first = requeue_word(100, 14, 0);
+        assert_eq!(
+            first,
+            "smartmig-requeued:at=100,for=interactive_job_14,gpu=0,next=runs_again_after_the_requeue_hold"
+        );
+        let requeued = merge_requeue(&format!("site=abc {}", t.to_word()), &first);
+        assert_eq!(requeued, format!("site=abc {} {first}", t.to_word()));
+        let next = SliceTag {
+            profile: "3g.20gb".into(),
+            ..t.clone()
+        };
+        let rerun = merge_comment(&requeued, &next);
+        assert_eq!(rerun, format!("site=abc {first} {}", next.to_word()));
+        assert_eq!(SliceTag::find(&rerun), Some(next.clone()));
+        let second = requeue_word(200, 15, 1);
+        assert_eq!(
+            merge_requeue(&rerun, &second),
+            format!("site=abc {} {second}", next.to_word())
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::args::JsonArg;
 use super::clock::{local_time, unix_now};
 use super::socket::SocketArgs;
 use crate::daemon::protocol::{
-    GpuHealthStatus, GpuStatus, MemoryStatus, ShadowStatus, StatusReply,
+    GpuHealthStatus, GpuOrderStatus, GpuStatus, MemoryStatus, ShadowStatus, StatusReply,
 };
 use crate::daemon::Client;
 
@@ -60,6 +60,9 @@ pub fn render(s: &StatusReply, now: i64) -> String {
     );
     if let Some(sh) = &s.shadow {
         render_shadow(&mut out, sh);
+    }
+    if let Some(o) = &s.gpu_order {
+        render_gpu_order(&mut out, o);
     }
     if s.epilog_missing {
         let _ = writeln!(
@@ -226,6 +229,31 @@ fn render_gpu_health(out: &mut String, index: u32, h: &GpuHealthStatus) {
     }
     let seen: Vec<String> = h.xids.iter().map(|(x, n)| format!("{x} x{n}")).collect();
     let _ = writeln!(out, "  XIDs seen: {}", seen.join(", "));
+}
+
+/// Slurm's GPU order: one line while it is unknown or wrong, nothing
+/// when it matches.
+fn render_gpu_order(out: &mut String, o: &GpuOrderStatus) {
+    match o.state.as_str() {
+        "matches" => {}
+        "waiting" => {
+            let _ = writeln!(
+                out,
+                "\nGPU order: not checked yet, Slurm has not answered ({} ask(s)); smartmigd asks again.\n  {}",
+                o.attempts, o.detail
+            );
+        }
+        "mismatch" => {
+            let _ = writeln!(
+                out,
+                "\nERROR: Slurm numbers the GPUs differently; allocates are refused.\n  {}",
+                o.detail
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "\nGPU order: {}: {}", o.state, o.detail);
+        }
+    }
 }
 
 /// Which policy runs, and the day's shadow that chooses it.
@@ -432,6 +460,7 @@ mod tests {
             advise: None,
             cluster: None,
             shadow: None,
+            gpu_order: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -535,6 +564,7 @@ mod tests {
             advise: None,
             cluster: None,
             shadow: None,
+            gpu_order: None,
             waiting: vec![],
         };
         let t = render(&s, 0);
@@ -568,6 +598,33 @@ mod tests {
         render_shadow(&mut out, &off);
         assert!(
             out.starts_with("running: policy:/p.onnx (shadow off; `[shadow] enabled = true`"),
+            "{out}"
+        );
+    }
+
+    /// Issue 56: status says when Slurm's GPU order is not checked yet or
+    /// wrong, and nothing when it matches.
+    #[test]
+    fn the_gpu_order_shows_only_while_unknown_or_wrong() {
+        let order = |state: &str| GpuOrderStatus {
+            state: state.into(),
+            detail: "why".into(),
+            attempts: 3,
+        };
+        let mut out = String::new();
+        render_gpu_order(&mut out, &order("matches"));
+        assert_eq!(out, "");
+        render_gpu_order(&mut out, &order("waiting"));
+        assert!(
+            out.contains("GPU order: not checked yet, Slurm has not answered (3 ask(s)); smartmigd asks again.\n  why"),
+            "{out}"
+        );
+        let mut out = String::new();
+        render_gpu_order(&mut out, &order("mismatch"));
+        assert!(
+            out.contains(
+                "ERROR: Slurm numbers the GPUs differently; allocates are refused.\n  why"
+            ),
             "{out}"
         );
     }

@@ -130,3 +130,79 @@ fn check_config_names_the_key() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 56: a smartmigd started before munge and Slurm (the quickstart
+/// has it in that order) could not check Slurm's GPU order at start and
+/// never checked it again. It now asks again, with growing waits, until
+/// slurmd answers: here the first `slurmd -G` fails as it does without
+/// munge, a later one lists the GPUs, and `status` and the log say the
+/// order was checked.
+#[test]
+fn gpu_order_is_checked_again_once_slurm_answers() {
+    let d = TestDaemon::start_with("gpu-order-retry", |dir| {
+        let up = dir.join("slurm-up");
+        let slurmd = dir.join("slurmd");
+        // Device files that do not exist: the order is then taken as
+        // Slurm's (no minor numbers to compare), on either backend.
+        std::fs::write(
+            &slurmd,
+            format!(
+                "#!/bin/sh\n\
+                 [ -e {up} ] || {{ echo 'slurmd: error: Munge decode failed: Failed to connect to \"/run/munge/munge.socket.2\"' >&2; exit 1; }}\n\
+                 echo 'slurmd: Gres Name=gpu Type=(null) Count=1 Index=0 ID=7 File=/nonexistent/nvidia0 (null)'\n\
+                 echo 'slurmd: Gres Name=gpu Type=(null) Count=1 Index=1 ID=7 File=/nonexistent/nvidia1 (null)'\n",
+                up = up.display()
+            ),
+        )
+        .expect("write the fake slurmd");
+        let mut perms = std::fs::metadata(&slurmd).expect("stat").permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&slurmd, perms).expect("chmod");
+        let backend = daemon_common::backend_toml(dir);
+        format!(
+            "socket = \"{}\"\nstate_dir = \"{}\"\nepoch_s = 3600\nlog_level = \"info\"\n{}\n\
+             [slurm]\nenabled = true\ncheck_grants = false\nsqueue = \"/bin/false\"\nscontrol = \"/bin/false\"\n\
+             sinfo = \"/bin/false\"\nslurmd = \"{}\"\n{}",
+            dir.join("run/smartmig.sock").display(),
+            dir.join("state").display(),
+            backend.top,
+            slurmd.display(),
+            backend.tables,
+        )
+    });
+    let order = || {
+        d.client()
+            .status()
+            .expect("status")
+            .gpu_order
+            .expect("status has no gpu_order with Slurm queries on")
+    };
+    let first = order();
+    assert_eq!(first.state, "waiting", "{first:?}\n{}", d.log());
+    assert!(first.detail.contains("Munge decode failed"), "{first:?}");
+    assert!(
+        d.log().contains("cannot check Slurm's GPU order")
+            && d.log().contains("smartmigd asks again until Slurm answers"),
+        "{}",
+        d.log()
+    );
+
+    std::fs::write(d.dir.join("slurm-up"), b"").expect("write slurm-up");
+    d.wait_until("the GPU order checked once slurmd answers", || {
+        order().state == "matches"
+    });
+    let last = order();
+    assert!(last.attempts >= 2, "{last:?}");
+    assert!(last.detail.contains("Slurm's 2 gpu GRES"), "{last:?}");
+    let log = d.log();
+    assert!(
+        log.contains(&format!(
+            "Slurm's GPU order matches the backend's (ask {})",
+            last.attempts
+        )),
+        "{log}"
+    );
+    // Allocates are served (a mismatch would refuse them).
+    let r = d.client().allocate(req(1, 0, 1, None)).expect("allocate");
+    assert_eq!(r.gpu, 0, "{r:?}");
+}

@@ -184,6 +184,13 @@ pub(super) struct Ledger {
     /// an allocate leaves room for those of its GPU that hold no instance
     /// yet ([`Ledger::mates`]).
     pub shard_jobs: Vec<ShardJob>,
+    /// Slurm's GPU order against the backend's: checked at start, asked
+    /// again until Slurm answers ([`super::gpu_order`]).
+    pub gpu_order: super::gpu_order::GpuOrderCheck,
+    /// Why smartmigd requeued a job (to make room for an interactive
+    /// step), for the job's next run to print in its output: given to its
+    /// first allocate after the requeue ([`super::room`]).
+    pub requeue_notes: HashMap<u64, String>,
 }
 
 /// A shard job Slurm runs on this node, as the last queue read showed it.

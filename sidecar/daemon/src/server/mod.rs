@@ -42,6 +42,7 @@ mod advise;
 mod auth;
 mod books;
 mod epoch;
+mod gpu_order;
 mod handle;
 mod holds;
 mod http;

@@ -112,6 +112,7 @@ mod tests {
             advise: None,
             cluster: None,
             shadow: None,
+            gpu_order: None,
             waiting: vec![],
         }
     }

@@ -237,6 +237,7 @@ async fn requeue(
     let id = slurm_id.clone();
     match tokio::task::spawn_blocking(move || slurm.requeue(&id)).await {
         Ok(Ok(())) => {
+            told_why(cx, req, job, &slurm_id, profile);
             tracing::warn!(
                 job = req.job_id,
                 gpu = req.gpu,
@@ -256,4 +257,53 @@ async fn requeue(
             false
         }
     }
+}
+
+/// Tells the requeued job's user why (issue 56): its next run prints
+/// [`requeue_note`] in its output (the note waits in the ledger for the
+/// job's next allocate), and its `AdminComment` gets a
+/// [`crate::usage::REQUEUE_PREFIX`] word now, in the background, so that
+/// `scontrol show job` says it while the job waits to start again.
+fn told_why(
+    cx: &Cx<'_>,
+    req: &AllocateRequest,
+    job: u64,
+    slurm_id: &str,
+    profile: &'static ProfileSpec,
+) {
+    cx.books
+        .ledger()
+        .requeue_notes
+        .insert(job, requeue_note(req, profile));
+    if !cx.cfg().accounting.admin_comment {
+        return;
+    }
+    let slurm = cx.live.slurm.clone();
+    let (name, word) = (
+        slurm_id.to_string(),
+        crate::usage::requeue_word(super::unix_now(), req.job_id, req.gpu),
+    );
+    tokio::task::spawn_blocking(move || {
+        let done = slurm.job_comment(job).and_then(|c| {
+            let existing = c.map(|c| c.admin_comment).unwrap_or_default();
+            slurm.set_admin_comment(&name, &crate::usage::merge_requeue(&existing, &word))
+        });
+        if let Err(e) = done {
+            tracing::warn!(job, "AdminComment not told why the job was requeued: {e}");
+        }
+    });
+}
+
+/// The line a requeued job's next run prints in its output.
+pub(super) fn requeue_note(req: &AllocateRequest, profile: &'static ProfileSpec) -> String {
+    format!(
+        "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\"): \
+         its previous run had started moments before on GPU {gpu} of this node, and interactive \
+         job {job} needed a {p} there that MIG could not build beside it (an interactive step \
+         cannot be requeued, a batch job can); this is the job's next run, started after \
+         Slurm's requeue hold",
+        gpu = req.gpu,
+        job = req.job_id,
+        p = profile.name()
+    )
 }

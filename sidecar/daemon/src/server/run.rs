@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use super::http::serve_metrics;
 use super::start::{io_err, StartError};
 use super::transport::{bind_socket, raise_open_files_limit, serve_connection};
-use super::{epoch, holds, panic, queue, sample, xid, Daemon};
+use super::{epoch, gpu_order, holds, panic, queue, sample, xid, Daemon};
 use crate::config::Config;
 
 /// Runs the daemon until SIGTERM/SIGINT.
@@ -94,6 +94,7 @@ fn spawn_loops(daemon: &Arc<Daemon>) {
         },
     );
     spawn_hold_sync(daemon);
+    gpu_order::spawn_retry(daemon);
     if daemon.svc.backend.reports_xids() {
         xid::spawn(daemon);
     }

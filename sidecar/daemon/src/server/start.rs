@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::auth::Connections;
 use super::books::{Books, Gpu};
+use super::gpu_order::{self, GpuOrderCheck};
 use super::live::{Live, Settings};
 use super::services::{enforce_access, MemoryLedger, Services, UsageLog};
 use super::shadow::ShadowRun;
@@ -89,7 +90,7 @@ impl Daemon {
         let fallback = shadow_fallback(&config, &models).map_err(StartError::Policy)?;
         let live = Live::new(config, policy, fallback, placement);
         let node = node_name(&live.config);
-        check_slurm(&live, backend.as_ref(), &node)?;
+        let gpu_order = check_slurm(&live, backend.as_ref(), &node)?;
         if live.config.slurm.enabled {
             release_ended_while_down(live.slurm.as_ref(), &mut gpus, now);
         }
@@ -102,6 +103,8 @@ impl Daemon {
             }
         }
         let (shutdown, _) = watch::channel(false);
+        let books = Books::new(gpus);
+        books.ledger().gpu_order = gpu_order;
         Ok(Arc::new(Daemon {
             svc: Services {
                 usage: UsageLog::new(&live.config.state_dir),
@@ -113,7 +116,7 @@ impl Daemon {
                 shadow: ShadowRun::new(super::unix_now_f64()),
             },
             settings: Settings::new(live, config_path),
-            books: Books::new(gpus),
+            books,
             node: NodeId {
                 name: node,
                 started: Instant::now(),
@@ -216,72 +219,35 @@ fn node_name(config: &Config) -> String {
 }
 
 /// Says what advise mode does; otherwise, with Slurm queries on, checks
-/// that Slurm numbers the GPUs as the backend does.
-fn check_slurm(live: &Live, backend: &dyn Backend, node: &str) -> Result<(), StartError> {
+/// that Slurm numbers the GPUs as the backend does. A mismatch refuses the
+/// start; a Slurm that does not answer yet is asked again later
+/// ([`gpu_order::spawn_retry`]).
+fn check_slurm(
+    live: &Live,
+    backend: &dyn Backend,
+    node: &str,
+) -> Result<GpuOrderCheck, StartError> {
     let config = &live.config;
     if config.mode == Mode::Advise {
         // The site's gpu GRES are its MIG devices, not whole GPUs.
         tracing::info!(node = %node, log = %config.advice_log().display(),
             "advise mode: watching the node's own MIG setup and recording what the policy would do; \
              no instance is created or destroyed, no device file changed, allocate is refused");
-    } else if config.slurm.enabled {
-        tracing::info!(node = %node, "asking Slurm (slurmd -G, squeue) about this node; smartmigd waits up to slurm.command_timeout_s for each answer");
-        check_gpu_order(backend, live.slurm.as_ref(), node)?;
+        return Ok(GpuOrderCheck::default());
     }
-    Ok(())
-}
-
-/// Refuses to start when Slurm's GPU i (by device name, from `slurmd -G`)
-/// is another device than the backend's GPU i: every job would get an
-/// instance on a GPU other than the one Slurm gave it. When slurmd cannot
-/// tell (not installed, not root), the check is skipped with a warning.
-fn check_gpu_order(
-    backend: &dyn Backend,
-    slurm: &dyn SlurmClient,
-    node: &str,
-) -> Result<(), StartError> {
-    let gres = match slurm.gres_gpus(node) {
-        Ok(g) if !g.is_empty() => g,
-        Ok(_) => {
-            tracing::warn!(
-                node,
-                "slurmd -G lists no gpu GRES for this node; GPU order not checked"
-            );
-            return Ok(());
-        }
-        Err(e) => {
-            tracing::warn!(node, "cannot check Slurm's GPU order ({e}); make sure gres.conf lists the GPUs in NVML order");
-            return Ok(());
-        }
-    };
-    let typed: Vec<&str> = gres.iter().filter_map(|g| g.mig_type.as_deref()).collect();
-    if !typed.is_empty() {
-        return Err(StartError::GpuOrder(format!(
-            "Slurm's gpu GRES on {node} are MIG devices (Type={}): the node still runs a static MIG setup. \
-             Keep mode = \"advise\" there, or drain the node and change its gres.conf to one gpu and one \
-             shard per compute slice for each GPU (docs/slurm-integration.md §1 and §2d) before running \
-             smartmigd in dynamic or confirm mode",
-            typed.join(",")
-        )));
+    if !config.slurm.enabled {
+        return Ok(GpuOrderCheck::default());
     }
-    let ours: Vec<(u32, Option<u32>)> = backend.gpus().iter().map(|g| (g.index, g.minor)).collect();
-    let minor_of = |file: &str| {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let meta = std::fs::metadata(file).ok()?;
-        meta.file_type()
-            .is_char_device()
-            .then(|| libc::minor(meta.rdev() as libc::dev_t))
-    };
-    let mismatches = crate::slurm::gpu_order_mismatches(&ours, &gres, minor_of);
-    if mismatches.is_empty() {
-        tracing::info!(
-            node,
-            gpus = gres.len(),
-            "Slurm's GPU order matches the backend's"
-        );
-        Ok(())
-    } else {
-        Err(StartError::GpuOrder(mismatches.join("; ")))
+    tracing::info!(node = %node, "asking Slurm (slurmd -G, squeue) about this node; smartmigd waits up to slurm.command_timeout_s for each answer");
+    // Refuses to start when Slurm's GPU i (by device name, from `slurmd
+    // -G`) is another device than the backend's GPU i: every job would get
+    // an instance on a GPU other than the one Slurm gave it.
+    match gpu_order::ask(backend, live.slurm.as_ref(), node) {
+        gpu_order::Outcome::Mismatch(m) => Err(StartError::GpuOrder(m)),
+        outcome => {
+            gpu_order::log(node, &outcome, "at start");
+            Ok(GpuOrderCheck::started(outcome))
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{Check, Context, NodeGpu};
 use crate::daemon::config::{BackendKind, Config};
-use crate::daemon::protocol::GpuStatus;
+use crate::daemon::protocol::{GpuOrderStatus, GpuStatus};
 use crate::daemon::Client;
 
 /// What `stat` says of a socket path.
@@ -254,6 +254,9 @@ fn status_checks(config: &Config, ctx: &Context) -> Vec<Check> {
     let mut out = Vec::new();
     if let Ok(s) = &status {
         out.push(gpu_health_check(&s.gpus));
+        if let Some(o) = &s.gpu_order {
+            out.push(gpu_order_check(o));
+        }
     }
     out.push(match (status, ctx.gpus.as_deref()) {
         (Ok(s), Some(node)) => gpus_check(&s.gpus, node),
@@ -272,6 +275,26 @@ fn status_checks(config: &Config, ctx: &Context) -> Vec<Check> {
         ),
     });
     out
+}
+
+/// smartmigd's own check of Slurm's GPU order (`status`'s `gpu_order`):
+/// it asks again until Slurm answers when it started before Slurm.
+fn gpu_order_check(o: &GpuOrderStatus) -> Check {
+    const NAME: &str = "daemon.gpu_order";
+    match o.state.as_str() {
+        "matches" => Check::ok(NAME, o.detail.clone()),
+        "mismatch" => Check::fail(
+            NAME,
+            o.detail.clone(),
+            "fix gres.conf's GPU order (docs/slurm-integration.md §1), restart slurmd and smartmigd",
+        ),
+        "waiting" => Check::warn(
+            NAME,
+            format!("{} ({} ask(s))", o.detail, o.attempts),
+            "start munge and Slurm (quickstart step 6); smartmigd checks by itself once slurmd -G answers",
+        ),
+        _ => Check::warn(NAME, o.detail.clone(), "check gres.conf's gpu lines"),
+    }
 }
 
 #[cfg(test)]

@@ -267,8 +267,19 @@ pub fn render(checks: &[Check]) -> String {
         count(Status::Warn),
         count(Status::Fail)
     );
+    let names_docs = checks.iter().any(|c| {
+        c.detail.contains("docs/") || c.fix.as_deref().is_some_and(|f| f.contains("docs/"))
+    });
+    if names_docs {
+        let _ = writeln!(out, "{DOCS_HINT}");
+    }
     out
 }
+
+/// Where the `docs/NAME.md` that checks name are on a node: package
+/// smartmig installs them outside /usr/share/doc, which minimal images drop.
+pub const DOCS_HINT: &str =
+    "docs/NAME.md above: /usr/share/smartmig/doc/NAME.md (package smartmig), or docs/ in the source";
 
 #[cfg(test)]
 mod tests {
@@ -288,6 +299,13 @@ mod tests {
             "{text}"
         );
         assert_eq!(lines[2], "1 ok, 0 warn, 1 fail");
+        // A check that names a doc: one more line says where docs are.
+        let text = render(&[Check::warn(
+            "slurm.requeue",
+            "off",
+            "see docs/slurm-integration.md §3",
+        )]);
+        assert_eq!(text.lines().last(), Some(DOCS_HINT), "{text}");
     }
 
     #[test]

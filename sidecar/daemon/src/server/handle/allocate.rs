@@ -51,6 +51,7 @@ pub(super) async fn serve(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateR
 async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, ErrorBody> {
     let start = Instant::now();
     refuse_in_advise_mode(cx)?;
+    refuse_on_wrong_gpu_order(cx)?;
     let gpu = the_gpu(cx, req.gpu)?;
     if let Some(r) = held_anywhere(cx, &req).await {
         return Ok(r);
@@ -129,6 +130,16 @@ fn refuse_in_advise_mode(cx: &Cx<'_>) -> Result<(), ErrorBody> {
     ))
 }
 
+/// Slurm's GPU order turned out wrong after the start (smartmigd started
+/// before Slurm answered): every instance would be on another GPU than
+/// the one Slurm gave the job.
+fn refuse_on_wrong_gpu_order(cx: &Cx<'_>) -> Result<(), ErrorBody> {
+    match cx.books.ledger().gpu_order.refusal() {
+        None => Ok(()),
+        Some(why) => Err(ErrorBody::new(ErrorKind::Backend, why)),
+    }
+}
+
 fn the_gpu<'a>(cx: &Cx<'a>, index: u32) -> Result<&'a Gpu, ErrorBody> {
     cx.books.gpu(index).ok_or_else(|| {
         ErrorBody::new(
@@ -174,6 +185,7 @@ fn existing_reply(book: &GpuBook, job_id: u64) -> Option<AllocateReply> {
         reused: true,
         action: AllocAction::Existing,
         waited_ms: 0,
+        note: None,
     })
 }
 
@@ -675,6 +687,7 @@ fn execute(
         reused: matches!(action, AllocAction::Reused),
         action,
         waited_ms,
+        note: cx.books.ledger().requeue_notes.remove(&req.job_id),
     })
 }
 

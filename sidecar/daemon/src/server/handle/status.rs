@@ -50,6 +50,7 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         advise: advise::status(&ledger.advise, cfg),
         cluster: Some(queue::cluster_status(&ledger.view_source, cfg)),
         shadow: Some(cx.svc.shadow.status(cfg, &cx.live.policy_name, &fallback)),
+        gpu_order: ledger.gpu_order.status(),
     }
 }
 

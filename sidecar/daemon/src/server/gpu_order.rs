@@ -1,0 +1,221 @@
+//! Slurm's GPU order against the backend's (`slurmd -G`): checked at
+//! start, and asked again until Slurm answers once when it could not be
+//! asked at start (smartmigd started before munge and Slurm: the
+//! quickstart's order, issue 56).
+//!
+//! At start a mismatch stops the daemon ([`StartError::GpuOrder`]). Found
+//! later, it cannot: the daemon logs it as an error, says it in `status`
+//! and refuses every allocate with it, since every job would get an
+//! instance on a GPU other than the one Slurm gave it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smartmig_client::protocol::GpuOrderStatus;
+
+use super::{panic, Daemon, StartError};
+use crate::backend::Backend;
+use crate::slurm::{GresGpu, SlurmClient, SlurmError};
+
+/// The first wait before asking Slurm again; doubled after each failed
+/// ask up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+/// The longest wait between two asks.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// What the last ask found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Slurm's GPU i is the backend's GPU i (`gpus` gpu GRES compared).
+    Matches { gpus: usize },
+    /// slurmd lists no gpu GRES for this node: nothing to compare.
+    NoGres,
+    /// Slurm did not answer (`slurmd -G` failed); asked again later.
+    Unanswered(String),
+    /// Slurm numbers the GPUs differently, or its gpu GRES are MIG devices.
+    Mismatch(String),
+}
+
+impl Outcome {
+    /// Whether Slurm answered (anything but [`Outcome::Unanswered`]).
+    pub(super) fn answered(&self) -> bool {
+        !matches!(self, Outcome::Unanswered(_))
+    }
+}
+
+/// The check's state in the ledger: `None` when it is not made (advise
+/// mode, Slurm queries off).
+#[derive(Clone, Debug, Default)]
+pub(super) struct GpuOrderCheck {
+    pub outcome: Option<Outcome>,
+    /// Times Slurm was asked.
+    pub attempts: u32,
+}
+
+impl GpuOrderCheck {
+    /// After the check at start.
+    pub(super) fn started(outcome: Outcome) -> GpuOrderCheck {
+        GpuOrderCheck {
+            outcome: Some(outcome),
+            attempts: 1,
+        }
+    }
+
+    /// The `gpu_order` section of a status reply.
+    pub(super) fn status(&self) -> Option<GpuOrderStatus> {
+        let (state, detail) = match self.outcome.as_ref()? {
+            Outcome::Matches { gpus } => (
+                "matches",
+                format!("Slurm's {gpus} gpu GRES are the backend's GPUs in the same order"),
+            ),
+            Outcome::NoGres => (
+                "not-checked",
+                "slurmd -G lists no gpu GRES for this node".to_string(),
+            ),
+            Outcome::Unanswered(e) => (
+                "waiting",
+                format!("Slurm has not answered yet ({e}); smartmigd asks again"),
+            ),
+            Outcome::Mismatch(m) => ("mismatch", m.clone()),
+        };
+        Some(GpuOrderStatus {
+            state: state.into(),
+            detail,
+            attempts: self.attempts,
+        })
+    }
+
+    /// The refusal of an allocate while the order is known to be wrong.
+    pub(super) fn refusal(&self) -> Option<String> {
+        match &self.outcome {
+            Some(Outcome::Mismatch(m)) => Some(format!(
+                "{}; smartmigd hands out no instance until gres.conf is fixed and smartmigd restarted",
+                StartError::GpuOrder(m.clone())
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Asks Slurm (`slurmd -G`) and compares its GPU order with the backend's.
+/// Blocking: it runs slurmd.
+pub(super) fn ask(backend: &dyn Backend, slurm: &dyn SlurmClient, node: &str) -> Outcome {
+    compare(backend, node, slurm.gres_gpus(node))
+}
+
+fn compare(backend: &dyn Backend, node: &str, gres: Result<Vec<GresGpu>, SlurmError>) -> Outcome {
+    let gres = match gres {
+        Ok(g) if g.is_empty() => return Outcome::NoGres,
+        Ok(g) => g,
+        Err(e) => return Outcome::Unanswered(e.to_string()),
+    };
+    let typed: Vec<&str> = gres.iter().filter_map(|g| g.mig_type.as_deref()).collect();
+    if !typed.is_empty() {
+        return Outcome::Mismatch(format!(
+            "Slurm's gpu GRES on {node} are MIG devices (Type={}): the node still runs a static MIG setup. \
+             Keep mode = \"advise\" there, or drain the node and change its gres.conf to one gpu and one \
+             shard per compute slice for each GPU (docs/slurm-integration.md §1 and §2d) before running \
+             smartmigd in dynamic or confirm mode",
+            typed.join(",")
+        ));
+    }
+    let ours: Vec<(u32, Option<u32>)> = backend.gpus().iter().map(|g| (g.index, g.minor)).collect();
+    let minor_of = |file: &str| {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let meta = std::fs::metadata(file).ok()?;
+        meta.file_type()
+            .is_char_device()
+            .then(|| libc::minor(meta.rdev() as libc::dev_t))
+    };
+    let mismatches = crate::slurm::gpu_order_mismatches(&ours, &gres, minor_of);
+    if mismatches.is_empty() {
+        Outcome::Matches { gpus: gres.len() }
+    } else {
+        Outcome::Mismatch(mismatches.join("; "))
+    }
+}
+
+/// Logs an outcome: `at` says when ("at start", "on ask N").
+pub(super) fn log(node: &str, outcome: &Outcome, at: &str) {
+    match outcome {
+        Outcome::Matches { gpus } => {
+            tracing::info!(node, gpus, "Slurm's GPU order matches the backend's ({at})");
+        }
+        Outcome::NoGres => tracing::warn!(
+            node,
+            "slurmd -G lists no gpu GRES for this node; GPU order not checked ({at})"
+        ),
+        Outcome::Unanswered(e) => tracing::warn!(
+            node,
+            "cannot check Slurm's GPU order ({e}); smartmigd asks again until Slurm answers, \
+             with waits from {} s up to {} s ({at})",
+            RETRY_FIRST.as_secs(),
+            RETRY_MAX.as_secs()
+        ),
+        Outcome::Mismatch(m) => tracing::error!(
+            node,
+            "{}; allocates are refused until gres.conf is fixed and smartmigd restarted ({at})",
+            StartError::GpuOrder(m.clone())
+        ),
+    }
+}
+
+/// Asks Slurm again, with growing waits, until it answers once (the
+/// check at start could not ask it); then stops. Nothing to do when the
+/// check at start got an answer or was not made.
+pub(super) fn spawn_retry(daemon: &Arc<Daemon>) {
+    let pending = matches!(
+        daemon.books.ledger().gpu_order.outcome,
+        Some(Outcome::Unanswered(_))
+    );
+    if !pending {
+        return;
+    }
+    let daemon = daemon.clone();
+    let mut stop = daemon.node.shutdown.subscribe();
+    tokio::spawn(async move {
+        let mut wait = RETRY_FIRST;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => break,
+            }
+            let span = tracing::info_span!("loop", task = "gpu_order");
+            let round =
+                tracing::Instrument::instrument(panic::catch(retry_once(daemon.clone())), span);
+            match round.await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(message) => {
+                    daemon.svc.metrics.panic("gpu_order");
+                    tracing::error!("panic in the GPU order check: {message}; asking again later");
+                }
+            }
+            wait = (wait * 2).min(RETRY_MAX);
+        }
+    });
+}
+
+/// One ask; true once Slurm answered.
+async fn retry_once(daemon: Arc<Daemon>) -> bool {
+    let slurm = daemon.settings.current().slurm.clone();
+    let asker = daemon.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        ask(asker.svc.backend.as_ref(), slurm.as_ref(), &asker.node.name)
+    })
+    .await
+    .unwrap_or_else(|e| Outcome::Unanswered(format!("the check failed: {e}")));
+    let attempts = {
+        let mut ledger = daemon.books.ledger();
+        ledger.gpu_order.attempts += 1;
+        ledger.gpu_order.outcome = Some(outcome.clone());
+        ledger.gpu_order.attempts
+    };
+    let answered = outcome.answered();
+    if answered {
+        log(&daemon.node.name, &outcome, &format!("ask {attempts}"));
+    } else {
+        tracing::debug!(attempts, "Slurm has not answered the GPU order check yet");
+    }
+    answered
+}
