@@ -191,3 +191,50 @@ fn a_gang_job_wider_than_the_cluster_is_refused_with_the_reason() {
         assert_eq!(ran.result.metrics.completed, 1, "{policy}");
     }
 }
+
+#[test]
+fn the_first_gang_job_reserves_its_gpus_and_only_jobs_that_end_in_time_backfill_them() {
+    // Two whole GPUs. A runs on one until t = 1000; the gang job of two
+    // arrives at 10 and is reserved both GPUs from t = 1000. B (100 s)
+    // ends in time and backfills the idle GPU at once; C (5000 s) would
+    // not, so it waits for the gang job to end.
+    let jobs = [
+        job(0, 0.0, 1000.0, 7, 1),
+        job(1, 10.0, 500.0, 7, 2),
+        job(2, 20.0, 100.0, 7, 1),
+        job(3, 30.0, 5000.0, 7, 1),
+    ];
+    for (policy, slurm) in [
+        ("none", None),
+        ("greedy", None),
+        ("greedy", Some(SlurmLike::default())),
+    ] {
+        let ran = run(2, &jobs, policy, slurm.clone());
+        let start = |id: u64| {
+            pieces(&ran, id)
+                .first()
+                .unwrap_or_else(|| panic!("{policy}: job {id} never ran: {:?}", ran.runs))
+                .1
+        };
+        let slack = if slurm.is_some() || policy != "none" {
+            2.0 * SimConfig::default().reconfig_time_s
+        } else {
+            0.0
+        };
+        assert!(
+            start(2) <= 20.0 + slack + 1e-9,
+            "{policy}: B backfills at once: {:?}",
+            ran.runs
+        );
+        assert!(
+            (start(1) - 1000.0).abs() <= slack + 1e-9,
+            "{policy}: the gang job starts when A ends: {:?}",
+            ran.runs
+        );
+        assert!(
+            start(3) >= 1500.0 - 1e-9,
+            "{policy}: C waits for the gang job: {:?}",
+            ran.runs
+        );
+    }
+}

@@ -1153,7 +1153,7 @@ impl<'j> Engine<'j> {
             match on {
                 NONE => self.put_free(class_of(g, slot, id), gpu, id),
                 // A gang job's piece waits for the others (`serve_gangs`).
-                _ if self.gang_piece_ready(gpu, id) => {}
+                _ if self.gang_piece_ready(gpu, id, hooks)? => {}
                 i => self.run_job(i, gpu, id, hooks)?,
             }
         }

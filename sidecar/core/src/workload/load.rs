@@ -53,7 +53,8 @@ pub fn offered_load(jobs: &[Job], model: GpuModel, gpus: usize, bin_s: f64) -> V
 /// GPUs over `[arrival, arrival + d)`. Unlike [`offered_load`], a job of
 /// several days spreads over the days it runs instead of loading the hour
 /// it arrives in, so the peak measures concurrency (what sizes a cluster).
-/// A job that fits no profile counts one whole GPU for its whole-GPU work.
+/// A gang job counts all the GPUs it spans for its `work`; a job that fits
+/// no profile counts one whole GPU for its whole-GPU work.
 pub fn demand_load(jobs: &[Job], model: GpuModel, gpus: usize, bin_s: f64) -> Vec<f64> {
     if jobs.is_empty() || gpus == 0 || !(bin_s.is_finite() && bin_s > 0.0) {
         return Vec::new();
@@ -65,7 +66,8 @@ pub fn demand_load(jobs: &[Job], model: GpuModel, gpus: usize, bin_s: f64) -> Ve
             let (share, area) = j
                 .most_efficient_profile(model)
                 .map_or((1.0, j.work), |(p, a)| {
-                    (f64::from(p.shape.compute) / total, a)
+                    // A gang job's area is that of all its GPUs.
+                    (f64::from(p.shape.compute) / total * f64::from(j.gpus), a)
                 });
             let start = j.arrival.max(0.0);
             (start, start + area / share, share)
@@ -196,6 +198,16 @@ mod tests {
         assert_eq!(offered_load(&long, M, 1, 3600.0)[0], 72.0);
         assert_eq!(peak_demand_load(&long, M, 1, 3600.0), 1.0);
         assert_eq!(gpus_for_load(&long, M, 0.5, 3600.0), Ok(2));
+        // A gang job of four GPUs for two hours keeps four GPUs busy for
+        // two hours (not one GPU for eight) and offers 8 GPU-hours.
+        let mut gang = job(0.0, 7200.0);
+        gang.gpus = 4;
+        let d = demand_load(std::slice::from_ref(&gang), M, 4, 3600.0);
+        assert_eq!(d, vec![1.0, 1.0]);
+        assert_eq!(
+            offered_load(std::slice::from_ref(&gang), M, 4, 3600.0),
+            vec![2.0]
+        );
     }
 
     #[test]

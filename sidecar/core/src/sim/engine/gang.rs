@@ -1,49 +1,51 @@
 //! Gang jobs in the central engine (issue 54): a job of `gpus > 1`
-//! ([`Job::gpus`]) needs that many whole-GPU instances at once, and all of
-//! its pieces start and end together.
+//! ([`Job::gpus`](crate::workload::Job::gpus)) needs that many whole-GPU
+//! instances at once, and all of its pieces start and end together.
 //!
-//! The waiting gang jobs form one queue in arrival order; its head takes
-//! GPUs as they come free and holds them (an idle whole instance the
-//! policy sees as busy until the job's expected end, so it cannot re-shape
-//! it) until it has all it needs, as Slurm's reservation for the first job
-//! in its queue holds nodes. Where to find a whole GPU:
-//! - a free whole-GPU instance, under every policy (`none`'s GPUs are all
+//! The waiting gang jobs form one queue in arrival order. Its head gets a
+//! reservation as Slurm's backfill scheduler makes one for the first job
+//! of its queue: the `gpus` GPUs that can run it whole and will drain
+//! soonest, from the moment the last of them drains. Until then another
+//! job may start on those GPUs only if it ends by that moment
+//! ([`Engine::gang_allows`]), so the reservation never moves back and no
+//! GPU idles for it before it can start. Which GPUs can run it whole:
+//! - under every policy, a GPU whose layout has a whole-GPU instance that
+//!   fits it (it drains when that instance ends): `none`'s GPUs are all
 //!   whole; a fixed layout offers the whole GPUs it has, and a gang job
-//!   that needs more of them than the layout has waits for the policy);
-//! - served on demand (a policy smartmig runs): a GPU with no busy
-//!   instance is re-shaped into one whole instance for the job
+//!   that needs more of them waits for the policy (or is never served);
+//! - served on demand (a policy smartmig runs), any GPU whose whole
+//!   profile fits it (it drains when all its instances are idle): its idle
+//!   instances are then re-shaped into one whole instance for the job
 //!   ([`Geometry::serve`](crate::mig::Geometry::serve), the allocate's
-//!   rule), and the GPUs that will drain soonest are kept for it: a single
-//!   job may start there only if it ends before the GPU would drain.
+//!   rule), and the pieces start together when every one is ready.
 //!
 //! The policy sees a waiting gang job as one waiting job of the whole
 //! GPU's shape.
 
 use super::{Engine, NONE};
-use crate::mig::{GpuNow, Layout, Mix, SpotId};
+use crate::mig::{GpuNow, Layout, Mix, SpotId, Way};
 use crate::sim::{RunHooks, SimError};
 
-/// The head gang job's hold on GPUs.
+/// The gang queue, the head's reservation and the started gang jobs.
 #[derive(Default)]
 pub(super) struct Gangs {
-    /// Waiting gang jobs in arrival order (job indices); the first holds.
-    pub(super) queue: std::collections::VecDeque<u32>,
-    /// Whole-GPU instances the head holds: (GPU, instance, ready).
-    held: Vec<(usize, SpotId, bool)>,
-    /// On demand: GPUs kept for the head until they drain, and when.
-    pub(super) draining: Vec<(usize, f64)>,
+    /// Waiting gang jobs in arrival order (job indices).
+    queue: std::collections::VecDeque<u32>,
+    /// The job whose pieces are being built, and each piece (GPU,
+    /// instance, ready); the next head waits until they all run.
+    starting: Option<(u32, Vec<(usize, SpotId, bool)>)>,
+    /// The head's reservation: its GPUs and the moment all have drained.
+    reserved: Vec<usize>,
+    reserved_at: f64,
     /// Pieces still running of each started gang job.
     left: std::collections::HashMap<u32, u32>,
 }
 
 impl Engine<'_> {
-    /// Whether job `i` may start on `gpu` now for `run_s` seconds as far as
-    /// the head gang job's draining GPUs go.
+    /// Whether a job may start on `gpu` now for `run_s` seconds as far as
+    /// the head gang job's reservation goes.
     pub(super) fn gang_allows(&self, gpu: usize, run_s: f64) -> bool {
-        self.gangs
-            .draining
-            .iter()
-            .all(|&(g, at)| g != gpu || self.now + run_s <= at)
+        !self.gangs.reserved.contains(&gpu) || self.now + run_s <= self.gangs.reserved_at
     }
 
     /// Puts gang job `i` in the list the policy sees (see the module docs)
@@ -53,44 +55,175 @@ impl Engine<'_> {
         self.gangs.queue.push_back(i);
     }
 
-    /// Starts the gang jobs whose GPUs are all held and ready, in order;
-    /// the first that is not takes what it can.
+    /// Starts the head gang job where its GPUs have drained, in order, and
+    /// reserves GPUs for the first that cannot start yet.
     pub(super) fn serve_gangs(&mut self, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
-        self.gangs.draining.clear();
+        self.gangs.reserved.clear();
+        if self.gangs.starting.is_some() {
+            return Ok(());
+        }
         while let Some(&i) = self.gangs.queue.front() {
             let need = self.jobs[i as usize].gpus as usize;
-            if !self.gang_may_hold(i, need) {
+            let mut drains = self.gang_drains(i);
+            if drains.len() < need {
+                // Not enough GPUs can be whole now: the policy may make more.
                 return Ok(());
             }
-            self.hold_free_whole(i, need);
-            if self.on_demand {
-                self.build_whole(i, need, hooks)?;
-            }
-            let held = &self.gangs.held;
-            if held.len() < need || held.iter().any(|h| !h.2) {
-                if self.on_demand {
-                    self.keep_draining(i, need);
-                }
+            drains.truncate(need);
+            let at = drains.last().map_or(self.now, |d| d.0);
+            if at > self.now {
+                self.gangs.reserved = drains.iter().map(|d| d.1).collect();
+                self.gangs.reserved_at = at;
                 return Ok(());
             }
-            self.start_gang(i, hooks)?;
+            self.gangs.queue.pop_front();
+            self.remove_pending_at(i);
+            let gpus: Vec<usize> = drains.iter().map(|d| d.1).collect();
+            self.start_gang(i, &gpus, hooks)?;
+            if self.gangs.starting.is_some() {
+                return Ok(());
+            }
         }
         Ok(())
     }
 
-    /// A ready piece of a gang job: returns whether `(gpu, pid)` was one
-    /// the head holds (the piece then waits for the others).
-    pub(super) fn gang_piece_ready(&mut self, gpu: usize, pid: SpotId) -> bool {
-        let i = self.rt[gpu].job_on[pid.0 as usize];
-        if i == NONE || !self.jobs[i as usize].is_gang() {
-            return false;
-        }
-        for h in &mut self.gangs.held {
-            if (h.0, h.1) == (gpu, pid) {
-                h.2 = true;
+    /// `(when it drains, GPU)` of every GPU that can run gang job `i`
+    /// whole, soonest first (module docs).
+    fn gang_drains(&self, i: u32) -> Vec<(f64, usize)> {
+        let job = &self.jobs[i as usize];
+        let mask = self.fit_mask[i as usize];
+        let mut out = Vec::new();
+        for (gpu, (st, rt)) in self.status.iter().zip(&self.rt).enumerate() {
+            let reconfig_end = if st.in_reconfiguration {
+                st.reconfig_until
+            } else {
+                self.now
+            };
+            let busy_end = |ids: Layout| {
+                ids.iter()
+                    .map(|id| st.busy_until[id.0 as usize])
+                    .fold(reconfig_end, f64::max)
+            };
+            let whole = st
+                .layout
+                .iter()
+                .find(|&id| mask & (1 << super::class_of(st.geometry, rt.slot, id)) != 0);
+            if let Some(id) = whole {
+                out.push((busy_end(st.busy.intersection(Layout::single(id))), gpu));
+            } else if self.on_demand && crate::sim::asked_profile(job, st.model).is_some() {
+                out.push((busy_end(st.busy), gpu));
             }
         }
-        true
+        out.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        out
+    }
+
+    /// Starts gang job `i` on `gpus`, all drained: a free whole instance
+    /// runs its piece at once; otherwise the GPU's idle instances are
+    /// re-shaped into one and the pieces start when all are ready.
+    fn start_gang(
+        &mut self,
+        i: u32,
+        gpus: &[usize],
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<(), SimError> {
+        let mut pieces = Vec::with_capacity(gpus.len());
+        for &gpu in gpus {
+            let (pid, way) = self.whole_for(i, gpu)?;
+            if way == Way::Reuse {
+                let slot = self.rt[gpu].slot;
+                self.take_free(
+                    super::class_of(self.status[gpu].geometry, slot, pid),
+                    gpu,
+                    pid,
+                );
+                self.hold(i, gpu, pid);
+                pieces.push((gpu, pid, true));
+            } else {
+                self.build_for(i, gpu, pid, way, hooks)?;
+                pieces.push((gpu, pid, false));
+            }
+        }
+        self.gangs.starting = Some((i, pieces));
+        self.run_gang_if_ready(hooks)
+    }
+
+    /// The whole instance for gang job `i` on the drained `gpu`, and how
+    /// smartmigd's rule gets it (reuse or re-shape the idle instances).
+    fn whole_for(&self, i: u32, gpu: usize) -> Result<(SpotId, Way), SimError> {
+        let job = &self.jobs[i as usize];
+        let st = &self.status[gpu];
+        let now = GpuNow {
+            layout: st.layout,
+            taken: Layout::EMPTY,
+            reusable: st.layout,
+            may_build: true,
+        };
+        crate::sim::asked_profile(job, st.model)
+            .and_then(|p| {
+                st.geometry
+                    .serve(now, p, job.memory_gb, &Mix::default(), None)
+            })
+            .ok_or_else(|| SimError::InvalidJob {
+                id: job.id,
+                reason: format!("internal: GPU {gpu} drained but cannot be made whole for it"),
+            })
+    }
+
+    /// Marks `pid` of `gpu` as held for gang job `i` while its other
+    /// pieces are built: busy in the policy's view, idle in power.
+    fn hold(&mut self, i: u32, gpu: usize, pid: SpotId) {
+        self.rt[gpu].job_on[pid.0 as usize] = i;
+        let until = self.now + self.cfg.reconfig_time_s + self.jobs[i as usize].work;
+        let st = &mut self.status[gpu];
+        st.busy = st.busy.with(pid);
+        st.busy_until[pid.0 as usize] = until;
+    }
+
+    /// A reconfiguration made `(gpu, pid)` ready: returns whether it is a
+    /// piece of the gang job being started (which then waits for the
+    /// others, or starts with them).
+    pub(super) fn gang_piece_ready(
+        &mut self,
+        gpu: usize,
+        pid: SpotId,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<bool, SimError> {
+        let i = self.rt[gpu].job_on[pid.0 as usize];
+        let Some((_, pieces)) = self
+            .gangs
+            .starting
+            .as_mut()
+            .filter(|s| s.0 == i && i != NONE)
+        else {
+            return Ok(false);
+        };
+        for p in pieces.iter_mut() {
+            if (p.0, p.1) == (gpu, pid) {
+                p.2 = true;
+            }
+        }
+        self.run_gang_if_ready(hooks)?;
+        Ok(true)
+    }
+
+    /// Runs every piece of the gang job being started once all are ready.
+    fn run_gang_if_ready(&mut self, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
+        let ready = self
+            .gangs
+            .starting
+            .as_ref()
+            .is_some_and(|(_, p)| p.iter().all(|x| x.2));
+        if !ready {
+            return Ok(());
+        }
+        let Some((i, pieces)) = self.gangs.starting.take() else {
+            return Ok(());
+        };
+        for (gpu, pid, _) in pieces {
+            self.run_job(i, gpu, pid, hooks)?;
+        }
+        Ok(())
     }
 
     /// A piece of a started gang job begins: true for the first (whose
@@ -116,147 +249,5 @@ impl Engine<'_> {
         }
         self.gangs.left.remove(&i);
         true
-    }
-
-    /// Whether the head may hold GPUs: on demand always (a job that needs
-    /// more GPUs than can be whole was rejected at load); otherwise only
-    /// when at least `need` GPUs have a whole instance that fits it in
-    /// their layout, so a fixed layout that cannot run the job does not
-    /// hold GPUs for it forever.
-    fn gang_may_hold(&self, i: u32, need: usize) -> bool {
-        if self.on_demand {
-            return true;
-        }
-        let mask = self.fit_mask[i as usize];
-        let whole = self
-            .status
-            .iter()
-            .zip(&self.rt)
-            .filter(|(st, rt)| {
-                st.layout
-                    .iter()
-                    .any(|id| mask & (1 << super::class_of(st.geometry, rt.slot, id)) != 0)
-            })
-            .count();
-        whole >= need
-    }
-
-    /// Takes free whole-GPU instances that fit job `i` until it holds `need`.
-    fn hold_free_whole(&mut self, i: u32, need: usize) {
-        let mut bits = self.fit_mask[i as usize] & self.free_mask;
-        while bits != 0 && self.gangs.held.len() < need {
-            let c = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            let take: Vec<(u32, u8)> = self.free[c]
-                .iter()
-                .take(need - self.gangs.held.len())
-                .copied()
-                .collect();
-            for (gpu, pid) in take {
-                let (gpu, pid) = (gpu as usize, SpotId(pid));
-                self.take_free(c, gpu, pid);
-                self.hold(i, gpu, pid);
-                self.gangs.held.push((gpu, pid, true));
-            }
-        }
-    }
-
-    /// Marks `pid` of `gpu` as held for gang job `i`: busy in the
-    /// policy's view until the job's expected end, idle in power.
-    fn hold(&mut self, i: u32, gpu: usize, pid: SpotId) {
-        self.rt[gpu].job_on[pid.0 as usize] = i;
-        let work = self.jobs[i as usize].work;
-        let st = &mut self.status[gpu];
-        st.busy = st.busy.with(pid);
-        st.busy_until[pid.0 as usize] = self.now + work;
-    }
-
-    /// On demand: re-shapes GPUs with no busy instance into one whole
-    /// instance each for job `i`, until it holds `need`.
-    fn build_whole(
-        &mut self,
-        i: u32,
-        need: usize,
-        hooks: &mut RunHooks<'_>,
-    ) -> Result<(), SimError> {
-        let job = &self.jobs[i as usize];
-        let want_gb = job.memory_gb;
-        for gpu in 0..self.status.len() {
-            if self.gangs.held.len() >= need {
-                break;
-            }
-            let st = &self.status[gpu];
-            if st.in_reconfiguration || !st.busy.is_empty() {
-                continue;
-            }
-            let Some(profile) = crate::sim::asked_profile(job, st.model) else {
-                continue;
-            };
-            let now = GpuNow {
-                layout: st.layout,
-                taken: Layout::EMPTY,
-                reusable: st.layout,
-                may_build: true,
-            };
-            let Some((pid, way)) = st
-                .geometry
-                .serve(now, profile, want_gb, &Mix::default(), None)
-            else {
-                continue;
-            };
-            // A free whole instance here was taken by `hold_free_whole`.
-            if way == crate::mig::Way::Reuse {
-                continue;
-            }
-            self.build_for(i, gpu, pid, way, hooks)?;
-            self.gangs.held.push((gpu, pid, false));
-        }
-        Ok(())
-    }
-
-    /// On demand: keeps for job `i` the GPUs (not yet held) that fit it
-    /// and will drain soonest, as many as it still needs.
-    fn keep_draining(&mut self, i: u32, need: usize) {
-        let job = &self.jobs[i as usize];
-        let mut drains: Vec<(f64, usize)> = self
-            .status
-            .iter()
-            .enumerate()
-            .filter(|(gpu, st)| {
-                !self.gangs.held.iter().any(|h| h.0 == *gpu)
-                    && crate::sim::asked_profile(job, st.model).is_some()
-            })
-            .map(|(gpu, st)| {
-                let busy_end = st
-                    .busy
-                    .iter()
-                    .map(|id| st.busy_until[id.0 as usize])
-                    .fold(self.now, f64::max);
-                let reconfig_end = if st.in_reconfiguration {
-                    st.reconfig_until
-                } else {
-                    self.now
-                };
-                (busy_end.max(reconfig_end), gpu)
-            })
-            .collect();
-        drains.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let missing = need.saturating_sub(self.gangs.held.len());
-        self.gangs.draining = drains
-            .into_iter()
-            .take(missing)
-            .map(|(at, gpu)| (gpu, at))
-            .collect();
-    }
-
-    /// Starts every piece of the head gang job `i` on the GPUs it holds.
-    fn start_gang(&mut self, i: u32, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
-        self.gangs.queue.pop_front();
-        self.remove_pending_at(i);
-        let held = std::mem::take(&mut self.gangs.held);
-        for (gpu, pid, _) in held {
-            self.run_job(i, gpu, pid, hooks)?;
-        }
-        Ok(())
     }
 }
