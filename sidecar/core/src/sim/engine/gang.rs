@@ -26,6 +26,9 @@ use super::{Engine, NONE};
 use crate::mig::{GpuNow, Layout, Mix, SpotId, Way};
 use crate::sim::{RunHooks, SimError};
 
+/// One piece of a gang job being started: GPU, instance, ready.
+type Piece = (usize, SpotId, bool);
+
 /// The gang queue, the head's reservation and the started gang jobs.
 #[derive(Default)]
 pub(super) struct Gangs {
@@ -33,7 +36,7 @@ pub(super) struct Gangs {
     queue: std::collections::VecDeque<u32>,
     /// The job whose pieces are being built, and each piece (GPU,
     /// instance, ready); the next head waits until they all run.
-    starting: Option<(u32, Vec<(usize, SpotId, bool)>)>,
+    starting: Option<(u32, Vec<Piece>)>,
     /// The head's reservation: its GPUs and the moment all have drained.
     reserved: Vec<usize>,
     reserved_at: f64,
