@@ -158,18 +158,25 @@ pub unsafe fn getenv(sp: sys::spank_t, name: &str) -> Option<String> {
     None
 }
 
-/// Sets a variable in the job step's environment (`spank_setenv`, remote
-/// context only). A failure carries the SPANK error code.
-///
-/// # Safety
-/// `sp` must be the handle of the current callback.
-pub unsafe fn setenv(sp: sys::spank_t, name: &str, value: &str) -> Result<(), SpankError> {
+/// `name` and `value` as C strings, or the error naming the variable
+/// whose name or value holds a NUL byte.
+fn c_strings(name: &str, value: &str) -> Result<(CString, CString), SpankError> {
     let cname = CString::new(name).map_err(|_| SpankError::NulInName {
         name: name.to_string(),
     })?;
     let cvalue = CString::new(value).map_err(|_| SpankError::NulInValue {
         name: name.to_string(),
     })?;
+    Ok((cname, cvalue))
+}
+
+/// Sets a variable in the job step's environment (`spank_setenv`, remote
+/// context only). A failure carries the SPANK error code.
+///
+/// # Safety
+/// `sp` must be the handle of the current callback.
+pub unsafe fn setenv(sp: sys::spank_t, name: &str, value: &str) -> Result<(), SpankError> {
+    let (cname, cvalue) = c_strings(name, value)?;
     // SAFETY: both strings are NUL-terminated and outlive the call.
     let rc = unsafe { sys::spank_setenv(sp, cname.as_ptr(), cvalue.as_ptr(), 1) };
     if rc == sys::ESPANK_SUCCESS as sys::spank_err_t {
@@ -194,12 +201,7 @@ pub unsafe fn job_control_setenv(
     name: &str,
     value: &str,
 ) -> Result<(), SpankError> {
-    let cname = CString::new(name).map_err(|_| SpankError::NulInName {
-        name: name.to_string(),
-    })?;
-    let cvalue = CString::new(value).map_err(|_| SpankError::NulInValue {
-        name: name.to_string(),
-    })?;
+    let (cname, cvalue) = c_strings(name, value)?;
     // SAFETY: both strings are NUL-terminated and outlive the call (Slurm
     // copies them).
     let rc = unsafe { sys::spank_job_control_setenv(sp, cname.as_ptr(), cvalue.as_ptr(), 1) };

@@ -5,6 +5,7 @@
 //! tokio and ONNX Runtime): each module is what was once a test file of
 //! its own, under the same name.
 
+mod common;
 mod fuzz_regressions;
 mod geometry_props;
 mod sim_coordination;

@@ -5,30 +5,20 @@
 //! holds nothing for it; a job wider than the cluster is refused with the
 //! reason.
 
+use super::common::audited;
 use smartmig::mig::GpuModel;
 use smartmig::policy::{parse_policy, RepartitionPolicy};
-use smartmig::sim::{
-    audit, simulate, Collect, EpochRule, Heuristic, Record, RunHooks, SimConfig, SimResult,
-    SlurmLike,
-};
-use smartmig::workload::{Job, JobClass, SpeedupCurve};
+use smartmig::sim::{EpochRule, Record, SimConfig, SimResult, SlurmLike};
+use smartmig::workload::Job;
 
 const A100: GpuModel = GpuModel::A100_40gb;
 
+/// A job of `gpus` GPUs asking for `k` slices (30 GB for a whole GPU).
 fn job(id: u64, arrival: f64, work: f64, k: u8, gpus: u32) -> Job {
     Job {
-        id,
-        arrival,
-        work,
-        speedup: SpeedupCurve::new(1.0, 1.0).expect("curve"),
         memory_gb: if k == 7 { 30.0 } else { 4.0 },
-        deadline: arrival + 3.0 * work,
-        class: JobClass::Training,
-        requested_slices: Some(k),
-        declared_memory_gb: None,
-        template: None,
-        memory_growth: None,
         gpus,
+        ..super::common::job(id, arrival, work, k)
     }
 }
 
@@ -49,35 +39,10 @@ fn run(gpus: usize, jobs: &[Job], policy: &str, slurm: Option<SlurmLike>) -> Ran
         slurm,
         ..SimConfig::default()
     };
-    let mut log = Collect::default();
-    let mut h = Heuristic::Edf.build(0);
-    let result = simulate(
-        &cluster,
-        jobs,
-        h.as_mut(),
-        policy.as_mut(),
-        &cfg,
-        RunHooks {
-            sink: Some(&mut log),
-            progress: None,
-        },
-    )
-    .expect("simulate");
-    let report = audit(&log.0).unwrap_or_else(|e| panic!("audit: {e}"));
-    assert!(
-        (report.energy_j - result.metrics.energy_j).abs()
-            <= 1e-6 * result.metrics.energy_j.max(1.0),
-        "audit {} J, run {} J",
-        report.energy_j,
-        result.metrics.energy_j
-    );
-    assert_eq!(
-        report.jobs, result.metrics.completed,
-        "the audit counts a gang job once"
-    );
+    let (result, log) = audited(&cluster, jobs, policy.as_mut(), &cfg);
     let mut runs = Vec::new();
     let mut unserved = Vec::new();
-    for rec in &log.0 {
+    for rec in &log {
         match rec {
             Record::Job(j) => runs.push((j.run.id, j.run.gpu, j.run.start, j.end)),
             Record::Unserved(u) => unserved.push((u.id, u.reason.clone())),

@@ -4,30 +4,20 @@
 //! could be re-shaped for it. The opponents that stand for a site without
 //! smartmig (fixed Slurm GRES types) still wait for a matching slot.
 
+use super::common::audited;
 use smartmig::mig::GpuModel;
 use smartmig::policy::{parse_policy, RepartitionPolicy};
-use smartmig::sim::{
-    audit, simulate, Collect, EpochRule, Heuristic, Record, RunHooks, SimConfig, SimResult,
-    SlurmLike,
-};
-use smartmig::workload::{Job, JobClass, SpeedupCurve};
+use smartmig::sim::{EpochRule, Record, SimConfig, SimResult, SlurmLike};
+use smartmig::workload::Job;
 
 const A100: GpuModel = GpuModel::A100_40gb;
 
+/// A job needing `memory_gb`, due at `arrival + 2 x work`.
 fn job(id: u64, arrival: f64, work: f64, memory_gb: f64, k: u8) -> Job {
     Job {
-        id,
-        arrival,
-        work,
-        speedup: SpeedupCurve::new(1.0, 1.0).expect("curve"),
         memory_gb,
         deadline: arrival + 2.0 * work,
-        class: JobClass::Training,
-        requested_slices: Some(k),
-        declared_memory_gb: None,
-        template: None,
-        memory_growth: None,
-        gpus: 1,
+        ..super::common::job(id, arrival, work, k)
     }
 }
 
@@ -52,29 +42,8 @@ fn run(
         slurm,
         ..SimConfig::default()
     };
-    let mut log = Collect::default();
-    let mut h = Heuristic::Edf.build(0);
-    let r = simulate(
-        &[A100, A100],
-        jobs,
-        h.as_mut(),
-        policy,
-        &cfg,
-        RunHooks {
-            sink: Some(&mut log),
-            progress: None,
-        },
-    )
-    .expect("simulate");
-    let report = audit(&log.0).unwrap_or_else(|e| panic!("audit: {e}"));
-    assert!(
-        (report.energy_j - r.metrics.energy_j).abs() <= 1e-6 * r.metrics.energy_j.max(1.0),
-        "audit {} J, run {} J",
-        report.energy_j,
-        r.metrics.energy_j
-    );
+    let (r, log) = audited(&[A100, A100], jobs, policy, &cfg);
     let starts = log
-        .0
         .iter()
         .filter_map(|rec| match rec {
             Record::Job(j) => Some((j.run.id, j.run.start)),

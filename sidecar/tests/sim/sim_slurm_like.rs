@@ -5,27 +5,10 @@
 
 use smartmig::mig::{GpuModel, OfferRule};
 use smartmig::policy::{parse_policy, NoPartition, RepartitionPolicy};
-use smartmig::sim::{
-    audit, simulate, Collect, EpochRule, Heuristic, Metrics, RunHooks, SimConfig, SlurmLike,
-};
-use smartmig::workload::{Job, JobClass, SpeedupCurve};
+use smartmig::sim::{EpochRule, Metrics, SimConfig, SlurmLike};
+use smartmig::workload::Job;
 
-fn job(id: u64, arrival: f64, work: f64, k: u8) -> Job {
-    Job {
-        id,
-        arrival,
-        work,
-        speedup: SpeedupCurve::new(1.0, 1.0).expect("curve"),
-        memory_gb: 1.0,
-        deadline: arrival + 3.0 * work,
-        class: JobClass::Training,
-        requested_slices: Some(k),
-        declared_memory_gb: None,
-        template: None,
-        memory_growth: None,
-        gpus: 1,
-    }
-}
+use super::common::{audited, job};
 
 fn cfg(slurm: Option<SlurmLike>) -> SimConfig {
     SimConfig {
@@ -49,26 +32,8 @@ fn run(
     policy: &mut dyn RepartitionPolicy,
     cfg: &SimConfig,
 ) -> Metrics {
-    let mut log = Collect::default();
-    let mut h = Heuristic::Edf.build(0);
-    let r = simulate(
-        gpus,
-        jobs,
-        h.as_mut(),
-        policy,
-        cfg,
-        RunHooks {
-            sink: Some(&mut log),
-            progress: None,
-        },
-    )
-    .expect("simulate");
-    let report = audit(&log.0).unwrap_or_else(|e| panic!("audit: {e}"));
-    assert!(
-        (report.energy_j - r.metrics.energy_j).abs() <= 1e-6 * r.metrics.energy_j.max(1.0),
-        "energy {report:?} vs {:?}",
-        r.metrics
-    );
+    let (r, log) = audited(gpus, jobs, policy, cfg);
+    let report = smartmig::sim::audit(&log).unwrap_or_else(|e| panic!("audit: {e}"));
     assert!(r.metrics.energy_j > 0.0, "{:?}", r.metrics);
     // A comparison charges every run at the latest horizon of its runs:
     // the GPUs idle on, and the audit agrees (a run that reported no

@@ -50,6 +50,7 @@ pub mod audit;
 pub mod deferral;
 pub mod engine;
 pub mod events;
+mod gang;
 pub mod heuristics;
 pub mod lookahead;
 pub mod metrics;

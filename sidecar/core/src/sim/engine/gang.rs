@@ -41,7 +41,7 @@ pub(super) struct Gangs {
     reserved: Vec<usize>,
     reserved_at: f64,
     /// Pieces still running of each started gang job.
-    left: std::collections::HashMap<u32, u32>,
+    left: crate::sim::gang::Pieces,
 }
 
 impl Engine<'_> {
@@ -229,28 +229,14 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// A piece of a started gang job begins: true for the first (whose
-    /// start settles the job's metrics), and for every single-GPU job.
+    /// A piece of job `i` starts: true for the first (or only) one.
     pub(super) fn first_piece(&mut self, i: u32) -> bool {
-        if !self.jobs[i as usize].is_gang() {
-            return true;
-        }
-        let left = self.gangs.left.entry(i).or_insert(0);
-        *left += 1;
-        *left == 1
+        let gang = self.jobs[i as usize].is_gang();
+        self.gangs.left.started(i, gang)
     }
 
-    /// A piece of job `i` ends: true when the job is over (its last piece,
-    /// or a single-GPU job).
+    /// A piece of job `i` ends: true when the job is over.
     pub(super) fn last_piece(&mut self, i: u32) -> bool {
-        let Some(left) = self.gangs.left.get_mut(&i) else {
-            return true;
-        };
-        *left -= 1;
-        if *left > 0 {
-            return false;
-        }
-        self.gangs.left.remove(&i);
-        true
+        self.gangs.left.ended(i)
     }
 }

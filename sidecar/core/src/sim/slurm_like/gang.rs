@@ -21,7 +21,7 @@ pub(super) struct Gangs {
     /// Job -> its pieces (GPU, instance, ready) while they are being built.
     starting: std::collections::HashMap<u32, Vec<(usize, SpotId, bool)>>,
     /// Pieces still running of each started gang job.
-    left: std::collections::HashMap<u32, u32>,
+    left: crate::sim::gang::Pieces,
     /// GPUs kept for the first gang job that does not fit, and when they
     /// will have all their shards free.
     pub(super) keep: Vec<(usize, f64)>,
@@ -169,28 +169,15 @@ impl Deploy<'_> {
         Ok(())
     }
 
-    /// A piece of job `i` starts: true for the first (whose start settles
-    /// the job's metrics), and for every single-GPU job.
+    /// A piece of job `i` starts: true for the first (or only) one.
     pub(super) fn first_piece(&mut self, i: u32) -> bool {
-        if !self.jobs[i as usize].is_gang() {
-            return true;
-        }
-        let left = self.gangs.left.entry(i).or_insert(0);
-        *left += 1;
-        *left == 1
+        let gang = self.jobs[i as usize].is_gang();
+        self.gangs.left.started(i, gang)
     }
 
     /// A piece of job `i` ends: true when the job is over.
     pub(super) fn last_piece(&mut self, i: u32) -> bool {
-        let Some(left) = self.gangs.left.get_mut(&i) else {
-            return true;
-        };
-        *left -= 1;
-        if *left > 0 {
-            return false;
-        }
-        self.gangs.left.remove(&i);
-        true
+        self.gangs.left.ended(i)
     }
 
     /// Keeps for gang job `i` the `need` GPUs that fit it and will have
