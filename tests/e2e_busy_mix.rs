@@ -191,7 +191,7 @@ fn submit_all(cluster: &SlurmCluster, jobs: &[MixJob]) -> Vec<(u32, MixJob)> {
         ids.push((id, j.clone()));
     }
     let budget = Duration::from_secs(600 + 30 * jobs.len() as u64);
-    let done = smartmig_suite::wait_until(budget, || {
+    let done = smartmig_suite::holds_within(budget, || {
         let out = cluster
             .command("squeue")
             .args(["-h", "-o", "%i"])

@@ -163,7 +163,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
             .sum::<u64>()
     };
     let before = reads();
-    let sampled = smartmig_suite::wait_until(TIMEOUT, || reads() >= before + 2);
+    let sampled = smartmig_suite::holds_within(TIMEOUT, || reads() >= before + 2);
     assert!(
         sampled,
         "smartmigd did not sample the restarted job's memory twice within {TIMEOUT:?}\n{}",
@@ -179,7 +179,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     // Status: the decision and its outcome, the counts, and what was
     // learned: the completed run only (the killed one teaches nothing).
     let mut status = sidecar.status();
-    let done = smartmig_suite::wait_until(Duration::from_secs(20), || {
+    let done = smartmig_suite::holds_within(Duration::from_secs(20), || {
         status = sidecar.status();
         Sidecar::oom_decisions(&status, job).contains(&"requeued".to_string())
             && !status["memory"]["oom_jobs"]
