@@ -177,6 +177,7 @@ fn submit_all(cluster: &SlurmCluster, jobs: &[MixJob]) -> Vec<(u32, MixJob)> {
     for j in jobs {
         let due = Duration::from_secs_f64(j.submit_s);
         if let Some(left) = due.checked_sub(start.elapsed()) {
+            // Not synchronisation: the mix's submit times are its input.
             std::thread::sleep(left);
         }
         let id = cluster.sbatch(&[

@@ -210,7 +210,8 @@ fn crash_rounds(name: &str, journal: Option<std::path::PathBuf>) {
                 std::thread::spawn(move || client_loop(c, i, s, stop, view, next_job))
             })
             .collect();
-        // Kill at a random point 5..80 ms into the load.
+        // Kill at a random point 5..80 ms into the load (not
+        // synchronisation: the crash point is the test's input).
         std::thread::sleep(Duration::from_millis(rng.random_range(5..80)));
         d.kill9();
         stop.store(true, Ordering::Relaxed);
