@@ -225,6 +225,8 @@ fn concurrent_mixed_jobs_never_share_an_instance() {
             start.elapsed() < Duration::from_secs(120),
             "jobs did not finish in 120 s"
         );
+        // Not synchronisation: the sampling period of a check that runs
+        // while the jobs do.
         std::thread::sleep(Duration::from_millis(200));
     }
     for (job, k, out) in &jobs {

@@ -102,6 +102,7 @@ impl FakeSidecar {
                         std::thread::spawn(move || serve(stream, b, r, held));
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        // The fake's idle accept loop, not the test waiting.
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     Err(e) => panic!("fake sidecar accept: {e}"),

@@ -98,6 +98,7 @@ fn client_loop(
                         v.in_flight.entry(job).or_insert(Request::Release);
                     }
                     mine.push(job);
+                    // A load client's back-off while the daemon is down.
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
@@ -139,6 +140,7 @@ fn client_loop(
                         v.in_flight.entry(job).or_insert(Request::Allocate);
                     }
                     mine.push(job);
+                    // A load client's back-off while the daemon is down.
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
