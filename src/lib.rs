@@ -10,9 +10,9 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The profile directory (`<target>/<profile>`) this crate was built in,
 /// set by `build.rs`.
@@ -269,16 +269,19 @@ pub const FINAL_JOB_STATES: &[&str] = &[
     "PREEMPTED",
 ];
 
-/// Polls `f` every 200 ms until it returns true or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
+/// The one polling helper of the test crates (`sidecar/test-support`,
+/// shared with the CLI's tests): wait for an observable event, fail naming
+/// it and the last state seen.
+pub use smartmig_test_support::{wait_until, Outcome, TimedOut, Wait};
+
+/// Whether `f` holds within `timeout` (polled every 200 ms), for callers
+/// that assert with a message of their own; [`wait_until`] fails by
+/// itself.
+pub fn holds_within(timeout: Duration, f: impl FnMut() -> bool) -> bool {
+    Wait::new("", timeout)
+        .every(Duration::from_millis(200))
+        .poll(f)
+        .is_ok()
 }
 
 impl SlurmCluster {
@@ -522,14 +525,9 @@ impl SlurmCluster {
     /// Waits until the node reports `state` (e.g. `idle` once the last
     /// job's epilog finished); returns whether it did within `timeout`.
     pub fn wait_node_state(&self, state: &str, timeout: Duration) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < timeout {
-            if self.node_state() == state {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        false
+        Wait::new("", timeout)
+            .poll(|| self.node_state() == state)
+            .is_ok()
     }
 
     /// A directory in the cluster that any user may write (job output of
@@ -566,21 +564,12 @@ impl SlurmCluster {
     /// Waits until the job reaches a final state and returns that state;
     /// panics after `timeout` with the job's last state and the logs.
     pub fn wait_job(&self, job: u32, timeout: Duration) -> String {
-        let start = Instant::now();
-        let mut last = None;
-        while start.elapsed() < timeout {
-            last = self.job_state(job);
-            if let Some(state) = &last {
-                if FINAL_JOB_STATES.contains(&state.as_str()) {
-                    return state.clone();
-                }
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "job {job} not finished after {timeout:?} (last state {last:?})\n{}",
-            self.log_tails()
-        );
+        Wait::new(format!("job {job} to finish"), timeout)
+            .context(|| self.log_tails())
+            .until(|| match self.job_state(job) {
+                Some(state) if FINAL_JOB_STATES.contains(&state.as_str()) => Ok(state),
+                last => Err(last),
+            })
     }
 
     /// The last lines of slurmctld.log and slurmd.log, for failure messages.
@@ -750,27 +739,46 @@ impl Sidecar {
             child: Some(child),
             socket,
         };
-        let start = Instant::now();
-        loop {
-            if sidecar.try_status().is_ok() {
-                return sidecar;
-            }
-            if let Some(child) = sidecar.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "smartmigd exited during start-up ({status}):\n{}",
-                        std::fs::read_to_string(&log_path).unwrap_or_default()
-                    );
-                }
-            }
-            if start.elapsed() > Duration::from_secs(20) {
+        Wait::new(
+            "smartmigd to answer `smartmig status`",
+            Duration::from_secs(20),
+        )
+        .every(Duration::from_millis(50))
+        .context(|| std::fs::read_to_string(&log_path).unwrap_or_default())
+        .until(|| {
+            if let Some(Ok(Some(status))) = sidecar.child.as_mut().map(Child::try_wait) {
                 panic!(
-                    "smartmigd did not answer `smartmig status` within 20 s:\n{}",
+                    "smartmigd exited during start-up ({status}):\n{}",
                     std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            sidecar.try_status().map(|_| ())
+        });
+        sidecar
+    }
+
+    /// The daemon's epoch counter (status `epochs`).
+    pub fn epochs(&self) -> u64 {
+        let status = self.status();
+        status["epochs"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("a status without `epochs`: {status:#}"))
+    }
+
+    /// Waits until `n` more epochs than `since` have run to the end
+    /// (`since + n`); with `since` read after an event and `n = 2`, a whole
+    /// epoch ran after the event. Returns the count reached.
+    pub fn wait_epochs(&self, since: u64, n: u64, timeout: Duration) -> u64 {
+        Wait::new(format!("epoch {} (from {since})", since + n), timeout)
+            .every(Duration::from_millis(200))
+            .until(|| {
+                let now = self.epochs();
+                if now >= since + n {
+                    Ok(now)
+                } else {
+                    Err(now)
+                }
+            })
     }
 
     /// The daemon's socket.
@@ -862,12 +870,11 @@ impl Sidecar {
         };
         let pid = child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let exited = Wait::new("", Duration::from_secs(10))
+            .every(Duration::from_millis(50))
+            .poll(|| matches!(child.try_wait(), Ok(Some(_))));
+        if exited.is_ok() {
+            return;
         }
         let _ = child.kill();
         let _ = child.wait();

@@ -69,7 +69,7 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
     assert!(released.status.success(), "{released:?}");
 
     let mut comment = String::new();
-    let tagged = smartmig_suite::wait_until(TIMEOUT, || {
+    let tagged = smartmig_suite::holds_within(TIMEOUT, || {
         comment = admin_comment(&cluster, job);
         comment.contains("smartmig:")
     });
@@ -87,6 +87,9 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
     );
     assert!(comment.contains(",mem_gb=10,wait_s="), "{comment:?}");
 
+    // Not synchronisation: the test's input. The job holds its slice for
+    // at least these 2 s of wall time, which the slice-hours bound below
+    // (2 slices x 2 s at least) checks the usage log counted.
     std::thread::sleep(Duration::from_secs(2));
     std::fs::write(&go, b"").expect("write go file");
     cluster.assert_completed(job, TIMEOUT);
@@ -100,7 +103,7 @@ fn the_slice_a_job_got_is_in_its_admin_comment_and_the_usage_log() {
     // The node's usage log and `smartmig usage`, as an admin runs it.
     let config = cluster.dir().join("smartmigd.toml");
     let mut lines = Value::Null;
-    let logged = smartmig_suite::wait_until(Duration::from_secs(20), || {
+    let logged = smartmig_suite::holds_within(Duration::from_secs(20), || {
         let o = smartmig_suite::in_slurm(artifact("smartmig"))
             .args(["usage", "--json", "--config"])
             .arg(&config)

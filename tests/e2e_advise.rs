@@ -111,7 +111,7 @@ fn advise_mode_watches_a_static_mig_node_and_changes_nothing() {
     // Every job ended; wait for the epochs that see it.
     let mut lines = Vec::new();
     assert!(
-        smartmig_suite::wait_until(Duration::from_secs(30), || {
+        smartmig_suite::holds_within(Duration::from_secs(30), || {
             lines = advice_lines(cluster.dir());
             lines.iter().filter(|l| l["kind"] == "job").count() == jobs.len()
         }),

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use smartmig_suite::{plugstack_line, wait_until, Sidecar, SlurmCluster, FINAL_JOB_STATES};
+use smartmig_suite::{holds_within, plugstack_line, Sidecar, SlurmCluster, FINAL_JOB_STATES};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -47,7 +47,7 @@ fn fill_with_held_jobs(cluster: &SlurmCluster, sidecar: &Sidecar, go: &Path) -> 
     );
     let jobs = [7, 3, 3].map(|k| cluster.sbatch_wrap(&[&format!("--gres=shard:{k}")], &held));
     assert!(
-        wait_until(Duration::from_secs(60), || busy(&sidecar.status()).len()
+        holds_within(Duration::from_secs(60), || busy(&sidecar.status()).len()
             == 3),
         "three instances expected: {:#}\n{}",
         sidecar.status(),
@@ -119,7 +119,7 @@ fn big_queue_and_no_epilog_still_free_instances() {
             );
         }
         assert!(
-            wait_until(Duration::from_secs(15), || busy(&sidecar.status())
+            holds_within(Duration::from_secs(15), || busy(&sidecar.status())
                 .is_empty()),
             "round {round}: the reaper did not free the ended jobs' instances: {:#}\n{}",
             sidecar.status(),
@@ -149,7 +149,7 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
     let cluster = cluster("sidecar_wait=1");
     let array = cluster.sbatch_wrap(&["--array=1-10", "--gres=shard:2"], "sleep 1");
     assert!(
-        wait_until(Duration::from_secs(60), || cluster.node_state()
+        holds_within(Duration::from_secs(60), || cluster.node_state()
             == "drained"
             || cluster.node_state() == "draining"),
         "node not drained: {}\n{}",
@@ -166,7 +166,7 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
 
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\npublish_layout = true");
     let mut last = Vec::new();
-    let done = wait_until(TIMEOUT, || {
+    let done = holds_within(TIMEOUT, || {
         last = cluster.job_records(array);
         last.len() == 10
             && last.iter().all(|r| {
@@ -222,7 +222,7 @@ fn shard_slurm_sees_but_mig_cannot_build_is_requeued_not_failed() {
     let small = cluster.sbatch_wrap(&["--gres=shard:1"], "echo small ran");
     // It starts, finds no room, and is requeued (Restarts=1, back to pending).
     assert!(
-        wait_until(Duration::from_secs(60), || {
+        holds_within(Duration::from_secs(60), || {
             cluster
                 .job_records(small)
                 .first()
@@ -308,14 +308,14 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
             .is_some_and(|w| w.iter().any(|j| j["job_id"] == small))
     };
     assert!(
-        wait_until(Duration::from_secs(60), || listed(&sidecar.status())),
+        holds_within(Duration::from_secs(60), || listed(&sidecar.status())),
         "job {small} not listed as waiting: {:#}",
         sidecar.status()
     );
     sidecar.stop();
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "epoch_s = 1\nallocate_wait_s = 60");
     assert!(
-        wait_until(Duration::from_secs(30), || listed(&sidecar.status())),
+        holds_within(Duration::from_secs(30), || listed(&sidecar.status())),
         "job {small} does not wait on the new daemon: {:#}\n{}",
         sidecar.status(),
         cluster.log_tails()

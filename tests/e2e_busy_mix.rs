@@ -177,6 +177,7 @@ fn submit_all(cluster: &SlurmCluster, jobs: &[MixJob]) -> Vec<(u32, MixJob)> {
     for j in jobs {
         let due = Duration::from_secs_f64(j.submit_s);
         if let Some(left) = due.checked_sub(start.elapsed()) {
+            // Not synchronisation: the mix's submit times are its input.
             std::thread::sleep(left);
         }
         let id = cluster.sbatch(&[
@@ -191,7 +192,7 @@ fn submit_all(cluster: &SlurmCluster, jobs: &[MixJob]) -> Vec<(u32, MixJob)> {
         ids.push((id, j.clone()));
     }
     let budget = Duration::from_secs(600 + 30 * jobs.len() as u64);
-    let done = smartmig_suite::wait_until(budget, || {
+    let done = smartmig_suite::holds_within(budget, || {
         let out = cluster
             .command("squeue")
             .args(["-h", "-o", "%i"])

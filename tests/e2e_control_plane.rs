@@ -170,7 +170,7 @@ fn the_summary_keeps_slurmctld_load_flat_in_the_number_of_nodes() {
             if publish.is_some() {
                 let first = summary_dir.join(format!("{}.json", names[0]));
                 assert!(
-                    smartmig_suite::wait_until(Duration::from_secs(20), || first.exists()),
+                    smartmig_suite::holds_within(Duration::from_secs(20), || first.exists()),
                     "smartmig publish wrote no summary"
                 );
             }
@@ -181,8 +181,15 @@ fn the_summary_keeps_slurmctld_load_flat_in_the_number_of_nodes() {
                 publish.as_ref().map(|_| summary_dir.as_path()),
                 epoch_s,
             );
-            std::thread::sleep(Duration::from_secs(2 * epoch_s));
+            // Past start-up: every daemon has run two epochs to the end
+            // (in summary mode, reading the publisher's file).
+            for d in &running {
+                d.wait_epochs(0, 2, Duration::from_secs(60 + 4 * epoch_s));
+            }
             reset(&cluster);
+            // Not synchronisation: the measurement window. slurmctld's
+            // load is counted over this much wall time (epochs wait for a
+            // slow read, so the RPCs per epoch_s are what a site sees).
             std::thread::sleep(Duration::from_secs(window_s));
             let counts = rpc_counts(&cluster);
             // Every node says where its view came from.

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster, Wait};
 
 /// Time for the job, its requeue (held cred_expire + 1 s) and its second
 /// run to get where the test waits.
@@ -80,19 +80,12 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
         &body,
     );
 
-    let start = Instant::now();
-    let first = loop {
-        if let Some(r) = runs(&read(&out)).into_iter().next() {
-            break r;
-        }
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "job {job} never started: {}\n{}",
-            read(&out),
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let first = Wait::new(format!("job {job} to start"), TIMEOUT)
+        .context(|| cluster.log_tails())
+        .until(|| {
+            let text = read(&out);
+            runs(&text).into_iter().next().ok_or(text)
+        });
     assert_eq!(first.2, "1g.5gb", "{first:?}");
     let uuid = first.1.clone();
 
@@ -114,6 +107,8 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
             "no early restart after a climb to {highest:.2} GB:\n{status:#}\n{}",
             cluster.smartmigd_log()
         );
+        // Not synchronisation: the climb's input, a new use every 0.5 s
+        // (it drives the emulator while it waits for the decision).
         std::thread::sleep(Duration::from_millis(500));
     };
     // The process dies with the requeued run.
@@ -134,20 +129,13 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
 
     // Run 1: on the next larger memory size. Its use peaks at 6 GB (the
     // restart was right), then it completes.
-    let start = Instant::now();
-    let second = loop {
-        if let Some(r) = runs(&read(&out)).into_iter().nth(1) {
-            break r;
-        }
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "job {job} was not restarted: {}\n{:#}\n{}",
-            read(&out),
-            sidecar.status(),
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let second = Wait::new(format!("job {job} to be restarted"), TIMEOUT)
+        .every(Duration::from_millis(200))
+        .context(|| format!("{:#}\n{}", sidecar.status(), cluster.log_tails()))
+        .until(|| {
+            let text = read(&out);
+            runs(&text).into_iter().nth(1).ok_or(text)
+        });
     assert_eq!(second.0, "1", "{}", read(&out));
     assert_eq!(second.2, "1g.10gb", "{}", read(&out));
     emu.add_process(&second.1, PID, 6_000_000_000)
@@ -163,7 +151,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
             .sum::<u64>()
     };
     let before = reads();
-    let sampled = smartmig_suite::wait_until(TIMEOUT, || reads() >= before + 2);
+    let sampled = smartmig_suite::holds_within(TIMEOUT, || reads() >= before + 2);
     assert!(
         sampled,
         "smartmigd did not sample the restarted job's memory twice within {TIMEOUT:?}\n{}",
@@ -179,7 +167,7 @@ fn a_job_whose_memory_climbs_is_requeued_on_a_bigger_profile_before_it_fails() {
     // Status: the decision and its outcome, the counts, and what was
     // learned: the completed run only (the killed one teaches nothing).
     let mut status = sidecar.status();
-    let done = smartmig_suite::wait_until(Duration::from_secs(20), || {
+    let done = smartmig_suite::holds_within(Duration::from_secs(20), || {
         status = sidecar.status();
         Sidecar::oom_decisions(&status, job).contains(&"requeued".to_string())
             && !status["memory"]["oom_jobs"]

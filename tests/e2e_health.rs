@@ -14,7 +14,7 @@ use common::{held_job, instance_of, read, release};
 
 use std::time::Duration;
 
-use smartmig_suite::{plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+use smartmig_suite::{fields, plugstack_line, Sidecar, SidecarBackend, SlurmCluster, Wait};
 
 const JOB_TIMEOUT: Duration = common::HELD_JOB_TIMEOUT;
 
@@ -28,13 +28,23 @@ fn show_node(cluster: &SlurmCluster) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn wait(cluster: &SlurmCluster, sidecar: &Sidecar, what: &str, mut f: impl FnMut() -> bool) {
-    assert!(
-        smartmig_suite::wait_until(JOB_TIMEOUT, &mut f),
-        "{what}: not within {JOB_TIMEOUT:?}\n{}\n{}",
-        sidecar.status_table(),
-        cluster.log_tails()
-    );
+fn wait(cluster: &SlurmCluster, sidecar: &Sidecar, what: &str, f: impl FnMut() -> bool) {
+    Wait::new(what, JOB_TIMEOUT)
+        .context(|| format!("{}\n{}", sidecar.status_table(), cluster.log_tails()))
+        .until(f);
+}
+
+/// The job's state and Slurm's reason for it (`None` until the scheduler
+/// has looked at it), from `scontrol show job -o`.
+fn state_and_reason(cluster: &SlurmCluster, job: u32) -> (String, String) {
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "job", "-o", &job.to_string()])
+        .output()
+        .expect("scontrol show job");
+    let f = fields(&String::from_utf8_lossy(&out.stdout));
+    let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+    (get("JobState"), get("Reason"))
 }
 
 #[test]
@@ -100,15 +110,32 @@ fn xids_keep_jobs_off_an_instance_and_drain_the_node_until_resumed() {
     let out3 = shared.join("three.out");
     let job3 =
         cluster.sbatch_as_job_user(&out3, &["--gres=shard:1"], "echo CVD=$CUDA_VISIBLE_DEVICES");
-    std::thread::sleep(Duration::from_secs(5));
+    // Slurm's scheduler has looked at the job once it gives a reason for
+    // it (or it has left PENDING: then the assertion below fails).
+    let drained_at = sidecar.epochs();
+    let (state, reason) = Wait::new("Slurm to judge job 3", JOB_TIMEOUT)
+        .context(|| cluster.log_tails())
+        .until(|| match state_and_reason(&cluster, job3) {
+            (s, r) if s == "PENDING" && (r.is_empty() || r == "None") => Err((s, r)),
+            judged => Ok(judged),
+        });
+    assert_eq!(
+        state,
+        "PENDING",
+        "a job started on a node drained for a GPU-fatal XID ({reason})\n{}",
+        cluster.log_tails()
+    );
+    // Epochs come and go (two more: one ran whole after the drain, and
+    // compared the node with Slurm): smartmigd keeps its own drain, and
+    // the job still waits.
+    sidecar.wait_epochs(drained_at, 2, JOB_TIMEOUT);
+    assert!(show_node(&cluster).contains("Reason=smartmig: gpu 1 xid 79"));
     assert_eq!(
         cluster.job_state(job3).as_deref(),
         Some("PENDING"),
-        "a job started on a node drained for a GPU-fatal XID\n{}",
+        "{}",
         cluster.log_tails()
     );
-    // Epochs come and go: smartmigd keeps its own drain.
-    assert!(show_node(&cluster).contains("Reason=smartmig: gpu 1 xid 79"));
     let status = sidecar.status();
     assert_eq!(status["gpus"][1]["health"]["fatal_xid"], 79, "{status:#}");
     let resumed = cluster

@@ -85,14 +85,14 @@ fn srun_waits_instead_of_landing_on_a_stranded_slice() {
     let first = cluster.sbatch_wrap(&["--gres=shard:3"], &format!("sleep {FIRST_JOB_S}"));
     let second = cluster.sbatch_wrap(&["--gres=shard:3"], "sleep 300");
     let whole = cluster.sbatch_wrap(&["--gres=shard:7"], "sleep 300");
-    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(&sidecar) == 3);
+    let busy = smartmig_suite::holds_within(TIMEOUT, || busy_instances(&sidecar) == 3);
     assert!(
         busy,
         "jobs {first}, {second}, {whole} did not all get an instance:\n{}\n{}",
         sidecar.status_table(),
         cluster.log_tails()
     );
-    let held = smartmig_suite::wait_until(TIMEOUT, || {
+    let held = smartmig_suite::holds_within(TIMEOUT, || {
         let h = holds(&cluster);
         h.len() == 1 && h[0].0.ends_with(".0") && h[0].1 == "RUNNING"
     });
@@ -129,7 +129,7 @@ fn srun_waits_instead_of_landing_on_a_stranded_slice() {
     for job in [second, whole] {
         let _ = cluster.command("scancel").arg(job.to_string()).output();
     }
-    let released = smartmig_suite::wait_until(TIMEOUT, || holds(&cluster).is_empty());
+    let released = smartmig_suite::holds_within(TIMEOUT, || holds(&cluster).is_empty());
     assert!(
         released,
         "holds left on empty GPUs: {:?}\n{}",
@@ -166,7 +166,7 @@ fn two_young_3g_jobs_on_gpu0(cluster: &SlurmCluster, sidecar: &Sidecar) -> [u32;
         cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
         cluster.sbatch_wrap(&["--gres=shard:mig0:3"], "sleep 300"),
     ];
-    let busy = smartmig_suite::wait_until(TIMEOUT, || busy_instances(sidecar) == 2);
+    let busy = smartmig_suite::holds_within(TIMEOUT, || busy_instances(sidecar) == 2);
     assert!(
         busy,
         "jobs {jobs:?} did not both get an instance:\n{}\n{}",

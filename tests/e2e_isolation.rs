@@ -11,7 +11,7 @@
 //! Needs root (useradd, mknod) and a release build; fails, never skips.
 
 use std::os::unix::fs::MetadataExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use smartmig_suite::{ensure_user, plugstack_line, Sidecar, SlurmCluster};
@@ -48,16 +48,10 @@ fn files(inst: &Value) -> Vec<String> {
     f
 }
 
-fn wait_for(what: &str, cluster: &SlurmCluster, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < JOB_TIMEOUT,
-            "{what}\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, cluster: &SlurmCluster, done: impl FnMut() -> bool) {
+    smartmig_suite::Wait::new(what, JOB_TIMEOUT)
+        .context(|| cluster.log_tails())
+        .until(done);
 }
 
 #[test]

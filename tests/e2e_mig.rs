@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use smartmig_suite::{fields, plugin, Sidecar, SlurmCluster};
+use smartmig_suite::{fields, plugin, Sidecar, SlurmCluster, Wait};
 
 /// Slurm's job timeout for a job to finish once released.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
@@ -71,37 +71,34 @@ fn read(path: &Path) -> String {
 
 /// Waits until every job is RUNNING (or panics with the logs).
 fn wait_running(cluster: &SlurmCluster, jobs: &[u32], timeout: Duration) {
-    let start = Instant::now();
-    loop {
-        let states: Vec<Option<String>> = jobs.iter().map(|&j| cluster.job_state(j)).collect();
-        if states.iter().all(|s| s.as_deref() == Some("RUNNING")) {
-            return;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "jobs {jobs:?} not all running after {timeout:?}: {states:?}\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    Wait::new(format!("jobs {jobs:?} all running"), timeout)
+        .context(|| cluster.log_tails())
+        .until(|| {
+            let states: Vec<Option<String>> = jobs.iter().map(|&j| cluster.job_state(j)).collect();
+            if states.iter().all(|s| s.as_deref() == Some("RUNNING")) {
+                Ok(())
+            } else {
+                Err(states)
+            }
+        });
 }
 
 /// Waits until a job's output file has a line starting with `prefix`.
 fn wait_output(cluster: &SlurmCluster, out: &Path, prefix: &str) -> String {
-    let start = Instant::now();
-    loop {
+    Wait::new(
+        format!("a line starting with {prefix:?} in {}", out.display()),
+        JOB_TIMEOUT,
+    )
+    .every(Duration::from_millis(50))
+    .context(|| cluster.log_tails())
+    .until(|| {
         let text = read(out);
         if text.lines().any(|l| l.starts_with(prefix)) {
-            return text;
+            Ok(text)
+        } else {
+            Err(text)
         }
-        assert!(
-            start.elapsed() < JOB_TIMEOUT,
-            "{} never got a line starting with {prefix:?}: {text:?}\n{}",
-            out.display(),
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 /// Instances of a status reply that a job holds.
@@ -228,6 +225,8 @@ fn concurrent_mixed_jobs_never_share_an_instance() {
             start.elapsed() < Duration::from_secs(120),
             "jobs did not finish in 120 s"
         );
+        // Not synchronisation: the sampling period of a check that runs
+        // while the jobs do.
         std::thread::sleep(Duration::from_millis(200));
     }
     for (job, k, out) in &jobs {

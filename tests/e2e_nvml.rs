@@ -21,11 +21,11 @@ mod common;
 use common::{held_job, instance_of, read, release};
 
 use std::os::unix::fs::MetadataExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use smartmig_mig::{GpuModel, Shape};
 use smartmig_nvml_emu::{Emulator, Fault};
-use smartmig_suite::{plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+use smartmig_suite::{plugstack_line, Sidecar, SidecarBackend, SlurmCluster, Wait};
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -149,17 +149,19 @@ fn jobs_on_the_nvml_backend_allocate_reuse_survive_a_crash_and_reshape() {
     let job5 = cluster.sbatch_as_job_user(&out5, &["--gres=shard:2"], &held_job(&shared));
     let orphaned =
         |emu: &Emulator| (0..2).any(|g| hardware(emu, g).iter().any(|(_, _, u)| u.is_none()));
-    let start = Instant::now();
-    while !orphaned(&emu) {
-        assert!(
-            start.elapsed() < JOB_TIMEOUT,
-            "job {job5}'s create never reached the emulator: {:?} {:?}\n{}",
-            hardware(&emu, 0),
-            hardware(&emu, 1),
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    Wait::new(
+        format!("job {job5}'s create to reach the emulator"),
+        JOB_TIMEOUT,
+    )
+    .every(Duration::from_millis(50))
+    .context(|| cluster.log_tails())
+    .until(|| {
+        if orphaned(&emu) {
+            Ok(())
+        } else {
+            Err((hardware(&emu, 0), hardware(&emu, 1)))
+        }
+    });
     sidecar.kill();
     let sidecar = Sidecar::start_on(cluster.dir(), config, true, &backend);
     assert!(

@@ -105,20 +105,20 @@ fn wait_for(
     what: &str,
     cond: impl Fn(&str, &Value) -> bool,
 ) -> (String, Value) {
-    let start = Instant::now();
-    loop {
-        let text = read(out);
-        let status = sidecar.status();
-        if cond(&text, &status) {
-            return (text, status);
-        }
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "{what}: not reached after {TIMEOUT:?}\n--- output ---\n{text}\n--- status ---\n{status:#}\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    smartmig_suite::Wait::new(what, TIMEOUT)
+        .every(Duration::from_millis(200))
+        .context(|| cluster.log_tails())
+        .until(|| {
+            let text = read(out);
+            let status = sidecar.status();
+            if cond(&text, &status) {
+                Ok((text, status))
+            } else {
+                Err(format!(
+                    "\n--- output ---\n{text}\n--- status ---\n{status:#}"
+                ))
+            }
+        })
 }
 
 /// A job without `--mig-mem` starts on the smallest 1-slice profile

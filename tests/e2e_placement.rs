@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use smartmig_suite::{plugstack_line, wait_until, Sidecar, SlurmCluster};
+use smartmig_suite::{holds_within, plugstack_line, Sidecar, SlurmCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -74,7 +74,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
     // GPU 1 full, so every other job lands on GPU 0.
     let whole = cluster.sbatch_wrap(&["--gres=shard:7"], &body);
     assert!(
-        wait_until(Duration::from_secs(60), || holders(&sidecar.status()).len()
+        holds_within(Duration::from_secs(60), || holders(&sidecar.status()).len()
             == 1),
         "the whole-GPU job has no instance: {:#}\n{}",
         sidecar.status(),
@@ -83,7 +83,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
     let small = ["--gres=shard:1", "--mig-mem=8", "-t", "10"];
     let four: Vec<u32> = (0..4).map(|_| cluster.sbatch_wrap(&small, &body)).collect();
     assert!(
-        wait_until(Duration::from_secs(60), || holders(&sidecar.status()).len()
+        holds_within(Duration::from_secs(60), || holders(&sidecar.status()).len()
             == 5),
         "four 1g.10gb expected: {:#}\n{}",
         sidecar.status(),
@@ -95,7 +95,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
         &format!("echo late ran; {body}"),
     );
     assert!(
-        wait_until(Duration::from_secs(60), || waiting(&sidecar.status()).len()
+        holds_within(Duration::from_secs(60), || waiting(&sidecar.status()).len()
             == 1),
         "the late job does not wait: {:#}\n{}",
         sidecar.status(),
@@ -107,7 +107,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
     );
     // Both wait, and smartmigd knows both deadlines (from squeue).
     assert!(
-        wait_until(Duration::from_secs(60), || {
+        holds_within(Duration::from_secs(60), || {
             let w = waiting(&sidecar.status());
             w.len() == 2 && w.iter().all(|(_, d)| d.is_some())
         }),
@@ -125,7 +125,7 @@ fn edf_gives_freed_room_to_the_earlier_deadline() {
     // One 1g.10gb ends: the room goes to the earlier deadline.
     release(&go, four[0]);
     assert!(
-        wait_until(Duration::from_secs(60), || holders(&sidecar.status())
+        holds_within(Duration::from_secs(60), || holders(&sidecar.status())
             .contains(&u64::from(soon))),
         "job {soon} (earlier deadline) did not get the freed slice: {:#}\n{}",
         sidecar.status(),

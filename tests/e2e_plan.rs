@@ -45,7 +45,7 @@ fn confirm_mode_waits_for_the_admin_while_jobs_run() {
     );
     let mut p = Value::Null;
     assert!(
-        smartmig_suite::wait_until(TIMEOUT, || {
+        smartmig_suite::holds_within(TIMEOUT, || {
             p = plans(&sidecar);
             p["pending"]
                 .as_array()
@@ -82,7 +82,7 @@ fn confirm_mode_waits_for_the_admin_while_jobs_run() {
     // The job's GPU changed under its plan: withdrawn at the next epoch.
     let mut p = Value::Null;
     assert!(
-        smartmig_suite::wait_until(TIMEOUT, || {
+        smartmig_suite::holds_within(TIMEOUT, || {
             p = plans(&sidecar);
             p["pending"].as_array().is_some_and(|a| a.len() == 1)
         }),

@@ -789,25 +789,22 @@ fn submit(cluster: &SlurmCluster, dir: &Path, name: &str, args: &[&str]) -> (u32
 /// Waits until the job's output has its first line (it got its instance or
 /// failed trying), or it ended.
 fn wait_started(cluster: &SlurmCluster, job: u32, out: &Path) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(out).unwrap_or_default();
-        if text.contains("CVD=") {
-            return text;
-        }
-        let state = cluster.job_state(job).unwrap_or_default();
-        assert!(
-            !matches!(state.as_str(), "FAILED" | "CANCELLED" | "COMPLETED"),
-            "job {job} ended {state} before it started: {text:?}\n{}",
-            cluster.log_tails()
-        );
-        assert!(
-            start.elapsed() < JOB_TIMEOUT,
-            "job {job} did not start in {JOB_TIMEOUT:?} (state {state}): {text:?}\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    smartmig_suite::Wait::new(format!("job {job} to start"), JOB_TIMEOUT)
+        .every(Duration::from_millis(50))
+        .context(|| cluster.log_tails())
+        .until(|| {
+            let text = std::fs::read_to_string(out).unwrap_or_default();
+            if text.contains("CVD=") {
+                return Ok(text);
+            }
+            let state = cluster.job_state(job).unwrap_or_default();
+            assert!(
+                !matches!(state.as_str(), "FAILED" | "CANCELLED" | "COMPLETED"),
+                "job {job} ended {state} before it started: {text:?}\n{}",
+                cluster.log_tails()
+            );
+            Err((state, text))
+        })
 }
 
 /// Memory slices of the A100-40GB profiles (sidecar/mig/src/models.rs).

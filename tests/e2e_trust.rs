@@ -48,7 +48,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use smartmig_suite::{describe, job_user, plugstack_line, wait_until, Sidecar, SlurmCluster};
+use smartmig_suite::{describe, holds_within, job_user, plugstack_line, Sidecar, SlurmCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// smartmigd's refusal of a shard count Slurm did not grant.
@@ -127,7 +127,7 @@ fn forged_array_ids_never_requeue_another_users_job() {
     let victim = cluster.sbatch_wrap(&[], "sleep 300");
     let other = cluster.sbatch_wrap(&[], "sleep 300");
     assert!(
-        wait_until(TIMEOUT, || [victim, other]
+        holds_within(TIMEOUT, || [victim, other]
             .iter()
             .all(|j| cluster.job_state(*j).as_deref() == Some("RUNNING"))),
         "root's jobs did not start: {:#?}",
@@ -147,7 +147,7 @@ fn forged_array_ids_never_requeue_another_users_job() {
     );
     // Its first run meets no smartmigd and gives up after 1 s: it is
     // requeued, or (before issue 53) it failed.
-    let first_run_over = wait_until(TIMEOUT, || {
+    let first_run_over = holds_within(TIMEOUT, || {
         job_field(&cluster, attacker, "Restarts").is_some_and(|n| n != "0")
             || cluster
                 .job_state(attacker)
@@ -196,7 +196,7 @@ fn an_array_task_is_requeued_by_its_own_array_id() {
     let out = cluster.shared_dir().join("array-%A_%a.out");
     let array = cluster.sbatch_as_job_user(&out, &["--gres=shard:1", "--array=0-1"], "echo ran");
     let log = cluster.dir().join("log/slurmd.log");
-    let both = wait_until(TIMEOUT, || {
+    let both = holds_within(TIMEOUT, || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         (0..2).all(|t| text.contains(&format!("requeued as {array}_{t}")))
     });
@@ -434,7 +434,7 @@ fn release_by_hand_keeps_a_running_jobs_instance() {
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
     let out = cluster.shared_dir().join("running.out");
     let job = cluster.sbatch_as_job_user(&out, &["--gres=shard:3"], "sleep 300");
-    let running = smartmig_suite::wait_until(TIMEOUT, || {
+    let running = smartmig_suite::holds_within(TIMEOUT, || {
         held(&sidecar).iter().any(|(j, _)| *j == u64::from(job))
     });
     assert!(running, "job {job} got no instance: {}", read(&out));

@@ -600,7 +600,7 @@ fn installed_packages_run_a_shard_job() {
                 .is_ok_and(|o| o.status.success())
         };
         assert!(
-            smartmig_suite::wait_until(Duration::from_secs(20), answers),
+            smartmig_suite::holds_within(Duration::from_secs(20), answers),
             "the installed smartmigd does not answer: {}",
             cluster.log_tails()
         );

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use smartmig_suite::{plugin, SlurmCluster};
+use smartmig_suite::{plugin, SlurmCluster, Wait};
 
 /// The plugin's request timeout in these tests (plugstack `timeout=`).
 const PLUGIN_TIMEOUT_S: u64 = 3;
@@ -102,6 +102,7 @@ impl FakeSidecar {
                         std::thread::spawn(move || serve(stream, b, r, held));
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        // The fake's idle accept loop, not the test waiting.
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     Err(e) => panic!("fake sidecar accept: {e}"),
@@ -192,14 +193,17 @@ fn run_shard_job(cluster: &SlurmCluster, name: &str) -> (u32, String, String, Du
     // slurmstepd may flush the output file just after the state changed:
     // poll until it holds the plugin's error or the body's line (the
     // callers' assertions then judge whatever it holds).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut text = read(&out);
-    while !(text.contains("smartmig: error") || text.contains("BODY-RAN"))
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(20));
-        text = read(&out);
-    }
+    let text = Wait::new("", Duration::from_secs(10))
+        .every(Duration::from_millis(20))
+        .poll(|| {
+            let text = read(&out);
+            if text.contains("smartmig: error") || text.contains("BODY-RAN") {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        })
+        .unwrap_or_else(|timed_out| timed_out.last);
     (job, state, text, elapsed)
 }
 

@@ -21,7 +21,7 @@ use smartmig_daemon::slurm::{
     number, parse_gres_gpus, parse_job_comment, parse_nodes, parse_queue, CommandSlurm, JobState,
     NodeFeatures, SlurmClient,
 };
-use smartmig_suite::{describe, repo_root, slurm_series, wait_until, SlurmCluster};
+use smartmig_suite::{describe, holds_within, repo_root, slurm_series, wait_until, SlurmCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -103,16 +103,16 @@ fn the_daemons_slurm_client_reads_this_series() {
         &["--gres=shard:3", "-t", "10", "--deadline=now+2hours"],
         &wait,
     );
-    assert!(wait_until(TIMEOUT, || cluster.job_state(a).as_deref()
+    assert!(holds_within(TIMEOUT, || cluster.job_state(a).as_deref()
         == Some("RUNNING")));
     let b = cluster.sbatch_wrap(&["--gres=shard:7"], &wait);
-    assert!(wait_until(TIMEOUT, || cluster.job_state(b).as_deref()
+    assert!(holds_within(TIMEOUT, || cluster.job_state(b).as_deref()
         == Some("RUNNING")));
     // Two array tasks on GPU 0's four free shards, and a held job.
     let array = cluster.sbatch_wrap(&["--gres=shard:1", "--array=1-2"], &wait);
     let held = cluster.sbatch_wrap(&["--gres=shard:2", "-H"], "true");
     assert!(
-        wait_until(TIMEOUT, || cluster
+        holds_within(TIMEOUT, || cluster
             .job_records(array)
             .iter()
             .filter(|r| r.get("JobState").map(String::as_str) == Some("RUNNING"))
@@ -254,7 +254,7 @@ fn the_daemons_slurm_client_reads_this_series() {
     assert_eq!(all.len(), 1, "{all:?}");
     client.resume(&node).expect("client.resume");
     assert!(
-        wait_until(TIMEOUT, || !client.node(&node).expect("node").drain),
+        holds_within(TIMEOUT, || !client.node(&node).expect("node").drain),
         "resume did not undo the drain"
     );
     let queue = client.queue().expect("client.queue");
@@ -347,7 +347,23 @@ fn the_daemons_slurm_client_reads_this_series() {
         .status()
         .expect("kill slurmctld");
     assert!(killed.success());
-    std::thread::sleep(Duration::from_secs(1));
+    // Gone: no process, or a zombie not yet reaped (field 3 of
+    // /proc/PID/stat, after the name in parentheses, is `Z`).
+    let stat = format!("/proc/{}/stat", pid.trim());
+    wait_until(
+        "slurmctld to exit",
+        TIMEOUT,
+        || match std::fs::read_to_string(&stat) {
+            Err(_) => Ok(()),
+            Ok(s)
+                if s.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z')) =>
+            {
+                Ok(())
+            }
+            Ok(s) => Err(s),
+        },
+    );
     let down = client.queue();
     assert!(down.is_err(), "a queue without slurmctld: {down:?}");
     assert!(client.node(&node).is_err(), "a node without slurmctld");

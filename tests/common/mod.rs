@@ -5,9 +5,9 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use smartmig_suite::{fields, SlurmCluster};
+use smartmig_suite::{fields, SlurmCluster, Wait};
 
 use smartmig_mig::GpuModel;
 use smartmig_nvml_emu::{Emulator, GpuSetup};
@@ -45,21 +45,19 @@ pub fn held_job(go: &Path) -> String {
 
 /// Waits until `out` names the instance the job got; returns (uuid, profile).
 pub fn instance_of(cluster: &SlurmCluster, out: &Path) -> (String, String) {
-    let start = Instant::now();
-    loop {
-        let f = fields(&read(out));
-        if let (Some(cvd), Some(profile)) = (f.get("CVD"), f.get("PROFILE")) {
-            return (cvd.clone(), profile.clone());
+    Wait::new(
+        format!("{} to name an instance", out.display()),
+        HELD_JOB_TIMEOUT,
+    )
+    .context(|| cluster.log_tails())
+    .until(|| {
+        let text = read(out);
+        let f = fields(&text);
+        match (f.get("CVD"), f.get("PROFILE")) {
+            (Some(cvd), Some(profile)) => Ok((cvd.clone(), profile.clone())),
+            _ => Err(text),
         }
-        assert!(
-            start.elapsed() < HELD_JOB_TIMEOUT,
-            "{} names no instance: {:?}\n{}",
-            out.display(),
-            read(out),
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
 }
 
 /// Lets held job `job` end and checks that it completed.

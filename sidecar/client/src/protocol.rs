@@ -365,6 +365,12 @@ pub struct StatusReply {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
     pub uptime_s: u64,
+    /// Repartitioning epochs run to the end since smartmigd started (the
+    /// count of `/metrics`' `smartmig_epochs_total`): a reader that sees
+    /// it advance by two knows a whole epoch ran after it looked (tests
+    /// wait on it instead of sleeping; absent, 0, from older daemons).
+    #[serde(default)]
+    pub epochs: u64,
     pub gpus: Vec<GpuStatus>,
     /// Learned memory estimates and recent out-of-memory restarts (absent
     /// from daemons that predate them).

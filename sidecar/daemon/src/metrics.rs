@@ -403,6 +403,11 @@ impl Metrics {
         self.epochs.inc();
     }
 
+    /// Epochs run to the end so far (the status reply's `epochs`).
+    pub fn epochs(&self) -> u64 {
+        self.epochs.get()
+    }
+
     pub fn allocation(&self, result: &str, seconds: f64) {
         self.allocations
             .get_or_create(&ResultLabel {

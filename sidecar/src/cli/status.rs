@@ -431,6 +431,7 @@ mod tests {
             policy: "none".into(),
             placement: None,
             uptime_s: 75,
+            epochs: 0,
             gpus: vec![GpuStatus {
                 index: 0,
                 model: crate::mig::GpuModel::A100_40gb,
@@ -520,6 +521,7 @@ mod tests {
             policy: "none".into(),
             placement: None,
             uptime_s: 5,
+            epochs: 0,
             gpus: vec![],
             memory: Some(MemoryStatus {
                 estimate: true,

@@ -11,9 +11,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::daemon_common::{free_port, req, TestDaemon};
+use crate::daemon_common::{free_port, req, TestDaemon, Wait};
 use smartmig::daemon::protocol::{AllocateReply, ReleaseRequest};
 use smartmig::daemon::ClientError;
 
@@ -104,18 +104,20 @@ impl Prometheus {
     }
 
     fn wait_ready(&mut self) {
-        let t0 = Instant::now();
-        while !matches!(http_get(self.port, "/-/ready"), Ok((200, _))) {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                panic!("prometheus exited with {st}:\n{}", self.log());
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "prometheus not ready within 30 s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let log_path = self.dir.join("prometheus.log");
+        let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        let (child, port) = (&mut self.child, self.port);
+        Wait::new("prometheus to be ready", Duration::from_secs(30))
+            .context(log)
+            .until(|| {
+                if let Some(st) = child.try_wait().unwrap() {
+                    panic!("prometheus exited with {st}:\n{}", log());
+                }
+                match http_get(port, "/-/ready") {
+                    Ok((200, _)) => Ok(()),
+                    seen => Err(seen),
+                }
+            });
     }
 
     /// `/api/v1/query?query=expr` (evaluated now): the parsed answer.
@@ -149,15 +151,37 @@ impl Prometheus {
 
     /// Polls until `expr` has a sample equal to `want`; fails after 30 s.
     fn wait_for(&self, expr: &str, want: f64) {
-        let t0 = Instant::now();
-        while !self.values(expr).is_ok_and(|v| v.contains(&want)) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "{expr} never {want} in Prometheus within 30 s\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        Wait::new(
+            format!("{expr} == {want} in Prometheus"),
+            Duration::from_secs(30),
+        )
+        .every(Duration::from_millis(200))
+        .context(|| self.log())
+        .until(|| match self.values(expr) {
+            Ok(v) if v.contains(&want) => Ok(()),
+            seen => Err(seen),
+        });
+    }
+
+    /// Scrapes of smartmigd Prometheus has stored (samples of `up`).
+    fn scrapes(&self) -> Result<f64, String> {
+        self.values("count_over_time(up{job=\"smartmig\"}[1h])")
+            .map(|v| v.first().copied().unwrap_or(0.0))
+    }
+
+    /// Waits until Prometheus has scraped smartmigd `n` more times.
+    fn wait_scrapes(&self, n: u32) {
+        let before = self.scrapes().unwrap_or(0.0);
+        Wait::new(
+            format!("{n} more scrapes than {before}"),
+            Duration::from_secs(60),
+        )
+        .every(Duration::from_millis(200))
+        .context(|| self.log())
+        .until(|| match self.scrapes() {
+            Ok(k) if k >= before + f64::from(n) => Ok(()),
+            seen => Err(seen),
+        });
     }
 }
 
@@ -249,12 +273,15 @@ fn release(job_id: u64, oom: bool) -> ReleaseRequest {
     }
 }
 
-/// Serves jobs while Prometheus scrapes, spaced by a few scrapes so that
+/// Serves jobs while Prometheus scrapes, spaced by two scrapes so that
 /// counters and histograms rise between samples: creates and destroys on
 /// GPU 1, a normal and an out-of-memory release; leaves job 4501 busy on
 /// GPU 0 and a 7g allocate (job 4599) waiting behind it. Returns the waiter.
-fn serve_jobs(d: &TestDaemon) -> std::thread::JoinHandle<Result<AllocateReply, ClientError>> {
-    let pause = || std::thread::sleep(Duration::from_millis(2500));
+fn serve_jobs(
+    d: &TestDaemon,
+    prom: &Prometheus,
+) -> std::thread::JoinHandle<Result<AllocateReply, ClientError>> {
+    let pause = || prom.wait_scrapes(2);
     let c = d.client();
     c.allocate(req(4501, 0, 1, None)).unwrap();
     pause();
@@ -300,10 +327,10 @@ fn every_dashboard_expression_returns_data_from_a_real_prometheus() {
     let prom = Prometheus::start(&d.dir, metrics_port);
     prom.wait_for("up{job=\"smartmig\"}", 1.0);
 
-    let waiter = serve_jobs(&d);
+    let waiter = serve_jobs(&d, &prom);
     prom.wait_for("sum(smartmig_waiting_allocations)", 1.0);
     // A few more scrapes with the last state.
-    std::thread::sleep(Duration::from_secs(3));
+    prom.wait_scrapes(3);
 
     let node = format!("127\\\\.0\\\\.0\\\\.1:{metrics_port}");
     let mut failures = Vec::new();

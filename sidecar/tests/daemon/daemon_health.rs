@@ -206,9 +206,10 @@ fn a_fatal_xid_stops_placement_on_the_gpu_and_drains_the_node_until_resumed() {
             .any(|l| l.starts_with("smartmig_gpu_healthy{gpu=\"1\",") && l.ends_with(" 0")),
         "{text}"
     );
-    // A few epochs pass: our drain stays (the plugin's `smartmig:` rule
-    // must not resume it while the GPU is out of service).
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // Epochs pass (two more: one ran whole after the drain and compared
+    // the node with Slurm): our drain stays (the plugin's `smartmig:`
+    // rule must not resume it while the GPU is out of service).
+    d.wait_epochs(d.epochs(), 2);
     assert!(drain.exists(), "resumed too early: {}", d.log());
     // The admin resumes the node in Slurm: the GPU is back in service.
     std::fs::remove_file(&drain).unwrap();
@@ -240,8 +241,9 @@ fn a_fatal_xid_on_a_node_drained_by_someone_else_leaves_the_drain_alone() {
             .as_ref()
             .is_some_and(|h| h.fatal_xid == Some(48))
     });
-    // A few epochs compare the node with Slurm.
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // Epochs compare the node with Slurm (two more: one ran whole after
+    // the GPU went out of service).
+    d.wait_epochs(d.epochs(), 2);
     assert_eq!(
         std::fs::read_to_string(&drain).unwrap(),
         "maintenance: bios update",

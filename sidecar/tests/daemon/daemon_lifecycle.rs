@@ -57,15 +57,14 @@ fn sighup_reloads_and_keeps_the_old_config_when_invalid() {
     )
     .unwrap();
     d.signal(Signal::SIGHUP);
-    let mut ok = false;
-    for _ in 0..100 {
-        if d.client().status().unwrap().policy == "static:4444|3333" {
-            ok = true;
-            break;
+    d.wait_until("the policy reloaded", || {
+        let policy = d.client().status().unwrap().policy;
+        if policy == "static:4444|3333" {
+            Ok(())
+        } else {
+            Err(policy)
         }
-        std::thread::sleep(Duration::from_millis(30));
-    }
-    assert!(ok, "policy not reloaded: {}", d.log());
+    });
     std::fs::write(&d.config, "this is = = not toml").unwrap();
     d.signal(Signal::SIGHUP);
     d.wait_until("the bad config refused", || {

@@ -13,7 +13,7 @@
 //!   lists, and only those.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::daemon_common::{req, with_fake_slurm, TestDaemon};
 use smartmig::daemon::protocol::{AllocAction, AllocateRequest, ReleaseRequest};
@@ -31,18 +31,6 @@ fn oom(job_id: u64) -> ReleaseRequest {
         oom: true,
         used_memory_gb: None,
         from_epilog: false,
-    }
-}
-
-fn wait_until(d: &TestDaemon, what: &str, cond: impl Fn() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "{what}: not within 20 s\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -89,10 +77,10 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
             .map(smartmig::daemon::protocol::OomDecision::as_str),
         Some("requeue_scheduled")
     );
-    wait_until(&d, "scontrol requeue 5", || {
+    d.wait_until("scontrol requeue 5", || {
         scontrol_log(&d.dir).contains("requeue 5")
     });
-    wait_until(&d, "requeue recorded", || {
+    d.wait_until("requeue recorded", || {
         c.status()
             .unwrap()
             .memory
@@ -212,7 +200,7 @@ requeue_timeout_s = 5
             Some("requeue_scheduled")
         );
     }
-    wait_until(&d, "both decided", || {
+    d.wait_until("both decided", || {
         let m = c.status().unwrap().memory.unwrap();
         m.oom_events
             .iter()
@@ -263,7 +251,7 @@ fn the_loop_releases_only_jobs_slurm_no_longer_runs() {
     for job in [1, 2, 3] {
         c.allocate(req(job, 0, 1, None)).unwrap();
     }
-    wait_until(&d, "job 2 released", || {
+    d.wait_until("job 2 released", || {
         let st = c.status().unwrap();
         !st.gpus[0].instances.iter().any(|i| i.job_id == Some(2))
     });

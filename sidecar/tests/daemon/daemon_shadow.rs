@@ -103,6 +103,8 @@ fn the_shadow_hands_a_bad_policy_over_to_the_fallback() {
                 id += 1;
             }
         }
+        // Not synchronisation: the workload's input, a wave every 2 s
+        // (each job holds its instance for one wave).
         std::thread::sleep(Duration::from_secs(2));
     }
     let took = t0.elapsed();
@@ -219,6 +221,7 @@ impl Jobs {
                     self.held.push(self.next);
                 }
             }
+            // Not synchronisation: the workload's input, a wave every 2 s.
             std::thread::sleep(Duration::from_secs(2));
         }
         t0.elapsed()

@@ -98,6 +98,7 @@ fn client_loop(
                         v.in_flight.entry(job).or_insert(Request::Release);
                     }
                     mine.push(job);
+                    // A load client's back-off while the daemon is down.
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
@@ -139,6 +140,7 @@ fn client_loop(
                         v.in_flight.entry(job).or_insert(Request::Allocate);
                     }
                     mine.push(job);
+                    // A load client's back-off while the daemon is down.
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
@@ -210,7 +212,8 @@ fn crash_rounds(name: &str, journal: Option<std::path::PathBuf>) {
                 std::thread::spawn(move || client_loop(c, i, s, stop, view, next_job))
             })
             .collect();
-        // Kill at a random point 5..80 ms into the load.
+        // Kill at a random point 5..80 ms into the load (not
+        // synchronisation: the crash point is the test's input).
         std::thread::sleep(Duration::from_millis(rng.random_range(5..80)));
         d.kill9();
         stop.store(true, Ordering::Relaxed);

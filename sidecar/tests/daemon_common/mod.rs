@@ -10,12 +10,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use smartmig::daemon::protocol::AllocateRequest;
 use smartmig::daemon::Client;
 use smartmig::mig::GpuModel;
 use smartmig_nvml_emu::{Emulator, GpuSetup};
+pub use smartmig_test_support::{Outcome, Wait};
 
 /// The backend the tests drive: `sim` (default) or `nvml` (over the
 /// emulator), from `SMARTMIG_TEST_BACKEND`.
@@ -252,37 +253,49 @@ impl TestDaemon {
             .stderr(log)
             .spawn()
             .unwrap();
-        self.child = Some(child);
-        let t0 = Instant::now();
-        while self.client().health().is_err() {
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("smartmigd exited with {st}: {}", self.log());
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "no health reply: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut child = Some(child);
+        Wait::new("a health reply", Duration::from_secs(20))
+            .every(Duration::from_millis(20))
+            .context(|| self.log())
+            .until(|| {
+                if let Some(st) = child.as_mut().unwrap().try_wait().unwrap() {
+                    panic!("smartmigd exited with {st}: {}", self.log());
+                }
+                self.client().health()
+            });
+        self.child = child;
     }
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
-    /// Polls `cond` until it holds; fails after 30 s naming `what`, with
-    /// the daemon's log.
-    pub fn wait_until(&self, what: &str, mut cond: impl FnMut() -> bool) {
-        let t0 = Instant::now();
-        while !cond() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "{what}: not within 30 s\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    /// Polls `probe` (`bool`, `Option` or `Result` with the state seen)
+    /// until it succeeds; fails after 30 s naming `what`, with the last
+    /// state seen and the daemon's log.
+    pub fn wait_until<P: Outcome>(&self, what: &str, probe: impl FnMut() -> P) -> P::Done {
+        Wait::new(what, Duration::from_secs(30))
+            .every(Duration::from_millis(20))
+            .context(|| self.log())
+            .until(probe)
+    }
+
+    /// The daemon's epoch counter (status `epochs`).
+    pub fn epochs(&self) -> u64 {
+        self.client().status().expect("status").epochs
+    }
+
+    /// Waits until `n` more epochs than `since` have run to the end; with
+    /// `since` read after an event and `n = 2`, a whole epoch ran after it.
+    pub fn wait_epochs(&self, since: u64, n: u64) -> u64 {
+        self.wait_until(&format!("epoch {} (from {since})", since + n), || {
+            let now = self.epochs();
+            if now >= since + n {
+                Ok(now)
+            } else {
+                Err(now)
+            }
+        })
     }
 
     pub fn client(&self) -> Client {
@@ -305,18 +318,10 @@ impl TestDaemon {
 
     pub fn wait(&mut self, limit: Duration) -> ExitStatus {
         let mut c = self.child.take().unwrap();
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                t0.elapsed() < limit,
-                "smartmigd did not exit: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        Wait::new("smartmigd to exit", limit)
+            .every(Duration::from_millis(20))
+            .context(|| self.log())
+            .until(|| c.try_wait().unwrap())
     }
 
     /// Sends raw bytes on a fresh connection and returns the reply line (parsed).

@@ -9,9 +9,9 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::daemon_common::emulator_library;
+use crate::daemon_common::{emulator_library, Wait};
 use serde_json::Value;
 use smartmig::daemon::protocol::AllocateRequest;
 use smartmig::daemon::Client;
@@ -136,20 +136,18 @@ impl Node {
             .stderr(log)
             .spawn()
             .unwrap();
-        self.daemon = Some(child);
+        let mut child = child;
         let client = Client::new(self.socket()).with_io_timeout(Duration::from_secs(5));
-        let t0 = Instant::now();
-        while client.health().is_err() {
-            if let Some(st) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
-                panic!("smartmigd exited with {st}: {}", self.log());
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "no health: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        Wait::new("a health reply", Duration::from_secs(20))
+            .every(Duration::from_millis(20))
+            .context(|| self.log())
+            .until(|| {
+                if let Some(st) = child.try_wait().unwrap() {
+                    panic!("smartmigd exited with {st}: {}", self.log());
+                }
+                client.health()
+            });
+        self.daemon = Some(child);
     }
 
     fn stop_daemon(&mut self) {
@@ -588,17 +586,13 @@ fn a_driver_that_differs_fails_and_a_renamed_profile_warns() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let status_code = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("smartmigd kept running: {}", node.log());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exited = Wait::new("smartmigd to refuse to start", Duration::from_secs(20))
+        .every(Duration::from_millis(20))
+        .poll(|| child.try_wait().unwrap());
+    let status_code = exited.unwrap_or_else(|_| {
+        let _ = child.kill();
+        panic!("smartmigd kept running: {}", node.log());
+    });
     assert!(!status_code.success());
     let log = node.log();
     assert!(

@@ -36,6 +36,7 @@ fn fake(name: &str, f: impl FnOnce(UnixStream) + Send + 'static) -> PathBuf {
 #[test]
 fn silent_peer_times_out_with_a_clear_message() {
     let path = fake("silent.sock", |s| {
+        // Not synchronisation: the peer under test says nothing for 10 s.
         std::thread::sleep(Duration::from_secs(10));
         drop(s);
     });
@@ -60,6 +61,7 @@ fn trickling_peer_cannot_hold_the_client_past_its_timeout() {
             if s.write_all(b"x").is_err() {
                 return;
             }
+            // Not synchronisation: the trickle under test.
             std::thread::sleep(Duration::from_millis(200));
         }
     });

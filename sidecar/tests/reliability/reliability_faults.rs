@@ -127,6 +127,7 @@ fn bounded_soak() {
         lat.push(a.elapsed().as_secs_f64() * 1e3);
         next += period;
         if let Some(w) = next.checked_duration_since(Instant::now()) {
+            // Not synchronisation: the load's rate is the test's input.
             std::thread::sleep(w);
         }
     }

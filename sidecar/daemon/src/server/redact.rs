@@ -95,6 +95,7 @@ mod tests {
             policy: "greedy".into(),
             placement: None,
             uptime_s: 1,
+            epochs: 0,
             gpus: vec![GpuStatus {
                 index: 0,
                 model: GpuModel::A100_40gb,

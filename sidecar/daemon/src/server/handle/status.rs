@@ -42,6 +42,7 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         policy: cx.live.policy_name.clone(),
         placement: Some(placement),
         uptime_s: cx.node.started.elapsed().as_secs(),
+        epochs: cx.svc.metrics.epochs(),
         gpus,
         memory: Some(memory),
         epilog_missing: ledger.releases.epilog_missing(),
