@@ -244,7 +244,7 @@ fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert!(
-        smartmig_suite::wait_until(TIMEOUT, || show().contains("smartmig-requeued:at=")),
+        smartmig_suite::holds_within(TIMEOUT, || show().contains("smartmig-requeued:at=")),
         "job {gave_way}'s AdminComment does not say why it was requeued:\n{}\n{}",
         show(),
         cluster.smartmigd_log()
@@ -254,7 +254,7 @@ fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
     let read = || std::fs::read_to_string(&output).unwrap_or_default();
     let told = "smartmig: this job was requeued by smartmig";
     assert!(
-        smartmig_suite::wait_until(TIMEOUT, || read().contains(told)),
+        smartmig_suite::holds_within(TIMEOUT, || read().contains(told)),
         "job {gave_way}'s next run does not say why it was requeued: {:?}\n{}\n{}",
         read(),
         show(),
