@@ -928,7 +928,7 @@ impl<'j> Engine<'j> {
         // The scheduler expects the full run even if it will fail.
         st.busy_until[pid.0 as usize] = end;
         self.running += 1;
-        let first_piece = self.first_piece(i);
+        let first_piece = self.gangs.left.started(i, job.is_gang());
         if let Some(o) = self.oom.as_mut().filter(|_| !job.is_gang()) {
             let inst = f64::from(placement.profile.memory_gb);
             let run_s = job.work / speed;
@@ -1062,7 +1062,7 @@ impl<'j> Engine<'j> {
         self.put_free(c, gpu, pid);
         if self.jobs[i as usize].is_gang() {
             // Gang jobs never run out of memory: each piece has a whole GPU.
-            if self.last_piece(i) {
+            if self.gangs.left.ended(i) {
                 self.m.completed += 1;
             }
         } else if self.oom.is_some() {
@@ -1223,39 +1223,46 @@ impl<'j> Engine<'j> {
     fn on_demand_way(&self, i: u32) -> Option<(usize, SpotId, Way)> {
         let job = self.seen_job(i);
         let asked = self.asked_per_model(&job);
-        // Two passes with the answer of one: the first GPU whose way
-        // destroys nothing, asking smartmigd's rule only where the profile
-        // fits free space or an idle instance of its shape exists (no other
-        // GPU can answer without destroying); only if none does, every GPU
-        // for the fewest destroyed. On 1,000 GPUs asking every GPU cost 7x.
-        let cheap = |gpu: usize, profile: &ProfileSpec| {
+        // The first GPU whose way destroys nothing, asking smartmigd's rule
+        // only where one can exist: the profile fits free space, or an idle
+        // instance of its compute size with the memory can be reused (the
+        // conditions of `Geometry::ways_to_serve`'s reuse and create). On
+        // 1,000 GPUs asking every GPU cost 7x.
+        let want_gb = job.memory_gb;
+        let may_cost_nothing = |gpu: usize, profile: &ProfileSpec| {
             let st = &self.status[gpu];
             let g = st.geometry;
             g.candidates(st.layout, profile.shape).next().is_some()
-                || st
-                    .idle()
-                    .iter()
-                    .any(|id| g.spot(id).shape() == profile.shape)
+                || st.idle().iter().any(|id| {
+                    let p = g.spot(id).profile;
+                    p.shape.compute == profile.shape.compute && f64::from(p.memory_gb) >= want_gb
+                })
         };
-        let mut best: Option<(usize, usize, SpotId, Way)> = None;
-        for free_first in [true, false] {
-            for gpu in 0..self.status.len() {
-                let Some(profile) = asked[self.status[gpu].model as usize] else {
-                    continue;
-                };
-                if free_first && !cheap(gpu, profile) {
-                    continue;
-                }
-                let Some((pid, way)) = self.way_on(i, &job, gpu, profile) else {
-                    continue;
-                };
-                let cost = way.destroyed().len();
-                if best.is_none_or(|b| cost < b.0) {
-                    best = Some((cost, gpu, pid, way));
-                }
-                if cost == 0 {
+        for gpu in 0..self.status.len() {
+            let Some(profile) = asked[self.status[gpu].model as usize] else {
+                continue;
+            };
+            if !may_cost_nothing(gpu, profile) {
+                continue;
+            }
+            if let Some((pid, way)) = self.way_on(i, &job, gpu, profile) {
+                if way.destroyed().is_empty() {
                     return Some((gpu, pid, way));
                 }
+            }
+        }
+        // None: the GPU (first by index) whose way destroys the fewest.
+        let mut best: Option<(usize, usize, SpotId, Way)> = None;
+        for gpu in 0..self.status.len() {
+            let Some(profile) = asked[self.status[gpu].model as usize] else {
+                continue;
+            };
+            let Some((pid, way)) = self.way_on(i, &job, gpu, profile) else {
+                continue;
+            };
+            let cost = way.destroyed().len();
+            if best.is_none_or(|b| cost < b.0) {
+                best = Some((cost, gpu, pid, way));
             }
         }
         best.map(|(_, gpu, pid, way)| (gpu, pid, way))

@@ -800,7 +800,7 @@ impl<'j> Deploy<'j> {
             let run = run_record(job, gpu, &placement, speed, self.now);
             s.record(&Record::Job(JobRecord { run, end }))?;
         }
-        if !self.first_piece(i) {
+        if !self.gangs.left.started(i, job.is_gang()) {
             return Ok(());
         }
         self.m.total_tardiness_s += (end - job.deadline).max(0.0);
@@ -825,7 +825,7 @@ impl<'j> Deploy<'j> {
         gp.job_on[pid.0 as usize] = u32::MAX;
         gp.status.busy = gp.status.busy.without(pid);
         gp.alloc -= billed;
-        if self.last_piece(i) {
+        if self.gangs.left.ended(i) {
             self.state[i as usize] = St::Done;
             self.m.completed += 1;
             self.live -= 1;

@@ -41,7 +41,7 @@ pub(super) struct Gangs {
     reserved: Vec<usize>,
     reserved_at: f64,
     /// Pieces still running of each started gang job.
-    left: crate::sim::gang::Pieces,
+    pub(super) left: crate::sim::gang::Pieces,
 }
 
 impl Engine<'_> {
@@ -227,16 +227,5 @@ impl Engine<'_> {
             self.run_job(i, gpu, pid, hooks)?;
         }
         Ok(())
-    }
-
-    /// A piece of job `i` starts: true for the first (or only) one.
-    pub(super) fn first_piece(&mut self, i: u32) -> bool {
-        let gang = self.jobs[i as usize].is_gang();
-        self.gangs.left.started(i, gang)
-    }
-
-    /// A piece of job `i` ends: true when the job is over.
-    pub(super) fn last_piece(&mut self, i: u32) -> bool {
-        self.gangs.left.ended(i)
     }
 }

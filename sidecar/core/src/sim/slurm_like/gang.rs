@@ -21,7 +21,7 @@ pub(super) struct Gangs {
     /// Job -> its pieces (GPU, instance, ready) while they are being built.
     starting: std::collections::HashMap<u32, Vec<(usize, SpotId, bool)>>,
     /// Pieces still running of each started gang job.
-    left: crate::sim::gang::Pieces,
+    pub(super) left: crate::sim::gang::Pieces,
     /// GPUs kept for the first gang job that does not fit, and when they
     /// will have all their shards free.
     pub(super) keep: Vec<(usize, f64)>,
@@ -127,7 +127,6 @@ impl Deploy<'_> {
             return Ok((pid, true));
         }
         self.create(i, gpu, pid, way.destroyed(), hooks)?;
-        self.state[i as usize] = St::GangStarting;
         Ok((pid, false))
     }
 
@@ -167,17 +166,6 @@ impl Deploy<'_> {
             self.start(i, gpu, pid, hooks)?;
         }
         Ok(())
-    }
-
-    /// A piece of job `i` starts: true for the first (or only) one.
-    pub(super) fn first_piece(&mut self, i: u32) -> bool {
-        let gang = self.jobs[i as usize].is_gang();
-        self.gangs.left.started(i, gang)
-    }
-
-    /// A piece of job `i` ends: true when the job is over.
-    pub(super) fn last_piece(&mut self, i: u32) -> bool {
-        self.gangs.left.ended(i)
     }
 
     /// Keeps for gang job `i` the `need` GPUs that fit it and will have
