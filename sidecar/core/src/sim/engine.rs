@@ -112,6 +112,28 @@ struct OomState {
     cap_gb: f64,
 }
 
+impl OomState {
+    /// The mode's state at t = 0 for `n` jobs; the estimates are capped at
+    /// the largest profile memory of the cluster's `classes`.
+    fn new(o: &OomConfig, n: usize, classes: &[Option<Class>]) -> OomState {
+        OomState {
+            cfg: o.clone(),
+            failures: vec![0; n],
+            early: vec![false; n],
+            asked: vec![0.0; n],
+            estimator: o
+                .estimate
+                .clone()
+                .and_then(|e| MemoryEstimator::new(e).ok()),
+            cap_gb: classes
+                .iter()
+                .flatten()
+                .map(|c| f64::from(c.profile.memory_gb))
+                .fold(0.0, f64::max),
+        }
+    }
+}
+
 /// The result of a run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimResult {
@@ -263,86 +285,12 @@ impl<'j> Engine<'j> {
             ja.arrival.total_cmp(&jb.arrival).then(ja.id.cmp(&jb.id))
         });
         let on_demand = cfg.serve_on_demand && policy.served_through_shards();
-        let mut fit_mask = vec![0u64; jobs.len()];
-        let mut rejected = Vec::new();
-        let oom_on = cfg.oom.is_some();
-        for (i, j) in jobs.iter().enumerate() {
-            let (k, exact) = request(j, cfg.exact_size);
-            // In the OOM mode the scheduler only knows the declaration.
-            let mem = if oom_on {
-                j.declared_memory_gb.unwrap_or(j.memory_gb)
-            } else {
-                j.memory_gb
-            };
-            let mut mask = fit_mask_of(&classes, j, mem, k, exact, on_demand);
-            if mask != 0 && j.is_gang() {
-                let whole = gang_capable(cluster, &models, &classes, mask);
-                if whole < j.gpus as usize {
-                    mask = 0;
-                    rejected.push((
-                        i as u32,
-                        format!(
-                            "spans {} GPUs, each whole with {mem} GB; the cluster has {whole} such GPUs",
-                            j.gpus
-                        ),
-                    ));
-                }
-            } else if mask == 0 {
-                rejected.push((
-                    i as u32,
-                    format!(
-                        "fits no instance of any GPU in the cluster (needs {k} compute slices and {mem} GB)"
-                    ),
-                ));
-            }
-            fit_mask[i] = mask;
-        }
-        let oom = cfg.oom.as_ref().map(|o| OomState {
-            cfg: o.clone(),
-            failures: vec![0; jobs.len()],
-            early: vec![false; jobs.len()],
-            asked: vec![0.0; jobs.len()],
-            estimator: o
-                .estimate
-                .clone()
-                .and_then(|e| MemoryEstimator::new(e).ok()),
-            cap_gb: classes
-                .iter()
-                .flatten()
-                .map(|c| f64::from(c.profile.memory_gb))
-                .fold(0.0, f64::max),
-        });
-        let mut status = Vec::with_capacity(cluster.len());
-        let mut rt = Vec::with_capacity(cluster.len());
-        let mut free = Vec::new();
-        free.resize_with(classes.len(), BTreeSet::new);
-        let mut free_mask = 0u64;
-        for (gi, &model) in cluster.iter().enumerate() {
-            let g = Geometry::of(model);
-            let layout = policy.initial_layout(gi, g);
-            if !g.is_valid(layout) {
-                return Err(SimError::InvalidInitialLayout {
-                    gpu: gi,
-                    policy: policy.name(),
-                });
-            }
-            let slot = models.iter().position(|&m| m == model).unwrap_or(0);
-            for id in layout.iter() {
-                let c = class_of(g, slot, id);
-                free[c].insert((gi as u32, id.0));
-                free_mask |= 1 << c;
-            }
-            status.push(GpuStatus::new(model, layout));
-            rt.push(GpuRt {
-                slot,
-                total: model.spec().compute_slices,
-                active: 0,
-                energy: 0.0,
-                last: 0.0,
-                job_on: [NONE; MAX_PLACEMENTS],
-                origin: [ReconfigKind::Reshape; MAX_PLACEMENTS],
-            });
-        }
+        let (fit_mask, rejected) = fit_masks(cluster, &models, &classes, jobs, cfg, on_demand);
+        let oom = cfg
+            .oom
+            .as_ref()
+            .map(|o| OomState::new(o, jobs.len(), &classes));
+        let (status, rt, free, free_mask) = initial_gpus(cluster, &models, classes.len(), policy)?;
         Ok(Engine {
             cfg: cfg.clone(),
             jobs,
@@ -929,68 +877,8 @@ impl<'j> Engine<'j> {
         st.busy_until[pid.0 as usize] = end;
         self.running += 1;
         let first_piece = self.gangs.left.started(i, job.is_gang());
-        if let Some(o) = self.oom.as_mut().filter(|_| !job.is_gang()) {
-            let inst = f64::from(placement.profile.memory_gb);
-            let run_s = job.work / speed;
-            let growth = job
-                .memory_growth
-                .unwrap_or_else(|| MemoryGrowth::step_at(o.cfg.fail_fraction));
-            // Every run is watched, fitting or not: a restart of a fitting
-            // one is a false early restart. The rule fires strictly before
-            // the failure or the end, and only where a restart can help: a
-            // larger memory size exists and a restart is left (else the run
-            // goes on, and fails or completes).
-            let may_restart = inst < o.cap_gb && o.failures[i as usize] < o.cfg.max_retries;
-            let early =
-                o.cfg.early_restart.filter(|_| may_restart).and_then(|r| {
-                    r.first_restart(&growth, job.memory_gb, inst, run_s, o.cfg.sample_s)
-                });
-            let crossing = growth.crossing(job.memory_gb, inst);
-            let fail = match early {
-                Some(t) => Some(self.now + t),
-                None => crossing.map(|p| self.now + p * run_s),
-            };
-            if let Some(fail) = fail {
-                // The run ends before its work is done: nothing is settled
-                // but the burnt time; `complete` requeues the job.
-                let (attempt, asked) = (o.failures[i as usize] + 1, o.asked[i as usize]);
-                o.early[i as usize] = early.is_some();
-                self.push(fail, EV_COMPLETION, gpu as u32, pid.0);
-                self.busy_slice_s += f64::from(compute) * (fail - self.now);
-                let lost = f64::from(compute) / f64::from(total) * (fail - self.now);
-                if early.is_some() {
-                    self.m.early_restarts += 1;
-                    self.m.early_restart_lost_gpu_s += lost;
-                    match crossing {
-                        None => {
-                            self.m.false_early_restarts += 1;
-                            self.m.false_early_restart_lost_gpu_s += lost;
-                        }
-                        Some(p) => {
-                            // What this run would have burnt more had it
-                            // run on to its failure.
-                            self.m.early_restart_saved_gpu_s += f64::from(compute)
-                                / f64::from(total)
-                                * (self.now + p * run_s - fail);
-                        }
-                    }
-                } else {
-                    self.m.oom_lost_gpu_s += lost;
-                }
-                self.m.last_completion_s = self.m.last_completion_s.max(fail);
-                if let Some(sink) = hooks.sink.as_deref_mut() {
-                    let run = run_record(job, gpu, &placement, speed, self.now);
-                    sink.record(&Record::Oom(OomRecord {
-                        run,
-                        asked_memory_gb: asked,
-                        fail,
-                        attempt,
-                        memory_growth: job.memory_growth,
-                        early: early.is_some(),
-                    }))?;
-                }
-                return Ok(());
-            }
+        if !job.is_gang() && self.oom_run_fails(i, gpu, pid, speed, hooks)? {
+            return Ok(());
         }
         self.push(end, EV_COMPLETION, gpu as u32, pid.0);
         self.busy_slice_s += f64::from(compute) * (end - self.now);
@@ -1026,6 +914,91 @@ impl<'j> Engine<'j> {
             }
         }
         Ok(())
+    }
+
+    /// The out-of-memory mode's watch over the run of job `i` that starts
+    /// now on `pid` of `gpu` at `speed`: when it fails (out of memory) or is
+    /// restarted early, its end is scheduled, the burnt time counted and
+    /// true returned; nothing is settled but that. False outside the mode
+    /// or for a run that will complete.
+    fn oom_run_fails(
+        &mut self,
+        i: u32,
+        gpu: usize,
+        pid: SpotId,
+        speed: f64,
+        hooks: &mut RunHooks<'_>,
+    ) -> Result<bool, SimError> {
+        let jobs: &'j [Job] = self.jobs;
+        let job = &jobs[i as usize];
+        let total = self.rt[gpu].total;
+        let placement = *self.status[gpu].geometry.spot(pid);
+        let compute = placement.compute();
+        let Some(o) = self.oom.as_mut() else {
+            return Ok(false);
+        };
+        let inst = f64::from(placement.profile.memory_gb);
+        let run_s = job.work / speed;
+        let growth = job
+            .memory_growth
+            .unwrap_or_else(|| MemoryGrowth::step_at(o.cfg.fail_fraction));
+        // Every run is watched, fitting or not: a restart of a fitting
+        // one is a false early restart. The rule fires strictly before
+        // the failure or the end, and only where a restart can help: a
+        // larger memory size exists and a restart is left (else the run
+        // goes on, and fails or completes).
+        let may_restart = inst < o.cap_gb && o.failures[i as usize] < o.cfg.max_retries;
+        let early = o
+            .cfg
+            .early_restart
+            .filter(|_| may_restart)
+            .and_then(|r| r.first_restart(&growth, job.memory_gb, inst, run_s, o.cfg.sample_s));
+        let crossing = growth.crossing(job.memory_gb, inst);
+        let fail = match early {
+            Some(t) => Some(self.now + t),
+            None => crossing.map(|p| self.now + p * run_s),
+        };
+        if let Some(fail) = fail {
+            // The run ends before its work is done: nothing is settled
+            // but the burnt time; `complete` requeues the job.
+            let (attempt, asked) = (o.failures[i as usize] + 1, o.asked[i as usize]);
+            o.early[i as usize] = early.is_some();
+            self.push(fail, EV_COMPLETION, gpu as u32, pid.0);
+            self.busy_slice_s += f64::from(compute) * (fail - self.now);
+            let lost = f64::from(compute) / f64::from(total) * (fail - self.now);
+            if early.is_some() {
+                self.m.early_restarts += 1;
+                self.m.early_restart_lost_gpu_s += lost;
+                match crossing {
+                    None => {
+                        self.m.false_early_restarts += 1;
+                        self.m.false_early_restart_lost_gpu_s += lost;
+                    }
+                    Some(p) => {
+                        // What this run would have burnt more had it
+                        // run on to its failure.
+                        self.m.early_restart_saved_gpu_s +=
+                            f64::from(compute) / f64::from(total) * (self.now + p * run_s - fail);
+                    }
+                }
+            } else {
+                self.m.oom_lost_gpu_s += lost;
+            }
+            self.m.last_completion_s = self.m.last_completion_s.max(fail);
+            if let Some(sink) = hooks.sink.as_deref_mut() {
+                let run = run_record(job, gpu, &placement, speed, self.now);
+                sink.record(&Record::Oom(OomRecord {
+                    run,
+                    asked_memory_gb: asked,
+                    fail,
+                    attempt,
+                    memory_growth: job.memory_growth,
+                    early: early.is_some(),
+                }))?;
+            }
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     fn remove_pending_at(&mut self, i: u32) {
@@ -1683,6 +1656,102 @@ fn mask_for(classes: &[Option<Class>], mem: f64, k: u8, exact: bool) -> u64 {
         }
     }
     mask
+}
+
+/// Every job's fit mask ([`fit_mask_of`]; in the OOM mode the scheduler
+/// knows only the declaration), and the jobs refused at load with why: a
+/// job that fits no class, a gang job wider than the GPUs that can run it
+/// whole.
+fn fit_masks(
+    cluster: &[GpuModel],
+    models: &[GpuModel],
+    classes: &[Option<Class>],
+    jobs: &[Job],
+    cfg: &SimConfig,
+    on_demand: bool,
+) -> (Vec<u64>, Vec<(u32, String)>) {
+    let mut fit_mask = vec![0u64; jobs.len()];
+    let mut rejected = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
+        let (k, exact) = request(j, cfg.exact_size);
+        let mem = if cfg.oom.is_some() {
+            j.declared_memory_gb.unwrap_or(j.memory_gb)
+        } else {
+            j.memory_gb
+        };
+        let mut mask = fit_mask_of(classes, j, mem, k, exact, on_demand);
+        if mask != 0 && j.is_gang() {
+            let whole = gang_capable(cluster, models, classes, mask);
+            if whole < j.gpus as usize {
+                mask = 0;
+                rejected.push((
+                    i as u32,
+                    format!(
+                        "spans {} GPUs, each whole with {mem} GB; the cluster has {whole} such GPUs",
+                        j.gpus
+                    ),
+                ));
+            }
+        } else if mask == 0 {
+            rejected.push((
+                i as u32,
+                format!(
+                    "fits no instance of any GPU in the cluster (needs {k} compute slices and {mem} GB)"
+                ),
+            ));
+        }
+        fit_mask[i] = mask;
+    }
+    (fit_mask, rejected)
+}
+
+/// Free instances per class (GPU, instance), and the mask of the classes
+/// with any.
+type FreeSets = (Vec<BTreeSet<(u32, u8)>>, u64);
+
+/// What [`initial_gpus`] builds: each GPU's status and engine state, and
+/// the free instances.
+type InitialGpus = (Vec<GpuStatus>, Vec<GpuRt>, Vec<BTreeSet<(u32, u8)>>, u64);
+
+/// Each GPU's status and engine state at t = 0, in the policy's initial
+/// layout, and the free instances per class (`n_classes` sets).
+fn initial_gpus(
+    cluster: &[GpuModel],
+    models: &[GpuModel],
+    n_classes: usize,
+    policy: &mut dyn RepartitionPolicy,
+) -> Result<InitialGpus, SimError> {
+    let mut status = Vec::with_capacity(cluster.len());
+    let mut rt = Vec::with_capacity(cluster.len());
+    let (mut free, mut free_mask): FreeSets = (Vec::new(), 0);
+    free.resize_with(n_classes, BTreeSet::new);
+    for (gi, &model) in cluster.iter().enumerate() {
+        let g = Geometry::of(model);
+        let layout = policy.initial_layout(gi, g);
+        if !g.is_valid(layout) {
+            return Err(SimError::InvalidInitialLayout {
+                gpu: gi,
+                policy: policy.name(),
+            });
+        }
+        let slot = models.iter().position(|&m| m == model).unwrap_or(0);
+        for id in layout.iter() {
+            let c = class_of(g, slot, id);
+            free[c].insert((gi as u32, id.0));
+            free_mask |= 1 << c;
+        }
+        status.push(GpuStatus::new(model, layout));
+        rt.push(GpuRt {
+            slot,
+            total: model.spec().compute_slices,
+            active: 0,
+            energy: 0.0,
+            last: 0.0,
+            job_on: [NONE; MAX_PLACEMENTS],
+            origin: [ReconfigKind::Reshape; MAX_PLACEMENTS],
+        });
+    }
+    Ok((status, rt, free, free_mask))
 }
 
 /// GPUs of `cluster` with a profile among the classes of `mask`: how many
