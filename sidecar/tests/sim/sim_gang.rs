@@ -203,3 +203,83 @@ fn the_first_gang_job_reserves_its_gpus_and_only_jobs_that_end_in_time_backfill_
         );
     }
 }
+
+#[test]
+fn a_waiting_job_that_cannot_start_before_the_gang_keeps_no_gpu_idle() {
+    // Two whole GPUs. A runs on one until t = 1000; the gang job of two
+    // arrives at 10 and is reserved both GPUs from t = 1000. L (5000 s,
+    // the earliest deadline) ends too late to run before the gang job,
+    // so it waits; S (100 s) ends in time and backfills the idle GPU at
+    // once. Before the fix, L's own reservation took the idle GPU (where
+    // it could not start) and kept S off it until the gang job had run:
+    // the GPU idled with S waiting.
+    let jobs = [
+        job(0, 0.0, 1000.0, 7, 1),
+        job(1, 10.0, 500.0, 7, 2),
+        Job {
+            deadline: 100.0,
+            ..job(2, 20.0, 5000.0, 7, 1)
+        },
+        job(3, 30.0, 100.0, 7, 1),
+    ];
+    let slack = 2.0 * SimConfig::default().reconfig_time_s;
+    for policy in ["on-demand", "greedy"] {
+        let ran = run(2, &jobs, policy, None);
+        let start = |id: u64| {
+            pieces(&ran, id)
+                .first()
+                .unwrap_or_else(|| panic!("{policy}: job {id} never ran: {:?}", ran.runs))
+                .1
+        };
+        assert!(
+            start(3) <= 30.0 + slack + 1e-9,
+            "{policy}: S backfills the idle GPU at once: {:?}",
+            ran.runs
+        );
+        assert!(
+            (start(1) - 1000.0).abs() <= slack + 1e-9,
+            "{policy}: the gang job starts when A ends: {:?}",
+            ran.runs
+        );
+        assert!(
+            start(2) >= 1500.0 - 1e-9,
+            "{policy}: L waits for the gang job: {:?}",
+            ran.runs
+        );
+    }
+}
+
+#[test]
+fn served_on_demand_a_freed_gpu_goes_to_the_first_job_in_priority_order() {
+    // One GPU. A (whole) runs until t = 1000. W (whole, deadline 1510) and
+    // s (3 slices, deadline 200) wait. As Slurm offers the freed GPU's
+    // shards to the first job that fits them, s (the earlier deadline) is
+    // served first, on an instance built for it, although an idle whole
+    // instance would have let W start without a reconfiguration.
+    let jobs = [
+        job(0, 0.0, 1000.0, 7, 1),
+        job(1, 10.0, 500.0, 7, 1),
+        Job {
+            deadline: 200.0,
+            ..job(2, 20.0, 100.0, 3, 1)
+        },
+    ];
+    let ran = run(1, &jobs, "on-demand", None);
+    let run_of = |id: u64| {
+        *pieces(&ran, id)
+            .first()
+            .unwrap_or_else(|| panic!("job {id} never ran: {:?}", ran.runs))
+    };
+    let slack = 2.0 * SimConfig::default().reconfig_time_s;
+    let (_, s_start, s_end) = run_of(2);
+    assert!(
+        s_start <= 1000.0 + slack + 1e-9,
+        "s is served when A ends: {:?}",
+        ran.runs
+    );
+    assert!(
+        run_of(1).1 >= s_end - 1e-9,
+        "W waits for the GPU s holds: {:?}",
+        ran.runs
+    );
+}

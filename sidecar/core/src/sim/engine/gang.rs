@@ -51,6 +51,22 @@ impl Engine<'_> {
         !self.gangs.reserved.contains(&gpu) || self.now + run_s <= self.gangs.reserved_at
     }
 
+    /// When a job that could start on `gpu` at `at` for `run_s` seconds may
+    /// start there as far as the head gang job's reservation goes: at `at`
+    /// if the GPU is not reserved or the job ends by the time the gang
+    /// starts (backfill), else once the gang's piece there has run.
+    pub(super) fn after_gang(&self, gpu: usize, at: f64, run_s: f64) -> f64 {
+        let Some(&head) = self.gangs.queue.front() else {
+            return at;
+        };
+        if !self.gangs.reserved.contains(&gpu) || at + run_s <= self.gangs.reserved_at {
+            return at;
+        }
+        let total = self.rt[gpu].total;
+        let gang_run = self.jobs[head as usize].runtime_on(total, total);
+        at.max(self.gangs.reserved_at + self.cfg.reconfig_time_s + gang_run)
+    }
+
     /// Puts gang job `i` in the list the policy sees (see the module docs)
     /// and in the gang queue.
     pub(super) fn enqueue_gang(&mut self, i: u32) {
