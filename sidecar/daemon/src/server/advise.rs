@@ -8,7 +8,7 @@
 //! destroys and chowns nothing, publishes no node feature and refuses
 //! `allocate` (docs/daemon.md, "Advise mode").
 
-use super::*;
+use super::context::{unix_now, Cx};
 use smartmig_client::protocol::AdviseStatus;
 use smartmig_core::formats::advice::AdviceRecord;
 

@@ -25,10 +25,10 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use super::advise::AdviseBook;
+use super::context::unix_now_f64;
 use super::holds::HoldBook;
 use super::queue::ViewSource;
 use super::reap::ReleaseCounts;
-use super::unix_now_f64;
 use crate::allocate::GpuBook;
 use crate::memory::{next_larger_memory, Released};
 use crate::mig::{Geometry, GpuModel, Mix, SpotId};

@@ -4,8 +4,9 @@
 //! carry out or propose what it wants; score the pending plans; resume
 //! and publish. A new step is one more function called from [`run_once`].
 
+use super::context::{unix_now, unix_now_f64, Cx};
 use super::view::{self, Ahead};
-use super::{advise, holds, queue, reap, shadow, unix_now, unix_now_f64, Cx};
+use super::{advise, holds, queue, reap, shadow};
 use crate::config::{Mode, SummaryFallback};
 use crate::mig::Geometry;
 use crate::policy::{self, ClusterView, Decision, PendingByProfile, PendingJob};

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use smartmig_client::protocol::GpuOrderStatus;
 
-use super::{panic, Daemon, StartError};
+use super::context::Daemon;
+use super::{panic, StartError};
 use crate::backend::Backend;
 use crate::slurm::{GresGpu, SlurmClient, SlurmError};
 

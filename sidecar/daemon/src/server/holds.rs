@@ -12,7 +12,7 @@
 
 use tokio::sync::{Mutex, Notify};
 
-use super::Cx;
+use super::context::Cx;
 use crate::holds::{plan, GpuShards, Hold, Step};
 use crate::slurm::{QueueSnapshot, HOLD_NAME};
 

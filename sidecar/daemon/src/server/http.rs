@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::{Cx, Daemon};
+use super::context::{Cx, Daemon};
 use crate::metrics::{MigInstance, Scrape};
 use crate::mig::{select_profile, Geometry, ProfileSpec};
 

@@ -27,20 +27,16 @@
 //! A handler gets a [`Cx`]: the books, the services and one snapshot of
 //! the settings taken for the whole request.
 
-use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-use tokio::sync::watch;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use super::config::Config;
 use super::metrics::Metrics;
 use super::protocol::{error_line, parse_request, ErrorBody, ErrorKind, Request};
 
 mod advise;
 mod auth;
 mod books;
+mod context;
 mod epoch;
 mod gpu_order;
 mod handle;
@@ -69,77 +65,10 @@ pub use run::run;
 pub use start::StartError;
 pub use transport::raise_open_files_limit;
 
-use auth::Connections;
-use books::Books;
-use live::{Live, Settings};
-use services::Services;
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn unix_now_f64() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// The node this daemon serves, and its lifetime.
-struct NodeId {
-    /// The node's Slurm name (`node_name`, else the host name).
-    pub name: String,
-    pub started: Instant,
-    /// Set once, at SIGTERM/SIGINT: waiting allocates give up, loops stop.
-    pub shutdown: watch::Sender<bool>,
-}
-
-/// The running daemon: the composition of its parts. It has no behaviour
-/// of its own beyond handing each request and epoch a [`Cx`].
-pub struct Daemon {
-    settings: Settings,
-    books: Books,
-    svc: Services,
-    node: NodeId,
-    connections: Connections,
-}
-
-/// What a request or an epoch works with: the books, the services and one
-/// snapshot of the settings (a SIGHUP meanwhile takes effect at the next
-/// request or epoch).
-struct Cx<'a> {
-    pub books: &'a Books,
-    pub svc: &'a Services,
-    pub live: Arc<Live>,
-    pub node: &'a NodeId,
-}
-
-impl Cx<'_> {
-    fn cfg(&self) -> &Config {
-        &self.live.config
-    }
-}
-
-/// The peer of a connection, from `SO_PEERCRED`.
-#[derive(Clone, Copy, Debug)]
-struct Peer {
-    pub uid: u32,
-    pub pid: Option<i32>,
-}
+pub use context::Daemon;
+use context::{Cx, Peer};
 
 impl Daemon {
-    fn cx(&self) -> Cx<'_> {
-        Cx {
-            books: &self.books,
-            svc: &self.svc,
-            live: self.settings.current(),
-            node: &self.node,
-        }
-    }
-
     /// Handles one request line from `peer`; returns the reply line and
     /// whether to close the connection. Runs in a span naming the request
     /// (op, job, step, GPU, uid); a panic while serving it is logged with

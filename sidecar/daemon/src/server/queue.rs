@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{unix_now, Cx};
+use super::context::{unix_now, Cx};
 use crate::config::{Config, SummaryFallback};
 use crate::protocol::ClusterViewStatus;
 use crate::slurm::{NodeInfo, QueueSnapshot};

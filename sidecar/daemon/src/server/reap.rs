@@ -3,7 +3,7 @@
 //! and an allocate that waits for room).
 
 use super::books::Gpu;
-use super::{unix_now, Cx};
+use super::context::{unix_now, Cx};
 use crate::memory::OomPolicy;
 use crate::slurm::QueueSnapshot;
 

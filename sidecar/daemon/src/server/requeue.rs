@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::books::Books;
+use super::context::{unix_now, Cx};
 use super::services::MemoryLedger;
-use super::{unix_now, Cx};
 use crate::memory::Released;
 use crate::protocol::OomDecision;
 use crate::slurm::{JobState, QueuedJob, SlurmClient};

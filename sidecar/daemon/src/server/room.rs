@@ -15,8 +15,9 @@
 use tokio::sync::MutexGuard;
 
 use super::books::GpuState;
+use super::context::Cx;
 use super::job_record::{self, Record};
-use super::{queue, Cx};
+use super::queue;
 use crate::allocate::GpuBook;
 use crate::make_room::{self, RecordFacts, Young};
 use crate::mig::{Geometry, Layout, ProfileSpec};
@@ -281,7 +282,7 @@ fn told_why(
     let slurm = cx.live.slurm.clone();
     let (name, word) = (
         slurm_id.to_string(),
-        crate::usage::requeue_word(super::unix_now(), req.job_id, req.gpu),
+        crate::usage::requeue_word(super::context::unix_now(), req.job_id, req.gpu),
     );
     tokio::task::spawn_blocking(move || {
         let done = slurm.job_comment(job).and_then(|c| {

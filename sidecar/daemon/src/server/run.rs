@@ -11,10 +11,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinSet;
 
+use super::context::Daemon;
 use super::http::serve_metrics;
 use super::start::{io_err, StartError};
 use super::transport::{bind_socket, raise_open_files_limit, serve_connection};
-use super::{epoch, gpu_order, holds, panic, queue, sample, xid, Daemon};
+use super::{epoch, gpu_order, holds, panic, queue, sample, xid};
 use crate::config::Config;
 
 /// Runs the daemon until SIGTERM/SIGINT.

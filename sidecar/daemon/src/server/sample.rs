@@ -5,8 +5,8 @@
 //! a bigger profile while it runs.
 
 use super::books::Gpu;
+use super::context::{unix_now, unix_now_f64, Cx};
 use super::requeue::{self, RequeueWhen};
-use super::{unix_now, unix_now_f64, Cx};
 use crate::memory::{EarlyTrigger, OomPolicy, Released};
 use crate::mig::SpotId;
 use crate::protocol::OomDecision;

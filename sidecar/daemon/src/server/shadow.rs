@@ -9,7 +9,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::{unix_now_f64, Cx};
+use super::context::{unix_now_f64, Cx};
 use crate::allocate::Assignment;
 use crate::config::{Config, Mode};
 use crate::mig::{Geometry, GpuModel};

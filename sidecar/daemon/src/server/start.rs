@@ -11,11 +11,11 @@ use tokio::sync::watch;
 
 use super::auth::Connections;
 use super::books::{Books, Gpu};
+use super::context::{unix_now, Daemon, NodeId};
 use super::gpu_order::{self, GpuOrderCheck};
 use super::live::{Live, Settings};
 use super::services::{enforce_access, MemoryLedger, Services, UsageLog};
 use super::shadow::ShadowRun;
-use super::{unix_now, Daemon, NodeId};
 use crate::allocate::GpuBook;
 use crate::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use crate::config::{BackendKind, Config, ConfigError, Mode};
@@ -113,7 +113,7 @@ impl Daemon {
                 metrics: Metrics::new(),
                 memory: MemoryLedger::new(memory),
                 jobmap,
-                shadow: ShadowRun::new(super::unix_now_f64()),
+                shadow: ShadowRun::new(super::context::unix_now_f64()),
             },
             settings: Settings::new(live, config_path),
             books,

@@ -5,7 +5,8 @@
 //! dynamic mode, a plan in confirm mode) and publishing the layout as node
 //! features. The epoch's steps are in [`super::epoch`].
 
-use super::*;
+use super::context::{unix_now, Cx};
+use super::instances;
 use crate::slurm::NodeFeatures;
 use smartmig_core::sim::lookahead::{Lookahead, NodeNow, Running, Waiting};
 

@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{instances, queue, unix_now, Cx, Daemon};
+use super::context::{unix_now, Cx, Daemon};
+use super::{instances, queue};
 use crate::health::{node_action, NodeAction, Severity, Verdict, XidEvent};
 use crate::slurm::NodeInfo;
 

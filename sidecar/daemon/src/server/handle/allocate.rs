@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, MutexGuard};
 
 use super::super::books::{Gpu, GpuState, Waiter, WaitingGuard};
+use super::super::context::{unix_now, unix_now_f64, Cx};
 use super::super::job_record::{self, Record};
-use super::super::{holds, instances, queue, reap, room, unix_now, unix_now_f64};
-use super::Cx;
+use super::super::{holds, instances, queue, reap, room};
 use crate::allocate::{Assignment, Beside, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
 use crate::grant;

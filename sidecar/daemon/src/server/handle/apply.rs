@@ -2,8 +2,8 @@
 //! pending plan if its GPU is still where the plan started and it destroys
 //! no busy instance.
 
-use super::super::{instances, unix_now};
-use super::Cx;
+use super::super::context::{unix_now, Cx};
+use super::super::instances;
 use crate::config::Mode;
 use crate::protocol::{ErrorBody, ErrorKind, PlanStatus};
 

@@ -1,8 +1,8 @@
 //! `plan` (`smartmig plan`, anyone): the mode, the pending and the applied
 //! plans; the jobs a plan keeps are named only to those who see every job.
 
+use super::super::context::Cx;
 use super::super::redact;
-use super::Cx;
 use crate::protocol::PlanReply;
 
 pub(super) fn serve(cx: &Cx<'_>, peer: u32) -> PlanReply {

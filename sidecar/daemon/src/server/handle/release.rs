@@ -6,12 +6,11 @@
 //! profile when the admin allows it; docs/oom-and-memory.md).
 
 use super::super::books::Gpu;
+use super::super::context::{unix_now, Cx};
 use super::super::holds;
 use super::super::job_record::{self, Record};
 use super::super::requeue::{self, RequeueWhen};
 use super::super::shadow;
-use super::super::unix_now;
-use super::Cx;
 use crate::memory::{OomPolicy, Released};
 use crate::protocol::OomEvent;
 use crate::protocol::{ErrorBody, ErrorKind, OomDecision, ReleaseReply, ReleaseRequest};

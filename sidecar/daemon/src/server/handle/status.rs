@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use super::super::auth::user_name;
 use super::super::books::Gpu;
-use super::super::{advise, queue, redact, unix_now};
-use super::Cx;
+use super::super::context::{unix_now, Cx};
+use super::super::{advise, queue, redact};
 use crate::protocol::{GpuHealthStatus, GpuStatus, InstanceStatus, MemoryStatus, StatusReply};
 
 pub(super) async fn serve(cx: &Cx<'_>, peer: u32) -> StatusReply {
