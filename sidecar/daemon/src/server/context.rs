@@ -5,29 +5,16 @@
 //! settings it composes.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::auth::Connections;
 use super::books::Books;
 use super::live::{Live, Settings};
 use super::services::Services;
 use crate::config::Config;
 
-pub(super) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-pub(super) fn unix_now_f64() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+pub(super) use super::clock::{unix_now, unix_now_f64};
 
 /// The node this daemon serves, and its lifetime.
 pub(super) struct NodeId {
@@ -45,7 +32,6 @@ pub struct Daemon {
     pub(super) books: Books,
     pub(super) svc: Services,
     pub(super) node: NodeId,
-    pub(super) connections: Connections,
 }
 
 /// What a request or an epoch works with: the books, the services and one

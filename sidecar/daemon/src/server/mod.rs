@@ -4,12 +4,11 @@
 //! module carries them out. It is layered, and each layer calls only the
 //! ones below it (docs/architecture.md, "The daemon's concurrency"):
 //!
-//! 1. **Transport, authentication and dispatch**: this file (a request
-//!    line in, a reply line out, a tracing span per request, a panic
-//!    answered `internal`), [`transport`] (the sockets, one connection's
-//!    requests), [`auth`] (who may write, who sees every job, connection
-//!    caps), [`http`] (the Prometheus endpoint); start-up [`start`], the
-//!    loops and shutdown [`run`], SIGHUP [`reload`].
+//! 1. **Transport and dispatch**: this file (a request line in, a reply
+//!    line out, a tracing span per request, a panic answered
+//!    `internal`), [`transport`] (the sockets, one connection's requests),
+//!    [`http`] (the Prometheus endpoint); start-up [`start`], the loops
+//!    and shutdown [`run`], SIGHUP [`reload`].
 //! 2. **One handler per request kind** ([`handle`]: allocate, release,
 //!    status, reconcile, plan, apply, health) and **the epoch loop**
 //!    ([`epoch`], with its steps [`view`], [`advise`]) and the memory
@@ -18,11 +17,15 @@
 //!    ([`instances`]), where the queue comes from ([`queue`]), releasing
 //!    what ended jobs hold ([`reap`]), out-of-memory requeues
 //!    ([`requeue`]), room for an interactive step ([`room`]), what
-//!    `status` shows to whom ([`redact`]).
-//! 4. **The node's books** ([`books`]: per-GPU state and the node-wide
-//!    ledger, one owner, a documented lock order), **the services**
-//!    ([`services`]: backend, journal, metrics, memory estimates, usage
-//!    log) and **the settings in effect** ([`live`]).
+//!    `status` shows to whom ([`redact`]), XIDs and the node's drain
+//!    ([`xid`]), holds ([`holds`]), the shadow ([`shadow`]), Slurm's GPU
+//!    order ([`gpu_order`]), one job's record ([`job_record`]).
+//! 4. **The bottom**: the node's books ([`books`]: every piece of mutable
+//!    node state and every lock, behind doors that keep the lock order),
+//!    the services ([`services`]: I/O handles only), the settings in
+//!    effect ([`live`]), roles and connection caps ([`auth`]), what a
+//!    request works with ([`context`]: [`Cx`], [`Daemon`], `NodeId`,
+//!    `Peer`), the clock ([`clock`]) and [`panic`].
 //!
 //! A handler gets a [`Cx`]: the books, the services and one snapshot of
 //! the settings taken for the whole request.
@@ -36,6 +39,7 @@ use super::protocol::{error_line, parse_request, ErrorBody, ErrorKind, Request};
 mod advise;
 mod auth;
 mod books;
+mod clock;
 mod context;
 mod epoch;
 mod gpu_order;

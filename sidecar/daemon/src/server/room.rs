@@ -12,9 +12,7 @@
 //! then only its own user's young batch jobs may give way, and its
 //! `no_fit` says where the room is ([`advice`]).
 
-use tokio::sync::MutexGuard;
-
-use super::books::GpuState;
+use super::books::GpuTx;
 use super::context::Cx;
 use super::job_record::{self, Record};
 use super::queue;
@@ -51,10 +49,10 @@ impl Asker {
     pub(super) async fn try_now<'g>(
         &mut self,
         cx: &Cx<'_>,
-        st: MutexGuard<'g, GpuState>,
+        st: GpuTx<'g>,
         req: &AllocateRequest,
         profile: &'static ProfileSpec,
-    ) -> Option<MutexGuard<'g, GpuState>> {
+    ) -> Option<GpuTx<'g>> {
         if self.made || !cx.cfg().slurm.enabled || self.interactive == Some(false) {
             return Some(st);
         }
@@ -122,7 +120,7 @@ pub(super) async fn room_elsewhere(
     profile: &'static ProfileSpec,
 ) -> Option<u32> {
     for other in cx.books.gpus.iter().filter(|g| g.index != gpu) {
-        let st = other.state.lock().await;
+        let st = other.tx().await;
         // The same profile exists there only on a GPU of the same model.
         let same_model = st
             .book
@@ -273,9 +271,7 @@ fn told_why(
     profile: &'static ProfileSpec,
 ) {
     cx.books
-        .ledger()
-        .requeue_notes
-        .insert(job, requeue_note(req, profile));
+        .node(|l| l.requeue_notes.insert(job, requeue_note(req, profile)));
     if !cx.cfg().accounting.admin_comment {
         return;
     }

@@ -77,6 +77,7 @@ pub(super) async fn serve_connection(daemon: Arc<Daemon>, mut stream: UnixStream
     };
     let live = daemon.settings.current();
     let admitted = match daemon
+        .books
         .connections
         .admit(peer.uid, &live.roles, &live.config)
     {
