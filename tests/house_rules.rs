@@ -449,6 +449,61 @@ fn the_daemon_has_no_import_circle() {
     );
 }
 
+/// The server's layers, top first (docs/architecture.md, "The daemon's
+/// concurrency"): a module of `sidecar/daemon/src/server/` by the first
+/// component under `server/`.
+const SERVER_LAYERS: &[&[&str]] = &[
+    &["", "transport", "http", "start", "run", "reload"],
+    &["handle", "epoch", "view", "advise", "sample"],
+    &[
+        "instances",
+        "queue",
+        "reap",
+        "requeue",
+        "room",
+        "redact",
+        "job_record",
+        "holds",
+        "xid",
+        "shadow",
+        "gpu_order",
+    ],
+    &[
+        "books", "services", "live", "auth", "context", "clock", "panic",
+    ],
+];
+
+/// The layer of a module under `server` (`None`: not in the table).
+fn server_layer(module: &str) -> Option<usize> {
+    let rest = module.strip_prefix("server")?;
+    let first = rest.trim_start_matches('/').split('/').next().unwrap_or("");
+    SERVER_LAYERS.iter().position(|l| l.contains(&first))
+}
+
+/// The server's layers point down: no file of `server/` imports one of a
+/// layer above its own, and every file is in the table.
+#[test]
+fn the_server_layers_point_down() {
+    let graph = import_graph(&root().join("sidecar/daemon/src"));
+    let mut up = Vec::new();
+    for (from, tos) in graph.iter().filter(|(m, _)| m.starts_with("server")) {
+        let Some(mine) = server_layer(from) else {
+            up.push(format!("{from}: not in SERVER_LAYERS"));
+            continue;
+        };
+        for to in tos.iter().filter(|m| m.starts_with("server")) {
+            if server_layer(to).is_some_and(|theirs| theirs < mine) {
+                up.push(format!("{from} -> {to}"));
+            }
+        }
+    }
+    assert!(
+        up.is_empty(),
+        "imports up the server's layers:\n{}",
+        up.join("\n")
+    );
+}
+
 #[test]
 fn the_circle_checker_sees_what_it_must() {
     let edges = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a"), ("e", "e")];
