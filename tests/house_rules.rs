@@ -206,6 +206,325 @@ fn the_checker_sees_what_it_must() {
     assert!(string_results(&code).is_empty(), "{code}");
 }
 
+/// Files of `sidecar/daemon/src/` that keep a lock of their own, with the
+/// reason: I/O handles, not node state.
+const OWN_LOCKS: &[(&str, &str)] = &[
+    (
+        "journal.rs",
+        "the journal's group commit (one writer, batched fsyncs)",
+    ),
+    (
+        "backend/",
+        "the backends' devices (the sim's GPUs, NVML's event set)",
+    ),
+    (
+        "slurm.rs",
+        "the Slurm client's cache of `scontrol --version`",
+    ),
+];
+
+/// The lines of `code` that take or name a lock, as (line, text).
+fn lock_sites(code: &str) -> Vec<(usize, String)> {
+    const SIGNS: &[&str] = &[
+        ".lock()",
+        ".try_lock()",
+        ".read()",
+        ".write()",
+        "Mutex<",
+        "RwLock<",
+        "Mutex::new",
+        "RwLock::new",
+    ];
+    code.lines()
+        .enumerate()
+        .filter(|(_, l)| SIGNS.iter().any(|s| l.contains(s)))
+        .map(|(i, l)| (i + 1, l.trim().to_string()))
+        .collect()
+}
+
+/// smartmigd's books are the only door to node state: no `.lock()`,
+/// `.read()`, `.write()` nor any `Mutex`/`RwLock` in the daemon's
+/// production code outside `server/books/` (docs/architecture.md, "Who
+/// owns node state"), but for [`OWN_LOCKS`].
+#[test]
+fn the_books_hold_every_lock_of_the_daemon() {
+    let src = root().join("sidecar/daemon/src");
+    let mut found = Vec::new();
+    for f in rust_files(&src) {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        if rel.starts_with("server/books/") || OWN_LOCKS.iter().any(|(p, _)| rel.starts_with(p)) {
+            continue;
+        }
+        let code = production_code(&std::fs::read_to_string(&f).unwrap());
+        for (line, text) in lock_sites(&code) {
+            found.push(format!("sidecar/daemon/src/{rel}:{line}: {text}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "locks outside sidecar/daemon/src/server/books/ (reach node state through the books' doors):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_lock_checker_sees_what_it_must() {
+    let code = "let a = m.lock().unwrap();\nstruct S(std::sync::Mutex<u8>);\nlet n = file.read(&mut buf);\nlet g = rw.write();\n";
+    let lines: Vec<usize> = lock_sites(code).iter().map(|(l, _)| *l).collect();
+    assert_eq!(lines, [1, 2, 4]);
+}
+
+/// The module path of a source file under `src` (`server/books/mod.rs`:
+/// `["server", "books"]`; `lib.rs`: `[]`).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts
+        .last()
+        .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
+    {
+        parts.pop();
+    }
+    parts
+}
+
+/// The identifier path starting at `s` (`a::b::{c, d}`): its segments, and
+/// the first segment of each item of a trailing `{..}` group.
+fn path_at(s: &str) -> (Vec<String>, Vec<String>) {
+    let mut segs = Vec::new();
+    let mut rest = s;
+    loop {
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        if end == 0 {
+            break;
+        }
+        segs.push(rest[..end].to_string());
+        rest = &rest[end..];
+        match rest.strip_prefix("::") {
+            Some(r) => rest = r,
+            None => return (segs, Vec::new()),
+        }
+    }
+    let group = rest
+        .strip_prefix('{')
+        .and_then(|g| g.split('}').next())
+        .map(|g| {
+            g.split(',')
+                .filter_map(|i| i.trim().split("::").next())
+                .map(|i| i.trim().to_string())
+                .filter(|i| !i.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    (segs, group)
+}
+
+/// The file-level import graph of the crate in `src`: for each module,
+/// the modules whose items its production code names (`crate::`,
+/// `super::`, `self::` paths, `use` groups, and its own child modules).
+fn import_graph(
+    src: &Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let files = rust_files(src);
+    let modules: std::collections::BTreeSet<Vec<String>> =
+        files.iter().map(|f| module_of(src, f)).collect();
+    let mut graph = std::collections::BTreeMap::new();
+    for f in &files {
+        let me = module_of(src, f);
+        let code = production_code(&std::fs::read_to_string(f).unwrap())
+            .replace("pub(in crate::", "pub(in ");
+        let mut to = std::collections::BTreeSet::new();
+        let mut add = |m: Vec<String>| {
+            if m != me && !m.is_empty() {
+                to.insert(m.join("/"));
+            }
+        };
+        for (at, _) in code.match_indices("::") {
+            // Only the first `::` of a path is looked at.
+            let start = code[..at]
+                .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .map_or(0, |i| i + 1);
+            if start == at || code[..start].ends_with(':') {
+                continue;
+            }
+            let (segs, group) = path_at(&code[start..]);
+            let (mut base, mut rest) = match segs[0].as_str() {
+                "crate" => (Vec::new(), &segs[1..]),
+                "self" => (me.clone(), &segs[1..]),
+                "super" => {
+                    let mut b = me.clone();
+                    let mut r = &segs[..];
+                    while r.first().is_some_and(|s| s == "super") {
+                        b.pop();
+                        r = &r[1..];
+                    }
+                    (b, r)
+                }
+                // A child module of this file, named relatively.
+                first if modules.contains(&[me.clone(), vec![first.to_string()]].concat()) => {
+                    (me.clone(), &segs[..])
+                }
+                _ => continue,
+            };
+            while let Some(s) = rest.first() {
+                let next = [base.clone(), vec![s.clone()]].concat();
+                if !modules.contains(&next) {
+                    break;
+                }
+                base = next;
+                rest = &rest[1..];
+            }
+            if rest.is_empty() && !group.is_empty() {
+                for item in &group {
+                    let m = [base.clone(), vec![item.clone()]].concat();
+                    add(if modules.contains(&m) {
+                        m
+                    } else {
+                        base.clone()
+                    });
+                }
+            } else {
+                add(base);
+            }
+        }
+        graph.insert(me.join("/"), to);
+    }
+    graph
+}
+
+/// The import circles of `graph` (strongly connected sets of two modules
+/// or more), each sorted.
+fn circles(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    let reach = |from: &String| {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack = vec![from.clone()];
+        while let Some(m) = stack.pop() {
+            for n in graph.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    stack.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: std::collections::BTreeMap<_, _> =
+        graph.keys().map(|m| (m.clone(), reach(m))).collect();
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for (m, r) in &reached {
+        let set: Vec<String> = r
+            .iter()
+            .filter(|n| *n == m || reached.get(*n).is_some_and(|back| back.contains(m)))
+            .cloned()
+            .collect();
+        if set.len() > 1 && !out.contains(&set) {
+            out.push(set);
+        }
+    }
+    out
+}
+
+/// smartmigd's files import one way: no circle in the daemon crate's
+/// file-level import graph (docs/architecture.md, "The daemon's
+/// concurrency", layers).
+#[test]
+fn the_daemon_has_no_import_circle() {
+    let graph = import_graph(&root().join("sidecar/daemon/src"));
+    assert!(
+        graph
+            .get("server")
+            .is_some_and(|s| s.contains("server/context")),
+        "the graph misses server -> server/context: {graph:?}"
+    );
+    let found = circles(&graph);
+    assert!(
+        found.is_empty(),
+        "import circles in sidecar/daemon/src: {found:?}"
+    );
+}
+
+/// The server's layers, top first (docs/architecture.md, "The daemon's
+/// concurrency"): a module of `sidecar/daemon/src/server/` by the first
+/// component under `server/`.
+const SERVER_LAYERS: &[&[&str]] = &[
+    &["", "transport", "http", "start", "run", "reload"],
+    &["handle", "epoch", "view", "advise", "sample"],
+    &[
+        "instances",
+        "queue",
+        "reap",
+        "requeue",
+        "room",
+        "redact",
+        "job_record",
+        "holds",
+        "xid",
+        "shadow",
+        "gpu_order",
+    ],
+    &[
+        "books", "services", "live", "auth", "context", "clock", "panic",
+    ],
+];
+
+/// The layer of a module under `server` (`None`: not in the table).
+fn server_layer(module: &str) -> Option<usize> {
+    let rest = module.strip_prefix("server")?;
+    let first = rest.trim_start_matches('/').split('/').next().unwrap_or("");
+    SERVER_LAYERS.iter().position(|l| l.contains(&first))
+}
+
+/// The server's layers point down: no file of `server/` imports one of a
+/// layer above its own, and every file is in the table.
+#[test]
+fn the_server_layers_point_down() {
+    let graph = import_graph(&root().join("sidecar/daemon/src"));
+    let mut up = Vec::new();
+    for (from, tos) in graph.iter().filter(|(m, _)| m.starts_with("server")) {
+        let Some(mine) = server_layer(from) else {
+            up.push(format!("{from}: not in SERVER_LAYERS"));
+            continue;
+        };
+        for to in tos.iter().filter(|m| m.starts_with("server")) {
+            if server_layer(to).is_some_and(|theirs| theirs < mine) {
+                up.push(format!("{from} -> {to}"));
+            }
+        }
+    }
+    assert!(
+        up.is_empty(),
+        "imports up the server's layers:\n{}",
+        up.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_checker_sees_what_it_must() {
+    let edges = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a"), ("e", "e")];
+    let mut graph = std::collections::BTreeMap::new();
+    for (from, to) in edges {
+        graph
+            .entry(from.to_string())
+            .or_insert_with(std::collections::BTreeSet::new)
+            .insert(to.to_string());
+    }
+    assert_eq!(circles(&graph), [["a", "b", "c"]]);
+    let (segs, group) = path_at("super::{queue, books::Gpu}; x");
+    assert_eq!(
+        (segs, group),
+        (
+            vec!["super".to_string()],
+            vec!["queue".to_string(), "books".to_string()]
+        )
+    );
+}
+
 #[test]
 fn every_member_uses_the_workspace_lints() {
     let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();

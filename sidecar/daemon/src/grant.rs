@@ -78,7 +78,7 @@ pub fn parse_grant(text: &str, node: &str) -> Option<Grant> {
             continue;
         };
         let hosts = rest.split_whitespace().next().unwrap_or("");
-        if !crate::slurm::names_node(hosts, node) {
+        if !crate::hostlist::names_node(hosts, node) {
             continue;
         }
         let gres = rest

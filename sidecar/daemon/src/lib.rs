@@ -18,6 +18,7 @@
 //! | [`journal`] | durable job -> instance assignments | yes |
 //! | [`memory`] | learned memory estimates, out-of-memory ledger | `memory.json` |
 //! | [`slurm`] | `squeue`/`sinfo`/`scontrol` behind [`slurm::SlurmClient`] | yes |
+//! | [`hostlist`] | Slurm host lists (`gpu[01-03,07]`), read by the Slurm client and the grant check | no |
 //! | [`metrics`] | Prometheus families | no |
 //! | [`server`] | socket, peer credentials, per-GPU locks, signals, loops | yes |
 //! | [`client`] | synchronous client for the CLI and the SPANK plugin (crate `smartmig-client`) | yes |
@@ -38,6 +39,7 @@ pub mod fsutil;
 pub mod grant;
 pub mod health;
 pub mod holds;
+pub mod hostlist;
 pub mod jobmap;
 pub mod journal;
 pub mod make_room;

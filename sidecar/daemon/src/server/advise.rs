@@ -8,61 +8,27 @@
 //! destroys and chowns nothing, publishes no node feature and refuses
 //! `allocate` (docs/daemon.md, "Advise mode").
 
-use super::*;
+use super::context::{unix_now, Cx};
 use smartmig_client::protocol::AdviseStatus;
 use smartmig_core::formats::advice::AdviceRecord;
 
-use super::books::{Gpu, GpuState};
+use super::books::{AdviseBook, Gpu, GpuState, Watched};
 use super::services::append_rotating;
+use super::view::Occupied;
 use crate::allocate::GpuBook;
 use crate::config::{Config, Mode};
 use crate::mig::{Layout, SpotId};
 use crate::policy::MAX_PLACEMENTS;
 use crate::protocol::{PlanEffect, PlanStatus};
 use crate::slurm::{JobState, QueueSnapshot};
-use std::collections::HashMap;
 
 /// The advice log rotates to `advice.jsonl.1` at this size.
 const ADVICE_LOG_MAX_BYTES: u64 = 32 << 20;
 
-/// A typed-GRES job seen running on this node.
-#[derive(Clone, Debug, PartialEq)]
-pub(super) struct Watched {
-    profile: String,
-    submit: u64,
-    start: u64,
-    /// Slurm's end time while running (start + time limit; 0: unknown).
-    end_time: u64,
-    time_limit_s: Option<u64>,
-    deadline: Option<u64>,
-}
-
-/// What advise mode keeps between epochs (in the node's ledger).
-#[derive(Debug, Default)]
-pub(super) struct AdviseBook {
-    /// Jobs running on the node's instances now, by job id.
-    watched: HashMap<u64, Watched>,
-    /// The layout last recorded per GPU.
-    layouts: HashMap<u32, Layout>,
-    /// The policy's wish last recorded per GPU (the target and how it
-    /// reads), so a wish is written when it changes, not every epoch.
-    wishes: HashMap<u32, (Layout, PlanStatus)>,
-    jobs_recorded: u64,
-    advice_recorded: u64,
-    /// Whether the first epoch has run (it records the initial layout the
-    /// policy would have installed).
-    started: bool,
-}
-
-/// Per GPU, the instances the watched jobs occupy and until when.
-pub(super) struct Occupied {
-    pub busy: Layout,
-    pub until: [f64; MAX_PLACEMENTS],
-}
-
 /// True once: at the first advise epoch.
 pub(super) fn first_epoch(cx: &Cx<'_>) -> bool {
-    !std::mem::replace(&mut cx.books.ledger().advise.started, true)
+    !cx.books
+        .node(|l| std::mem::replace(&mut l.advise.started, true))
 }
 
 /// Appends `records` to the advice log (0600, rotated at 32 MiB).
@@ -101,12 +67,13 @@ pub(super) async fn observe(cx: &Cx<'_>, queue: Option<&QueueSnapshot>) -> Vec<O
         layouts.push(reread_layout(cx, gpu, now, &mut records).await);
     }
     let occupied = {
-        let mut ledger = cx.books.ledger();
-        let book = &mut ledger.advise;
-        if let Some(queue) = queue {
-            follow_jobs(book, queue, &cx.node.name, now, &mut records);
-        }
-        occupy(book, &layouts)
+        cx.books.node(|ledger| {
+            let book = &mut ledger.advise;
+            if let Some(queue) = queue {
+                follow_jobs(book, queue, &cx.node.name, now, &mut records);
+            }
+            occupy(book, &layouts)
+        })
     };
     record_advice(&records, cx.cfg());
     occupied
@@ -120,7 +87,7 @@ async fn reread_layout(
     now: u64,
     records: &mut Vec<AdviceRecord>,
 ) -> Vec<(SpotId, String)> {
-    let mut st = gpu.state.lock().await;
+    let mut st = gpu.tx().await;
     match tokio::task::block_in_place(|| cx.svc.backend.list(gpu.index)) {
         Ok(real) => sync_instances(&mut st.book, &real, now),
         Err(e) => tracing::warn!(gpu = gpu.index, "advise: cannot read the layout: {e}"),
@@ -132,20 +99,21 @@ async fn reread_layout(
         .iter()
         .map(|i| (i.placement, g.spot(i.placement).profile.name()))
         .collect();
-    let mut ledger = cx.books.ledger();
-    let book = &mut ledger.advise;
-    if book.layouts.get(&gpu.index) != Some(&layout) {
-        book.layouts.insert(gpu.index, layout);
-        tracing::info!(gpu = gpu.index, layout = %g.picture(layout), "advise: the GPU's layout");
-        records.push(AdviceRecord::Layout {
-            t: now as f64,
-            gpu: gpu.index,
-            model: gpu.model,
-            layout: layout.0,
-            picture: g.picture(layout),
-        });
-    }
-    names
+    cx.books.node(|ledger| {
+        let book = &mut ledger.advise;
+        if book.layouts.get(&gpu.index) != Some(&layout) {
+            book.layouts.insert(gpu.index, layout);
+            tracing::info!(gpu = gpu.index, layout = %g.picture(layout), "advise: the GPU's layout");
+            records.push(AdviceRecord::Layout {
+                t: now as f64,
+                gpu: gpu.index,
+                model: gpu.model,
+                layout: layout.0,
+                picture: g.picture(layout),
+            });
+        }
+        names
+    })
 }
 
 /// Follows the typed-GRES jobs `queue` shows running on `node`, and
@@ -262,39 +230,42 @@ pub(super) fn advise(
         .map(|p| g.spot(p).describe().to_string())
         .collect();
     let shown = super::view::reshape_shown(gpu.index, g, st.book.layout(), target, busy, keeps);
-    let mut ledger = cx.books.ledger();
-    let book = &mut ledger.advise;
-    let Some(mut shown) = shown else {
-        book.wishes.remove(&gpu.index);
-        return;
-    };
-    if book
-        .wishes
-        .get(&gpu.index)
-        .is_some_and(|(l, _)| *l == target)
-    {
-        return;
-    }
-    let now = unix_now();
-    shown.created_at = now;
-    shown.effect = effect;
-    tracing::info!(gpu = gpu.index, from = %shown.from, to = %shown.to,
+    let record = cx.books.node(|ledger| {
+        let book = &mut ledger.advise;
+        let Some(mut shown) = shown else {
+            book.wishes.remove(&gpu.index);
+            return None;
+        };
+        if book
+            .wishes
+            .get(&gpu.index)
+            .is_some_and(|(l, _)| *l == target)
+        {
+            return None;
+        }
+        let now = unix_now();
+        shown.created_at = now;
+        shown.effect = effect;
+        tracing::info!(gpu = gpu.index, from = %shown.from, to = %shown.to,
         "advise: the policy would reshape this GPU (nothing done)");
-    let record = AdviceRecord::Advice {
-        t: now as f64,
-        gpu: gpu.index,
-        policy: cx.live.policy_name.clone(),
-        from: shown.from.clone(),
-        to: shown.to.clone(),
-        to_layout: target.0,
-        destroy: shown.destroy.clone(),
-        create: shown.create.clone(),
-        keeps_busy: shown.keeps_busy.clone(),
-    };
-    book.wishes.insert(gpu.index, (target, shown));
-    book.advice_recorded += 1;
-    drop(ledger);
-    record_advice(&[record], cx.cfg());
+        let record = AdviceRecord::Advice {
+            t: now as f64,
+            gpu: gpu.index,
+            policy: cx.live.policy_name.clone(),
+            from: shown.from.clone(),
+            to: shown.to.clone(),
+            to_layout: target.0,
+            destroy: shown.destroy.clone(),
+            create: shown.create.clone(),
+            keeps_busy: shown.keeps_busy.clone(),
+        };
+        book.wishes.insert(gpu.index, (target, shown));
+        book.advice_recorded += 1;
+        Some(record)
+    });
+    if let Some(record) = record {
+        record_advice(&[record], cx.cfg());
+    }
 }
 
 /// The `advise` section of a status reply (advise mode only).

@@ -2,9 +2,7 @@
 //! reconcile, apply), they and the `operators` see every job in `status`,
 //! and unprivileged users hold a bounded number of connections.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
+use super::books::Connections;
 use crate::config::Config;
 
 /// The uids with rights beyond an ordinary user's, resolved from the
@@ -82,24 +80,7 @@ pub(super) fn user_name(uid: u32) -> String {
     }
 }
 
-/// Connections of unprivileged users, per uid and in total.
-#[derive(Debug, Default)]
-struct Counts {
-    per_uid: HashMap<u32, usize>,
-    total: usize,
-}
-
-/// The connections unprivileged users hold now.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Connections(Arc<Mutex<Counts>>);
-
 impl Connections {
-    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Takes a connection place for unprivileged `uid`, or says why not
     /// (`max_connections_per_user`, `max_connections`). Root and
     /// `slurm_user` are never counted nor refused.
@@ -112,26 +93,27 @@ impl Connections {
         if roles.may_write(uid) {
             return Ok(None);
         }
-        let mut c = self.counts();
-        let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
-        if mine >= cfg.max_connections_per_user {
-            return Err(format!(
-                "uid {uid} holds {mine} connections (max_connections_per_user {})",
-                cfg.max_connections_per_user
-            ));
-        }
-        if c.total >= cfg.max_connections {
-            return Err(format!(
-                "unprivileged users hold {} connections (max_connections {})",
-                c.total, cfg.max_connections
-            ));
-        }
-        c.total += 1;
-        *c.per_uid.entry(uid).or_default() += 1;
-        Ok(Some(Admitted {
-            connections: self.clone(),
-            uid,
-        }))
+        self.with(|c| {
+            let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
+            if mine >= cfg.max_connections_per_user {
+                return Err(format!(
+                    "uid {uid} holds {mine} connections (max_connections_per_user {})",
+                    cfg.max_connections_per_user
+                ));
+            }
+            if c.total >= cfg.max_connections {
+                return Err(format!(
+                    "unprivileged users hold {} connections (max_connections {})",
+                    c.total, cfg.max_connections
+                ));
+            }
+            c.total += 1;
+            *c.per_uid.entry(uid).or_default() += 1;
+            Ok(Some(Admitted {
+                connections: self.clone(),
+                uid,
+            }))
+        })
     }
 }
 
@@ -143,13 +125,14 @@ pub(super) struct Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut c = self.connections.counts();
-        c.total = c.total.saturating_sub(1);
-        if let Some(n) = c.per_uid.get_mut(&self.uid) {
-            *n -= 1;
-            if *n == 0 {
-                c.per_uid.remove(&self.uid);
+        self.connections.with(|c| {
+            c.total = c.total.saturating_sub(1);
+            if let Some(n) = c.per_uid.get_mut(&self.uid) {
+                *n -= 1;
+                if *n == 0 {
+                    c.per_uid.remove(&self.uid);
+                }
             }
-        }
+        });
     }
 }

@@ -4,8 +4,9 @@
 //! carry out or propose what it wants; score the pending plans; resume
 //! and publish. A new step is one more function called from [`run_once`].
 
+use super::context::{unix_now, unix_now_f64, Cx};
 use super::view::{self, Ahead};
-use super::{advise, holds, queue, reap, shadow, unix_now, unix_now_f64, Cx};
+use super::{advise, holds, queue, reap, shadow, xid};
 use crate::config::{Mode, SummaryFallback};
 use crate::mig::Geometry;
 use crate::policy::{self, ClusterView, Decision, PendingByProfile, PendingJob};
@@ -17,18 +18,18 @@ use crate::policy::{self, ClusterView, Decision, PendingByProfile, PendingJob};
 /// change.
 pub(super) async fn install_initial_layouts(cx: &Cx<'_>) {
     let policy = cx.live.policy.clone();
-    if cx.cfg().mode == Mode::Advise || !policy.lock().await.installs_initial_layout() {
+    if cx.cfg().mode == Mode::Advise || !policy.with(|p| p.installs_initial_layout()).await {
         return;
     }
     for gpu in &cx.books.gpus {
-        let mut st = gpu.state.lock().await;
+        let mut st = gpu.tx().await;
         if !st.book.instances.is_empty() {
             continue;
         }
+        let geometry = st.book.geometry;
         let target = policy
-            .lock()
-            .await
-            .initial_layout(gpu.index as usize, st.book.geometry);
+            .with(|p| p.initial_layout(gpu.index as usize, geometry))
+            .await;
         view::pursue(cx, gpu, &mut st, target, "initial layout", None);
     }
 }
@@ -80,7 +81,7 @@ fn holding(cx: &Cx<'_>) -> bool {
     let cfg = cx.cfg();
     cfg.slurm.enabled
         && cfg.cluster.fallback == SummaryFallback::Hold
-        && cx.books.ledger().view_source.problem.is_some()
+        && cx.books.node(|l| l.view_source.problem.is_some())
 }
 
 /// Asks the policy for its targets. Advise mode, first epoch: the layout
@@ -108,15 +109,19 @@ async fn decide(
     };
     let mut decisions = ask(cx, &view).await;
     if cx.cfg().mode == Mode::Advise && advise::first_epoch(cx) {
-        let mut p = cx.live.policy.lock().await;
-        if p.installs_initial_layout() {
-            for (k, gpu) in cx.books.gpus.iter().enumerate() {
-                if !decisions.iter().any(|d| d.gpu == k) {
-                    let target = p.initial_layout(k, Geometry::of(gpu.model));
-                    decisions.push(Decision { gpu: k, target });
+        cx.live
+            .policy
+            .with(|p| {
+                if p.installs_initial_layout() {
+                    for (k, gpu) in cx.books.gpus.iter().enumerate() {
+                        if !decisions.iter().any(|d| d.gpu == k) {
+                            let target = p.initial_layout(k, Geometry::of(gpu.model));
+                            decisions.push(Decision { gpu: k, target });
+                        }
+                    }
                 }
-            }
-        }
+            })
+            .await;
     }
     decisions
 }
@@ -126,12 +131,12 @@ async fn decide(
 /// learned policy remembers the arrivals it saw), as in the simulator's
 /// `Shadowed`.
 async fn ask(cx: &Cx<'_>, view: &ClusterView<'_>) -> Vec<Decision> {
-    let primary = cx.live.policy.lock().await.decide(view);
+    let primary = cx.live.policy.with(|p| p.decide(view)).await;
     let Some((fallback, _)) = &cx.live.fallback else {
         return primary;
     };
-    let other = fallback.lock().await.decide(view);
-    if cx.svc.shadow.fallback_runs(cx.cfg()) {
+    let other = fallback.with(|p| p.decide(view)).await;
+    if cx.books.shadow.fallback_runs(cx.cfg()) {
         other
     } else {
         primary
@@ -143,15 +148,17 @@ async fn ask(cx: &Cx<'_>, view: &ClusterView<'_>) -> Vec<Decision> {
 /// destroy a busy instance, is withdrawn; the policy proposes anew when it
 /// still wants to.
 async fn tidy_plans(cx: &Cx<'_>) {
-    let lapsed = cx.books.ledger().plans.expire(unix_now());
+    let lapsed = cx.books.node(|l| l.plans.expire(unix_now()));
     for p in lapsed {
         tracing::info!(plan = p.shown.id, gpu = p.shown.gpu, from = %p.shown.from, to = %p.shown.to,
             "plan lapsed: not applied within plan_timeout_s");
     }
     for gpu in &cx.books.gpus {
-        let st = gpu.state.lock().await;
-        let stale = cx.books.ledger().plans.withdraw_if(gpu.index, |p| {
-            p.from != st.book.layout() || view::plan_status(gpu, &st, p.to).is_none()
+        let st = gpu.tx().await;
+        let stale = cx.books.node(|l| {
+            l.plans.withdraw_if(gpu.index, |p| {
+                p.from != st.book.layout() || view::plan_status(gpu, &st, p.to).is_none()
+            })
         });
         if let Some(p) = stale {
             tracing::info!(plan = p.shown.id, gpu = gpu.index, from = %p.shown.from, to = %p.shown.to,
@@ -163,17 +170,12 @@ async fn tidy_plans(cx: &Cx<'_>) {
 /// One decision of the policy: carried out (dynamic), proposed (confirm)
 /// or recorded as a wish (advise, where `occupied` holds the watched
 /// jobs' instances).
-async fn pursue(
-    cx: &Cx<'_>,
-    d: Decision,
-    ahead: &mut Ahead,
-    occupied: Option<&[advise::Occupied]>,
-) {
+async fn pursue(cx: &Cx<'_>, d: Decision, ahead: &mut Ahead, occupied: Option<&[view::Occupied]>) {
     let Some(gpu) = cx.books.gpus.get(d.gpu) else {
         tracing::warn!(gpu = d.gpu, "policy decided for a GPU that does not exist");
         return;
     };
-    let mut st = gpu.state.lock().await;
+    let mut st = gpu.tx().await;
     // The expected effect of a reshape carried out now (dynamic) or
     // recorded (advise); pending plans (confirm) get theirs below, once
     // per epoch.
@@ -192,12 +194,12 @@ async fn pursue(
 /// Every pending plan's expected effect follows this epoch's queue (also
 /// those made before any queue was read: the initial layout).
 fn score_pending_plans(cx: &Cx<'_>, ahead: &mut Ahead) {
-    let targets = cx.books.ledger().plans.pending_targets();
+    let targets = cx.books.node(|l| l.plans.pending_targets());
     for (gpu, to) in targets {
         let effect = view::expected_effect(ahead, gpu as usize, to);
-        cx.books.ledger().plans.set_effect(gpu, effect);
+        cx.books.node(|l| l.plans.set_effect(gpu, effect));
     }
-    let pending = cx.books.ledger().plans.pending_count();
+    let pending = cx.books.node(|l| l.plans.pending_count());
     cx.svc.metrics.pending_plans(pending);
 }
 
@@ -210,7 +212,7 @@ async fn resume_and_publish(cx: &Cx<'_>) {
         return;
     }
     if let Some(info) = queue::node(cx).await {
-        queue::resume_if_drained_by_us(cx, &info).await;
+        xid::resume_if_drained_by_us(cx, &info).await;
         if cfg.publish_layout && cfg.mode != Mode::Advise {
             view::publish_layout(cx, &info.features).await;
         }

@@ -13,9 +13,19 @@ use std::time::Duration;
 
 use smartmig_client::protocol::GpuOrderStatus;
 
-use super::{panic, Daemon, StartError};
+use super::books::{GpuOrderCheck, Outcome};
+use super::context::Daemon;
+use super::panic;
 use crate::backend::Backend;
 use crate::slurm::{GresGpu, SlurmClient, SlurmError};
+
+/// What a mismatch means and how to fix it (a start that finds one stops
+/// with it: `StartError::GpuOrder`).
+pub(super) fn mismatch(m: &str) -> String {
+    format!(
+        "Slurm and smartmigd number the GPUs differently: {m}. Slurm numbers the GPUs of gres.conf by device name (/dev/nvidiaN in sorted order), smartmigd by NVML index; they agree when NVML's GPU N is /dev/nvidiaN (`nvidia-smi -q` shows each GPU's Minor Number)"
+    )
+}
 
 /// The first wait before asking Slurm again; doubled after each failed
 /// ask up to [`RETRY_MAX`].
@@ -23,44 +33,7 @@ const RETRY_FIRST: Duration = Duration::from_secs(2);
 /// The longest wait between two asks.
 const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// What the last ask found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Outcome {
-    /// Slurm's GPU i is the backend's GPU i (`gpus` gpu GRES compared).
-    Matches { gpus: usize },
-    /// slurmd lists no gpu GRES for this node: nothing to compare.
-    NoGres,
-    /// Slurm did not answer (`slurmd -G` failed); asked again later.
-    Unanswered(String),
-    /// Slurm numbers the GPUs differently, or its gpu GRES are MIG devices.
-    Mismatch(String),
-}
-
-impl Outcome {
-    /// Whether Slurm answered (anything but [`Outcome::Unanswered`]).
-    pub(super) fn answered(&self) -> bool {
-        !matches!(self, Outcome::Unanswered(_))
-    }
-}
-
-/// The check's state in the ledger: `None` when it is not made (advise
-/// mode, Slurm queries off).
-#[derive(Clone, Debug, Default)]
-pub(super) struct GpuOrderCheck {
-    pub outcome: Option<Outcome>,
-    /// Times Slurm was asked.
-    pub attempts: u32,
-}
-
 impl GpuOrderCheck {
-    /// After the check at start.
-    pub(super) fn started(outcome: Outcome) -> GpuOrderCheck {
-        GpuOrderCheck {
-            outcome: Some(outcome),
-            attempts: 1,
-        }
-    }
-
     /// The `gpu_order` section of a status reply.
     pub(super) fn status(&self) -> Option<GpuOrderStatus> {
         let (state, detail) = match self.outcome.as_ref()? {
@@ -90,7 +63,7 @@ impl GpuOrderCheck {
         match &self.outcome {
             Some(Outcome::Mismatch(m)) => Some(format!(
                 "{}; smartmigd hands out no instance until gres.conf is fixed and smartmigd restarted",
-                StartError::GpuOrder(m.clone())
+                mismatch(m)
             )),
             _ => None,
         }
@@ -155,7 +128,7 @@ pub(super) fn log(node: &str, outcome: &Outcome, at: &str) {
         Outcome::Mismatch(m) => tracing::error!(
             node,
             "{}; allocates are refused until gres.conf is fixed and smartmigd restarted ({at})",
-            StartError::GpuOrder(m.clone())
+            mismatch(m)
         ),
     }
 }
@@ -164,10 +137,9 @@ pub(super) fn log(node: &str, outcome: &Outcome, at: &str) {
 /// check at start could not ask it); then stops. Nothing to do when the
 /// check at start got an answer or was not made.
 pub(super) fn spawn_retry(daemon: &Arc<Daemon>) {
-    let pending = matches!(
-        daemon.books.ledger().gpu_order.outcome,
-        Some(Outcome::Unanswered(_))
-    );
+    let pending = daemon
+        .books
+        .node(|l| matches!(l.gpu_order.outcome, Some(Outcome::Unanswered(_))));
     if !pending {
         return;
     }
@@ -206,10 +178,11 @@ async fn retry_once(daemon: Arc<Daemon>) -> bool {
     .await
     .unwrap_or_else(|e| Outcome::Unanswered(format!("the check failed: {e}")));
     let attempts = {
-        let mut ledger = daemon.books.ledger();
-        ledger.gpu_order.attempts += 1;
-        ledger.gpu_order.outcome = Some(outcome.clone());
-        ledger.gpu_order.attempts
+        daemon.books.node(|ledger| {
+            ledger.gpu_order.attempts += 1;
+            ledger.gpu_order.outcome = Some(outcome.clone());
+            ledger.gpu_order.attempts
+        })
     };
     let answered = outcome.answered();
     if answered {

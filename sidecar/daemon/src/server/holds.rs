@@ -6,24 +6,13 @@
 //!
 //! A sync runs in the release handler before it answers the job's epilog
 //! (so the new hold is pending before Slurm frees the ended job's shards),
-//! in the background after an allocate (woken through [`HoldBook::wanted`])
+//! in the background after an allocate (woken through [`super::books::Books::want_holds`])
 //! and at every epoch, which also adopts the holds Slurm lists (after a
 //! restart) and forgets those gone.
 
-use tokio::sync::{Mutex, Notify};
-
-use super::Cx;
+use super::context::Cx;
 use crate::holds::{plan, GpuShards, Hold, Step};
 use crate::slurm::{QueueSnapshot, HOLD_NAME};
-
-/// The holds this node has in Slurm. Lock order: [`HoldBook::held`] is
-/// taken before a GPU's lock, never while one is held.
-#[derive(Default)]
-pub(super) struct HoldBook {
-    held: Mutex<Vec<Hold>>,
-    /// Woken after an allocate: the background sync runs.
-    pub wanted: Notify,
-}
 
 /// Takes this node's holds to what its GPUs should hold now.
 pub(super) async fn sync(cx: &Cx<'_>) {
@@ -31,7 +20,7 @@ pub(super) async fn sync(cx: &Cx<'_>) {
     let Some(rule) = cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled) else {
         return;
     };
-    let mut held = cx.books.holds.held.lock().await;
+    let mut held = cx.books.holds().await;
     let gpus = shards(cx).await;
     for step in plan(&gpus, &held, rule) {
         match step {
@@ -71,7 +60,7 @@ pub(super) async fn adopt(cx: &Cx<'_>, queue: &QueueSnapshot) {
     // A hold queued after the queue was read has a larger job id than
     // any the queue shows: kept.
     let seen = queue.jobs.iter().map(|j| j.job_id).max().unwrap_or(0);
-    let mut held = cx.books.holds.held.lock().await;
+    let mut held = cx.books.holds().await;
     held.retain(|h| h.job_id > seen || listed.iter().any(|l| l.job_id == h.job_id));
     for h in listed {
         if !held.iter().any(|k| k.job_id == h.job_id) {
@@ -83,16 +72,15 @@ pub(super) async fn adopt(cx: &Cx<'_>, queue: &QueueSnapshot) {
 /// Each GPU's busy instances and the shards Slurm gave its jobs (those of
 /// allocates still waiting for room included).
 async fn shards(cx: &Cx<'_>) -> Vec<GpuShards> {
-    let waiting: Vec<(u32, u8)> = cx
-        .books
-        .ledger()
-        .waiting
-        .values()
-        .map(|w| (w.gpu, w.contender.need.slices))
-        .collect();
+    let waiting: Vec<(u32, u8)> = cx.books.node(|l| {
+        l.waiting
+            .values()
+            .map(|w| (w.gpu, w.contender.need.slices))
+            .collect()
+    });
     let mut out = Vec::with_capacity(cx.books.gpus.len());
     for gpu in &cx.books.gpus {
-        let st = gpu.state.lock().await;
+        let st = gpu.tx().await;
         let busy = st.book.busy();
         let geometry = st.book.geometry;
         let queued: u8 = waiting

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::{Cx, Daemon};
+use super::context::{Cx, Daemon};
 use crate::metrics::{MigInstance, Scrape};
 use crate::mig::{select_profile, Geometry, ProfileSpec};
 
@@ -65,7 +65,7 @@ pub(super) async fn serve_metrics(daemon: Arc<Daemon>, listener: TcpListener) {
 /// gauges from the books now (each GPU's lock in turn, then the ledger).
 async fn metrics_text(cx: &Cx<'_>) -> String {
     let mut now = Scrape {
-        epilog_missing: cx.books.ledger().releases.epilog_missing(),
+        epilog_missing: cx.books.node(|l| l.releases.epilog_missing()),
         hostname: nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default(),
@@ -75,7 +75,7 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
     };
     let mut layouts = Vec::new();
     for gpu in &cx.books.gpus {
-        let mut st = gpu.state.lock().await;
+        let mut st = gpu.tx().await;
         let modelled = st.tick_energy();
         let g = st.book.geometry;
         for i in &st.book.instances {
@@ -118,37 +118,40 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
 /// The allocates waiting for room, counted by the profile each would get,
 /// and the largest (most compute slices) waiting on each GPU.
 fn waiting_profiles(cx: &Cx<'_>) -> (Vec<(String, i64)>, HashMap<u32, &'static ProfileSpec>) {
-    let ledger = cx.books.ledger();
-    let mut counts: HashMap<String, i64> = HashMap::new();
-    let mut largest: HashMap<u32, &'static ProfileSpec> = HashMap::new();
-    for w in ledger.waiting.values() {
-        let Some(gpu) = cx.books.gpu(w.gpu) else {
-            continue;
-        };
-        let need = w.contender.need;
-        let profile = match w.contender.exact {
-            Some(p) => p,
-            None => match select_profile(Geometry::of(gpu.model).spec, need.slices, need.memory_gb)
-            {
-                Ok(p) => p,
-                Err(_) => continue,
-            },
-        };
-        *counts.entry(profile.name()).or_default() += 1;
-        let top = largest.entry(w.gpu).or_insert(profile);
-        if profile.shape.compute > top.shape.compute {
-            *top = profile;
+    cx.books.node(|ledger| {
+        let mut counts: HashMap<String, i64> = HashMap::new();
+        let mut largest: HashMap<u32, &'static ProfileSpec> = HashMap::new();
+        for w in ledger.waiting.values() {
+            let Some(gpu) = cx.books.gpu(w.gpu) else {
+                continue;
+            };
+            let need = w.contender.need;
+            let profile = match w.contender.exact {
+                Some(p) => p,
+                None => {
+                    match select_profile(Geometry::of(gpu.model).spec, need.slices, need.memory_gb)
+                    {
+                        Ok(p) => p,
+                        Err(_) => continue,
+                    }
+                }
+            };
+            *counts.entry(profile.name()).or_default() += 1;
+            let top = largest.entry(w.gpu).or_insert(profile);
+            if profile.shape.compute > top.shape.compute {
+                *top = profile;
+            }
         }
-    }
-    let mut waiting: Vec<(String, i64)> = counts.into_iter().collect();
-    waiting.sort();
-    (waiting, largest)
+        let mut waiting: Vec<(String, i64)> = counts.into_iter().collect();
+        waiting.sort();
+        (waiting, largest)
+    })
 }
 
 /// `(role, name, runs)` of the configured policy and, while the shadow is
 /// on, its fallback.
 fn running_policies(cx: &Cx<'_>) -> Vec<(String, String, bool)> {
-    let fallback_runs = cx.svc.shadow.fallback_runs(cx.cfg());
+    let fallback_runs = cx.books.shadow.fallback_runs(cx.cfg());
     let mut out = vec![(
         "learned".to_string(),
         cx.live.policy_name.clone(),

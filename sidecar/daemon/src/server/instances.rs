@@ -4,8 +4,8 @@
 //! failed call. Shared by the allocate and apply handlers and the epoch.
 
 use super::books::{Gpu, GpuState};
+use super::context::{unix_now, Cx};
 use super::services::Services;
-use super::{unix_now, Cx};
 use crate::allocate::GpuBook;
 use crate::backend::{Backend, BackendError};
 use crate::mig::{Layout, SpotId};

@@ -4,7 +4,7 @@
 //! allocate handler) and whether a job still runs on its instance (the
 //! release handler).
 
-use super::Cx;
+use super::context::Cx;
 
 /// What slurmctld answered about a job.
 pub(super) enum Record {

@@ -4,20 +4,15 @@
 //! (say the new Slurm commands with the old policy).
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
-
 use super::auth::Roles;
+use super::books::{PlacementCell, PolicyCell, SwapCell};
 use crate::config::Config;
 use crate::placement::PlacementRule;
-use crate::policy::RepartitionPolicy;
 use crate::policy_choice::Built;
 use crate::slurm::{CommandSlurm, NoSlurm, SlurmClient};
-
-/// A policy behind its own lock (it has state of its own).
-pub(super) type SharedPolicy = Arc<Mutex<Box<dyn RepartitionPolicy + Send>>>;
 
 /// One snapshot of the settings. Take it once per request or epoch
 /// ([`Settings::current`]) and read everything from it.
@@ -27,16 +22,17 @@ pub(super) struct Live {
     /// Who may write and who sees every job.
     pub roles: Roles,
     /// The policy has state of its own (learned, greedy's batching window),
-    /// so it sits behind its own lock; a new one comes with a new snapshot.
-    pub policy: SharedPolicy,
+    /// kept in the books' [`PolicyCell`]; a new one comes with a new
+    /// snapshot.
+    pub policy: PolicyCell,
     pub policy_name: String,
     /// The shadow's fallback and its name, while the shadow is on
     /// (`[shadow]`): it sees every epoch, its decisions apply while the
     /// shadow says it runs ([`super::shadow`]).
-    pub fallback: Option<(SharedPolicy, String)>,
-    /// Which waiting allocate goes first (`placement`); asked under a
-    /// GPU's lock, never across an `.await`.
-    pub placement: Arc<std::sync::Mutex<PlacementRule>>,
+    pub fallback: Option<(PolicyCell, String)>,
+    /// Which waiting allocate goes first (`placement`), with its own state
+    /// in the books' [`PlacementCell`]; asked in a GPU's transaction.
+    pub placement: Arc<PlacementCell>,
 }
 
 impl Live {
@@ -48,22 +44,19 @@ impl Live {
     ) -> Live {
         let (policy, policy_name) = policy;
         Live {
-            fallback: fallback.map(|(p, name)| (Arc::new(Mutex::new(p)), name)),
-            placement: Arc::new(std::sync::Mutex::new(placement)),
+            fallback: fallback.map(|(p, name)| (PolicyCell::new(p), name)),
+            placement: Arc::new(PlacementCell::new(placement)),
             slurm: slurm_client(&config),
             roles: Roles::of(&config),
             config: Arc::new(config),
-            policy: Arc::new(Mutex::new(policy)),
+            policy: PolicyCell::new(policy),
             policy_name,
         }
     }
 
     /// The `placement` rule's name, as status and the log show it.
     pub(super) fn placement_name(&self) -> String {
-        self.placement
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .name()
+        self.placement.with(|p| p.name())
     }
 }
 
@@ -83,34 +76,28 @@ fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
     }
 }
 
-/// Where the snapshot lives, and the file SIGHUP re-reads.
+/// Where the snapshot lives (a [`SwapCell`] of the books), and the file
+/// SIGHUP re-reads.
 pub(super) struct Settings {
-    live: RwLock<Arc<Live>>,
+    live: SwapCell<Live>,
     pub path: PathBuf,
 }
 
 impl Settings {
     pub(super) fn new(live: Live, path: PathBuf) -> Settings {
         Settings {
-            live: RwLock::new(Arc::new(live)),
+            live: SwapCell::new(live),
             path,
         }
     }
 
     /// The settings in effect: one snapshot, consistent in itself.
     pub(super) fn current(&self) -> Arc<Live> {
-        self.live
-            .read()
-            .map(|l| l.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+        self.live.current()
     }
 
     /// Installs a new snapshot in one swap.
     pub(super) fn replace(&self, live: Live) {
-        let snapshot = Arc::new(live);
-        match self.live.write() {
-            Ok(mut l) => *l = snapshot,
-            Err(p) => *p.into_inner() = snapshot,
-        }
+        self.live.replace(live);
     }
 }

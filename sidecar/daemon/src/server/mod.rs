@@ -4,12 +4,11 @@
 //! module carries them out. It is layered, and each layer calls only the
 //! ones below it (docs/architecture.md, "The daemon's concurrency"):
 //!
-//! 1. **Transport, authentication and dispatch**: this file (a request
-//!    line in, a reply line out, a tracing span per request, a panic
-//!    answered `internal`), [`transport`] (the sockets, one connection's
-//!    requests), [`auth`] (who may write, who sees every job, connection
-//!    caps), [`http`] (the Prometheus endpoint); start-up [`start`], the
-//!    loops and shutdown [`run`], SIGHUP [`reload`].
+//! 1. **Transport and dispatch**: this file (a request line in, a reply
+//!    line out, a tracing span per request, a panic answered
+//!    `internal`), [`transport`] (the sockets, one connection's requests),
+//!    [`http`] (the Prometheus endpoint); start-up [`start`], the loops
+//!    and shutdown [`run`], SIGHUP [`reload`].
 //! 2. **One handler per request kind** ([`handle`]: allocate, release,
 //!    status, reconcile, plan, apply, health) and **the epoch loop**
 //!    ([`epoch`], with its steps [`view`], [`advise`]) and the memory
@@ -18,29 +17,30 @@
 //!    ([`instances`]), where the queue comes from ([`queue`]), releasing
 //!    what ended jobs hold ([`reap`]), out-of-memory requeues
 //!    ([`requeue`]), room for an interactive step ([`room`]), what
-//!    `status` shows to whom ([`redact`]).
-//! 4. **The node's books** ([`books`]: per-GPU state and the node-wide
-//!    ledger, one owner, a documented lock order), **the services**
-//!    ([`services`]: backend, journal, metrics, memory estimates, usage
-//!    log) and **the settings in effect** ([`live`]).
+//!    `status` shows to whom ([`redact`]), XIDs and the node's drain
+//!    ([`xid`]), holds ([`holds`]), the shadow ([`shadow`]), Slurm's GPU
+//!    order ([`gpu_order`]), one job's record ([`job_record`]).
+//! 4. **The bottom**: the node's books ([`books`]: every piece of mutable
+//!    node state and every lock, behind doors that keep the lock order),
+//!    the services ([`services`]: I/O handles only), the settings in
+//!    effect ([`live`]), roles and connection caps ([`auth`]), what a
+//!    request works with ([`context`]: [`Cx`], [`Daemon`], `NodeId`,
+//!    `Peer`), the clock ([`clock`]) and [`panic`].
 //!
 //! A handler gets a [`Cx`]: the books, the services and one snapshot of
 //! the settings taken for the whole request.
 
-use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-use tokio::sync::watch;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use super::config::Config;
 use super::metrics::Metrics;
 use super::protocol::{error_line, parse_request, ErrorBody, ErrorKind, Request};
 
 mod advise;
 mod auth;
 mod books;
+mod clock;
+mod context;
 mod epoch;
 mod gpu_order;
 mod handle;
@@ -69,77 +69,10 @@ pub use run::run;
 pub use start::StartError;
 pub use transport::raise_open_files_limit;
 
-use auth::Connections;
-use books::Books;
-use live::{Live, Settings};
-use services::Services;
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn unix_now_f64() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// The node this daemon serves, and its lifetime.
-struct NodeId {
-    /// The node's Slurm name (`node_name`, else the host name).
-    pub name: String,
-    pub started: Instant,
-    /// Set once, at SIGTERM/SIGINT: waiting allocates give up, loops stop.
-    pub shutdown: watch::Sender<bool>,
-}
-
-/// The running daemon: the composition of its parts. It has no behaviour
-/// of its own beyond handing each request and epoch a [`Cx`].
-pub struct Daemon {
-    settings: Settings,
-    books: Books,
-    svc: Services,
-    node: NodeId,
-    connections: Connections,
-}
-
-/// What a request or an epoch works with: the books, the services and one
-/// snapshot of the settings (a SIGHUP meanwhile takes effect at the next
-/// request or epoch).
-struct Cx<'a> {
-    pub books: &'a Books,
-    pub svc: &'a Services,
-    pub live: Arc<Live>,
-    pub node: &'a NodeId,
-}
-
-impl Cx<'_> {
-    fn cfg(&self) -> &Config {
-        &self.live.config
-    }
-}
-
-/// The peer of a connection, from `SO_PEERCRED`.
-#[derive(Clone, Copy, Debug)]
-struct Peer {
-    pub uid: u32,
-    pub pid: Option<i32>,
-}
+pub use context::Daemon;
+use context::{Cx, Peer};
 
 impl Daemon {
-    fn cx(&self) -> Cx<'_> {
-        Cx {
-            books: &self.books,
-            svc: &self.svc,
-            live: self.settings.current(),
-            node: &self.node,
-        }
-    }
-
     /// Handles one request line from `peer`; returns the reply line and
     /// whether to close the connection. Runs in a span naming the request
     /// (op, job, step, GPU, uid); a panic while serving it is logged with

@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{unix_now, Cx};
+use super::books::{SummaryFigures, ViewSource};
+use super::context::{unix_now, Cx};
 use crate::config::{Config, SummaryFallback};
 use crate::protocol::ClusterViewStatus;
 use crate::slurm::{NodeInfo, QueueSnapshot};
@@ -15,32 +16,12 @@ use crate::summary::NodeSummary;
 /// The shortest time between two queue reads made for waiting allocates.
 pub(super) const QUEUE_REFRESH: Duration = Duration::from_secs(2);
 
-/// Where the node's view of the queue came from last, for status,
-/// metrics and [`node`].
-#[derive(Clone, Debug, Default)]
-pub(super) struct ViewSource {
-    /// The last fresh summary's figures (`None`: none usable).
-    pub summary: Option<SummaryFigures>,
-    /// Why the summary could not be used (`None`: it was, or never tried).
-    pub problem: Option<String>,
-    /// The node's Slurm state from the summary (cleared without one).
-    pub node_info: Option<NodeInfo>,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(super) struct SummaryFigures {
-    pub generated_at: u64,
-    pub nodes: u32,
-    pub claimed: u32,
-    pub pending_cluster: u32,
-}
-
 /// Whether the queue was read longer than [`QUEUE_REFRESH`] ago.
 pub(super) fn is_stale(cx: &Cx<'_>) -> bool {
     if !cx.cfg().slurm.enabled {
         return false;
     }
-    let last = cx.books.ledger().queue_read;
+    let last = cx.books.node(|l| l.queue_read);
     last.is_none_or(|t| t.elapsed() >= QUEUE_REFRESH)
 }
 
@@ -54,7 +35,7 @@ pub(super) fn pass_window_start(cfg: &Config) -> u64 {
 /// Whether a queue read started at or after `t` (it then shows every job
 /// Slurm started before `t`).
 pub(super) fn read_since(cx: &Cx<'_>, t: Instant) -> bool {
-    cx.books.ledger().queue_read.is_some_and(|r| r >= t)
+    cx.books.node(|l| l.queue_read.is_some_and(|r| r >= t))
 }
 
 /// The queue as this node sees it, with the Unix second it was read (an
@@ -76,7 +57,7 @@ pub(super) async fn read(cx: &Cx<'_>) -> Option<(QueueSnapshot, u64)> {
         }
         cx.svc.metrics.queue_read("squeue", None);
     }
-    cx.books.ledger().queue_read = Some(Instant::now());
+    cx.books.node(|l| l.queue_read = Some(Instant::now()));
     if let Ok(s) = summary {
         let q = s.snapshot();
         remember(cx, &q);
@@ -103,9 +84,10 @@ pub(super) async fn read(cx: &Cx<'_>) -> Option<(QueueSnapshot, u64)> {
 /// What the books keep of a queue read: the jobs' times, and the shard
 /// jobs running on this node.
 fn remember(cx: &Cx<'_>, q: &QueueSnapshot) {
-    let mut ledger = cx.books.ledger();
-    ledger.remember_job_times(q);
-    ledger.remember_shard_jobs(q, &cx.node.name);
+    cx.books.node(|ledger| {
+        ledger.remember_job_times(q);
+        ledger.remember_shard_jobs(q, &cx.node.name);
+    });
 }
 
 /// Whether the last queue read already shows `job_id` running here: when
@@ -113,10 +95,7 @@ fn remember(cx: &Cx<'_>, q: &QueueSnapshot) {
 /// so misses the others that pass started.
 pub(super) fn shows_running(cx: &Cx<'_>, job_id: u64) -> bool {
     cx.books
-        .ledger()
-        .shard_jobs
-        .iter()
-        .any(|j| j.job_id == job_id)
+        .node(|l| l.shard_jobs.iter().any(|j| j.job_id == job_id))
 }
 
 /// Reads `<summary_dir>/<node>.json` and checks it; records the outcome
@@ -142,44 +121,45 @@ fn read_summary(cx: &Cx<'_>, cfg: &Config) -> Result<NodeSummary, ()> {
                 .map(|()| s)
                 .map_err(|why| format!("{}: {why}", path.display()))
         });
-    let mut ledger = cx.books.ledger();
-    let v = &mut ledger.view_source;
-    match read {
-        Ok(s) => {
-            if v.problem.take().is_some() || v.summary.is_none() {
-                tracing::info!(path = %path.display(), nodes = s.nodes,
+    cx.books.node(|ledger| {
+        let v = &mut ledger.view_source;
+        match read {
+            Ok(s) => {
+                if v.problem.take().is_some() || v.summary.is_none() {
+                    tracing::info!(path = %path.display(), nodes = s.nodes,
                     "reading the cluster summary instead of asking Slurm");
-            }
-            v.summary = Some(SummaryFigures {
-                generated_at: s.generated_at,
-                nodes: s.nodes,
-                claimed: s.claimed() as u32,
-                pending_cluster: s.pending_by_shards.iter().sum(),
-            });
-            v.node_info = Some(s.info.clone());
-            cx.svc
-                .metrics
-                .queue_read("summary", Some(now.saturating_sub(s.generated_at)));
-            Ok(s)
-        }
-        Err(why) => {
-            if v.problem.as_deref() != Some(why.as_str()) {
-                let then = match cfg.cluster.fallback {
-                    SummaryFallback::Squeue => "asking Slurm directly (squeue, sinfo)",
-                    SummaryFallback::Hold => "holding the layout (cluster.fallback = \"hold\")",
-                };
-                if missing {
-                    tracing::info!("no cluster summary ({why}); {then}");
-                } else {
-                    tracing::warn!("no usable cluster summary ({why}); {then}");
                 }
+                v.summary = Some(SummaryFigures {
+                    generated_at: s.generated_at,
+                    nodes: s.nodes,
+                    claimed: s.claimed() as u32,
+                    pending_cluster: s.pending_by_shards.iter().sum(),
+                });
+                v.node_info = Some(s.info.clone());
+                cx.svc
+                    .metrics
+                    .queue_read("summary", Some(now.saturating_sub(s.generated_at)));
+                Ok(s)
             }
-            v.summary = None;
-            v.node_info = None;
-            v.problem = Some(why);
-            Err(())
+            Err(why) => {
+                if v.problem.as_deref() != Some(why.as_str()) {
+                    let then = match cfg.cluster.fallback {
+                        SummaryFallback::Squeue => "asking Slurm directly (squeue, sinfo)",
+                        SummaryFallback::Hold => "holding the layout (cluster.fallback = \"hold\")",
+                    };
+                    if missing {
+                        tracing::info!("no cluster summary ({why}); {then}");
+                    } else {
+                        tracing::warn!("no usable cluster summary ({why}); {then}");
+                    }
+                }
+                v.summary = None;
+                v.node_info = None;
+                v.problem = Some(why);
+                Err(())
+            }
         }
-    }
+    })
 }
 
 /// The `cluster` section of a status reply.
@@ -207,7 +187,7 @@ pub(super) fn cluster_status(v: &ViewSource, cfg: &Config) -> ClusterViewStatus 
 /// does not answer. The summary read this epoch carries it, when there is
 /// one.
 pub(super) async fn node(cx: &Cx<'_>) -> Option<NodeInfo> {
-    if let Some(info) = cx.books.ledger().view_source.node_info.clone() {
+    if let Some(info) = cx.books.node(|l| l.view_source.node_info.clone()) {
         return Some(info);
     }
     let slurm = cx.live.slurm.clone();
@@ -222,26 +202,5 @@ pub(super) async fn node(cx: &Cx<'_>) -> Option<NodeInfo> {
             tracing::error!("node state task failed: {e}");
             None
         }
-    }
-}
-
-/// The plugin drains the node when it cannot reach smartmigd; this daemon
-/// is up and serving, so it undoes such a drain (and only such a drain:
-/// an admin's reason is left alone). A drain for a GPU-fatal XID stays
-/// while a GPU is out of service ([`super::xid::settle_node`]).
-pub(super) async fn resume_if_drained_by_us(cx: &Cx<'_>, info: &NodeInfo) {
-    if !super::xid::settle_node(cx, info).await || !info.drained_by_smartmig() {
-        return;
-    }
-    cx.books
-        .health_drained
-        .store(false, std::sync::atomic::Ordering::SeqCst);
-    let slurm = cx.live.slurm.clone();
-    let node = cx.node.name.clone();
-    match tokio::task::spawn_blocking(move || slurm.resume(&node)).await {
-        Ok(Ok(())) => tracing::warn!(node = %cx.node.name, reason = %info.reason,
-            "node was drained by smartmig; smartmigd is serving again: node resumed"),
-        Ok(Err(e)) => tracing::warn!(node = %cx.node.name, "cannot resume the node: {e}"),
-        Err(e) => tracing::error!("node resume task failed: {e}"),
     }
 }

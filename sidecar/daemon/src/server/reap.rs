@@ -3,28 +3,9 @@
 //! and an allocate that waits for room).
 
 use super::books::Gpu;
-use super::{unix_now, Cx};
+use super::context::{unix_now, Cx};
 use crate::memory::OomPolicy;
 use crate::slurm::QueueSnapshot;
-
-/// Who returned instances since the daemon started.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct ReleaseCounts {
-    /// Releases sent by the plugin's job epilog.
-    pub epilog: u64,
-    /// Instances the reaper freed because Slurm said the job had ended
-    /// and no release arrived.
-    pub reaped: u64,
-}
-
-impl ReleaseCounts {
-    /// The epilog seems not to run: the reaper had to free instances and
-    /// no epilog release ever arrived (slurmd not restarted after the
-    /// plugin was added to plugstack.conf).
-    pub fn epilog_missing(&self) -> bool {
-        self.reaped > 0 && self.epilog == 0
-    }
-}
 
 /// Releases the instances of jobs that `queue` (read at Unix second `t0`)
 /// shows ended or no longer lists, e.g. when the epilog's release never
@@ -50,7 +31,7 @@ pub(super) async fn ended_jobs(cx: &Cx<'_>, queue: &QueueSnapshot, t0: u64) -> V
 async fn release_ended_on(cx: &Cx<'_>, gpu: &Gpu, queue: &QueueSnapshot, t0: u64) -> Vec<u64> {
     let live = queue.live();
     let now = unix_now();
-    let mut st = gpu.state.lock().await;
+    let mut st = gpu.tx().await;
     let ended: Vec<u64> = st
         .book
         .instances
@@ -87,8 +68,7 @@ async fn release_ended_on(cx: &Cx<'_>, gpu: &Gpu, queue: &QueueSnapshot, t0: u64
 /// counted; an epilog that never ran is called out.
 fn forget(cx: &Cx<'_>, ended: &[u64]) {
     let now = unix_now();
-    {
-        let mut m = cx.svc.memory.lock();
+    cx.books.memory(|m| {
         for &job in ended {
             let policy = OomPolicy {
                 requeue: false,
@@ -97,11 +77,12 @@ fn forget(cx: &Cx<'_>, ended: &[u64]) {
             };
             m.on_release(job, None, false, None, policy, now);
         }
-    }
+    });
     let counts = {
-        let mut ledger = cx.books.ledger();
-        ledger.releases.reaped += ended.len() as u64;
-        ledger.releases
+        cx.books.node(|ledger| {
+            ledger.releases.reaped += ended.len() as u64;
+            ledger.releases
+        })
     };
     cx.svc.metrics.reaped(ended.len() as u64);
     if counts.epilog_missing() {

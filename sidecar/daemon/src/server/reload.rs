@@ -1,7 +1,7 @@
 //! SIGHUP: re-read the config, apply what may change live, keep the rest.
 
+use super::context::Daemon;
 use super::live::Live;
-use super::Daemon;
 use crate::config::Config;
 use crate::placement::PlacementRule;
 use crate::policy_choice::build as build_policy;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::books::Books;
-use super::services::MemoryLedger;
-use super::{unix_now, Cx};
+use super::books::MemoryBook;
+use super::context::{unix_now, Cx};
 use crate::memory::Released;
 use crate::protocol::OomDecision;
 use crate::slurm::{JobState, QueuedJob, SlurmClient};
@@ -56,7 +56,7 @@ pub(super) fn raised_shards(books: &Books, held: &Released) -> Option<u8> {
 /// state the job must be in to be requeued.
 pub(super) fn spawn(cx: &Cx<'_>, job_id: u64, raise_to: Option<u8>, when: RequeueWhen) {
     let slurm = cx.live.slurm.clone();
-    let memory = cx.svc.memory.clone();
+    let memory = cx.books.memory.clone();
     let stop = cx.node.shutdown.subscribe();
     let limit = Duration::from_secs(cx.cfg().oom.requeue_timeout_s);
     tokio::spawn(async move {
@@ -219,10 +219,11 @@ fn decision_of(
 }
 
 /// Keeps the outcome as an event of the job and saves the memory state.
-fn record(memory: &MemoryLedger, job_id: u64, decision: OomDecision, message: String) {
-    let mut m = memory.lock();
-    m.on_requeue_result(job_id, decision, message, unix_now());
-    if let Err(e) = m.save() {
-        tracing::error!(job = job_id, "memory estimates not saved: {e}");
-    }
+fn record(memory: &MemoryBook, job_id: u64, decision: OomDecision, message: String) {
+    memory.with(|m| {
+        m.on_requeue_result(job_id, decision, message, unix_now());
+        if let Err(e) = m.save() {
+            tracing::error!(job = job_id, "memory estimates not saved: {e}");
+        }
+    });
 }

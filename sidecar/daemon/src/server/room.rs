@@ -12,11 +12,10 @@
 //! then only its own user's young batch jobs may give way, and its
 //! `no_fit` says where the room is ([`advice`]).
 
-use tokio::sync::MutexGuard;
-
-use super::books::GpuState;
+use super::books::GpuTx;
+use super::context::Cx;
 use super::job_record::{self, Record};
-use super::{queue, Cx};
+use super::queue;
 use crate::allocate::GpuBook;
 use crate::make_room::{self, RecordFacts, Young};
 use crate::mig::{Geometry, Layout, ProfileSpec};
@@ -50,10 +49,10 @@ impl Asker {
     pub(super) async fn try_now<'g>(
         &mut self,
         cx: &Cx<'_>,
-        st: MutexGuard<'g, GpuState>,
+        st: GpuTx<'g>,
         req: &AllocateRequest,
         profile: &'static ProfileSpec,
-    ) -> Option<MutexGuard<'g, GpuState>> {
+    ) -> Option<GpuTx<'g>> {
         if self.made || !cx.cfg().slurm.enabled || self.interactive == Some(false) {
             return Some(st);
         }
@@ -121,7 +120,7 @@ pub(super) async fn room_elsewhere(
     profile: &'static ProfileSpec,
 ) -> Option<u32> {
     for other in cx.books.gpus.iter().filter(|g| g.index != gpu) {
-        let st = other.state.lock().await;
+        let st = other.tx().await;
         // The same profile exists there only on a GPU of the same model.
         let same_model = st
             .book
@@ -272,16 +271,14 @@ fn told_why(
     profile: &'static ProfileSpec,
 ) {
     cx.books
-        .ledger()
-        .requeue_notes
-        .insert(job, requeue_note(req, profile));
+        .node(|l| l.requeue_notes.insert(job, requeue_note(req, profile)));
     if !cx.cfg().accounting.admin_comment {
         return;
     }
     let slurm = cx.live.slurm.clone();
     let (name, word) = (
         slurm_id.to_string(),
-        crate::usage::requeue_word(super::unix_now(), req.job_id, req.gpu),
+        crate::usage::requeue_word(super::context::unix_now(), req.job_id, req.gpu),
     );
     tokio::task::spawn_blocking(move || {
         let done = slurm.job_comment(job).and_then(|c| {

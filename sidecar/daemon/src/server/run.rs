@@ -11,10 +11,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinSet;
 
+use super::context::Daemon;
 use super::http::serve_metrics;
 use super::start::{io_err, StartError};
 use super::transport::{bind_socket, raise_open_files_limit, serve_connection};
-use super::{epoch, gpu_order, holds, panic, queue, sample, xid, Daemon};
+use super::{epoch, gpu_order, holds, panic, queue, sample, xid};
 use crate::config::Config;
 
 /// Runs the daemon until SIGTERM/SIGINT.
@@ -109,14 +110,14 @@ fn spawn_loops(daemon: &Arc<Daemon>) {
 }
 
 /// Syncs the holds on stranded shards each time an allocate asks for it
-/// ([`holds::HoldBook::wanted`]), until shutdown.
+/// ([`super::books::Books::want_holds`]), until shutdown.
 fn spawn_hold_sync(daemon: &Arc<Daemon>) {
     let daemon = daemon.clone();
     let mut stop = daemon.node.shutdown.subscribe();
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                () = daemon.books.holds.wanted.notified() => {}
+                () = daemon.books.holds_wanted() => {}
                 _ = stop.changed() => break,
             }
             let span = tracing::info_span!("loop", task = "holds");
@@ -174,7 +175,7 @@ async fn announce(daemon: &Daemon, socket: &Path, admin_socket: &Path) {
         policy = %cx.live.policy_name, placement = %cx.live.placement_name(), "smartmigd ready");
     if cx.cfg().slurm.enabled {
         if let Some(info) = queue::node(&cx).await {
-            queue::resume_if_drained_by_us(&cx, &info).await;
+            xid::resume_if_drained_by_us(&cx, &info).await;
         }
     }
 }
@@ -251,14 +252,14 @@ async fn shut_down(daemon: &Daemon, mut connections: JoinSet<()>) {
     }
     // Every change was journaled as it happened; write once more for good measure.
     for gpu in &daemon.books.gpus {
-        let st = gpu.state.lock().await;
+        let st = gpu.tx().await;
         if let Err(e) = daemon.svc.journal.save(&st.book) {
             tracing::error!(gpu = gpu.index, "final journal write failed: {e}");
         }
     }
     // The memory estimates are saved after each reply that changed them;
     // save them once more in case the last of those writes was still queued.
-    if let Err(e) = daemon.svc.memory.lock().save() {
+    if let Err(e) = daemon.books.memory(|m| m.save()) {
         tracing::error!("final memory estimates write failed: {e}");
     }
     tracing::info!("smartmigd stopped");

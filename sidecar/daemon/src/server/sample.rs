@@ -5,8 +5,8 @@
 //! a bigger profile while it runs.
 
 use super::books::Gpu;
+use super::context::{unix_now, unix_now_f64, Cx};
 use super::requeue::{self, RequeueWhen};
-use super::{unix_now, unix_now_f64, Cx};
 use crate::memory::{EarlyTrigger, OomPolicy, Released};
 use crate::mig::SpotId;
 use crate::protocol::OomDecision;
@@ -24,7 +24,7 @@ async fn sample_gpu(cx: &Cx<'_>, gpu: &Gpu) {
     let cfg = cx.cfg();
     let rule = cfg.oom.early_restart.then_some(&cfg.oom.early);
     let (geometry, busy) = {
-        let st = gpu.state.lock().await;
+        let st = gpu.tx().await;
         let busy: Vec<(u64, String, SpotId)> = st
             .book
             .instances
@@ -45,10 +45,8 @@ async fn sample_gpu(cx: &Cx<'_>, gpu: &Gpu) {
             f64::from(geometry.spot(placement).profile.memory_gb)
         };
         let fired = cx
-            .svc
-            .memory
-            .lock()
-            .observe(job, now.used_gb, unix_now_f64(), size, rule);
+            .books
+            .memory(|m| m.observe(job, now.used_gb, unix_now_f64(), size, rule));
         if let Some(trigger) = fired {
             early_restart(cx, job, &gpu.held(geometry, placement), trigger);
         }
@@ -58,18 +56,14 @@ async fn sample_gpu(cx: &Cx<'_>, gpu: &Gpu) {
 /// The early-restart rule fired for `job`: decide as for an out-of-memory
 /// failure and, when allowed, requeue the running job.
 fn early_restart(cx: &Cx<'_>, job: u64, held: &Released, trigger: EarlyTrigger) {
-    let ev = cx.svc.memory.lock().on_early_restart(
-        job,
-        held,
-        trigger,
-        OomPolicy::of(cx.cfg()),
-        unix_now(),
-    );
+    let ev = cx
+        .books
+        .memory(|m| m.on_early_restart(job, held, trigger, OomPolicy::of(cx.cfg()), unix_now()));
     cx.svc.metrics.memory_restart("early", ev.decision.as_str());
     tracing::warn!(job, gpu = ev.gpu, profile = %ev.profile, used_gb = trigger.used_gb,
         predicted_gb = trigger.predicted_gb, decision = %ev.decision,
         "job's GPU memory use is predicted to exceed its instance: {}", ev.message);
-    cx.svc.memory.save_later(job);
+    cx.books.memory.save_later(job);
     if ev.decision == OomDecision::RequeueScheduled {
         requeue::spawn(
             cx,

@@ -1,21 +1,22 @@
-//! The services the handlers and the epoch loop are handed: the MIG
-//! backend, the journal, the metrics, the memory estimates and the usage
-//! log. None of them knows the books or the requests; each keeps its own
-//! lock, taken last (docs/architecture.md, "The daemon's concurrency").
+//! The services the handlers and the epoch loop are handed: the I/O
+//! handles (the MIG backend, the journal, the metrics, the usage log, the
+//! DCGM job-mapping files). None of them knows the requests, and none
+//! keeps node state: what they need of it (the jobs' accounts, the usage
+//! log's turn) is in the books (docs/architecture.md, "Who owns node
+//! state").
 
-use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use super::auth::user_name;
+use super::books::{Accounts, Turn};
 use crate::access::{self, Holder, IsolationError};
 use crate::allocate::GpuBook;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::jobmap::JobMap;
 use crate::journal::{Durability, Journal, JournalError};
-use crate::memory::MemoryState;
 use crate::metrics::Metrics;
 use crate::slurm::SlurmClient;
 use crate::usage::{merge_comment, SliceTag, UsageRecord, USAGE_LOG, USAGE_LOG_MAX_BYTES};
@@ -25,12 +26,9 @@ pub(super) struct Services {
     pub backend: Arc<dyn Backend>,
     pub journal: Journal,
     pub metrics: Metrics,
-    pub memory: MemoryLedger,
     pub usage: UsageLog,
     /// dcgm-exporter's job-mapping directory (`hpc_job_mapping_dir`).
     pub jobmap: Option<JobMap>,
-    /// The day's shadow: its jobs and which policy runs.
-    pub shadow: super::shadow::ShadowRun,
 }
 
 impl Services {
@@ -117,43 +115,11 @@ pub(super) fn enforce_access(
     first.map_or(Ok(()), Err)
 }
 
-/// The learned memory estimates and the out-of-memory ledger (short,
-/// synchronous critical sections; never held across an `.await`).
-#[derive(Clone)]
-pub(super) struct MemoryLedger(Arc<Mutex<MemoryState>>);
-
-impl MemoryLedger {
-    pub(super) fn new(state: MemoryState) -> MemoryLedger {
-        MemoryLedger(Arc::new(Mutex::new(state)))
-    }
-
-    /// The memory state, also after a panic elsewhere poisoned the lock
-    /// (every update leaves it consistent).
-    pub(super) fn lock(&self) -> MutexGuard<'_, MemoryState> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Saves the memory state in the background (fsync'd, after the reply;
-    /// saves queue on the mutex, so the last one writes the newest state).
-    pub(super) fn save_later(&self, job_id: u64) {
-        let memory = self.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = memory.lock().save() {
-                tracing::error!(job = job_id, "memory estimates not saved: {e}");
-            }
-        });
-    }
-}
-
-/// The node's usage log (`<state_dir>/usage.jsonl`) and the Slurm accounts
-/// of running jobs, read when their `AdminComment` was tagged.
+/// The node's usage log (`<state_dir>/usage.jsonl`); the Slurm accounts
+/// of running jobs, read when their `AdminComment` was tagged, and the
+/// turn that serialises appends are the books'.
 pub(super) struct UsageLog {
     path: PathBuf,
-    /// Serialises appends to the log.
-    append: Mutex<()>,
-    accounts: Arc<Mutex<HashMap<u64, String>>>,
 }
 
 impl UsageLog {
@@ -161,24 +127,22 @@ impl UsageLog {
     pub(super) fn new(state_dir: &Path) -> UsageLog {
         UsageLog {
             path: state_dir.join(USAGE_LOG),
-            append: Mutex::new(()),
-            accounts: Arc::default(),
         }
-    }
-
-    fn accounts(&self) -> MutexGuard<'_, HashMap<u64, String>> {
-        self.accounts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Appends released instances to the log (rotated to `usage.jsonl.1`
     /// past [`USAGE_LOG_MAX_BYTES`]) and counts them in the metrics.
-    pub(super) fn record(&self, records: Vec<UsageRecord>, metrics: &Metrics) {
+    pub(super) fn record(
+        &self,
+        records: Vec<UsageRecord>,
+        metrics: &Metrics,
+        accounts: &Accounts,
+        turn: &Turn,
+    ) {
         let mut lines = String::new();
         for mut r in records {
             r.user = Some(tokio::task::block_in_place(|| user_name(r.uid)));
-            r.account = self.accounts().remove(&r.job_id);
+            r.account = accounts.remove(r.job_id);
             metrics.usage(&r);
             match serde_json::to_string(&r) {
                 Ok(l) => {
@@ -188,15 +152,13 @@ impl UsageLog {
                 Err(e) => tracing::error!(job = r.job_id, "usage record not encoded: {e}"),
             }
         }
-        let _guard = self
-            .append
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(e) =
-            tokio::task::block_in_place(|| append_rotating(&self.path, &lines, USAGE_LOG_MAX_BYTES))
-        {
-            tracing::error!(path = %self.path.display(), "usage log not written: {e}");
-        }
+        turn.take(|| {
+            if let Err(e) = tokio::task::block_in_place(|| {
+                append_rotating(&self.path, &lines, USAGE_LOG_MAX_BYTES)
+            }) {
+                tracing::error!(path = %self.path.display(), "usage log not written: {e}");
+            }
+        });
     }
 
     /// Adds the job's [`SliceTag`] to its `AdminComment` in the background
@@ -207,23 +169,21 @@ impl UsageLog {
         &self,
         cfg: &Config,
         slurm: Arc<dyn SlurmClient>,
+        accounts: &Accounts,
         job_id: u64,
         tag: SliceTag,
     ) {
         if !(cfg.slurm.enabled && cfg.accounting.admin_comment) {
             return;
         }
-        let accounts = Arc::clone(&self.accounts);
+        let accounts = accounts.clone();
         tokio::task::spawn_blocking(move || {
             let result = slurm.job_comment(job_id).and_then(|job| {
                 let Some(job) = job else {
                     return Ok(false);
                 };
                 if let Some(a) = &job.account {
-                    accounts
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .insert(job_id, a.clone());
+                    accounts.insert(job_id, a.clone());
                 }
                 // An array task by its `A_T` name: the first task's id is
                 // the array's, which alone would update every task.

@@ -7,35 +7,17 @@
 //! ([`crate::policy::shadow::ShadowState`]); the epoch then asks whichever
 //! policy the switch names. A replay that fails keeps what runs.
 
-use std::sync::{Mutex, MutexGuard};
-
-use super::{unix_now_f64, Cx};
+use super::books::ShadowRun;
+use super::context::{unix_now_f64, Cx};
 use crate::allocate::Assignment;
 use crate::config::{Config, Mode};
 use crate::mig::{Geometry, GpuModel};
 use crate::policy::shadow::{Replay, ShadowState, Switch, PRIMARY};
 use crate::policy_choice::{build, build_fallback, PolicyChoiceError};
 use crate::protocol::{ShadowStatus, ShadowSwitch};
-use crate::shadow::{DayBook, SeenJob};
+use crate::shadow::SeenJob;
 use crate::sim::{EpochRule, Heuristic, SimConfig, SimError};
 use crate::workload::{Job, PowerModel};
-
-/// The shadow's memory: the day's jobs and the switch.
-pub(super) struct ShadowRun(Mutex<Run>);
-
-struct Run {
-    book: DayBook,
-    state: ShadowState,
-    /// The settings the state was made for (policy, fallback, rule): a
-    /// SIGHUP that changes them starts the switch afresh on the policy.
-    key: String,
-    next_check: f64,
-    checks: u64,
-    failures: u64,
-    last_costs: Option<[f64; 2]>,
-    last_switch: Option<ShadowSwitch>,
-    switches: u64,
-}
 
 /// What one check replays, taken under the lock and run off it.
 struct Check {
@@ -48,59 +30,40 @@ struct Check {
 }
 
 impl ShadowRun {
-    pub(super) fn new(now: f64) -> ShadowRun {
-        ShadowRun(Mutex::new(Run {
-            book: DayBook::new(now),
-            state: ShadowState::new(Default::default()),
-            key: String::new(),
-            next_check: now,
-            checks: 0,
-            failures: 0,
-            last_costs: None,
-            last_switch: None,
-            switches: 0,
-        }))
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Run> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Whether the fallback runs now (never while the shadow is off).
     pub(super) fn fallback_runs(&self, cfg: &Config) -> bool {
-        on(cfg) && self.lock().state.running() != PRIMARY
+        on(cfg) && self.with(|r| r.state.running() != PRIMARY)
     }
 
     /// A release: the job's run ended at `end`.
     pub(super) fn ended(&self, job_id: u64, end: f64, job: SeenJob) {
-        self.lock().book.ended(job_id, end, job);
+        self.with(|r| r.book.ended(job_id, end, job));
     }
 
     /// The status section.
     pub(super) fn status(&self, cfg: &Config, primary: &str, fallback: &str) -> ShadowStatus {
-        let r = self.lock();
-        let fallback_runs = on(cfg) && r.state.running() != PRIMARY;
-        let s = &cfg.shadow;
-        ShadowStatus {
-            enabled: on(cfg),
-            running: side(if fallback_runs { 1 } else { PRIMARY }).into(),
-            running_policy: if fallback_runs { fallback } else { primary }.into(),
-            primary: primary.into(),
-            fallback: fallback.into(),
-            every_s: s.every_s,
-            window_s: s.window_s,
-            margin: s.margin,
-            hold_checks: s.hold_checks,
-            checks: r.checks,
-            failures: r.failures,
-            jobs: r.book.len() as u64,
-            day_start: r.book.origin() as u64,
-            last_costs_j: r.last_costs,
-            last_switch: r.last_switch.clone(),
-            switches: r.switches,
-        }
+        self.with(|r| {
+            let fallback_runs = on(cfg) && r.state.running() != PRIMARY;
+            let s = &cfg.shadow;
+            ShadowStatus {
+                enabled: on(cfg),
+                running: side(if fallback_runs { 1 } else { PRIMARY }).into(),
+                running_policy: if fallback_runs { fallback } else { primary }.into(),
+                primary: primary.into(),
+                fallback: fallback.into(),
+                every_s: s.every_s,
+                window_s: s.window_s,
+                margin: s.margin,
+                hold_checks: s.hold_checks,
+                checks: r.checks,
+                failures: r.failures,
+                jobs: r.book.len() as u64,
+                day_start: r.book.origin() as u64,
+                last_costs_j: r.last_costs,
+                last_switch: r.last_switch.clone(),
+                switches: r.switches,
+            }
+        })
     }
 }
 
@@ -152,7 +115,7 @@ pub(super) async fn step(cx: &Cx<'_>) {
     let cfg = cx.cfg();
     if !on(cfg) {
         // Turned on again later, the switch starts afresh on the policy.
-        cx.svc.shadow.lock().key.clear();
+        cx.books.shadow.with(|r| r.key.clear());
         return;
     }
     let now = unix_now_f64();
@@ -167,30 +130,31 @@ pub(super) async fn step(cx: &Cx<'_>) {
         .await
         .map_err(ReplayError::from)
         .and_then(|r| r);
-    let mut r = cx.svc.shadow.lock();
-    r.checks += 1;
-    match costs {
-        Ok(c) => {
-            tracing::debug!(
-                jobs,
-                learned_j = c[0],
-                fallback_j = c[1],
-                ms = t0.elapsed().as_millis() as u64,
-                "shadow: day replayed under both policies"
-            );
-            r.last_costs = Some(c);
-            let rel = now - r.book.origin();
-            if let Some(sw) = r.state.observe(rel, &c) {
-                let shown = switched(cx, &sw, now, &models);
-                r.switches += 1;
-                r.last_switch = Some(shown);
+    cx.books.shadow.with(|r| {
+        r.checks += 1;
+        match costs {
+            Ok(c) => {
+                tracing::debug!(
+                    jobs,
+                    learned_j = c[0],
+                    fallback_j = c[1],
+                    ms = t0.elapsed().as_millis() as u64,
+                    "shadow: day replayed under both policies"
+                );
+                r.last_costs = Some(c);
+                let rel = now - r.book.origin();
+                if let Some(sw) = r.state.observe(rel, &c) {
+                    let shown = switched(cx, &sw, now, &models);
+                    r.switches += 1;
+                    r.last_switch = Some(shown);
+                }
+            }
+            Err(e) => {
+                r.failures += 1;
+                tracing::warn!("shadow: replay failed, the running policy stays: {e}");
             }
         }
-        Err(e) => {
-            r.failures += 1;
-            tracing::warn!("shadow: replay failed, the running policy stays: {e}");
-        }
-    }
+    });
 }
 
 /// The jobs holding instances now (each GPU's lock in turn, then the
@@ -198,7 +162,7 @@ pub(super) async fn step(cx: &Cx<'_>) {
 async fn running_jobs(cx: &Cx<'_>) -> Vec<(u64, SeenJob)> {
     let mut held = Vec::new();
     for gpu in &cx.books.gpus {
-        let st = gpu.state.lock().await;
+        let st = gpu.tx().await;
         let g = st.book.geometry;
         for i in &st.book.instances {
             if let Some(a) = &i.job {
@@ -207,13 +171,14 @@ async fn running_jobs(cx: &Cx<'_>) -> Vec<(u64, SeenJob)> {
             }
         }
     }
-    let ledger = cx.books.ledger();
-    held.into_iter()
-        .map(|(a, g, compute, mem)| {
-            let d = ledger.times_of(a.job_id, a.deadline, None).deadline;
-            (a.job_id, seen(&a, g, compute, mem, d))
-        })
-        .collect()
+    cx.books.node(|ledger| {
+        held.into_iter()
+            .map(|(a, g, compute, mem)| {
+                let d = ledger.times_of(a.job_id, a.deadline, None).deadline;
+                (a.job_id, seen(&a, g, compute, mem, d))
+            })
+            .collect()
+    })
 }
 
 /// Records the running jobs; when a check is due, what it replays (the
@@ -222,32 +187,33 @@ async fn running_jobs(cx: &Cx<'_>) -> Vec<(u64, SeenJob)> {
 fn due(cx: &Cx<'_>, now: f64, running: Vec<(u64, SeenJob)>) -> Option<Check> {
     let cfg = cx.cfg();
     let s = &cfg.shadow;
-    let mut r = cx.svc.shadow.lock();
-    r.book.running(now, running);
-    let key = format!("{}|{}|{:?}", cfg.policy.trim(), s.fallback_spec(), s.rule());
-    if r.key != key {
-        r.key = key;
-        r.state = ShadowState::new(s.rule());
+    cx.books.shadow.with(|r| {
+        r.book.running(now, running);
+        let key = format!("{}|{}|{:?}", cfg.policy.trim(), s.fallback_spec(), s.rule());
+        if r.key != key {
+            r.key = key;
+            r.state = ShadowState::new(s.rule());
+            r.next_check = now + s.every_s;
+            r.last_costs = None;
+            return None;
+        }
+        if now < r.next_check {
+            return None;
+        }
         r.next_check = now + s.every_s;
-        r.last_costs = None;
-        return None;
-    }
-    if now < r.next_check {
-        return None;
-    }
-    r.next_check = now + s.every_s;
-    if r.book.new_day(now) {
-        r.state.restart_costs();
-    }
-    let models = cx.books.models();
-    let origin = r.book.origin();
-    Some(Check {
-        jobs: r.book.jobs(now),
-        now: now - origin,
-        policy: cfg.policy.clone(),
-        fallback: s.fallback_spec().to_string(),
-        replay: replay_of(cfg, &models, origin),
-        models,
+        if r.book.new_day(now) {
+            r.state.restart_costs();
+        }
+        let models = cx.books.models();
+        let origin = r.book.origin();
+        Some(Check {
+            jobs: r.book.jobs(now),
+            now: now - origin,
+            policy: cfg.policy.clone(),
+            fallback: s.fallback_spec().to_string(),
+            replay: replay_of(cfg, &models, origin),
+            models,
+        })
     })
 }
 

@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::auth::Connections;
+use super::books::GpuOrderCheck;
+use super::books::Outcome;
 use super::books::{Books, Gpu};
-use super::gpu_order::{self, GpuOrderCheck};
+use super::context::unix_now_f64;
+use super::context::{unix_now, Daemon, NodeId};
+use super::gpu_order;
 use super::live::{Live, Settings};
-use super::services::{enforce_access, MemoryLedger, Services, UsageLog};
-use super::shadow::ShadowRun;
-use super::{unix_now, Daemon, NodeId};
+use super::services::{enforce_access, Services, UsageLog};
 use crate::allocate::GpuBook;
 use crate::backend::{nvml::NvmlBackend, sim::SimBackend, Backend, BackendError};
 use crate::config::{BackendKind, Config, ConfigError, Mode};
@@ -57,7 +58,7 @@ pub enum StartError {
     /// `[memory.estimator]` is invalid.
     #[error("memory estimates: {0}")]
     Memory(EstimateError),
-    #[error("Slurm and smartmigd number the GPUs differently: {0}. Slurm numbers the GPUs of gres.conf by device name (/dev/nvidiaN in sorted order), smartmigd by NVML index; they agree when NVML's GPU N is /dev/nvidiaN (`nvidia-smi -q` shows each GPU's Minor Number)")]
+    #[error("{}", gpu_order::mismatch(.0))]
     GpuOrder(String),
 }
 
@@ -98,22 +99,19 @@ impl Daemon {
         for gpu in &mut gpus {
             restore(&live.config, backend.as_ref(), &journal, gpu)?;
             if let Some(map) = &jobmap {
-                map.sync(&gpu.state.get_mut().book)
-                    .map_err(io_err(map.dir()))?;
+                map.sync(&gpu.state_mut().book).map_err(io_err(map.dir()))?;
             }
         }
         let (shutdown, _) = watch::channel(false);
-        let books = Books::new(gpus);
-        books.ledger().gpu_order = gpu_order;
+        let mut books = Books::new(gpus, memory, unix_now_f64());
+        books.node_mut().gpu_order = gpu_order;
         Ok(Arc::new(Daemon {
             svc: Services {
                 usage: UsageLog::new(&live.config.state_dir),
                 backend,
                 journal,
                 metrics: Metrics::new(),
-                memory: MemoryLedger::new(memory),
                 jobmap,
-                shadow: ShadowRun::new(super::unix_now_f64()),
             },
             settings: Settings::new(live, config_path),
             books,
@@ -122,7 +120,6 @@ impl Daemon {
                 started: Instant::now(),
                 shutdown,
             },
-            connections: Connections::default(),
         }))
     }
 }
@@ -243,7 +240,7 @@ fn check_slurm(
     // -G`) is another device than the backend's GPU i: every job would get
     // an instance on a GPU other than the one Slurm gave it.
     match gpu_order::ask(backend, live.slurm.as_ref(), node) {
-        gpu_order::Outcome::Mismatch(m) => Err(StartError::GpuOrder(m)),
+        Outcome::Mismatch(m) => Err(StartError::GpuOrder(m)),
         outcome => {
             gpu_order::log(node, &outcome, "at start");
             Ok(GpuOrderCheck::started(outcome))
@@ -265,7 +262,7 @@ fn release_ended_while_down(slurm: &dyn SlurmClient, gpus: &mut [Gpu], now: u64)
     };
     for gpu in gpus.iter_mut() {
         let index = gpu.index;
-        let st = gpu.state.get_mut();
+        let st = gpu.state_mut();
         let ended: Vec<u64> = st
             .book
             .instances
@@ -294,7 +291,7 @@ fn restore(
     gpu: &mut Gpu,
 ) -> Result<(), StartError> {
     let index = gpu.index;
-    let st = gpu.state.get_mut();
+    let st = gpu.state_mut();
     journal.save(&st.book)?;
     if config.isolates() {
         if let Err(e) = enforce_access(backend, &st.book, None) {

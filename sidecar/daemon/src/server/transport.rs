@@ -12,8 +12,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
 
+use super::context::{Daemon, Peer};
 use super::start::{io_err, StartError};
-use super::{Daemon, Peer};
 use crate::fsutil::ensure_dir;
 use crate::protocol::{error_line, ErrorBody, ErrorKind};
 
@@ -77,6 +77,7 @@ pub(super) async fn serve_connection(daemon: Arc<Daemon>, mut stream: UnixStream
     };
     let live = daemon.settings.current();
     let admitted = match daemon
+        .books
         .connections
         .admit(peer.uid, &live.roles, &live.config)
     {

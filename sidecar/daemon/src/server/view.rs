@@ -5,11 +5,11 @@
 //! dynamic mode, a plan in confirm mode) and publishing the layout as node
 //! features. The epoch's steps are in [`super::epoch`].
 
-use super::*;
+use super::context::{unix_now, Cx};
+use super::instances;
 use crate::slurm::NodeFeatures;
 use smartmig_core::sim::lookahead::{Lookahead, NodeNow, Running, Waiting};
 
-use super::advise::Occupied;
 use super::books::{Gpu, GpuState};
 use crate::allocate::Assignment;
 use crate::config::Mode;
@@ -18,6 +18,13 @@ use crate::policy::{self, PendingByProfile, PendingJob, MAX_PLACEMENTS, MODEL_CO
 use crate::protocol::{PlanEffect, PlanStatus};
 use crate::slurm::{layout_features, merge_features, JobState, QueueSnapshot};
 use crate::workload::SpeedupCurve;
+
+/// Per GPU, the instances the watched jobs occupy and until when (advise
+/// mode's observation, [`super::advise::observe`]).
+pub(super) struct Occupied {
+    pub busy: Layout,
+    pub until: [f64; MAX_PLACEMENTS],
+}
 
 /// When a running job's instance frees up, as Unix seconds: Slurm's
 /// `end_time` (start + time limit) when the queue lists the job, else the
@@ -176,7 +183,7 @@ pub(super) async fn gpu_statuses(
 ) -> Vec<policy::GpuStatus> {
     let mut statuses = Vec::new();
     for (k, gpu) in cx.books.gpus.iter().enumerate() {
-        let st = gpu.state.lock().await;
+        let st = gpu.tx().await;
         if let Err(e) = cx.svc.isolate(cx.cfg(), &st.book, None) {
             tracing::error!(gpu = gpu.index, "device isolation: {e}");
         }
@@ -262,7 +269,7 @@ pub(super) fn pursue(
             if instances::apply_target(cx, gpu, st, target, why) {
                 if let Some(mut shown) = shown {
                     shown.effect = effect;
-                    cx.books.ledger().plans.record_applied(shown, unix_now());
+                    cx.books.node(|l| l.plans.record_applied(shown, unix_now()));
                 }
             }
         }
@@ -279,7 +286,7 @@ pub(super) fn pursue(
 fn propose(cx: &Cx<'_>, gpu: &Gpu, st: &GpuState, target: Layout) {
     let timeout_s = cx.cfg().plan_timeout_s;
     let Some(shown) = plan_status(gpu, st, target) else {
-        if let Some(p) = cx.books.ledger().plans.withdraw(gpu.index) {
+        if let Some(p) = cx.books.node(|l| l.plans.withdraw(gpu.index)) {
             tracing::info!(
                 plan = p.shown.id,
                 gpu = gpu.index,
@@ -289,14 +296,16 @@ fn propose(cx: &Cx<'_>, gpu: &Gpu, st: &GpuState, target: Layout) {
         return;
     };
     let (from, to) = (shown.from.clone(), shown.to.clone());
-    let (id, new) = cx.books.ledger().plans.propose(
-        gpu.index,
-        st.book.layout(),
-        target,
-        shown,
-        unix_now(),
-        timeout_s,
-    );
+    let (id, new) = cx.books.node(|l| {
+        l.plans.propose(
+            gpu.index,
+            st.book.layout(),
+            target,
+            shown,
+            unix_now(),
+            timeout_s,
+        )
+    });
     if new {
         tracing::info!(plan = id, gpu = gpu.index, %from, %to,
             "plan waits for `smartmig apply {id}` (mode = confirm; lapses after {timeout_s} s)");
@@ -309,7 +318,7 @@ fn propose(cx: &Cx<'_>, gpu: &Gpu, st: &GpuState, target: Layout) {
 pub(super) async fn publish_layout(cx: &Cx<'_>, current: &NodeFeatures) {
     let mut layouts = Vec::new();
     for gpu in &cx.books.gpus {
-        let st = gpu.state.lock().await;
+        let st = gpu.tx().await;
         let g = st.book.geometry;
         let mut sizes: Vec<u8> = st
             .book

@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{instances, queue, unix_now, Cx, Daemon};
+use super::context::{unix_now, Cx, Daemon};
+use super::{instances, queue};
 use crate::health::{node_action, NodeAction, Severity, Verdict, XidEvent};
 use crate::slurm::NodeInfo;
 
@@ -66,7 +67,7 @@ pub(super) async fn record(cx: &Cx<'_>, event: XidEvent) {
         );
         return;
     };
-    let mut st = gpu.state.lock().await;
+    let mut st = gpu.tx().await;
     let hit = event
         .gpu_instance
         .and_then(|gi| st.book.find_gpu_instance(gi))
@@ -113,7 +114,7 @@ pub(super) async fn record(cx: &Cx<'_>, event: XidEvent) {
 /// XID marked: the new instance is healthy.
 async fn rebuild_idle(cx: &Cx<'_>) {
     for gpu in &cx.books.gpus {
-        let mut st = gpu.state.lock().await;
+        let mut st = gpu.tx().await;
         if !st.book.health.usable() {
             continue;
         }
@@ -140,7 +141,7 @@ async fn rebuild_idle(cx: &Cx<'_>) {
 async fn fatal_gpus(cx: &Cx<'_>) -> Vec<(u32, u64)> {
     let mut out = Vec::new();
     for gpu in &cx.books.gpus {
-        if let Some(m) = gpu.state.lock().await.book.health.fatal {
+        if let Some(m) = gpu.tx().await.book.health.fatal {
             out.push((gpu.index, m.xid));
         }
     }
@@ -184,7 +185,7 @@ pub(super) async fn settle_node(cx: &Cx<'_>, info: &NodeInfo) -> bool {
                 _ => return false,
             }
             for gpu in &cx.books.gpus {
-                if let Some(xid) = gpu.state.lock().await.book.health.clear() {
+                if let Some(xid) = gpu.tx().await.book.health.clear() {
                     tracing::warn!(gpu = gpu.index, xid, node = %node,
                         "the node was resumed in Slurm: the GPU is back in service");
                 }
@@ -194,7 +195,7 @@ pub(super) async fn settle_node(cx: &Cx<'_>, info: &NodeInfo) -> bool {
         }
         NodeAction::Adopt { gpu, xid } => {
             if let Some(g) = cx.books.gpus.get(gpu as usize) {
-                let mut st = g.state.lock().await;
+                let mut st = g.tx().await;
                 st.book.health.record(xid, None, unix_now());
                 drained.store(true, Ordering::SeqCst);
                 tracing::warn!(gpu, xid, node = %node, reason = %info.reason,
@@ -204,4 +205,25 @@ pub(super) async fn settle_node(cx: &Cx<'_>, info: &NodeInfo) -> bool {
         }
     }
     fatal.is_empty()
+}
+
+/// The plugin drains the node when it cannot reach smartmigd; this daemon
+/// is up and serving, so it undoes such a drain (and only such a drain:
+/// an admin's reason is left alone). A drain for a GPU-fatal XID stays
+/// while a GPU is out of service ([`settle_node`]).
+pub(super) async fn resume_if_drained_by_us(cx: &Cx<'_>, info: &NodeInfo) {
+    if !settle_node(cx, info).await || !info.drained_by_smartmig() {
+        return;
+    }
+    cx.books
+        .health_drained
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let slurm = cx.live.slurm.clone();
+    let node = cx.node.name.clone();
+    match tokio::task::spawn_blocking(move || slurm.resume(&node)).await {
+        Ok(Ok(())) => tracing::warn!(node = %cx.node.name, reason = %info.reason,
+            "node was drained by smartmig; smartmigd is serving again: node resumed"),
+        Ok(Err(e)) => tracing::warn!(node = %cx.node.name, "cannot resume the node: {e}"),
+        Err(e) => tracing::error!("node resume task failed: {e}"),
+    }
 }

@@ -6,12 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, MutexGuard};
+use tokio::sync::watch;
 
-use super::super::books::{Gpu, GpuState, Waiter, WaitingGuard};
+use super::super::books::{Gpu, GpuState, GpuTx, PlacementCell, Waiter, WaitingGuard};
+use super::super::context::{unix_now, unix_now_f64, Cx};
 use super::super::job_record::{self, Record};
-use super::super::{holds, instances, queue, reap, room, unix_now, unix_now_f64};
-use super::Cx;
+use super::super::{holds, instances, queue, reap, room};
 use crate::allocate::{Assignment, Beside, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
 use crate::grant;
@@ -59,7 +59,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
     let (req, interactive) = granted(cx, req).await?;
     read_pass(cx, &req, start).await;
     if let Some(marker) = req.oom_marker {
-        cx.books.ledger().plugin_oom_requeue = Some(marker);
+        cx.books.node(|l| l.plugin_oom_requeue = Some(marker));
     }
     let exact = exact_profile(gpu, &req)?;
     let key = memory_key(&req);
@@ -77,10 +77,9 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
         // the job's deadline.
         let times = cx
             .books
-            .ledger()
-            .times_of(req.job_id, req.deadline, req.time_limit_s);
+            .node(|l| l.times_of(req.job_id, req.deadline, req.time_limit_s));
         (me.deadline, me.time_limit_s) = (times.deadline, times.time_limit_s);
-        let mut st = gpu.state.lock().await;
+        let mut st = gpu.tx().await;
         if let Some(r) = existing_reply(&st.book, req.job_id) {
             return Ok(r);
         }
@@ -91,7 +90,7 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
                 let reply = execute(cx, gpu, &mut st, &req, profile, plan, waited_ms)?;
                 after_allocate(cx, &req, key, exact.is_some(), profile, waited_ms);
                 // The GPU's busy instances changed: its holds follow.
-                cx.books.holds.wanted.notify_one();
+                cx.books.want_holds();
                 return Ok(reply);
             }
             Step::Wait {
@@ -134,7 +133,7 @@ fn refuse_in_advise_mode(cx: &Cx<'_>) -> Result<(), ErrorBody> {
 /// before Slurm answered): every instance would be on another GPU than
 /// the one Slurm gave the job.
 fn refuse_on_wrong_gpu_order(cx: &Cx<'_>) -> Result<(), ErrorBody> {
-    match cx.books.ledger().gpu_order.refusal() {
+    match cx.books.node(|l| l.gpu_order.refusal()) {
         None => Ok(()),
         Some(why) => Err(ErrorBody::new(ErrorKind::Backend, why)),
     }
@@ -156,7 +155,7 @@ fn the_gpu<'a>(cx: &Cx<'a>, index: u32) -> Result<&'a Gpu, ErrorBody> {
 /// gets that instance back.
 async fn held_anywhere(cx: &Cx<'_>, req: &AllocateRequest) -> Option<AllocateReply> {
     for other in &cx.books.gpus {
-        let st = other.state.lock().await;
+        let st = other.tx().await;
         if let Some(r) = existing_reply(&st.book, req.job_id) {
             if other.index != req.gpu {
                 tracing::warn!(
@@ -258,11 +257,14 @@ async fn read_pass(cx: &Cx<'_>, req: &AllocateRequest, start: Instant) {
     }
     // One read at a time: a read under way (another job of the pass) is
     // waited for, and it most likely shows this job too.
-    let _reading = cx.books.pass_read.lock().await;
-    if queue::shows_running(cx, req.job_id) || queue::read_since(cx, start) {
-        return;
-    }
-    let _ = queue::read(cx).await;
+    cx.books
+        .as_pass_reader(async {
+            if queue::shows_running(cx, req.job_id) || queue::read_since(cx, start) {
+                return;
+            }
+            let _ = queue::read(cx).await;
+        })
+        .await;
 }
 
 /// `--mig-profile`: exactly that profile, or a refusal naming why.
@@ -305,14 +307,16 @@ fn sized_need(
     key: Option<&MemoryKey>,
 ) -> Result<Need, ErrorBody> {
     let declared_gb = exact.map_or(req.memory_gb, |p| Some(f64::from(p.memory_gb)));
-    let (memory_gb, sizing) = cx.svc.memory.lock().size_request(
-        gpu.model.spec(),
-        req.job_id,
-        req.slices,
-        declared_gb,
-        key,
-        cx.cfg().memory.estimate,
-    );
+    let (memory_gb, sizing) = cx.books.memory(|m| {
+        m.size_request(
+            gpu.model.spec(),
+            req.job_id,
+            req.slices,
+            declared_gb,
+            key,
+            cx.cfg().memory.estimate,
+        )
+    });
     match &sizing {
         Sizing::Declared => {}
         Sizing::OomRestart { after_gb } => tracing::info!(
@@ -415,7 +419,7 @@ fn next_step(
     // instance because their allocates are on their way.
     let since = queue::pass_window_start(cfg);
     let beside = Beside {
-        mates: cx.books.ledger().mates(&st.book, req.job_id, since),
+        mates: cx.books.node(|l| l.mates(&st.book, req.job_id, since)),
         holds: cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled),
     };
     let planned = st.book.plan_beside(me.need, &beside);
@@ -435,7 +439,7 @@ fn next_step(
     // GPU (`placement`); only asked when this one could go.
     let turn = match &planned {
         Ok(_) => {
-            let mut others = cx.books.ledger().contenders(req.gpu, req.job_id);
+            let mut others = cx.books.node(|l| l.contenders(req.gpu, req.job_id));
             next_turn(&cx.live.placement, st, &mut others, me)
         }
         Err(_) => {
@@ -496,7 +500,7 @@ fn next_step(
 /// plan [`GpuBook::plan`] gave (no one else waits, and the rule would
 /// not choose a profile).
 fn next_turn(
-    placement: &std::sync::Mutex<PlacementRule>,
+    placement: &PlacementCell,
     st: &mut GpuState,
     others: &mut Vec<Contender>,
     me: &Contender,
@@ -513,18 +517,17 @@ fn next_turn(
         }
         st.promised = None;
     }
-    let mut rule = placement
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if others.is_empty() && !matches!(*rule, PlacementRule::Learned { .. }) {
-        return None;
-    }
-    others.push(me.clone());
-    let turn = rule.next_turn(&st.book, others, unix_now_f64())?;
-    if turn.job_id != me.job_id {
-        st.promised = Some(turn.clone());
-    }
-    Some(turn)
+    placement.with(|rule| {
+        if others.is_empty() && !matches!(*rule, PlacementRule::Learned { .. }) {
+            return None;
+        }
+        others.push(me.clone());
+        let turn = rule.next_turn(&st.book, others, unix_now_f64())?;
+        if turn.job_id != me.job_id {
+            st.promised = Some(turn.clone());
+        }
+        Some(turn)
+    })
 }
 
 /// An allocate's wait for room: until `allocate_wait_s` after it arrived,
@@ -562,7 +565,7 @@ impl<'a> Wait<'a> {
     async fn for_room(
         &mut self,
         cx: &Cx<'a>,
-        st: MutexGuard<'_, GpuState>,
+        st: GpuTx<'_>,
         req: &AllocateRequest,
         me: &Contender,
         why: (String, Option<&'static ProfileSpec>),
@@ -627,16 +630,18 @@ impl<'a> Wait<'a> {
         if self.listed.is_some() {
             return;
         }
-        cx.books.ledger().waiting.insert(
-            req.job_id,
-            Waiter {
-                gpu: req.gpu,
-                since: self.start,
-                uid: req.uid,
-                contender: me.clone(),
-                asked: (req.deadline, req.time_limit_s),
-            },
-        );
+        cx.books.node(|l| {
+            l.waiting.insert(
+                req.job_id,
+                Waiter {
+                    gpu: req.gpu,
+                    since: self.start,
+                    uid: req.uid,
+                    contender: me.clone(),
+                    asked: (req.deadline, req.time_limit_s),
+                },
+            )
+        });
         self.listed = Some(WaitingGuard {
             books: cx.books,
             gpu: self.gpu,
@@ -687,7 +692,7 @@ fn execute(
         reused: matches!(action, AllocAction::Reused),
         action,
         waited_ms,
-        note: cx.books.ledger().requeue_notes.remove(&req.job_id),
+        note: cx.books.node(|l| l.requeue_notes.remove(&req.job_id)),
     })
 }
 
@@ -765,13 +770,12 @@ fn after_allocate(
     profile: &ProfileSpec,
     waited_ms: u64,
 ) {
-    cx.svc
-        .memory
-        .lock()
-        .on_allocate(req.job_id, key, exact, unix_now_f64());
+    cx.books
+        .memory(|m| m.on_allocate(req.job_id, key, exact, unix_now_f64()));
     cx.svc.usage.spawn_tag(
         cx.cfg(),
         cx.live.slurm.clone(),
+        &cx.books.accounts,
         req.job_id,
         SliceTag {
             profile: profile.name(),

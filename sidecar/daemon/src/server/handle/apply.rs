@@ -2,8 +2,8 @@
 //! pending plan if its GPU is still where the plan started and it destroys
 //! no busy instance.
 
-use super::super::{instances, unix_now};
-use super::Cx;
+use super::super::context::{unix_now, Cx};
+use super::super::instances;
 use crate::config::Mode;
 use crate::protocol::{ErrorBody, ErrorKind, PlanStatus};
 
@@ -15,17 +15,16 @@ pub(super) async fn serve(cx: &Cx<'_>, id: u64) -> Result<PlanStatus, ErrorBody>
             "advise mode carries out nothing: its wishes are in `smartmig status` and the advice log",
         ));
     }
-    let plan = cx
-        .books
-        .ledger()
-        .plans
-        .take(id, now)
-        .map_err(|e| ErrorBody::new(ErrorKind::InvalidRequest, e.to_string()))?;
+    let plan = cx.books.node(|l| {
+        l.plans
+            .take(id, now)
+            .map_err(|e| ErrorBody::new(ErrorKind::InvalidRequest, e.to_string()))
+    })?;
     let refuse = |m: String| Err(ErrorBody::new(ErrorKind::InvalidRequest, m));
     let Some(gpu) = cx.books.gpu(plan.shown.gpu) else {
         return refuse(format!("plan {id}: no GPU {}", plan.shown.gpu));
     };
-    let mut st = gpu.state.lock().await;
+    let mut st = gpu.tx().await;
     let current = st.book.layout();
     if current != plan.from {
         return refuse(format!(
@@ -43,7 +42,8 @@ pub(super) async fn serve(cx: &Cx<'_>, id: u64) -> Result<PlanStatus, ErrorBody>
     }
     drop(st);
     tracing::info!(plan = id, gpu = plan.shown.gpu, from = %plan.shown.from, to = %plan.shown.to, "plan applied");
-    let mut ledger = cx.books.ledger();
-    cx.svc.metrics.pending_plans(ledger.plans.pending_count());
-    Ok(ledger.plans.record_applied(plan.shown, now))
+    cx.books.node(|ledger| {
+        cx.svc.metrics.pending_plans(ledger.plans.pending_count());
+        Ok(ledger.plans.record_applied(plan.shown, now))
+    })
 }

@@ -1,6 +1,6 @@
 //! `health`: is the daemon up, which version and backend.
 
-use super::Cx;
+use super::super::context::Cx;
 use crate::protocol::HealthReply;
 
 pub(super) fn serve(cx: &Cx<'_>) -> HealthReply {

@@ -3,7 +3,7 @@
 //! handler: what two of them share lives below, in [`super::instances`],
 //! [`super::queue`], [`super::reap`] or [`super::requeue`].
 
-use super::Cx;
+use super::context::Cx;
 use crate::protocol::{ok_line, ErrorBody, Request};
 
 mod allocate;

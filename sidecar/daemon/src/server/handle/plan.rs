@@ -1,21 +1,20 @@
 //! `plan` (`smartmig plan`, anyone): the mode, the pending and the applied
 //! plans; the jobs a plan keeps are named only to those who see every job.
 
+use super::super::context::Cx;
 use super::super::redact;
-use super::Cx;
 use crate::protocol::PlanReply;
 
 pub(super) fn serve(cx: &Cx<'_>, peer: u32) -> PlanReply {
     let cfg = cx.cfg();
     let mut reply = {
-        let ledger = cx.books.ledger();
-        PlanReply {
+        cx.books.node(|ledger| PlanReply {
             mode: cfg.mode.as_str().into(),
             policy: cx.live.policy_name.clone(),
             plan_timeout_s: cfg.plan_timeout_s,
             pending: ledger.plans.pending(),
             applied: ledger.plans.applied(),
-        }
+        })
     };
     if !cx.live.roles.sees_everything(peer) {
         redact::redact_plans(&mut reply.pending);

@@ -1,8 +1,8 @@
 //! `reconcile` (`smartmig reconcile`): read the queue now and release what
 //! ended jobs still hold, as the epoch's reaper does.
 
+use super::super::context::Cx;
 use super::super::{queue, reap};
-use super::Cx;
 use crate::protocol::{ErrorBody, ErrorKind, ReconcileReply};
 
 pub(super) async fn serve(cx: &Cx<'_>) -> Result<ReconcileReply, ErrorBody> {

@@ -6,12 +6,11 @@
 //! profile when the admin allows it; docs/oom-and-memory.md).
 
 use super::super::books::Gpu;
+use super::super::context::{unix_now, Cx};
 use super::super::holds;
 use super::super::job_record::{self, Record};
 use super::super::requeue::{self, RequeueWhen};
 use super::super::shadow;
-use super::super::unix_now;
-use super::Cx;
 use crate::memory::{OomPolicy, Released};
 use crate::protocol::OomEvent;
 use crate::protocol::{ErrorBody, ErrorKind, OomDecision, ReleaseReply, ReleaseRequest};
@@ -28,7 +27,7 @@ struct Freed {
 
 pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseReply, ErrorBody> {
     if req.from_epilog {
-        cx.books.ledger().releases.epilog += 1;
+        cx.books.node(|l| l.releases.epilog += 1);
     } else {
         not_running(cx, req.job_id).await?;
     }
@@ -38,7 +37,12 @@ pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseRep
         release_on(cx, gpu, &req, now, &mut freed).await;
     }
     if !freed.usage.is_empty() {
-        cx.svc.usage.record(freed.usage, &cx.svc.metrics);
+        cx.svc.usage.record(
+            freed.usage,
+            &cx.svc.metrics,
+            &cx.books.accounts,
+            &cx.books.usage_turn,
+        );
     }
     if freed.released > 0 {
         // Before the epilog ends and Slurm frees the job's shards: a new
@@ -100,7 +104,7 @@ fn running_message(job_id: u64, state: &str) -> String {
 /// Whether the job holds an instance on any GPU.
 async fn holds_any(cx: &Cx<'_>, job_id: u64) -> bool {
     for gpu in &cx.books.gpus {
-        if gpu.state.lock().await.book.find_job(job_id).is_some() {
+        if gpu.tx().await.book.find_job(job_id).is_some() {
             return true;
         }
     }
@@ -112,7 +116,7 @@ async fn holds_any(cx: &Cx<'_>, job_id: u64) -> bool {
 /// files given back to root, the journal written, the waiters woken.
 async fn release_on(cx: &Cx<'_>, gpu: &Gpu, req: &ReleaseRequest, now: u64, freed: &mut Freed) {
     let job_id = req.job_id;
-    let mut st = gpu.state.lock().await;
+    let mut st = gpu.tx().await;
     let Some(inst) = st.book.find_job(job_id) else {
         return;
     };
@@ -126,17 +130,15 @@ async fn release_on(cx: &Cx<'_>, gpu: &Gpu, req: &ReleaseRequest, now: u64, free
         .measures_memory()
         .then(|| tokio::task::block_in_place(|| backend.peak_memory_gb(gpu.index, &uuid)));
     if let Some(gb) = measured.flatten() {
-        cx.svc.memory.lock().sample(job_id, gb);
+        cx.books.memory(|m| m.sample(job_id, gb));
     }
     if let Some(a) = &inst.job {
         let deadline = cx
             .books
-            .ledger()
-            .times_of(job_id, a.deadline, None)
-            .deadline;
+            .node(|l| l.times_of(job_id, a.deadline, None).deadline);
         let job = shadow::seen(a, st.book.geometry, h.compute, h.memory_gb, deadline);
-        cx.svc.shadow.ended(job_id, now as f64, job);
-        let peak = cx.svc.memory.lock().peak(job_id, req.used_memory_gb);
+        cx.books.shadow.ended(job_id, now as f64, job);
+        let peak = cx.books.memory(|m| m.peak(job_id, req.used_memory_gb));
         freed.usage.push(UsageRecord {
             job_id,
             uid: a.uid,
@@ -181,15 +183,13 @@ async fn release_on(cx: &Cx<'_>, gpu: &Gpu, req: &ReleaseRequest, now: u64, free
 /// decision when the job ran out.
 fn learn(cx: &Cx<'_>, req: &ReleaseRequest, held: Option<&Released>, now: u64) -> Option<OomEvent> {
     let policy = OomPolicy::of(cx.cfg());
-    let (changed, event) =
-        cx.svc
-            .memory
-            .lock()
-            .on_release(req.job_id, held, req.oom, req.used_memory_gb, policy, now);
+    let (changed, event) = cx
+        .books
+        .memory(|m| m.on_release(req.job_id, held, req.oom, req.used_memory_gb, policy, now));
     if changed {
         // On disk with fsync (it must survive a reboot), but after the
         // reply, not before it; shutdown saves once more.
-        cx.svc.memory.save_later(req.job_id);
+        cx.books.memory.save_later(req.job_id);
     }
     if req.oom && held.is_none() {
         tracing::info!(

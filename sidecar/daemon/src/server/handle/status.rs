@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use super::super::auth::user_name;
 use super::super::books::Gpu;
-use super::super::{advise, queue, redact, unix_now};
-use super::Cx;
+use super::super::context::{unix_now, Cx};
+use super::super::{advise, queue, redact};
 use crate::protocol::{GpuHealthStatus, GpuStatus, InstanceStatus, MemoryStatus, StatusReply};
 
 pub(super) async fn serve(cx: &Cx<'_>, peer: u32) -> StatusReply {
@@ -22,7 +22,7 @@ pub(super) async fn serve(cx: &Cx<'_>, peer: u32) -> StatusReply {
 async fn status(cx: &Cx<'_>) -> StatusReply {
     let now = unix_now();
     // Cloned so that no GPU lock is taken under the ledger's.
-    let array_names = cx.books.ledger().array_names.clone();
+    let array_names = cx.books.node(|l| l.array_names.clone());
     let mut gpus = Vec::new();
     for gpu in &cx.books.gpus {
         gpus.push(gpu_status(cx, gpu, now, &array_names).await);
@@ -34,8 +34,7 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         || cfg.shadow.fallback_spec().to_string(),
         |(_, name)| name.clone(),
     );
-    let ledger = cx.books.ledger();
-    StatusReply {
+    cx.books.node(|ledger| StatusReply {
         node: cx.node.name.clone(),
         version: env!("CARGO_PKG_VERSION").into(),
         backend: cx.svc.backend.name().into(),
@@ -50,9 +49,9 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         pending_plans: ledger.plans.pending(),
         advise: advise::status(&ledger.advise, cfg),
         cluster: Some(queue::cluster_status(&ledger.view_source, cfg)),
-        shadow: Some(cx.svc.shadow.status(cfg, &cx.live.policy_name, &fallback)),
+        shadow: Some(cx.books.shadow.status(cfg, &cx.live.policy_name, &fallback)),
         gpu_order: ledger.gpu_order.status(),
-    }
+    })
 }
 
 /// One GPU's layout, instances, idle time and energy.
@@ -63,7 +62,7 @@ async fn gpu_status(
     array_names: &HashMap<u64, String>,
 ) -> GpuStatus {
     let isolate = cx.cfg().isolate_devices;
-    let mut st = gpu.state.lock().await;
+    let mut st = gpu.tx().await;
     let modelled = st.tick_energy();
     let b = &st.book;
     let g = b.geometry;
@@ -126,12 +125,14 @@ async fn gpu_status(
 /// that govern them and the plugin's `oom_requeue`.
 fn memory_status(cx: &Cx<'_>) -> MemoryStatus {
     let cfg = cx.cfg();
-    let mut memory = cx.svc.memory.lock().status(
-        cfg.memory.estimate,
-        cfg.oom.requeue,
-        cfg.oom.max_retries,
-        cfg.oom.early_restart.then_some(&cfg.oom.early),
-    );
-    memory.plugin_oom_requeue = cx.books.ledger().plugin_oom_requeue;
+    let mut memory = cx.books.memory(|m| {
+        m.status(
+            cfg.memory.estimate,
+            cfg.oom.requeue,
+            cfg.oom.max_retries,
+            cfg.oom.early_restart.then_some(&cfg.oom.early),
+        )
+    });
+    memory.plugin_oom_requeue = cx.books.node(|l| l.plugin_oom_requeue);
     memory
 }
