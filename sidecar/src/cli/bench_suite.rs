@@ -358,27 +358,102 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         bail!("--gpus must be at least 1");
     }
     let heuristic: Heuristic = a.placement.parse()?;
-    let train_days = a.train_days.unwrap_or(if a.quick { 3 } else { 8 });
-    let test_days = a
-        .test_days
-        .unwrap_or(if a.quick { 2 } else { DEFAULT_TEST_DAYS });
-    if train_days == 0 || test_days == 0 {
-        bail!("--train-days and --test-days must be at least 1");
-    }
-    let train_end = a.train_seed.saturating_add(train_days as u64);
-    let test_end = a.test_seed.saturating_add(test_days as u64);
-    if a.train_seed < test_end && a.test_seed < train_end {
-        bail!(
-            "training seeds {}..{train_end} and test seeds {}..{test_end} overlap: a baseline fitted on a test day is not causal",
-            a.train_seed,
-            a.test_seed
-        );
-    }
+    let seeds = Seeds::of(a)?;
     let list = scenarios(a)?;
     for s in &list {
         s.validate()
             .with_context(|| format!("scenario {}", s.name))?;
     }
+    let cfg = suite_config(a, heuristic)?;
+    eprintln!(
+        "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{}, test seeds {}..{}",
+        list.len(),
+        gpus,
+        a.gpu.gpu_model,
+        a.train_seed,
+        seeds.train_end,
+        a.test_seed,
+        seeds.test_end
+    );
+    let started = Instant::now();
+    let steps_per_scenario = 7
+        + (cfg.candidates.len() + cfg.fallback_for.len() + cfg.shadow_for.len()) as u64
+        + u64::from(cfg.hindsight);
+    let bar = progress_bar(list.len() as u64 * steps_per_scenario);
+    let all = all_days(a, &list, gpus, &seeds)?;
+    bar.set_length(all.len() as u64 * steps_per_scenario);
+    let threads = a
+        .jobs
+        .or_else(|| std::thread::available_parallelism().ok())
+        .map_or(1, std::num::NonZeroUsize::get);
+    let results = run_all(&all, &cfg, threads, &bar, &mut |r| {
+        bar.suspend(|| writeln!(a.json.table(), "{}", scenario_table(r)))?;
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    let report = SuiteReport {
+        alpha: a.alpha,
+        placement: heuristic.to_string(),
+        best_runnable: best_runnable(&results),
+        scenarios: results,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    let mut out = a.json.table();
+    write!(out, "{}", summary_table(&report))?;
+    if a.gates {
+        write_gates(&mut out, &report)?;
+    }
+    writeln!(out, "({:.0} s)", report.elapsed_s)?;
+    a.json.write(&report)?;
+    if let Some(p) = a.json.json.as_ref().filter(|_| !a.json.to_stdout()) {
+        eprintln!("smartmig: wrote {}", p.display());
+    }
+    if let Some(dir) = &a.report {
+        write_plots(dir, &report)?;
+    }
+    Ok(())
+}
+
+/// The training and test days and where their seeds end; the two ranges
+/// must not overlap (a baseline fitted on a test day is not causal).
+struct Seeds {
+    train_days: usize,
+    test_days: usize,
+    train_end: u64,
+    test_end: u64,
+}
+
+impl Seeds {
+    fn of(a: &SuiteArgs) -> Result<Seeds> {
+        let train_days = a.train_days.unwrap_or(if a.quick { 3 } else { 8 });
+        let test_days = a
+            .test_days
+            .unwrap_or(if a.quick { 2 } else { DEFAULT_TEST_DAYS });
+        if train_days == 0 || test_days == 0 {
+            bail!("--train-days and --test-days must be at least 1");
+        }
+        let train_end = a.train_seed.saturating_add(train_days as u64);
+        let test_end = a.test_seed.saturating_add(test_days as u64);
+        if a.train_seed < test_end && a.test_seed < train_end {
+            bail!(
+                "training seeds {}..{train_end} and test seeds {}..{test_end} overlap: a baseline fitted on a test day is not causal",
+                a.train_seed,
+                a.test_seed
+            );
+        }
+        Ok(Seeds {
+            train_days,
+            test_days,
+            train_end,
+            test_end,
+        })
+    }
+}
+
+/// The suite's settings: the candidates (`--policy`, else the shipped
+/// learned policy when it exists), each learned one also behind the
+/// fallback and the shadow rule.
+fn suite_config(a: &SuiteArgs, heuristic: Heuristic) -> Result<SuiteConfig> {
     let mut cfg = SuiteConfig {
         alpha: a.alpha,
         heuristic,
@@ -408,19 +483,12 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     cfg.shadow = crate::policy::shadow::ShadowRule::default()
         .with_overrides(&a.shadow)
         .context("--shadow")?;
-    eprintln!(
-        "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",
-        list.len(),
-        gpus,
-        a.gpu.gpu_model,
-        a.train_seed,
-        a.test_seed
-    );
-    let started = Instant::now();
-    let steps_per_scenario = 7
-        + (cfg.candidates.len() + cfg.fallback_for.len() + cfg.shadow_for.len()) as u64
-        + u64::from(cfg.hindsight);
-    let bar = indicatif::ProgressBar::new(list.len() as u64 * steps_per_scenario);
+    Ok(cfg)
+}
+
+/// The progress bar on stderr, hidden when it is not a terminal.
+fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
     if std::io::stderr().is_terminal() {
         bar.set_style(
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
@@ -429,6 +497,18 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
+    bar
+}
+
+/// Every scenario's training and test days (the generated ones, then
+/// those of `--trace`), in `--slurm-like` mode when asked.
+fn all_days(
+    a: &SuiteArgs,
+    list: &[Scenario],
+    gpus: usize,
+    seeds: &Seeds,
+) -> Result<Vec<ScenarioDays>> {
+    let (train_end, test_end) = (seeds.train_end, seeds.test_end);
     let cluster = vec![a.gpu.gpu_model; gpus];
     let mut all: Vec<ScenarioDays> = list
         .iter()
@@ -446,7 +526,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         })
         .collect();
     if let Some(source) = a.trace.source(a.gpu.gpu_model, a.train_seed) {
-        all.extend(trace_scenarios(&source, train_days, test_days)?);
+        all.extend(trace_scenarios(&source, seeds.train_days, seeds.test_days)?);
     }
     let slurm = slurm_like(a.slurm_like.as_deref())?;
     for d in all
@@ -455,68 +535,51 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     {
         d.cfg.slurm.clone_from(&slurm);
     }
-    bar.set_length(all.len() as u64 * steps_per_scenario);
-    let threads = a
-        .jobs
-        .or_else(|| std::thread::available_parallelism().ok())
-        .map_or(1, std::num::NonZeroUsize::get);
-    let results = run_all(&all, &cfg, threads, &bar, &mut |r| {
-        bar.suspend(|| writeln!(a.json.table(), "{}", scenario_table(r)))?;
-        Ok(())
-    })?;
-    bar.finish_and_clear();
-    let report = SuiteReport {
-        alpha: a.alpha,
-        placement: heuristic.to_string(),
-        best_runnable: best_runnable(&results),
-        scenarios: results,
-        elapsed_s: started.elapsed().as_secs_f64(),
-    };
-    let mut out = a.json.table();
-    write!(out, "{}", summary_table(&report))?;
-    if a.gates {
-        let mut ours: Vec<&str> = Vec::new();
-        for row in report.scenarios.iter().flat_map(|s| &s.rows) {
-            if row.kind == RowKind::Candidate && !ours.contains(&row.policy.as_str()) {
-                ours.push(&row.policy);
+    Ok(all)
+}
+
+/// The gate tables of each of our policies, generated and trace
+/// scenarios apart, then the best runnable policies.
+fn write_gates(out: &mut impl Write, report: &SuiteReport) -> Result<()> {
+    let mut ours: Vec<&str> = Vec::new();
+    for row in report.scenarios.iter().flat_map(|s| &s.rows) {
+        if row.kind == RowKind::Candidate && !ours.contains(&row.policy.as_str()) {
+            ours.push(&row.policy);
+        }
+    }
+    // Generated and trace scenarios are gated apart: a gate met only
+    // thanks to one kind is not met (issue 54).
+    let (traces, generated): (Vec<ScenarioResult>, Vec<ScenarioResult>) =
+        report.scenarios.iter().cloned().partition(|s| s.trace);
+    for (kind, group) in [("generated", &generated), ("trace", &traces)] {
+        if group.is_empty() {
+            continue;
+        }
+        for p in &ours {
+            writeln!(out)?;
+            writeln!(out, "[{kind} scenarios]")?;
+            write!(out, "{}", gates_table(p, &gate_rows(group, p)))?;
+            if let Some(g) = suite_gates(group, p) {
+                write!(out, "{}", suite_gates_table(&g))?;
             }
         }
-        // Generated and trace scenarios are gated apart: a gate met only
-        // thanks to one kind is not met (issue 54).
-        let (traces, generated): (Vec<ScenarioResult>, Vec<ScenarioResult>) =
-            report.scenarios.iter().cloned().partition(|s| s.trace);
-        for (kind, group) in [("generated", &generated), ("trace", &traces)] {
-            if group.is_empty() {
-                continue;
-            }
-            for p in &ours {
-                writeln!(out)?;
-                writeln!(out, "[{kind} scenarios]")?;
-                write!(out, "{}", gates_table(p, &gate_rows(group, p)))?;
-                if let Some(g) = suite_gates(group, p) {
-                    write!(out, "{}", suite_gates_table(&g))?;
-                }
-            }
-        }
-        writeln!(out)?;
-        write!(out, "{}", runnable_table(&report.best_runnable))?;
     }
-    writeln!(out, "({:.0} s)", report.elapsed_s)?;
-    a.json.write(&report)?;
-    if let Some(p) = a.json.json.as_ref().filter(|_| !a.json.to_stdout()) {
-        eprintln!("smartmig: wrote {}", p.display());
+    writeln!(out)?;
+    write!(out, "{}", runnable_table(&report.best_runnable))?;
+    Ok(())
+}
+
+/// One SVG bar chart of ET per scenario into `dir`.
+fn write_plots(dir: &std::path::Path, report: &SuiteReport) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for s in &report.scenarios {
+        let p = dir.join(format!("et-{}.svg", s.name.replace(['/', ' '], "-")));
+        std::fs::write(&p, et_bars(s)?).with_context(|| format!("writing {}", p.display()))?;
     }
-    if let Some(dir) = &a.report {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for s in &report.scenarios {
-            let p = dir.join(format!("et-{}.svg", s.name.replace(['/', ' '], "-")));
-            std::fs::write(&p, et_bars(s)?).with_context(|| format!("writing {}", p.display()))?;
-        }
-        eprintln!(
-            "smartmig: wrote {} plots to {}",
-            report.scenarios.len(),
-            dir.display()
-        );
-    }
+    eprintln!(
+        "smartmig: wrote {} plots to {}",
+        report.scenarios.len(),
+        dir.display()
+    );
     Ok(())
 }
