@@ -15,11 +15,11 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use super::events::{
-    EventSink, GpuHeader, Header, JobRecord, KindCounts, ModelPower, OomHeader, OomRecord,
-    ReconfigRecord, Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
+    EventSink, GpuHeader, Header, JobRecord, ModelPower, OomHeader, OomRecord, ReconfigRecord,
+    Record, Run, UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
-use super::metrics::{ChargeBasis, Metrics, NeverRan};
+use super::metrics::{ChargeBasis, Metrics, NeverRan, RunSums};
 use super::reshape::{classify, ReconfigKind, Span};
 use super::{EpochRule, OomConfig, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, ProfileSpec, Shape, Spot, SpotId, Way};
@@ -1412,39 +1412,16 @@ impl<'j> Engine<'j> {
         self.m.rejected = self.rejected.len() as u64;
         self.m.unserved = self.pending.len() as u64;
         let basis = self.charge_basis(energy);
-        let m = &mut self.m;
         // Jobs that never ran are charged by the one rule of
         // `sim::metrics` (late, on a whole GPU from the horizon on).
-        m.charge(basis, horizon);
-        let ran = m.completed.max(1) as f64;
-        m.mean_wait_s = self.wait_sum / ran;
-        m.p95_wait_s = percentile(&mut self.waits, 0.95);
-        m.mean_bounded_slowdown = if m.completed > 0 {
-            self.slowdown_sum / ran
-        } else {
-            0.0
+        let sums = RunSums {
+            waits: &mut self.waits,
+            wait_sum: self.wait_sum,
+            slowdown_sum: self.slowdown_sum,
+            busy_slice_s: self.busy_slice_s,
+            slices: self.rt.iter().map(|r| f64::from(r.total)).sum::<f64>(),
         };
-        let first_arrival = self
-            .jobs
-            .iter()
-            .map(|j| j.arrival)
-            .fold(f64::INFINITY, f64::min);
-        m.makespan_s = if m.completed > 0 {
-            (m.last_completion_s - first_arrival).max(0.0)
-        } else {
-            0.0
-        };
-        m.jobs_per_hour = if m.makespan_s > 0.0 {
-            m.completed as f64 / (m.makespan_s / 3600.0)
-        } else {
-            0.0
-        };
-        let capacity: f64 = self.rt.iter().map(|r| f64::from(r.total)).sum::<f64>() * horizon;
-        m.utilisation = if capacity > 0.0 {
-            self.busy_slice_s / capacity
-        } else {
-            0.0
-        };
+        self.m.finish(basis, horizon, self.jobs, sums);
         if let Some(s) = hooks.sink.as_deref_mut() {
             let mut left: Vec<(u32, String)> = self.rejected.clone();
             let waiting = "still waiting when nothing else could happen: no instance that fits it was free and the policy made none";
@@ -1456,35 +1433,9 @@ impl<'j> Engine<'j> {
             left.sort_by_key(|&(i, _)| self.jobs[i as usize].id);
             for (i, reason) in left {
                 let j = &self.jobs[i as usize];
-                s.record(&Record::Unserved(UnservedRecord {
-                    id: j.id,
-                    arrival: j.arrival,
-                    deadline: j.deadline,
-                    work: j.work,
-                    memory_gb: j.memory_gb,
-                    requested_slices: j.requested_slices,
-                    reason,
-                    gpus: j.gpus,
-                }))?;
+                s.record(&Record::Unserved(UnservedRecord::of(j, reason)))?;
             }
-            s.record(&Record::Summary(SummaryRecord {
-                horizon_s: horizon,
-                energy_j: self.m.energy_j,
-                total_tardiness_s: self.m.total_tardiness_s,
-                completed: self.m.completed,
-                unserved: self.m.unserved + self.m.rejected,
-                reconfigurations: self.m.reconfigurations,
-                rejected_decisions: self.m.rejected_decisions,
-                oom_failures: self.m.oom_failures,
-                early_restarts: self.m.early_restarts,
-                kinds: Some(KindCounts {
-                    fusions: self.m.fusions,
-                    fissions: self.m.fissions,
-                    reshapes: self.m.reshapes,
-                    jobs_served_by_fusion: self.m.jobs_served_by_fusion,
-                    jobs_served_by_fission: self.m.jobs_served_by_fission,
-                }),
-            }))?;
+            s.record(&Record::Summary(self.m.summary_record(horizon)))?;
         }
         Ok(())
     }
@@ -1575,16 +1526,6 @@ pub(crate) fn run_record(job: &Job, gpu: usize, placement: &Spot, speed: f64, st
 
 pub(crate) fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
     ((end - arrival) / (end - start).max(SLOWDOWN_TAU_S)).max(1.0)
-}
-
-/// The `q` quantile (nearest rank) of `v`, reordering it; 0 when empty.
-pub fn percentile(v: &mut [f32], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    let (_, x, _) = v.select_nth_unstable_by(rank, f32::total_cmp);
-    f64::from(*x)
 }
 
 /// The compute slices a job asks for (1 when it leaves the size open),

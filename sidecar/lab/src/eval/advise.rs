@@ -14,7 +14,7 @@ use super::{agrees, audit_run, AuditFailure};
 use crate::formats::advice::AdviceRecord;
 use crate::mig::{parse_profile, Geometry, GpuModel, Layout, ProfileParseError};
 use crate::policy::{layout_or_whole, ClusterView, Decision, NoPartition, RepartitionPolicy};
-use crate::sim::engine::percentile;
+use crate::sim::metrics::percentile;
 use crate::sim::{
     day_horizon, simulate, AuditError, Collect, EpochRule, Heuristic, Metrics, Record, RunHooks,
     SimConfig, SimError,
