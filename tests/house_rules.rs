@@ -8,6 +8,9 @@
 //!   `unsafe_op_in_unsafe_fn` and `clippy::undocumented_unsafe_blocks`;
 //! - every crate with no `unsafe` code says `#![forbid(unsafe_code)]`, so
 //!   the first unsafe block in it is a decision, not an accident;
+//! - every crate root (library, binary) turns on `clippy::too_many_lines`
+//!   (100 lines, clippy's default), so no production function in any
+//!   crate grows past it (scripts/test runs clippy with `-D warnings`);
 //! - the product is apart from the lab: smartmigd's library, and the
 //!   package that builds the `smartmigd` binary a node installs, link no
 //!   lab, trainer or plotting crate (`cargo metadata`, `cargo tree`; the
@@ -258,6 +261,45 @@ fn crates_without_unsafe_code_forbid_it() {
     assert!(
         missing.is_empty(),
         "crates with no unsafe code that do not `#![forbid(unsafe_code)]`:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The crate roots of `pkg`: `src/lib.rs`, `src/main.rs` and `src/bin/*.rs`.
+fn crate_roots(pkg: &Path) -> Vec<PathBuf> {
+    let src = root().join(pkg).join("src");
+    rust_files(&src)
+        .into_iter()
+        .filter(|f| {
+            f.parent() == Some(src.join("bin").as_path())
+                || f.file_name()
+                    .is_some_and(|n| n == "lib.rs" || n == "main.rs")
+                    && f.parent() == Some(src.as_path())
+        })
+        .collect()
+}
+
+#[test]
+fn every_crate_root_limits_function_length() {
+    let mut missing = Vec::new();
+    let mut roots = 0;
+    for pkg in packages() {
+        for r in crate_roots(&pkg) {
+            roots += 1;
+            let text = std::fs::read_to_string(&r).unwrap();
+            let on = text.lines().any(|l| {
+                let l = l.trim();
+                l.starts_with("#![") && l.contains("warn(clippy::too_many_lines)")
+            });
+            if !on {
+                missing.push(r.display().to_string());
+            }
+        }
+    }
+    assert!(roots > 10, "only {roots} crate roots found");
+    assert!(
+        missing.is_empty(),
+        "crate roots without `#![warn(clippy::too_many_lines)]`:\n{}",
         missing.join("\n")
     );
 }
