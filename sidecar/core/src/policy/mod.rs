@@ -39,7 +39,7 @@ pub mod share;
 pub mod start;
 
 use crate::mig::{Geometry, GpuModel, Layout, Shape, SpotId, MAX_PROFILES};
-use crate::workload::SpeedupCurve;
+use crate::workload::{Job, SpeedupCurve};
 
 pub use fixed::{
     parse_policy, parse_policy_on, NoPartition, OnDemand, PolicyParseError, StaticLayout,
@@ -144,6 +144,22 @@ pub struct PendingJob {
 }
 
 impl PendingJob {
+    /// Job `j` waiting, as a policy sees it: its size request (1 slice
+    /// when it leaves the size open) and `shapes`, its smallest fitting
+    /// shape per model.
+    pub fn of(j: &Job, shapes: [Option<Shape>; MODEL_COUNT]) -> PendingJob {
+        PendingJob {
+            id: j.id,
+            arrival: j.arrival,
+            deadline: j.deadline,
+            work: j.work,
+            memory_gb: j.memory_gb,
+            min_compute: j.requested_slices.unwrap_or(1).max(1),
+            speedup: j.speedup,
+            shapes,
+        }
+    }
+
     /// The smallest shape that fits the job on `model`.
     pub fn shape(&self, model: GpuModel) -> Option<Shape> {
         self.shapes[model as usize]

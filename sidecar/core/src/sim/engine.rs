@@ -582,17 +582,6 @@ impl<'j> Engine<'j> {
     /// shape per model its fit mask allows.
     fn push_pending(&mut self, i: u32) {
         let mask = self.fit_mask[i as usize];
-        let job = self.seen_job(i);
-        let job = job.as_ref();
-        let (id, arrival, deadline, work, memory_gb, min_compute, speedup) = (
-            job.id,
-            job.arrival,
-            job.deadline,
-            job.work,
-            job.memory_gb,
-            job.requested_slices.unwrap_or(1).max(1),
-            job.speedup,
-        );
         // Policy-visible summary: smallest fitting shape per model present.
         let mut shapes: [Option<Shape>; MODEL_COUNT] = [None; MODEL_COUNT];
         let mut best: [Option<(Shape, usize)>; MODEL_COUNT] = [None; MODEL_COUNT];
@@ -615,16 +604,8 @@ impl<'j> Engine<'j> {
         }
         self.pending_pos[i as usize] = self.pending.len() as u32;
         self.pending_idx.push(i);
-        self.pending.push(PendingJob {
-            id,
-            arrival,
-            deadline,
-            work,
-            memory_gb,
-            min_compute,
-            speedup,
-            shapes,
-        });
+        let job = self.seen_job(i);
+        self.pending.push(PendingJob::of(job.as_ref(), shapes));
     }
 
     /// Starts waiting jobs while a free instance fits one: the job with the

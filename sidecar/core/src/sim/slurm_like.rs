@@ -1086,16 +1086,7 @@ impl<'j> Deploy<'j> {
                 shapes[*m as usize] = Some(p.shape);
             }
         }
-        PendingJob {
-            id: j.id,
-            arrival: j.arrival,
-            deadline: j.deadline,
-            work: j.work,
-            memory_gb: j.memory_gb,
-            min_compute: j.requested_slices.unwrap_or(1).max(1),
-            speedup: j.speedup,
-            shapes,
-        }
+        PendingJob::of(j, shapes)
     }
 
     fn finish(&mut self, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
