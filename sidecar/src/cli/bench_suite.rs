@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use super::args::{slurm_like, GpuModelArg, JsonArg};
+use super::args::{slurm_like, JsonArg, ScenarioDaysArgs};
 use super::learned::shipped_learned;
 use crate::eval::{
     best_runnable, gate_rows, run_scenario, suite_gates, Day, RowKind, ScenarioDays,
@@ -33,36 +33,12 @@ pub const DEFAULT_TEST_DAYS: usize = 48;
 
 #[derive(Debug, clap::Args)]
 pub struct SuiteArgs {
-    /// GPUs of the simulated cluster for the generated scenarios (default
-    /// 16; 8 with --quick).
-    #[arg(long)]
-    pub gpus: Option<usize>,
     #[command(flatten)]
-    pub gpu: GpuModelArg,
+    pub days: ScenarioDaysArgs,
     /// Scenarios file (TOML, `[[scenario]]` tables; the built-in list is
     /// `sidecar/lab/src/scenarios.toml`).
     #[arg(long, value_name = "FILE")]
     pub scenarios: Option<PathBuf>,
-    /// Only these scenarios (comma-separated names, or a family name such as
-    /// `mix-shift` for both deadline regimes).
-    #[arg(long, value_delimiter = ',')]
-    pub only: Vec<String>,
-    /// Training days per scenario (seeds `train_seed..`): the opponents are
-    /// fitted on them.
-    #[arg(long)]
-    pub train_days: Option<usize>,
-    /// Test days per scenario (seeds `test_seed..`): every policy is scored
-    /// on them (default 48, enough to tell 3 % apart, docs/evaluation.md; 2
-    /// with --quick).
-    #[arg(long)]
-    pub test_days: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub train_seed: u64,
-    #[arg(long, default_value_t = 1000)]
-    pub test_seed: u64,
-    /// A small run: 8 GPUs, 3 training and 2 test days, a smaller search.
-    #[arg(long)]
-    pub quick: bool,
     /// Job-placement heuristic.
     #[arg(long, default_value = "edf")]
     pub placement: String,
@@ -218,7 +194,7 @@ fn scenarios(a: &SuiteArgs) -> Result<Vec<Scenario>> {
         }
         None => default_scenarios(),
     };
-    select_scenarios(all, &a.only).context("--only")
+    select_scenarios(all, &a.days.only).context("--only")
 }
 
 /// One generated day of `s`.
@@ -353,7 +329,7 @@ pub(super) fn trace_scenarios(
 }
 
 pub fn run(a: &SuiteArgs) -> Result<()> {
-    let gpus = a.gpus.unwrap_or(if a.quick { 8 } else { 16 });
+    let gpus = a.days.gpus.unwrap_or(if a.days.quick { 8 } else { 16 });
     if gpus == 0 {
         bail!("--gpus must be at least 1");
     }
@@ -369,10 +345,10 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{}, test seeds {}..{}",
         list.len(),
         gpus,
-        a.gpu.gpu_model,
-        a.train_seed,
+        a.days.gpu.gpu_model,
+        a.days.train_seed,
         seeds.train_end,
-        a.test_seed,
+        a.days.test_seed,
         seeds.test_end
     );
     let started = Instant::now();
@@ -425,20 +401,24 @@ struct Seeds {
 
 impl Seeds {
     fn of(a: &SuiteArgs) -> Result<Seeds> {
-        let train_days = a.train_days.unwrap_or(if a.quick { 3 } else { 8 });
-        let test_days = a
-            .test_days
-            .unwrap_or(if a.quick { 2 } else { DEFAULT_TEST_DAYS });
+        let train_days = a
+            .days
+            .train_days
+            .unwrap_or(if a.days.quick { 3 } else { 8 });
+        let test_days =
+            a.days
+                .test_days
+                .unwrap_or(if a.days.quick { 2 } else { DEFAULT_TEST_DAYS });
         if train_days == 0 || test_days == 0 {
             bail!("--train-days and --test-days must be at least 1");
         }
-        let train_end = a.train_seed.saturating_add(train_days as u64);
-        let test_end = a.test_seed.saturating_add(test_days as u64);
-        if a.train_seed < test_end && a.test_seed < train_end {
+        let train_end = a.days.train_seed.saturating_add(train_days as u64);
+        let test_end = a.days.test_seed.saturating_add(test_days as u64);
+        if a.days.train_seed < test_end && a.days.test_seed < train_end {
             bail!(
                 "training seeds {}..{train_end} and test seeds {}..{test_end} overlap: a baseline fitted on a test day is not causal",
-                a.train_seed,
-                a.test_seed
+                a.days.train_seed,
+                a.days.test_seed
             );
         }
         Ok(Seeds {
@@ -458,13 +438,13 @@ fn suite_config(a: &SuiteArgs, heuristic: Heuristic) -> Result<SuiteConfig> {
         alpha: a.alpha,
         heuristic,
         hindsight: !a.no_hindsight,
-        search: search_for(a.quick),
+        search: search_for(a.days.quick),
         ..SuiteConfig::default()
     };
     cfg.candidates
         .extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
     if !a.policy.iter().any(|s| s.starts_with("policy:")) {
-        if let Some(spec) = shipped_learned(a.gpu.gpu_model) {
+        if let Some(spec) = shipped_learned(a.days.gpu.gpu_model) {
             cfg.candidates.push(("learned".into(), spec));
         }
     }
@@ -509,23 +489,23 @@ fn all_days(
     seeds: &Seeds,
 ) -> Result<Vec<ScenarioDays>> {
     let (train_end, test_end) = (seeds.train_end, seeds.test_end);
-    let cluster = vec![a.gpu.gpu_model; gpus];
+    let cluster = vec![a.days.gpu.gpu_model; gpus];
     let mut all: Vec<ScenarioDays> = list
         .iter()
         .map(|s| ScenarioDays {
             name: s.name.clone(),
             cluster: cluster.clone(),
-            train: (a.train_seed..train_end)
-                .map(|seed| day(s, a.gpu.gpu_model, gpus, seed))
+            train: (a.days.train_seed..train_end)
+                .map(|seed| day(s, a.days.gpu.gpu_model, gpus, seed))
                 .collect(),
-            test: (a.test_seed..test_end)
-                .map(|seed| day(s, a.gpu.gpu_model, gpus, seed))
+            test: (a.days.test_seed..test_end)
+                .map(|seed| day(s, a.days.gpu.gpu_model, gpus, seed))
                 .collect(),
             batch: s.is_batch(),
             trace: false,
         })
         .collect();
-    if let Some(source) = a.trace.source(a.gpu.gpu_model, a.train_seed) {
+    if let Some(source) = a.trace.source(a.days.gpu.gpu_model, a.days.train_seed) {
         all.extend(trace_scenarios(&source, seeds.train_days, seeds.test_days)?);
     }
     let slurm = slurm_like(a.slurm_like.as_deref())?;
