@@ -151,12 +151,10 @@ pub struct RunHooks<'a> {
     pub progress: Option<&'a mut dyn FnMut(u64)>,
 }
 
-/// Simulates `jobs` on the GPUs of `cluster` (one entry per GPU).
-///
-/// Jobs may come in any order (they are processed by arrival, then id).
-/// Errors: an empty cluster, an invalid job or configuration, or a failing
-/// event sink. Deterministic: same inputs, same result and same records.
-pub fn simulate(
+/// The central engine's run of `jobs` ([`super::simulate`] picks it
+/// unless the Slurm-like mode serves the policy; it has checked `cfg` and
+/// that the cluster has GPUs).
+pub(super) fn simulate_central(
     cluster: &[GpuModel],
     jobs: &[Job],
     heuristic: &mut dyn PlacementHeuristic,
@@ -164,17 +162,6 @@ pub fn simulate(
     cfg: &SimConfig,
     hooks: RunHooks<'_>,
 ) -> Result<SimResult, SimError> {
-    cfg.validate()?;
-    if cluster.is_empty() {
-        return Err(SimError::NoGpus);
-    }
-    if let Some(slurm) = cfg
-        .slurm
-        .as_ref()
-        .filter(|_| policy.served_through_shards())
-    {
-        return super::slurm_like::simulate(cluster, jobs, heuristic, policy, cfg, slurm, hooks);
-    }
     let mut engine = Engine::new(cluster, jobs, cfg, policy)?;
     engine.run(heuristic, policy, hooks)
 }
