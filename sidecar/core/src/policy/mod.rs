@@ -36,14 +36,13 @@ pub mod rolling;
 pub mod search;
 pub mod shadow;
 pub mod share;
+pub mod standing;
 pub mod start;
 
 use crate::mig::{Geometry, GpuModel, Layout, Shape, SpotId, MAX_PROFILES};
 use crate::workload::{Job, SpeedupCurve};
 
-pub use fixed::{
-    parse_policy, parse_policy_on, NoPartition, OnDemand, PolicyParseError, StaticLayout,
-};
+pub use fixed::{parse_policy, parse_policy_on, OnDemand, PolicyParseError, StaticLayout};
 pub use greedy::{Greedy, GreedyConfig};
 pub use nodes::{Nodes, NodesError, PerNode, Split};
 pub use rolling::{RollingConfig, RollingFit};
@@ -254,6 +253,31 @@ pub trait RepartitionPolicy {
     /// ([`crate::sim::SlurmLike`]) models the first kind only.
     fn served_through_shards(&self) -> bool {
         true
+    }
+}
+
+/// Every GPU is one whole-GPU instance, forever: the `none` reference of the
+/// ET metric (what a cluster without MIG does). Here, at the bottom of
+/// `policy`, because the simulator runs it (`sim::simulate_with_reference`)
+/// and imports nothing of the policies above it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPartition;
+
+impl RepartitionPolicy for NoPartition {
+    fn name(&self) -> String {
+        "none".to_string()
+    }
+
+    fn installs_initial_layout(&self) -> bool {
+        false
+    }
+
+    fn served_through_shards(&self) -> bool {
+        false
+    }
+
+    fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
     }
 }
 

@@ -9,11 +9,10 @@
 //! comparison ([`Metrics::at_horizon`], [`common_horizon`]). Runs are then
 //! ranked by [`Standing`]: fewer jobs left unserved first, whatever the ET.
 
-use std::cmp::Ordering;
-
 use serde::Serialize;
 
 use super::events::{KindCounts, SummaryRecord};
+pub use crate::policy::standing::Standing;
 use crate::workload::Job;
 
 /// Totals and means of one simulation run.
@@ -335,67 +334,15 @@ pub fn common_horizon<'a>(runs: impl IntoIterator<Item = &'a Metrics>) -> f64 {
     runs.into_iter().map(|m| m.horizon_s).fold(0.0, f64::max)
 }
 
-/// Where a run, a row or a set of days stands: fewer jobs that never ran
-/// first, whatever the ET; then lower ET (a NaN never ranks ahead).
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Standing {
-    /// Jobs that never ran (unserved and rejected), summed over the days.
-    pub unserved: u64,
-    /// ET, or its mean over the days.
-    pub et: f64,
-}
-
+// `Standing` itself lives below the simulator (`policy::standing`), where
+// the fixed-layout searches rank their candidates; a run's standing is
+// read off its metrics here.
 impl Standing {
-    /// Ranks behind every real run.
-    pub const WORST: Standing = Standing {
-        unserved: u64::MAX,
-        et: f64::INFINITY,
-    };
-
-    pub fn new(unserved: u64, et: f64) -> Self {
-        Standing { unserved, et }
-    }
-
     /// A run's standing: its jobs that never ran and `et`.
     pub fn of(m: &Metrics, et: f64) -> Self {
         Standing::new(m.never_ran(), et)
     }
-
-    /// Over several days: the jobs that never ran summed, the ET averaged.
-    pub fn over(days: impl IntoIterator<Item = Standing>) -> Self {
-        let (unserved, sum, n) = days.into_iter().fold((0u64, 0.0, 0usize), |(u, s, n), d| {
-            (u.saturating_add(d.unserved), s + d.et, n + 1)
-        });
-        Standing::new(unserved, if n > 0 { sum / n as f64 } else { f64::NAN })
-    }
-
-    /// Whether `self` ranks strictly ahead of `other`.
-    pub fn beats(&self, other: &Standing) -> bool {
-        self.cmp(other) == Ordering::Less
-    }
 }
-
-impl Ord for Standing {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.unserved
-            .cmp(&other.unserved)
-            .then(self.et.total_cmp(&other.et))
-    }
-}
-
-impl PartialOrd for Standing {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Standing {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Standing {}
 
 /// The `none` reference of an ET: the exchange rate between joules and
 /// tardiness-seconds. Pooled over past days where there are some
