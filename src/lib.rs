@@ -7,6 +7,8 @@
 //! runs) and find the artifacts in the same profile directory as themselves.
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -8,11 +8,18 @@
 //!   `unsafe_op_in_unsafe_fn` and `clippy::undocumented_unsafe_blocks`;
 //! - every crate with no `unsafe` code says `#![forbid(unsafe_code)]`, so
 //!   the first unsafe block in it is a decision, not an accident;
+//! - no two files of `smartmig-core` import each other, even through
+//!   others (`crate::` and `super::` paths of production code, a module's
+//!   own submodules and parents left out);
+//! - every crate root (library, binary) turns on `clippy::too_many_lines`
+//!   (100 lines, clippy's default), so no production function in any
+//!   crate grows past it (scripts/test runs clippy with `-D warnings`);
 //! - the product is apart from the lab: smartmigd's library, and the
 //!   package that builds the `smartmigd` binary a node installs, link no
 //!   lab, trainer or plotting crate (`cargo metadata`, `cargo tree`; the
 //!   plugin's own check is `slurm-plugin/tests/lean_deps.rs`).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -581,6 +588,45 @@ fn crates_without_unsafe_code_forbid_it() {
     );
 }
 
+/// The crate roots of `pkg`: `src/lib.rs`, `src/main.rs` and `src/bin/*.rs`.
+fn crate_roots(pkg: &Path) -> Vec<PathBuf> {
+    let src = root().join(pkg).join("src");
+    rust_files(&src)
+        .into_iter()
+        .filter(|f| {
+            f.parent() == Some(src.join("bin").as_path())
+                || f.file_name()
+                    .is_some_and(|n| n == "lib.rs" || n == "main.rs")
+                    && f.parent() == Some(src.as_path())
+        })
+        .collect()
+}
+
+#[test]
+fn every_crate_root_limits_function_length() {
+    let mut missing = Vec::new();
+    let mut roots = 0;
+    for pkg in packages() {
+        for r in crate_roots(&pkg) {
+            roots += 1;
+            let text = std::fs::read_to_string(&r).unwrap();
+            let on = text.lines().any(|l| {
+                let l = l.trim();
+                l.starts_with("#![") && l.contains("warn(clippy::too_many_lines)")
+            });
+            if !on {
+                missing.push(r.display().to_string());
+            }
+        }
+    }
+    assert!(roots > 10, "only {roots} crate roots found");
+    assert!(
+        missing.is_empty(),
+        "crate roots without `#![warn(clippy::too_many_lines)]`:\n{}",
+        missing.join("\n")
+    );
+}
+
 /// The crates in `package`'s normal dependency tree (`cargo tree`).
 fn normal_dependencies(package: &str) -> Vec<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -694,4 +740,197 @@ fn the_lab_check_sees_the_lab() {
     for name in ["smartmig-lab", "smartmig-learn", "candle-core"] {
         assert!(lab.iter().any(|c| c == name), "{name} not seen: {lab:?}");
     }
+}
+
+/// The file modules under `src` by path (`sim::engine`; the crate root is
+/// `""`).
+fn module_files(src: &Path) -> Vec<(String, PathBuf)> {
+    rust_files(src)
+        .into_iter()
+        .map(|f| {
+            let rel = f.strip_prefix(src).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel
+                .iter()
+                .map(|c| c.to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                parts.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
+                parts.pop();
+            }
+            (parts.join("::"), f)
+        })
+        .collect()
+}
+
+/// Whether `a` is `b`'s ancestor (or the same module).
+fn encloses(a: &str, b: &str) -> bool {
+    a.is_empty() || a == b || b.starts_with(&format!("{a}::"))
+}
+
+/// The modules that `code` (of module `module`) names with `crate::` and
+/// `super::` paths, each resolved to the longest module prefix of the
+/// path (a module's `super` is the module that declares it), leaving out
+/// the module's own parents and submodules.
+fn named_modules(module: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = code.as_bytes();
+    for start in ["crate::", "super::"] {
+        let mut from = 0;
+        while let Some(at) = code[from..].find(start).map(|i| i + from) {
+            from = at + start.len();
+            if at > 0
+                && (bytes[at - 1].is_ascii_alphanumeric()
+                    || bytes[at - 1] == b'_'
+                    || bytes[at - 1] == b':')
+            {
+                continue;
+            }
+            let tail: String = code[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let mut segs: Vec<&str> = tail.split("::").filter(|s| !s.is_empty()).collect();
+            let mut base: Vec<&str> = if module.is_empty() {
+                Vec::new()
+            } else {
+                module.split("::").collect()
+            };
+            if segs.first() == Some(&"crate") {
+                base.clear();
+                segs.remove(0);
+            } else {
+                while segs.first() == Some(&"super") {
+                    segs.remove(0);
+                    base.pop();
+                }
+            }
+            base.extend(segs);
+            let target = (0..=base.len())
+                .rev()
+                .map(|k| base[..k].join("::"))
+                .find(|m| known.contains(m));
+            if let Some(t) = target {
+                if !encloses(&t, module) && !encloses(module, &t) {
+                    out.insert(t);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The file-level import graph of a crate's production code.
+fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files = module_files(src);
+    let known: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
+    files
+        .iter()
+        .map(|(m, f)| {
+            let code = production_code(&std::fs::read_to_string(f).unwrap());
+            (m.clone(), named_modules(m, &code, &known))
+        })
+        .collect()
+}
+
+/// The strongly connected components of more than one module (Tarjan).
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Walk<'g> {
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, (usize, usize)>,
+        stack: Vec<&'g str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    impl<'g> Walk<'g> {
+        fn visit(&mut self, v: &'g str) {
+            self.index.insert(v, (self.next, self.next));
+            self.next += 1;
+            self.stack.push(v);
+            for w in self.graph.get(v).into_iter().flatten() {
+                let w = w.as_str();
+                match self.index.get(w).copied() {
+                    None => {
+                        self.visit(w);
+                        let low = self.index[w].1.min(self.index[v].1);
+                        self.index.get_mut(v).unwrap().1 = low;
+                    }
+                    Some((i, _)) if self.stack.contains(&w) => {
+                        let low = i.min(self.index[v].1);
+                        self.index.get_mut(v).unwrap().1 = low;
+                    }
+                    Some(_) => {}
+                }
+            }
+            let (i, low) = self.index[v];
+            if i == low {
+                let mut comp = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    comp.push(w.to_string());
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    self.out.push(comp);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !walk.index.contains_key(v.as_str()) {
+            walk.visit(v);
+        }
+    }
+    walk.out
+}
+
+#[test]
+fn core_files_import_one_way() {
+    let graph = import_graph(&root().join("sidecar/core/src"));
+    assert!(
+        graph
+            .get("sim::slurm_like")
+            .is_some_and(|s| s.contains("sim::engine")),
+        "the import graph misses sim::slurm_like -> sim::engine"
+    );
+    let found = circles(&graph);
+    assert!(
+        found.is_empty(),
+        "files of smartmig-core that import each other (through the others listed): {found:?}"
+    );
+}
+
+#[test]
+fn the_circle_check_sees_circles() {
+    let known: BTreeSet<String> = ["", "a", "a::b", "a::c", "d"]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let named = named_modules(
+        "a::b",
+        "use super::c::X; use crate::d::Y; use super::Z;",
+        &known,
+    );
+    assert_eq!(
+        named,
+        ["a::c", "d"].iter().map(ToString::to_string).collect()
+    );
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in [("x", "y"), ("y", "z"), ("z", "x"), ("z", "w")] {
+        g.entry(from.into()).or_default().insert(to.into());
+    }
+    assert_eq!(
+        circles(&g),
+        vec![vec!["x".to_string(), "y".into(), "z".into()]]
+    );
 }

@@ -27,6 +27,8 @@
 //! `docs/architecture.md` is the map for newcomers.
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 pub mod cli;
 pub use smartmig_core::{formats, policy, sim, workload};

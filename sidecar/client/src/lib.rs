@@ -12,6 +12,8 @@
 //! root into every job links no async runtime, no ML or GPU library.
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 pub mod client;
 pub mod plugstack;

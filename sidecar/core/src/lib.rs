@@ -18,6 +18,8 @@
 //! -> `sim`; `docs/architecture.md` is the map.
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 pub use smartmig_mig as mig;
 

@@ -31,6 +31,8 @@
 //! trained.
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 // The core crates under the names the modules use (`crate::policy::...`).
 use smartmig_core::{formats, policy, sim, workload};

@@ -629,33 +629,9 @@ pub fn train_placement(
     progress(PlacementProgress::Phase(
         "heuristics on the validation days",
     ));
-    let mut heuristics = Vec::new();
-    for h in Heuristic::ALL {
-        let mut t = Totals::default();
-        for ep in &val {
-            t.add(&run_heuristic(cfg, h, ep)?);
-        }
-        heuristics.push((h, t));
-    }
-    // The yardstick of checkpoint selection: the heuristic with the fewest
-    // late jobs on the validation days.
-    let (best_rule, best_totals_rule) = heuristics
-        .iter()
-        .min_by(|a, b| {
-            a.1.late_jobs
-                .cmp(&b.1.late_jobs)
-                .then(a.1.energy_j.total_cmp(&b.1.energy_j))
-        })
-        .map_or((Heuristic::Edf, Totals::default()), |(h, t)| (*h, *t));
-    // The teacher as it ran: a rule's defaults are written out, so the
-    // metadata says what taught the file even if the defaults change.
-    let teacher_spec = if cfg.teacher == "auto" {
-        best_rule.to_string()
-    } else if let Ok(rule) = cfg.teacher.parse::<DeferSpec>() {
-        rule.to_string()
-    } else {
-        cfg.teacher.clone()
-    };
+    let heuristics = heuristic_totals(cfg, &val)?;
+    let (best_rule, best_totals_rule) = best_heuristic(&heuristics);
+    let teacher_spec = teacher_of(cfg, best_rule);
     let mut teacher_totals = Totals::default();
     for ep in &val {
         let mode = Mode::Teacher(parse_teacher(&teacher_spec)?);
@@ -665,21 +641,11 @@ pub fn train_placement(
     let mut opt = optimiser(&net, cfg.imitation.lr)?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x9_1ACE);
     let mut episodes_run = 0usize;
-    let mut next_episode = 0usize;
-    let mut pick = |n: usize| -> Vec<usize> {
-        (0..n)
-            .map(|_| {
-                // A fixed stride through the (scenario, seed, policy) list
-                // visits every kind of day evenly.
-                let i = next_episode % train.len();
-                next_episode += 7;
-                if next_episode.is_multiple_of(train.len()) {
-                    next_episode += 1;
-                }
-                i
-            })
-            .collect()
+    let mut picker = Picker {
+        next: 0,
+        len: train.len(),
     };
+    let mut pick = |n: usize| picker.pick(n);
 
     // 1. Behaviour cloning of the teacher.
     progress(PlacementProgress::Phase("imitation"));
@@ -700,41 +666,9 @@ pub fn train_placement(
             &mut rng,
         )?;
     }
-    // Per validation episode, the best heuristic's tardiness: the
-    // checkpoint's tardiness counts day by day, so a day with little
-    // tardiness weighs as much as one with much (as ET does).
-    let mut best_tardiness = Vec::with_capacity(val.len());
-    for ep in &val {
-        best_tardiness.push(run_heuristic(cfg, best_rule, ep)?.total_tardiness_s);
-    }
-    let score = |net: &ActorCritic| -> Result<(f64, Totals), LearnError> {
-        let mut t = Totals::default();
-        let mut tard = 0.0;
-        for (ep, &bt) in val.iter().zip(&best_tardiness) {
-            let m = run_episode(cfg, net, ep, Mode::Greedy)?.0;
-            tard += (m.total_tardiness_s + 60.0) / (bt + 60.0);
-            t.add(&m);
-        }
-        let b = &best_totals_rule;
-        let energy = t.energy_j / b.energy_j.max(1.0);
-        let late = t.late_jobs as f64 / b.late_jobs.max(1) as f64;
-        let tard = tard / val.len().max(1) as f64;
-        // Fewer late jobs than the best heuristic, energy within the
-        // tolerance and tardiness (mean ratio per day) not above it,
-        // with steep penalties beyond.
-        let objective = late
-            + 20.0 * (energy - 1.0 - ENERGY_TOLERANCE).max(0.0)
-            + cfg.select_tardiness * (tard - 1.0).max(0.0);
-        Ok((objective, t))
-    };
-    let (obj, totals) = score(&net)?;
-    progress(PlacementProgress::Validation {
-        iteration: 0,
-        late_jobs: totals.late_jobs,
-        teacher_late_jobs: best_totals_rule.late_jobs,
-        energy_ratio: totals.energy_j / best_totals_rule.energy_j.max(1.0),
-        tardiness_ratio: totals.tardiness_s / best_totals_rule.tardiness_s.max(1.0),
-    });
+    let validator = Validator::new(cfg, &val, best_rule, best_totals_rule)?;
+    let (obj, totals) = validator.score(&net)?;
+    progress(validator.progress(0, &totals));
     // The placement's own objective (late jobs count every job that never
     // ran); no separate unserved rank.
     let mut best = Checkpoint::new(Standing::new(0, obj), &net, "imitation".into())?;
@@ -748,29 +682,11 @@ pub fn train_placement(
         if started.elapsed().as_secs_f64() > cfg.time_budget_s {
             break;
         }
-        let frac = if iterations > 1 {
-            (it - 1) as f64 / (iterations - 1) as f64
-        } else {
-            1.0
-        };
-        let lr = cfg.ppo.lr + (cfg.lr_end - cfg.ppo.lr) * frac;
-        opt.set_learning_rate(lr);
-        let p = PpoConfig {
-            entropy: cfg.ppo.entropy + (cfg.entropy_end - cfg.ppo.entropy) * frac,
-            lr,
-            ..cfg.ppo.clone()
-        };
-        let mut batch = Batch::default();
-        let mut reward_sum = 0.0f64;
-        for i in pick(cfg.ppo.episodes_per_iteration) {
-            let mode = Mode::Sample(Box::new(ChaCha8Rng::seed_from_u64(
-                cfg.seed ^ (episodes_run as u64).wrapping_mul(0x9E37_79B9),
-            )));
-            let (_, t) = run_episode(cfg, &net, &train[i], mode)?;
-            reward_sum += t.rewards.iter().map(|&r| f64::from(r)).sum::<f64>();
-            append(&net, &t, p.gamma, p.gae_lambda, &mut batch)?;
-            episodes_run += 1;
-        }
+        let p = ppo_at(cfg, it, iterations);
+        opt.set_learning_rate(p.lr);
+        let picked = pick(cfg.ppo.episodes_per_iteration);
+        let (mut batch, reward_sum) =
+            sampled_batch(cfg, &net, &train, &picked, &mut episodes_run, &p)?;
         let decisions = batch.len().max(1);
         if !batch.is_empty() {
             ppo_update(&net, &mut opt, &mut batch, &p, &mut rng)?;
@@ -782,14 +698,8 @@ pub fn train_placement(
             mean_reward: reward_sum / decisions as f64,
         });
         if it % cfg.validate_every == 0 || it == iterations {
-            let (obj, totals) = score(&net)?;
-            progress(PlacementProgress::Validation {
-                iteration: it,
-                late_jobs: totals.late_jobs,
-                teacher_late_jobs: best_totals_rule.late_jobs,
-                energy_ratio: totals.energy_j / best_totals_rule.energy_j.max(1.0),
-                tardiness_ratio: totals.tardiness_s / best_totals_rule.tardiness_s.max(1.0),
-            });
+            let (obj, totals) = validator.score(&net)?;
+            progress(validator.progress(it, &totals));
             if Standing::new(0, obj).beats(&best.score) {
                 best_totals = totals;
             }
@@ -813,6 +723,174 @@ pub fn train_placement(
         train_days: train.len(),
     };
     Ok((best.net, report))
+}
+
+/// PPO's settings at iteration `it` of `iterations`: the learning rate and
+/// the entropy bonus move linearly from their start to their end.
+fn ppo_at(cfg: &PlacementTrainConfig, it: usize, iterations: usize) -> PpoConfig {
+    let frac = if iterations > 1 {
+        (it - 1) as f64 / (iterations - 1) as f64
+    } else {
+        1.0
+    };
+    let lr = cfg.ppo.lr + (cfg.lr_end - cfg.ppo.lr) * frac;
+    PpoConfig {
+        entropy: cfg.ppo.entropy + (cfg.entropy_end - cfg.ppo.entropy) * frac,
+        lr,
+        ..cfg.ppo.clone()
+    }
+}
+
+/// The batch of the `picked` training episodes, each sampled with a seed
+/// of its own (`episodes_run` counts them), and the sum of their rewards.
+fn sampled_batch(
+    cfg: &PlacementTrainConfig,
+    net: &ActorCritic,
+    train: &[Episode],
+    picked: &[usize],
+    episodes_run: &mut usize,
+    p: &PpoConfig,
+) -> Result<(Batch, f64), LearnError> {
+    let mut batch = Batch::default();
+    let mut reward_sum = 0.0f64;
+    for &i in picked {
+        let mode = Mode::Sample(Box::new(ChaCha8Rng::seed_from_u64(
+            cfg.seed ^ (*episodes_run as u64).wrapping_mul(0x9E37_79B9),
+        )));
+        let (_, t) = run_episode(cfg, net, &train[i], mode)?;
+        reward_sum += t.rewards.iter().map(|&r| f64::from(r)).sum::<f64>();
+        append(net, &t, p.gamma, p.gae_lambda, &mut batch)?;
+        *episodes_run += 1;
+    }
+    Ok((batch, reward_sum))
+}
+
+/// Every heuristic's totals on the validation days.
+fn heuristic_totals(
+    cfg: &PlacementTrainConfig,
+    val: &[Episode],
+) -> Result<Vec<(Heuristic, Totals)>, LearnError> {
+    let mut heuristics = Vec::new();
+    for h in Heuristic::ALL {
+        let mut t = Totals::default();
+        for ep in val {
+            t.add(&run_heuristic(cfg, h, ep)?);
+        }
+        heuristics.push((h, t));
+    }
+    Ok(heuristics)
+}
+
+/// The yardstick of checkpoint selection: the heuristic with the fewest
+/// late jobs on the validation days (then the least energy).
+fn best_heuristic(heuristics: &[(Heuristic, Totals)]) -> (Heuristic, Totals) {
+    heuristics
+        .iter()
+        .min_by(|a, b| {
+            a.1.late_jobs
+                .cmp(&b.1.late_jobs)
+                .then(a.1.energy_j.total_cmp(&b.1.energy_j))
+        })
+        .map_or((Heuristic::Edf, Totals::default()), |(h, t)| (*h, *t))
+}
+
+/// The teacher as it ran: a rule's defaults are written out, so the
+/// metadata says what taught the file even if the defaults change.
+fn teacher_of(cfg: &PlacementTrainConfig, best_rule: Heuristic) -> String {
+    if cfg.teacher == "auto" {
+        best_rule.to_string()
+    } else if let Ok(rule) = cfg.teacher.parse::<DeferSpec>() {
+        rule.to_string()
+    } else {
+        cfg.teacher.clone()
+    }
+}
+
+/// The training episodes to run next: a fixed stride through the
+/// (scenario, seed, policy) list visits every kind of day evenly.
+struct Picker {
+    next: usize,
+    len: usize,
+}
+
+impl Picker {
+    fn pick(&mut self, n: usize) -> Vec<usize> {
+        (0..n)
+            .map(|_| {
+                let i = self.next % self.len;
+                self.next += 7;
+                if self.next.is_multiple_of(self.len) {
+                    self.next += 1;
+                }
+                i
+            })
+            .collect()
+    }
+}
+
+/// Scores a network on the validation days against the best heuristic.
+struct Validator<'a> {
+    cfg: &'a PlacementTrainConfig,
+    val: &'a [Episode],
+    /// Per validation episode, the best heuristic's tardiness: the
+    /// checkpoint's tardiness counts day by day, so a day with little
+    /// tardiness weighs as much as one with much (as ET does).
+    best_tardiness: Vec<f64>,
+    /// The best heuristic's totals.
+    rule: Totals,
+}
+
+impl<'a> Validator<'a> {
+    fn new(
+        cfg: &'a PlacementTrainConfig,
+        val: &'a [Episode],
+        best_rule: Heuristic,
+        rule: Totals,
+    ) -> Result<Self, LearnError> {
+        let mut best_tardiness = Vec::with_capacity(val.len());
+        for ep in val {
+            best_tardiness.push(run_heuristic(cfg, best_rule, ep)?.total_tardiness_s);
+        }
+        Ok(Validator {
+            cfg,
+            val,
+            best_tardiness,
+            rule,
+        })
+    }
+
+    /// The objective (lower is better) and the totals of `net`: fewer late
+    /// jobs than the best heuristic, energy within the tolerance and
+    /// tardiness (mean ratio per day) not above it, with steep penalties
+    /// beyond.
+    fn score(&self, net: &ActorCritic) -> Result<(f64, Totals), LearnError> {
+        let mut t = Totals::default();
+        let mut tard = 0.0;
+        for (ep, &bt) in self.val.iter().zip(&self.best_tardiness) {
+            let m = run_episode(self.cfg, net, ep, Mode::Greedy)?.0;
+            tard += (m.total_tardiness_s + 60.0) / (bt + 60.0);
+            t.add(&m);
+        }
+        let b = &self.rule;
+        let energy = t.energy_j / b.energy_j.max(1.0);
+        let late = t.late_jobs as f64 / b.late_jobs.max(1) as f64;
+        let tard = tard / self.val.len().max(1) as f64;
+        let objective = late
+            + 20.0 * (energy - 1.0 - ENERGY_TOLERANCE).max(0.0)
+            + self.cfg.select_tardiness * (tard - 1.0).max(0.0);
+        Ok((objective, t))
+    }
+
+    /// The progress report of a validation after `iteration`.
+    fn progress(&self, iteration: usize, totals: &Totals) -> PlacementProgress {
+        PlacementProgress::Validation {
+            iteration,
+            late_jobs: totals.late_jobs,
+            teacher_late_jobs: self.rule.late_jobs,
+            energy_ratio: totals.energy_j / self.rule.energy_j.max(1.0),
+            tardiness_ratio: totals.tardiness_s / self.rule.tardiness_s.max(1.0),
+        }
+    }
 }
 
 #[cfg(test)]

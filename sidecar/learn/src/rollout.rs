@@ -153,26 +153,9 @@ impl RepartitionPolicy for Rollout<'_> {
                     .unwrap_or(spec.keep_action()),
             });
         }
-        // The mean-field critic's input: each agent's observation with the
-        // mean action of the others (GPUs that cannot act "keep").
-        let mut actions = vec![spec.keep_action(); rows];
-        for (&r, &act) in acting.iter().zip(&chosen) {
-            actions[r] = act;
-        }
-        let mf = mean_actions(a, &acting, &actions, &self.encoder.gpus);
-        let critic_in = critic_inputs(&obs, &mf, d, a);
-        let values =
-            match Tensor::from_slice(&critic_in, (acting.len(), critic_dim(d, a)), &Device::Cpu)
-                .map_err(LearnError::from)
-                .and_then(|t| Ok(self.net.values(&t)?.to_vec1::<f32>()?))
-            {
-                Ok(v) => v,
-                Err(e) => {
-                    self.error.get_or_insert(e);
-                    return Vec::new();
-                }
-            };
-        self.mean_actions.extend_from_slice(&mf);
+        let Some(values) = self.critic_values(&obs, &acting, &chosen, rows) else {
+            return Vec::new();
+        };
         let mut decisions = Vec::new();
         for (i, &r) in acting.iter().enumerate() {
             let gpu = self.encoder.gpus[r];
@@ -195,6 +178,44 @@ impl RepartitionPolicy for Rollout<'_> {
             }
         }
         decisions
+    }
+}
+
+impl Rollout<'_> {
+    /// The critic's values of the acting rows (`chosen`: their actions),
+    /// each seeing its observation with the mean action of the others
+    /// (GPUs that cannot act "keep"); `None` after an error (kept in
+    /// `self.error`).
+    fn critic_values(
+        &mut self,
+        obs: &[f32],
+        acting: &[usize],
+        chosen: &[usize],
+        rows: usize,
+    ) -> Option<Vec<f32>> {
+        let spec = *self.encoder.spec();
+        let (d, a) = (spec.obs_dim, spec.actions);
+        // The mean-field critic's input: each agent's observation with the
+        // mean action of the others (GPUs that cannot act "keep").
+        let mut actions = vec![spec.keep_action(); rows];
+        for (&r, &act) in acting.iter().zip(chosen) {
+            actions[r] = act;
+        }
+        let mf = mean_actions(a, acting, &actions, &self.encoder.gpus);
+        let critic_in = critic_inputs(obs, &mf, d, a);
+        let values =
+            match Tensor::from_slice(&critic_in, (acting.len(), critic_dim(d, a)), &Device::Cpu)
+                .map_err(LearnError::from)
+                .and_then(|t| Ok(self.net.values(&t)?.to_vec1::<f32>()?))
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                    return None;
+                }
+            };
+        self.mean_actions.extend_from_slice(&mf);
+        Some(values)
     }
 }
 

@@ -22,6 +22,8 @@
 //! No IO happens here; everything is deterministic.
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 pub mod driver;
 pub mod geometry;

@@ -11,8 +11,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::State;
-
 /// `nvmlEventTypeXidCriticalError` (nvml.h).
 pub const XID_CRITICAL_ERROR: u64 = 8;
 
@@ -106,11 +104,6 @@ impl Events {
         self.set_mut(id)?.seen = x.seq;
         Some(x)
     }
-}
-
-/// Whether set `id` of `state` has an XID waiting.
-pub fn waiting(state: &State, id: u32) -> bool {
-    state.events.peek(id).is_some()
 }
 
 #[cfg(test)]

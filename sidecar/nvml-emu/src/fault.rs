@@ -1,6 +1,8 @@
 //! Injected faults: the driver answers a chosen call with a chosen error.
 //!
-//! The state keeps a list; every exported call consults it before doing
+//! The state keeps a list; every exported call consults it
+//! ([`crate::state::State::take_fault`]; this module only defines the
+//! faults, so it imports nothing of the state) before doing
 //! anything. The first fault naming the call (and the call's GPU, when the
 //! fault names one) decides: while its `skip` is above zero the call passes
 //! and `skip` goes down; then it fires `times` times (each time with
@@ -9,8 +11,6 @@
 //! like a driver that times out on a create that did happen.
 
 use serde::{Deserialize, Serialize};
-
-use crate::state::State;
 
 /// One injected fault (see the module doc).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,38 +58,10 @@ pub struct Fired {
     pub delay_ms: u64,
 }
 
-/// Consults (and consumes) the faults of `state` for a call of `call` on
-/// `gpu`.
-pub fn take(state: &mut State, call: &str, gpu: Option<u32>) -> Option<Fired> {
-    let i = state
-        .faults
-        .iter()
-        .position(|f| f.call == call && (f.gpu.is_none() || f.gpu == gpu))?;
-    if state.faults[i].skip > 0 {
-        state.faults[i].skip -= 1;
-        return None;
-    }
-    if let Some(p) = state.faults[i].probability {
-        if state.random() >= p {
-            return None;
-        }
-    }
-    let f = &mut state.faults[i];
-    let fired = Fired {
-        error: f.error,
-        after: f.after,
-        delay_ms: f.delay_ms,
-    };
-    f.times = f.times.saturating_sub(1);
-    if f.times == 0 {
-        state.faults.remove(i);
-    }
-    Some(fired)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::State;
     use smartmig_mig::GpuModel;
 
     fn state() -> State {
@@ -104,11 +76,11 @@ mod tests {
             times: 2,
             ..Fault::new("nvmlX", 10)
         });
-        assert_eq!(take(&mut s, "nvmlY", None), None);
-        assert_eq!(take(&mut s, "nvmlX", None), None);
-        assert_eq!(take(&mut s, "nvmlX", None).map(|f| f.error), Some(10));
-        assert_eq!(take(&mut s, "nvmlX", None).map(|f| f.error), Some(10));
-        assert_eq!(take(&mut s, "nvmlX", None), None);
+        assert_eq!(s.take_fault("nvmlY", None), None);
+        assert_eq!(s.take_fault("nvmlX", None), None);
+        assert_eq!(s.take_fault("nvmlX", None).map(|f| f.error), Some(10));
+        assert_eq!(s.take_fault("nvmlX", None).map(|f| f.error), Some(10));
+        assert_eq!(s.take_fault("nvmlX", None), None);
         assert!(s.faults.is_empty());
     }
 
@@ -119,9 +91,9 @@ mod tests {
             gpu: Some(1),
             ..Fault::new("nvmlX", 3)
         });
-        assert_eq!(take(&mut s, "nvmlX", Some(0)), None);
-        assert_eq!(take(&mut s, "nvmlX", None), None);
-        assert!(take(&mut s, "nvmlX", Some(1)).is_some());
+        assert_eq!(s.take_fault("nvmlX", Some(0)), None);
+        assert_eq!(s.take_fault("nvmlX", None), None);
+        assert!(s.take_fault("nvmlX", Some(1)).is_some());
     }
 
     #[test]
@@ -133,7 +105,7 @@ mod tests {
             ..Fault::new("nvmlX", 999)
         });
         let fired = (0..4000)
-            .filter(|_| take(&mut s, "nvmlX", None).is_some())
+            .filter(|_| s.take_fault("nvmlX", None).is_some())
             .count();
         assert!((800..1200).contains(&fired), "{fired}");
     }

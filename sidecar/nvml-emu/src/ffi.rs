@@ -36,7 +36,7 @@ use sys::{nvmlComputeInstance_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlReturn_t};
 
 use crate::mig::{self, Code, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNKNOWN};
 use crate::state::{self, GpuState, State};
-use crate::{fault, DIR_ENV};
+use crate::DIR_ENV;
 
 const UNINITIALIZED: Code = sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
 const INSUFFICIENT_SIZE: Code = sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
@@ -235,7 +235,7 @@ fn run(
 ) -> Code {
     let done = state::transact(dir, |st| {
         *st.calls.entry(name.to_string()).or_default() += 1;
-        match fault::take(st, name, gpu) {
+        match st.take_fault(name, gpu) {
             None => (op(dir, st), 0),
             Some(f) if f.error == SUCCESS => (op(dir, st), f.delay_ms),
             Some(f) => {
@@ -1303,7 +1303,7 @@ fn poll_until(set: sys::nvmlEventSet_t, deadline: std::time::Instant) -> bool {
         return false;
     };
     loop {
-        if state::peek(&dir, |st| crate::event::waiting(st, id)).unwrap_or(false) {
+        if state::peek(&dir, |st| st.events.peek(id).is_some()).unwrap_or(false) {
             return true;
         }
         let now = std::time::Instant::now();

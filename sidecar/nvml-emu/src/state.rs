@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use smartmig_mig::GpuModel;
 
-use crate::fault::Fault;
+use crate::fault::{Fault, Fired};
 
 pub const STATE_FILE: &str = "state.json";
 pub const LOCK_FILE: &str = "state.lock";
@@ -161,6 +161,35 @@ impl State {
     pub fn new_mig_uuid(&mut self) -> String {
         self.next_uuid += 1;
         format!("MIG-{}", uuid_body(self.seed, self.next_uuid))
+    }
+
+    /// Consults (and consumes) the faults ([`crate::fault`]) for a call of
+    /// `call` on `gpu`.
+    pub fn take_fault(&mut self, call: &str, gpu: Option<u32>) -> Option<Fired> {
+        let i = self
+            .faults
+            .iter()
+            .position(|f| f.call == call && (f.gpu.is_none() || f.gpu == gpu))?;
+        if self.faults[i].skip > 0 {
+            self.faults[i].skip -= 1;
+            return None;
+        }
+        if let Some(p) = self.faults[i].probability {
+            if self.random() >= p {
+                return None;
+            }
+        }
+        let f = &mut self.faults[i];
+        let fired = Fired {
+            error: f.error,
+            after: f.after,
+            delay_ms: f.delay_ms,
+        };
+        f.times = f.times.saturating_sub(1);
+        if f.times == 0 {
+            self.faults.remove(i);
+        }
+        Some(fired)
     }
 
     /// A uniform draw in [0, 1) from the state's generator.

@@ -5,6 +5,8 @@
 //! (docs/architecture.md, "Workspace layout").
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -32,6 +32,38 @@ pub struct GpuModelArg {
 }
 
 /// `--json FILE`: where the result goes as JSON.
+/// The cluster and the days of a benchmark over scenarios (`bench suite`,
+/// `bench placement`): the same flags, one definition.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ScenarioDaysArgs {
+    /// GPUs of the simulated cluster for the generated scenarios (default
+    /// 16; 8 with --quick).
+    #[arg(long)]
+    pub gpus: Option<usize>,
+    #[command(flatten)]
+    pub gpu: GpuModelArg,
+    /// Only these scenarios (comma-separated names, or a family name such as
+    /// `mix-shift` for both deadline regimes).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Training days per scenario (seeds `train_seed..`): the opponents (the
+    /// static layout) are fitted on them (default 8; 3 with --quick).
+    #[arg(long)]
+    pub train_days: Option<usize>,
+    /// Test days per scenario (seeds `test_seed..`): every policy is scored
+    /// on them (default: `bench suite` 48, enough to tell 3 % apart,
+    /// docs/evaluation.md; `bench placement` 4; 2 with --quick).
+    #[arg(long)]
+    pub test_days: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub train_seed: u64,
+    #[arg(long, default_value_t = 1000)]
+    pub test_seed: u64,
+    /// A small run: 8 GPUs, 3 training and 2 test days, a smaller search.
+    #[arg(long)]
+    pub quick: bool,
+}
+
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct JsonArg {
     /// Write the result as JSON to FILE; `-` (or `--json` alone) prints it

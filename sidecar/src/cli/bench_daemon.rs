@@ -231,67 +231,11 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
     for &clients in &args.clients {
         let clients = clients.max(1);
         let per = (args.pairs / clients).max(1);
-        let barrier = Arc::new(Barrier::new(clients));
         let t0 = Instant::now();
-        let handles: Vec<_> = (0..clients)
-            .map(|c| {
-                let client = client.clone();
-                let barrier = barrier.clone();
-                let base = next_job + (c * per) as u64;
-                let gpu = (c % gpus) as u32;
-                std::thread::spawn(move || -> Result<Vec<(f64, f64)>, ClientError> {
-                    barrier.wait();
-                    let mut lat = Vec::with_capacity(per);
-                    for k in 0..per as u64 {
-                        let job_id = base + k;
-                        let a = Instant::now();
-                        client.allocate(AllocateRequest {
-                            job_id,
-                            step: None,
-                            uid: 0,
-                            gpu,
-                            slices: 1,
-                            memory_gb: None,
-                            deadline: None,
-                            time_limit_s: None,
-                            job_name: None,
-                            oom_marker: None,
-                            profile: None,
-                        })?;
-                        let alloc = a.elapsed().as_secs_f64();
-                        client.release(job_id)?;
-                        lat.push((alloc, a.elapsed().as_secs_f64()));
-                    }
-                    Ok(lat)
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for h in handles {
-            match h.join() {
-                Ok(r) => all.extend(r?),
-                Err(_) => return Err(BenchError::Start("a client thread panicked".into())),
-            }
-        }
+        let all = run_clients(&client, clients, per, gpus, next_job)?;
         let wall = t0.elapsed().as_secs_f64();
         next_job += (clients * per) as u64 + 1;
-        let mut pair: Vec<f64> = all.iter().map(|x| x.1 * 1e6).collect();
-        let mut alloc: Vec<f64> = all.iter().map(|x| x.0 * 1e6).collect();
-        let mut rel: Vec<f64> = all.iter().map(|x| (x.1 - x.0) * 1e6).collect();
-        for v in [&mut pair, &mut alloc, &mut rel] {
-            v.sort_by(f64::total_cmp);
-        }
-        rows.push(Row {
-            clients,
-            pairs: all.len(),
-            pair_p50_us: percentile(&pair, 0.5),
-            pair_p99_us: percentile(&pair, 0.99),
-            allocate_p50_us: percentile(&alloc, 0.5),
-            allocate_p99_us: percentile(&alloc, 0.99),
-            release_p99_us: percentile(&rel, 0.99),
-            pairs_per_s: all.len() as f64 / wall,
-            rss_after_kib: rss_kib(pid, "VmRSS:"),
-        });
+        rows.push(row(clients, &all, wall, pid));
     }
     let journal_dir = args
         .journal_dir
@@ -320,6 +264,81 @@ pub fn bench(args: &Args) -> Result<Report, BenchError> {
     };
     drop(daemon);
     Ok(report)
+}
+
+/// `clients` threads, each allocating and releasing `per` jobs (from job
+/// `next_job` on) as fast as it can on its GPU; each pair's (allocate,
+/// allocate + release) time, s.
+fn run_clients(
+    client: &Client,
+    clients: usize,
+    per: usize,
+    gpus: usize,
+    next_job: u64,
+) -> Result<Vec<(f64, f64)>, BenchError> {
+    let barrier = Arc::new(Barrier::new(clients));
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let client = client.clone();
+            let barrier = barrier.clone();
+            let base = next_job + (c * per) as u64;
+            let gpu = (c % gpus) as u32;
+            std::thread::spawn(move || -> Result<Vec<(f64, f64)>, ClientError> {
+                barrier.wait();
+                let mut lat = Vec::with_capacity(per);
+                for k in 0..per as u64 {
+                    let job_id = base + k;
+                    let a = Instant::now();
+                    client.allocate(AllocateRequest {
+                        job_id,
+                        step: None,
+                        uid: 0,
+                        gpu,
+                        slices: 1,
+                        memory_gb: None,
+                        deadline: None,
+                        time_limit_s: None,
+                        job_name: None,
+                        oom_marker: None,
+                        profile: None,
+                    })?;
+                    let alloc = a.elapsed().as_secs_f64();
+                    client.release(job_id)?;
+                    lat.push((alloc, a.elapsed().as_secs_f64()));
+                }
+                Ok(lat)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(r) => all.extend(r?),
+            Err(_) => return Err(BenchError::Start("a client thread panicked".into())),
+        }
+    }
+    Ok(all)
+}
+
+/// One row of the table: the latencies of `all` and the daemon's memory.
+fn row(clients: usize, all: &[(f64, f64)], wall: f64, pid: u32) -> Row {
+    let mut pair: Vec<f64> = all.iter().map(|x| x.1 * 1e6).collect();
+    let mut alloc: Vec<f64> = all.iter().map(|x| x.0 * 1e6).collect();
+    let mut rel: Vec<f64> = all.iter().map(|x| (x.1 - x.0) * 1e6).collect();
+    for v in [&mut pair, &mut alloc, &mut rel] {
+        v.sort_by(f64::total_cmp);
+    }
+    Row {
+        clients,
+        pairs: all.len(),
+        pair_p50_us: percentile(&pair, 0.5),
+        pair_p99_us: percentile(&pair, 0.99),
+        allocate_p50_us: percentile(&alloc, 0.5),
+        allocate_p99_us: percentile(&alloc, 0.99),
+        release_p99_us: percentile(&rel, 0.99),
+        pairs_per_s: all.len() as f64 / wall,
+        rss_after_kib: rss_kib(pid, "VmRSS:"),
+    }
 }
 
 /// Starts `smartmig bench flood` as `args.flood_user` against `socket`

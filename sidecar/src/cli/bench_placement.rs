@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::args::{GpuModelArg, JsonArg};
+use super::args::{JsonArg, ScenarioDaysArgs};
 use crate::eval::placement::PlacementRow;
 use crate::eval::{
     placement_gates, run_placement_scenario, PlacementBenchConfig, PlacementGate,
@@ -20,28 +20,8 @@ use crate::sim::PlacementSpec;
 
 #[derive(Debug, clap::Args)]
 pub struct PlacementArgs {
-    /// GPUs of the simulated cluster (default 16; 8 with --quick).
-    #[arg(long)]
-    pub gpus: Option<usize>,
     #[command(flatten)]
-    pub gpu: GpuModelArg,
-    /// Only these scenarios (comma-separated names or family names).
-    #[arg(long, value_delimiter = ',')]
-    pub only: Vec<String>,
-    /// Training days per scenario (seeds `train_seed..`): the static layout
-    /// is fitted on them.
-    #[arg(long)]
-    pub train_days: Option<usize>,
-    /// Test days per scenario (seeds `test_seed..`).
-    #[arg(long)]
-    pub test_days: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub train_seed: u64,
-    #[arg(long, default_value_t = 1000)]
-    pub test_seed: u64,
-    /// 8 GPUs, 3 training and 2 test days, a smaller search.
-    #[arg(long)]
-    pub quick: bool,
+    pub days: ScenarioDaysArgs,
     /// Placement to score against the heuristics (repeatable): a learned
     /// file, `learned:FILE.onnx`, or a deferral rule such as
     /// `cedf+rescue`; the shipped learned one joins by itself when none is
@@ -72,80 +52,45 @@ struct Report<'a> {
 }
 
 pub fn run(a: &PlacementArgs) -> Result<()> {
-    let gpus = a.gpus.unwrap_or(if a.quick { 8 } else { 16 });
-    let train_days = a.train_days.unwrap_or(if a.quick { 3 } else { 8 });
-    let test_days = a.test_days.unwrap_or(if a.quick { 2 } else { 4 });
+    let gpus = a.days.gpus.unwrap_or(if a.days.quick { 8 } else { 16 });
+    let train_days = a
+        .days
+        .train_days
+        .unwrap_or(if a.days.quick { 3 } else { 8 });
+    let test_days = a.days.test_days.unwrap_or(if a.days.quick { 2 } else { 4 });
     if gpus == 0 || train_days == 0 || test_days == 0 {
         bail!("--gpus, --train-days and --test-days must be at least 1");
     }
-    let train_end = a.train_seed.saturating_add(train_days as u64);
-    let test_end = a.test_seed.saturating_add(test_days as u64);
-    if a.train_seed < test_end && a.test_seed < train_end {
+    let train_end = a.days.train_seed.saturating_add(train_days as u64);
+    let test_end = a.days.test_seed.saturating_add(test_days as u64);
+    if a.days.train_seed < test_end && a.days.test_seed < train_end {
         bail!(
             "training seeds {}..{train_end} and test seeds {}..{test_end} overlap",
-            a.train_seed,
-            a.test_seed
+            a.days.train_seed,
+            a.days.test_seed
         );
     }
-    let mut candidates = Vec::new();
-    for p in &a.placement {
-        let spec: PlacementSpec = p.parse().with_context(|| format!("--placement {p}"))?;
-        if spec.rule().is_some() {
-            bail!("--placement {p}: the heuristics always run; give learned:FILE.onnx or a deferral rule (cedf+rescue)");
-        }
-        // Refuse a wrong file before minutes of simulation.
-        spec.build(0, Some(a.gpu.gpu_model))
-            .with_context(|| format!("--placement {p}"))?;
-        candidates.push(spec);
-    }
-    if candidates.is_empty() {
-        match crate::policy::onnx::shipped_placement(a.gpu.gpu_model) {
-            Some(p) => candidates.push(PlacementSpec::Learned(p)),
-            None => eprintln!(
-                "smartmig: no shipped learned placement for {}",
-                a.gpu.gpu_model
-            ),
-        }
-    }
-    let mut policies = vec![("greedy".to_string(), "greedy".to_string())];
-    policies.extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
-    if a.policy.is_empty() {
-        match (
-            crate::policy::onnx::shipped_policy(a.gpu.gpu_model),
-            crate::policy::onnx::find_onnxruntime(),
-        ) {
-            (Some(p), Ok(_)) => {
-                policies.push(("learned".into(), format!("policy:{}", p.display())));
-            }
-            (Some(p), Err(e)) => eprintln!(
-                "smartmig: leaving the learned policy {} out: {e}",
-                p.display()
-            ),
-            (None, _) => eprintln!(
-                "smartmig: no shipped learned policy for {}",
-                a.gpu.gpu_model
-            ),
-        }
-    }
+    let candidates = candidates(a)?;
+    let policies = policies(a);
     let cfg = PlacementBenchConfig {
         alpha: a.alpha,
-        search: super::bench_suite::search_for(a.quick),
+        search: super::bench_suite::search_for(a.days.quick),
         policies,
         candidates,
     };
-    let list = select_scenarios(default_scenarios(), &a.only).context("--only")?;
+    let list = select_scenarios(default_scenarios(), &a.days.only).context("--only")?;
     let started = Instant::now();
     let verbose = std::io::stderr().is_terminal();
     let mut results = Vec::new();
     for s in &list {
         let days = ScenarioDays {
             name: s.name.clone(),
-            cluster: vec![a.gpu.gpu_model; gpus],
-            train: (a.train_seed..train_end)
-                .map(|seed| super::bench_suite::day(s, a.gpu.gpu_model, gpus, seed))
+            cluster: vec![a.days.gpu.gpu_model; gpus],
+            train: (a.days.train_seed..train_end)
+                .map(|seed| super::bench_suite::day(s, a.days.gpu.gpu_model, gpus, seed))
                 .collect(),
-            test: (a.test_seed..test_end)
-                .map(|seed| super::bench_suite::day(s, a.gpu.gpu_model, gpus, seed))
+            test: (a.days.test_seed..test_end)
+                .map(|seed| super::bench_suite::day(s, a.days.gpu.gpu_model, gpus, seed))
                 .collect(),
             batch: s.is_batch(),
             trace: false,
@@ -171,6 +116,58 @@ pub fn run(a: &PlacementArgs) -> Result<()> {
         gates: &gates,
         elapsed_s,
     })
+}
+
+/// The placements to score: `--placement`, each checked before minutes
+/// of simulation, else the shipped learned placement when there is one.
+fn candidates(a: &PlacementArgs) -> Result<Vec<PlacementSpec>> {
+    let mut candidates = Vec::new();
+    for p in &a.placement {
+        let spec: PlacementSpec = p.parse().with_context(|| format!("--placement {p}"))?;
+        if spec.rule().is_some() {
+            bail!("--placement {p}: the heuristics always run; give learned:FILE.onnx or a deferral rule (cedf+rescue)");
+        }
+        // Refuse a wrong file before minutes of simulation.
+        spec.build(0, Some(a.days.gpu.gpu_model))
+            .with_context(|| format!("--placement {p}"))?;
+        candidates.push(spec);
+    }
+    if candidates.is_empty() {
+        match crate::policy::onnx::shipped_placement(a.days.gpu.gpu_model) {
+            Some(p) => candidates.push(PlacementSpec::Learned(p)),
+            None => eprintln!(
+                "smartmig: no shipped learned placement for {}",
+                a.days.gpu.gpu_model
+            ),
+        }
+    }
+    Ok(candidates)
+}
+
+/// The repartitioning policies to run under: greedy and `--policy`, else
+/// greedy and the shipped learned policy when it and ONNX Runtime exist.
+fn policies(a: &PlacementArgs) -> Vec<(String, String)> {
+    let mut policies = vec![("greedy".to_string(), "greedy".to_string())];
+    policies.extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
+    if a.policy.is_empty() {
+        match (
+            crate::policy::onnx::shipped_policy(a.days.gpu.gpu_model),
+            crate::policy::onnx::find_onnxruntime(),
+        ) {
+            (Some(p), Ok(_)) => {
+                policies.push(("learned".into(), format!("policy:{}", p.display())));
+            }
+            (Some(p), Err(e)) => eprintln!(
+                "smartmig: leaving the learned policy {} out: {e}",
+                p.display()
+            ),
+            (None, _) => eprintln!(
+                "smartmig: no shipped learned policy for {}",
+                a.days.gpu.gpu_model
+            ),
+        }
+    }
+    policies
 }
 
 fn pct(x: f64) -> String {

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use super::args::{slurm_like, GpuModelArg, JsonArg};
+use super::args::{slurm_like, JsonArg, ScenarioDaysArgs};
 use super::learned::shipped_learned;
 use crate::eval::{
     best_runnable, gate_rows, run_scenario, suite_gates, Day, RowKind, ScenarioDays,
@@ -33,36 +33,12 @@ pub const DEFAULT_TEST_DAYS: usize = 48;
 
 #[derive(Debug, clap::Args)]
 pub struct SuiteArgs {
-    /// GPUs of the simulated cluster for the generated scenarios (default
-    /// 16; 8 with --quick).
-    #[arg(long)]
-    pub gpus: Option<usize>,
     #[command(flatten)]
-    pub gpu: GpuModelArg,
+    pub days: ScenarioDaysArgs,
     /// Scenarios file (TOML, `[[scenario]]` tables; the built-in list is
     /// `sidecar/lab/src/scenarios.toml`).
     #[arg(long, value_name = "FILE")]
     pub scenarios: Option<PathBuf>,
-    /// Only these scenarios (comma-separated names, or a family name such as
-    /// `mix-shift` for both deadline regimes).
-    #[arg(long, value_delimiter = ',')]
-    pub only: Vec<String>,
-    /// Training days per scenario (seeds `train_seed..`): the opponents are
-    /// fitted on them.
-    #[arg(long)]
-    pub train_days: Option<usize>,
-    /// Test days per scenario (seeds `test_seed..`): every policy is scored
-    /// on them (default 48, enough to tell 3 % apart, docs/evaluation.md; 2
-    /// with --quick).
-    #[arg(long)]
-    pub test_days: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub train_seed: u64,
-    #[arg(long, default_value_t = 1000)]
-    pub test_seed: u64,
-    /// A small run: 8 GPUs, 3 training and 2 test days, a smaller search.
-    #[arg(long)]
-    pub quick: bool,
     /// Job-placement heuristic.
     #[arg(long, default_value = "edf")]
     pub placement: String,
@@ -218,7 +194,7 @@ fn scenarios(a: &SuiteArgs) -> Result<Vec<Scenario>> {
         }
         None => default_scenarios(),
     };
-    select_scenarios(all, &a.only).context("--only")
+    select_scenarios(all, &a.days.only).context("--only")
 }
 
 /// One generated day of `s`.
@@ -353,108 +329,34 @@ pub(super) fn trace_scenarios(
 }
 
 pub fn run(a: &SuiteArgs) -> Result<()> {
-    let gpus = a.gpus.unwrap_or(if a.quick { 8 } else { 16 });
+    let gpus = a.days.gpus.unwrap_or(if a.days.quick { 8 } else { 16 });
     if gpus == 0 {
         bail!("--gpus must be at least 1");
     }
     let heuristic: Heuristic = a.placement.parse()?;
-    let train_days = a.train_days.unwrap_or(if a.quick { 3 } else { 8 });
-    let test_days = a
-        .test_days
-        .unwrap_or(if a.quick { 2 } else { DEFAULT_TEST_DAYS });
-    if train_days == 0 || test_days == 0 {
-        bail!("--train-days and --test-days must be at least 1");
-    }
-    let train_end = a.train_seed.saturating_add(train_days as u64);
-    let test_end = a.test_seed.saturating_add(test_days as u64);
-    if a.train_seed < test_end && a.test_seed < train_end {
-        bail!(
-            "training seeds {}..{train_end} and test seeds {}..{test_end} overlap: a baseline fitted on a test day is not causal",
-            a.train_seed,
-            a.test_seed
-        );
-    }
+    let seeds = Seeds::of(a)?;
     let list = scenarios(a)?;
     for s in &list {
         s.validate()
             .with_context(|| format!("scenario {}", s.name))?;
     }
-    let mut cfg = SuiteConfig {
-        alpha: a.alpha,
-        heuristic,
-        hindsight: !a.no_hindsight,
-        search: search_for(a.quick),
-        ..SuiteConfig::default()
-    };
-    cfg.candidates
-        .extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
-    if !a.policy.iter().any(|s| s.starts_with("policy:")) {
-        if let Some(spec) = shipped_learned(a.gpu.gpu_model) {
-            cfg.candidates.push(("learned".into(), spec));
-        }
-    }
-    // Do no harm: every learned policy is also scored as it would run on a
-    // site that checks it against its past days first (eval::fallback).
-    cfg.fallback_for = cfg
-        .candidates
-        .iter()
-        .filter(|(_, spec)| spec.starts_with("policy:"))
-        .map(|(name, _)| name.clone())
-        .collect();
-    // ... and as it runs with the shadow rule switching it during the day.
-    cfg.shadow_for.clone_from(&cfg.fallback_for);
-    cfg.shadow_fallbacks.clone_from(&a.shadow_fallback);
-    cfg.start_fitted = a.start == "fitted";
-    cfg.shadow = crate::policy::shadow::ShadowRule::default()
-        .with_overrides(&a.shadow)
-        .context("--shadow")?;
+    let cfg = suite_config(a, heuristic)?;
     eprintln!(
-        "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{train_end}, test seeds {}..{test_end}",
+        "smartmig: {} scenarios on {} {} GPUs; training seeds {}..{}, test seeds {}..{}",
         list.len(),
         gpus,
-        a.gpu.gpu_model,
-        a.train_seed,
-        a.test_seed
+        a.days.gpu.gpu_model,
+        a.days.train_seed,
+        seeds.train_end,
+        a.days.test_seed,
+        seeds.test_end
     );
     let started = Instant::now();
     let steps_per_scenario = 7
         + (cfg.candidates.len() + cfg.fallback_for.len() + cfg.shadow_for.len()) as u64
         + u64::from(cfg.hindsight);
-    let bar = indicatif::ProgressBar::new(list.len() as u64 * steps_per_scenario);
-    if std::io::stderr().is_terminal() {
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-    } else {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    let cluster = vec![a.gpu.gpu_model; gpus];
-    let mut all: Vec<ScenarioDays> = list
-        .iter()
-        .map(|s| ScenarioDays {
-            name: s.name.clone(),
-            cluster: cluster.clone(),
-            train: (a.train_seed..train_end)
-                .map(|seed| day(s, a.gpu.gpu_model, gpus, seed))
-                .collect(),
-            test: (a.test_seed..test_end)
-                .map(|seed| day(s, a.gpu.gpu_model, gpus, seed))
-                .collect(),
-            batch: s.is_batch(),
-            trace: false,
-        })
-        .collect();
-    if let Some(source) = a.trace.source(a.gpu.gpu_model, a.train_seed) {
-        all.extend(trace_scenarios(&source, train_days, test_days)?);
-    }
-    let slurm = slurm_like(a.slurm_like.as_deref())?;
-    for d in all
-        .iter_mut()
-        .flat_map(|s| s.train.iter_mut().chain(s.test.iter_mut()))
-    {
-        d.cfg.slurm.clone_from(&slurm);
-    }
+    let bar = progress_bar(list.len() as u64 * steps_per_scenario);
+    let all = all_days(a, &list, gpus, &seeds)?;
     bar.set_length(all.len() as u64 * steps_per_scenario);
     let threads = a
         .jobs
@@ -475,31 +377,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     let mut out = a.json.table();
     write!(out, "{}", summary_table(&report))?;
     if a.gates {
-        let mut ours: Vec<&str> = Vec::new();
-        for row in report.scenarios.iter().flat_map(|s| &s.rows) {
-            if row.kind == RowKind::Candidate && !ours.contains(&row.policy.as_str()) {
-                ours.push(&row.policy);
-            }
-        }
-        // Generated and trace scenarios are gated apart: a gate met only
-        // thanks to one kind is not met (issue 54).
-        let (traces, generated): (Vec<ScenarioResult>, Vec<ScenarioResult>) =
-            report.scenarios.iter().cloned().partition(|s| s.trace);
-        for (kind, group) in [("generated", &generated), ("trace", &traces)] {
-            if group.is_empty() {
-                continue;
-            }
-            for p in &ours {
-                writeln!(out)?;
-                writeln!(out, "[{kind} scenarios]")?;
-                write!(out, "{}", gates_table(p, &gate_rows(group, p)))?;
-                if let Some(g) = suite_gates(group, p) {
-                    write!(out, "{}", suite_gates_table(&g))?;
-                }
-            }
-        }
-        writeln!(out)?;
-        write!(out, "{}", runnable_table(&report.best_runnable))?;
+        write_gates(&mut out, &report)?;
     }
     writeln!(out, "({:.0} s)", report.elapsed_s)?;
     a.json.write(&report)?;
@@ -507,16 +385,181 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         eprintln!("smartmig: wrote {}", p.display());
     }
     if let Some(dir) = &a.report {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for s in &report.scenarios {
-            let p = dir.join(format!("et-{}.svg", s.name.replace(['/', ' '], "-")));
-            std::fs::write(&p, et_bars(s)?).with_context(|| format!("writing {}", p.display()))?;
-        }
-        eprintln!(
-            "smartmig: wrote {} plots to {}",
-            report.scenarios.len(),
-            dir.display()
-        );
+        write_plots(dir, &report)?;
     }
+    Ok(())
+}
+
+/// The training and test days and where their seeds end; the two ranges
+/// must not overlap (a baseline fitted on a test day is not causal).
+struct Seeds {
+    train_days: usize,
+    test_days: usize,
+    train_end: u64,
+    test_end: u64,
+}
+
+impl Seeds {
+    fn of(a: &SuiteArgs) -> Result<Seeds> {
+        let train_days = a
+            .days
+            .train_days
+            .unwrap_or(if a.days.quick { 3 } else { 8 });
+        let test_days =
+            a.days
+                .test_days
+                .unwrap_or(if a.days.quick { 2 } else { DEFAULT_TEST_DAYS });
+        if train_days == 0 || test_days == 0 {
+            bail!("--train-days and --test-days must be at least 1");
+        }
+        let train_end = a.days.train_seed.saturating_add(train_days as u64);
+        let test_end = a.days.test_seed.saturating_add(test_days as u64);
+        if a.days.train_seed < test_end && a.days.test_seed < train_end {
+            bail!(
+                "training seeds {}..{train_end} and test seeds {}..{test_end} overlap: a baseline fitted on a test day is not causal",
+                a.days.train_seed,
+                a.days.test_seed
+            );
+        }
+        Ok(Seeds {
+            train_days,
+            test_days,
+            train_end,
+            test_end,
+        })
+    }
+}
+
+/// The suite's settings: the candidates (`--policy`, else the shipped
+/// learned policy when it exists), each learned one also behind the
+/// fallback and the shadow rule.
+fn suite_config(a: &SuiteArgs, heuristic: Heuristic) -> Result<SuiteConfig> {
+    let mut cfg = SuiteConfig {
+        alpha: a.alpha,
+        heuristic,
+        hindsight: !a.no_hindsight,
+        search: search_for(a.days.quick),
+        ..SuiteConfig::default()
+    };
+    cfg.candidates
+        .extend(a.policy.iter().map(|p| (p.clone(), p.clone())));
+    if !a.policy.iter().any(|s| s.starts_with("policy:")) {
+        if let Some(spec) = shipped_learned(a.days.gpu.gpu_model) {
+            cfg.candidates.push(("learned".into(), spec));
+        }
+    }
+    // Do no harm: every learned policy is also scored as it would run on a
+    // site that checks it against its past days first (eval::fallback).
+    cfg.fallback_for = cfg
+        .candidates
+        .iter()
+        .filter(|(_, spec)| spec.starts_with("policy:"))
+        .map(|(name, _)| name.clone())
+        .collect();
+    // ... and as it runs with the shadow rule switching it during the day.
+    cfg.shadow_for.clone_from(&cfg.fallback_for);
+    cfg.shadow_fallbacks.clone_from(&a.shadow_fallback);
+    cfg.start_fitted = a.start == "fitted";
+    cfg.shadow = crate::policy::shadow::ShadowRule::default()
+        .with_overrides(&a.shadow)
+        .context("--shadow")?;
+    Ok(cfg)
+}
+
+/// The progress bar on stderr, hidden when it is not a terminal.
+fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    if std::io::stderr().is_terminal() {
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar
+}
+
+/// Every scenario's training and test days (the generated ones, then
+/// those of `--trace`), in `--slurm-like` mode when asked.
+fn all_days(
+    a: &SuiteArgs,
+    list: &[Scenario],
+    gpus: usize,
+    seeds: &Seeds,
+) -> Result<Vec<ScenarioDays>> {
+    let (train_end, test_end) = (seeds.train_end, seeds.test_end);
+    let cluster = vec![a.days.gpu.gpu_model; gpus];
+    let mut all: Vec<ScenarioDays> = list
+        .iter()
+        .map(|s| ScenarioDays {
+            name: s.name.clone(),
+            cluster: cluster.clone(),
+            train: (a.days.train_seed..train_end)
+                .map(|seed| day(s, a.days.gpu.gpu_model, gpus, seed))
+                .collect(),
+            test: (a.days.test_seed..test_end)
+                .map(|seed| day(s, a.days.gpu.gpu_model, gpus, seed))
+                .collect(),
+            batch: s.is_batch(),
+            trace: false,
+        })
+        .collect();
+    if let Some(source) = a.trace.source(a.days.gpu.gpu_model, a.days.train_seed) {
+        all.extend(trace_scenarios(&source, seeds.train_days, seeds.test_days)?);
+    }
+    let slurm = slurm_like(a.slurm_like.as_deref())?;
+    for d in all
+        .iter_mut()
+        .flat_map(|s| s.train.iter_mut().chain(s.test.iter_mut()))
+    {
+        d.cfg.slurm.clone_from(&slurm);
+    }
+    Ok(all)
+}
+
+/// The gate tables of each of our policies, generated and trace
+/// scenarios apart, then the best runnable policies.
+fn write_gates(out: &mut impl Write, report: &SuiteReport) -> Result<()> {
+    let mut ours: Vec<&str> = Vec::new();
+    for row in report.scenarios.iter().flat_map(|s| &s.rows) {
+        if row.kind == RowKind::Candidate && !ours.contains(&row.policy.as_str()) {
+            ours.push(&row.policy);
+        }
+    }
+    // Generated and trace scenarios are gated apart: a gate met only
+    // thanks to one kind is not met (issue 54).
+    let (traces, generated): (Vec<ScenarioResult>, Vec<ScenarioResult>) =
+        report.scenarios.iter().cloned().partition(|s| s.trace);
+    for (kind, group) in [("generated", &generated), ("trace", &traces)] {
+        if group.is_empty() {
+            continue;
+        }
+        for p in &ours {
+            writeln!(out)?;
+            writeln!(out, "[{kind} scenarios]")?;
+            write!(out, "{}", gates_table(p, &gate_rows(group, p)))?;
+            if let Some(g) = suite_gates(group, p) {
+                write!(out, "{}", suite_gates_table(&g))?;
+            }
+        }
+    }
+    writeln!(out)?;
+    write!(out, "{}", runnable_table(&report.best_runnable))?;
+    Ok(())
+}
+
+/// One SVG bar chart of ET per scenario into `dir`.
+fn write_plots(dir: &std::path::Path, report: &SuiteReport) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for s in &report.scenarios {
+        let p = dir.join(format!("et-{}.svg", s.name.replace(['/', ' '], "-")));
+        std::fs::write(&p, et_bars(s)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    eprintln!(
+        "smartmig: wrote {} plots to {}",
+        report.scenarios.len(),
+        dir.display()
+    );
     Ok(())
 }

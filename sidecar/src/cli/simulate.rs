@@ -353,25 +353,7 @@ pub fn run(a: &Args) -> Result<()> {
     let mut policy = parse_policy_on(&a.policy, &cluster, 0.0)?;
     // Checked on every run, so knobs without --early-restart are refused.
     let early = early_rule(a)?;
-    let cfg = SimConfig {
-        reconfig_time_s: a.reconfig_time,
-        epoch: match a.epoch_seconds {
-            Some(s) => EpochRule::Seconds(s),
-            None => EpochRule::Events(a.epoch_events),
-        },
-        seed: a.seed,
-        workload_horizon_s: horizon,
-        oom: super::oom::oom_config(
-            a.oom_restart,
-            &a.memory_estimate,
-            a.oom_fraction,
-            a.oom_retries,
-            if a.early_restart { early } else { None },
-            a.memory_sample_s,
-        )?,
-        slurm: slurm_like(a.slurm_like.as_deref())?,
-        ..SimConfig::default()
-    };
+    let cfg = sim_config(a, horizon, early)?;
     if a.oom_study {
         let mut out = std::io::stdout().lock();
         return super::oom::study(
@@ -392,14 +374,7 @@ pub fn run(a: &Args) -> Result<()> {
     if a.compare {
         return run_compare(a, &cluster, &jobs, &cfg, heuristic()?);
     }
-    let bar = (std::io::stderr().is_terminal() && jobs.len() > 200_000).then(|| {
-        let b = indicatif::ProgressBar::new(jobs.len() as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} jobs started ({eta})")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
+    let bar = progress_bar(jobs.len());
     let mut tick = |n: u64| {
         if let Some(b) = &bar {
             b.set_position(n);
@@ -446,6 +421,46 @@ pub fn run(a: &Args) -> Result<()> {
     };
     print_table(&mut a.json.table(), &report)?;
     a.json.write(&report)
+}
+
+/// The simulator's settings from the arguments (`early`: the checked
+/// early-restart rule, used with `--early-restart`).
+fn sim_config(
+    a: &Args,
+    horizon: Option<f64>,
+    early: Option<crate::sim::EarlyRestartRule>,
+) -> Result<SimConfig> {
+    Ok(SimConfig {
+        reconfig_time_s: a.reconfig_time,
+        epoch: match a.epoch_seconds {
+            Some(s) => EpochRule::Seconds(s),
+            None => EpochRule::Events(a.epoch_events),
+        },
+        seed: a.seed,
+        workload_horizon_s: horizon,
+        oom: super::oom::oom_config(
+            a.oom_restart,
+            &a.memory_estimate,
+            a.oom_fraction,
+            a.oom_retries,
+            if a.early_restart { early } else { None },
+            a.memory_sample_s,
+        )?,
+        slurm: slurm_like(a.slurm_like.as_deref())?,
+        ..SimConfig::default()
+    })
+}
+
+/// A progress bar for runs of over 200,000 jobs on a terminal.
+fn progress_bar(jobs: usize) -> Option<indicatif::ProgressBar> {
+    (std::io::stderr().is_terminal() && jobs > 200_000).then(|| {
+        let b = indicatif::ProgressBar::new(jobs as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} jobs started ({eta})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    })
 }
 
 /// One table row: label and how to format it from the metrics.

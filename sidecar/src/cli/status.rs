@@ -11,7 +11,8 @@ use super::args::JsonArg;
 use super::clock::{local_time, unix_now};
 use super::socket::SocketArgs;
 use crate::daemon::protocol::{
-    GpuHealthStatus, GpuOrderStatus, GpuStatus, MemoryStatus, ShadowStatus, StatusReply,
+    AdviseStatus, ClusterViewStatus, GpuHealthStatus, GpuOrderStatus, GpuStatus, MemoryStatus,
+    ShadowStatus, StatusReply,
 };
 use crate::daemon::Client;
 
@@ -75,6 +76,21 @@ pub fn render(s: &StatusReply, now: i64) -> String {
     for g in &s.gpus {
         render_gpu(&mut out, g);
     }
+    render_queue(&mut out, s, now);
+    if let Some(c) = &s.cluster {
+        render_cluster(&mut out, c);
+    }
+    if let Some(a) = &s.advise {
+        render_advise(&mut out, a);
+    }
+    if let Some(m) = &s.memory {
+        render_memory(&mut out, m);
+    }
+    out
+}
+
+/// The jobs waiting for an instance and the plans waiting for `apply`.
+fn render_queue(out: &mut String, s: &StatusReply, now: i64) {
     if !s.waiting.is_empty() {
         let _ = writeln!(out, "\nWaiting for an instance");
         for w in &s.waiting {
@@ -102,52 +118,52 @@ pub fn render(s: &StatusReply, now: i64) -> String {
             let _ = writeln!(out, "  {}", super::plan::line(p, now));
         }
     }
-    if let Some(c) = &s.cluster {
-        match c.source.as_str() {
-            "summary" => {
-                let _ = writeln!(
-                    out,
-                    "\nCluster view: summary {}s old from {} ({} node(s); this node claims {} of {} pending shard job(s))",
-                    c.age_s.unwrap_or(0),
-                    c.summary_dir,
-                    c.nodes.unwrap_or(0),
-                    c.claimed.unwrap_or(0),
-                    c.pending_cluster.unwrap_or(0)
-                );
-            }
-            "squeue" | "hold" => {
-                let _ = writeln!(
-                    out,
-                    "\nCluster view: {} ({})",
-                    if c.source == "hold" {
-                        "no summary, layout held (cluster.fallback = hold)"
-                    } else {
-                        "asking Slurm directly (squeue, sinfo each epoch)"
-                    },
-                    c.problem.as_deref().unwrap_or("no summary read yet")
-                );
-            }
-            _ => {}
+}
+
+/// Where smartmigd's view of the cluster's queue comes from.
+fn render_cluster(out: &mut String, c: &ClusterViewStatus) {
+    match c.source.as_str() {
+        "summary" => {
+            let _ = writeln!(
+                out,
+                "\nCluster view: summary {}s old from {} ({} node(s); this node claims {} of {} pending shard job(s))",
+                c.age_s.unwrap_or(0),
+                c.summary_dir,
+                c.nodes.unwrap_or(0),
+                c.claimed.unwrap_or(0),
+                c.pending_cluster.unwrap_or(0)
+            );
         }
-    }
-    if let Some(a) = &s.advise {
-        let _ = writeln!(
-            out,
-            "\nAdvise mode: watching, changing nothing ({} job(s) running on the node's instances, {} ended job(s) and {} wish(es) recorded in {})",
-            a.watched_jobs, a.jobs_recorded, a.advice_recorded, a.log
-        );
-        for p in &a.wishes {
-            let _ = writeln!(out, "  would reshape GPU {}: {} -> {}", p.gpu, p.from, p.to);
+        "squeue" | "hold" => {
+            let _ = writeln!(
+                out,
+                "\nCluster view: {} ({})",
+                if c.source == "hold" {
+                    "no summary, layout held (cluster.fallback = hold)"
+                } else {
+                    "asking Slurm directly (squeue, sinfo each epoch)"
+                },
+                c.problem.as_deref().unwrap_or("no summary read yet")
+            );
         }
-        let _ = writeln!(
-            out,
-            "  `smartmig advise report` estimates what dynamic mode would change"
-        );
+        _ => {}
     }
-    if let Some(m) = &s.memory {
-        render_memory(&mut out, m);
+}
+
+/// Advise mode: what is watched and recorded, and the wishes.
+fn render_advise(out: &mut String, a: &AdviseStatus) {
+    let _ = writeln!(
+        out,
+        "\nAdvise mode: watching, changing nothing ({} job(s) running on the node's instances, {} ended job(s) and {} wish(es) recorded in {})",
+        a.watched_jobs, a.jobs_recorded, a.advice_recorded, a.log
+    );
+    for p in &a.wishes {
+        let _ = writeln!(out, "  would reshape GPU {}: {} -> {}", p.gpu, p.from, p.to);
     }
-    out
+    let _ = writeln!(
+        out,
+        "  `smartmig advise report` estimates what dynamic mode would change"
+    );
 }
 
 /// One GPU: its line, other users' holds, its health and its instances.

@@ -28,6 +28,8 @@
 //! expectation: a wait returns as soon as its probe succeeds.
 
 #![forbid(unsafe_code)]
+// The house rule: no function over 100 lines (clippy counts the lines of code).
+#![warn(clippy::too_many_lines)]
 
 use std::fmt::Debug;
 use std::time::{Duration, Instant};

@@ -311,6 +311,28 @@ pub fn read<M: DeserializeOwned>(path: &Path, kind: Kind) -> Result<(M, Vec<u8>)
     Ok((meta, bytes))
 }
 
+/// A kind of file metadata with its own checks: the runtime policy's
+/// (`policy::onnx`) and the learned placement's (`sim::placement_onnx`).
+pub trait CheckedMetadata: DeserializeOwned {
+    /// Where the metadata sits in the file.
+    const KIND: Kind;
+    /// Checks the metadata of the file at `path` against this build (and
+    /// against `expected`, the GPU model it must be for; `None`: any).
+    fn check(&self, path: &Path, expected: Option<GpuModel>) -> Result<(), MetadataError>;
+}
+
+/// Reads a file's metadata of kind `M` and checks it, without loading
+/// ONNX Runtime: the one place both kinds are read. Returns it with the
+/// file's bytes.
+pub fn read_checked<M: CheckedMetadata>(
+    path: &Path,
+    expected: Option<GpuModel>,
+) -> Result<(M, Vec<u8>), MetadataError> {
+    let (meta, bytes) = read::<M>(path, M::KIND)?;
+    meta.check(path, expected)?;
+    Ok((meta, bytes))
+}
+
 /// The checks both kinds of policy file share: the metadata format, the
 /// GPU model (`expected`; `None`: any) and the feature-spec version.
 pub fn check_header(

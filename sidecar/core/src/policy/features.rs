@@ -191,11 +191,42 @@ impl Encoder {
     /// Encodes every GPU of the spec's model in `view` (GPUs of other models
     /// are skipped). Afterwards `gpus[i]` is the GPU of row `i` of `obs`
     /// (`obs_dim` wide) and `mask` (`actions` wide, 1.0 = allowed).
+    ///
+    /// Each row is the GPU's own features ([`own_features`]), then those
+    /// every row shares ([`Shared`], computed once per epoch), then (from
+    /// version 2) the arrival mix ([`mix_features`]).
     pub fn encode(&mut self, view: &ClusterView<'_>) {
         let s = self.spec;
-        let (c, n, p) = (s.catalog.len(), s.placements, s.profiles);
-        let profiles = s.model.spec().profiles;
-        let total = f64::from(s.model.spec().compute_slices);
+        let c = s.catalog.len();
+        if self.select_rows(view) == 0 {
+            return;
+        }
+        let shared = Shared::of(&s, view, &self.gpus);
+        let mix = self.remember(view);
+        for (row, &gi) in self.gpus.iter().enumerate() {
+            let g = &view.gpus[gi];
+            let o = &mut self.obs[row * s.obs_dim..(row + 1) * s.obs_dim];
+            let at = own_features(&s, o, g, view.now);
+            let at = shared.write(&s, o, at, row);
+            let m = &mut self.mask[row * s.actions..(row + 1) * s.actions];
+            if s.version == 1 {
+                debug_assert_eq!(at, s.obs_dim);
+                mask_v1(m, g, s.catalog);
+                continue;
+            }
+            mix_features(&s, o, at, &mix, shared.gcount);
+            if !g.in_reconfiguration {
+                // Every catalog layout is a target the GPU can work toward.
+                m[..c].fill(1.0);
+            }
+            m[c] = 1.0;
+        }
+    }
+
+    /// Picks the rows (the GPUs of the spec's model) and clears the
+    /// buffers to their size; returns the number of rows.
+    fn select_rows(&mut self, view: &ClusterView<'_>) -> usize {
+        let s = self.spec;
         self.gpus.clear();
         self.gpus.extend(
             view.gpus
@@ -209,136 +240,7 @@ impl Encoder {
         self.obs.resize(rows * s.obs_dim, 0.0);
         self.mask.clear();
         self.mask.resize(rows * s.actions, 0.0);
-        if rows == 0 {
-            return;
-        }
-        let gcount = rows as f64;
-
-        // --- shared part, computed once per epoch ---------------------------
-        let mut idle_supply = vec![0u32; p];
-        let mut hist = vec![0u32; c + 1];
-        let mut busy_share = 0.0;
-        let mut reconfiguring = 0u32;
-        let mut idle_rank = vec![0u32; rows];
-        let mut idle_gpus = 0u32;
-        for (row, &gi) in self.gpus.iter().enumerate() {
-            let g = &view.gpus[gi];
-            for id in g.idle().iter() {
-                if let Some(k) = profile_index(s.geometry, id, profiles) {
-                    idle_supply[k] += 1;
-                }
-            }
-            hist[s.geometry.catalog_index(g.layout).unwrap_or(c)] += 1;
-            busy_share += f64::from(s.geometry.compute_used(g.busy)) / total;
-            reconfiguring += u32::from(g.in_reconfiguration);
-            idle_rank[row] = idle_gpus;
-            if g.busy.is_empty() && !g.in_reconfiguration {
-                idle_gpus += 1;
-            }
-        }
-        let mut waiting = vec![0u32; p];
-        let mut at_risk = vec![0u32; p];
-        let mut overdue = 0.0;
-        let mut waiting_model = 0u32;
-        for job in view.pending {
-            let Some(shape) = job.shape(s.model) else {
-                continue;
-            };
-            let Some(k) = profiles.iter().position(|q| q.shape == shape) else {
-                continue;
-            };
-            waiting_model += 1;
-            waiting[k] += 1;
-            let speed = job
-                .speedup
-                .speed(shape.compute, s.model.spec().compute_slices);
-            if speed <= 0.0 || view.now + job.work / speed > job.deadline {
-                at_risk[k] += 1;
-            }
-            overdue += (view.now - job.deadline).max(0.0);
-        }
-        let mean_overdue = if waiting_model > 0 {
-            overdue / f64::from(waiting_model)
-        } else {
-            0.0
-        };
-        let (sin_h, cos_h) = (2.0 * PI * view.hour_of_day / 24.0).sin_cos();
-        let mix = self.remember(view);
-
-        // --- per GPU ----------------------------------------------------------
-        for (row, &gi) in self.gpus.iter().enumerate() {
-            let g = &view.gpus[gi];
-            let o = &mut self.obs[row * s.obs_dim..(row + 1) * s.obs_dim];
-            let mut at = 0;
-            o[s.geometry.catalog_index(g.layout).unwrap_or(c)] = 1.0;
-            at += c + 1;
-            for id in s.geometry.ids() {
-                // Placement ids are 0..n (Geometry::ids).
-                let base = at + 3 * id.0 as usize;
-                o[base] = f32::from(u8::from(g.layout.contains(id)));
-                o[base + 1] = f32::from(u8::from(g.busy.contains(id)));
-                o[base + 2] = (1.0 - (-g.remaining(id, view.now) / REMAINING_SCALE_S).exp()) as f32;
-            }
-            at += 3 * n;
-            o[at] = f32::from(u8::from(g.in_reconfiguration));
-            o[at + 1] = (f64::from(s.geometry.compute_used(g.busy)) / total) as f32;
-            o[at + 2] = (1.0 - f64::from(s.geometry.compute_used(g.layout)) / total) as f32;
-            at += 3;
-            for id in g.idle().iter() {
-                if let Some(k) = profile_index(s.geometry, id, profiles) {
-                    o[at + k] += 0.25;
-                }
-            }
-            for id in g.busy.iter() {
-                if let Some(k) = profile_index(s.geometry, id, profiles) {
-                    o[at + p + k] += 0.25;
-                }
-            }
-            at += 2 * p;
-            for k in 0..p {
-                o[at + k] = squash(f64::from(waiting[k]) / gcount);
-                o[at + p + k] = squash(f64::from(at_risk[k]) / gcount);
-                o[at + 2 * p + k] = squash(f64::from(idle_supply[k]) / gcount);
-                o[at + 3 * p + k] =
-                    squash(f64::from(waiting[k].saturating_sub(idle_supply[k])) / gcount);
-            }
-            at += 4 * p;
-            for (k, &h) in hist.iter().enumerate() {
-                o[at + k] = (f64::from(h) / gcount) as f32;
-            }
-            at += c + 1;
-            o[at] = (busy_share / gcount) as f32;
-            o[at + 1] = (f64::from(reconfiguring) / gcount) as f32;
-            o[at + 2] = sin_h as f32;
-            o[at + 3] = cos_h as f32;
-            o[at + 4] = (row as f64 / gcount) as f32;
-            o[at + 5] = (f64::from(idle_rank[row]) / gcount) as f32;
-            o[at + 6] = squash(f64::from(waiting_model) / gcount);
-            o[at + 7] = (1.0 - (-mean_overdue / OVERDUE_SCALE_S).exp()) as f32;
-            at += 8;
-            let m = &mut self.mask[row * s.actions..(row + 1) * s.actions];
-            if s.version == 1 {
-                debug_assert_eq!(at, s.obs_dim);
-                mask_v1(m, g, s.catalog);
-                continue;
-            }
-            for k in 0..p {
-                o[at + k] = squash(mix.short[k] / gcount);
-                o[at + p + k] = squash(mix.long[k] / gcount);
-                o[at + 2 * p + k] =
-                    (mix.share[k] / (ARRIVALS_LONG_S * gcount)).min(DEMAND_SHARE_CAP) as f32;
-            }
-            at += 3 * p;
-            o[at] = squash(mix.short.iter().sum::<f64>() / gcount);
-            o[at + 1] = squash(mix.long.iter().sum::<f64>() / gcount);
-            debug_assert_eq!(at + 2, s.obs_dim);
-
-            if !g.in_reconfiguration {
-                // Every catalog layout is a target the GPU can work toward.
-                m[..c].fill(1.0);
-            }
-            m[c] = 1.0;
-        }
+        rows
     }
 
     /// Adds the view's arrivals to the remembered ones, forgets those older
@@ -424,6 +326,171 @@ struct Mix {
     short: Vec<f64>,
     long: Vec<f64>,
     share: Vec<f64>,
+}
+
+/// The features every row shares, computed once per epoch: the cluster's
+/// idle supply, layouts and load, and the queue's demand.
+struct Shared {
+    gcount: f64,
+    idle_supply: Vec<u32>,
+    hist: Vec<u32>,
+    busy_share: f64,
+    reconfiguring: u32,
+    idle_rank: Vec<u32>,
+    waiting: Vec<u32>,
+    at_risk: Vec<u32>,
+    waiting_model: u32,
+    mean_overdue: f64,
+    sin_h: f64,
+    cos_h: f64,
+}
+
+impl Shared {
+    fn of(s: &FeatureSpec, view: &ClusterView<'_>, gpus: &[usize]) -> Shared {
+        let (c, p) = (s.catalog.len(), s.profiles);
+        let profiles = s.model.spec().profiles;
+        let total = f64::from(s.model.spec().compute_slices);
+        let rows = gpus.len();
+        let mut sh = Shared {
+            gcount: rows as f64,
+            idle_supply: vec![0u32; p],
+            hist: vec![0u32; c + 1],
+            busy_share: 0.0,
+            reconfiguring: 0,
+            idle_rank: vec![0u32; rows],
+            waiting: vec![0u32; p],
+            at_risk: vec![0u32; p],
+            waiting_model: 0,
+            mean_overdue: 0.0,
+            sin_h: 0.0,
+            cos_h: 0.0,
+        };
+        let mut idle_gpus = 0u32;
+        for (row, &gi) in gpus.iter().enumerate() {
+            let g = &view.gpus[gi];
+            for id in g.idle().iter() {
+                if let Some(k) = profile_index(s.geometry, id, profiles) {
+                    sh.idle_supply[k] += 1;
+                }
+            }
+            sh.hist[s.geometry.catalog_index(g.layout).unwrap_or(c)] += 1;
+            sh.busy_share += f64::from(s.geometry.compute_used(g.busy)) / total;
+            sh.reconfiguring += u32::from(g.in_reconfiguration);
+            sh.idle_rank[row] = idle_gpus;
+            if g.busy.is_empty() && !g.in_reconfiguration {
+                idle_gpus += 1;
+            }
+        }
+        sh.queue(s, view);
+        (sh.sin_h, sh.cos_h) = (2.0 * PI * view.hour_of_day / 24.0).sin_cos();
+        sh
+    }
+
+    /// The waiting jobs per profile, those at risk, and the mean overdue.
+    fn queue(&mut self, s: &FeatureSpec, view: &ClusterView<'_>) {
+        let profiles = s.model.spec().profiles;
+        let mut overdue = 0.0;
+        for job in view.pending {
+            let Some(shape) = job.shape(s.model) else {
+                continue;
+            };
+            let Some(k) = profiles.iter().position(|q| q.shape == shape) else {
+                continue;
+            };
+            self.waiting_model += 1;
+            self.waiting[k] += 1;
+            let speed = job
+                .speedup
+                .speed(shape.compute, s.model.spec().compute_slices);
+            if speed <= 0.0 || view.now + job.work / speed > job.deadline {
+                self.at_risk[k] += 1;
+            }
+            overdue += (view.now - job.deadline).max(0.0);
+        }
+        self.mean_overdue = if self.waiting_model > 0 {
+            overdue / f64::from(self.waiting_model)
+        } else {
+            0.0
+        };
+    }
+
+    /// Writes the shared features into row `row`'s `o` from `at`; returns
+    /// where they end.
+    fn write(&self, s: &FeatureSpec, o: &mut [f32], mut at: usize, row: usize) -> usize {
+        let (c, p) = (s.catalog.len(), s.profiles);
+        let gcount = self.gcount;
+        for k in 0..p {
+            o[at + k] = squash(f64::from(self.waiting[k]) / gcount);
+            o[at + p + k] = squash(f64::from(self.at_risk[k]) / gcount);
+            o[at + 2 * p + k] = squash(f64::from(self.idle_supply[k]) / gcount);
+            o[at + 3 * p + k] =
+                squash(f64::from(self.waiting[k].saturating_sub(self.idle_supply[k])) / gcount);
+        }
+        at += 4 * p;
+        for (k, &h) in self.hist.iter().enumerate() {
+            o[at + k] = (f64::from(h) / gcount) as f32;
+        }
+        at += c + 1;
+        o[at] = (self.busy_share / gcount) as f32;
+        o[at + 1] = (f64::from(self.reconfiguring) / gcount) as f32;
+        o[at + 2] = self.sin_h as f32;
+        o[at + 3] = self.cos_h as f32;
+        o[at + 4] = (row as f64 / gcount) as f32;
+        o[at + 5] = (f64::from(self.idle_rank[row]) / gcount) as f32;
+        o[at + 6] = squash(f64::from(self.waiting_model) / gcount);
+        o[at + 7] = (1.0 - (-self.mean_overdue / OVERDUE_SCALE_S).exp()) as f32;
+        at + 8
+    }
+}
+
+/// Writes a GPU's own features (its layout, each placement's state, its
+/// load, its idle and busy profiles) at the start of its row `o`; returns
+/// where they end.
+fn own_features(s: &FeatureSpec, o: &mut [f32], g: &GpuStatus, now: f64) -> usize {
+    let (c, n, p) = (s.catalog.len(), s.placements, s.profiles);
+    let profiles = s.model.spec().profiles;
+    let total = f64::from(s.model.spec().compute_slices);
+    let mut at = 0;
+    o[s.geometry.catalog_index(g.layout).unwrap_or(c)] = 1.0;
+    at += c + 1;
+    for id in s.geometry.ids() {
+        // Placement ids are 0..n (Geometry::ids).
+        let base = at + 3 * id.0 as usize;
+        o[base] = f32::from(u8::from(g.layout.contains(id)));
+        o[base + 1] = f32::from(u8::from(g.busy.contains(id)));
+        o[base + 2] = (1.0 - (-g.remaining(id, now) / REMAINING_SCALE_S).exp()) as f32;
+    }
+    at += 3 * n;
+    o[at] = f32::from(u8::from(g.in_reconfiguration));
+    o[at + 1] = (f64::from(s.geometry.compute_used(g.busy)) / total) as f32;
+    o[at + 2] = (1.0 - f64::from(s.geometry.compute_used(g.layout)) / total) as f32;
+    at += 3;
+    for id in g.idle().iter() {
+        if let Some(k) = profile_index(s.geometry, id, profiles) {
+            o[at + k] += 0.25;
+        }
+    }
+    for id in g.busy.iter() {
+        if let Some(k) = profile_index(s.geometry, id, profiles) {
+            o[at + p + k] += 0.25;
+        }
+    }
+    at + 2 * p
+}
+
+/// Writes the arrival mix (version 2) into row `o` from `at`, to its end.
+fn mix_features(s: &FeatureSpec, o: &mut [f32], mut at: usize, mix: &Mix, gcount: f64) {
+    let p = s.profiles;
+    for k in 0..p {
+        o[at + k] = squash(mix.short[k] / gcount);
+        o[at + p + k] = squash(mix.long[k] / gcount);
+        o[at + 2 * p + k] =
+            (mix.share[k] / (ARRIVALS_LONG_S * gcount)).min(DEMAND_SHARE_CAP) as f32;
+    }
+    at += 3 * p;
+    o[at] = squash(mix.short.iter().sum::<f64>() / gcount);
+    o[at + 1] = squash(mix.long.iter().sum::<f64>() / gcount);
+    debug_assert_eq!(at + 2, s.obs_dim);
 }
 
 /// Index in `profiles` of the profile of placement `id`.

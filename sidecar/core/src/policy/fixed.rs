@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ClusterView, Decision, RepartitionPolicy};
+use super::{ClusterView, Decision, NoPartition, RepartitionPolicy};
 use crate::mig::{Geometry, GpuModel, Layout};
 
 /// Why a `--policy` value was not understood.
@@ -41,29 +41,6 @@ pub enum PolicyParseError {
     /// [`super::onnx::PolicyLoadError`], which says why and what to do).
     #[error("`{spec}`: {reason}")]
     Learned { spec: String, reason: String },
-}
-
-/// Every GPU is one whole-GPU instance, forever: the `none` reference of the
-/// ET metric (what a cluster without MIG does).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoPartition;
-
-impl RepartitionPolicy for NoPartition {
-    fn name(&self) -> String {
-        "none".to_string()
-    }
-
-    fn installs_initial_layout(&self) -> bool {
-        false
-    }
-
-    fn served_through_shards(&self) -> bool {
-        false
-    }
-
-    fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
-        Vec::new()
-    }
 }
 
 /// No repartitioning, every instance made on demand: what smartmigd does

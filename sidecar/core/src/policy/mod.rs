@@ -36,14 +36,13 @@ pub mod rolling;
 pub mod search;
 pub mod shadow;
 pub mod share;
+pub mod standing;
 pub mod start;
 
 use crate::mig::{Geometry, GpuModel, Layout, Shape, SpotId, MAX_PROFILES};
-use crate::workload::SpeedupCurve;
+use crate::workload::{Job, SpeedupCurve};
 
-pub use fixed::{
-    parse_policy, parse_policy_on, NoPartition, OnDemand, PolicyParseError, StaticLayout,
-};
+pub use fixed::{parse_policy, parse_policy_on, OnDemand, PolicyParseError, StaticLayout};
 pub use greedy::{Greedy, GreedyConfig};
 pub use nodes::{Nodes, NodesError, PerNode, Split};
 pub use rolling::{RollingConfig, RollingFit};
@@ -144,6 +143,22 @@ pub struct PendingJob {
 }
 
 impl PendingJob {
+    /// Job `j` waiting, as a policy sees it: its size request (1 slice
+    /// when it leaves the size open) and `shapes`, its smallest fitting
+    /// shape per model.
+    pub fn of(j: &Job, shapes: [Option<Shape>; MODEL_COUNT]) -> PendingJob {
+        PendingJob {
+            id: j.id,
+            arrival: j.arrival,
+            deadline: j.deadline,
+            work: j.work,
+            memory_gb: j.memory_gb,
+            min_compute: j.requested_slices.unwrap_or(1).max(1),
+            speedup: j.speedup,
+            shapes,
+        }
+    }
+
     /// The smallest shape that fits the job on `model`.
     pub fn shape(&self, model: GpuModel) -> Option<Shape> {
         self.shapes[model as usize]
@@ -238,6 +253,31 @@ pub trait RepartitionPolicy {
     /// ([`crate::sim::SlurmLike`]) models the first kind only.
     fn served_through_shards(&self) -> bool {
         true
+    }
+}
+
+/// Every GPU is one whole-GPU instance, forever: the `none` reference of the
+/// ET metric (what a cluster without MIG does). Here, at the bottom of
+/// `policy`, because the simulator runs it (`sim::simulate_with_reference`)
+/// and imports nothing of the policies above it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPartition;
+
+impl RepartitionPolicy for NoPartition {
+    fn name(&self) -> String {
+        "none".to_string()
+    }
+
+    fn installs_initial_layout(&self) -> bool {
+        false
+    }
+
+    fn served_through_shards(&self) -> bool {
+        false
+    }
+
+    fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
     }
 }
 

@@ -45,8 +45,8 @@ use super::features::{
 };
 use super::{ClusterView, Decision, RepartitionPolicy};
 use crate::formats::policy_file::{
-    self, check_header, check_space, GuardError, Kind, MetadataError, PolicyMetadata, INPUT_MASK,
-    INPUT_OBS, OUTPUT_LOGITS, OUTPUT_PROBS, POLICY_FORMAT,
+    self, check_header, check_space, CheckedMetadata, GuardError, Kind, MetadataError,
+    PolicyMetadata, INPUT_MASK, INPUT_OBS, OUTPUT_LOGITS, OUTPUT_PROBS, POLICY_FORMAT,
 };
 use crate::mig::{Geometry, GpuModel, Layout};
 
@@ -271,9 +271,15 @@ pub fn read_metadata(
     path: &Path,
     expected: Option<GpuModel>,
 ) -> Result<(PolicyMetadata, Vec<u8>), PolicyLoadError> {
-    let (meta, bytes) = policy_file::read(path, Kind::Repartitioning)?;
-    check_metadata(path, &meta, expected)?;
-    Ok((meta, bytes))
+    Ok(policy_file::read_checked(path, expected)?)
+}
+
+impl CheckedMetadata for PolicyMetadata {
+    const KIND: Kind = Kind::Repartitioning;
+
+    fn check(&self, path: &Path, expected: Option<GpuModel>) -> Result<(), MetadataError> {
+        check_metadata(path, self, expected)
+    }
 }
 
 /// The checks of [`load_policy`], on already-read metadata.

@@ -5,7 +5,7 @@
 //!
 //! The searches optimise whatever objective the caller passes: an evaluator
 //! (`FnMut(&mut dyn RepartitionPolicy) -> Result<Standing, E>`, lower is
-//! better: fewer jobs left unserved first, then lower ET; `sim::Standing`).
+//! better: fewer jobs left unserved first, then lower ET; [`Standing`]).
 //! The lab's `eval::baselines` passes the standing over *training* days, which makes the result an opponent an admin could really run
 //! (`static-hist`, `twice-daily-hist`); passing the scored day itself gives
 //! the hindsight references. So the search is pure, deterministic and
@@ -43,9 +43,9 @@
 //! step, no mixes, the 3 x 3 hour grid for the best pair only), kept for
 //! the trainer's teacher.
 
+use super::standing::Standing;
 use super::{ClusterView, Decision, PolicyParseError, RepartitionPolicy, StaticLayout};
 use crate::mig::{Geometry, GpuModel, Layout};
-use crate::sim::Standing;
 
 /// How much searching the two policies may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -288,16 +288,7 @@ mod tests {
     }
 
     fn pending(j: &Job) -> PendingJob {
-        PendingJob {
-            id: j.id,
-            arrival: j.arrival,
-            deadline: j.deadline,
-            work: j.work,
-            memory_gb: j.memory_gb,
-            min_compute: 1,
-            speedup: j.speedup,
-            shapes: Default::default(),
-        }
+        PendingJob::of(j, Default::default())
     }
 
     /// A whole free GPU, a late head job of 1000 s (deadline 500 s) and

@@ -15,11 +15,11 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use super::events::{
-    EventSink, GpuHeader, Header, JobRecord, KindCounts, ModelPower, OomHeader, OomRecord,
-    ReconfigRecord, Record, Run, SummaryRecord, UnservedRecord, EVENTS_VERSION,
+    EventSink, GpuHeader, Header, JobRecord, ModelPower, OomHeader, OomRecord, ReconfigRecord,
+    Record, Run, UnservedRecord, EVENTS_VERSION,
 };
 use super::heuristics::{Candidate, PlacementContext, PlacementHeuristic};
-use super::metrics::{ChargeBasis, Metrics, NeverRan};
+use super::metrics::{ChargeBasis, Metrics, NeverRan, RunSums};
 use super::reshape::{classify, ReconfigKind, Span};
 use super::{EpochRule, OomConfig, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, ProfileSpec, Shape, Spot, SpotId, Way};
@@ -155,12 +155,10 @@ pub struct RunHooks<'a> {
     pub progress: Option<&'a mut dyn FnMut(u64)>,
 }
 
-/// Simulates `jobs` on the GPUs of `cluster` (one entry per GPU).
-///
-/// Jobs may come in any order (they are processed by arrival, then id).
-/// Errors: an empty cluster, an invalid job or configuration, or a failing
-/// event sink. Deterministic: same inputs, same result and same records.
-pub fn simulate(
+/// The central engine's run of `jobs` ([`super::simulate`] picks it
+/// unless the Slurm-like mode serves the policy; it has checked `cfg` and
+/// that the cluster has GPUs).
+pub(super) fn simulate_central(
     cluster: &[GpuModel],
     jobs: &[Job],
     heuristic: &mut dyn PlacementHeuristic,
@@ -168,17 +166,6 @@ pub fn simulate(
     cfg: &SimConfig,
     hooks: RunHooks<'_>,
 ) -> Result<SimResult, SimError> {
-    cfg.validate()?;
-    if cluster.is_empty() {
-        return Err(SimError::NoGpus);
-    }
-    if let Some(slurm) = cfg
-        .slurm
-        .as_ref()
-        .filter(|_| policy.served_through_shards())
-    {
-        return super::slurm_like::simulate(cluster, jobs, heuristic, policy, cfg, slurm, hooks);
-    }
     let mut engine = Engine::new(cluster, jobs, cfg, policy)?;
     engine.run(heuristic, policy, hooks)
 }
@@ -591,17 +578,6 @@ impl<'j> Engine<'j> {
     /// shape per model its fit mask allows.
     fn push_pending(&mut self, i: u32) {
         let mask = self.fit_mask[i as usize];
-        let job = self.seen_job(i);
-        let job = job.as_ref();
-        let (id, arrival, deadline, work, memory_gb, min_compute, speedup) = (
-            job.id,
-            job.arrival,
-            job.deadline,
-            job.work,
-            job.memory_gb,
-            job.requested_slices.unwrap_or(1).max(1),
-            job.speedup,
-        );
         // Policy-visible summary: smallest fitting shape per model present.
         let mut shapes: [Option<Shape>; MODEL_COUNT] = [None; MODEL_COUNT];
         let mut best: [Option<(Shape, usize)>; MODEL_COUNT] = [None; MODEL_COUNT];
@@ -624,16 +600,8 @@ impl<'j> Engine<'j> {
         }
         self.pending_pos[i as usize] = self.pending.len() as u32;
         self.pending_idx.push(i);
-        self.pending.push(PendingJob {
-            id,
-            arrival,
-            deadline,
-            work,
-            memory_gb,
-            min_compute,
-            speedup,
-            shapes,
-        });
+        let job = self.seen_job(i);
+        self.pending.push(PendingJob::of(job.as_ref(), shapes));
     }
 
     /// Starts waiting jobs while a free instance fits one: the job with the
@@ -1464,39 +1432,16 @@ impl<'j> Engine<'j> {
         self.m.rejected = self.rejected.len() as u64;
         self.m.unserved = self.pending.len() as u64;
         let basis = self.charge_basis(energy);
-        let m = &mut self.m;
         // Jobs that never ran are charged by the one rule of
         // `sim::metrics` (late, on a whole GPU from the horizon on).
-        m.charge(basis, horizon);
-        let ran = m.completed.max(1) as f64;
-        m.mean_wait_s = self.wait_sum / ran;
-        m.p95_wait_s = percentile(&mut self.waits, 0.95);
-        m.mean_bounded_slowdown = if m.completed > 0 {
-            self.slowdown_sum / ran
-        } else {
-            0.0
+        let sums = RunSums {
+            waits: &mut self.waits,
+            wait_sum: self.wait_sum,
+            slowdown_sum: self.slowdown_sum,
+            busy_slice_s: self.busy_slice_s,
+            slices: self.rt.iter().map(|r| f64::from(r.total)).sum::<f64>(),
         };
-        let first_arrival = self
-            .jobs
-            .iter()
-            .map(|j| j.arrival)
-            .fold(f64::INFINITY, f64::min);
-        m.makespan_s = if m.completed > 0 {
-            (m.last_completion_s - first_arrival).max(0.0)
-        } else {
-            0.0
-        };
-        m.jobs_per_hour = if m.makespan_s > 0.0 {
-            m.completed as f64 / (m.makespan_s / 3600.0)
-        } else {
-            0.0
-        };
-        let capacity: f64 = self.rt.iter().map(|r| f64::from(r.total)).sum::<f64>() * horizon;
-        m.utilisation = if capacity > 0.0 {
-            self.busy_slice_s / capacity
-        } else {
-            0.0
-        };
+        self.m.finish(basis, horizon, self.jobs, sums);
         if let Some(s) = hooks.sink.as_deref_mut() {
             let mut left: Vec<(u32, String)> = self.rejected.clone();
             let waiting = "still waiting when nothing else could happen: no instance that fits it was free and the policy made none";
@@ -1508,35 +1453,9 @@ impl<'j> Engine<'j> {
             left.sort_by_key(|&(i, _)| self.jobs[i as usize].id);
             for (i, reason) in left {
                 let j = &self.jobs[i as usize];
-                s.record(&Record::Unserved(UnservedRecord {
-                    id: j.id,
-                    arrival: j.arrival,
-                    deadline: j.deadline,
-                    work: j.work,
-                    memory_gb: j.memory_gb,
-                    requested_slices: j.requested_slices,
-                    reason,
-                    gpus: j.gpus,
-                }))?;
+                s.record(&Record::Unserved(UnservedRecord::of(j, reason)))?;
             }
-            s.record(&Record::Summary(SummaryRecord {
-                horizon_s: horizon,
-                energy_j: self.m.energy_j,
-                total_tardiness_s: self.m.total_tardiness_s,
-                completed: self.m.completed,
-                unserved: self.m.unserved + self.m.rejected,
-                reconfigurations: self.m.reconfigurations,
-                rejected_decisions: self.m.rejected_decisions,
-                oom_failures: self.m.oom_failures,
-                early_restarts: self.m.early_restarts,
-                kinds: Some(KindCounts {
-                    fusions: self.m.fusions,
-                    fissions: self.m.fissions,
-                    reshapes: self.m.reshapes,
-                    jobs_served_by_fusion: self.m.jobs_served_by_fusion,
-                    jobs_served_by_fission: self.m.jobs_served_by_fission,
-                }),
-            }))?;
+            s.record(&Record::Summary(self.m.summary_record(horizon)))?;
         }
         Ok(())
     }
@@ -1627,16 +1546,6 @@ pub(crate) fn run_record(job: &Job, gpu: usize, placement: &Spot, speed: f64, st
 
 pub(crate) fn bounded_slowdown(arrival: f64, start: f64, end: f64) -> f64 {
     ((end - arrival) / (end - start).max(SLOWDOWN_TAU_S)).max(1.0)
-}
-
-/// The `q` quantile (nearest rank) of `v`, reordering it; 0 when empty.
-pub fn percentile(v: &mut [f32], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    let (_, x, _) = v.select_nth_unstable_by(rank, f32::total_cmp);
-    f64::from(*x)
 }
 
 /// The compute slices a job asks for (1 when it leaves the size open),

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::reshape::ReconfigKind;
 use crate::mig::{GpuModel, InstanceDesc};
-use crate::workload::{EarlyRestartRule, MemoryGrowth, PowerModel, SpeedupCurve};
+use crate::workload::{EarlyRestartRule, Job, MemoryGrowth, PowerModel, SpeedupCurve};
 
 /// Version of the schema below; bumped on any incompatible change (2: the
 /// summary's energy and tardiness charge jobs that never ran by the rule
@@ -198,6 +198,22 @@ pub struct UnservedRecord {
         skip_serializing_if = "crate::workload::job::is_one_gpu"
     )]
     pub gpus: u32,
+}
+
+impl UnservedRecord {
+    /// The record of job `j`, which never ran for `reason`.
+    pub fn of(j: &Job, reason: String) -> Self {
+        UnservedRecord {
+            id: j.id,
+            arrival: j.arrival,
+            deadline: j.deadline,
+            work: j.work,
+            memory_gb: j.memory_gb,
+            requested_slices: j.requested_slices,
+            reason,
+            gpus: j.gpus,
+        }
+    }
 }
 
 /// The simulator's own totals, for the audit to compare with.

@@ -9,10 +9,10 @@
 //! comparison ([`Metrics::at_horizon`], [`common_horizon`]). Runs are then
 //! ranked by [`Standing`]: fewer jobs left unserved first, whatever the ET.
 
-use std::cmp::Ordering;
-
 use serde::Serialize;
 
+use super::events::{KindCounts, SummaryRecord};
+pub use crate::policy::standing::Standing;
 use crate::workload::Job;
 
 /// Totals and means of one simulation run.
@@ -220,6 +220,93 @@ impl Metrics {
     }
 }
 
+/// What a simulator adds up over a run for its final figures
+/// ([`Metrics::finish`]).
+pub(crate) struct RunSums<'a> {
+    /// Each started run's wait, s (reordered by the percentile).
+    pub waits: &'a mut [f32],
+    pub wait_sum: f64,
+    pub slowdown_sum: f64,
+    /// Compute-slice seconds that ran jobs.
+    pub busy_slice_s: f64,
+    /// Compute slices of every GPU together.
+    pub slices: f64,
+}
+
+impl Metrics {
+    /// A run's final figures, the one finish of both simulators: the jobs
+    /// that never ran charged at `horizon` ([`Metrics::charge`]), then the
+    /// mean and 95th-percentile wait, the mean bounded slowdown, the
+    /// makespan from the first arrival of `jobs`, the jobs per hour and
+    /// the utilisation up to `horizon`.
+    pub(crate) fn finish(
+        &mut self,
+        basis: ChargeBasis,
+        horizon: f64,
+        jobs: &[Job],
+        sums: RunSums<'_>,
+    ) {
+        self.charge(basis, horizon);
+        let ran = self.completed.max(1) as f64;
+        self.mean_wait_s = sums.wait_sum / ran;
+        self.p95_wait_s = percentile(sums.waits, 0.95);
+        self.mean_bounded_slowdown = if self.completed > 0 {
+            sums.slowdown_sum / ran
+        } else {
+            0.0
+        };
+        let first_arrival = jobs.iter().map(|j| j.arrival).fold(f64::INFINITY, f64::min);
+        self.makespan_s = if self.completed > 0 {
+            (self.last_completion_s - first_arrival).max(0.0)
+        } else {
+            0.0
+        };
+        self.jobs_per_hour = if self.makespan_s > 0.0 {
+            self.completed as f64 / (self.makespan_s / 3600.0)
+        } else {
+            0.0
+        };
+        let capacity: f64 = sums.slices * horizon;
+        self.utilisation = if capacity > 0.0 {
+            sums.busy_slice_s / capacity
+        } else {
+            0.0
+        };
+    }
+
+    /// The event log's summary record of a finished run.
+    pub(crate) fn summary_record(&self, horizon: f64) -> SummaryRecord {
+        SummaryRecord {
+            horizon_s: horizon,
+            energy_j: self.energy_j,
+            total_tardiness_s: self.total_tardiness_s,
+            completed: self.completed,
+            unserved: self.unserved + self.rejected,
+            reconfigurations: self.reconfigurations,
+            rejected_decisions: self.rejected_decisions,
+            oom_failures: self.oom_failures,
+            early_restarts: self.early_restarts,
+            kinds: Some(KindCounts {
+                fusions: self.fusions,
+                fissions: self.fissions,
+                reshapes: self.reshapes,
+                jobs_served_by_fusion: self.jobs_served_by_fusion,
+                jobs_served_by_fission: self.jobs_served_by_fission,
+            }),
+        }
+    }
+}
+
+/// The `q` quantile (nearest rank) of `v`, reordering it; 0 when empty.
+pub fn percentile(v: &mut [f32], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    let (_, x, _) = v.select_nth_unstable_by(rank, f32::total_cmp);
+    f64::from(*x)
+}
+
 /// The charge for jobs that never ran at horizon `h`: tardiness
 /// `max(0, h + run - deadline)` and energy `whole_gpu_w * run * gpus`,
 /// summed.
@@ -247,67 +334,15 @@ pub fn common_horizon<'a>(runs: impl IntoIterator<Item = &'a Metrics>) -> f64 {
     runs.into_iter().map(|m| m.horizon_s).fold(0.0, f64::max)
 }
 
-/// Where a run, a row or a set of days stands: fewer jobs that never ran
-/// first, whatever the ET; then lower ET (a NaN never ranks ahead).
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Standing {
-    /// Jobs that never ran (unserved and rejected), summed over the days.
-    pub unserved: u64,
-    /// ET, or its mean over the days.
-    pub et: f64,
-}
-
+// `Standing` itself lives below the simulator (`policy::standing`), where
+// the fixed-layout searches rank their candidates; a run's standing is
+// read off its metrics here.
 impl Standing {
-    /// Ranks behind every real run.
-    pub const WORST: Standing = Standing {
-        unserved: u64::MAX,
-        et: f64::INFINITY,
-    };
-
-    pub fn new(unserved: u64, et: f64) -> Self {
-        Standing { unserved, et }
-    }
-
     /// A run's standing: its jobs that never ran and `et`.
     pub fn of(m: &Metrics, et: f64) -> Self {
         Standing::new(m.never_ran(), et)
     }
-
-    /// Over several days: the jobs that never ran summed, the ET averaged.
-    pub fn over(days: impl IntoIterator<Item = Standing>) -> Self {
-        let (unserved, sum, n) = days.into_iter().fold((0u64, 0.0, 0usize), |(u, s, n), d| {
-            (u.saturating_add(d.unserved), s + d.et, n + 1)
-        });
-        Standing::new(unserved, if n > 0 { sum / n as f64 } else { f64::NAN })
-    }
-
-    /// Whether `self` ranks strictly ahead of `other`.
-    pub fn beats(&self, other: &Standing) -> bool {
-        self.cmp(other) == Ordering::Less
-    }
 }
-
-impl Ord for Standing {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.unserved
-            .cmp(&other.unserved)
-            .then(self.et.total_cmp(&other.et))
-    }
-}
-
-impl PartialOrd for Standing {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Standing {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Standing {}
 
 /// The `none` reference of an ET: the exchange rate between joules and
 /// tardiness-seconds. Pooled over past days where there are some

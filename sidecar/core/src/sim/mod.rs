@@ -63,7 +63,7 @@ pub mod waste;
 
 pub use crate::workload::{EarlyRestartRule, MemoryGrowth};
 pub use audit::{audit, read_events, AuditError, AuditReport};
-pub use engine::{simulate, RunHooks, SimResult};
+pub use engine::{RunHooks, SimResult};
 pub use events::{Collect, EventSink, JsonLines, Record};
 pub use heuristics::{
     Candidate, Heuristic, Pick, PlacementContext, PlacementHeuristic, UnknownHeuristic,
@@ -313,6 +313,37 @@ pub enum SimError {
     Placement(#[from] crate::policy::onnx::PolicyLoadError),
     #[error("internal error: {0}")]
     Internal(&'static str),
+}
+
+/// Simulates `jobs` on the GPUs of `cluster` (one entry per GPU): in the
+/// Slurm-like mode ([`slurm_like`]) when the configuration asks for it and
+/// the policy is served through shards, else in the central engine
+/// ([`engine`]). Both engines sit below this choice, and the Slurm-like
+/// mode borrows the central engine's helpers, never the other way.
+///
+/// Jobs may come in any order (they are processed by arrival, then id).
+/// Errors: an empty cluster, an invalid job or configuration, or a failing
+/// event sink. Deterministic: same inputs, same result and same records.
+pub fn simulate(
+    cluster: &[GpuModel],
+    jobs: &[Job],
+    heuristic: &mut dyn PlacementHeuristic,
+    policy: &mut dyn RepartitionPolicy,
+    cfg: &SimConfig,
+    hooks: RunHooks<'_>,
+) -> Result<SimResult, SimError> {
+    cfg.validate()?;
+    if cluster.is_empty() {
+        return Err(SimError::NoGpus);
+    }
+    if let Some(slurm) = cfg
+        .slurm
+        .as_ref()
+        .filter(|_| policy.served_through_shards())
+    {
+        return slurm_like::simulate(cluster, jobs, heuristic, policy, cfg, slurm, hooks);
+    }
+    engine::simulate_central(cluster, jobs, heuristic, policy, cfg, hooks)
 }
 
 /// Runs `policy` and, with the same placement, the `none` reference (whole

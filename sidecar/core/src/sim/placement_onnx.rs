@@ -26,8 +26,8 @@ use ort::session::Session;
 use ort::value::TensorRef;
 
 use crate::formats::policy_file::{
-    self, check_header, check_space, Kind, MetadataError, PlacementMetadata, INPUT_MASK, INPUT_OBS,
-    ORDER_EDF, OUTPUT_PROBS, PLACEMENT_FORMAT,
+    self, check_header, check_space, CheckedMetadata, Kind, MetadataError, PlacementMetadata,
+    INPUT_MASK, INPUT_OBS, ORDER_EDF, OUTPUT_PROBS, PLACEMENT_FORMAT,
 };
 use crate::mig::GpuModel;
 use crate::policy::features::argmax_masked;
@@ -61,9 +61,15 @@ pub fn read_metadata(
     path: &Path,
     expected: Option<GpuModel>,
 ) -> Result<(PlacementMetadata, Vec<u8>), PolicyLoadError> {
-    let (meta, bytes) = policy_file::read(path, Kind::Placement)?;
-    check_metadata(path, &meta, expected)?;
-    Ok((meta, bytes))
+    Ok(policy_file::read_checked(path, expected)?)
+}
+
+impl CheckedMetadata for PlacementMetadata {
+    const KIND: Kind = Kind::Placement;
+
+    fn check(&self, path: &Path, expected: Option<GpuModel>) -> Result<(), MetadataError> {
+        check_metadata(path, self, expected)
+    }
 }
 
 /// The checks of [`read_metadata`], on already-read metadata.

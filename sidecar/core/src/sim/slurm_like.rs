@@ -59,15 +59,14 @@ use std::collections::{BTreeSet, BinaryHeap};
 mod gang;
 
 use super::engine::{
-    bounded_slowdown, charge_powers, check_job, percentile, run_record, transition_kind, SimResult,
-    T,
+    bounded_slowdown, charge_powers, check_job, run_record, transition_kind, SimResult, T,
 };
 use super::events::{
-    GpuHeader, Header, JobRecord, KindCounts, ModelPower, ReconfigRecord, Record, SummaryRecord,
-    UnservedRecord, EVENTS_VERSION,
+    GpuHeader, Header, JobRecord, ModelPower, ReconfigRecord, Record, UnservedRecord,
+    EVENTS_VERSION,
 };
 use super::heuristics::PlacementHeuristic;
-use super::metrics::{ChargeBasis, Metrics, NeverRan};
+use super::metrics::{ChargeBasis, Metrics, NeverRan, RunSums};
 use super::reshape::ReconfigKind;
 use super::{EpochRule, RunHooks, SimConfig, SimError};
 use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, OfferRule, ProfileSpec, SpotId, Way};
@@ -1087,16 +1086,7 @@ impl<'j> Deploy<'j> {
                 shapes[*m as usize] = Some(p.shape);
             }
         }
-        PendingJob {
-            id: j.id,
-            arrival: j.arrival,
-            deadline: j.deadline,
-            work: j.work,
-            memory_gb: j.memory_gb,
-            min_compute: j.requested_slices.unwrap_or(1).max(1),
-            speedup: j.speedup,
-            shapes,
-        }
+        PendingJob::of(j, shapes)
     }
 
     fn finish(&mut self, hooks: &mut RunHooks<'_>) -> Result<(), SimError> {
@@ -1135,37 +1125,14 @@ impl<'j> Deploy<'j> {
                 .map(|&i| NeverRan::of(&self.jobs[i as usize]))
                 .collect(),
         };
-        let m = &mut self.m;
-        m.charge(basis, horizon);
-        let ran = m.completed.max(1) as f64;
-        m.mean_wait_s = self.wait_sum / ran;
-        m.p95_wait_s = percentile(&mut self.waits, 0.95);
-        m.mean_bounded_slowdown = if m.completed > 0 {
-            self.slowdown_sum / ran
-        } else {
-            0.0
+        let sums = RunSums {
+            waits: &mut self.waits,
+            wait_sum: self.wait_sum,
+            slowdown_sum: self.slowdown_sum,
+            busy_slice_s: self.busy_slice_s,
+            slices: self.gpus.iter().map(|g| f64::from(g.total)).sum::<f64>(),
         };
-        let first = self
-            .jobs
-            .iter()
-            .map(|j| j.arrival)
-            .fold(f64::INFINITY, f64::min);
-        m.makespan_s = if m.completed > 0 {
-            (m.last_completion_s - first).max(0.0)
-        } else {
-            0.0
-        };
-        m.jobs_per_hour = if m.makespan_s > 0.0 {
-            m.completed as f64 / (m.makespan_s / 3600.0)
-        } else {
-            0.0
-        };
-        let capacity: f64 = self.gpus.iter().map(|g| f64::from(g.total)).sum::<f64>() * horizon;
-        m.utilisation = if capacity > 0.0 {
-            self.busy_slice_s / capacity
-        } else {
-            0.0
-        };
+        self.m.finish(basis, horizon, self.jobs, sums);
         let Some(s) = hooks.sink.as_deref_mut() else {
             return Ok(());
         };
@@ -1186,36 +1153,9 @@ impl<'j> Deploy<'j> {
                     self.requeued[i as usize]
                 )
             };
-            s.record(&Record::Unserved(UnservedRecord {
-                id: j.id,
-                arrival: j.arrival,
-                deadline: j.deadline,
-                work: j.work,
-                memory_gb: j.memory_gb,
-                requested_slices: j.requested_slices,
-                reason,
-                gpus: j.gpus,
-            }))?;
+            s.record(&Record::Unserved(UnservedRecord::of(j, reason)))?;
         }
-        let m = &self.m;
-        s.record(&Record::Summary(SummaryRecord {
-            horizon_s: horizon,
-            energy_j: m.energy_j,
-            total_tardiness_s: m.total_tardiness_s,
-            completed: m.completed,
-            unserved: m.unserved + m.rejected,
-            reconfigurations: m.reconfigurations,
-            rejected_decisions: m.rejected_decisions,
-            oom_failures: 0,
-            early_restarts: 0,
-            kinds: Some(KindCounts {
-                fusions: m.fusions,
-                fissions: m.fissions,
-                reshapes: m.reshapes,
-                jobs_served_by_fusion: m.jobs_served_by_fusion,
-                jobs_served_by_fission: m.jobs_served_by_fission,
-            }),
-        }))?;
+        s.record(&Record::Summary(self.m.summary_record(horizon)))?;
         Ok(())
     }
 }

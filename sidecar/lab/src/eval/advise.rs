@@ -14,7 +14,7 @@ use super::{agrees, audit_run, AuditFailure};
 use crate::formats::advice::AdviceRecord;
 use crate::mig::{parse_profile, Geometry, GpuModel, Layout, ProfileParseError};
 use crate::policy::{layout_or_whole, ClusterView, Decision, NoPartition, RepartitionPolicy};
-use crate::sim::engine::percentile;
+use crate::sim::metrics::percentile;
 use crate::sim::{
     day_horizon, simulate, AuditError, Collect, EpochRule, Heuristic, Metrics, Record, RunHooks,
     SimConfig, SimError,
@@ -347,7 +347,34 @@ impl Observation {
 /// seconds; `None`: all), the `Advice` lines at or after `since`.
 pub fn observe(records: &[AdviceRecord], since: Option<f64>) -> Result<Observation, AdviseError> {
     let from = since.unwrap_or(f64::NEG_INFINITY);
-    let mut layouts: BTreeMap<u32, (GpuModel, Vec<(f64, Layout)>)> = BTreeMap::new();
+    let layouts = seen_layouts(records)?;
+    let mut raw = raw_jobs(records, from, since)?;
+    raw.sort_by(|a, b| a.3.total_cmp(&b.3).then(a.0.cmp(&b.0)));
+    let origin = raw[0].3;
+    let end = raw.iter().map(|r| r.5).fold(origin, f64::max);
+    let gpus = observed_gpus(layouts, origin, end);
+    let jobs = observed_jobs(raw, &gpus)?;
+    Ok(Observation {
+        since,
+        origin,
+        end,
+        gpus,
+        jobs,
+        advice: count_advice(records, from),
+    })
+}
+
+/// Each GPU's model and the layouts recorded for it, `(t, layout)`.
+type SeenLayouts = BTreeMap<u32, (GpuModel, Vec<(f64, Layout)>)>;
+
+/// A job record in the window: (job id, GPU, profile, submit, start, end,
+/// due).
+type RawJob<'a> = (u64, Option<u32>, &'a str, f64, f64, f64, Option<f64>);
+
+/// The `Layout` records per GPU: each valid, at a finite time, and of one
+/// model per GPU; at least one.
+fn seen_layouts(records: &[AdviceRecord]) -> Result<SeenLayouts, AdviseError> {
+    let mut layouts: SeenLayouts = BTreeMap::new();
     for r in records {
         if let AdviceRecord::Layout {
             t,
@@ -379,6 +406,16 @@ pub fn observe(records: &[AdviceRecord], since: Option<f64>) -> Result<Observati
     if layouts.is_empty() {
         return Err(AdviseError::NoLayouts);
     }
+    Ok(layouts)
+}
+
+/// The `Job` records submitted at or after `from`, each with finite times
+/// in order and a finite deadline; at least one.
+fn raw_jobs(
+    records: &[AdviceRecord],
+    from: f64,
+    since: Option<f64>,
+) -> Result<Vec<RawJob<'_>>, AdviseError> {
     let mut total = 0;
     let mut raw = Vec::new();
     for r in records {
@@ -426,10 +463,13 @@ pub fn observe(records: &[AdviceRecord], since: Option<f64>) -> Result<Observati
     if raw.is_empty() {
         return Err(AdviseError::NoJobs { since, total });
     }
-    raw.sort_by(|a, b| a.3.total_cmp(&b.3).then(a.0.cmp(&b.0)));
-    let origin = raw[0].3;
-    let end = raw.iter().map(|r| r.5).fold(origin, f64::max);
-    let gpus: Vec<ObservedGpu> = layouts
+    Ok(raw)
+}
+
+/// Each GPU's layout at `origin` (else its first recorded one) and its
+/// changes up to `end`.
+fn observed_gpus(layouts: SeenLayouts, origin: f64, end: f64) -> Vec<ObservedGpu> {
+    layouts
         .into_iter()
         .map(|(index, (model, mut seen))| {
             seen.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -460,7 +500,15 @@ pub fn observe(records: &[AdviceRecord], since: Option<f64>) -> Result<Observati
                 changes,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The jobs with their model and profile: the profile of their GPU's
+/// model, or (no GPU recorded) of the first model that has it.
+fn observed_jobs(
+    raw: Vec<RawJob<'_>>,
+    gpus: &[ObservedGpu],
+) -> Result<Vec<ObservedJob>, AdviseError> {
     let models = GpuModel::distinct(&gpus.iter().map(|g| g.model).collect::<Vec<_>>());
     let mut jobs = Vec::with_capacity(raw.len());
     for (job_id, gpu, profile, submit, start, end, due) in raw {
@@ -504,14 +552,7 @@ pub fn observe(records: &[AdviceRecord], since: Option<f64>) -> Result<Observati
             due,
         });
     }
-    Ok(Observation {
-        since,
-        origin,
-        end,
-        gpus,
-        jobs,
-        advice: count_advice(records, from),
-    })
+    Ok(jobs)
 }
 
 fn count_advice(records: &[AdviceRecord], from: f64) -> AdviceCounts {

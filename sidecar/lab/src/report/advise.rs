@@ -13,7 +13,7 @@
 
 use super::series::{self, TimeSeries};
 use super::{aligned, plot, ReportError};
-use crate::eval::advise::{AdviseReport, ReplayRow, Role};
+use crate::eval::advise::{AdviceCounts, AdviseReport, ReplayRow, Role};
 
 fn label(r: &ReplayRow) -> String {
     match r.role {
@@ -33,6 +33,20 @@ fn percent(x: f64) -> String {
 /// fidelity, the recorded advice and the verdict. `period` names the
 /// window (the CLI formats its dates).
 pub fn table(r: &AdviseReport, period: &str) -> String {
+    let mut out = replayed(r, period);
+    out.push_str(&aligned(&rows(r)));
+    out.push_str(&fidelity(r));
+    out.push_str(&advice(&r.observation.advice));
+    for v in verdict(r) {
+        out.push_str(&v);
+        out.push('\n');
+    }
+    out
+}
+
+/// What was replayed: the window, each GPU's layouts, the replay's
+/// settings.
+fn replayed(r: &AdviseReport, period: &str) -> String {
     let o = &r.observation;
     let mut out = format!(
         "Advise report: {} jobs on {} GPU(s), {period} ({:.1} h)\n",
@@ -68,6 +82,12 @@ pub fn table(r: &AdviseReport, period: &str) -> String {
         r.config.speedup.saturation,
         r.audited_logs,
     ));
+    out
+}
+
+/// The table's lines: the header, the observed figures, then a row per
+/// replay.
+fn rows(r: &AdviseReport) -> Vec<Vec<String>> {
     let head = [
         "row",
         "energy MJ",
@@ -113,7 +133,12 @@ pub fn table(r: &AdviseReport, period: &str) -> String {
             (m.unserved + m.rejected).to_string(),
         ]);
     }
-    out.push_str(&aligned(&lines));
+    lines
+}
+
+/// The replay's fidelity, with a warning when jobs left their profile.
+fn fidelity(r: &AdviseReport) -> String {
+    let mut out = String::new();
     let f = &r.fidelity;
     out.push_str(&format!(
         "\nFidelity of the as-run replay: {} of {} jobs ran on the profile they had; replayed run time / observed {:.3} on average (lowest {:.3}); mean wait {:.0} s replayed vs {:.0} s observed.\n",
@@ -130,7 +155,12 @@ pub fn table(r: &AdviseReport, period: &str) -> String {
             f.jobs - f.jobs_on_their_profile
         ));
     }
-    let a = &o.advice;
+    out
+}
+
+/// The advice the log recorded in the window.
+fn advice(a: &AdviceCounts) -> String {
+    let mut out = String::new();
     if a.total == 0 {
         out.push_str("Advice in the log: none in the window (the policy wished no change).\n");
     } else {
@@ -145,10 +175,6 @@ pub fn table(r: &AdviseReport, period: &str) -> String {
                 g.gpu, g.wishes, g.destroy, g.create, g.last_wish
             ));
         }
-    }
-    for v in verdict(r) {
-        out.push_str(&v);
-        out.push('\n');
     }
     out
 }

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::ReportError;
 use crate::mig::{Geometry, InstanceDesc, Shape};
-use crate::sim::events::{Header, Record};
+use crate::sim::events::{Header, ReconfigRecord, Record};
 use crate::workload::gpu_load;
 
 /// Layouts drawn by name in the layout-mix plot; the rest are `other`.
@@ -179,6 +179,36 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
             _ => {}
         }
     }
+    power_per_gpu(header, &mut changes, &mut power, bin_s, horizon)?;
+    let per_layout = time_per_layout(header, reconfigs, bins, bin_s, horizon)?;
+    let mut layouts = top_layouts(per_layout, bins);
+
+    // Time-weighted sums -> means over each bin.
+    per_second(&mut power, &bin_len_s);
+    per_second(&mut queue, &bin_len_s);
+    for (_, v) in &mut layouts {
+        per_second(v, &bin_len_s);
+    }
+    Ok(TimeSeries {
+        bin_s,
+        start_s,
+        bin_len_s,
+        power_w: power,
+        queue,
+        layouts,
+        horizon_s: horizon,
+    })
+}
+
+/// Spreads each GPU's power into `power`: its load is piecewise constant
+/// between the job starts and ends in `changes` (sorted here).
+fn power_per_gpu(
+    header: &Header,
+    changes: &mut [Vec<(f64, i32)>],
+    power: &mut [f64],
+    bin_s: f64,
+    horizon: f64,
+) -> Result<(), ReportError> {
     for (gpu, ch) in changes.iter_mut().enumerate() {
         let model = header.gpus[gpu].model;
         let total = header.gpus[gpu].compute_slices;
@@ -193,13 +223,26 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
         let mut t = 0.0;
         for &(time, delta) in ch.iter() {
             let load = gpu_load([busy.clamp(0, 255) as u8], total);
-            spread(&mut power, bin_s, t, time, pm.power_w(load));
+            spread(power, bin_s, t, time, pm.power_w(load));
             busy += delta;
             t = time;
         }
-        spread(&mut power, bin_s, t, horizon, pm.power_w(0.0));
+        spread(power, bin_s, t, horizon, pm.power_w(0.0));
     }
 
+    Ok(())
+}
+
+/// The GPU time spent in each layout per bin: initial instances, then
+/// each reconfiguration in time order.
+fn time_per_layout(
+    header: &Header,
+    mut reconfigs: Vec<&ReconfigRecord>,
+    bins: usize,
+    bin_s: f64,
+    horizon: f64,
+) -> Result<BTreeMap<String, Vec<f64>>, ReportError> {
+    let n_gpus = header.gpus.len();
     // Layouts: initial instances, then each reconfiguration in time order.
     reconfigs.sort_by(|a, b| a.time.total_cmp(&b.time).then(a.gpu.cmp(&b.gpu)));
     let mut sets: Vec<BTreeSet<(u8, u8, u8)>> = header
@@ -238,6 +281,12 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
     for gpu in 0..n_gpus {
         close(&mut per_layout, gpu, &sets[gpu], since[gpu], horizon);
     }
+    Ok(per_layout)
+}
+
+/// The `MAX_LAYOUTS` layouts with the most GPU time, the rest summed as
+/// `other`.
+fn top_layouts(per_layout: BTreeMap<String, Vec<f64>>, bins: usize) -> Vec<(String, Vec<f64>)> {
     let mut ranked: Vec<(String, Vec<f64>)> = per_layout.into_iter().collect();
     ranked.sort_by(|a, b| {
         let (sa, sb) = (a.1.iter().sum::<f64>(), b.1.iter().sum::<f64>());
@@ -257,21 +306,7 @@ pub fn from_records(records: &[Record], bin_s: f64) -> Result<TimeSeries, Report
         }
     }
 
-    // Time-weighted sums -> means over each bin.
-    per_second(&mut power, &bin_len_s);
-    per_second(&mut queue, &bin_len_s);
-    for (_, v) in &mut layouts {
-        per_second(v, &bin_len_s);
-    }
-    Ok(TimeSeries {
-        bin_s,
-        start_s,
-        bin_len_s,
-        power_w: power,
-        queue,
-        layouts,
-        horizon_s: horizon,
-    })
+    layouts
 }
 
 #[cfg(test)]

@@ -385,7 +385,14 @@ pub fn requeue_check(conf: &SlurmConf, release: Option<(u32, u32)>) -> Check {
 
 /// slurm.conf: GresTypes, SelectType and this node's Gres=.
 pub fn conf_checks(conf: &SlurmConf, node: &str, gpus: Option<&[NodeGpu]>) -> Vec<Check> {
-    let mut out = Vec::new();
+    let mut out = vec![grestypes_check(conf), select_check(conf)];
+    out.extend(hostlist_check(conf));
+    out.push(node_gres_check(conf, node, gpus));
+    out
+}
+
+/// GresTypes has gpu and shard.
+fn grestypes_check(conf: &SlurmConf) -> Check {
     let types: Vec<String> = conf
         .gres_types
         .as_deref()
@@ -398,9 +405,9 @@ pub fn conf_checks(conf: &SlurmConf, node: &str, gpus: Option<&[NodeGpu]>) -> Ve
         .filter(|t| !types.iter().any(|x| x == t))
         .collect();
     if lacking.is_empty() {
-        out.push(Check::ok("slurm.grestypes", "GresTypes has gpu and shard"));
+        Check::ok("slurm.grestypes", "GresTypes has gpu and shard")
     } else {
-        out.push(Check::fail(
+        Check::fail(
             "slurm.grestypes",
             format!(
                 "GresTypes={} lacks {}",
@@ -408,21 +415,27 @@ pub fn conf_checks(conf: &SlurmConf, node: &str, gpus: Option<&[NodeGpu]>) -> Ve
                 lacking.join(" and ")
             ),
             "set GresTypes=gpu,shard in slurm.conf and restart slurmctld and slurmd",
-        ));
+        )
     }
+}
+
+/// SelectType is select/cons_tres, which shards need.
+fn select_check(conf: &SlurmConf) -> Check {
     match conf.select_type.as_deref() {
-        Some("select/cons_tres") => {
-            out.push(Check::ok("slurm.select", "SelectType=select/cons_tres"));
-        }
-        other => out.push(Check::fail(
+        Some("select/cons_tres") => Check::ok("slurm.select", "SelectType=select/cons_tres"),
+        other => Check::fail(
             "slurm.select",
             format!(
                 "SelectType={} (shards need select/cons_tres: slurmctld exits at start otherwise)",
                 other.unwrap_or("(unset)")
             ),
             "set SelectType=select/cons_tres in slurm.conf",
-        )),
+        ),
     }
+}
+
+/// A warning for the NodeName lines doctor does not understand.
+fn hostlist_check(conf: &SlurmConf) -> Option<Check> {
     let bad: Vec<String> = conf
         .nodes
         .iter()
@@ -433,42 +446,43 @@ pub fn conf_checks(conf: &SlurmConf, node: &str, gpus: Option<&[NodeGpu]>) -> Ve
                 .map(|e| format!("line {}: {e}", n.line))
         })
         .collect();
-    if !bad.is_empty() {
-        out.push(Check::warn(
+    (!bad.is_empty()).then(|| {
+        Check::warn(
             "slurm.hostlist",
             format!("slurm.conf NodeName not understood: {}", bad.join("; ")),
             "doctor handles NAME[1-4,7] lists only; check these lines by hand",
-        ));
-    }
+        )
+    })
+}
+
+/// This node's NodeName line has Gres=gpu:N,shard:M for its GPUs.
+fn node_gres_check(conf: &SlurmConf, node: &str, gpus: Option<&[NodeGpu]>) -> Check {
     let line = conf.nodes.iter().find(|n| {
         n.names
             .as_ref()
             .is_ok_and(|ns| ns.iter().any(|x| is_node(x, node)))
     });
     let Some(line) = line else {
-        out.push(Check::fail(
+        return Check::fail(
             "slurm.node",
             format!("no NodeName line in slurm.conf names {node}"),
             "declare the node (`NodeName=... Gres=gpu:N,shard:M`), or give its Slurm name with --node",
-        ));
-        return out;
+        );
     };
     let Some(gres) = &line.gres else {
-        out.push(Check::fail(
+        return Check::fail(
             "slurm.node",
             format!("slurm.conf line {}: node {node} has no Gres=", line.line),
             "add Gres=gpu:N,shard:M (N GPUs, M = their compute slices together)",
-        ));
-        return out;
+        );
     };
     let counts = gres_counts(gres);
     let Some(gpus) = gpus else {
-        out.push(Check::skipped(
+        return Check::skipped(
             "slurm.node",
             format!("Gres={gres}: the node's GPUs are unknown"),
             "fix the GPU checks above",
-        ));
-        return out;
+        );
     };
     let want_gpu = gpus.len() as u64;
     let want_shard: u64 = gpus
@@ -477,24 +491,23 @@ pub fn conf_checks(conf: &SlurmConf, node: &str, gpus: Option<&[NodeGpu]>) -> Ve
         .sum();
     let have = |k: &str| counts.get(k).copied().unwrap_or(0);
     if have("gpu") == want_gpu && have("shard") == want_shard {
-        out.push(Check::ok(
+        Check::ok(
             "slurm.node",
             format!(
                 "line {}: Gres={gres} ({want_gpu} GPUs, {want_shard} compute slices)",
                 line.line
             ),
-        ));
+        )
     } else {
-        out.push(Check::fail(
+        Check::fail(
             "slurm.node",
             format!(
                 "line {}: Gres={gres}, but the node has {want_gpu} GPU(s) with {want_shard} compute slices",
                 line.line
             ),
             format!("set Gres=gpu:{want_gpu},shard:{want_shard} on the node's line"),
-        ));
+        )
     }
-    out
 }
 
 /// gres.conf: AutoDetect, the `gpu` devices against the GPUs' minors and

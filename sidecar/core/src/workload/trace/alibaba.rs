@@ -40,8 +40,8 @@ use std::io::Read;
 
 use super::csv::read_table;
 use super::{
-    parse_i64, row_rng, sample_curve, sample_deadline, Collector, FieldProblem, RowError, Trace,
-    TraceError, TraceOptions,
+    parse_i64, row_rng, sample_curve, sample_deadline, Collector, Columns, FieldProblem, RowError,
+    Trace, TraceError, TraceOptions,
 };
 use crate::workload::{round_up_to_profile, Job, JobClass};
 
@@ -62,140 +62,185 @@ struct Cand {
 pub fn read_alibaba(r: impl Read, opts: &TraceOptions) -> Result<Trace, TraceError> {
     let mut out = Collector::new(opts)?;
     let table = read_table(r)?;
-    let cols = &table.columns;
-    let [c_num, c_milli, c_create, c_delete, c_sched] = cols.require(
-        "alibaba",
-        [
-            "num_gpu",
-            "gpu_milli",
-            "creation_time",
-            "deletion_time",
-            "scheduled_time",
-        ],
-    )?;
-    let (c_name, c_qos, c_phase) = (cols.get("name"), cols.get("qos"), cols.get("pod_phase"));
-
+    let cols = AlibabaCols::find(&table.columns)?;
     let mut cands = Vec::new();
     // The trace's end: the last deletion time of any well-formed row.
     let mut trace_end = i64::MIN;
     for (line, fields) in table.rows {
-        let parsed = fields.and_then(|f| -> Result<Option<Cand>, RowError> {
-            let num = parse_i64("num_gpu", &f[c_num])?;
-            let milli = parse_i64("gpu_milli", &f[c_milli])?;
-            let arrival = parse_i64("creation_time", &f[c_create])?;
-            let end = parse_i64("deletion_time", &f[c_delete])?;
-            trace_end = trace_end.max(end);
-            if num < 0 {
-                return Err(RowError::field("num_gpu", FieldProblem::Negative(num)));
-            }
-            if num == 0 {
-                out.drop_row("cpu-only (num_gpu = 0)");
-                return Ok(None);
-            }
-            if !(1..=1000).contains(&milli) {
-                return Err(RowError::field(
-                    "gpu_milli",
-                    FieldProblem::MilliOutOfRange(milli),
-                ));
-            }
-            if f[c_sched].is_empty() {
-                out.drop_row("never scheduled");
-                return Ok(None);
-            }
-            let start = parse_i64("scheduled_time", &f[c_sched])?;
-            if end < start {
-                return Err(RowError::field(
-                    "deletion_time",
-                    FieldProblem::Before {
-                        value: end.to_string(),
-                        earlier: "scheduled_time",
-                        earlier_value: Some(start.to_string()),
-                    },
-                ));
-            }
-            if start < arrival {
-                return Err(RowError::field(
-                    "scheduled_time",
-                    FieldProblem::Before {
-                        value: start.to_string(),
-                        earlier: "creation_time",
-                        earlier_value: Some(arrival.to_string()),
-                    },
-                ));
-            }
-            let qos = c_qos.map_or("", |i| f[i].as_str());
-            let class = if qos.eq_ignore_ascii_case("LS") {
-                JobClass::Inference
-            } else {
-                JobClass::Training
-            };
-            let running = c_phase.is_some_and(|i| f[i].eq_ignore_ascii_case("Running"));
-            let id = c_name
-                .map(|i| f[i].clone())
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| format!("line{line}"));
-            let gpus = u32::try_from(num).map_err(|_| {
-                RowError::field("num_gpu", FieldProblem::NotAGpuCount(num.to_string()))
-            })?;
-            Ok(Some(Cand {
-                line,
-                id,
-                arrival,
-                start,
-                end,
-                milli,
-                gpus,
-                class,
-                running,
-            }))
-        });
+        let parsed = fields.and_then(|f| cols.parse(&f, line, &mut trace_end, &mut out));
         match parsed {
             Ok(Some(c)) => cands.push(c),
             Ok(None) => {}
             Err(e) => out.bad_row(line, e)?,
         }
     }
-
-    let spec = opts.model.spec();
-    let total = spec.compute_slices;
     for c in cands {
         if c.running && c.end == trace_end {
             out.drop_row("running at trace end");
             continue;
         }
-        let duration = (c.end - c.start) as f64;
-        if duration <= 0.0 {
-            out.drop_row("zero run time");
-            continue;
+        match cand_job(&c, opts) {
+            Some(job) => out.push(c.line, c.id, job),
+            None => out.drop_row("zero run time"),
         }
-        // ceil(milli x C / 1000) in integers: no float rounding at exact shares.
-        let slices = ((c.milli * i64::from(total) + 999) / 1000) as u8;
-        let k = if c.gpus > 1 {
-            total
-        } else {
-            round_up_to_profile(opts.model, slices).unwrap_or(total)
-        };
-        let mut rng = row_rng(opts.seed, c.line);
-        let speedup = sample_curve(&mut rng, c.class);
-        let arrival = c.arrival as f64;
-        let mut job = Job {
-            id: 0,
-            arrival,
-            work: duration * speedup.speed(k, total),
-            speedup,
-            memory_gb: c.milli as f64 / 1000.0 * f64::from(spec.memory_gb),
-            deadline: arrival,
-            class: c.class,
-            requested_slices: Some(k),
-            declared_memory_gb: None,
-            template: None,
-            memory_growth: None,
-            gpus: c.gpus,
-        };
-        job.deadline = sample_deadline(&mut rng, opts, &job);
-        out.push(c.line, c.id, job);
     }
     Ok(out.finish())
+}
+
+/// Where the columns of the pod list are.
+struct AlibabaCols {
+    num: usize,
+    milli: usize,
+    create: usize,
+    delete: usize,
+    sched: usize,
+    name: Option<usize>,
+    qos: Option<usize>,
+    phase: Option<usize>,
+}
+
+impl AlibabaCols {
+    fn find(cols: &Columns) -> Result<Self, TraceError> {
+        let [num, milli, create, delete, sched] = cols.require(
+            "alibaba",
+            [
+                "num_gpu",
+                "gpu_milli",
+                "creation_time",
+                "deletion_time",
+                "scheduled_time",
+            ],
+        )?;
+        Ok(AlibabaCols {
+            num,
+            milli,
+            create,
+            delete,
+            sched,
+            name: cols.get("name"),
+            qos: cols.get("qos"),
+            phase: cols.get("pod_phase"),
+        })
+    }
+
+    /// One row as a candidate job (`None`: dropped, the reason told to
+    /// `out`); every well-formed row moves `trace_end` to its deletion.
+    fn parse(
+        &self,
+        f: &[String],
+        line: usize,
+        trace_end: &mut i64,
+        out: &mut Collector<'_>,
+    ) -> Result<Option<Cand>, RowError> {
+        let num = parse_i64("num_gpu", &f[self.num])?;
+        let milli = parse_i64("gpu_milli", &f[self.milli])?;
+        let arrival = parse_i64("creation_time", &f[self.create])?;
+        let end = parse_i64("deletion_time", &f[self.delete])?;
+        *trace_end = (*trace_end).max(end);
+        if num < 0 {
+            return Err(RowError::field("num_gpu", FieldProblem::Negative(num)));
+        }
+        if num == 0 {
+            out.drop_row("cpu-only (num_gpu = 0)");
+            return Ok(None);
+        }
+        if !(1..=1000).contains(&milli) {
+            return Err(RowError::field(
+                "gpu_milli",
+                FieldProblem::MilliOutOfRange(milli),
+            ));
+        }
+        if f[self.sched].is_empty() {
+            out.drop_row("never scheduled");
+            return Ok(None);
+        }
+        let start = parse_i64("scheduled_time", &f[self.sched])?;
+        if end < start {
+            return Err(RowError::field(
+                "deletion_time",
+                FieldProblem::Before {
+                    value: end.to_string(),
+                    earlier: "scheduled_time",
+                    earlier_value: Some(start.to_string()),
+                },
+            ));
+        }
+        if start < arrival {
+            return Err(RowError::field(
+                "scheduled_time",
+                FieldProblem::Before {
+                    value: start.to_string(),
+                    earlier: "creation_time",
+                    earlier_value: Some(arrival.to_string()),
+                },
+            ));
+        }
+        let qos = self.qos.map_or("", |i| f[i].as_str());
+        let class = if qos.eq_ignore_ascii_case("LS") {
+            JobClass::Inference
+        } else {
+            JobClass::Training
+        };
+        let running = self
+            .phase
+            .is_some_and(|i| f[i].eq_ignore_ascii_case("Running"));
+        let id = self
+            .name
+            .map(|i| f[i].clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("line{line}"));
+        let gpus = u32::try_from(num)
+            .map_err(|_| RowError::field("num_gpu", FieldProblem::NotAGpuCount(num.to_string())))?;
+        Ok(Some(Cand {
+            line,
+            id,
+            arrival,
+            start,
+            end,
+            milli,
+            gpus,
+            class,
+            running,
+        }))
+    }
+}
+
+/// A candidate's job (`None`: it has no run time): its slices rounded up
+/// to a profile (a whole GPU for a gang job), a sampled speed-up curve and
+/// deadline.
+fn cand_job(c: &Cand, opts: &TraceOptions) -> Option<Job> {
+    let spec = opts.model.spec();
+    let total = spec.compute_slices;
+    let duration = (c.end - c.start) as f64;
+    if duration <= 0.0 {
+        return None;
+    }
+    // ceil(milli x C / 1000) in integers: no float rounding at exact shares.
+    let slices = ((c.milli * i64::from(total) + 999) / 1000) as u8;
+    let k = if c.gpus > 1 {
+        total
+    } else {
+        round_up_to_profile(opts.model, slices).unwrap_or(total)
+    };
+    let mut rng = row_rng(opts.seed, c.line);
+    let speedup = sample_curve(&mut rng, c.class);
+    let arrival = c.arrival as f64;
+    let mut job = Job {
+        id: 0,
+        arrival,
+        work: duration * speedup.speed(k, total),
+        speedup,
+        memory_gb: c.milli as f64 / 1000.0 * f64::from(spec.memory_gb),
+        deadline: arrival,
+        class: c.class,
+        requested_slices: Some(k),
+        declared_memory_gb: None,
+        template: None,
+        memory_growth: None,
+        gpus: c.gpus,
+    };
+    job.deadline = sample_deadline(&mut rng, opts, &job);
+    Some(job)
 }
 
 #[cfg(test)]

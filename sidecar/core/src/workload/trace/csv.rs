@@ -23,6 +23,8 @@ use super::{
     parse_f64, parse_i64, row_rng, sample_curve, sample_deadline, Collector, Columns, FieldProblem,
     RowError, Trace, TraceError, TraceOptions,
 };
+use rand_chacha::ChaCha8Rng;
+
 use crate::workload::{round_up_to_profile, Job, JobClass, SpeedupCurve};
 
 /// The columns [`write_csv`] writes, in order.
@@ -187,6 +189,39 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
     let class: JobClass = f[c.class]
         .parse()
         .map_err(|_| RowError::field("class", FieldProblem::NotAClass(f[c.class].clone())))?;
+    let (requested_slices, gpus) = parse_slices(f, c, opts)?;
+    let mut rng = row_rng(opts.seed, line);
+    let speedup = parse_speedup(f, c, &mut rng, class)?;
+    let mut job = Job {
+        id: 0,
+        arrival,
+        work,
+        speedup,
+        memory_gb,
+        deadline: arrival,
+        class,
+        requested_slices,
+        declared_memory_gb: None,
+        template: None,
+        memory_growth: None,
+        gpus,
+    };
+    job.deadline = parse_deadline(f, c, &mut rng, opts, &job)?;
+    if memory_gb > f64::from(spec.memory_gb) {
+        return Ok(Row::Dropped("memory exceeds the GPU"));
+    }
+    let id = optional(f, c.id).map_or_else(|| format!("line{line}"), str::to_string);
+    Ok(Row::Job(id, job))
+}
+
+/// The row's requested compute slices (rounded up to a profile) and GPUs;
+/// a gang job (more than one GPU) asks for whole GPUs.
+fn parse_slices(
+    f: &[String],
+    c: &CsvCols,
+    opts: &TraceOptions,
+) -> Result<(Option<u8>, u32), RowError> {
+    let spec = opts.model.spec();
     let requested_slices = match optional(f, c.requested) {
         None => None,
         Some(v) => {
@@ -232,15 +267,25 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
         _ if gpus > 1 => Some(spec.compute_slices),
         k => k,
     };
-    let mut rng = row_rng(opts.seed, line);
+    Ok((requested_slices, gpus))
+}
+
+/// The row's speed-up curve: its columns (each in (0, 1], a missing one 1),
+/// or one sampled for its class when it has neither.
+fn parse_speedup(
+    f: &[String],
+    c: &CsvCols,
+    rng: &mut ChaCha8Rng,
+    class: JobClass,
+) -> Result<SpeedupCurve, RowError> {
     let beta = optional(f, c.beta)
         .map(|v| parse_f64("speedup_beta", v))
         .transpose()?;
     let sat = optional(f, c.saturation)
         .map(|v| parse_f64("speedup_saturation", v))
         .transpose()?;
-    let speedup = match (beta, sat) {
-        (None, None) => sample_curve(&mut rng, class),
+    Ok(match (beta, sat) {
+        (None, None) => sample_curve(rng, class),
         (b, s) => {
             let in_unit = |col: &str, v: f64| {
                 if v > 0.0 && v <= 1.0 {
@@ -254,43 +299,34 @@ fn parse_row(f: &[String], c: &CsvCols, line: usize, opts: &TraceOptions) -> Res
                 saturation: in_unit("speedup_saturation", s.unwrap_or(1.0))?,
             }
         }
-    };
-    let mut job = Job {
-        id: 0,
-        arrival,
-        work,
-        speedup,
-        memory_gb,
-        deadline: arrival,
-        class,
-        requested_slices,
-        declared_memory_gb: None,
-        template: None,
-        memory_growth: None,
-        gpus,
-    };
-    job.deadline = match optional(f, c.deadline) {
+    })
+}
+
+/// The row's deadline: its column (not before its arrival), or one sampled.
+fn parse_deadline(
+    f: &[String],
+    c: &CsvCols,
+    rng: &mut ChaCha8Rng,
+    opts: &TraceOptions,
+    job: &Job,
+) -> Result<f64, RowError> {
+    Ok(match optional(f, c.deadline) {
         Some(v) => {
             let d = parse_f64("deadline_s", v)?;
-            if d < arrival {
+            if d < job.arrival {
                 return Err(RowError::field(
                     "deadline_s",
                     FieldProblem::Before {
                         value: d.to_string(),
                         earlier: "arrival_s",
-                        earlier_value: Some(arrival.to_string()),
+                        earlier_value: Some(job.arrival.to_string()),
                     },
                 ));
             }
             d
         }
-        None => sample_deadline(&mut rng, opts, &job),
-    };
-    if memory_gb > f64::from(spec.memory_gb) {
-        return Ok(Row::Dropped("memory exceeds the GPU"));
-    }
-    let id = optional(f, c.id).map_or_else(|| format!("line{line}"), str::to_string);
-    Ok(Row::Job(id, job))
+        None => sample_deadline(rng, opts, job),
+    })
 }
 
 /// Writes jobs in the format [`read_csv`] reads (all columns, `id` = job id).

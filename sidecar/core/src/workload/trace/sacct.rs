@@ -135,94 +135,23 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
     if job_id.contains('.') {
         return Ok(Row::Dropped("job step"));
     }
-    let state = get(c.state).to_ascii_uppercase();
-    let state_word = state.split_whitespace().next().unwrap_or("");
-    if state_word == "PENDING" {
-        return Ok(Row::Dropped("never started"));
+    if let Some(reason) = unfinished(&get(c.state).to_ascii_uppercase()) {
+        return Ok(Row::Dropped(reason));
     }
-    if matches!(
-        state_word,
-        "RUNNING" | "REQUEUED" | "SUSPENDED" | "RESIZING"
-    ) {
-        return Ok(Row::Dropped("not finished"));
-    }
-    let in_column = |column: &'static str| move |p| RowError::field(column, p);
-    let submit = parse_time(get(c.submit))
-        .map_err(in_column("Submit"))?
-        .ok_or_else(|| {
-            RowError::field("Submit", FieldProblem::NoTime(get(c.submit).to_string()))
-        })?;
-    let start = match c.start {
-        Some(i) => match parse_time(f[i]).map_err(in_column("Start"))? {
-            None => return Ok(Row::Dropped("never started")),
-            Some(t) => Some(t),
-        },
-        None => None,
+    let (submit, run) = match times(f, c)? {
+        Ok(t) => t,
+        Err(reason) => return Ok(Row::Dropped(reason)),
     };
-    let run = match c.elapsed {
-        Some(i) => parse_duration(f[i])
-            .map_err(in_column("Elapsed"))?
-            .ok_or_else(|| {
-                RowError::field("Elapsed", FieldProblem::NoDuration(f[i].to_string()))
-            })?,
-        None => {
-            let end = c.end.map(|i| f[i]).unwrap_or("");
-            let Some(end) = parse_time(end).map_err(in_column("End"))? else {
-                return Ok(Row::Dropped("not finished"));
-            };
-            let start = start.unwrap_or(submit);
-            if end < start {
-                return Err(RowError::field(
-                    "End",
-                    FieldProblem::Before {
-                        value: end.to_string(),
-                        earlier: "Start",
-                        earlier_value: None,
-                    },
-                ));
-            }
-            end - start
-        }
-    };
-    // TRES: what was allocated, else what was asked.
-    let (tres_col, tres) = match (c.alloc.map(|i| f[i]), c.req.map(|i| f[i])) {
-        (Some(a), _) if !a.is_empty() => ("AllocTRES", a),
-        (_, Some(r)) => ("ReqTRES", r),
-        (Some(a), None) => ("AllocTRES", a),
-        (None, None) => ("ReqTRES", ""),
-    };
-    let g = parse_tres(tres).map_err(in_column(tres_col))?;
-    let spec = opts.model.spec();
-    let total = spec.compute_slices;
-    let gpus = if g.shards > 0 {
-        g.shards.div_ceil(u64::from(total))
-    } else {
-        g.gpus
-    };
-    if gpus == 0 {
+    let Some((gpus, k)) = gpus_and_slices(f, c, opts)? else {
         return Ok(Row::Dropped("no gpu"));
-    }
-    let gpus = u32::try_from(gpus)
-        .map_err(|_| RowError::field(tres_col, FieldProblem::NotAGpuCount(gpus.to_string())))?;
-    let k = if gpus == 1 && g.shards > 0 {
-        // shards <= total <= 255 here, so the cast is exact.
-        round_up_to_profile(opts.model, g.shards as u8).unwrap_or(total)
-    } else {
-        total
     };
     if run <= 0.0 {
         return Ok(Row::Dropped("zero run time"));
     }
+    let spec = opts.model.spec();
+    let total = spec.compute_slices;
     let name = get(c.name).to_ascii_lowercase();
-    let class = if name.contains("train") {
-        JobClass::Training
-    } else if name.contains("infer") || name.contains("serv") {
-        JobClass::Inference
-    } else if k == total {
-        JobClass::Training
-    } else {
-        JobClass::Inference
-    };
+    let class = class_of(&name, k, total);
     let mut rng = row_rng(opts.seed, line);
     let speedup = sample_curve(&mut rng, class);
     let limit = match c.limit {
@@ -252,6 +181,119 @@ fn parse_row(f: &[&str], c: &SacctCols, line: usize, opts: &TraceOptions) -> Res
         .find(|s| !s.is_empty())
         .map_or_else(|| format!("line{line}"), str::to_string);
     Ok(Row::Job(id, job))
+}
+
+/// Why a job in `state` (upper case) is not replayed: never started or
+/// not finished.
+fn unfinished(state: &str) -> Option<&'static str> {
+    let state_word = state.split_whitespace().next().unwrap_or("");
+    if state_word == "PENDING" {
+        return Some("never started");
+    }
+    if matches!(
+        state_word,
+        "RUNNING" | "REQUEUED" | "SUSPENDED" | "RESIZING"
+    ) {
+        return Some("not finished");
+    }
+    None
+}
+
+/// The row's problem `p`, blamed on `column`.
+fn in_column(column: &'static str) -> impl Fn(FieldProblem) -> RowError {
+    move |p| RowError::field(column, p)
+}
+
+/// The row's submit time and run time, s (`Err`: why the row is dropped):
+/// the run time is `Elapsed`, else from its start (or submit) to its end.
+fn times(f: &[&str], c: &SacctCols) -> Result<Result<(f64, f64), &'static str>, RowError> {
+    let get = |i: Option<usize>| i.map_or("", |i| f[i]);
+    let submit = parse_time(get(c.submit))
+        .map_err(in_column("Submit"))?
+        .ok_or_else(|| {
+            RowError::field("Submit", FieldProblem::NoTime(get(c.submit).to_string()))
+        })?;
+    let start = match c.start {
+        Some(i) => match parse_time(f[i]).map_err(in_column("Start"))? {
+            None => return Ok(Err("never started")),
+            Some(t) => Some(t),
+        },
+        None => None,
+    };
+    let run = match c.elapsed {
+        Some(i) => parse_duration(f[i])
+            .map_err(in_column("Elapsed"))?
+            .ok_or_else(|| {
+                RowError::field("Elapsed", FieldProblem::NoDuration(f[i].to_string()))
+            })?,
+        None => {
+            let end = c.end.map(|i| f[i]).unwrap_or("");
+            let Some(end) = parse_time(end).map_err(in_column("End"))? else {
+                return Ok(Err("not finished"));
+            };
+            let start = start.unwrap_or(submit);
+            if end < start {
+                return Err(RowError::field(
+                    "End",
+                    FieldProblem::Before {
+                        value: end.to_string(),
+                        earlier: "Start",
+                        earlier_value: None,
+                    },
+                ));
+            }
+            end - start
+        }
+    };
+    Ok(Ok((submit, run)))
+}
+
+/// The row's GPUs and compute slices per GPU (`None`: no GPU), from its
+/// TRES: what was allocated, else what was asked.
+fn gpus_and_slices(
+    f: &[&str],
+    c: &SacctCols,
+    opts: &TraceOptions,
+) -> Result<Option<(u32, u8)>, RowError> {
+    let (tres_col, tres) = match (c.alloc.map(|i| f[i]), c.req.map(|i| f[i])) {
+        (Some(a), _) if !a.is_empty() => ("AllocTRES", a),
+        (_, Some(r)) => ("ReqTRES", r),
+        (Some(a), None) => ("AllocTRES", a),
+        (None, None) => ("ReqTRES", ""),
+    };
+    let g = parse_tres(tres).map_err(in_column(tres_col))?;
+    let spec = opts.model.spec();
+    let total = spec.compute_slices;
+    let gpus = if g.shards > 0 {
+        g.shards.div_ceil(u64::from(total))
+    } else {
+        g.gpus
+    };
+    if gpus == 0 {
+        return Ok(None);
+    }
+    let gpus = u32::try_from(gpus)
+        .map_err(|_| RowError::field(tres_col, FieldProblem::NotAGpuCount(gpus.to_string())))?;
+    let k = if gpus == 1 && g.shards > 0 {
+        // shards <= total <= 255 here, so the cast is exact.
+        round_up_to_profile(opts.model, g.shards as u8).unwrap_or(total)
+    } else {
+        total
+    };
+    Ok(Some((gpus, k)))
+}
+
+/// A job's class from its name, else from its size (a whole GPU: training).
+fn class_of(name: &str, k: u8, total: u8) -> JobClass {
+    if name.contains("train") {
+        JobClass::Training
+    } else if name.contains("infer") || name.contains("serv") {
+        JobClass::Inference
+    } else if k == total {
+        JobClass::Training
+    } else {
+        JobClass::Inference
+    }
 }
 
 /// GPU counts of a TRES string.
