@@ -5,6 +5,9 @@
 #                         munged, slurmctld and slurmd, wait until the node
 #                         is idle; clients then use `. DIR/env`
 #   cluster.sh down DIR   stop everything `up` started (safe to call twice)
+#   cluster.sh restart DIR  stop slurmd and slurmctld and start them again
+#                         on DIR's (edited) slurm.conf and gres.conf, as an
+#                         admin does after changing GRES; waits until idle
 #
 # Must run as root (mknod, SlurmUser=root). Everything lives in DIR: its own
 # munged (own key and socket, passed to Slurm with AuthInfo=socket=...),
@@ -49,7 +52,7 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: $0 up|down DIR" >&2
+    echo "usage: $0 up|down|restart DIR" >&2
     exit 2
 }
 
@@ -349,7 +352,14 @@ export SLURM_CONF=$dir/slurm.conf
 ${series:+export SMARTMIG_SLURM_SERIES=$series}
 ENV
     export SLURM_CONF=$dir/slurm.conf
+    start_slurm "$version"
+}
 
+# Starts slurmctld and slurmd on DIR's config and waits until the node is
+# idle; $1 is the Slurm version (for the last line).
+start_slurm() {
+    local version=$1 node
+    node=$(hostname -s)
     in_series slurmctld -f "$dir/slurm.conf" || {
         show_logs
         die "slurmctld failed to start"
@@ -377,8 +387,17 @@ ENV
     echo "cluster.sh: node $node idle (Slurm $version); use: . $dir/env"
 }
 
+cluster_restart() {
+    [[ -f $dir/slurm.conf ]] || die "$dir/slurm.conf: no cluster there"
+    dir=$(cd "$dir" && pwd -P)
+    stop_pidfiles "$dir/run/slurmd.pid" "$dir/run/slurmctld.pid"
+    export SLURM_CONF=$dir/slurm.conf
+    start_slurm "$(in_series slurmd -V | awk '{print $2}')"
+}
+
 case $cmd in
 up) cluster_up ;;
 down) cluster_down ;;
+restart) cluster_restart ;;
 *) usage ;;
 esac

@@ -167,6 +167,9 @@ pub struct GresGpu {
     /// `Type=` when it names a MIG profile (`3g.20gb`): a static MIG
     /// setup's device, not a whole GPU.
     pub mig_type: Option<String>,
+    /// `Type=` as slurmd printed it (`None` for `(null)`): the per-GPU
+    /// `mig<index>` that smartmigd's holds name ([`crate::holds::typing`]).
+    pub gres_type: Option<String>,
 }
 
 /// Parses `slurmd -G` (22.05 prints one log line per GRES, e.g.
@@ -185,6 +188,7 @@ pub fn parse_gres_gpus(text: &str) -> Vec<GresGpu> {
                 index: field("Index=")?.parse().ok()?,
                 file: field("File=")?,
                 mig_type: field("Type=").and_then(|t| mig_type(&format!("gres:gpu:{t}"))),
+                gres_type: field("Type=").filter(|t| t != "(null)"),
             })
         })
         .collect()
@@ -1628,11 +1632,13 @@ mod tests {
                     index: 0,
                     file: "/d/nvidia1".into(),
                     mig_type: None,
+                    gres_type: None,
                 },
                 GresGpu {
                     index: 1,
                     file: "/d/nvidia0".into(),
                     mig_type: None,
+                    gres_type: None,
                 }
             ]
         );
@@ -1641,6 +1647,14 @@ mod tests {
             "slurmd: Gres Name=gpu Type=3g.20gb Count=1 Index=0 ID=7 File=/d/nvidia-mig0 (null)\n",
         );
         assert_eq!(typed[0].mig_type.as_deref(), Some("3g.20gb"));
+        // Per-GPU types for the holds (22.05's slurmd -G, verified).
+        let per_gpu = parse_gres_gpus(
+            "slurmd-vm: Gres Name=shard Type=mig0 Count=7 Index=0 ID=1918986455 File=/d/nvidia0 (null)\n\
+             slurmd-vm: Gres Name=gpu Type=mig0 Count=1 Index=0 ID=7696487 File=/d/nvidia0 (null)\n",
+        );
+        assert_eq!(per_gpu.len(), 1);
+        assert_eq!(per_gpu[0].gres_type.as_deref(), Some("mig0"));
+        assert_eq!(per_gpu[0].mig_type, None, "mig0 is no MIG profile");
         let minor = |f: &str| f.strip_prefix("/d/nvidia")?.parse().ok();
         let swapped = gpu_order_mismatches(&[(0, Some(0)), (1, Some(1))], &gres, minor);
         assert_eq!(swapped.len(), 2, "{swapped:?}");

@@ -15,6 +15,7 @@ use smartmig_client::protocol::GpuOrderStatus;
 
 use super::{panic, Daemon, StartError};
 use crate::backend::Backend;
+use crate::holds::GresTyping;
 use crate::slurm::{GresGpu, SlurmClient, SlurmError};
 
 /// The first wait before asking Slurm again; doubled after each failed
@@ -26,8 +27,9 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 /// What the last ask found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Outcome {
-    /// Slurm's GPU i is the backend's GPU i (`gpus` gpu GRES compared).
-    Matches { gpus: usize },
+    /// Slurm's GPU i is the backend's GPU i (`gpus` gpu GRES compared);
+    /// `typing`: whether each has its own GRES type (for the holds).
+    Matches { gpus: usize, typing: GresTyping },
     /// slurmd lists no gpu GRES for this node: nothing to compare.
     NoGres,
     /// Slurm did not answer (`slurmd -G` failed); asked again later.
@@ -64,7 +66,7 @@ impl GpuOrderCheck {
     /// The `gpu_order` section of a status reply.
     pub(super) fn status(&self) -> Option<GpuOrderStatus> {
         let (state, detail) = match self.outcome.as_ref()? {
-            Outcome::Matches { gpus } => (
+            Outcome::Matches { gpus, .. } => (
                 "matches",
                 format!("Slurm's {gpus} gpu GRES are the backend's GPUs in the same order"),
             ),
@@ -83,6 +85,16 @@ impl GpuOrderCheck {
             detail,
             attempts: self.attempts,
         })
+    }
+
+    /// What Slurm's answer says about per-GPU GRES types (the holds,
+    /// [`crate::holds::decide`]).
+    pub(super) fn typing(&self) -> GresTyping {
+        match &self.outcome {
+            Some(Outcome::Matches { typing, .. }) => typing.clone(),
+            Some(Outcome::NoGres) => GresTyping::NoGpus,
+            _ => GresTyping::Unknown,
+        }
     }
 
     /// The refusal of an allocate while the order is known to be wrong.
@@ -129,7 +141,10 @@ fn compare(backend: &dyn Backend, node: &str, gres: Result<Vec<GresGpu>, SlurmEr
     };
     let mismatches = crate::slurm::gpu_order_mismatches(&ours, &gres, minor_of);
     if mismatches.is_empty() {
-        Outcome::Matches { gpus: gres.len() }
+        Outcome::Matches {
+            gpus: gres.len(),
+            typing: crate::holds::typing(&gres),
+        }
     } else {
         Outcome::Mismatch(mismatches.join("; "))
     }
@@ -138,7 +153,7 @@ fn compare(backend: &dyn Backend, node: &str, gres: Result<Vec<GresGpu>, SlurmEr
 /// Logs an outcome: `at` says when ("at start", "on ask N").
 pub(super) fn log(node: &str, outcome: &Outcome, at: &str) {
     match outcome {
-        Outcome::Matches { gpus } => {
+        Outcome::Matches { gpus, .. } => {
             tracing::info!(node, gpus, "Slurm's GPU order matches the backend's ({at})");
         }
         Outcome::NoGres => tracing::warn!(
@@ -214,6 +229,7 @@ async fn retry_once(daemon: Arc<Daemon>) -> bool {
     let answered = outcome.answered();
     if answered {
         log(&daemon.node.name, &outcome, &format!("ask {attempts}"));
+        super::holds::log_decision(&daemon.cx(), &format!("ask {attempts}"));
     } else {
         tracing::debug!(attempts, "Slurm has not answered the GPU order check yet");
     }

@@ -151,8 +151,7 @@ pub(super) fn advice(cx: &Cx<'_>, req: &AllocateRequest, elsewhere: Option<u32>)
     if req.step.is_none_or(|s| s == BATCH_STEP) {
         return String::new();
     }
-    let cfg = cx.cfg();
-    if cfg.slurm.enabled && cfg.slurm.holds.offer_rule().is_some() {
+    if super::holds::rule(cx).is_some() {
         return "; an interactive step is not requeued: run it again (this node holds the \
                 shards MIG cannot build, so Slurm places it where an instance can be made), \
                 or submit it with sbatch, which is requeued instead of failing"
