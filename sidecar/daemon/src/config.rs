@@ -94,6 +94,11 @@ pub struct SlurmConfig {
     /// `mig<index>` (docs/slurm-integration.md §9); where gres.conf lacks
     /// them smartmigd runs without holds ([`crate::holds::decide`]).
     pub holds: HoldRule,
+    /// The partition the holds are queued in; empty: Slurm's default
+    /// partition. A partition with `Hidden=YES` (and `AllowGroups` of
+    /// smartmigd's user) keeps them out of users' `squeue`
+    /// (docs/slurm-integration.md §9, "Hiding the holds").
+    pub hold_partition: String,
     /// Queues the holds (`salloc --no-shell`).
     pub salloc: String,
     /// Cancels holds no longer needed.
@@ -148,6 +153,7 @@ impl Default for SlurmConfig {
             command_timeout_s: 10,
             check_grants: true,
             holds: HoldRule::Auto,
+            hold_partition: String::new(),
             salloc: "salloc".into(),
             scancel: "scancel".into(),
         }

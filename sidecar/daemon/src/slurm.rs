@@ -800,6 +800,8 @@ pub struct CommandSlurm {
     pub slurmd: String,
     pub salloc: String,
     pub scancel: String,
+    /// `salloc -p` of the holds; empty: Slurm's default partition.
+    pub hold_partition: String,
     pub timeout: Duration,
 }
 
@@ -958,13 +960,15 @@ impl CommandSlurm {
 }
 
 impl SlurmClient for CommandSlurm {
-    /// `squeue --json --states=all`: ended jobs too. 22.05 ignores the
+    /// `squeue --json --states=all --all`: ended jobs too, and the jobs of
+    /// hidden partitions (the holds', [`CommandSlurm::hold_partition`]).
+    /// 22.05 ignores the
     /// filter and lists recently ended jobs anyway; from 23.11 on the
     /// filters apply and plain `squeue --json` hides ended jobs, so an
     /// out-of-memory requeue, which waits to see the job FAILED, would
     /// never see it.
     fn queue(&self) -> Result<QueueSnapshot, SlurmError> {
-        let v = self.json(&self.squeue, &["--json", "--states=all"])?;
+        let v = self.json(&self.squeue, &["--json", "--states=all", "--all"])?;
         parse_queue(&v).map_err(|source| SlurmError::Parse {
             cmd: self.squeue.clone(),
             source,
@@ -1027,7 +1031,7 @@ impl SlurmClient for CommandSlurm {
 
     fn hold(&self, name: &str, node: &str, gres_type: &str, shards: u8) -> Result<u64, SlurmError> {
         let gres = format!("--gres=shard:{gres_type}:{shards}");
-        let args = [
+        let mut args = vec![
             "--no-shell",
             "-J",
             name,
@@ -1038,6 +1042,9 @@ impl SlurmClient for CommandSlurm {
             "-n1",
             "--mem=1M",
         ];
+        if !self.hold_partition.is_empty() {
+            args.extend(["-p", self.hold_partition.as_str()]);
+        }
         queue_allocation(&self.salloc, &args, self.timeout)
     }
 
@@ -1549,6 +1556,7 @@ mod tests {
             slurmd: "cat".into(),
             salloc: "cat".into(),
             scancel: "cat".into(),
+            hold_partition: String::new(),
             timeout: Duration::from_secs(10),
         };
         let e = slurm.json("cat", &[file.to_str().unwrap()]).unwrap_err();
@@ -1693,6 +1701,7 @@ mod tests {
             slurmd: "sh".into(),
             salloc: "sh".into(),
             scancel: "sh".into(),
+            hold_partition: String::new(),
             timeout: Duration::from_secs(20),
         };
         let out = slurm

@@ -593,6 +593,7 @@ impl<'a> Wait<'a> {
             // `1g@0` and `3g@4` 3 s after the first was requeued).
             self.listed = None;
             holds::sync(cx).await;
+            room::batch_no_fit_told(cx, req, &reason, no_room_for);
             return Err(ErrorBody::new(ErrorKind::NoFit, reason));
         }
         // The job whose turn it is may be asleep: wake it before this
