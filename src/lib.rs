@@ -333,6 +333,19 @@ impl SlurmCluster {
         cluster
     }
 
+    /// Stops slurmd and slurmctld and starts them again on the cluster's
+    /// (edited) slurm.conf and gres.conf, as an admin does after changing
+    /// GRES (`cluster.sh restart`); panics when the node is not idle again.
+    pub fn restart_slurm(&self) {
+        let out = self.script("restart");
+        assert!(
+            out.status.success(),
+            "`cluster.sh restart {}` failed: {}",
+            self.dir.display(),
+            describe(&out)
+        );
+    }
+
     fn script(&self, cmd: &str) -> Output {
         Command::new("bash")
             .arg(repo_root().join("tests/slurm/cluster.sh"))
@@ -696,11 +709,6 @@ impl Sidecar {
     ) -> Sidecar {
         let socket = dir.join("run/smartmigd.sock");
         let state = dir.join("smartmigd-state");
-        let log_dir = dir.join("log");
-        for d in [dir.join("run"), log_dir.clone()] {
-            std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
-        }
-        let config = dir.join("smartmigd.toml");
         let text = format!(
             "# Written by the smartmig end-to-end tests.\n\
              socket = \"{}\"\n\
@@ -719,6 +727,49 @@ impl Sidecar {
             backend.top_toml(),
             backend.tables_toml(),
         );
+        Sidecar::start_text(dir, &text, backend)
+    }
+
+    /// The packaged example config (etc/smartmig.toml, every key at its
+    /// shipped value) made to run in the cluster directory: the socket,
+    /// state and journal there, the sim backend with two A100-40GB, and
+    /// nothing else changed (no `holds` key, `allocate_wait_s = 30`).
+    pub fn packaged_config(dir: &Path) -> String {
+        let shipped = std::fs::read_to_string(repo_root().join("etc/smartmig.toml"))
+            .expect("read etc/smartmig.toml");
+        let mut out =
+            String::from("# etc/smartmig.toml as packaged, paths moved into the test cluster.\n");
+        for line in shipped.lines() {
+            let line = match line.split_once(" = ") {
+                Some(("socket", _)) => {
+                    format!("socket = \"{}\"", dir.join("run/smartmigd.sock").display())
+                }
+                Some(("state_dir", _)) => {
+                    format!("state_dir = \"{}\"", dir.join("smartmigd-state").display())
+                }
+                Some(("journal_dir", _)) => format!(
+                    "journal_dir = \"{}\"",
+                    dir.join("smartmigd-journal").display()
+                ),
+                Some(("backend", _)) => "backend = \"sim\"".to_string(),
+                _ => line.to_string(),
+            };
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out.push_str("\n[[gpus]]\nmodel = \"a100-40gb\"\ncount = 2\n");
+        out
+    }
+
+    /// Starts smartmigd with `text` as its whole config (written to
+    /// `DIR/smartmigd.toml`; its socket must be `DIR/run/smartmigd.sock`).
+    pub fn start_text(dir: &Path, text: &str, backend: &SidecarBackend) -> Sidecar {
+        let socket = dir.join("run/smartmigd.sock");
+        let log_dir = dir.join("log");
+        for d in [dir.join("run"), log_dir.clone()] {
+            std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
+        }
+        let config = dir.join("smartmigd.toml");
         std::fs::write(&config, text).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
         let log_path = log_dir.join("smartmigd.log");
         let log = std::fs::OpenOptions::new()

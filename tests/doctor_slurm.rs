@@ -14,6 +14,9 @@ fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
     // Quick requeues as the other tests have them: on 25.11+ without
     // `requeue_delay` doctor warns (slurm.requeue).
     smartmig_suite::quick_requeues();
+    // The packaged gres.conf (etc/slurm/gres.conf.snippet): one GRES type
+    // per GPU, so that the default holds run (issue 56).
+    std::env::set_var("SMARTMIG_SLURM_TYPED_GPUS", "1");
     let cluster = SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, ""))
             .expect("write plugstack.conf");
@@ -53,6 +56,7 @@ fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
         "slurm.gres.gpu",
         "slurm.gres.shard.gpu0",
         "slurm.gres.shard.gpu1",
+        "slurm.holds",
         "plugin.line",
         "plugin.library",
         "plugin.args",
@@ -62,6 +66,8 @@ fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
         "daemon.gpus",
         // smartmigd's own check of Slurm's GPU order, on the real slurmd -G.
         "daemon.gpu_order",
+        // The default holds (`auto`) run on the typed gres.conf.
+        "daemon.holds",
     ] {
         assert_eq!(status(name), "ok", "{name}: {}", describe(&out));
     }

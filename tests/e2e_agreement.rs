@@ -243,6 +243,21 @@ fn shard_slurm_sees_but_mig_cannot_build_is_requeued_not_failed() {
     let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{small}.out")))
         .unwrap_or_default();
     assert!(out.contains("small ran"), "{out}");
+    // Told why (issue 56): the next run's output and the job's record.
+    assert!(
+        out.contains("smartmig: this job was requeued by smartmig")
+            && out.contains("got no MIG instance on GPU"),
+        "the next run does not say why: {out}"
+    );
+    let comment = cluster
+        .job_records(small)
+        .first()
+        .and_then(|r| r.get("AdminComment").cloned())
+        .unwrap_or_default();
+    assert!(
+        comment.contains("smartmig-requeued:at=") && comment.contains("why=no_room_for_1g.5gb"),
+        "AdminComment does not say why: {comment}"
+    );
 }
 
 /// Slurm numbers GPUs by their device file names (`slurmd -G`: nvidia0 is

@@ -19,7 +19,12 @@
 //! `next-job`; `off` for the behaviour before issue 42; the requeue bound
 //! is asserted for `any-mix` only), `SMARTMIG_BUSY_MIX_OUT=DIR` (keep the job
 //! CSV, the per-job records, the summary JSON and smartmigd's and
-//! slurmctld's logs there).
+//! slurmctld's logs there), `SMARTMIG_BUSY_MIX_CONFIG=packaged` (issue 56:
+//! what a new site runs: smartmigd on the packaged etc/smartmig.toml, no
+//! `holds` key, `allocate_wait_s = 30`; gres.conf typed per GPU as the
+//! packaged snippet; Slurm's own `cred_expire` (a requeued job is held
+//! 121 s) and `sched_interval` (60 s); `SMARTMIG_BUSY_MIX_HOLDS` is then
+//! ignored and the simulator runs with the same settings).
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
@@ -152,17 +157,50 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn cluster() -> SlurmCluster {
+/// The timings of a run: the test's scaled-down ones, or the packaged
+/// defaults (smartmigd's `allocate_wait_s`, Slurm's `cred_expire` and
+/// `sched_interval`).
+#[derive(Clone, Copy, Debug)]
+struct Timings {
+    allocate_wait_s: u64,
+    requeue_hold_s: u64,
+    sched_interval_s: u64,
+}
+
+impl Timings {
+    fn of(packaged: bool) -> Timings {
+        if packaged {
+            Timings {
+                allocate_wait_s: 30,
+                requeue_hold_s: 121,
+                sched_interval_s: 60,
+            }
+        } else {
+            Timings {
+                allocate_wait_s: ALLOCATE_WAIT_S,
+                requeue_hold_s: CRED_EXPIRE_S + 1,
+                sched_interval_s: SCHED_INTERVAL_S,
+            }
+        }
+    }
+}
+
+fn cluster(packaged: bool) -> SlurmCluster {
     std::env::set_var(
         "SMARTMIG_SLURM_JOB_SUBMIT",
         repo_root().join("etc/slurm/job_submit.lua"),
     );
     std::env::set_var("SMARTMIG_SLURM_TYPED_GPUS", "1");
-    std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", CRED_EXPIRE_S.to_string());
-    std::env::set_var(
-        "SMARTMIG_SLURM_SCHED_EXTRA",
-        format!("sched_interval={SCHED_INTERVAL_S}"),
-    );
+    if packaged {
+        std::env::remove_var("SMARTMIG_SLURM_CRED_EXPIRE");
+        std::env::remove_var("SMARTMIG_SLURM_SCHED_EXTRA");
+    } else {
+        std::env::set_var("SMARTMIG_SLURM_CRED_EXPIRE", CRED_EXPIRE_S.to_string());
+        std::env::set_var(
+            "SMARTMIG_SLURM_SCHED_EXTRA",
+            format!("sched_interval={SCHED_INTERVAL_S}"),
+        );
+    }
     std::env::set_var("SMARTMIG_SLURM_CONF_EXTRA", "MinJobAge=3600");
     SlurmCluster::up_with(|dir| {
         std::fs::write(dir.join("plugstack.conf"), plugstack_line(dir, ""))
@@ -170,15 +208,49 @@ fn cluster() -> SlurmCluster {
     })
 }
 
+/// Every `SRUN_EVERY`-th job of the packaged run (from the 6th) is an
+/// interactive `srun` instead of a batch job: a step that cannot be
+/// requeued, so a fit it does not get is a failed `srun` (issue 56).
+const SRUN_EVERY: usize = 10;
+
+/// An interactive job of the mix that ended: its name and, when `srun`
+/// failed, why.
+struct SrunResult {
+    name: String,
+    failure: Option<String>,
+}
+
 /// Submits the list at its times (as root), waits for every job to end.
-fn submit_all(cluster: &SlurmCluster, jobs: &[MixJob]) -> Vec<(u32, MixJob)> {
+/// With `sruns`, every [`SRUN_EVERY`]-th job runs as `srun` (in the
+/// background) and is returned apart.
+fn submit_all(
+    cluster: &SlurmCluster,
+    jobs: &[MixJob],
+    sruns: bool,
+) -> (Vec<(u32, MixJob)>, Vec<SrunResult>) {
     let start = Instant::now();
     let mut ids = Vec::new();
-    for j in jobs {
+    let mut interactive = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
         let due = Duration::from_secs_f64(j.submit_s);
         if let Some(left) = due.checked_sub(start.elapsed()) {
             // Not synchronisation: the mix's submit times are its input.
             std::thread::sleep(left);
+        }
+        if sruns && i % SRUN_EVERY == SRUN_EVERY / 2 {
+            let child = cluster
+                .command("timeout")
+                .args(["900", "srun", "-J", &j.name])
+                .arg(format!("--gres=shard:{}", j.shards))
+                .args(["sleep", &j.run_s.to_string()])
+                .current_dir("/tmp")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start srun");
+            interactive.push((j.name.clone(), child));
+            continue;
         }
         let id = cluster.sbatch(&[
             &format!("--gres=shard:{}", j.shards),
@@ -205,7 +277,21 @@ fn submit_all(cluster: &SlurmCluster, jobs: &[MixJob]) -> Vec<(u32, MixJob)> {
         "jobs still queued after {budget:?}\n{}",
         cluster.log_tails()
     );
-    ids
+    let sruns = interactive
+        .into_iter()
+        .map(|(name, child)| {
+            let out = child.wait_with_output().expect("wait for srun");
+            let failure = (!out.status.success()).then(|| {
+                format!(
+                    "{}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            });
+            SrunResult { name, failure }
+        })
+        .collect();
+    (ids, sruns)
 }
 
 /// Reads each job's record (`SLURM_TIME_FORMAT=%s`: times in Unix seconds).
@@ -249,10 +335,10 @@ fn outcome(cluster: &SlurmCluster, ids: &[(u32, MixJob)], keep: Option<&Path>) -
 }
 
 /// `smartmig simulate --slurm-like` on the same list, with the same timings.
-fn simulated(csv: &Path, holds: &str) -> Value {
+fn simulated(csv: &Path, holds: &str, t: Timings) -> Value {
     let spec = format!(
-        "holds={holds},allocate-wait={ALLOCATE_WAIT_S},requeue-hold={},sched-interval={SCHED_INTERVAL_S}",
-        CRED_EXPIRE_S + 1
+        "holds={holds},allocate-wait={},requeue-hold={},sched-interval={}",
+        t.allocate_wait_s, t.requeue_hold_s, t.sched_interval_s
     );
     let out = std::process::Command::new(artifact("smartmig"))
         .args([
@@ -279,31 +365,58 @@ fn simulated(csv: &Path, holds: &str) -> Value {
 fn a_busy_mix_completes_without_requeue_loops() {
     let n: usize = env_or("SMARTMIG_BUSY_MIX_JOBS", 120);
     let seed: u64 = env_or("SMARTMIG_BUSY_MIX_SEED", 42);
-    let holds = std::env::var("SMARTMIG_BUSY_MIX_HOLDS").unwrap_or_else(|_| "any-mix".into());
+    let packaged = std::env::var("SMARTMIG_BUSY_MIX_CONFIG").is_ok_and(|c| c == "packaged");
+    let holds = if packaged {
+        "any-mix".to_string()
+    } else {
+        std::env::var("SMARTMIG_BUSY_MIX_HOLDS").unwrap_or_else(|_| "any-mix".into())
+    };
+    let timings = Timings::of(packaged);
     let keep = std::env::var_os("SMARTMIG_BUSY_MIX_OUT").map(std::path::PathBuf::from);
     let jobs = job_list(n, seed);
-    let cluster = cluster();
-    let _sidecar = Sidecar::start_configured(
-        cluster.dir(),
-        &format!("allocate_wait_s = {ALLOCATE_WAIT_S}\n"),
-        true,
-        &format!("holds = \"{holds}\""),
-        &SidecarBackend::Sim,
-    );
+    let cluster = cluster(packaged);
+    let _sidecar = if packaged {
+        let text = Sidecar::packaged_config(cluster.dir());
+        let sidecar = Sidecar::start_text(cluster.dir(), &text, &SidecarBackend::Sim);
+        // The default (`auto`) must have chosen any-mix on the typed gres.conf.
+        let status = sidecar.status();
+        assert_eq!(
+            (&status["holds"]["configured"], &status["holds"]["state"]),
+            (&json!("auto"), &json!("any-mix")),
+            "{:#}",
+            status["holds"]
+        );
+        sidecar
+    } else {
+        Sidecar::start_configured(
+            cluster.dir(),
+            &format!("allocate_wait_s = {ALLOCATE_WAIT_S}\n"),
+            true,
+            &format!("holds = \"{holds}\""),
+            &SidecarBackend::Sim,
+        )
+    };
     let started = Instant::now();
-    let ids = submit_all(&cluster, &jobs);
+    let (ids, sruns) = submit_all(&cluster, &jobs, packaged);
+    let failed_sruns: Vec<String> = sruns
+        .iter()
+        .filter_map(|r| r.failure.as_ref().map(|f| format!("{}: {f}", r.name)))
+        .collect();
     let took = started.elapsed();
     let dir = keep.clone().unwrap_or_else(|| cluster.dir().to_path_buf());
     std::fs::create_dir_all(&dir).expect("create the output directory");
     let csv = dir.join("busy-mix.csv");
     std::fs::write(&csv, job_csv(&jobs)).expect("write the job CSV");
     let real = outcome(&cluster, &ids, keep.as_deref());
-    let sim = simulated(&csv, &holds);
+    let sim = simulated(&csv, &holds, timings);
     let run = &sim["run"];
     let summary = json!({
         "jobs": n, "seed": seed, "holds": holds, "wall_s": took.as_secs_f64(),
+        "config": if packaged { "packaged" } else { "test" },
+        "series": smartmig_suite::slurm_series(),
         "real": {
             "requeues_per_100": real.requeues_per_100(), "failed": real.failed.len(),
+            "batch_jobs": real.jobs, "sruns": sruns.len(), "failed_sruns": failed_sruns.len(),
             "mean_wait_s": real.mean_wait(), "p95_wait_s": real.p95_wait(),
         },
         "simulated": {
@@ -313,7 +426,8 @@ fn a_busy_mix_completes_without_requeue_loops() {
         },
     });
     eprintln!(
-        "busy mix: {n} jobs (seed {seed}, holds {holds}) in {took:.0?}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10.1} {:>10.1}",
+        "busy mix: {n} jobs (seed {seed}, holds {holds}, {} config) in {took:.0?}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10.1} {:>10.1}",
+        if packaged { "packaged" } else { "test" },
         "", "real", "simulated",
         "requeues / 100 jobs", real.requeues_per_100(), summary["simulated"]["requeues_per_100"].as_f64().unwrap_or(f64::NAN),
         "failed / unserved", real.failed.len(), run["unserved"],
@@ -334,6 +448,21 @@ fn a_busy_mix_completes_without_requeue_loops() {
                 .unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
         }
     }
+    eprintln!(
+        "interactive: {} srun(s), {} failed{}",
+        sruns.len(),
+        failed_sruns.len(),
+        if failed_sruns.is_empty() {
+            String::new()
+        } else {
+            format!(": {failed_sruns:#?}")
+        }
+    );
+    assert!(
+        failed_sruns.is_empty(),
+        "srun steps that failed: {failed_sruns:#?}\n{}",
+        cluster.log_tails()
+    );
     assert!(
         real.failed.is_empty(),
         "jobs that did not complete: {:?}\n{}",

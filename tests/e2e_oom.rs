@@ -166,6 +166,26 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         "job {job1} output:\n{text}"
     );
     assert!(text.contains("FAILING"), "{text}");
+    // Told why (issue 56): the next run's output and the job's record.
+    assert!(
+        text.contains("smartmig: this job was requeued by smartmig")
+            && text.contains("its previous run ran out of GPU memory on its 1g.5gb (GPU 0")
+            && text.contains("on a profile with at least 10 GB"),
+        "the next run does not say why: {text}"
+    );
+    let record = cluster
+        .command("scontrol")
+        .args(["show", "job", &job1.to_string()])
+        .output()
+        .expect("run scontrol");
+    let record = String::from_utf8_lossy(&record.stdout);
+    assert!(
+        record.contains("smartmig-requeued:at=")
+            && record.contains(
+                "why=out_of_gpu_memory,on=1g.5gb,gpu=0,next=runs_again_with_at_least_10gb"
+            ),
+        "AdminComment does not say why: {record}"
+    );
     assert!(
         text.contains("OOMFILE=/"),
         "the job saw no SMARTMIG_OOM_FILE: {text}"

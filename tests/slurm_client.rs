@@ -190,6 +190,7 @@ fn the_daemons_slurm_client_reads_this_series() {
         slurmd: w("slurmd"),
         salloc: w("salloc"),
         scancel: w("scancel"),
+        hold_partition: String::new(),
         timeout: Duration::from_secs(30),
     };
     client

@@ -5,6 +5,9 @@
 #                         munged, slurmctld and slurmd, wait until the node
 #                         is idle; clients then use `. DIR/env`
 #   cluster.sh down DIR   stop everything `up` started (safe to call twice)
+#   cluster.sh restart DIR  stop slurmd and slurmctld and start them again
+#                         on DIR's (edited) slurm.conf and gres.conf, as an
+#                         admin does after changing GRES; waits until idle
 #
 # Must run as root (mknod, SlurmUser=root). Everything lives in DIR: its own
 # munged (own key and socket, passed to Slurm with AuthInfo=socket=...),
@@ -33,6 +36,9 @@
 # (gres.conf `Type=mig<i>` on its gpu and shard lines), so that smartmigd can
 # hold a given GPU's stranded shards (`--gres=shard:mig0:1`, issue 42); jobs
 # still ask untyped `--gres=shard:K`.
+# SMARTMIG_SLURM_HOLD_PARTITION=NAME adds a partition NAME on the node with
+# Hidden=YES AllowGroups=root, for smartmigd's holds (`[slurm]
+# hold_partition`): users' squeue does not list its jobs.
 # SMARTMIG_SLURM_CONF_EXTRA='Key=Value ...' appends these settings (one per
 # word) to slurm.conf, e.g. MinJobAge=3600 to keep ended jobs in scontrol.
 # SMARTMIG_SLURM_MIG_GRES=4g.20gb,3g.20gb,... declares the node the way a site
@@ -49,7 +55,7 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: $0 up|down DIR" >&2
+    echo "usage: $0 up|down|restart DIR" >&2
     exit 2
 }
 
@@ -171,6 +177,8 @@ cluster_up() {
     [[ -z $typed_gpus || $typed_gpus == 1 ]] || die "SMARTMIG_SLURM_TYPED_GPUS must be 1 or unset"
     local conf_extra=${SMARTMIG_SLURM_CONF_EXTRA:-}
     [[ $conf_extra =~ ^[A-Za-z0-9_=,.:/\ -]*$ ]] || die "SMARTMIG_SLURM_CONF_EXTRA: Key=Value words expected"
+    local hold_partition=${SMARTMIG_SLURM_HOLD_PARTITION:-}
+    [[ $hold_partition =~ ^[a-z0-9_-]*$ ]] || die "SMARTMIG_SLURM_HOLD_PARTITION: a partition name expected"
     local extra_nodes=${SMARTMIG_SLURM_EXTRA_NODES:-0}
     [[ $extra_nodes =~ ^[0-9]+$ ]] || die "SMARTMIG_SLURM_EXTRA_NODES must be a number of nodes"
     local ctld_port=${SMARTMIG_SLURMCTLD_PORT:-6917}
@@ -291,6 +299,10 @@ CONF
         part_nodes+=",smnode[1-$extra_nodes]"
     fi
     echo "PartitionName=debug Nodes=$part_nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:32" >>"$dir/slurm.conf"
+    if [[ -n $hold_partition ]]; then
+        # smartmigd's holds apart, hidden from users' squeue (docs/slurm-integration.md §9).
+        echo "PartitionName=$hold_partition Nodes=$part_nodes Hidden=YES AllowGroups=root MaxTime=INFINITE State=UP OverSubscribe=FORCE:32" >>"$dir/slurm.conf"
+    fi
 
     if [[ -n $conf_extra ]]; then
         echo "# SMARTMIG_SLURM_CONF_EXTRA" >>"$dir/slurm.conf"
@@ -349,7 +361,14 @@ export SLURM_CONF=$dir/slurm.conf
 ${series:+export SMARTMIG_SLURM_SERIES=$series}
 ENV
     export SLURM_CONF=$dir/slurm.conf
+    start_slurm "$version"
+}
 
+# Starts slurmctld and slurmd on DIR's config and waits until the node is
+# idle; $1 is the Slurm version (for the last line).
+start_slurm() {
+    local version=$1 node
+    node=$(hostname -s)
     in_series slurmctld -f "$dir/slurm.conf" || {
         show_logs
         die "slurmctld failed to start"
@@ -377,8 +396,17 @@ ENV
     echo "cluster.sh: node $node idle (Slurm $version); use: . $dir/env"
 }
 
+cluster_restart() {
+    [[ -f $dir/slurm.conf ]] || die "$dir/slurm.conf: no cluster there"
+    dir=$(cd "$dir" && pwd -P)
+    stop_pidfiles "$dir/run/slurmd.pid" "$dir/run/slurmctld.pid"
+    export SLURM_CONF=$dir/slurm.conf
+    start_slurm "$(in_series slurmd -V | awk '{print $2}')"
+}
+
 case $cmd in
 up) cluster_up ;;
 down) cluster_down ;;
+restart) cluster_restart ;;
 *) usage ;;
 esac

@@ -403,6 +403,23 @@ pub struct StatusReply {
     /// Slurm queries off, in advise mode, and from daemons that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_order: Option<GpuOrderStatus>,
+    /// Whether smartmigd holds the shards MIG cannot build, and why
+    /// (absent from daemons that predate it; docs/slurm-integration.md §9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holds: Option<HoldsStatus>,
+}
+
+/// The `holds` section of a status reply: what `slurm.holds` asks and
+/// what smartmigd runs, which also depends on gres.conf's per-GPU types.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldsStatus {
+    /// `slurm.holds` in smartmig.toml: `auto` (the default), `off`,
+    /// `next-job` or `any-mix`.
+    pub configured: String,
+    /// What runs: `any-mix`, `next-job` or `off`.
+    pub state: String,
+    /// Why, in words (with the fix when it is off for gres.conf).
+    pub reason: String,
 }
 
 /// The `gpu_order` section of a status reply: Slurm's GPU order (`slurmd

@@ -88,10 +88,17 @@ pub struct SlurmConfig {
     /// tests whose Slurm is a script.
     pub check_grants: bool,
     /// Hold the shards of each GPU that MIG cannot build next to its busy
-    /// instances, so that Slurm does not offer them (issue 42): `off`,
-    /// `next-job` or `any-mix` ([`crate::mig::OfferRule`]). Needs one GRES
-    /// type per GPU, `mig<index>` (docs/slurm-integration.md §9).
+    /// instances, so that Slurm does not offer them (issue 42): `auto`
+    /// (the default, also when the key is absent), `off`, `next-job` or
+    /// `any-mix` ([`crate::mig::OfferRule`]). Needs one GRES type per GPU,
+    /// `mig<index>` (docs/slurm-integration.md §9); where gres.conf lacks
+    /// them smartmigd runs without holds ([`crate::holds::decide`]).
     pub holds: HoldRule,
+    /// The partition the holds are queued in; empty: Slurm's default
+    /// partition. A partition with `Hidden=YES` (and `AllowGroups` of
+    /// smartmigd's user) keeps them out of users' `squeue`
+    /// (docs/slurm-integration.md §9, "Hiding the holds").
+    pub hold_partition: String,
     /// Queues the holds (`salloc --no-shell`).
     pub salloc: String,
     /// Cancels holds no longer needed.
@@ -102,19 +109,35 @@ pub struct SlurmConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HoldRule {
+    /// `any-mix` where Slurm's gres.conf gives each GPU its own type
+    /// (`mig<index>`), off where it does not (issue 56: prevention by
+    /// default on a new node, no broken holds on an old one).
     #[default]
+    Auto,
     Off,
     NextJob,
     AnyMix,
 }
 
 impl HoldRule {
-    /// The offer rule holds follow; `None` when off.
+    /// The offer rule this setting asks for on a node whose gres.conf is
+    /// typed per GPU; `None` when off. What smartmigd runs is
+    /// [`crate::holds::decide`]'s answer, which also looks at gres.conf.
     pub fn offer_rule(self) -> Option<crate::mig::OfferRule> {
         match self {
             HoldRule::Off => None,
             HoldRule::NextJob => Some(crate::mig::OfferRule::NextJob),
-            HoldRule::AnyMix => Some(crate::mig::OfferRule::AnyMix),
+            HoldRule::Auto | HoldRule::AnyMix => Some(crate::mig::OfferRule::AnyMix),
+        }
+    }
+
+    /// The name in smartmig.toml.
+    pub fn name(self) -> &'static str {
+        match self {
+            HoldRule::Auto => "auto",
+            HoldRule::Off => "off",
+            HoldRule::NextJob => "next-job",
+            HoldRule::AnyMix => "any-mix",
         }
     }
 }
@@ -129,7 +152,8 @@ impl Default for SlurmConfig {
             slurmd: "slurmd".into(),
             command_timeout_s: 10,
             check_grants: true,
-            holds: HoldRule::Off,
+            holds: HoldRule::Auto,
+            hold_partition: String::new(),
             salloc: "salloc".into(),
             scancel: "scancel".into(),
         }
@@ -672,7 +696,7 @@ impl Config {
                 "oom.early_restart: Slurm queries are disabled (slurm.enabled = false), so no job can be requeued".to_string(),
             );
         }
-        if self.slurm.holds != HoldRule::Off && !self.slurm.enabled {
+        if !matches!(self.slurm.holds, HoldRule::Off | HoldRule::Auto) && !self.slurm.enabled {
             out.push(
                 "slurm.holds: Slurm queries are disabled (slurm.enabled = false), so no stranded shard is held".to_string(),
             );
@@ -877,7 +901,16 @@ mod tests {
     #[test]
     fn holds_and_grant_checks_are_slurm_settings() {
         let c = Config::parse(MINIMAL).unwrap();
-        assert_eq!(c.slurm.holds, HoldRule::Off);
+        assert_eq!(
+            c.slurm.holds,
+            HoldRule::Auto,
+            "absent: decided by gres.conf"
+        );
+        assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+        let c = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"auto\"\n")).unwrap();
+        assert_eq!(c.slurm.holds, HoldRule::Auto);
+        let c = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"off\"\n")).unwrap();
+        assert_eq!(c.slurm.holds.offer_rule(), None);
         assert!(c.slurm.check_grants);
         let c = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"any-mix\"\n")).unwrap();
         assert_eq!(

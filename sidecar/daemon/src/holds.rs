@@ -14,12 +14,121 @@
 //! priority takes the shards the cancelled one frees, and no job slips in
 //! between).
 
+use crate::config::HoldRule;
 use crate::mig::{Geometry, Layout, OfferRule};
+use crate::slurm::GresGpu;
 
 /// The GRES type of GPU `index` in gres.conf (`Type=mig<index>`): how a
 /// hold names its GPU (and what `smartmig doctor` checks gres.conf for).
 pub fn gres_type(index: u32) -> String {
     format!("mig{index}")
+}
+
+/// Whether Slurm's gres.conf lets a hold name each GPU, as `slurmd -G`
+/// printed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GresTyping {
+    /// Not known (yet): Slurm has not answered, or the check is not made.
+    Unknown,
+    /// slurmd lists no gpu GRES for this node.
+    NoGpus,
+    /// Every GPU i has `Type=mig<i>`.
+    Typed { gpus: usize },
+    /// Some GPU lacks its own type: what is wrong, in words.
+    Untyped(String),
+}
+
+/// Reads the per-GPU types from slurmd's gpu GRES (Slurm copies a GPU's
+/// type to its shards, and refuses a shard line of another type).
+pub fn typing(gres: &[GresGpu]) -> GresTyping {
+    if gres.is_empty() {
+        return GresTyping::NoGpus;
+    }
+    let wrong: Vec<String> = gres
+        .iter()
+        .filter(|g| g.gres_type.as_deref() != Some(gres_type(g.index).as_str()))
+        .map(|g| {
+            format!(
+                "GPU {} ({}) has {}",
+                g.index,
+                g.file,
+                g.gres_type
+                    .as_deref()
+                    .map_or("no Type".to_string(), |t| format!("Type={t}"))
+            )
+        })
+        .collect();
+    if wrong.is_empty() {
+        GresTyping::Typed { gpus: gres.len() }
+    } else {
+        GresTyping::Untyped(format!(
+            "{} (holds need Type=mig<index> on each GPU's gpu and shard lines)",
+            wrong.join(", ")
+        ))
+    }
+}
+
+/// What smartmigd does about stranded shards, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoldsDecision {
+    /// The rule the holds follow; `None`: no holds.
+    pub rule: Option<OfferRule>,
+    /// Why, in words (the start-up log line and `smartmig status`).
+    pub reason: String,
+}
+
+impl HoldsDecision {
+    /// `any-mix`, `next-job` or `off`.
+    pub fn state(&self) -> &'static str {
+        match self.rule {
+            Some(OfferRule::AnyMix) => "any-mix",
+            Some(OfferRule::NextJob) => "next-job",
+            None => "off",
+        }
+    }
+}
+
+/// Where the migration of an untyped gres.conf is described.
+pub const MIGRATION_DOC: &str = "docs/slurm-integration.md §9, \"Migrating an untyped gres.conf\"";
+
+/// The holds smartmigd runs (issue 56): `auto` (the default) holds by
+/// `any-mix` where gres.conf gives each GPU its own type and runs without
+/// holds where it does not (an existing site's untyped gres.conf: a hold
+/// could not name its GPU) or where Slurm has not said yet; an explicit
+/// rule is followed unless gres.conf is known to be untyped.
+pub fn decide(configured: HoldRule, typing: &GresTyping, slurm_enabled: bool) -> HoldsDecision {
+    let off = |reason: String| HoldsDecision { rule: None, reason };
+    let asked = configured.name();
+    if !slurm_enabled {
+        return off("Slurm queries are off (slurm.enabled = false)".into());
+    }
+    if configured == HoldRule::Off {
+        return off("holds = \"off\" in smartmig.toml: Slurm may place jobs on shards MIG cannot build (requeues, failed interactive steps)".into());
+    }
+    let rule = configured.offer_rule();
+    match typing {
+        GresTyping::Typed { gpus } => HoldsDecision {
+            rule,
+            reason: format!(
+                "holds = \"{asked}\"{}; gres.conf gives each of the {gpus} GPU(s) its own type (mig0..mig{}), so smartmigd holds the shards MIG cannot build",
+                if configured == HoldRule::Auto { " (the default)" } else { "" },
+                gpus.saturating_sub(1)
+            ),
+        },
+        GresTyping::Untyped(what) => off(format!(
+            "holds = \"{asked}\", but gres.conf has no per-GPU types: {what}; smartmigd runs without holds, so Slurm may place jobs on shards MIG cannot build (requeues, failed interactive steps). To fix: {MIGRATION_DOC}"
+        )),
+        GresTyping::NoGpus => off(format!(
+            "holds = \"{asked}\", but slurmd lists no gpu GRES for this node; smartmigd runs without holds"
+        )),
+        GresTyping::Unknown if configured == HoldRule::Auto => off(
+            "holds = \"auto\": Slurm has not said yet whether gres.conf gives each GPU its own type (slurmd -G); no holds until it does".into(),
+        ),
+        GresTyping::Unknown => HoldsDecision {
+            rule,
+            reason: format!("holds = \"{asked}\" in smartmig.toml; gres.conf's types not checked (slurmd -G has not answered)"),
+        },
+    }
 }
 
 /// One GPU as the hold planner sees it.
@@ -142,6 +251,83 @@ mod tests {
     }
 
     const NEXT: OfferRule = OfferRule::NextJob;
+
+    fn slurmd(types: &[Option<&str>]) -> Vec<GresGpu> {
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| GresGpu {
+                index: i as u32,
+                file: format!("/dev/nvidia{i}"),
+                mig_type: None,
+                gres_type: t.map(str::to_string),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn typing_needs_mig_index_on_every_gpu() {
+        assert_eq!(
+            typing(&slurmd(&[Some("mig0"), Some("mig1")])),
+            GresTyping::Typed { gpus: 2 }
+        );
+        assert_eq!(typing(&[]), GresTyping::NoGpus);
+        let GresTyping::Untyped(why) = typing(&slurmd(&[None, None])) else {
+            panic!("untyped gres.conf taken for typed");
+        };
+        assert!(why.contains("GPU 0 (/dev/nvidia0) has no Type"), "{why}");
+        // Swapped or shared types name the wrong GPU: not typed.
+        let GresTyping::Untyped(why) = typing(&slurmd(&[Some("mig1"), Some("mig0")])) else {
+            panic!("swapped types taken for typed");
+        };
+        assert!(why.contains("GPU 0 (/dev/nvidia0) has Type=mig1"), "{why}");
+        assert!(matches!(
+            typing(&slurmd(&[Some("a100"), Some("a100")])),
+            GresTyping::Untyped(_)
+        ));
+    }
+
+    #[test]
+    fn the_default_holds_by_any_mix_where_gres_conf_is_typed_and_not_elsewhere() {
+        let typed = GresTyping::Typed { gpus: 2 };
+        let untyped = GresTyping::Untyped("GPU 0 has no Type".into());
+        let d = decide(HoldRule::Auto, &typed, true);
+        assert_eq!(d.rule, Some(OfferRule::AnyMix));
+        assert_eq!(d.state(), "any-mix");
+        assert!(d.reason.contains("(the default)"), "{}", d.reason);
+        let d = decide(HoldRule::Auto, &untyped, true);
+        assert_eq!(d.rule, None);
+        assert!(d.reason.contains("no per-GPU types"), "{}", d.reason);
+        assert!(d.reason.contains(MIGRATION_DOC), "{}", d.reason);
+        // Not known yet: no holds by default (a hold could not name its GPU).
+        assert_eq!(
+            decide(HoldRule::Auto, &GresTyping::Unknown, true).rule,
+            None
+        );
+        assert_eq!(decide(HoldRule::Auto, &GresTyping::NoGpus, true).rule, None);
+        // Without Slurm queries nothing is held, whatever the setting.
+        assert_eq!(decide(HoldRule::AnyMix, &typed, false).rule, None);
+        assert_eq!(decide(HoldRule::Auto, &typed, false).rule, None);
+    }
+
+    #[test]
+    fn an_explicit_rule_is_followed_unless_gres_conf_cannot_name_the_gpus() {
+        let typed = GresTyping::Typed { gpus: 2 };
+        assert_eq!(decide(HoldRule::NextJob, &typed, true).rule, Some(NEXT));
+        assert_eq!(decide(HoldRule::Off, &typed, true).rule, None);
+        let d = decide(HoldRule::AnyMix, &GresTyping::Untyped("x".into()), true);
+        assert_eq!(d.rule, None);
+        assert!(
+            d.reason.starts_with("holds = \"any-mix\", but gres.conf"),
+            "{}",
+            d.reason
+        );
+        // Slurm not asked yet: the admin's explicit choice stands.
+        assert_eq!(
+            decide(HoldRule::AnyMix, &GresTyping::Unknown, true).rule,
+            Some(OfferRule::AnyMix)
+        );
+    }
 
     #[test]
     fn two_3g_get_one_hold_and_nothing_more() {

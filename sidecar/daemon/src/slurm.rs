@@ -167,6 +167,9 @@ pub struct GresGpu {
     /// `Type=` when it names a MIG profile (`3g.20gb`): a static MIG
     /// setup's device, not a whole GPU.
     pub mig_type: Option<String>,
+    /// `Type=` as slurmd printed it (`None` for `(null)`): the per-GPU
+    /// `mig<index>` that smartmigd's holds name ([`crate::holds::typing`]).
+    pub gres_type: Option<String>,
 }
 
 /// Parses `slurmd -G` (22.05 prints one log line per GRES, e.g.
@@ -185,6 +188,7 @@ pub fn parse_gres_gpus(text: &str) -> Vec<GresGpu> {
                 index: field("Index=")?.parse().ok()?,
                 file: field("File=")?,
                 mig_type: field("Type=").and_then(|t| mig_type(&format!("gres:gpu:{t}"))),
+                gres_type: field("Type=").filter(|t| t != "(null)"),
             })
         })
         .collect()
@@ -752,6 +756,8 @@ pub struct CommandSlurm {
     pub slurmd: String,
     pub salloc: String,
     pub scancel: String,
+    /// `salloc -p` of the holds; empty: Slurm's default partition.
+    pub hold_partition: String,
     pub timeout: Duration,
 }
 
@@ -910,13 +916,15 @@ impl CommandSlurm {
 }
 
 impl SlurmClient for CommandSlurm {
-    /// `squeue --json --states=all`: ended jobs too. 22.05 ignores the
+    /// `squeue --json --states=all --all`: ended jobs too, and the jobs of
+    /// hidden partitions (the holds', [`CommandSlurm::hold_partition`]).
+    /// 22.05 ignores the
     /// filter and lists recently ended jobs anyway; from 23.11 on the
     /// filters apply and plain `squeue --json` hides ended jobs, so an
     /// out-of-memory requeue, which waits to see the job FAILED, would
     /// never see it.
     fn queue(&self) -> Result<QueueSnapshot, SlurmError> {
-        let v = self.json(&self.squeue, &["--json", "--states=all"])?;
+        let v = self.json(&self.squeue, &["--json", "--states=all", "--all"])?;
         parse_queue(&v).map_err(|source| SlurmError::Parse {
             cmd: self.squeue.clone(),
             source,
@@ -979,7 +987,7 @@ impl SlurmClient for CommandSlurm {
 
     fn hold(&self, name: &str, node: &str, gres_type: &str, shards: u8) -> Result<u64, SlurmError> {
         let gres = format!("--gres=shard:{gres_type}:{shards}");
-        let args = [
+        let mut args = vec![
             "--no-shell",
             "-J",
             name,
@@ -990,6 +998,9 @@ impl SlurmClient for CommandSlurm {
             "-n1",
             "--mem=1M",
         ];
+        if !self.hold_partition.is_empty() {
+            args.extend(["-p", self.hold_partition.as_str()]);
+        }
         queue_allocation(&self.salloc, &args, self.timeout)
     }
 
@@ -1501,6 +1512,7 @@ mod tests {
             slurmd: "cat".into(),
             salloc: "cat".into(),
             scancel: "cat".into(),
+            hold_partition: String::new(),
             timeout: Duration::from_secs(10),
         };
         let e = slurm.json("cat", &[file.to_str().unwrap()]).unwrap_err();
@@ -1584,11 +1596,13 @@ mod tests {
                     index: 0,
                     file: "/d/nvidia1".into(),
                     mig_type: None,
+                    gres_type: None,
                 },
                 GresGpu {
                     index: 1,
                     file: "/d/nvidia0".into(),
                     mig_type: None,
+                    gres_type: None,
                 }
             ]
         );
@@ -1597,6 +1611,14 @@ mod tests {
             "slurmd: Gres Name=gpu Type=3g.20gb Count=1 Index=0 ID=7 File=/d/nvidia-mig0 (null)\n",
         );
         assert_eq!(typed[0].mig_type.as_deref(), Some("3g.20gb"));
+        // Per-GPU types for the holds (22.05's slurmd -G, verified).
+        let per_gpu = parse_gres_gpus(
+            "slurmd-vm: Gres Name=shard Type=mig0 Count=7 Index=0 ID=1918986455 File=/d/nvidia0 (null)\n\
+             slurmd-vm: Gres Name=gpu Type=mig0 Count=1 Index=0 ID=7696487 File=/d/nvidia0 (null)\n",
+        );
+        assert_eq!(per_gpu.len(), 1);
+        assert_eq!(per_gpu[0].gres_type.as_deref(), Some("mig0"));
+        assert_eq!(per_gpu[0].mig_type, None, "mig0 is no MIG profile");
         let minor = |f: &str| f.strip_prefix("/d/nvidia")?.parse().ok();
         let swapped = gpu_order_mismatches(&[(0, Some(0)), (1, Some(1))], &gres, minor);
         assert_eq!(swapped.len(), 2, "{swapped:?}");
@@ -1635,6 +1657,7 @@ mod tests {
             slurmd: "sh".into(),
             salloc: "sh".into(),
             scancel: "sh".into(),
+            hold_partition: String::new(),
             timeout: Duration::from_secs(20),
         };
         let out = slurm

@@ -127,6 +127,37 @@ pub fn requeue_word(at_unix: u64, for_job: u64, gpu: u32) -> String {
     )
 }
 
+/// The [`REQUEUE_PREFIX`] word of a job smartmigd requeued for its GPU
+/// memory (issue 56): `smartmig-requeued:at=1764635412,why=out_of_gpu_memory,on=1g.5gb,gpu=0,next=runs_again_with_at_least_10gb_after_the_requeue_hold`
+/// (`why=predicted_out_of_gpu_memory` for an early restart).
+pub fn oom_requeue_word(
+    at_unix: u64,
+    gpu: u32,
+    profile: &str,
+    early: bool,
+    next_gb: Option<u32>,
+) -> String {
+    let why = if early {
+        "predicted_out_of_gpu_memory"
+    } else {
+        "out_of_gpu_memory"
+    };
+    let next = next_gb.map_or(
+        "runs_again_on_a_larger_memory_size_after_the_requeue_hold".to_string(),
+        |gb| format!("runs_again_with_at_least_{gb}gb_after_the_requeue_hold"),
+    );
+    format!("{REQUEUE_PREFIX}at={at_unix},why={why},on={profile},gpu={gpu},next={next}")
+}
+
+/// The [`REQUEUE_PREFIX`] word of a batch job that got no instance in time
+/// and that the SPANK plugin requeues (issue 56):
+/// `smartmig-requeued:at=1764635412,why=no_room_for_3g.20gb,gpu=0,next=requeued_by_the_plugin_unless_requeue=no`.
+pub fn no_fit_requeue_word(at_unix: u64, gpu: u32, profile: &str) -> String {
+    format!(
+        "{REQUEUE_PREFIX}at={at_unix},why=no_room_for_{profile},gpu={gpu},next=requeued_by_the_plugin_unless_requeue=no"
+    )
+}
+
 /// `existing` with the last requeue word replaced by `word` (or `word`
 /// appended); everything else is left as it was.
 pub fn merge_requeue(existing: &str, word: &str) -> String {
@@ -338,6 +369,24 @@ mod tests {
         assert_eq!(
             merge_requeue(&rerun, &second),
             format!("site=abc {} {second}", next.to_word())
+        );
+    }
+
+    /// Issue 56: an out-of-memory requeue says why in one word, which a
+    /// later requeue replaces like any requeue word.
+    #[test]
+    fn an_oom_requeue_word_names_the_profile_and_what_comes_next() {
+        let w = oom_requeue_word(100, 1, "1g.5gb", false, Some(10));
+        assert_eq!(
+            w,
+            "smartmig-requeued:at=100,why=out_of_gpu_memory,on=1g.5gb,gpu=1,next=runs_again_with_at_least_10gb_after_the_requeue_hold"
+        );
+        assert!(!w.contains(' '));
+        let early = oom_requeue_word(100, 0, "2g.10gb", true, None);
+        assert!(early.contains("why=predicted_out_of_gpu_memory"), "{early}");
+        assert_eq!(
+            merge_requeue(&format!("site=x {w}"), &early),
+            format!("site=x {early}")
         );
     }
 

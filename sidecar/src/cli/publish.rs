@@ -105,6 +105,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         slurmd: defaults.slurmd,
         salloc: defaults.salloc,
         scancel: defaults.scancel,
+        hold_partition: defaults.hold_partition,
         timeout: Duration::from_secs(args.command_timeout_s),
     };
     let mut done = 0u64;

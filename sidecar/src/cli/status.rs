@@ -11,8 +11,8 @@ use super::args::JsonArg;
 use super::clock::{local_time, unix_now};
 use super::socket::SocketArgs;
 use crate::daemon::protocol::{
-    AdviseStatus, ClusterViewStatus, GpuHealthStatus, GpuOrderStatus, GpuStatus, MemoryStatus,
-    ShadowStatus, StatusReply,
+    AdviseStatus, ClusterViewStatus, GpuHealthStatus, GpuOrderStatus, GpuStatus, HoldsStatus,
+    MemoryStatus, ShadowStatus, StatusReply,
 };
 use crate::daemon::Client;
 
@@ -64,6 +64,9 @@ pub fn render(s: &StatusReply, now: i64) -> String {
     }
     if let Some(o) = &s.gpu_order {
         render_gpu_order(&mut out, o);
+    }
+    if let Some(h) = &s.holds {
+        render_holds(&mut out, h);
     }
     if s.epilog_missing {
         let _ = writeln!(
@@ -269,6 +272,20 @@ fn render_gpu_order(out: &mut String, o: &GpuOrderStatus) {
         _ => {
             let _ = writeln!(out, "\nGPU order: {}: {}", o.state, o.detail);
         }
+    }
+}
+
+/// The holds on stranded shards: one line, and the reason when they are
+/// off although Slurm queries are on (an untyped gres.conf, issue 56).
+fn render_holds(out: &mut String, h: &HoldsStatus) {
+    if h.state == "off" && h.configured != "off" {
+        let _ = writeln!(
+            out,
+            "\nHolds: off (slurm.holds = {}): {}",
+            h.configured, h.reason
+        );
+    } else {
+        let _ = writeln!(out, "Holds: {} (slurm.holds = {})", h.state, h.configured);
     }
 }
 
@@ -478,6 +495,7 @@ mod tests {
             cluster: None,
             shadow: None,
             gpu_order: None,
+            holds: None,
             waiting: vec![
                 WaitingJob {
                     job_id: 77,
@@ -583,6 +601,7 @@ mod tests {
             cluster: None,
             shadow: None,
             gpu_order: None,
+            holds: None,
             waiting: vec![],
         };
         let t = render(&s, 0);
@@ -618,6 +637,29 @@ mod tests {
             out.starts_with("running: policy:/p.onnx (shadow off; `[shadow] enabled = true`"),
             "{out}"
         );
+    }
+
+    /// Issue 56: status says which holds run, and why when they are off
+    /// although asked for.
+    #[test]
+    fn the_holds_show_and_say_why_they_are_off() {
+        let h = |configured: &str, state: &str| HoldsStatus {
+            configured: configured.into(),
+            state: state.into(),
+            reason: "gres.conf has no per-GPU types: fix".into(),
+        };
+        let mut out = String::new();
+        render_holds(&mut out, &h("auto", "any-mix"));
+        assert_eq!(out, "Holds: any-mix (slurm.holds = auto)\n");
+        let mut out = String::new();
+        render_holds(&mut out, &h("auto", "off"));
+        assert!(
+            out.contains("Holds: off (slurm.holds = auto): gres.conf has no per-GPU types: fix"),
+            "{out}"
+        );
+        let mut out = String::new();
+        render_holds(&mut out, &h("off", "off"));
+        assert_eq!(out, "Holds: off (slurm.holds = off)\n");
     }
 
     /// Issue 56: status says when Slurm's GPU order is not checked yet or

@@ -17,6 +17,7 @@ use super::books::{GpuOrderCheck, Outcome};
 use super::context::Daemon;
 use super::panic;
 use crate::backend::Backend;
+use crate::holds::GresTyping;
 use crate::slurm::{GresGpu, SlurmClient, SlurmError};
 
 /// What a mismatch means and how to fix it (a start that finds one stops
@@ -37,7 +38,7 @@ impl GpuOrderCheck {
     /// The `gpu_order` section of a status reply.
     pub(super) fn status(&self) -> Option<GpuOrderStatus> {
         let (state, detail) = match self.outcome.as_ref()? {
-            Outcome::Matches { gpus } => (
+            Outcome::Matches { gpus, .. } => (
                 "matches",
                 format!("Slurm's {gpus} gpu GRES are the backend's GPUs in the same order"),
             ),
@@ -56,6 +57,16 @@ impl GpuOrderCheck {
             detail,
             attempts: self.attempts,
         })
+    }
+
+    /// What Slurm's answer says about per-GPU GRES types (the holds,
+    /// [`crate::holds::decide`]).
+    pub(super) fn typing(&self) -> GresTyping {
+        match &self.outcome {
+            Some(Outcome::Matches { typing, .. }) => typing.clone(),
+            Some(Outcome::NoGres) => GresTyping::NoGpus,
+            _ => GresTyping::Unknown,
+        }
     }
 
     /// The refusal of an allocate while the order is known to be wrong.
@@ -102,7 +113,10 @@ fn compare(backend: &dyn Backend, node: &str, gres: Result<Vec<GresGpu>, SlurmEr
     };
     let mismatches = crate::slurm::gpu_order_mismatches(&ours, &gres, minor_of);
     if mismatches.is_empty() {
-        Outcome::Matches { gpus: gres.len() }
+        Outcome::Matches {
+            gpus: gres.len(),
+            typing: crate::holds::typing(&gres),
+        }
     } else {
         Outcome::Mismatch(mismatches.join("; "))
     }
@@ -111,7 +125,7 @@ fn compare(backend: &dyn Backend, node: &str, gres: Result<Vec<GresGpu>, SlurmEr
 /// Logs an outcome: `at` says when ("at start", "on ask N").
 pub(super) fn log(node: &str, outcome: &Outcome, at: &str) {
     match outcome {
-        Outcome::Matches { gpus } => {
+        Outcome::Matches { gpus, .. } => {
             tracing::info!(node, gpus, "Slurm's GPU order matches the backend's ({at})");
         }
         Outcome::NoGres => tracing::warn!(
@@ -187,6 +201,7 @@ async fn retry_once(daemon: Arc<Daemon>) -> bool {
     let answered = outcome.answered();
     if answered {
         log(&daemon.node.name, &outcome, &format!("ask {attempts}"));
+        super::holds::log_decision(&daemon.cx(), &format!("ask {attempts}"));
     } else {
         tracing::debug!(attempts, "Slurm has not answered the GPU order check yet");
     }

@@ -14,10 +14,44 @@ use super::context::Cx;
 use crate::holds::{plan, GpuShards, Hold, Step};
 use crate::slurm::{QueueSnapshot, HOLD_NAME};
 
+/// The holds this node runs now and why: `slurm.holds` against what
+/// slurmd said of gres.conf's per-GPU types ([`crate::holds::decide`]).
+/// Takes the ledger's lock: not for a caller that holds it.
+pub(super) fn decision(cx: &Cx<'_>) -> crate::holds::HoldsDecision {
+    let typing = cx.books.node(|l| l.gpu_order.typing());
+    let cfg = cx.cfg();
+    crate::holds::decide(cfg.slurm.holds, &typing, cfg.slurm.enabled)
+}
+
+/// The rule the holds follow now; `None`: no holds.
+pub(super) fn rule(cx: &Cx<'_>) -> Option<crate::mig::OfferRule> {
+    decision(cx).rule
+}
+
+/// Says at start (and when Slurm first answers) whether smartmigd holds
+/// stranded shards, and why: a warning when it runs without them.
+pub(super) fn log_decision(cx: &Cx<'_>, at: &str) {
+    let d = decision(cx);
+    match d.rule {
+        Some(_) => tracing::info!(
+            holds = d.state(),
+            "holding stranded shards in Slurm: {} ({at})",
+            d.reason
+        ),
+        None if cx.cfg().slurm.enabled => {
+            tracing::warn!(
+                holds = "off",
+                "running without holds on stranded shards: {} ({at})",
+                d.reason
+            );
+        }
+        None => {}
+    }
+}
+
 /// Takes this node's holds to what its GPUs should hold now.
 pub(super) async fn sync(cx: &Cx<'_>) {
-    let cfg = cx.cfg();
-    let Some(rule) = cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled) else {
+    let Some(rule) = rule(cx) else {
         return;
     };
     let mut held = cx.books.holds().await;
@@ -41,7 +75,7 @@ pub(super) async fn sync(cx: &Cx<'_>) {
 /// The epoch's look at Slurm's queue: holds of this node Slurm lists are
 /// adopted (a restarted smartmigd), holds it no longer lists are forgotten.
 pub(super) async fn adopt(cx: &Cx<'_>, queue: &QueueSnapshot) {
-    if cx.cfg().slurm.holds.offer_rule().is_none() {
+    if rule(cx).is_none() {
         return;
     }
     let listed: Vec<Hold> = queue

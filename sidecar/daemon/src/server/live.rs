@@ -69,6 +69,7 @@ fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
             slurmd: config.slurm.slurmd.clone(),
             salloc: config.slurm.salloc.clone(),
             scancel: config.slurm.scancel.clone(),
+            hold_partition: config.slurm.hold_partition.clone(),
             timeout: Duration::from_secs(config.slurm.command_timeout_s),
         })
     } else {

@@ -114,6 +114,7 @@ mod tests {
             cluster: None,
             shadow: None,
             gpu_order: None,
+            holds: None,
             waiting: vec![],
         }
     }

@@ -12,7 +12,7 @@ use super::books::Books;
 use super::books::MemoryBook;
 use super::context::{unix_now, Cx};
 use crate::memory::Released;
-use crate::protocol::OomDecision;
+use crate::protocol::{OomDecision, OomEvent};
 use crate::slurm::{JobState, QueuedJob, SlurmClient};
 
 /// When a job is ready to be requeued.
@@ -54,13 +54,38 @@ pub(super) fn raised_shards(books: &Books, held: &Released) -> Option<u8> {
 /// than the job's shard request; the request is raised to it (`scontrol
 /// update JobId=.. Gres=shard:K`) once the job is pending. `when`: the
 /// state the job must be in to be requeued.
-pub(super) fn spawn(cx: &Cx<'_>, job_id: u64, raise_to: Option<u8>, when: RequeueWhen) {
+///
+/// The job's user is told why (issue 56): its next run prints
+/// [`oom_note`] (the note waits in the ledger for the job's next
+/// allocate), and once the requeue succeeded its `AdminComment` gets a
+/// [`crate::usage::oom_requeue_word`].
+pub(super) fn spawn(
+    cx: &Cx<'_>,
+    job_id: u64,
+    raise_to: Option<u8>,
+    when: RequeueWhen,
+    ev: &OomEvent,
+) {
     let slurm = cx.live.slurm.clone();
     let memory = cx.books.memory.clone();
     let stop = cx.node.shutdown.subscribe();
     let limit = Duration::from_secs(cx.cfg().oom.requeue_timeout_s);
+    let note = oom_note(ev, when);
+    cx.books.node(|l| l.requeue_notes.insert(job_id, note));
+    let word = cx.cfg().accounting.admin_comment.then(|| {
+        crate::usage::oom_requeue_word(
+            unix_now(),
+            ev.gpu,
+            &ev.profile,
+            when == RequeueWhen::Running,
+            ev.next_memory_gb,
+        )
+    });
     tokio::spawn(async move {
         let (outcome, attempts) = until_requeued(&slurm, job_id, when, limit, stop).await;
+        if let (Ok(()), Some(word)) = (&outcome, word) {
+            comment(&slurm, job_id, word).await;
+        }
         let outcome = match (outcome, raise_to) {
             (Ok(()), Some(k)) => raise_shards(&slurm, job_id, k).await,
             (o, _) => o,
@@ -68,6 +93,51 @@ pub(super) fn spawn(cx: &Cx<'_>, job_id: u64, raise_to: Option<u8>, when: Requeu
         let (decision, message) = decision_of(job_id, outcome, attempts, when);
         record(&memory, job_id, decision, message);
     });
+}
+
+/// The line a job requeued for its memory prints at the start of its next
+/// run's output.
+pub(super) fn oom_note(ev: &OomEvent, when: RequeueWhen) -> String {
+    let what = match when {
+        RequeueWhen::Failed => "ran out of GPU memory on",
+        RequeueWhen::Running => "was restarted early: its GPU memory use was rising to more than",
+    };
+    let next = ev
+        .next_memory_gb
+        .map_or("a larger memory size".to_string(), |gb| {
+            format!("a profile with at least {gb} GB")
+        });
+    format!(
+        "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\" or FAILED \
+         state of the previous run): its previous run {what} its {p} (GPU {g} of this node); this \
+         is its next run, on {next} (out-of-memory restart {n}; docs/slurm-integration.md §2a)",
+        p = ev.profile,
+        g = ev.gpu,
+        n = ev.failures
+    )
+}
+
+/// Adds `word` to the requeued job's `AdminComment` (replacing an older
+/// requeue word), so that `scontrol show job` says why while it waits.
+async fn comment(slurm: &Arc<dyn SlurmClient>, job_id: u64, word: String) {
+    let s = slurm.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        let c = s.job_comment(job_id)?;
+        let existing = c.map(|c| c.admin_comment).unwrap_or_default();
+        s.set_admin_comment(
+            &job_id.to_string(),
+            &crate::usage::merge_requeue(&existing, &word),
+        )
+    })
+    .await;
+    match done {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(
+            job = job_id,
+            "AdminComment not told why the job was requeued: {e}"
+        ),
+        Err(e) => tracing::warn!(job = job_id, "AdminComment task failed: {e}"),
+    }
 }
 
 /// What one look at the queue and, when the job is ready, one `scontrol

@@ -150,8 +150,7 @@ pub(super) fn advice(cx: &Cx<'_>, req: &AllocateRequest, elsewhere: Option<u32>)
     if req.step.is_none_or(|s| s == BATCH_STEP) {
         return String::new();
     }
-    let cfg = cx.cfg();
-    if cfg.slurm.enabled && cfg.slurm.holds.offer_rule().is_some() {
+    if super::holds::rule(cx).is_some() {
         return "; an interactive step is not requeued: run it again (this node holds the \
                 shards MIG cannot build, so Slurm places it where an instance can be made), \
                 or submit it with sbatch, which is requeued instead of failing"
@@ -303,4 +302,55 @@ pub(super) fn requeue_note(req: &AllocateRequest, profile: &'static ProfileSpec)
         job = req.job_id,
         p = profile.name()
     )
+}
+
+/// A batch job that got no instance in time is requeued by the SPANK
+/// plugin (`requeue=yes`, the default) on this answer: its user is told
+/// why (issue 56). Its next run prints the note (it waits in the ledger
+/// for the job's next allocate; a job that was not requeued never asks
+/// again), and its `AdminComment` gets a requeue word now, while it still
+/// runs, which Slurm keeps through the requeue.
+pub(super) fn batch_no_fit_told(
+    cx: &Cx<'_>,
+    req: &AllocateRequest,
+    reason: &str,
+    profile: Option<&'static ProfileSpec>,
+) {
+    if req.step.is_some_and(|s| s != BATCH_STEP) {
+        return;
+    }
+    let job = req.job_id;
+    let note = format!(
+        "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\"): its \
+             previous run got no MIG instance on GPU {gpu} of this node ({reason}), because \
+             Slurm placed it on shards MIG could not build beside that GPU's busy instances; \
+             a batch job is requeued instead of failing, and this is its next run, started after \
+             Slurm's requeue hold",
+        gpu = req.gpu
+    );
+    cx.books.node(|l| l.requeue_notes.insert(job, note));
+    if !cx.cfg().accounting.admin_comment || !cx.cfg().slurm.enabled {
+        return;
+    }
+    let slurm = cx.live.slurm.clone();
+    let word = crate::usage::no_fit_requeue_word(
+        super::clock::unix_now(),
+        req.gpu,
+        &profile.map_or("an_instance".to_string(), ProfileSpec::name),
+    );
+    tokio::task::spawn_blocking(move || {
+        let done = slurm.job_comment(job).and_then(|c| {
+            let existing = c.map(|c| c.admin_comment).unwrap_or_default();
+            slurm.set_admin_comment(
+                &job.to_string(),
+                &crate::usage::merge_requeue(&existing, &word),
+            )
+        });
+        if let Err(e) = done {
+            tracing::warn!(
+                job,
+                "AdminComment not told why the job gets no instance: {e}"
+            );
+        }
+    });
 }

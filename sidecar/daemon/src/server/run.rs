@@ -95,6 +95,7 @@ fn spawn_loops(daemon: &Arc<Daemon>) {
         },
     );
     spawn_hold_sync(daemon);
+    holds::log_decision(&daemon.cx(), "at start");
     gpu_order::spawn_retry(daemon);
     if daemon.svc.backend.reports_xids() {
         xid::spawn(daemon);

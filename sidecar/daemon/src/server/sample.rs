@@ -70,6 +70,7 @@ fn early_restart(cx: &Cx<'_>, job: u64, held: &Released, trigger: EarlyTrigger) 
             job,
             requeue::raised_shards(cx.books, held),
             RequeueWhen::Running,
+            &ev,
         );
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{Check, Context, NodeGpu};
 use crate::daemon::config::{BackendKind, Config};
-use crate::daemon::protocol::{GpuOrderStatus, GpuStatus};
+use crate::daemon::protocol::{GpuOrderStatus, GpuStatus, HoldsStatus};
 use crate::daemon::Client;
 
 /// What `stat` says of a socket path.
@@ -257,6 +257,9 @@ fn status_checks(config: &Config, ctx: &Context) -> Vec<Check> {
         if let Some(o) = &s.gpu_order {
             out.push(gpu_order_check(o));
         }
+        if let Some(h) = &s.holds {
+            out.push(holds_check(h));
+        }
     }
     out.push(match (status, ctx.gpus.as_deref()) {
         (Ok(s), Some(node)) => gpus_check(&s.gpus, node),
@@ -297,11 +300,44 @@ fn gpu_order_check(o: &GpuOrderStatus) -> Check {
     }
 }
 
+/// What the running smartmigd does about stranded shards (`status`'s
+/// `holds`): a warning when it runs without holds that were asked for or
+/// left to the default (issue 56).
+fn holds_check(h: &HoldsStatus) -> Check {
+    const NAME: &str = "daemon.holds";
+    if h.state != "off" || h.configured == "off" {
+        return Check::ok(
+            NAME,
+            format!("{} (slurm.holds = {}): {}", h.state, h.configured, h.reason),
+        );
+    }
+    Check::warn(
+        NAME,
+        format!("off (slurm.holds = {}): {}", h.configured, h.reason),
+        "give each GPU its own GRES type (the slurm.holds check above lists the lines), restart \
+         slurmctld, slurmd and smartmigd",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Status;
     use super::*;
     use crate::mig::GpuModel;
+
+    #[test]
+    fn a_daemon_without_the_holds_it_was_left_to_decide_is_a_warning() {
+        let h = |configured: &str, state: &str| HoldsStatus {
+            configured: configured.into(),
+            state: state.into(),
+            reason: "why".into(),
+        };
+        assert_eq!(holds_check(&h("auto", "any-mix")).status, Status::Ok);
+        assert_eq!(holds_check(&h("off", "off")).status, Status::Ok);
+        let w = holds_check(&h("auto", "off"));
+        assert_eq!((w.check.as_str(), w.status), ("daemon.holds", Status::Warn));
+        assert!(w.detail.contains("why"), "{w:?}");
+    }
 
     #[test]
     fn socket_modes_and_owners() {

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use smartmig_daemon::config::HoldRule;
+
 use super::hostlist::{expand, HostlistError};
 use super::{Check, Context, NodeGpu};
 
@@ -259,14 +261,13 @@ pub fn check(slurm_conf: &Path, ctx: &Context) -> (Vec<Check>, Option<SlurmConf>
                 ctx.gpus.as_deref(),
                 &minors,
             ));
-            if ctx
-                .config
-                .is_some_and(|c| c.slurm.enabled && c.slurm.holds.offer_rule().is_some())
-            {
+            // Without a config: the daemon's default (`auto`).
+            if ctx.config.is_none_or(|c| c.slurm.enabled) {
                 out.push(holds_check(
                     &gres_path.display().to_string(),
                     &lines,
                     &ctx.node,
+                    ctx.config.map_or(HoldRule::Auto, |c| c.slurm.holds),
                 ));
             }
         }
@@ -571,11 +572,21 @@ pub fn gres_checks(
     out
 }
 
-/// With `slurm.holds` on, a hold names its GPU by GRES type: Slurm's GPU
-/// i (the i-th `gpu` device file in sorted order) needs its own `gpu` and
-/// `shard` lines with `Type=mig<i>` (docs/slurm-integration.md §9), or
-/// every hold's `salloc` is refused and Slurm keeps offering stranded shards.
-pub fn holds_check(path: &str, lines: &[GresLine], node: &str) -> Check {
+/// smartmigd's holds on stranded shards name their GPU by GRES type:
+/// Slurm's GPU i (the i-th `gpu` device file in sorted order) needs its
+/// own `gpu` and `shard` lines with `Type=mig<i>` (docs/slurm-integration.md
+/// §9). Where they lack, smartmigd runs without holds (issue 56): with
+/// `holds` absent or `"auto"` (the default) that is a warning with the
+/// migration, with an explicit rule a failure, with `"off"` nothing to
+/// check.
+pub fn holds_check(path: &str, lines: &[GresLine], node: &str, configured: HoldRule) -> Check {
+    if configured == HoldRule::Off {
+        return Check::ok(
+            "slurm.holds",
+            "holds = \"off\": Slurm may place jobs on shards MIG cannot build (requeues, failed \
+             interactive steps); per-GPU GRES types not checked",
+        );
+    }
     let (mine, _) = lines_for_node(lines, node);
     let of = |name: &str| {
         mine.iter()
@@ -584,24 +595,38 @@ pub fn holds_check(path: &str, lines: &[GresLine], node: &str) -> Check {
                 let files = l.file.as_deref().map(expand).and_then(Result::ok);
                 let files = files.unwrap_or_default();
                 let shared = files.len() > 1;
-                files.into_iter().map(move |f| (f, l.gtype.clone(), shared))
+                let count = l.count.clone();
+                files
+                    .into_iter()
+                    .map(move |f| (f, l.gtype.clone(), shared, count.clone()))
             })
             .collect::<Vec<_>>()
     };
     let (mut gpus, shards) = (of("gpu"), of("shard"));
-    gpus.sort_by_key(|(f, _, _)| natural_key(f));
+    gpus.sort_by_key(|(f, _, _, _)| natural_key(f));
     let mut problems = Vec::new();
-    for (i, (file, gtype, shared)) in gpus.iter().enumerate() {
+    let mut want_lines = Vec::new();
+    let mut want_gres = (Vec::new(), Vec::new());
+    for (i, (file, gtype, shared, _)) in gpus.iter().enumerate() {
         let want = smartmig_daemon::holds::gres_type(i as u32);
         if *shared || gtype.as_deref() != Some(want.as_str()) {
             problems.push(format!(
                 "GPU {i} ({file}) needs its own gpu line with Type={want}"
             ));
         }
-        let shard_type = shards.iter().find(|(f, _, _)| f == file).map(|(_, t, _)| t);
-        if shard_type.is_none_or(|t| t.as_deref() != Some(want.as_str())) {
+        let shard = shards.iter().find(|(f, _, _, _)| f == file);
+        if shard.is_none_or(|(_, t, _, _)| t.as_deref() != Some(want.as_str())) {
             problems.push(format!("its shard line (File={file}) needs Type={want}"));
         }
+        let count = shard
+            .and_then(|(_, _, _, c)| c.clone())
+            .unwrap_or_else(|| "7".into());
+        want_lines.push(format!("NodeName={node} Name=gpu Type={want} File={file}"));
+        want_lines.push(format!(
+            "NodeName={node} Name=shard Type={want} Count={count} File={file}"
+        ));
+        want_gres.0.push(format!("gpu:{want}:1"));
+        want_gres.1.push(format!("shard:{want}:{count}"));
     }
     if gpus.is_empty() {
         problems.push(format!("no gpu line for {node}"));
@@ -610,20 +635,48 @@ pub fn holds_check(path: &str, lines: &[GresLine], node: &str) -> Check {
         return Check::ok(
             "slurm.holds",
             format!(
-                "{path}: each GPU has its own GRES type (mig0..mig{}) for smartmigd's holds",
+                "holds = \"{}\": {path} gives each GPU its own GRES type (mig0..mig{}), so smartmigd \
+                 holds the shards MIG cannot build",
+                configured.name(),
                 gpus.len() - 1
             ),
         );
     }
-    Check::fail(
-        "slurm.holds",
-        format!("slurm.holds is on, but {path}: {}", problems.join("; ")),
+    let detail = format!(
+        "{path}: {}; smartmigd runs without holds on this node (its start log and `smartmig status` \
+         say so), and Slurm may place jobs on shards MIG cannot build: batch jobs are requeued, \
+         interactive steps fail",
+        problems.join("; ")
+    );
+    let fix = if want_lines.is_empty() {
         format!(
-            "give each GPU its own type: `NodeName={node} Name=gpu Type=mig0 File=/dev/nvidia0`, \
-             `NodeName={node} Name=shard Type=mig0 Count=7 File=/dev/nvidia0`, ... and in slurm.conf \
-             `Gres=gpu:mig0:1,...,shard:mig0:7,...` (docs/slurm-integration.md §9), or set holds = \"off\""
-        ),
-    )
+            "give each GPU its own type, mig<i>, on its gpu and shard lines ({})",
+            smartmig_daemon::holds::MIGRATION_DOC
+        )
+    } else {
+        want_gres.0.extend(want_gres.1);
+        format!(
+            "replace {node}'s gpu and shard lines in {path} with `{}`, set `Gres={}` on its NodeName \
+             line in slurm.conf, restart slurmctld, slurmd and smartmigd ({}){}",
+            want_lines.join("` `"),
+            want_gres.0.join(","),
+            smartmig_daemon::holds::MIGRATION_DOC,
+            if configured == HoldRule::Auto {
+                ", or set holds = \"off\" to silence this"
+            } else {
+                ", or set holds = \"off\""
+            }
+        )
+    };
+    if configured == HoldRule::Auto {
+        Check::warn("slurm.holds", detail, fix)
+    } else {
+        Check::fail(
+            "slurm.holds",
+            format!("holds = \"{}\" is set, but {detail}", configured.name()),
+            fix,
+        )
+    }
 }
 
 /// gres.conf `AutoDetect` of this node. `nvml` (every series) and `full`
@@ -863,19 +916,48 @@ mod tests {
         assert!(checks.iter().any(|c| c.check == "slurm.gres.shard.gpu1"));
     }
 
+    /// Issue 56: the default (`auto`) on an untyped gres.conf is a warning
+    /// that says smartmigd runs without holds, with the exact lines.
+    #[test]
+    fn an_untyped_gres_conf_under_the_default_is_a_warning_with_the_migration() {
+        let c = holds_check("g", &parse_gres_conf(GRES), "n1", HoldRule::Auto);
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert_eq!(c.check, "slurm.holds");
+        assert!(c.detail.contains("runs without holds"), "{c:?}");
+        let fix = c.fix.as_deref().unwrap();
+        for want in [
+            "NodeName=n1 Name=gpu Type=mig0 File=/dev/nvidia0",
+            "NodeName=n1 Name=shard Type=mig1 Count=7 File=/dev/nvidia1",
+            "Gres=gpu:mig0:1,gpu:mig1:1,shard:mig0:7,shard:mig1:7",
+            "restart slurmctld, slurmd and smartmigd",
+            "Migrating an untyped gres.conf",
+        ] {
+            assert!(fix.contains(want), "{want}: {fix}");
+        }
+        let off = holds_check("g", &parse_gres_conf(GRES), "n1", HoldRule::Off);
+        assert_eq!(off.status, Status::Ok, "{off:?}");
+        let typed = GRES
+            .replace("Name=gpu File=/dev/nvidia[0-1]", "Name=gpu Type=mig0 File=/dev/nvidia0\nNodeName=n[1-2] Name=gpu Type=mig1 File=/dev/nvidia1")
+            .replace("Name=shard Count=7 File=/dev/nvidia0", "Name=shard Type=mig0 Count=7 File=/dev/nvidia0")
+            .replace("Name=shard Count=7 File=/dev/nvidia1", "Name=shard Type=mig1 Count=7 File=/dev/nvidia1");
+        let ok = holds_check("g", &parse_gres_conf(&typed), "n1", HoldRule::Auto);
+        assert_eq!(ok.status, Status::Ok, "{ok:?}");
+        assert!(ok.detail.starts_with("holds = \"auto\""), "{ok:?}");
+    }
+
     #[test]
     fn holds_need_one_gres_type_per_gpu() {
-        let untyped = holds_check("g", &parse_gres_conf(GRES), "n1");
+        let untyped = holds_check("g", &parse_gres_conf(GRES), "n1", HoldRule::AnyMix);
         assert_eq!(untyped.status, Status::Fail, "{untyped:?}");
         assert!(untyped.detail.contains("Type=mig0"), "{untyped:?}");
         let typed = "NodeName=n1 Name=gpu Type=mig1 File=/dev/nvidia1\n\
                      NodeName=n1 Name=gpu Type=mig0 File=/dev/nvidia0\n\
                      NodeName=n1 Name=shard Type=mig0 Count=7 File=/dev/nvidia0\n\
                      NodeName=n1 Name=shard Type=mig1 Count=7 File=/dev/nvidia1\n";
-        let ok = holds_check("g", &parse_gres_conf(typed), "n1");
+        let ok = holds_check("g", &parse_gres_conf(typed), "n1", HoldRule::AnyMix);
         assert_eq!(ok.status, Status::Ok, "{ok:?}");
         let swapped = typed.replace("Type=mig1 Count=7", "Type=mig0 Count=7");
-        let bad = holds_check("g", &parse_gres_conf(&swapped), "n1");
+        let bad = holds_check("g", &parse_gres_conf(&swapped), "n1", HoldRule::AnyMix);
         assert_eq!(bad.status, Status::Fail, "{bad:?}");
         assert!(
             bad.detail.contains("File=/dev/nvidia1) needs Type=mig1"),

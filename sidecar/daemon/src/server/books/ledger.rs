@@ -284,8 +284,12 @@ impl ReleaseCounts {
 /// What the last ask found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(in crate::server) enum Outcome {
-    /// Slurm's GPU i is the backend's GPU i (`gpus` gpu GRES compared).
-    Matches { gpus: usize },
+    /// Slurm's GPU i is the backend's GPU i (`gpus` gpu GRES compared);
+    /// `typing`: whether each has its own GRES type (for the holds).
+    Matches {
+        gpus: usize,
+        typing: crate::holds::GresTyping,
+    },
     /// slurmd lists no gpu GRES for this node: nothing to compare.
     NoGres,
     /// Slurm did not answer (`slurmd -G` failed); asked again later.

@@ -251,8 +251,7 @@ async fn granted(
 /// served as `3g@0 2g@4 1g@6` and a requeue.) Without holds the last read
 /// (epoch, waiting allocates) is used as it is: no extra call to Slurm.
 async fn read_pass(cx: &Cx<'_>, req: &AllocateRequest, start: Instant) {
-    let cfg = cx.cfg();
-    if cfg.slurm.holds.offer_rule().is_none() || queue::shows_running(cx, req.job_id) {
+    if holds::rule(cx).is_none() || queue::shows_running(cx, req.job_id) {
         return;
     }
     // One read at a time: a read under way (another job of the pass) is
@@ -418,9 +417,11 @@ fn next_step(
     // Jobs Slurm started since before this one could wait hold no
     // instance because their allocates are on their way.
     let since = queue::pass_window_start(cfg);
+    // Before the ledger's lock below: the rule takes it too.
+    let holds = holds::rule(cx);
     let beside = Beside {
         mates: cx.books.node(|l| l.mates(&st.book, req.job_id, since)),
-        holds: cfg.slurm.holds.offer_rule().filter(|_| cfg.slurm.enabled),
+        holds,
     };
     let planned = st.book.plan_beside(me.need, &beside);
     if let (false, Ok((profile, plan))) = (beside.mates.is_empty(), &planned) {
@@ -595,6 +596,7 @@ impl<'a> Wait<'a> {
             // `1g@0` and `3g@4` 3 s after the first was requeued).
             self.listed = None;
             holds::sync(cx).await;
+            room::batch_no_fit_told(cx, req, &reason, no_room_for);
             return Err(ErrorBody::new(ErrorKind::NoFit, reason));
         }
         // The job whose turn it is may be asleep: wake it before this

@@ -209,6 +209,6 @@ fn out_of_memory(cx: &Cx<'_>, job_id: u64, held: Option<&Released>, ev: &OomEven
         decision = %ev.decision, "job ran out of GPU memory: {}", ev.message);
     if ev.decision == OomDecision::RequeueScheduled {
         let raise_to = held.and_then(|h| requeue::raised_shards(cx.books, h));
-        requeue::spawn(cx, job_id, raise_to, RequeueWhen::Failed);
+        requeue::spawn(cx, job_id, raise_to, RequeueWhen::Failed, ev);
     }
 }

@@ -34,6 +34,7 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         || cfg.shadow.fallback_spec().to_string(),
         |(_, name)| name.clone(),
     );
+    let holds = super::super::holds::decision(cx);
     cx.books.node(|ledger| StatusReply {
         node: cx.node.name.clone(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -51,6 +52,11 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         cluster: Some(queue::cluster_status(&ledger.view_source, cfg)),
         shadow: Some(cx.books.shadow.status(cfg, &cx.live.policy_name, &fallback)),
         gpu_order: ledger.gpu_order.status(),
+        holds: Some(crate::protocol::HoldsStatus {
+            configured: cfg.slurm.holds.name().into(),
+            state: holds.state().into(),
+            reason: holds.reason,
+        }),
     })
 }
 
