@@ -191,6 +191,7 @@ fn the_daemons_slurm_client_reads_this_series() {
         salloc: w("salloc"),
         scancel: w("scancel"),
         timeout: Duration::from_secs(30),
+        release: Default::default(),
     };
     client
         .set_node_features(&node, &features)

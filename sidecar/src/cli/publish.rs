@@ -106,6 +106,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         salloc: defaults.salloc,
         scancel: defaults.scancel,
         timeout: Duration::from_secs(args.command_timeout_s),
+        release: Default::default(),
     };
     let mut done = 0u64;
     loop {
