@@ -192,6 +192,7 @@ fn the_daemons_slurm_client_reads_this_series() {
         scancel: w("scancel"),
         hold_partition: String::new(),
         timeout: Duration::from_secs(30),
+        release: Default::default(),
     };
     client
         .set_node_features(&node, &features)

@@ -30,6 +30,7 @@
 use std::collections::HashSet;
 use std::io::Read;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -742,11 +743,30 @@ pub fn parse_release(text: &str) -> Option<(u32, u32)> {
 /// prints one node, `show job J --json` one job).
 pub const SCONTROL_JSON_SINCE: (u32, u32) = (23, 11);
 
-/// The release of each `scontrol` program a client ran, read once
-/// (`scontrol --version`): a daemon talks to one Slurm. A failed JSON
-/// call forgets it, so an upgraded Slurm is read again.
-static RELEASES: std::sync::Mutex<std::collections::BTreeMap<String, (u32, u32)>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
+/// The release a client's `scontrol` names, read once (`scontrol
+/// --version`) and kept without a lock: `major << 32 | minor`, 0 while not
+/// known. A failed JSON call forgets it, so an upgraded Slurm is read
+/// again (as is every new client: smartmigd makes one per SIGHUP).
+#[derive(Debug, Default)]
+pub struct ReleaseCache(AtomicU64);
+
+impl ReleaseCache {
+    fn get(&self) -> Option<(u32, u32)> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            v => Some(((v >> 32) as u32, v as u32)),
+        }
+    }
+
+    fn set(&self, (major, minor): (u32, u32)) {
+        self.0
+            .store(u64::from(major) << 32 | u64::from(minor), Ordering::Relaxed);
+    }
+
+    fn forget(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+}
 
 /// The real client: runs the Slurm commands with a time limit.
 pub struct CommandSlurm {
@@ -759,6 +779,8 @@ pub struct CommandSlurm {
     /// `salloc -p` of the holds; empty: Slurm's default partition.
     pub hold_partition: String,
     pub timeout: Duration,
+    /// What `scontrol --version` said (`Default::default()`: not read yet).
+    pub release: ReleaseCache,
 }
 
 impl CommandSlurm {
@@ -846,21 +868,13 @@ impl CommandSlurm {
     }
 
     /// The Slurm release `scontrol --version` names (cached, see
-    /// [`RELEASES`]); `None` when it cannot be read.
+    /// [`ReleaseCache`]); `None` when it cannot be read.
     pub fn release(&self) -> Option<(u32, u32)> {
-        let cached = RELEASES
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&self.scontrol)
-            .copied();
-        if cached.is_some() {
-            return cached;
+        if let Some(cached) = self.release.get() {
+            return Some(cached);
         }
         let release = parse_release(&self.run(&self.scontrol, &["--version"]).ok()?)?;
-        RELEASES
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(self.scontrol.clone(), release);
+        self.release.set(release);
         Some(release)
     }
 
@@ -873,12 +887,8 @@ impl CommandSlurm {
     fn scontrol_json_call(&self, args: &[&str]) -> Result<Value, SlurmError> {
         let mut all = args.to_vec();
         all.push("--json");
-        self.json(&self.scontrol, &all).inspect_err(|_| {
-            RELEASES
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&self.scontrol);
-        })
+        self.json(&self.scontrol, &all)
+            .inspect_err(|_| self.release.forget())
     }
 
     /// Per-node records and the command that printed them: `scontrol
@@ -1514,6 +1524,7 @@ mod tests {
             scancel: "cat".into(),
             hold_partition: String::new(),
             timeout: Duration::from_secs(10),
+            release: Default::default(),
         };
         let e = slurm.json("cat", &[file.to_str().unwrap()]).unwrap_err();
         assert!(
@@ -1659,6 +1670,7 @@ mod tests {
             scancel: "sh".into(),
             hold_partition: String::new(),
             timeout: Duration::from_secs(20),
+            release: Default::default(),
         };
         let out = slurm
             .run(

@@ -107,6 +107,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         scancel: defaults.scancel,
         hold_partition: defaults.hold_partition,
         timeout: Duration::from_secs(args.command_timeout_s),
+        release: Default::default(),
     };
     let mut done = 0u64;
     loop {

@@ -251,7 +251,7 @@ pub(super) fn advise(
         let record = AdviceRecord::Advice {
             t: now as f64,
             gpu: gpu.index,
-            policy: cx.live.policy_name.clone(),
+            policy: cx.decider.policy_name.clone(),
             from: shown.from.clone(),
             to: shown.to.clone(),
             to_layout: target.0,

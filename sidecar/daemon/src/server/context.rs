@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::books::Books;
+use super::books::{Books, Decider};
 use super::live::{Live, Settings};
 use super::services::Services;
 use crate::config::Config;
@@ -34,13 +34,16 @@ pub struct Daemon {
     pub(super) node: NodeId,
 }
 
-/// What a request or an epoch works with: the books, the services and one
-/// snapshot of the settings (a SIGHUP meanwhile takes effect at the next
-/// request or epoch).
+/// What a request or an epoch works with: the books, the services, one
+/// snapshot of the settings and the decider built from them (a SIGHUP
+/// meanwhile takes effect at the next request or epoch).
 pub(super) struct Cx<'a> {
     pub books: &'a Books,
     pub svc: &'a Services,
     pub live: Arc<Live>,
+    /// The policy, the fallback and the placement rule of `live`'s
+    /// configuration (their state is the books').
+    pub decider: Arc<Decider>,
     pub node: &'a NodeId,
 }
 
@@ -59,10 +62,12 @@ pub(super) struct Peer {
 
 impl Daemon {
     pub(super) fn cx(&self) -> Cx<'_> {
+        let (live, decider) = self.books.in_effect(|| self.settings.current());
         Cx {
             books: &self.books,
             svc: &self.svc,
-            live: self.settings.current(),
+            live,
+            decider,
             node: &self.node,
         }
     }

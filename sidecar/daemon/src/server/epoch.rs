@@ -17,7 +17,7 @@ use crate::policy::{self, ClusterView, Decision, PendingByProfile, PendingJob};
 /// the site's layout; its first epoch records what the policy would
 /// change.
 pub(super) async fn install_initial_layouts(cx: &Cx<'_>) {
-    let policy = cx.live.policy.clone();
+    let policy = cx.decider.policy.clone();
     if cx.cfg().mode == Mode::Advise || !policy.with(|p| p.installs_initial_layout()).await {
         return;
     }
@@ -109,7 +109,7 @@ async fn decide(
     };
     let mut decisions = ask(cx, &view).await;
     if cx.cfg().mode == Mode::Advise && advise::first_epoch(cx) {
-        cx.live
+        cx.decider
             .policy
             .with(|p| {
                 if p.installs_initial_layout() {
@@ -131,8 +131,8 @@ async fn decide(
 /// learned policy remembers the arrivals it saw), as in the simulator's
 /// `Shadowed`.
 async fn ask(cx: &Cx<'_>, view: &ClusterView<'_>) -> Vec<Decision> {
-    let primary = cx.live.policy.with(|p| p.decide(view)).await;
-    let Some((fallback, _)) = &cx.live.fallback else {
+    let primary = cx.decider.policy.with(|p| p.decide(view)).await;
+    let Some((fallback, _)) = &cx.decider.fallback else {
         return primary;
     };
     let other = fallback.with(|p| p.decide(view)).await;

@@ -69,7 +69,7 @@ async fn metrics_text(cx: &Cx<'_>) -> String {
         hostname: nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        policy: (cx.cfg().policy.clone(), cx.live.policy_name.clone()),
+        policy: (cx.cfg().policy.clone(), cx.decider.policy_name.clone()),
         running: running_policies(cx),
         ..Scrape::default()
     };
@@ -154,10 +154,10 @@ fn running_policies(cx: &Cx<'_>) -> Vec<(String, String, bool)> {
     let fallback_runs = cx.books.shadow.fallback_runs(cx.cfg());
     let mut out = vec![(
         "learned".to_string(),
-        cx.live.policy_name.clone(),
+        cx.decider.policy_name.clone(),
         !fallback_runs,
     )];
-    if let Some((_, name)) = &cx.live.fallback {
+    if let Some((_, name)) = &cx.decider.fallback {
         out.push(("fallback".to_string(), name.clone(), fallback_runs));
     }
     out

@@ -1,62 +1,37 @@
 //! The settings in effect, and what is built from them: one immutable
-//! snapshot ([`Live`]) that SIGHUP replaces whole, so a request or an
-//! epoch that took it sees the old settings or the new ones, never a mix
-//! (say the new Slurm commands with the old policy).
+//! snapshot ([`Live`]) that SIGHUP replaces whole (together with the
+//! books' [`super::books::Decider`]), so a request or an epoch that took
+//! it sees the old settings or the new ones, never a mix (say the new
+//! Slurm commands with the old policy).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::auth::Roles;
-use super::books::{PlacementCell, PolicyCell, SwapCell};
+use super::books::SwapCell;
 use crate::config::Config;
-use crate::placement::PlacementRule;
-use crate::policy_choice::Built;
 use crate::slurm::{CommandSlurm, NoSlurm, SlurmClient};
 
 /// One snapshot of the settings. Take it once per request or epoch
-/// ([`Settings::current`]) and read everything from it.
+/// ([`Settings::current`], or with the policy built from it through
+/// [`super::books::Books::in_effect`]) and read everything from it. It
+/// holds settings only: the policy and the placement rule, which have
+/// state of their own, are the books' ([`super::books::Decider`]).
 pub(super) struct Live {
     pub config: Arc<Config>,
     pub slurm: Arc<dyn SlurmClient>,
     /// Who may write and who sees every job.
     pub roles: Roles,
-    /// The policy has state of its own (learned, greedy's batching window),
-    /// kept in the books' [`PolicyCell`]; a new one comes with a new
-    /// snapshot.
-    pub policy: PolicyCell,
-    pub policy_name: String,
-    /// The shadow's fallback and its name, while the shadow is on
-    /// (`[shadow]`): it sees every epoch, its decisions apply while the
-    /// shadow says it runs ([`super::shadow`]).
-    pub fallback: Option<(PolicyCell, String)>,
-    /// Which waiting allocate goes first (`placement`), with its own state
-    /// in the books' [`PlacementCell`]; asked in a GPU's transaction.
-    pub placement: Arc<PlacementCell>,
 }
 
 impl Live {
-    pub(super) fn new(
-        config: Config,
-        policy: Built,
-        fallback: Option<Built>,
-        placement: PlacementRule,
-    ) -> Live {
-        let (policy, policy_name) = policy;
+    pub(super) fn new(config: Config) -> Live {
         Live {
-            fallback: fallback.map(|(p, name)| (PolicyCell::new(p), name)),
-            placement: Arc::new(PlacementCell::new(placement)),
             slurm: slurm_client(&config),
             roles: Roles::of(&config),
             config: Arc::new(config),
-            policy: PolicyCell::new(policy),
-            policy_name,
         }
-    }
-
-    /// The `placement` rule's name, as status and the log show it.
-    pub(super) fn placement_name(&self) -> String {
-        self.placement.with(|p| p.name())
     }
 }
 
@@ -71,6 +46,7 @@ fn slurm_client(config: &Config) -> Arc<dyn SlurmClient> {
             scancel: config.slurm.scancel.clone(),
             hold_partition: config.slurm.hold_partition.clone(),
             timeout: Duration::from_secs(config.slurm.command_timeout_s),
+            release: Default::default(),
         })
     } else {
         Arc::new(NoSlurm)

@@ -1,5 +1,6 @@
 //! SIGHUP: re-read the config, apply what may change live, keep the rest.
 
+use super::books::Decider;
 use super::context::Daemon;
 use super::live::Live;
 use crate::config::Config;
@@ -8,7 +9,8 @@ use crate::policy_choice::build as build_policy;
 
 impl Daemon {
     /// SIGHUP: re-reads the config; applies what can change live as one new
-    /// [`Live`] snapshot, keeps the old one when the new config is invalid.
+    /// [`Live`] snapshot and the [`Decider`] built from it, installed in
+    /// one step; keeps the old ones when the new config is invalid.
     pub async fn reload(&self) {
         let new = match Config::load(&self.settings.path) {
             Ok(c) => c,
@@ -54,8 +56,10 @@ impl Daemon {
         } else {
             tracing::info!("SIGHUP: configuration reloaded: {}", live.join("; "));
         }
-        // One swap: readers see the old snapshot or the new one, never a mix.
-        self.settings
-            .replace(Live::new(merged, policy, fallback, placement));
+        // One step: readers see the old settings and decider or the new
+        // ones, never a mix.
+        let decider = Decider::new(policy, fallback, placement);
+        self.books
+            .install(decider, || self.settings.replace(Live::new(merged)));
     }
 }

@@ -173,7 +173,7 @@ async fn announce(daemon: &Daemon, socket: &Path, admin_socket: &Path) {
     }
     tracing::info!(socket = %socket.display(), admin_socket = %admin_socket.display(),
         backend = cx.svc.backend.name(), gpus = cx.books.gpus.len(),
-        policy = %cx.live.policy_name, placement = %cx.live.placement_name(), "smartmigd ready");
+        policy = %cx.decider.policy_name, placement = %cx.decider.placement_name(), "smartmigd ready");
     if cx.cfg().slurm.enabled {
         if let Some(info) = queue::node(&cx).await {
             xid::resume_if_drained_by_us(&cx, &info).await;

@@ -288,11 +288,11 @@ fn switched(cx: &Cx<'_>, sw: &Switch, now: f64, models: &[GpuModel]) -> ShadowSw
     ];
     let (from, to) = (side(sw.from), side(sw.to));
     let fallback = cx
-        .live
+        .decider
         .fallback
         .as_ref()
         .map_or("the fallback", |(_, n)| n.as_str());
-    let names = [cx.live.policy_name.as_str(), fallback];
+    let names = [cx.decider.policy_name.as_str(), fallback];
     let r = cx.cfg().shadow.rule();
     let reason = format!(
         "over the last {} s the day replayed under {} ({to}) cost {:.0} J, under {} ({from}) {:.0} J: a lead over the {} margin on {} check(s) in a row",

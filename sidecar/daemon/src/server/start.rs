@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::books::GpuOrderCheck;
 use super::books::Outcome;
-use super::books::{Books, Gpu};
+use super::books::{Books, Decider, Gpu};
 use super::context::unix_now_f64;
 use super::context::{unix_now, Daemon, NodeId};
 use super::gpu_order;
@@ -89,7 +89,8 @@ impl Daemon {
         let placement =
             PlacementRule::build(&config.placement, &models).map_err(StartError::Placement)?;
         let fallback = shadow_fallback(&config, &models).map_err(StartError::Policy)?;
-        let live = Live::new(config, policy, fallback, placement);
+        let decider = Decider::new(policy, fallback, placement);
+        let live = Live::new(config);
         let node = node_name(&live.config);
         let gpu_order = check_slurm(&live, backend.as_ref(), &node)?;
         if live.config.slurm.enabled {
@@ -103,7 +104,7 @@ impl Daemon {
             }
         }
         let (shutdown, _) = watch::channel(false);
-        let mut books = Books::new(gpus, memory, unix_now_f64());
+        let mut books = Books::new(gpus, decider, memory, unix_now_f64());
         books.node_mut().gpu_order = gpu_order;
         Ok(Arc::new(Daemon {
             svc: Services {

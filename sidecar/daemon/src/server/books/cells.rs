@@ -1,14 +1,12 @@
 //! The small cells of the books: the settings swapped as a whole, the
-//! policy's and the placement rule's own state, the memory estimates, the
-//! jobs' accounts, the connection counts and the usage log's turn. Each is
-//! a lock reached only through a closure (or, for the settings, a clone).
+//! memory estimates, the jobs' accounts, the connection counts and the
+//! usage log's turn. Each is a lock reached only through a closure (or,
+//! for the settings, a clone).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::memory::MemoryState;
-use crate::placement::PlacementRule;
-use crate::policy::RepartitionPolicy;
 
 /// A poisoned lock's data: every update leaves the books consistent, so a
 /// panic elsewhere (answered `internal`) does not stop the daemon.
@@ -41,41 +39,6 @@ impl<T> SwapCell<T> {
             Ok(mut l) => *l = snapshot,
             Err(p) => *p.into_inner() = snapshot,
         }
-    }
-}
-
-/// A policy and its own state (learned, greedy's batching window); a new
-/// one comes with new settings. Third in the lock order: after a GPU's
-/// transaction, before the ledger.
-#[derive(Clone)]
-pub(in crate::server) struct PolicyCell(Arc<tokio::sync::Mutex<Box<dyn RepartitionPolicy + Send>>>);
-
-impl PolicyCell {
-    pub(in crate::server) fn new(policy: Box<dyn RepartitionPolicy + Send>) -> PolicyCell {
-        PolicyCell(Arc::new(tokio::sync::Mutex::new(policy)))
-    }
-
-    /// Asks the policy (the closure cannot await).
-    pub(in crate::server) async fn with<R>(
-        &self,
-        f: impl FnOnce(&mut (dyn RepartitionPolicy + Send)) -> R,
-    ) -> R {
-        let mut p = self.0.lock().await;
-        f(p.as_mut())
-    }
-}
-
-/// The placement rule (`placement`) and its own state: asked under a
-/// GPU's transaction, a leaf.
-pub(in crate::server) struct PlacementCell(Mutex<PlacementRule>);
-
-impl PlacementCell {
-    pub(in crate::server) fn new(rule: PlacementRule) -> PlacementCell {
-        PlacementCell(Mutex::new(rule))
-    }
-
-    pub(in crate::server) fn with<R>(&self, f: impl FnOnce(&mut PlacementRule) -> R) -> R {
-        f(&mut unpoisoned(&self.0))
     }
 }
 

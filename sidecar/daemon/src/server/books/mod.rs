@@ -11,8 +11,9 @@
 //!    GPU's instances, who holds them, its energy meter and the promised
 //!    turn. Requests for one GPU are serialised; GPUs are independent (a
 //!    task holds at most one transaction at a time).
-//! 3. **The policy** ([`PolicyCell::with`], async lock, synchronous
-//!    closure): the policy's own state (learned, greedy's window).
+//! 3. **The policy** ([`decider::PolicyCell::with`] of the [`Decider`] in effect,
+//!    async lock, synchronous closure): the policy's own state (learned,
+//!    greedy's window).
 //! 4. **The ledger** ([`Books::node`], synchronous closure): allocates
 //!    waiting for room, Slurm's deadlines and time limits, the plans,
 //!    advise mode's record, where the queue came from, who returned
@@ -25,20 +26,24 @@
 //! their locks can never be held across an `.await`, hence never while a
 //! level-1 or level-2 lock is being waited for, and always come after
 //! them. The settings in effect are swapped as a whole through a
-//! [`SwapCell`], read without blocking a writer for longer than a clone.
+//! [`SwapCell`], read without blocking a writer for longer than a clone;
+//! the [`Decider`] built from them (policy, fallback, placement rule) is
+//! the books' and is swapped with them in one step ([`Books::install`]),
+//! so that a request or an epoch ([`Books::in_effect`]) sees the settings
+//! and the decider of one configuration.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 
 mod cells;
+mod decider;
 mod gpu;
 mod holds;
 mod ledger;
 mod shadow;
 
-pub(super) use cells::{
-    Accounts, Connections, MemoryBook, PlacementCell, PolicyCell, SwapCell, Turn,
-};
+pub(super) use cells::{Accounts, Connections, MemoryBook, SwapCell, Turn};
+pub(super) use decider::{Decider, PlacementCell};
 pub(super) use gpu::{Gpu, GpuState, GpuTx};
 pub(super) use holds::HoldsTx;
 pub(super) use ledger::{
@@ -55,6 +60,8 @@ use cells::unpoisoned;
 pub(super) struct Books {
     pub gpus: Vec<Gpu>,
     ledger: Mutex<Ledger>,
+    /// The policy, the fallback and the placement rule in effect.
+    decider: RwLock<Arc<Decider>>,
     /// The holds on stranded shards this node has in Slurm.
     holds: holds::HoldBook,
     /// The learned memory estimates and the out-of-memory ledger.
@@ -79,10 +86,11 @@ pub(super) struct Books {
 }
 
 impl Books {
-    pub(super) fn new(gpus: Vec<Gpu>, memory: MemoryState, now: f64) -> Books {
+    pub(super) fn new(gpus: Vec<Gpu>, decider: Decider, memory: MemoryState, now: f64) -> Books {
         Books {
             gpus,
             ledger: Mutex::new(Ledger::default()),
+            decider: RwLock::new(Arc::new(decider)),
             holds: holds::HoldBook::default(),
             memory: MemoryBook::new(memory),
             shadow: ShadowRun::new(now),
@@ -99,6 +107,30 @@ impl Books {
     /// holds' lock is being taken.
     pub(super) fn node<R>(&self, f: impl FnOnce(&mut Ledger) -> R) -> R {
         f(&mut unpoisoned(&self.ledger))
+    }
+
+    /// The decider in effect, with the settings `settings` reads (a
+    /// snapshot of the settings' cell): both of one configuration, since
+    /// [`Books::install`] swaps them under the same lock.
+    pub(super) fn in_effect<S>(&self, settings: impl FnOnce() -> S) -> (S, Arc<Decider>) {
+        let decider = self
+            .decider
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (settings(), decider.clone())
+    }
+
+    /// Installs a new decider and, under the same lock, the settings it
+    /// was built from (`swap_settings`, a swap of the settings' cell): a
+    /// SIGHUP's one step. Whoever asked the old policy keeps it until its
+    /// request or epoch ends.
+    pub(super) fn install(&self, decider: Decider, swap_settings: impl FnOnce()) {
+        let mut in_effect = self
+            .decider
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        swap_settings();
+        *in_effect = Arc::new(decider);
     }
 
     /// The ledger at start-up, before the books are shared.

@@ -441,7 +441,7 @@ fn next_step(
     let turn = match &planned {
         Ok(_) => {
             let mut others = cx.books.node(|l| l.contenders(req.gpu, req.job_id));
-            next_turn(&cx.live.placement, st, &mut others, me)
+            next_turn(&cx.decider.placement, st, &mut others, me)
         }
         Err(_) => {
             if st.promised.as_ref().is_some_and(|t| t.job_id == req.job_id) {
@@ -487,7 +487,7 @@ fn next_step(
             reason: format!(
                 "GPU {}: jobs that go first under placement `{}` take the room",
                 req.gpu,
-                cx.live.placement_name()
+                cx.decider.placement_name()
             ),
             mine,
             no_room_for: None,

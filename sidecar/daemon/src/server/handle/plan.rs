@@ -10,7 +10,7 @@ pub(super) fn serve(cx: &Cx<'_>, peer: u32) -> PlanReply {
     let mut reply = {
         cx.books.node(|ledger| PlanReply {
             mode: cfg.mode.as_str().into(),
-            policy: cx.live.policy_name.clone(),
+            policy: cx.decider.policy_name.clone(),
             plan_timeout_s: cfg.plan_timeout_s,
             pending: ledger.plans.pending(),
             applied: ledger.plans.applied(),

@@ -29,8 +29,8 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
     }
     let cfg = cx.cfg();
     let memory = memory_status(cx);
-    let placement = cx.live.placement_name();
-    let fallback = cx.live.fallback.as_ref().map_or_else(
+    let placement = cx.decider.placement_name();
+    let fallback = cx.decider.fallback.as_ref().map_or_else(
         || cfg.shadow.fallback_spec().to_string(),
         |(_, name)| name.clone(),
     );
@@ -39,7 +39,7 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         node: cx.node.name.clone(),
         version: env!("CARGO_PKG_VERSION").into(),
         backend: cx.svc.backend.name().into(),
-        policy: cx.live.policy_name.clone(),
+        policy: cx.decider.policy_name.clone(),
         placement: Some(placement),
         uptime_s: cx.node.started.elapsed().as_secs(),
         epochs: cx.svc.metrics.epochs(),
@@ -50,7 +50,11 @@ async fn status(cx: &Cx<'_>) -> StatusReply {
         pending_plans: ledger.plans.pending(),
         advise: advise::status(&ledger.advise, cfg),
         cluster: Some(queue::cluster_status(&ledger.view_source, cfg)),
-        shadow: Some(cx.books.shadow.status(cfg, &cx.live.policy_name, &fallback)),
+        shadow: Some(
+            cx.books
+                .shadow
+                .status(cfg, &cx.decider.policy_name, &fallback),
+        ),
         gpu_order: ledger.gpu_order.status(),
         holds: Some(crate::protocol::HoldsStatus {
             configured: cfg.slurm.holds.name().into(),
