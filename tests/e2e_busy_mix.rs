@@ -37,6 +37,10 @@ const ALLOCATE_WAIT_S: u64 = 3;
 const CRED_EXPIRE_S: u64 = 5;
 /// Slurm's periodic scheduling pass, s (`sched_interval`).
 const SCHED_INTERVAL_S: u64 = 2;
+/// The simulator's batched passes, s (`--slurm-like pass=`): the cluster sets
+/// `batch_sched_delay=0`, so a submit or an end is scheduled at slurmctld's
+/// next background tick, once a second.
+const PASS_S: u64 = 1;
 /// Seconds between two submissions: the node is kept busy (about 0.9 of
 /// its 14 slices in demand) without an ever-growing queue.
 const GAP_S: f64 = 1.6;
@@ -251,7 +255,7 @@ fn outcome(cluster: &SlurmCluster, ids: &[(u32, MixJob)], keep: Option<&Path>) -
 /// `smartmig simulate --slurm-like` on the same list, with the same timings.
 fn simulated(csv: &Path, holds: &str) -> Value {
     let spec = format!(
-        "holds={holds},allocate-wait={ALLOCATE_WAIT_S},requeue-hold={},sched-interval={SCHED_INTERVAL_S}",
+        "holds={holds},allocate-wait={ALLOCATE_WAIT_S},requeue-hold={},sched-interval={SCHED_INTERVAL_S},pass={PASS_S}",
         CRED_EXPIRE_S + 1
     );
     let out = std::process::Command::new(artifact("smartmig"))
