@@ -42,6 +42,10 @@ const ALLOCATE_WAIT_S: u64 = 3;
 const CRED_EXPIRE_S: u64 = 5;
 /// Slurm's periodic scheduling pass, s (`sched_interval`).
 const SCHED_INTERVAL_S: u64 = 2;
+/// The simulator's batched passes, s (`--slurm-like pass=`): the cluster sets
+/// `batch_sched_delay=0`, so a submit or an end is scheduled at slurmctld's
+/// next background tick, once a second.
+const PASS_S: u64 = 1;
 /// Seconds between two submissions: the node is kept busy (about 0.9 of
 /// its 14 slices in demand) without an ever-growing queue.
 const GAP_S: f64 = 1.6;
@@ -165,6 +169,8 @@ struct Timings {
     allocate_wait_s: u64,
     requeue_hold_s: u64,
     sched_interval_s: u64,
+    /// Seconds between Slurm's batched passes (`--slurm-like pass=S`).
+    pass_s: u64,
 }
 
 impl Timings {
@@ -174,12 +180,16 @@ impl Timings {
                 allocate_wait_s: 30,
                 requeue_hold_s: 121,
                 sched_interval_s: 60,
+                // tests/slurm/cluster.sh sets batch_sched_delay=0 in both
+                // modes: passes at slurmctld's 1 s tick.
+                pass_s: PASS_S,
             }
         } else {
             Timings {
                 allocate_wait_s: ALLOCATE_WAIT_S,
                 requeue_hold_s: CRED_EXPIRE_S + 1,
                 sched_interval_s: SCHED_INTERVAL_S,
+                pass_s: PASS_S,
             }
         }
     }
@@ -337,8 +347,8 @@ fn outcome(cluster: &SlurmCluster, ids: &[(u32, MixJob)], keep: Option<&Path>) -
 /// `smartmig simulate --slurm-like` on the same list, with the same timings.
 fn simulated(csv: &Path, holds: &str, t: Timings) -> Value {
     let spec = format!(
-        "holds={holds},allocate-wait={},requeue-hold={},sched-interval={}",
-        t.allocate_wait_s, t.requeue_hold_s, t.sched_interval_s
+        "holds={holds},allocate-wait={},requeue-hold={},sched-interval={},pass={}",
+        t.allocate_wait_s, t.requeue_hold_s, t.sched_interval_s, t.pass_s
     );
     let out = std::process::Command::new(artifact("smartmig"))
         .args([

@@ -5,7 +5,7 @@
 
 use smartmig::mig::{GpuModel, OfferRule};
 use smartmig::policy::{parse_policy, NoPartition, RepartitionPolicy};
-use smartmig::sim::{EpochRule, Metrics, SimConfig, SlurmLike};
+use smartmig::sim::{EpochRule, Metrics, Record, SimConfig, SlurmLike};
 use smartmig::workload::Job;
 
 use super::common::{audited, job};
@@ -182,9 +182,99 @@ fn the_mode_parses_its_options_and_refuses_bad_ones() {
         ("wait=5", "unknown slurm-like option"),
         ("allocate-wait=-1", ">= 0"),
         ("sched-interval=0", "> 0"),
+        ("pass=-1", "pass=-1: not a finite time >= 0"),
+        ("pass=inf", "0: a pass after every event"),
+        ("pass=soon", "pass=soon: not a number of seconds"),
         ("holds", "key=value"),
     ] {
         let e = bad.parse::<SlurmLike>().unwrap_err();
         assert!(e.contains(says), "{bad}: {e}");
     }
+}
+
+/// Slurm's passes with `pass=S` (`S` > 0: event-triggered passes batched on
+/// an `S`-second grid, as slurmctld's background thread does).
+fn passes(rule: Option<OfferRule>, pass_s: f64) -> SimConfig {
+    SimConfig {
+        reconfig_time_s: 0.0,
+        ..cfg(Some(SlurmLike {
+            pass_s,
+            ..holds(rule)
+        }))
+    }
+}
+
+/// When each job of the log started, by id.
+fn starts(log: &[Record]) -> Vec<(u64, f64)> {
+    let mut out: Vec<(u64, f64)> = log
+        .iter()
+        .filter_map(|r| match r {
+            Record::Job(j) => Some((j.run.id, j.run.start)),
+            _ => None,
+        })
+        .collect();
+    out.sort_by_key(|&(id, _)| id);
+    out
+}
+
+/// The mode's default batches passes as the packaged config does
+/// (`batch_sched_delay` left at 3 s); `pass=0` is the model before.
+#[test]
+fn the_default_batches_passes_as_the_packaged_config() {
+    assert_eq!(SlurmLike::default().pass_s, 3.0);
+    let s: SlurmLike = "pass=0".parse().expect("parse");
+    assert_eq!(s.pass_s, 0.0);
+    assert_eq!(s.to_string().parse::<SlurmLike>(), Ok(s));
+}
+
+/// With batched passes, jobs submitted within one pass's window are all
+/// started by that pass (together, at its time); with a pass after every
+/// event each starts on arrival.
+#[test]
+fn a_burst_within_one_pass_is_started_together() {
+    let gpus = [GpuModel::A100_40gb];
+    let jobs = [
+        job(0, 1.0, 50.0, 1),
+        job(1, 2.0, 50.0, 2),
+        job(2, 3.5, 50.0, 1),
+    ];
+    let (batched, log) = audited(&gpus, &jobs, &mut *greedy(), &passes(None, 5.0));
+    assert_eq!(batched.metrics.completed, 3);
+    assert_eq!(starts(&log), vec![(0, 5.0), (1, 5.0), (2, 5.0)]);
+    let (each, log) = audited(&gpus, &jobs, &mut *greedy(), &passes(None, 0.0));
+    assert_eq!(each.metrics.completed, 3);
+    assert_eq!(starts(&log), vec![(0, 1.0), (1, 2.0), (2, 3.5)]);
+    // A job submitted right on the grid is placed by that instant's pass.
+    let on_grid = [job(0, 5.0, 50.0, 1)];
+    let (_, log) = audited(&gpus, &on_grid, &mut *greedy(), &passes(None, 5.0));
+    assert_eq!(starts(&log), vec![(0, 5.0)]);
+}
+
+/// The requeue that batching brings: 3, 3 and 1 shards submitted a second
+/// or two apart on one A100. With a pass after every event and `any-mix`
+/// holds, the first 3g's hold is in place before the second 3g is placed
+/// (1 s later), so Slurm never offers the stranded shard and the 1-shard
+/// job waits in Slurm's queue, unrequeued. With passes batched every 5 s
+/// all three reach the empty GPU in one pass, where no rule holds anything:
+/// the 1g cannot be built beside the two 3g and is requeued, holds or not.
+/// Without holds it is requeued either way.
+#[test]
+fn a_burst_placed_by_one_pass_strands_what_holds_would_have_kept() {
+    let gpus = [GpuModel::A100_40gb];
+    let jobs = [
+        job(0, 1.0, 100.0, 3),
+        job(1, 2.5, 100.0, 3),
+        job(2, 4.0, 10.0, 1),
+    ];
+    let m = |rule, pass_s| run(&gpus, &jobs, &mut *greedy(), &passes(rule, pass_s));
+    let each_held = m(Some(OfferRule::AnyMix), 0.0);
+    assert_eq!(each_held.requeues, 0, "{each_held:?}");
+    assert!(each_held.held_slice_s > 0.0, "{each_held:?}");
+    for rule in [None, Some(OfferRule::AnyMix)] {
+        let batched = m(rule, 5.0);
+        assert_eq!(batched.completed, 3, "{rule:?}: {batched:?}");
+        assert_eq!(batched.requeues, 1, "{rule:?}: {batched:?}");
+    }
+    let each_unheld = m(None, 0.0);
+    assert!(each_unheld.requeues >= 1, "{each_unheld:?}");
 }

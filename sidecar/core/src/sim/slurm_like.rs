@@ -7,8 +7,12 @@
 //! starts the job; only then does smartmigd look for an instance on that
 //! GPU. This engine models that chain:
 //!
-//! 1. **Slurm's pass** (after every event, and every `sched_interval_s` for
-//!    jobs whose requeue hold ended): queued jobs in priority order (the
+//! 1. **Slurm's pass** (batched: an event that calls for one, a submit, an
+//!    end, a requeue, a hold's release, gets it at the next multiple of
+//!    `pass_s`, so the events of one window share a pass, as slurmctld's
+//!    background thread batches them; `pass_s = 0`: a pass after every
+//!    event; and every `sched_interval_s` for jobs whose requeue hold
+//!    ended): queued jobs in priority order (the
 //!    placement heuristic's order, e.g. earliest deadline for `edf`, as in
 //!    the central engine, so that the two models differ only in what Slurm
 //!    and MIG do; a requeued job keeps its place), each on the first GPU, by
@@ -93,6 +97,14 @@ pub struct SlurmLike {
     pub sched_interval_s: f64,
     /// From a change on a GPU to its hold in Slurm (smartmigd's `salloc`), s.
     pub hold_lag_s: f64,
+    /// Slurm's event-triggered passes are batched: an event that calls for
+    /// one (a submit, an end, a requeue, a hold's release) gets it at the
+    /// next multiple of this many seconds, so every job those events let
+    /// start reaches smartmigd's allocate in one burst, in Slurm's order.
+    /// 3 s: the packaged config, which leaves `batch_sched_delay` at
+    /// Slurm's default of 3 s. 0: a pass after every event (the model
+    /// before issue 56).
+    pub pass_s: f64,
 }
 
 impl Default for SlurmLike {
@@ -103,6 +115,7 @@ impl Default for SlurmLike {
             requeue_hold_s: 121.0,
             sched_interval_s: 60.0,
             hold_lag_s: 1.0,
+            pass_s: 3.0,
         }
     }
 }
@@ -114,6 +127,10 @@ pub enum SlurmLikeError {
     Time { name: &'static str, value: f64 },
     #[error("slurm-like sched-interval={0}: not a finite time > 0")]
     SchedInterval(f64),
+    #[error(
+        "slurm-like pass={0}: not a finite time >= 0 (seconds between Slurm's batched passes; 0: a pass after every event)"
+    )]
+    Pass(f64),
 }
 
 impl SlurmLike {
@@ -131,6 +148,9 @@ impl SlurmLike {
         if !(self.sched_interval_s.is_finite() && self.sched_interval_s > 0.0) {
             return Err(SlurmLikeError::SchedInterval(self.sched_interval_s));
         }
+        if !(self.pass_s.is_finite() && self.pass_s >= 0.0) {
+            return Err(SlurmLikeError::Pass(self.pass_s));
+        }
         Ok(())
     }
 }
@@ -139,7 +159,7 @@ impl std::str::FromStr for SlurmLike {
     type Err = String;
 
     /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
-    /// sched-interval=S,hold-lag=S`, any subset, any order; `""` or
+    /// sched-interval=S,hold-lag=S,pass=S`, any subset, any order; `""` or
     /// `default` for the defaults.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut out = SlurmLike::default();
@@ -167,9 +187,10 @@ impl std::str::FromStr for SlurmLike {
                 "requeue-hold" => out.requeue_hold_s = secs()?,
                 "sched-interval" => out.sched_interval_s = secs()?,
                 "hold-lag" => out.hold_lag_s = secs()?,
+                "pass" => out.pass_s = secs()?,
                 other => {
                     return Err(format!(
-                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag)"
+                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag, pass)"
                     ))
                 }
             }
@@ -183,12 +204,13 @@ impl std::fmt::Display for SlurmLike {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "holds={},allocate-wait={},requeue-hold={},sched-interval={},hold-lag={}",
+            "holds={},allocate-wait={},requeue-hold={},sched-interval={},hold-lag={},pass={}",
             self.holds.map_or("off", OfferRule::name),
             self.allocate_wait_s,
             self.requeue_hold_s,
             self.sched_interval_s,
-            self.hold_lag_s
+            self.hold_lag_s,
+            self.pass_s
         )
     }
 }
@@ -495,7 +517,9 @@ impl<'j> Deploy<'j> {
                 (Some(a), Some(b)) => a.min(b),
             };
             self.now = now;
-            let (mut pass, mut epoch_due) = (false, false);
+            // `pass`: an event calls for Slurm's pass (batched, `pass_s`);
+            // `pass_now`: a scheduled pass is due.
+            let (mut pass, mut pass_now, mut epoch_due) = (false, false, false);
             while let Some(&Reverse((T(t), kind, _, a, b))) = self.heap.peek() {
                 if t != now {
                     break;
@@ -513,8 +537,10 @@ impl<'j> Deploy<'j> {
                     EV_ELIGIBLE => self.eligible(a),
                     EV_HOLD => pass |= self.update_hold(a as usize),
                     EV_PASS => {
-                        self.pass_at = None;
-                        pass = true;
+                        if self.pass_at.is_some_and(|p| p <= now) {
+                            self.pass_at = None;
+                        }
+                        pass_now = true;
                     }
                     _ => {
                         epoch_due = true;
@@ -539,6 +565,7 @@ impl<'j> Deploy<'j> {
                     pass = true;
                 }
             }
+            let pass = pass_now || self.batch(pass);
             self.settle(pass, &mut hooks)?;
             if let EpochRule::Events(e) = self.cfg.epoch {
                 epoch_due |= since_epoch >= e;
@@ -898,6 +925,30 @@ impl<'j> Deploy<'j> {
         true
     }
 
+    /// An event called for Slurm's pass (`wanted`): whether it runs now
+    /// (`pass_s = 0`, or now is on the pass grid); else one is scheduled at
+    /// the next multiple of `pass_s`, shared by every event until then.
+    fn batch(&mut self, wanted: bool) -> bool {
+        let every = self.slurm.pass_s;
+        if !wanted || every <= 0.0 {
+            return wanted;
+        }
+        let at = (self.now / every).ceil() * every;
+        if at <= self.now {
+            return true;
+        }
+        self.schedule_pass(at);
+        false
+    }
+
+    /// A pass at `at`, unless one is due by then already.
+    fn schedule_pass(&mut self, at: f64) {
+        if self.pass_at.is_none_or(|p| p > at) {
+            self.pass_at = Some(at);
+            self.push(at, EV_PASS, 0, 0);
+        }
+    }
+
     /// Job `i`'s requeue hold ended: it waits for Slurm's next periodic pass.
     fn eligible(&mut self, i: u32) {
         if self.state[i as usize] != St::Held {
@@ -908,10 +959,7 @@ impl<'j> Deploy<'j> {
         self.state[i as usize] = St::Queued;
         let every = self.slurm.sched_interval_s;
         let at = ((self.now / every).floor() + 1.0) * every;
-        if self.pass_at.is_none_or(|p| p > at) {
-            self.pass_at = Some(at);
-            self.push(at, EV_PASS, 0, 0);
-        }
+        self.schedule_pass(at);
     }
 
     /// After a batch of events: the jobs waiting on GPUs where something
