@@ -843,7 +843,7 @@ fn named_modules(module: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet
 }
 
 /// The file-level import graph of a crate's production code.
-fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+fn path_import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let files = module_files(src);
     let known: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
     files
@@ -856,7 +856,7 @@ fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
 }
 
 /// The strongly connected components of more than one module (Tarjan).
-fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+fn strong_circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     struct Walk<'g> {
         graph: &'g BTreeMap<String, BTreeSet<String>>,
         index: BTreeMap<&'g str, (usize, usize)>,
@@ -917,14 +917,14 @@ fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 
 #[test]
 fn core_files_import_one_way() {
-    let graph = import_graph(&root().join("sidecar/core/src"));
+    let graph = path_import_graph(&root().join("sidecar/core/src"));
     assert!(
         graph
             .get("sim::slurm_like")
             .is_some_and(|s| s.contains("sim::engine")),
         "the import graph misses sim::slurm_like -> sim::engine"
     );
-    let found = circles(&graph);
+    let found = strong_circles(&graph);
     assert!(
         found.is_empty(),
         "files of smartmig-core that import each other (through the others listed): {found:?}"
@@ -951,7 +951,7 @@ fn the_circle_check_sees_circles() {
         g.entry(from.into()).or_default().insert(to.into());
     }
     assert_eq!(
-        circles(&g),
+        strong_circles(&g),
         vec![vec!["x".to_string(), "y".into(), "z".into()]]
     );
 }
