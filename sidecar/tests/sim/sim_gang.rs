@@ -64,6 +64,14 @@ fn pieces(ran: &Ran, id: u64) -> Vec<(usize, f64, f64)> {
         .collect()
 }
 
+/// When job `id`'s first piece started under `policy` (fails if it never ran).
+fn first_start(ran: &Ran, policy: &str, id: u64) -> f64 {
+    pieces(ran, id)
+        .first()
+        .unwrap_or_else(|| panic!("{policy}: job {id} never ran: {:?}", ran.runs))
+        .1
+}
+
 #[test]
 fn whole_gpus_start_a_gang_job_together_once_enough_are_free() {
     // Four whole GPUs: two single jobs, then a job of three GPUs, which
@@ -175,12 +183,7 @@ fn the_first_gang_job_reserves_its_gpus_and_only_jobs_that_end_in_time_backfill_
         ("greedy", Some(SlurmLike::default())),
     ] {
         let ran = run(2, &jobs, policy, slurm.clone());
-        let start = |id: u64| {
-            pieces(&ran, id)
-                .first()
-                .unwrap_or_else(|| panic!("{policy}: job {id} never ran: {:?}", ran.runs))
-                .1
-        };
+        let start = |id: u64| first_start(&ran, policy, id);
         let slack = if slurm.is_some() || policy != "none" {
             2.0 * SimConfig::default().reconfig_time_s
         } else {
@@ -225,12 +228,7 @@ fn a_waiting_job_that_cannot_start_before_the_gang_keeps_no_gpu_idle() {
     let slack = 2.0 * SimConfig::default().reconfig_time_s;
     for policy in ["on-demand", "greedy"] {
         let ran = run(2, &jobs, policy, None);
-        let start = |id: u64| {
-            pieces(&ran, id)
-                .first()
-                .unwrap_or_else(|| panic!("{policy}: job {id} never ran: {:?}", ran.runs))
-                .1
-        };
+        let start = |id: u64| first_start(&ran, policy, id);
         assert!(
             start(3) <= 30.0 + slack + 1e-9,
             "{policy}: S backfills the idle GPU at once: {:?}",
