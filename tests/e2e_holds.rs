@@ -188,7 +188,15 @@ fn srun_on_a_stranded_slice_gets_room_from_a_young_batch_job() {
     // next run's output is checked below).
     smartmig_suite::quick_requeues();
     let cluster = cluster();
-    let sidecar = Sidecar::start_configured(cluster.dir(), "", true, "", &SidecarBackend::Sim);
+    // Holds off explicitly: the default (`auto`) holds on this typed
+    // cluster, and this test is about the path without them.
+    let sidecar = Sidecar::start_configured(
+        cluster.dir(),
+        "",
+        true,
+        "holds = \"off\"",
+        &SidecarBackend::Sim,
+    );
     let jobs = two_young_3g_jobs_on_gpu0(&cluster, &sidecar);
 
     let out = srun(
@@ -279,7 +287,9 @@ fn an_srun_never_requeues_another_users_job_while_another_gpu_has_room() {
         cluster.dir(),
         "allocate_wait_s = 5",
         true,
-        "",
+        // Off explicitly (the default holds on this typed cluster): the
+        // advice checked below is the one given without holds.
+        "holds = \"off\"",
         &SidecarBackend::Sim,
     );
     let jobs = two_young_3g_jobs_on_gpu0(&cluster, &sidecar);

@@ -416,7 +416,8 @@ pub struct HoldsStatus {
     /// `slurm.holds` in smartmig.toml: `auto` (the default), `off`,
     /// `next-job` or `any-mix`.
     pub configured: String,
-    /// What runs: `any-mix`, `next-job` or `off`.
+    /// What runs: `any-mix`, `next-job`, `off`, or `no-slurm` (Slurm queries
+    /// are off: nothing to hold).
     pub state: String,
     /// Why, in words (with the fix when it is off for gres.conf).
     pub reason: String,

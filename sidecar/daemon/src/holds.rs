@@ -75,14 +75,18 @@ pub struct HoldsDecision {
     pub rule: Option<OfferRule>,
     /// Why, in words (the start-up log line and `smartmig status`).
     pub reason: String,
+    /// Whether smartmigd talks to Slurm at all (`slurm.enabled`): without
+    /// Slurm there is nothing to hold, and no holds is no fault.
+    pub slurm: bool,
 }
 
 impl HoldsDecision {
-    /// `any-mix`, `next-job` or `off`.
+    /// `any-mix`, `next-job`, `off`, or `no-slurm` (Slurm queries are off).
     pub fn state(&self) -> &'static str {
         match self.rule {
             Some(OfferRule::AnyMix) => "any-mix",
             Some(OfferRule::NextJob) => "next-job",
+            None if !self.slurm => "no-slurm",
             None => "off",
         }
     }
@@ -97,7 +101,11 @@ pub const MIGRATION_DOC: &str = "docs/slurm-integration.md §9, \"Migrating an u
 /// could not name its GPU) or where Slurm has not said yet; an explicit
 /// rule is followed unless gres.conf is known to be untyped.
 pub fn decide(configured: HoldRule, typing: &GresTyping, slurm_enabled: bool) -> HoldsDecision {
-    let off = |reason: String| HoldsDecision { rule: None, reason };
+    let off = |reason: String| HoldsDecision {
+        rule: None,
+        reason,
+        slurm: slurm_enabled,
+    };
     let asked = configured.name();
     if !slurm_enabled {
         return off("Slurm queries are off (slurm.enabled = false)".into());
@@ -109,6 +117,7 @@ pub fn decide(configured: HoldRule, typing: &GresTyping, slurm_enabled: bool) ->
     match typing {
         GresTyping::Typed { gpus } => HoldsDecision {
             rule,
+            slurm: true,
             reason: format!(
                 "holds = \"{asked}\"{}; gres.conf gives each of the {gpus} GPU(s) its own type (mig0..mig{}), so smartmigd holds the shards MIG cannot build",
                 if configured == HoldRule::Auto { " (the default)" } else { "" },
@@ -126,6 +135,7 @@ pub fn decide(configured: HoldRule, typing: &GresTyping, slurm_enabled: bool) ->
         ),
         GresTyping::Unknown => HoldsDecision {
             rule,
+            slurm: true,
             reason: format!("holds = \"{asked}\" in smartmig.toml; gres.conf's types not checked (slurmd -G has not answered)"),
         },
     }
@@ -308,6 +318,8 @@ mod tests {
         // Without Slurm queries nothing is held, whatever the setting.
         assert_eq!(decide(HoldRule::AnyMix, &typed, false).rule, None);
         assert_eq!(decide(HoldRule::Auto, &typed, false).rule, None);
+        assert_eq!(decide(HoldRule::Auto, &typed, false).state(), "no-slurm");
+        assert_eq!(decide(HoldRule::Auto, &untyped, true).state(), "off");
     }
 
     #[test]

@@ -305,6 +305,7 @@ fn gpu_order_check(o: &GpuOrderStatus) -> Check {
 /// left to the default (issue 56).
 fn holds_check(h: &HoldsStatus) -> Check {
     const NAME: &str = "daemon.holds";
+    // `no-slurm`: smartmigd does not talk to Slurm, so nothing is held.
     if h.state != "off" || h.configured == "off" {
         return Check::ok(
             NAME,
@@ -334,6 +335,7 @@ mod tests {
         };
         assert_eq!(holds_check(&h("auto", "any-mix")).status, Status::Ok);
         assert_eq!(holds_check(&h("off", "off")).status, Status::Ok);
+        assert_eq!(holds_check(&h("auto", "no-slurm")).status, Status::Ok);
         let w = holds_check(&h("auto", "off"));
         assert_eq!((w.check.as_str(), w.status), ("daemon.holds", Status::Warn));
         assert!(w.detail.contains("why"), "{w:?}");
