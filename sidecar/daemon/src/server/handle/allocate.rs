@@ -684,6 +684,13 @@ fn execute(
     let start = placed.map_or(0, |p| g.spot(p).start);
     let p = placed.map_or(profile, |p| g.spot(p).profile);
     tracing::info!(gpu = gpu.index, job = req.job_id, uid = req.uid, %uuid, profile = %p.name(), start, ?action, "allocated");
+    let note = cx.books.node(|l| l.requeue_notes.remove(&req.job_id));
+    if note.is_some() {
+        tracing::info!(
+            job = req.job_id,
+            "the job's output is told why its last run was requeued"
+        );
+    }
     Ok(AllocateReply {
         uuid,
         gpu: gpu.index,
@@ -694,7 +701,7 @@ fn execute(
         reused: matches!(action, AllocAction::Reused),
         action,
         waited_ms,
-        note: cx.books.node(|l| l.requeue_notes.remove(&req.job_id)),
+        note,
     })
 }
 
