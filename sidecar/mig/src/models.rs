@@ -724,6 +724,41 @@ impl ModelSpec {
         sizes
     }
 
+    /// The profile a job whose memory needs `profile` is built and billed
+    /// (issue 55): the smallest-memory profile of the smallest compute
+    /// size, at least `profile`'s, whose memory slices hold `profile`'s.
+    /// Slurm counts compute shards, so a memory variant (`1g.10gb` on an
+    /// A100-40GB: one compute slice, two memory slices) would let Slurm
+    /// offer a shard whose memory is gone; billed and built as the
+    /// default profile of the room it takes (`2g.10gb`), every instance
+    /// blocks exactly the shards it is billed and the holds' offer
+    /// ([`crate::Geometry::offer`]) stays true. A default profile is its
+    /// own room.
+    pub fn room_profile(&self, profile: &'static ProfileSpec) -> &'static ProfileSpec {
+        self.profiles
+            .iter()
+            .filter(|q| q.shape.compute >= profile.shape.compute)
+            .filter(|q| q.shape.memory >= profile.shape.memory)
+            .filter(|q| self.is_default(q))
+            .min_by_key(|q| (q.shape.compute, q.shape.memory))
+            .unwrap_or(profile)
+    }
+
+    /// The shards `profile` blocks: its [`ModelSpec::room_profile`]'s
+    /// compute slices (`1g.10gb` on an A100-40GB: 2).
+    pub fn room_shards(&self, profile: &'static ProfileSpec) -> u8 {
+        self.room_profile(profile).shape.compute
+    }
+
+    /// Whether `p` is the smallest-memory profile of its compute size (the
+    /// one `--gres=shard:K` alone gets).
+    pub fn is_default(&self, p: &ProfileSpec) -> bool {
+        self.profiles
+            .iter()
+            .filter(|q| q.shape.compute == p.shape.compute)
+            .all(|q| q.shape.memory >= p.shape.memory)
+    }
+
     /// The variant `kind` of the profile with shape `base`, if the model has it.
     pub fn variant(&self, base: Shape, kind: VariantKind) -> Option<&'static VariantSpec> {
         self.variants
@@ -748,6 +783,42 @@ impl ModelSpec {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_memory_variant_is_billed_and_built_as_the_default_profile_of_its_room() {
+        let a100 = GpuModel::A100_40gb.spec();
+        let by = |n: &str| a100.profiles.iter().find(|p| p.name() == n).unwrap();
+        assert_eq!(a100.room_profile(by("1g.10gb")).name(), "2g.10gb");
+        assert_eq!(a100.room_shards(by("1g.10gb")), 2);
+        for n in ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"] {
+            assert_eq!(a100.room_profile(by(n)).name(), n);
+        }
+        // On every model: a default profile is its own room; a variant's
+        // room has at least its compute and memory, and the variant can
+        // start wherever its room can (so the holds' offer, counted in
+        // default profiles, covers it).
+        for m in GpuModel::ALL {
+            let spec = m.spec();
+            for p in spec.profiles {
+                let r = spec.room_profile(p);
+                assert!(spec.is_default(r), "{m:?} {}", p.name());
+                if spec.is_default(p) {
+                    assert_eq!(r.shape, p.shape, "{m:?}");
+                    continue;
+                }
+                assert!(r.shape.compute >= p.shape.compute && r.shape.memory >= p.shape.memory);
+                for s in r.starts {
+                    assert!(
+                        p.starts.contains(s),
+                        "{m:?}: {} cannot start at {s} where {} can",
+                        p.name(),
+                        r.name()
+                    );
+                }
+            }
+        }
+    }
+
     use super::*;
 
     #[test]
