@@ -278,3 +278,50 @@ fn a_burst_placed_by_one_pass_strands_what_holds_would_have_kept() {
     let each_unheld = m(None, 0.0);
     assert!(each_unheld.requeues >= 1, "{each_unheld:?}");
 }
+
+/// A job whose memory needs a memory variant (`shard:1` with 8 GB on an
+/// A100-40GB: `1g.10gb`, two memory slices) is billed and built as the
+/// default profile of its room (`2g.10gb`, two shards: issue 55). Billed
+/// its one compute slice, as before, the holds' offer beside a busy 3g
+/// (three shards, counted in default profiles) let Slurm put three such
+/// jobs where MIG builds two, and the third was requeued; billed its
+/// room, Slurm puts one beside the 3g and the others wait in its queue
+/// or go to GPU 1.
+#[test]
+fn a_memory_variant_is_billed_the_room_it_takes() {
+    let gpus = [GpuModel::A100_40gb; 2];
+    let mut jobs = vec![Job {
+        memory_gb: 15.0,
+        ..job(0, 0.0, 2000.0, 3)
+    }];
+    // GPU 1 is busy with a whole-GPU job, so the small jobs meet GPU 0's
+    // offer beside the 3g.
+    jobs.push(job(1, 0.0, 2000.0, 7));
+    for id in 2..5 {
+        jobs.push(Job {
+            memory_gb: 8.0,
+            ..job(id, 60.0, 300.0, 1)
+        });
+    }
+    let slurm = |bill: &str| {
+        let spec: SlurmLike = format!("holds=any-mix,bill={bill}").parse().expect("spec");
+        spec
+    };
+    let on_demand = || parse_policy("on-demand", &[GpuModel::A100_40gb]).expect("on-demand");
+    let before = run(
+        &gpus,
+        &jobs,
+        &mut *on_demand(),
+        &cfg(Some(slurm("compute"))),
+    );
+    assert!(before.requeues >= 1, "{before:?}");
+    let after = run(&gpus, &jobs, &mut *on_demand(), &cfg(Some(slurm("room"))));
+    assert_eq!(after.requeues, 0, "{after:?}");
+    assert_eq!(after.completed, jobs.len() as u64, "{after:?}");
+    // The default is the product's rule.
+    assert_eq!(SlurmLike::default(), slurm("room"));
+    assert_eq!(
+        "bill=nonsense".parse::<SlurmLike>().unwrap_err(),
+        "slurm-like bill=nonsense: use `room` (the product) or `compute` (before issue 55)"
+    );
+}

@@ -407,8 +407,18 @@ pub fn learned_model(cluster: &[GpuModel]) -> Option<GpuModel> {
 /// K a user who knows the job would ask for, as the diurnal generator
 /// draws the requesting jobs' sizes: the smallest profile that holds its
 /// memory and meets its deadline if started at once, else the whole GPU.
-/// Then smartmigd's choice for K and the memory (`select_profile`).
+/// Then smartmigd's choice for K and the memory (`select_profile`), built
+/// and billed as the default profile of the room it takes
+/// ([`crate::mig::ModelSpec::room_profile`]: `2g.10gb` where the memory
+/// needs `1g.10gb`).
 pub fn asked_profile(job: &Job, model: GpuModel) -> Option<&'static ProfileSpec> {
+    asked_variant(job, model).map(|p| model.spec().room_profile(p))
+}
+
+/// [`asked_profile`] before issue 55: the smallest profile for K and the
+/// memory, memory variants included (`1g.10gb`), billed its compute
+/// slices. Kept for the Slurm-like engine's `bill=compute` what-if.
+pub fn asked_variant(job: &Job, model: GpuModel) -> Option<&'static ProfileSpec> {
     let spec = model.spec();
     // A gang job needs every GPU it spans whole.
     let whole = job.is_gang().then_some(spec.compute_slices);

@@ -21,7 +21,9 @@
 //!    minus the shards of jobs on it minus the shards smartmigd holds. A job
 //!    is billed the compute slices of the profile it will get
 //!    (`job_submit.lua`: `shard:5` is billed 7, a memory need that takes a
-//!    bigger profile is billed that profile); a job that leaves its size
+//!    bigger profile is billed that profile, and a memory variant the
+//!    default profile of its room: `1g.10gb` is billed and built as
+//!    `2g.10gb`, [`SlurmLike::bill_compute`]); a job that leaves its size
 //!    open asks for what a user who knows it would ([`super::asked_profile`]). Later jobs may start past one
 //!    that does not fit (backfill, without reservations).
 //! 2. **smartmigd's allocate** on that GPU, for each job the pass placed, in
@@ -85,7 +87,8 @@ use crate::workload::{Job, PowerModel};
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlurmLike {
     /// Hold stranded shards under this rule; `None`: Slurm offers every
-    /// free shard (smartmig before issue 42).
+    /// free shard (smartmig before issue 42). Default `any-mix`: the
+    /// packaged config (`holds = "auto"` on the typed gres.conf it ships).
     pub holds: Option<OfferRule>,
     /// smartmigd's `allocate_wait_s`: how long a started job waits on its
     /// GPU for room before it is requeued (30 s).
@@ -105,17 +108,24 @@ pub struct SlurmLike {
     /// Slurm's default of 3 s. 0: a pass after every event (the model
     /// before issue 56).
     pub pass_s: f64,
+    /// `bill=compute`: the product before issue 55, which built a memory
+    /// variant (`1g.10gb` for a `shard:1` job needing 8 GB) and billed its
+    /// compute slices, so Slurm offered shards whose memory was gone (a
+    /// what-if to measure that rule; default `bill=room`: billed and built
+    /// as [`crate::mig::ModelSpec::room_profile`]).
+    pub bill_compute: bool,
 }
 
 impl Default for SlurmLike {
     fn default() -> Self {
         SlurmLike {
-            holds: None,
+            holds: Some(OfferRule::AnyMix),
             allocate_wait_s: 30.0,
             requeue_hold_s: 121.0,
             sched_interval_s: 60.0,
             hold_lag_s: 1.0,
             pass_s: 3.0,
+            bill_compute: false,
         }
     }
 }
@@ -159,7 +169,7 @@ impl std::str::FromStr for SlurmLike {
     type Err = String;
 
     /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
-    /// sched-interval=S,hold-lag=S,pass=S`, any subset, any order; `""` or
+    /// sched-interval=S,hold-lag=S,pass=S,bill=room|compute`, any subset, any order; `""` or
     /// `default` for the defaults.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut out = SlurmLike::default();
@@ -188,9 +198,20 @@ impl std::str::FromStr for SlurmLike {
                 "sched-interval" => out.sched_interval_s = secs()?,
                 "hold-lag" => out.hold_lag_s = secs()?,
                 "pass" => out.pass_s = secs()?,
+                "bill" => {
+                    out.bill_compute = match value.trim() {
+                        "room" => false,
+                        "compute" => true,
+                        v => {
+                            return Err(format!(
+                                "slurm-like bill={v}: use `room` (the product) or `compute` (before issue 55)"
+                            ))
+                        }
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag, pass)"
+                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag, pass, bill)"
                     ))
                 }
             }
@@ -204,13 +225,14 @@ impl std::fmt::Display for SlurmLike {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "holds={},allocate-wait={},requeue-hold={},sched-interval={},hold-lag={},pass={}",
+            "holds={},allocate-wait={},requeue-hold={},sched-interval={},hold-lag={},pass={},bill={}",
             self.holds.map_or("off", OfferRule::name),
             self.allocate_wait_s,
             self.requeue_hold_s,
             self.sched_interval_s,
             self.hold_lag_s,
-            self.pass_s
+            self.pass_s,
+            if self.bill_compute { "compute" } else { "room" }
         )
     }
 }
@@ -373,7 +395,11 @@ impl<'j> Deploy<'j> {
             .map(|j| {
                 let mut out = [None; MODEL_COUNT];
                 for (slot, m) in models.iter().enumerate() {
-                    out[slot] = super::asked_profile(j, *m);
+                    out[slot] = if slurm.bill_compute {
+                        super::asked_variant(j, *m)
+                    } else {
+                        super::asked_profile(j, *m)
+                    };
                 }
                 out
             })
