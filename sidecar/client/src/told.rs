@@ -229,9 +229,7 @@ impl Requeued {
 
     /// What happened to the previous run, in words.
     fn why_text(&self) -> String {
-        let gpu = self
-            .gpu
-            .map_or("a GPU".to_string(), |g| format!("GPU {g}"));
+        let gpu = self.gpu.map_or("a GPU".to_string(), |g| format!("GPU {g}"));
         let node = self
             .node
             .as_ref()
@@ -324,8 +322,7 @@ fn next_text(next: Option<&str>) -> String {
 fn value_ok(v: &str) -> bool {
     !v.is_empty()
         && v.len() <= MAX_VALUE_LEN
-        && v
-            .bytes()
+        && v.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._+-=".contains(&b))
 }
 
@@ -427,7 +424,11 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(w.why, Why::GaveWay { for_job: 14 });
-        assert!(w.line(None).contains("needed a MIG instance there"), "{}", w.line(None));
+        assert!(
+            w.line(None).contains("needed a MIG instance there"),
+            "{}",
+            w.line(None)
+        );
     }
 
     /// The line says why, when and what next, for every reason.
@@ -499,9 +500,15 @@ mod tests {
         ] {
             assert_eq!(find(c), None, "{c:?}");
         }
-        let long = format!("smartmig-requeued:at=1,why={}", "a".repeat(MAX_VALUE_LEN + 1));
+        let long = format!(
+            "smartmig-requeued:at=1,why={}",
+            "a".repeat(MAX_VALUE_LEN + 1)
+        );
         assert_eq!(find(&long), None);
-        let far = format!("{} smartmig-requeued:at=1,why=x", "w ".repeat(MAX_COMMENT_LEN));
+        let far = format!(
+            "{} smartmig-requeued:at=1,why=x",
+            "w ".repeat(MAX_COMMENT_LEN)
+        );
         assert_eq!(find(&far), None, "read past the bound");
         // Multi-byte text at the bound does not panic.
         assert_eq!(find(&"é".repeat(MAX_COMMENT_LEN)), None);
@@ -510,8 +517,9 @@ mod tests {
         assert_eq!(w.why, Why::Other("bad_luck".into()));
         assert!(w.line(None).contains("(reason: bad_luck)"));
         // The last good word wins.
-        let w = find("smartmig-requeued:at=1,why=x smartmig-requeued:at=2,why=y smartmig-requeued:bad")
-            .expect("reads");
+        let w =
+            find("smartmig-requeued:at=1,why=x smartmig-requeued:at=2,why=y smartmig-requeued:bad")
+                .expect("reads");
         assert_eq!(w.at, 2);
     }
 
