@@ -73,6 +73,11 @@ pub(crate) unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_c
     }
     // SAFETY: `sp` is the callback's handle.
     let oom_file = unsafe { oom_marker(sp, &step, &asked) };
+    let note = match reply.note {
+        Some(n) => Some(n),
+        // SAFETY: `sp` is the callback's handle.
+        None => unsafe { note_from_slurm(sp, &step, &asked.args) },
+    };
     log(
         LogLevel::Info,
         &format!(
@@ -92,7 +97,50 @@ pub(crate) unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_c
         uuid: reply.uuid,
         profile: reply.profile,
         oom_file,
-        note: reply.note,
+        note,
+    }
+}
+
+/// The told-why line of a requeued batch job's rerun that smartmigd had no
+/// note for (issue 56): smartmigd restarted since the requeue, the job now
+/// runs on another node, or the plugin itself requeued it while smartmigd
+/// was unreachable. Read from the job's `AdminComment` word
+/// (`smartmig_client::told`), only on a rerun's batch step, so a first run
+/// costs no Slurm call.
+///
+/// The restart count is Slurm's `S_SLURM_RESTART_COUNT`; where Slurm does
+/// not give it, the job's `SLURM_RESTART_COUNT`, which its user can set:
+/// forged, it only makes the plugin read this job's own `AdminComment` (as
+/// root, the job named by Slurm's items) and print its word in this job's
+/// own output, which is the user's anyway.
+///
+/// # Safety
+/// `sp` is the callback's handle.
+unsafe fn note_from_slurm(sp: sys::spank_t, step: &Step, args: &PluginArgs) -> Option<String> {
+    if step.step_id != job::BATCH_STEP {
+        return None;
+    }
+    // SAFETY: `sp` is the callback's handle.
+    let item = unsafe { spank::item_u32(sp, sys::spank_item_S_SLURM_RESTART_COUNT) };
+    let restarts = item.or_else(|| {
+        // SAFETY: `sp` is the callback's handle.
+        let env = unsafe { spank::getenv(sp, "SLURM_RESTART_COUNT") }?;
+        env.trim().parse().ok()
+    })?;
+    if restarts == 0 {
+        return None;
+    }
+    let conf = slurm_conf(args);
+    let id = step.array.requeue_target(step.job_id);
+    match slurmctl::admin_comment(&args.scontrol, conf.as_deref(), &id, step.job_id) {
+        Ok(c) => smartmig_client::told::find(&c).map(|w| w.line(None)),
+        Err(e) => {
+            log(
+                LogLevel::Error,
+                &format!("job {id}: cannot read why its last run was requeued: {e}"),
+            );
+            None
+        }
     }
 }
 
@@ -374,13 +422,16 @@ fn patiently<T>(
 /// when it is back). When it is unreachable or found no room in time
 /// (Slurm's shard count and the MIG layout disagree, e.g. two 3g
 /// instances strand the seventh slice), requeue a batch job so it runs
-/// later instead of failing. Returns the reason for the job's output,
-/// saying what was done.
+/// later instead of failing; before a requeue for an unreachable sidecar,
+/// write why into its `AdminComment` ([`tell_admin_comment`]: smartmigd,
+/// which words the other requeues, is not there to). Returns the reason
+/// for the job's output, saying what was done and what happens next.
 ///
-/// Both commands run as root, so nothing in them comes from the job's
-/// environment (the user's, issue 53): the job to requeue is the step's
-/// own ([`job::ArrayTask::requeue_target`] of Slurm's items), the node is
-/// slurmstepd's, and `scontrol` reads the config of [`slurm_conf`].
+/// Every command runs as root, so nothing in them comes from the job's
+/// environment (the user's, issue 53): the job to requeue and comment on
+/// is the step's own ([`job::ArrayTask::requeue_target`] of Slurm's
+/// items), the node is slurmstepd's, and `scontrol` reads the config of
+/// [`slurm_conf`].
 fn give_back(args: &PluginArgs, e: &ClientError, mut text: String, step: &Step) -> String {
     let unreachable = is_unreachable(e);
     let no_fit = matches!(e, ClientError::Daemon(b) if b.kind == ErrorKind::NoFit);
@@ -407,18 +458,88 @@ fn give_back(args: &PluginArgs, e: &ClientError, mut text: String, step: &Step) 
     }
     if (unreachable || no_fit) && args.requeue && step.step_id == job::BATCH_STEP {
         let id = step.array.requeue_target(step.job_id);
+        // No fit: smartmigd already wrote why (its word is in the comment).
+        let told = unreachable.then(|| tell_admin_comment(args, conf.as_deref(), step, &id));
         match slurmctl::requeue(&args.scontrol, conf.as_deref(), &id) {
             Ok(()) => {
                 log(
                     LogLevel::Info,
                     &format!("job {}: requeued as {id}", step.job_id),
                 );
-                text.push_str("; job requeued: it starts again later");
+                text.push_str(&requeued_text(unreachable, &id));
             }
-            Err(e) => text.push_str(&format!("; could not requeue the job: {e}")),
+            Err(e) => {
+                if let Some(Some(old)) = told {
+                    // Not requeued after all: the comment must not say so.
+                    let _ = slurmctl::set_admin_comment(&args.scontrol, conf.as_deref(), &id, &old);
+                }
+                text.push_str(&format!("; could not requeue the job: {e}"));
+            }
         }
     }
     text
+}
+
+/// What the job's output says of its requeue: that it was requeued and
+/// what happens next (issue 56).
+fn requeued_text(unreachable: bool, id: &str) -> String {
+    if unreachable {
+        format!(
+            "; this batch job is requeued: it goes back to Slurm's queue and starts again \
+             later, on another node or on this one once smartmigd is back (`scontrol show job \
+             {id}` says why in its AdminComment, and so will its next run's output)"
+        )
+    } else {
+        "; job requeued: it starts again later".to_string()
+    }
+}
+
+/// Writes why the plugin requeues the job (smartmigd unreachable) into its
+/// `AdminComment` before the requeue, keeping the rest of the comment
+/// (issue 56): `scontrol show job` says it while the job waits, and its
+/// next run prints it, on whatever node and whether or not smartmigd kept
+/// a note. `job` is the step's own id as [`slurmctl::requeue`] names it.
+/// Returns the comment as it was, to restore when the requeue fails;
+/// `None` (logged) when it could not be read or set: then nothing is
+/// written, so the site's own comment is never lost.
+fn tell_admin_comment(
+    args: &PluginArgs,
+    conf: Option<&str>,
+    step: &Step,
+    job: &str,
+) -> Option<String> {
+    let old = slurmctl::admin_comment(&args.scontrol, conf, job, step.job_id)
+        .map_err(|e| {
+            log(
+                LogLevel::Error,
+                &format!("job {job}: AdminComment not told why the job is requeued: {e}"),
+            );
+        })
+        .ok()?;
+    let word = smartmig_client::told::Requeued::unreachable(
+        unix_now(),
+        node_name().as_deref(),
+        step.gres.gpu,
+    )
+    .to_word();
+    let new = smartmig_client::told::merge(&old, &word);
+    match slurmctl::set_admin_comment(&args.scontrol, conf, job, &new) {
+        Ok(()) => Some(old),
+        Err(e) => {
+            log(
+                LogLevel::Error,
+                &format!("job {job}: AdminComment not told why the job is requeued: {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// Unix seconds now (0 before 1970: a clock that wrong shows in the word).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The slurm.conf the plugin's `scontrol` reads: `slurm_conf=` of
