@@ -10,7 +10,8 @@
 //!   seconds, and the daemon says the epilog is missing;
 //! - smartmigd down: the node is drained (not idle and failing every job),
 //!   the jobs are requeued, and they all complete once smartmigd is back
-//!   and has resumed the node;
+//!   and has resumed the node; each requeued job is told why (issue 56) in
+//!   its `AdminComment` and in its next run's output;
 //! - 3+3+1 shards on one GPU (MIG cannot build the 1 next to two 3g
 //!   instances): the third job is requeued, not failed, and completes.
 //!
@@ -206,7 +207,70 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
         "layout not published as node features: {features:?}\n{}",
         cluster.smartmigd_log()
     );
+    told_why_smartmigd_was_unreachable(&cluster, &last);
     drop(sidecar);
+}
+
+/// Issue 56, told why: each task the plugin requeued while smartmigd was
+/// down says so in `scontrol show job` (an `AdminComment` word the plugin
+/// wrote, smartmigd being away), and its next run's output carries the
+/// line: smartmigd, started afresh, had no note for it, so the plugin read
+/// the word back from Slurm.
+fn told_why_smartmigd_was_unreachable(
+    cluster: &SlurmCluster,
+    records: &[std::collections::HashMap<String, String>],
+) {
+    let mut told = 0;
+    for record in records {
+        let Some(id) = record.get("JobId") else {
+            continue;
+        };
+        let show = cluster
+            .command("scontrol")
+            .args(["show", "job", id])
+            .output()
+            .expect("scontrol show job");
+        let show = String::from_utf8_lossy(&show.stdout).into_owned();
+        // The task's own record (an array's first task shares the
+        // array's id, whose `show job` lists every task).
+        let head = format!("JobId={id} ");
+        let comment = show
+            .split("\nJobId=")
+            .map(|r| format!("JobId={}", r.trim_start_matches("JobId=")))
+            .find(|r| r.starts_with(&head))
+            .and_then(|r| {
+                r.lines()
+                    .find_map(|l| l.trim().strip_prefix("AdminComment=").map(String::from))
+            })
+            .unwrap_or_default();
+        if !comment.contains("why=smartmigd_unreachable") {
+            continue;
+        }
+        told += 1;
+        assert!(
+            comment.contains("smartmig-requeued:at=")
+                && comment.contains("next=runs_again_on_another_node_or_once_smartmigd_is_back"),
+            "job {id}: {comment}"
+        );
+        assert_ne!(
+            record.get("Restarts").map(String::as_str),
+            Some("0"),
+            "job {id} says it was requeued but was not: {record:?}"
+        );
+        let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{id}.out")))
+            .unwrap_or_default();
+        assert!(
+            out.contains("smartmig: this job was requeued by smartmig at ")
+                && out.contains("smartmigd, the node's MIG daemon, did not answer")
+                && out.contains("on another node or after smartmigd came back"),
+            "job {id}'s next run does not say why it was requeued: {out:?}\n{show}"
+        );
+    }
+    assert!(
+        told > 0,
+        "no task's AdminComment says smartmigd was unreachable: {records:#?}\n{}",
+        cluster.log_tails()
+    );
 }
 
 /// Two 3-shard jobs on one GPU take both halves of its memory; Slurm still

@@ -73,10 +73,10 @@ pub(crate) unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_c
     }
     // SAFETY: `sp` is the callback's handle.
     let oom_file = unsafe { oom_marker(sp, &step, &asked) };
-    let note = match reply.note {
-        Some(n) => Some(n),
-        // SAFETY: `sp` is the callback's handle.
-        None => unsafe { note_from_slurm(sp, &step, &asked.args) },
+    // No note from smartmigd: perhaps one in Slurm (read in task_init).
+    let told = match reply.note {
+        Some(_) => None,
+        None => ToldLookup::new(&step, &asked.args).map(Box::new),
     };
     log(
         LogLevel::Info,
@@ -97,49 +97,89 @@ pub(crate) unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_c
         uuid: reply.uuid,
         profile: reply.profile,
         oom_file,
-        note,
+        note: reply.note,
+        told,
     }
 }
 
-/// The told-why line of a requeued batch job's rerun that smartmigd had no
-/// note for (issue 56): smartmigd restarted since the requeue, the job now
-/// runs on another node, or the plugin itself requeued it while smartmigd
-/// was unreachable. Read from the job's `AdminComment` word
-/// (`smartmig_client::told`), only on a rerun's batch step, so a first run
-/// costs no Slurm call.
-///
-/// The restart count is Slurm's `S_SLURM_RESTART_COUNT`; where Slurm does
-/// not give it, the job's `SLURM_RESTART_COUNT`, which its user can set:
-/// forged, it only makes the plugin read this job's own `AdminComment` (as
-/// root, the job named by Slurm's items) and print its word in this job's
-/// own output, which is the user's anyway.
-///
-/// # Safety
-/// `sp` is the callback's handle.
-unsafe fn note_from_slurm(sp: sys::spank_t, step: &Step, args: &PluginArgs) -> Option<String> {
-    if step.step_id != job::BATCH_STEP {
-        return None;
+/// Where a requeued batch job's rerun that smartmigd had no note for
+/// reads why it was requeued (issue 56): smartmigd restarted since the
+/// requeue, the job now runs on another node, or the plugin itself
+/// requeued it while smartmigd was unreachable. Prepared in
+/// `init_post_opt` from Slurm's items and the plugstack arguments; used in
+/// `task_init` ([`ToldLookup::line`]), the first callback where Slurm
+/// tells the restart count.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ToldLookup {
+    /// The job as `scontrol` names it (`A_T` for an array task).
+    job: String,
+    /// `S_JOB_ID`: whose record is read.
+    job_id: u32,
+    scontrol: std::path::PathBuf,
+    slurm_conf: Option<String>,
+}
+
+impl ToldLookup {
+    /// For a batch step only (the one step a requeue restarts; its srun
+    /// steps would print the line again).
+    fn new(step: &Step, args: &PluginArgs) -> Option<Self> {
+        (step.step_id == job::BATCH_STEP).then(|| Self {
+            job: step.array.requeue_target(step.job_id),
+            job_id: step.job_id,
+            scontrol: args.scontrol.clone(),
+            slurm_conf: slurm_conf(args),
+        })
     }
-    // SAFETY: `sp` is the callback's handle.
-    let item = unsafe { spank::item_u32(sp, sys::spank_item_S_SLURM_RESTART_COUNT) };
-    let restarts = item.or_else(|| {
+
+    /// The told-why line of the job's `AdminComment` word, on a rerun
+    /// only, so a first run costs no Slurm call.
+    ///
+    /// Runs in `task_init`, as the job's user: Slurm 22.05 answers
+    /// `S_SLURM_RESTART_COUNT` with 0 in a requeued batch step, and puts
+    /// `SLURM_RESTART_COUNT` into the job's environment only after
+    /// `init_post_opt` and `task_init_privileged` (seen in
+    /// tests/e2e_agreement.rs). That variable is the user's to set, so a
+    /// forged one only makes the plugin run `scontrol show job` on the
+    /// job's own id (from Slurm's items, never the environment) with the
+    /// user's own rights, and print its word in the job's own output:
+    /// nothing the user could not do, or read, themselves.
+    ///
+    /// # Safety
+    /// `sp` is the callback's handle.
+    pub(crate) unsafe fn line(&self, sp: sys::spank_t) -> Option<String> {
         // SAFETY: `sp` is the callback's handle.
-        let env = unsafe { spank::getenv(sp, "SLURM_RESTART_COUNT") }?;
-        env.trim().parse().ok()
-    })?;
-    if restarts == 0 {
-        return None;
-    }
-    let conf = slurm_conf(args);
-    let id = step.array.requeue_target(step.job_id);
-    match slurmctl::admin_comment(&args.scontrol, conf.as_deref(), &id, step.job_id) {
-        Ok(c) => smartmig_client::told::find(&c).map(|w| w.line(None)),
-        Err(e) => {
-            log(
-                LogLevel::Error,
-                &format!("job {id}: cannot read why its last run was requeued: {e}"),
-            );
-            None
+        let item = unsafe { spank::item_u32(sp, sys::spank_item_S_SLURM_RESTART_COUNT) };
+        // SAFETY: `sp` is the callback's handle.
+        let env = unsafe { spank::getenv(sp, "SLURM_RESTART_COUNT") }
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        let restarts = item.unwrap_or(0).max(env.unwrap_or(0));
+        if restarts == 0 {
+            return None;
+        }
+        let conf = self.slurm_conf.as_deref();
+        match slurmctl::admin_comment(&self.scontrol, conf, &self.job, self.job_id) {
+            Ok(c) => {
+                let line = smartmig_client::told::find(&c).map(|w| w.line(None));
+                log(
+                    LogLevel::Info,
+                    &format!(
+                        "job {}: run after restart {restarts}; its AdminComment {} why it was requeued",
+                        self.job,
+                        if line.is_some() { "says" } else { "does not say" }
+                    ),
+                );
+                line
+            }
+            Err(e) => {
+                log(
+                    LogLevel::Error,
+                    &format!(
+                        "job {}: cannot read why its last run was requeued: {e}",
+                        self.job
+                    ),
+                );
+                None
+            }
         }
     }
 }
