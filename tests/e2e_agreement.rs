@@ -423,3 +423,76 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
         assert_eq!(cluster.wait_job(job, TIMEOUT), "COMPLETED");
     }
 }
+
+/// Issue 56, told why across a smartmigd restart: a 1-shard job that found
+/// no room is requeued (smartmigd keeps the note in memory and writes the
+/// `AdminComment` word); smartmigd then restarts while the job is held, so
+/// the new daemon has no note. The job's next run still prints why: the
+/// plugin reads the word back from Slurm.
+#[test]
+fn a_requeued_jobs_reason_survives_a_smartmigd_restart() {
+    let cluster = cluster("");
+    let conf = "epoch_s = 1\nallocate_wait_s = 2";
+    let mut sidecar = Sidecar::start_with_slurm(cluster.dir(), conf);
+    let go = cluster.dir().join("go");
+    let [whole, a, b] = fill_with_held_jobs(&cluster, &sidecar, &go);
+    let small = cluster.sbatch_wrap(&["--gres=shard:1"], "echo small ran");
+    let restarted = || {
+        cluster
+            .job_records(small)
+            .first()
+            .and_then(|r| r.get("Restarts").cloned())
+            .is_some_and(|n| n != "0")
+    };
+    assert!(
+        holds_within(Duration::from_secs(60), restarted),
+        "the 1-shard job was not requeued: {:#?}\n{}",
+        cluster.job_records(small),
+        cluster.smartmigd_log()
+    );
+    // Held while pending (it may have run and been requeued again first).
+    let held = holds_within(Duration::from_secs(60), || {
+        cluster
+            .command("scontrol")
+            .args(["hold", &small.to_string()])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(
+        held,
+        "job {small} could not be held: {:#?}",
+        cluster.job_records(small)
+    );
+    sidecar.stop();
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), conf);
+    std::fs::write(go.join(a.to_string()), b"").expect("write go");
+    cluster.assert_completed(a, TIMEOUT);
+    let released = cluster
+        .command("scontrol")
+        .args(["release", &small.to_string()])
+        .output()
+        .expect("scontrol release");
+    assert!(released.status.success(), "{released:?}");
+    cluster.assert_completed(small, TIMEOUT);
+    let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{small}.out")))
+        .unwrap_or_default();
+    assert!(
+        out.contains("small ran")
+            && out.contains("smartmig: this job was requeued by smartmig at ")
+            && out.contains("smartmigd found no room for a 1g.5gb in time"),
+        "the run after smartmigd's restart does not say why: {out:?}\n{}",
+        cluster.smartmigd_log()
+    );
+    let slurmd = std::fs::read_to_string(cluster.dir().join("log/slurmd.log")).unwrap_or_default();
+    assert!(
+        slurmd.contains("its AdminComment says why it was requeued"),
+        "the line did not come from Slurm's record:\n{slurmd}"
+    );
+    for job in [whole, b] {
+        std::fs::write(go.join(job.to_string()), b"").expect("write go");
+    }
+    for job in [whole, b] {
+        cluster.assert_completed(job, TIMEOUT);
+    }
+    drop(sidecar);
+}
