@@ -428,7 +428,7 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
 /// no room is requeued (smartmigd keeps the note in memory and writes the
 /// `AdminComment` word); smartmigd then restarts while the job is held, so
 /// the new daemon has no note. The job's next run still prints why: the
-/// plugin reads the word back from Slurm.
+/// plugin reads the word back from Slurm, as the job's (ordinary) user.
 #[test]
 fn a_requeued_jobs_reason_survives_a_smartmigd_restart() {
     let cluster = cluster("");
@@ -436,7 +436,10 @@ fn a_requeued_jobs_reason_survives_a_smartmigd_restart() {
     let mut sidecar = Sidecar::start_with_slurm(cluster.dir(), conf);
     let go = cluster.dir().join("go");
     let [whole, a, b] = fill_with_held_jobs(&cluster, &sidecar, &go);
-    let small = cluster.sbatch_wrap(&["--gres=shard:1"], "echo small ran");
+    // The ordinary user's job: the plugin reads its record in task_init,
+    // with that user's rights.
+    let output = cluster.shared_dir().join("small.out");
+    let small = cluster.sbatch_as_job_user(&output, &["--gres=shard:1"], "echo small ran");
     let restarted = || {
         cluster
             .job_records(small)
@@ -474,8 +477,7 @@ fn a_requeued_jobs_reason_survives_a_smartmigd_restart() {
         .expect("scontrol release");
     assert!(released.status.success(), "{released:?}");
     cluster.assert_completed(small, TIMEOUT);
-    let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{small}.out")))
-        .unwrap_or_default();
+    let out = std::fs::read_to_string(&output).unwrap_or_default();
     assert!(
         out.contains("small ran")
             && out.contains("smartmig: this job was requeued by smartmig at ")

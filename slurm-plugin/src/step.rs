@@ -137,8 +137,8 @@ impl ToldLookup {
     /// Runs in `task_init`, as the job's user: Slurm 22.05 answers
     /// `S_SLURM_RESTART_COUNT` with 0 in a requeued batch step, and puts
     /// `SLURM_RESTART_COUNT` into the job's environment only after
-    /// `init_post_opt` and `task_init_privileged` (seen in
-    /// tests/e2e_agreement.rs). That variable is the user's to set, so a
+    /// `init_post_opt` and `task_init_privileged` (seen on 22.05 while
+    /// writing the told-why checks of tests/e2e_agreement.rs). That variable is the user's to set, so a
     /// forged one only makes the plugin run `scontrol show job` on the
     /// job's own id (from Slurm's items, never the environment) with the
     /// user's own rights, and print its word in the job's own output:
