@@ -10,7 +10,8 @@
 //!   seconds, and the daemon says the epilog is missing;
 //! - smartmigd down: the node is drained (not idle and failing every job),
 //!   the jobs are requeued, and they all complete once smartmigd is back
-//!   and has resumed the node;
+//!   and has resumed the node; each requeued job is told why (issue 56) in
+//!   its `AdminComment` and in its next run's output;
 //! - 3+3+1 shards on one GPU (MIG cannot build the 1 next to two 3g
 //!   instances): the third job is requeued, not failed, and completes.
 //!
@@ -206,7 +207,70 @@ fn unreachable_sidecar_drains_the_node_and_jobs_wait() {
         "layout not published as node features: {features:?}\n{}",
         cluster.smartmigd_log()
     );
+    told_why_smartmigd_was_unreachable(&cluster, &last);
     drop(sidecar);
+}
+
+/// Issue 56, told why: each task the plugin requeued while smartmigd was
+/// down says so in `scontrol show job` (an `AdminComment` word the plugin
+/// wrote, smartmigd being away), and its next run's output carries the
+/// line: smartmigd, started afresh, had no note for it, so the plugin read
+/// the word back from Slurm.
+fn told_why_smartmigd_was_unreachable(
+    cluster: &SlurmCluster,
+    records: &[std::collections::HashMap<String, String>],
+) {
+    let mut told = 0;
+    for record in records {
+        let Some(id) = record.get("JobId") else {
+            continue;
+        };
+        let show = cluster
+            .command("scontrol")
+            .args(["show", "job", id])
+            .output()
+            .expect("scontrol show job");
+        let show = String::from_utf8_lossy(&show.stdout).into_owned();
+        // The task's own record (an array's first task shares the
+        // array's id, whose `show job` lists every task).
+        let head = format!("JobId={id} ");
+        let comment = show
+            .split("\nJobId=")
+            .map(|r| format!("JobId={}", r.trim_start_matches("JobId=")))
+            .find(|r| r.starts_with(&head))
+            .and_then(|r| {
+                r.lines()
+                    .find_map(|l| l.trim().strip_prefix("AdminComment=").map(String::from))
+            })
+            .unwrap_or_default();
+        if !comment.contains("why=smartmigd_unreachable") {
+            continue;
+        }
+        told += 1;
+        assert!(
+            comment.contains("smartmig-requeued:at=")
+                && comment.contains("next=runs_again_on_another_node_or_once_smartmigd_is_back"),
+            "job {id}: {comment}"
+        );
+        assert_ne!(
+            record.get("Restarts").map(String::as_str),
+            Some("0"),
+            "job {id} says it was requeued but was not: {record:?}"
+        );
+        let out = std::fs::read_to_string(cluster.dir().join(format!("jobs-{id}.out")))
+            .unwrap_or_default();
+        assert!(
+            out.contains("smartmig: this job was requeued by smartmig at ")
+                && out.contains("smartmigd, the node's MIG daemon, did not answer")
+                && out.contains("on another node or after smartmigd came back"),
+            "job {id}'s next run does not say why it was requeued: {out:?}\n{show}"
+        );
+    }
+    assert!(
+        told > 0,
+        "no task's AdminComment says smartmigd was unreachable: {records:#?}\n{}",
+        cluster.log_tails()
+    );
 }
 
 /// Two 3-shard jobs on one GPU take both halves of its memory; Slurm still
@@ -358,4 +422,79 @@ fn a_restart_of_smartmigd_does_not_fail_waiting_jobs() {
     for job in [whole, a, b] {
         assert_eq!(cluster.wait_job(job, TIMEOUT), "COMPLETED");
     }
+}
+
+/// Issue 56, told why across a smartmigd restart: a 1-shard job that found
+/// no room is requeued (smartmigd keeps the note in memory and writes the
+/// `AdminComment` word); smartmigd then restarts while the job is held, so
+/// the new daemon has no note. The job's next run still prints why: the
+/// plugin reads the word back from Slurm, as the job's (ordinary) user.
+#[test]
+fn a_requeued_jobs_reason_survives_a_smartmigd_restart() {
+    let cluster = cluster("");
+    let conf = "epoch_s = 1\nallocate_wait_s = 2";
+    let mut sidecar = Sidecar::start_with_slurm(cluster.dir(), conf);
+    let go = cluster.dir().join("go");
+    let [whole, a, b] = fill_with_held_jobs(&cluster, &sidecar, &go);
+    // The ordinary user's job: the plugin reads its record in task_init,
+    // with that user's rights.
+    let output = cluster.shared_dir().join("small.out");
+    let small = cluster.sbatch_as_job_user(&output, &["--gres=shard:1"], "echo small ran");
+    let restarted = || {
+        cluster
+            .job_records(small)
+            .first()
+            .and_then(|r| r.get("Restarts").cloned())
+            .is_some_and(|n| n != "0")
+    };
+    assert!(
+        holds_within(Duration::from_secs(60), restarted),
+        "the 1-shard job was not requeued: {:#?}\n{}",
+        cluster.job_records(small),
+        cluster.smartmigd_log()
+    );
+    // Held while pending (it may have run and been requeued again first).
+    let held = holds_within(Duration::from_secs(60), || {
+        cluster
+            .command("scontrol")
+            .args(["hold", &small.to_string()])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(
+        held,
+        "job {small} could not be held: {:#?}",
+        cluster.job_records(small)
+    );
+    sidecar.stop();
+    let sidecar = Sidecar::start_with_slurm(cluster.dir(), conf);
+    std::fs::write(go.join(a.to_string()), b"").expect("write go");
+    cluster.assert_completed(a, TIMEOUT);
+    let released = cluster
+        .command("scontrol")
+        .args(["release", &small.to_string()])
+        .output()
+        .expect("scontrol release");
+    assert!(released.status.success(), "{released:?}");
+    cluster.assert_completed(small, TIMEOUT);
+    let out = std::fs::read_to_string(&output).unwrap_or_default();
+    assert!(
+        out.contains("small ran")
+            && out.contains("smartmig: this job was requeued by smartmig at ")
+            && out.contains("smartmigd found no room for a 1g.5gb in time"),
+        "the run after smartmigd's restart does not say why: {out:?}\n{}",
+        cluster.smartmigd_log()
+    );
+    let slurmd = std::fs::read_to_string(cluster.dir().join("log/slurmd.log")).unwrap_or_default();
+    assert!(
+        slurmd.contains("its AdminComment says why it was requeued"),
+        "the line did not come from Slurm's record:\n{slurmd}"
+    );
+    for job in [whole, b] {
+        std::fs::write(go.join(job.to_string()), b"").expect("write go");
+    }
+    for job in [whole, b] {
+        cluster.assert_completed(job, TIMEOUT);
+    }
+    drop(sidecar);
 }

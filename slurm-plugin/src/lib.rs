@@ -19,7 +19,7 @@
 //! | option callbacks | sbatch/srun (validate), slurmstepd (store) | caller / root | a bad value makes sbatch refuse the job |
 //! | `init_post_opt` | slurmstepd | root | asks the sidecar, sets `CUDA_VISIBLE_DEVICES=MIG-..` |
 //! | `init_post_opt` | srun (built for Slurm < 23.02) | caller | marks the job for job_submit.lua ([`SRUN_STEP_GRES`]) |
-//! | `task_init` | each task, before exec | job user | fails the job (-1) with the reason on its stderr |
+//! | `task_init` | each task, before exec | job user | fails the job (-1) with the reason on its stderr; prints why a rerun was requeued |
 //! | `task_exit` | slurmstepd, per task | root | `oom_requeue=yes`: a batch script that exited 0 has its OOM marker cleared |
 //! | `job_epilog` | slurmd's epilog | root | releases the job's instance (saying whether it ran out of memory) |
 //!
@@ -186,6 +186,8 @@ enum Outcome {
         /// smartmigd's note for the job's output (why an earlier run was
         /// requeued).
         note: Option<String>,
+        /// Without a note: where a rerun reads why from Slurm (issue 56).
+        told: Option<Box<step::ToldLookup>>,
     },
     /// The job must fail with this reason (printed to its stderr).
     Failed(String),
@@ -478,7 +480,10 @@ pub unsafe extern "C" fn slurm_spank_task_init(
                 profile,
                 oom_file,
                 note,
+                told,
             } => {
+                // SAFETY: `sp` is this callback's handle.
+                let note = note.or_else(|| told.and_then(|t| unsafe { t.line(sp) }));
                 if let Some(note) = note {
                     to_job_stderr(&format!("smartmig: {note}"));
                 }

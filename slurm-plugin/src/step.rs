@@ -73,6 +73,11 @@ pub(crate) unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_c
     }
     // SAFETY: `sp` is the callback's handle.
     let oom_file = unsafe { oom_marker(sp, &step, &asked) };
+    // No note from smartmigd: perhaps one in Slurm (read in task_init).
+    let told = match reply.note {
+        Some(_) => None,
+        None => ToldLookup::new(&step, &asked.args).map(Box::new),
+    };
     log(
         LogLevel::Info,
         &format!(
@@ -93,6 +98,89 @@ pub(crate) unsafe fn prepare_step(sp: sys::spank_t, ac: c_int, av: *mut *mut c_c
         profile: reply.profile,
         oom_file,
         note: reply.note,
+        told,
+    }
+}
+
+/// Where a requeued batch job's rerun that smartmigd had no note for
+/// reads why it was requeued (issue 56): smartmigd restarted since the
+/// requeue, the job now runs on another node, or the plugin itself
+/// requeued it while smartmigd was unreachable. Prepared in
+/// `init_post_opt` from Slurm's items and the plugstack arguments; used in
+/// `task_init` ([`ToldLookup::line`]), the first callback where Slurm
+/// tells the restart count.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ToldLookup {
+    /// The job as `scontrol` names it (`A_T` for an array task).
+    job: String,
+    /// `S_JOB_ID`: whose record is read.
+    job_id: u32,
+    scontrol: std::path::PathBuf,
+    slurm_conf: Option<String>,
+}
+
+impl ToldLookup {
+    /// For a batch step only (the one step a requeue restarts; its srun
+    /// steps would print the line again).
+    fn new(step: &Step, args: &PluginArgs) -> Option<Self> {
+        (step.step_id == job::BATCH_STEP).then(|| Self {
+            job: step.array.requeue_target(step.job_id),
+            job_id: step.job_id,
+            scontrol: args.scontrol.clone(),
+            slurm_conf: slurm_conf(args),
+        })
+    }
+
+    /// The told-why line of the job's `AdminComment` word, on a rerun
+    /// only, so a first run costs no Slurm call.
+    ///
+    /// Runs in `task_init`, as the job's user: Slurm 22.05 answers
+    /// `S_SLURM_RESTART_COUNT` with 0 in a requeued batch step, and puts
+    /// `SLURM_RESTART_COUNT` into the job's environment only after
+    /// `init_post_opt` and `task_init_privileged` (seen on 22.05 while
+    /// writing the told-why checks of tests/e2e_agreement.rs). That variable is the user's to set, so a
+    /// forged one only makes the plugin run `scontrol show job` on the
+    /// job's own id (from Slurm's items, never the environment) with the
+    /// user's own rights, and print its word in the job's own output:
+    /// nothing the user could not do, or read, themselves.
+    ///
+    /// # Safety
+    /// `sp` is the callback's handle.
+    pub(crate) unsafe fn line(&self, sp: sys::spank_t) -> Option<String> {
+        // SAFETY: `sp` is the callback's handle.
+        let item = unsafe { spank::item_u32(sp, sys::spank_item_S_SLURM_RESTART_COUNT) };
+        // SAFETY: `sp` is the callback's handle.
+        let env = unsafe { spank::getenv(sp, "SLURM_RESTART_COUNT") }
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        let restarts = item.unwrap_or(0).max(env.unwrap_or(0));
+        if restarts == 0 {
+            return None;
+        }
+        let conf = self.slurm_conf.as_deref();
+        match slurmctl::admin_comment(&self.scontrol, conf, &self.job, self.job_id) {
+            Ok(c) => {
+                let line = smartmig_client::told::find(&c).map(|w| w.line(None));
+                log(
+                    LogLevel::Info,
+                    &format!(
+                        "job {}: run after restart {restarts}; its AdminComment {} why it was requeued",
+                        self.job,
+                        if line.is_some() { "says" } else { "does not say" }
+                    ),
+                );
+                line
+            }
+            Err(e) => {
+                log(
+                    LogLevel::Error,
+                    &format!(
+                        "job {}: cannot read why its last run was requeued: {e}",
+                        self.job
+                    ),
+                );
+                None
+            }
+        }
     }
 }
 
@@ -374,13 +462,16 @@ fn patiently<T>(
 /// when it is back). When it is unreachable or found no room in time
 /// (Slurm's shard count and the MIG layout disagree, e.g. two 3g
 /// instances strand the seventh slice), requeue a batch job so it runs
-/// later instead of failing. Returns the reason for the job's output,
-/// saying what was done.
+/// later instead of failing; before a requeue for an unreachable sidecar,
+/// write why into its `AdminComment` ([`tell_admin_comment`]: smartmigd,
+/// which words the other requeues, is not there to). Returns the reason
+/// for the job's output, saying what was done and what happens next.
 ///
-/// Both commands run as root, so nothing in them comes from the job's
-/// environment (the user's, issue 53): the job to requeue is the step's
-/// own ([`job::ArrayTask::requeue_target`] of Slurm's items), the node is
-/// slurmstepd's, and `scontrol` reads the config of [`slurm_conf`].
+/// Every command runs as root, so nothing in them comes from the job's
+/// environment (the user's, issue 53): the job to requeue and comment on
+/// is the step's own ([`job::ArrayTask::requeue_target`] of Slurm's
+/// items), the node is slurmstepd's, and `scontrol` reads the config of
+/// [`slurm_conf`].
 fn give_back(args: &PluginArgs, e: &ClientError, mut text: String, step: &Step) -> String {
     let unreachable = is_unreachable(e);
     let no_fit = matches!(e, ClientError::Daemon(b) if b.kind == ErrorKind::NoFit);
@@ -407,18 +498,88 @@ fn give_back(args: &PluginArgs, e: &ClientError, mut text: String, step: &Step) 
     }
     if (unreachable || no_fit) && args.requeue && step.step_id == job::BATCH_STEP {
         let id = step.array.requeue_target(step.job_id);
+        // No fit: smartmigd already wrote why (its word is in the comment).
+        let told = unreachable.then(|| tell_admin_comment(args, conf.as_deref(), step, &id));
         match slurmctl::requeue(&args.scontrol, conf.as_deref(), &id) {
             Ok(()) => {
                 log(
                     LogLevel::Info,
                     &format!("job {}: requeued as {id}", step.job_id),
                 );
-                text.push_str("; job requeued: it starts again later");
+                text.push_str(&requeued_text(unreachable, &id));
             }
-            Err(e) => text.push_str(&format!("; could not requeue the job: {e}")),
+            Err(e) => {
+                if let Some(Some(old)) = told {
+                    // Not requeued after all: the comment must not say so.
+                    let _ = slurmctl::set_admin_comment(&args.scontrol, conf.as_deref(), &id, &old);
+                }
+                text.push_str(&format!("; could not requeue the job: {e}"));
+            }
         }
     }
     text
+}
+
+/// What the job's output says of its requeue: that it was requeued and
+/// what happens next (issue 56).
+fn requeued_text(unreachable: bool, id: &str) -> String {
+    if unreachable {
+        format!(
+            "; this batch job is requeued: it goes back to Slurm's queue and starts again \
+             later, on another node or on this one once smartmigd is back (`scontrol show job \
+             {id}` says why in its AdminComment, and so will its next run's output)"
+        )
+    } else {
+        "; job requeued: it starts again later".to_string()
+    }
+}
+
+/// Writes why the plugin requeues the job (smartmigd unreachable) into its
+/// `AdminComment` before the requeue, keeping the rest of the comment
+/// (issue 56): `scontrol show job` says it while the job waits, and its
+/// next run prints it, on whatever node and whether or not smartmigd kept
+/// a note. `job` is the step's own id as [`slurmctl::requeue`] names it.
+/// Returns the comment as it was, to restore when the requeue fails;
+/// `None` (logged) when it could not be read or set: then nothing is
+/// written, so the site's own comment is never lost.
+fn tell_admin_comment(
+    args: &PluginArgs,
+    conf: Option<&str>,
+    step: &Step,
+    job: &str,
+) -> Option<String> {
+    let old = slurmctl::admin_comment(&args.scontrol, conf, job, step.job_id)
+        .map_err(|e| {
+            log(
+                LogLevel::Error,
+                &format!("job {job}: AdminComment not told why the job is requeued: {e}"),
+            );
+        })
+        .ok()?;
+    let word = smartmig_client::told::Requeued::unreachable(
+        unix_now(),
+        node_name().as_deref(),
+        step.gres.gpu,
+    )
+    .to_word();
+    let new = smartmig_client::told::merge(&old, &word);
+    match slurmctl::set_admin_comment(&args.scontrol, conf, job, &new) {
+        Ok(()) => Some(old),
+        Err(e) => {
+            log(
+                LogLevel::Error,
+                &format!("job {job}: AdminComment not told why the job is requeued: {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// Unix seconds now (0 before 1970: a clock that wrong shows in the word).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The slurm.conf the plugin's `scontrol` reads: `slurm_conf=` of

@@ -5,6 +5,8 @@
 //! - [`client`]: the blocking Unix-socket client (connect and I/O
 //!   timeouts, bounded replies) used by the SPANK plugin, `smartmig
 //!   status/release/reconcile` and the tests.
+//! - [`told`]: the `smartmig-requeued:` word of a requeued job's
+//!   `AdminComment` and the line its next run prints (issue 56).
 //! - [`plugstack`]: the SPANK plugin's `plugstack.conf` arguments, parsed
 //!   by the plugin and checked by `smartmig doctor`.
 //!
@@ -18,6 +20,7 @@
 pub mod client;
 pub mod plugstack;
 pub mod protocol;
+pub mod told;
 
 pub use client::{Client, ClientError};
 pub use protocol::{ErrorKind, Request};

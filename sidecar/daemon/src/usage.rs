@@ -114,59 +114,16 @@ pub fn merge_comment(existing: &str, tag: &SliceTag) -> String {
     words.join(" ")
 }
 
-/// The word smartmigd puts in the `AdminComment` of a job it requeued to
-/// make room for an interactive step (issue 56): not [`COMMENT_PREFIX`],
-/// so the next run's [`SliceTag`] leaves it.
-pub const REQUEUE_PREFIX: &str = "smartmig-requeued:";
-
-/// `smartmig-requeued:at=1764635412,for=interactive_job_14,gpu=0,next=runs_again_after_the_requeue_hold`:
-/// one word, as [`SliceTag::to_word`].
-pub fn requeue_word(at_unix: u64, for_job: u64, gpu: u32) -> String {
-    format!(
-        "{REQUEUE_PREFIX}at={at_unix},for=interactive_job_{for_job},gpu={gpu},next=runs_again_after_the_requeue_hold"
-    )
-}
-
-/// The [`REQUEUE_PREFIX`] word of a job smartmigd requeued for its GPU
-/// memory (issue 56): `smartmig-requeued:at=1764635412,why=out_of_gpu_memory,on=1g.5gb,gpu=0,next=runs_again_with_at_least_10gb_after_the_requeue_hold`
-/// (`why=predicted_out_of_gpu_memory` for an early restart).
-pub fn oom_requeue_word(
-    at_unix: u64,
-    gpu: u32,
-    profile: &str,
-    early: bool,
-    next_gb: Option<u32>,
-) -> String {
-    let why = if early {
-        "predicted_out_of_gpu_memory"
-    } else {
-        "out_of_gpu_memory"
-    };
-    let next = next_gb.map_or(
-        "runs_again_on_a_larger_memory_size_after_the_requeue_hold".to_string(),
-        |gb| format!("runs_again_with_at_least_{gb}gb_after_the_requeue_hold"),
-    );
-    format!("{REQUEUE_PREFIX}at={at_unix},why={why},on={profile},gpu={gpu},next={next}")
-}
-
-/// The [`REQUEUE_PREFIX`] word of a batch job that got no instance in time
-/// and that the SPANK plugin requeues (issue 56):
-/// `smartmig-requeued:at=1764635412,why=no_room_for_3g.20gb,gpu=0,next=requeued_by_the_plugin_unless_requeue=no`.
-pub fn no_fit_requeue_word(at_unix: u64, gpu: u32, profile: &str) -> String {
-    format!(
-        "{REQUEUE_PREFIX}at={at_unix},why=no_room_for_{profile},gpu={gpu},next=requeued_by_the_plugin_unless_requeue=no"
-    )
-}
+/// The word smartmigd (and the SPANK plugin) puts in the `AdminComment`
+/// of a job smartmig requeued (issue 56): not [`COMMENT_PREFIX`], so the
+/// next run's [`SliceTag`] leaves it. Its grammar and the line the next run
+/// prints live in `smartmig_client::told`, shared with the plugin.
+pub use smartmig_client::told::REQUEUE_PREFIX;
 
 /// `existing` with the last requeue word replaced by `word` (or `word`
 /// appended); everything else is left as it was.
 pub fn merge_requeue(existing: &str, word: &str) -> String {
-    let mut words: Vec<&str> = existing
-        .split_whitespace()
-        .filter(|w| !w.starts_with(REQUEUE_PREFIX))
-        .collect();
-    words.push(word);
-    words.join(" ")
+    smartmig_client::told::merge(existing, word)
 }
 
 /// One released instance, as the node's usage log keeps it.
@@ -350,12 +307,9 @@ mod tests {
     /// replaces it.
     #[test]
     fn the_requeue_word_survives_the_next_runs_tag() {
+        use smartmig_client::told::Requeued;
         let t = tag();
-        let first = requeue_word(100, 14, 0);
-        assert_eq!(
-            first,
-            "smartmig-requeued:at=100,for=interactive_job_14,gpu=0,next=runs_again_after_the_requeue_hold"
-        );
+        let first = Requeued::gave_way(100, 14, 0, "1g.5gb").to_word();
         let requeued = merge_requeue(&format!("site=abc {}", t.to_word()), &first);
         assert_eq!(requeued, format!("site=abc {} {first}", t.to_word()));
         let next = SliceTag {
@@ -365,28 +319,11 @@ mod tests {
         let rerun = merge_comment(&requeued, &next);
         assert_eq!(rerun, format!("site=abc {first} {}", next.to_word()));
         assert_eq!(SliceTag::find(&rerun), Some(next.clone()));
-        let second = requeue_word(200, 15, 1);
+        assert!(smartmig_client::told::find(&rerun).is_some(), "{rerun}");
+        let second = Requeued::out_of_memory(200, 1, "1g.5gb", false, Some(10)).to_word();
         assert_eq!(
             merge_requeue(&rerun, &second),
             format!("site=abc {} {second}", next.to_word())
-        );
-    }
-
-    /// Issue 56: an out-of-memory requeue says why in one word, which a
-    /// later requeue replaces like any requeue word.
-    #[test]
-    fn an_oom_requeue_word_names_the_profile_and_what_comes_next() {
-        let w = oom_requeue_word(100, 1, "1g.5gb", false, Some(10));
-        assert_eq!(
-            w,
-            "smartmig-requeued:at=100,why=out_of_gpu_memory,on=1g.5gb,gpu=1,next=runs_again_with_at_least_10gb_after_the_requeue_hold"
-        );
-        assert!(!w.contains(' '));
-        let early = oom_requeue_word(100, 0, "2g.10gb", true, None);
-        assert!(early.contains("why=predicted_out_of_gpu_memory"), "{early}");
-        assert_eq!(
-            merge_requeue(&format!("site=x {w}"), &early),
-            format!("site=x {early}")
         );
     }
 

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smartmig_client::told::Requeued;
 use tokio::sync::watch;
 
 use super::books::Books;
@@ -56,9 +57,10 @@ pub(super) fn raised_shards(books: &Books, held: &Released) -> Option<u8> {
 /// state the job must be in to be requeued.
 ///
 /// The job's user is told why (issue 56): its next run prints
-/// [`oom_note`] (the note waits in the ledger for the job's next
-/// allocate), and once the requeue succeeded its `AdminComment` gets a
-/// [`crate::usage::oom_requeue_word`].
+/// [`oom_told`]'s line (the note waits in the ledger for the job's next
+/// allocate), and once the requeue succeeded its `AdminComment` gets the
+/// same reason as a word (which the plugin reads back when the note is
+/// lost: smartmigd restarted, or the job runs elsewhere).
 pub(super) fn spawn(
     cx: &Cx<'_>,
     job_id: u64,
@@ -70,17 +72,13 @@ pub(super) fn spawn(
     let memory = cx.books.memory.clone();
     let stop = cx.node.shutdown.subscribe();
     let limit = Duration::from_secs(cx.cfg().oom.requeue_timeout_s);
-    let note = oom_note(ev, when);
+    let told = oom_told(ev, when);
+    let note = told.line(Some(&format!(
+        "out-of-memory restart {}; docs/slurm-integration.md §2a",
+        ev.failures
+    )));
     cx.books.node(|l| l.requeue_notes.insert(job_id, note));
-    let word = cx.cfg().accounting.admin_comment.then(|| {
-        crate::usage::oom_requeue_word(
-            unix_now(),
-            ev.gpu,
-            &ev.profile,
-            when == RequeueWhen::Running,
-            ev.next_memory_gb,
-        )
-    });
+    let word = cx.cfg().accounting.admin_comment.then(|| told.to_word());
     tokio::spawn(async move {
         let (outcome, attempts) = until_requeued(&slurm, job_id, when, limit, stop).await;
         if let (Ok(()), Some(word)) = (&outcome, word) {
@@ -95,25 +93,16 @@ pub(super) fn spawn(
     });
 }
 
-/// The line a job requeued for its memory prints at the start of its next
-/// run's output.
-pub(super) fn oom_note(ev: &OomEvent, when: RequeueWhen) -> String {
-    let what = match when {
-        RequeueWhen::Failed => "ran out of GPU memory on",
-        RequeueWhen::Running => "was restarted early: its GPU memory use was rising to more than",
-    };
-    let next = ev
-        .next_memory_gb
-        .map_or("a larger memory size".to_string(), |gb| {
-            format!("a profile with at least {gb} GB")
-        });
-    format!(
-        "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\" or FAILED \
-         state of the previous run): its previous run {what} its {p} (GPU {g} of this node); this \
-         is its next run, on {next} (out-of-memory restart {n}; docs/slurm-integration.md §2a)",
-        p = ev.profile,
-        g = ev.gpu,
-        n = ev.failures
+/// Why a job requeued for its memory was requeued: its `AdminComment`
+/// word and, through [`smartmig_client::told::Requeued::line`], the line
+/// its next run prints at the start of its output.
+pub(super) fn oom_told(ev: &OomEvent, when: RequeueWhen) -> Requeued {
+    Requeued::out_of_memory(
+        unix_now(),
+        ev.gpu,
+        &ev.profile,
+        when == RequeueWhen::Running,
+        ev.next_memory_gb,
     )
 }
 

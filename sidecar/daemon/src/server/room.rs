@@ -20,6 +20,7 @@ use crate::allocate::GpuBook;
 use crate::make_room::{self, RecordFacts, Young};
 use crate::mig::{Geometry, Layout, ProfileSpec};
 use crate::protocol::{AllocateRequest, BATCH_STEP};
+use smartmig_client::told::Requeued;
 
 /// One allocate's asking for room: whether its job is interactive (from
 /// the record the grant check read, else read once here), the young jobs
@@ -258,7 +259,7 @@ async fn requeue(
 }
 
 /// Tells the requeued job's user why (issue 56): its next run prints
-/// [`requeue_note`] in its output (the note waits in the ledger for the
+/// [`requeue_told`]'s line in its output (the note waits in the ledger for the
 /// job's next allocate), and its `AdminComment` gets a
 /// [`crate::usage::REQUEUE_PREFIX`] word now, in the background, so that
 /// `scontrol show job` says it while the job waits to start again.
@@ -269,16 +270,14 @@ fn told_why(
     slurm_id: &str,
     profile: &'static ProfileSpec,
 ) {
+    let told = requeue_told(req, profile);
     cx.books
-        .node(|l| l.requeue_notes.insert(job, requeue_note(req, profile)));
+        .node(|l| l.requeue_notes.insert(job, told.line(None)));
     if !cx.cfg().accounting.admin_comment {
         return;
     }
     let slurm = cx.live.slurm.clone();
-    let (name, word) = (
-        slurm_id.to_string(),
-        crate::usage::requeue_word(super::context::unix_now(), req.job_id, req.gpu),
-    );
+    let (name, word) = (slurm_id.to_string(), told.to_word());
     tokio::task::spawn_blocking(move || {
         let done = slurm.job_comment(job).and_then(|c| {
             let existing = c.map(|c| c.admin_comment).unwrap_or_default();
@@ -290,17 +289,14 @@ fn told_why(
     });
 }
 
-/// The line a requeued job's next run prints in its output.
-pub(super) fn requeue_note(req: &AllocateRequest, profile: &'static ProfileSpec) -> String {
-    format!(
-        "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\"): \
-         its previous run had started moments before on GPU {gpu} of this node, and interactive \
-         job {job} needed a {p} there that MIG could not build beside it (an interactive step \
-         cannot be requeued, a batch job can); this is the job's next run, started after \
-         Slurm's requeue hold",
-        gpu = req.gpu,
-        job = req.job_id,
-        p = profile.name()
+/// Why a batch job gave way to an interactive step: its `AdminComment`
+/// word and, through [`Requeued::line`], the line its next run prints.
+pub(super) fn requeue_told(req: &AllocateRequest, profile: &'static ProfileSpec) -> Requeued {
+    Requeued::gave_way(
+        super::context::unix_now(),
+        req.job_id,
+        req.gpu,
+        &profile.name(),
     )
 }
 
@@ -320,24 +316,18 @@ pub(super) fn batch_no_fit_told(
         return;
     }
     let job = req.job_id;
-    let note = format!(
-        "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\"): its \
-             previous run got no MIG instance on GPU {gpu} of this node ({reason}), because \
-             Slurm placed it on shards MIG could not build beside that GPU's busy instances; \
-             a batch job is requeued instead of failing, and this is its next run, started after \
-             Slurm's requeue hold",
-        gpu = req.gpu
-    );
-    cx.books.node(|l| l.requeue_notes.insert(job, note));
-    if !cx.cfg().accounting.admin_comment || !cx.cfg().slurm.enabled {
-        return;
-    }
-    let slurm = cx.live.slurm.clone();
-    let word = crate::usage::no_fit_requeue_word(
+    let told = Requeued::no_room(
         super::clock::unix_now(),
         req.gpu,
         &profile.map_or("an_instance".to_string(), ProfileSpec::name),
     );
+    cx.books
+        .node(|l| l.requeue_notes.insert(job, told.line(Some(reason))));
+    if !cx.cfg().accounting.admin_comment || !cx.cfg().slurm.enabled {
+        return;
+    }
+    let slurm = cx.live.slurm.clone();
+    let word = told.to_word();
     tokio::task::spawn_blocking(move || {
         let done = slurm.job_comment(job).and_then(|c| {
             let existing = c.map(|c| c.admin_comment).unwrap_or_default();
