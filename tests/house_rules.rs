@@ -213,44 +213,6 @@ fn the_checker_sees_what_it_must() {
     assert!(string_results(&code).is_empty(), "{code}");
 }
 
-/// Files of `sidecar/daemon/src/` that keep a lock of their own, with the
-/// reason: I/O handles, not node state (nothing the ledger or a GPU's
-/// state in the books depends on). Each must still take one: an entry
-/// whose lock is gone is removed ([`every_own_lock_is_still_taken`]).
-const OWN_LOCKS: &[(&str, &str)] = &[
-    (
-        "journal.rs",
-        "the journal file's group commit: the log being appended, its pending \
-         batch and the leader's turn (a Condvar needs its Mutex); the books' \
-         GPU state is the truth, the journal its durable copy",
-    ),
-    (
-        "backend/sim.rs",
-        "the simulated devices themselves (what the driver holds on real \
-         hardware: each GPU's instances, the injected faults), one lock per \
-         device as the driver serialises calls per GPU",
-    ),
-    (
-        "backend/nvml.rs",
-        "the NVML XID event set, made at the first wait and held across it, \
-         so that one set is made and one caller waits on it at a time",
-    ),
-];
-
-/// The exemptions of [`OWN_LOCKS`] stay honest: each names a file that
-/// still takes a lock.
-#[test]
-fn every_own_lock_is_still_taken() {
-    let src = root().join("sidecar/daemon/src");
-    for (file, why) in OWN_LOCKS {
-        let code = production_code(&std::fs::read_to_string(src.join(file)).unwrap());
-        assert!(
-            !lock_sites(&code).is_empty(),
-            "sidecar/daemon/src/{file} takes no lock any more: remove it from OWN_LOCKS ({why})"
-        );
-    }
-}
-
 /// The lines of `code` that take or name a lock, as (line, text).
 fn lock_sites(code: &str) -> Vec<(usize, String)> {
     const SIGNS: &[&str] = &[
@@ -273,14 +235,17 @@ fn lock_sites(code: &str) -> Vec<(usize, String)> {
 /// smartmigd's books are the only door to node state: no `.lock()`,
 /// `.read()`, `.write()` nor any `Mutex`/`RwLock` in the daemon's
 /// production code outside `server/books/` (docs/architecture.md, "Who
-/// owns node state"), but for [`OWN_LOCKS`].
+/// owns node state"), with no exemption: the I/O edges own their handles
+/// instead of locking them (the journal's writer thread owns the log file,
+/// the XID thread owns the NVML watcher, the sim's devices are their
+/// files).
 #[test]
 fn the_books_hold_every_lock_of_the_daemon() {
     let src = root().join("sidecar/daemon/src");
     let mut found = Vec::new();
     for f in rust_files(&src) {
         let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-        if rel.starts_with("server/books/") || OWN_LOCKS.iter().any(|(p, _)| rel == *p) {
+        if rel.starts_with("server/books/") {
             continue;
         }
         let code = production_code(&std::fs::read_to_string(&f).unwrap());

@@ -117,7 +117,7 @@ impl SimGpu {
     }
 
     /// Writes this state to `path` atomically: it is the new state.
-    fn write(&self, path: &Path) -> Result<(), BackendError> {
+    fn save(&self, path: &Path) -> Result<(), BackendError> {
         let g = Geometry::of(self.model);
         let saved = SavedGpu {
             model: self.model,
@@ -386,7 +386,7 @@ impl Backend for SimBackend {
         });
         state.instances.sort_by_key(|i| i.placement);
         // Not written: the file still holds the state before.
-        state.write(&path)?;
+        state.save(&path)?;
         match late {
             Some(e) => Err(e),
             None => Ok(uuid),
@@ -403,7 +403,7 @@ impl Backend for SimBackend {
         let pos = state.position(gpu, uuid)?;
         self.delay();
         let removed = state.instances.remove(pos);
-        state.write(&path)?;
+        state.save(&path)?;
         let start = Geometry::of(model).spot(removed.placement).start;
         for f in self.cap_paths(gpu, start) {
             if let Err(e) = remove_if_present(&f) {
