@@ -7,7 +7,10 @@
 //! Needs root and a release build of the workspace; fails, never skips.
 
 use serde_json::Value;
-use smartmig_suite::{artifact, describe, in_slurm, plugstack_line, Sidecar, SlurmCluster};
+use smartmig_suite::{describe, plugstack_line, Sidecar, SlurmCluster};
+
+mod common;
+use common::{check, doctor};
 
 #[test]
 fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
@@ -22,27 +25,11 @@ fn doctor_passes_the_test_clusters_slurm_and_plugin_checks() {
             .expect("write plugstack.conf");
     });
     let sidecar = Sidecar::start_with_slurm(cluster.dir(), "");
-    let out = in_slurm(artifact("smartmig"))
-        .arg("doctor")
-        .arg("--config")
-        .arg(cluster.dir().join("smartmigd.toml"))
-        .arg("--slurm-conf")
-        .arg(cluster.slurm_conf())
-        .arg("--json")
-        .output()
-        .expect("run smartmig doctor");
-    let checks: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "doctor --json is not a JSON array ({e}): {}",
-            describe(&out)
-        )
-    });
+    let (checks, out) = doctor(&cluster);
     let status = |name: &str| {
-        checks
-            .iter()
-            .find(|c| c["check"] == name)
-            .and_then(|c| c["status"].as_str())
-            .unwrap_or_else(|| panic!("no check {name}: {}", describe(&out)))
+        check(&checks, name)["status"]
+            .as_str()
+            .unwrap_or_else(|| panic!("check {name} has no status: {}", describe(&out)))
             .to_string()
     };
     for name in [

@@ -21,35 +21,12 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-use smartmig_suite::{
-    artifact, describe, holds_within, in_slurm, plugstack_line, Sidecar, SidecarBackend,
-    SlurmCluster,
-};
+use smartmig_suite::{holds_within, plugstack_line, Sidecar, SidecarBackend, SlurmCluster};
+
+mod common;
+use common::{check, doctor};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// `smartmig doctor --json` on the cluster's config and slurm.conf.
-fn doctor(cluster: &SlurmCluster) -> Vec<Value> {
-    let out = in_slurm(artifact("smartmig"))
-        .arg("doctor")
-        .arg("--config")
-        .arg(cluster.dir().join("smartmigd.toml"))
-        .arg("--slurm-conf")
-        .arg(cluster.slurm_conf())
-        .arg("--json")
-        .output()
-        .expect("run smartmig doctor");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}): {}", describe(&out)))
-}
-
-fn check<'a>(checks: &'a [Value], name: &str) -> &'a Value {
-    checks
-        .iter()
-        .find(|c| c["check"] == name)
-        .unwrap_or_else(|| panic!("no check {name}: {checks:#?}"))
-}
 
 /// The backticked lines of doctor's `slurm.holds` fix: the new gres.conf
 /// lines and the node's new `Gres=`.
@@ -117,7 +94,7 @@ fn an_untyped_site_runs_without_holds_says_so_and_migrates_by_the_docs() {
     );
     let table = sidecar.status_table();
     assert!(table.contains("Holds: off (slurm.holds = auto)"), "{table}");
-    let checks = doctor(&cluster);
+    let (checks, _) = doctor(&cluster);
     let holds_check = check(&checks, "slurm.holds");
     assert_eq!(holds_check["status"], "warn", "{holds_check:#}");
     assert_eq!(check(&checks, "daemon.holds")["status"], "warn");
@@ -153,7 +130,7 @@ fn an_untyped_site_runs_without_holds_says_so_and_migrates_by_the_docs() {
     // 3. Typed: holds by any-mix, doctor content.
     let s = sidecar.status();
     assert_eq!(s["holds"]["state"], "any-mix", "{:#}", s["holds"]);
-    let checks = doctor(&cluster);
+    let (checks, _) = doctor(&cluster);
     for name in [
         "slurm.holds",
         "daemon.holds",

@@ -9,8 +9,11 @@
 //! - every crate with no `unsafe` code says `#![forbid(unsafe_code)]`, so
 //!   the first unsafe block in it is a decision, not an accident;
 //! - no two files of `smartmig-core` import each other, even through
-//!   others (`crate::` and `super::` paths of production code, a module's
-//!   own submodules and parents left out);
+//!   others, nor two of smartmigd's library (one file-level import graph
+//!   of production code: `crate::`, `super::` and `self::` paths, paths
+//!   through a module's own children, each item of a `use` group; for
+//!   core, a module's own submodules and parents left out), and the
+//!   daemon's server layers point down;
 //! - every crate root (library, binary) turns on `clippy::too_many_lines`
 //!   (100 lines, clippy's default), so no production function in any
 //!   crate grows past it (scripts/test runs clippy with `-D warnings`);
@@ -213,44 +216,6 @@ fn the_checker_sees_what_it_must() {
     assert!(string_results(&code).is_empty(), "{code}");
 }
 
-/// Files of `sidecar/daemon/src/` that keep a lock of their own, with the
-/// reason: I/O handles, not node state (nothing the ledger or a GPU's
-/// state in the books depends on). Each must still take one: an entry
-/// whose lock is gone is removed ([`every_own_lock_is_still_taken`]).
-const OWN_LOCKS: &[(&str, &str)] = &[
-    (
-        "journal.rs",
-        "the journal file's group commit: the log being appended, its pending \
-         batch and the leader's turn (a Condvar needs its Mutex); the books' \
-         GPU state is the truth, the journal its durable copy",
-    ),
-    (
-        "backend/sim.rs",
-        "the simulated devices themselves (what the driver holds on real \
-         hardware: each GPU's instances, the injected faults), one lock per \
-         device as the driver serialises calls per GPU",
-    ),
-    (
-        "backend/nvml.rs",
-        "the NVML XID event set, made at the first wait and held across it, \
-         so that one set is made and one caller waits on it at a time",
-    ),
-];
-
-/// The exemptions of [`OWN_LOCKS`] stay honest: each names a file that
-/// still takes a lock.
-#[test]
-fn every_own_lock_is_still_taken() {
-    let src = root().join("sidecar/daemon/src");
-    for (file, why) in OWN_LOCKS {
-        let code = production_code(&std::fs::read_to_string(src.join(file)).unwrap());
-        assert!(
-            !lock_sites(&code).is_empty(),
-            "sidecar/daemon/src/{file} takes no lock any more: remove it from OWN_LOCKS ({why})"
-        );
-    }
-}
-
 /// The lines of `code` that take or name a lock, as (line, text).
 fn lock_sites(code: &str) -> Vec<(usize, String)> {
     const SIGNS: &[&str] = &[
@@ -273,14 +238,17 @@ fn lock_sites(code: &str) -> Vec<(usize, String)> {
 /// smartmigd's books are the only door to node state: no `.lock()`,
 /// `.read()`, `.write()` nor any `Mutex`/`RwLock` in the daemon's
 /// production code outside `server/books/` (docs/architecture.md, "Who
-/// owns node state"), but for [`OWN_LOCKS`].
+/// owns node state"), with no exemption: the I/O edges own their handles
+/// instead of locking them (the journal's writer thread owns the log file,
+/// the XID thread owns the NVML watcher, the sim's devices are their
+/// files).
 #[test]
 fn the_books_hold_every_lock_of_the_daemon() {
     let src = root().join("sidecar/daemon/src");
     let mut found = Vec::new();
     for f in rust_files(&src) {
         let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-        if rel.starts_with("server/books/") || OWN_LOCKS.iter().any(|(p, _)| rel == *p) {
+        if rel.starts_with("server/books/") {
             continue;
         }
         let code = production_code(&std::fs::read_to_string(&f).unwrap());
@@ -352,110 +320,145 @@ fn path_at(s: &str) -> (Vec<String>, Vec<String>) {
     (segs, group)
 }
 
-/// The file-level import graph of the crate in `src`: for each module,
-/// the modules whose items its production code names (`crate::`,
-/// `super::`, `self::` paths, `use` groups, and its own child modules).
-fn import_graph(
-    src: &Path,
-) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let files = rust_files(src);
-    let modules: std::collections::BTreeSet<Vec<String>> =
-        files.iter().map(|f| module_of(src, f)).collect();
-    let mut graph = std::collections::BTreeMap::new();
-    for f in &files {
-        let me = module_of(src, f);
-        let code = production_code(&std::fs::read_to_string(f).unwrap())
-            .replace("pub(in crate::", "pub(in ");
-        let mut to = std::collections::BTreeSet::new();
-        let mut add = |m: Vec<String>| {
-            if m != me && !m.is_empty() {
-                to.insert(m.join("/"));
-            }
-        };
-        for (at, _) in code.match_indices("::") {
-            // Only the first `::` of a path is looked at.
-            let start = code[..at]
-                .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .map_or(0, |i| i + 1);
-            if start == at || code[..start].ends_with(':') {
-                continue;
-            }
-            let (segs, group) = path_at(&code[start..]);
-            let (mut base, mut rest) = match segs[0].as_str() {
-                "crate" => (Vec::new(), &segs[1..]),
-                "self" => (me.clone(), &segs[1..]),
-                "super" => {
-                    let mut b = me.clone();
-                    let mut r = &segs[..];
-                    while r.first().is_some_and(|s| s == "super") {
-                        b.pop();
-                        r = &r[1..];
-                    }
-                    (b, r)
-                }
-                // A child module of this file, named relatively.
-                first if modules.contains(&[me.clone(), vec![first.to_string()]].concat()) => {
-                    (me.clone(), &segs[..])
-                }
-                _ => continue,
-            };
-            while let Some(s) = rest.first() {
-                let next = [base.clone(), vec![s.clone()]].concat();
-                if !modules.contains(&next) {
-                    break;
-                }
-                base = next;
-                rest = &rest[1..];
-            }
-            if rest.is_empty() && !group.is_empty() {
-                for item in &group {
-                    let m = [base.clone(), vec![item.clone()]].concat();
-                    add(if modules.contains(&m) {
-                        m
-                    } else {
-                        base.clone()
-                    });
-                }
-            } else {
-                add(base);
-            }
+/// The modules (named `a::b`, the crate root `""`) whose items `code`,
+/// the production code of module `me`, names: `crate::`, `super::` and
+/// `self::` paths, paths through its own child modules, and each item of a
+/// `use` group, each resolved to the longest module prefix of the path.
+/// Visibility paths (`pub(in crate::x)`) are not imports; the crate root
+/// and `me` itself are left out.
+fn imports_of(me: &[String], code: &str, modules: &BTreeSet<Vec<String>>) -> BTreeSet<String> {
+    let code = code.replace("pub(in crate::", "pub(in ");
+    let mut to = BTreeSet::new();
+    let mut add = |m: Vec<String>| {
+        if m != me && !m.is_empty() {
+            to.insert(m.join("::"));
         }
-        graph.insert(me.join("/"), to);
+    };
+    for (at, _) in code.match_indices("::") {
+        // Only the first `::` of a path is looked at.
+        let start = code[..at]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        if start == at || code[..start].ends_with(':') {
+            continue;
+        }
+        let (segs, group) = path_at(&code[start..]);
+        let (mut base, mut rest) = match segs[0].as_str() {
+            "crate" => (Vec::new(), &segs[1..]),
+            "self" => (me.to_vec(), &segs[1..]),
+            "super" => {
+                let mut b = me.to_vec();
+                let mut r = &segs[..];
+                while r.first().is_some_and(|s| s == "super") {
+                    b.pop();
+                    r = &r[1..];
+                }
+                (b, r)
+            }
+            // A child module of this file, named relatively.
+            first if modules.contains(&[me, &[first.to_string()]].concat()) => {
+                (me.to_vec(), &segs[..])
+            }
+            _ => continue,
+        };
+        while let Some(s) = rest.first() {
+            let next = [base.clone(), vec![s.clone()]].concat();
+            if !modules.contains(&next) {
+                break;
+            }
+            base = next;
+            rest = &rest[1..];
+        }
+        if rest.is_empty() && !group.is_empty() {
+            for item in &group {
+                let m = [base.clone(), vec![item.clone()]].concat();
+                add(if modules.contains(&m) {
+                    m
+                } else {
+                    base.clone()
+                });
+            }
+        } else {
+            add(base);
+        }
     }
-    graph
+    to
 }
 
-/// The import circles of `graph` (strongly connected sets of two modules
-/// or more), each sorted.
-fn circles(
-    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-) -> Vec<Vec<String>> {
-    let reach = |from: &String| {
-        let mut seen = std::collections::BTreeSet::new();
-        let mut stack = vec![from.clone()];
-        while let Some(m) = stack.pop() {
-            for n in graph.get(&m).into_iter().flatten() {
-                if seen.insert(n.clone()) {
-                    stack.push(n.clone());
+/// The file-level import graph of the crate in `src`: for each module
+/// (`a::b`), the modules its production code names ([`imports_of`]).
+fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files = rust_files(src);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(src, f)).collect();
+    files
+        .iter()
+        .map(|f| {
+            let me = module_of(src, f);
+            let code = production_code(&std::fs::read_to_string(f).unwrap());
+            (me.join("::"), imports_of(&me, &code, &modules))
+        })
+        .collect()
+}
+
+/// The import circles of `graph`: its strongly connected components of
+/// more than one module (Tarjan), each sorted.
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Walk<'g> {
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, (usize, usize)>,
+        stack: Vec<&'g str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    impl<'g> Walk<'g> {
+        fn visit(&mut self, v: &'g str) {
+            self.index.insert(v, (self.next, self.next));
+            self.next += 1;
+            self.stack.push(v);
+            for w in self.graph.get(v).into_iter().flatten() {
+                let w = w.as_str();
+                match self.index.get(w).copied() {
+                    None => {
+                        self.visit(w);
+                        let low = self.index[w].1.min(self.index[v].1);
+                        self.index.get_mut(v).unwrap().1 = low;
+                    }
+                    Some((i, _)) if self.stack.contains(&w) => {
+                        let low = i.min(self.index[v].1);
+                        self.index.get_mut(v).unwrap().1 = low;
+                    }
+                    Some(_) => {}
+                }
+            }
+            let (i, low) = self.index[v];
+            if i == low {
+                let mut comp = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    comp.push(w.to_string());
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    self.out.push(comp);
                 }
             }
         }
-        seen
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
     };
-    let reached: std::collections::BTreeMap<_, _> =
-        graph.keys().map(|m| (m.clone(), reach(m))).collect();
-    let mut out: Vec<Vec<String>> = Vec::new();
-    for (m, r) in &reached {
-        let set: Vec<String> = r
-            .iter()
-            .filter(|n| *n == m || reached.get(*n).is_some_and(|back| back.contains(m)))
-            .cloned()
-            .collect();
-        if set.len() > 1 && !out.contains(&set) {
-            out.push(set);
+    for v in graph.keys() {
+        if !walk.index.contains_key(v.as_str()) {
+            walk.visit(v);
         }
     }
-    out
+    walk.out
 }
 
 /// smartmigd's files import one way: no circle in the daemon crate's
@@ -467,8 +470,8 @@ fn the_daemon_has_no_import_circle() {
     assert!(
         graph
             .get("server")
-            .is_some_and(|s| s.contains("server/context")),
-        "the graph misses server -> server/context: {graph:?}"
+            .is_some_and(|s| s.contains("server::context")),
+        "the graph misses server -> server::context: {graph:?}"
     );
     let found = circles(&graph);
     assert!(
@@ -504,7 +507,11 @@ const SERVER_LAYERS: &[&[&str]] = &[
 /// The layer of a module under `server` (`None`: not in the table).
 fn server_layer(module: &str) -> Option<usize> {
     let rest = module.strip_prefix("server")?;
-    let first = rest.trim_start_matches('/').split('/').next().unwrap_or("");
+    let first = rest
+        .trim_start_matches("::")
+        .split("::")
+        .next()
+        .unwrap_or("");
     SERVER_LAYERS.iter().position(|l| l.contains(&first))
 }
 
@@ -532,17 +539,50 @@ fn the_server_layers_point_down() {
     );
 }
 
+/// The graph builder and the circle finder, on small cases: what each
+/// kind of path resolves to, and circles found (a self-import is none).
 #[test]
 fn the_circle_checker_sees_what_it_must() {
-    let edges = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a"), ("e", "e")];
-    let mut graph = std::collections::BTreeMap::new();
-    for (from, to) in edges {
-        graph
-            .entry(from.to_string())
-            .or_insert_with(std::collections::BTreeSet::new)
-            .insert(to.to_string());
+    let modules: BTreeSet<Vec<String>> = ["", "a", "a::b", "a::b::e", "a::c", "d"]
+        .iter()
+        .map(|m| {
+            m.split("::")
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .collect();
+    let me = ["a".to_string(), "b".to_string()];
+    let named = imports_of(
+        &me,
+        "use super::c::X; use crate::d::Y; use super::Z; use self::e::W; pub(in crate::d) fn f() {}",
+        &modules,
+    );
+    assert_eq!(
+        named,
+        BTreeSet::from(["a", "a::b::e", "a::c", "d"].map(String::from))
+    );
+    let named = imports_of(&me, "use super::{c, Z}; fn g() { e::h() }", &modules);
+    assert_eq!(
+        named,
+        BTreeSet::from(["a", "a::b::e", "a::c"].map(String::from))
+    );
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in [
+        ("a", "b"),
+        ("b", "c"),
+        ("c", "a"),
+        ("d", "a"),
+        ("e", "e"),
+        ("c", "w"),
+    ] {
+        g.entry(from.into()).or_default().insert(to.into());
     }
-    assert_eq!(circles(&graph), [["a", "b", "c"]]);
+    assert_eq!(circles(&g), [["a", "b", "c"]]);
+    g.entry("a::x".into()).or_default().insert("a".into());
+    g.entry("a".into()).or_default().insert("a::x".into());
+    assert_eq!(circles(&g), [["a", "a::x", "b", "c"]]);
+    assert_eq!(circles(&across_trees(g)), [["a", "b", "c"]]);
     let (segs, group) = path_at("super::{queue, books::Gpu}; x");
     assert_eq!(
         (segs, group),
@@ -763,195 +803,41 @@ fn the_lab_check_sees_the_lab() {
     }
 }
 
-/// The file modules under `src` by path (`sim::engine`; the crate root is
-/// `""`).
-fn module_files(src: &Path) -> Vec<(String, PathBuf)> {
-    rust_files(src)
-        .into_iter()
-        .map(|f| {
-            let rel = f.strip_prefix(src).unwrap().with_extension("");
-            let mut parts: Vec<String> = rel
-                .iter()
-                .map(|c| c.to_string_lossy().into_owned())
-                .collect();
-            if matches!(
-                parts.last().map(String::as_str),
-                Some("mod" | "lib" | "main")
-            ) {
-                parts.pop();
-            }
-            (parts.join("::"), f)
-        })
-        .collect()
-}
-
-/// Whether `a` is `b`'s ancestor (or the same module).
+/// Whether module `a` is `b`'s ancestor (or `b` itself).
 fn encloses(a: &str, b: &str) -> bool {
     a.is_empty() || a == b || b.starts_with(&format!("{a}::"))
 }
 
-/// The modules that `code` (of module `module`) names with `crate::` and
-/// `super::` paths, each resolved to the longest module prefix of the
-/// path (a module's `super` is the module that declares it), leaving out
-/// the module's own parents and submodules.
-fn named_modules(module: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let bytes = code.as_bytes();
-    for start in ["crate::", "super::"] {
-        let mut from = 0;
-        while let Some(at) = code[from..].find(start).map(|i| i + from) {
-            from = at + start.len();
-            if at > 0
-                && (bytes[at - 1].is_ascii_alphanumeric()
-                    || bytes[at - 1] == b'_'
-                    || bytes[at - 1] == b':')
-            {
-                continue;
-            }
-            let tail: String = code[at..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+/// `graph` without the edges between a module and its own parents or
+/// submodules: smartmig-core's rule counts only imports across module
+/// trees (a parent re-exporting its children is not a circle there).
+fn across_trees(graph: BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    graph
+        .into_iter()
+        .map(|(m, to)| {
+            let to = to
+                .into_iter()
+                .filter(|t| !encloses(&m, t) && !encloses(t, &m))
                 .collect();
-            let mut segs: Vec<&str> = tail.split("::").filter(|s| !s.is_empty()).collect();
-            let mut base: Vec<&str> = if module.is_empty() {
-                Vec::new()
-            } else {
-                module.split("::").collect()
-            };
-            if segs.first() == Some(&"crate") {
-                base.clear();
-                segs.remove(0);
-            } else {
-                while segs.first() == Some(&"super") {
-                    segs.remove(0);
-                    base.pop();
-                }
-            }
-            base.extend(segs);
-            let target = (0..=base.len())
-                .rev()
-                .map(|k| base[..k].join("::"))
-                .find(|m| known.contains(m));
-            if let Some(t) = target {
-                if !encloses(&t, module) && !encloses(module, &t) {
-                    out.insert(t);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// The file-level import graph of a crate's production code.
-fn path_import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let files = module_files(src);
-    let known: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
-    files
-        .iter()
-        .map(|(m, f)| {
-            let code = production_code(&std::fs::read_to_string(f).unwrap());
-            (m.clone(), named_modules(m, &code, &known))
+            (m, to)
         })
         .collect()
 }
 
-/// The strongly connected components of more than one module (Tarjan).
-fn strong_circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
-    struct Walk<'g> {
-        graph: &'g BTreeMap<String, BTreeSet<String>>,
-        index: BTreeMap<&'g str, (usize, usize)>,
-        stack: Vec<&'g str>,
-        next: usize,
-        out: Vec<Vec<String>>,
-    }
-    impl<'g> Walk<'g> {
-        fn visit(&mut self, v: &'g str) {
-            self.index.insert(v, (self.next, self.next));
-            self.next += 1;
-            self.stack.push(v);
-            for w in self.graph.get(v).into_iter().flatten() {
-                let w = w.as_str();
-                match self.index.get(w).copied() {
-                    None => {
-                        self.visit(w);
-                        let low = self.index[w].1.min(self.index[v].1);
-                        self.index.get_mut(v).unwrap().1 = low;
-                    }
-                    Some((i, _)) if self.stack.contains(&w) => {
-                        let low = i.min(self.index[v].1);
-                        self.index.get_mut(v).unwrap().1 = low;
-                    }
-                    Some(_) => {}
-                }
-            }
-            let (i, low) = self.index[v];
-            if i == low {
-                let mut comp = Vec::new();
-                while let Some(w) = self.stack.pop() {
-                    comp.push(w.to_string());
-                    if w == v {
-                        break;
-                    }
-                }
-                if comp.len() > 1 {
-                    comp.sort();
-                    self.out.push(comp);
-                }
-            }
-        }
-    }
-    let mut walk = Walk {
-        graph,
-        index: BTreeMap::new(),
-        stack: Vec::new(),
-        next: 0,
-        out: Vec::new(),
-    };
-    for v in graph.keys() {
-        if !walk.index.contains_key(v.as_str()) {
-            walk.visit(v);
-        }
-    }
-    walk.out
-}
-
+/// No two files of smartmig-core import each other, even through others
+/// (the one import graph, [`across_trees`]).
 #[test]
 fn core_files_import_one_way() {
-    let graph = path_import_graph(&root().join("sidecar/core/src"));
+    let graph = across_trees(import_graph(&root().join("sidecar/core/src")));
     assert!(
         graph
             .get("sim::slurm_like")
             .is_some_and(|s| s.contains("sim::engine")),
         "the import graph misses sim::slurm_like -> sim::engine"
     );
-    let found = strong_circles(&graph);
+    let found = circles(&graph);
     assert!(
         found.is_empty(),
         "files of smartmig-core that import each other (through the others listed): {found:?}"
-    );
-}
-
-#[test]
-fn the_circle_check_sees_circles() {
-    let known: BTreeSet<String> = ["", "a", "a::b", "a::c", "d"]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    let named = named_modules(
-        "a::b",
-        "use super::c::X; use crate::d::Y; use super::Z;",
-        &known,
-    );
-    assert_eq!(
-        named,
-        ["a::c", "d"].iter().map(ToString::to_string).collect()
-    );
-    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (from, to) in [("x", "y"), ("y", "z"), ("z", "x"), ("z", "w")] {
-        g.entry(from.into()).or_default().insert(to.into());
-    }
-    assert_eq!(
-        strong_circles(&g),
-        vec![vec!["x".to_string(), "y".into(), "z".into()]]
     );
 }

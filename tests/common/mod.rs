@@ -1,13 +1,15 @@
 //! Set-up shared by the end-to-end tests that run smartmigd's nvml backend
 //! over the NVML emulator (the emulator crate is a dev-dependency, so this
-//! lives here rather than in the suite's library), and the held jobs
-//! those tests submit.
+//! lives here rather than in the suite's library), the held jobs those
+//! tests submit, and `smartmig doctor --json` on a test cluster.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::time::Duration;
 
-use smartmig_suite::{fields, SlurmCluster, Wait};
+use serde_json::Value;
+use smartmig_suite::{artifact, describe, fields, in_slurm, SlurmCluster, Wait};
 
 use smartmig_mig::GpuModel;
 use smartmig_nvml_emu::{Emulator, GpuSetup};
@@ -71,4 +73,33 @@ pub fn release(cluster: &SlurmCluster, job: u32, out: &Path) {
         read(out),
         cluster.log_tails()
     );
+}
+
+/// `smartmig doctor --json` on `cluster`'s config and slurm.conf: its
+/// checks, and the run itself (for [`describe`] and the exit status).
+pub fn doctor(cluster: &SlurmCluster) -> (Vec<Value>, Output) {
+    let out = in_slurm(artifact("smartmig"))
+        .arg("doctor")
+        .arg("--config")
+        .arg(cluster.dir().join("smartmigd.toml"))
+        .arg("--slurm-conf")
+        .arg(cluster.slurm_conf())
+        .arg("--json")
+        .output()
+        .expect("run smartmig doctor");
+    let checks = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json is not a JSON array ({e}): {}",
+            describe(&out)
+        )
+    });
+    (checks, out)
+}
+
+/// Doctor's check `name` among `checks`.
+pub fn check<'a>(checks: &'a [Value], name: &str) -> &'a Value {
+    checks
+        .iter()
+        .find(|c| c["check"] == name)
+        .unwrap_or_else(|| panic!("no check {name}: {checks:#?}"))
 }

@@ -1,10 +1,11 @@
 //! GPU and MIG-instance health from NVML XID events: pure, no IO.
 //!
-//! The NVML backend hands XID events over (`Backend::next_xid`); this
-//! module says what each one means ([`classify`]), keeps one GPU's marks
-//! ([`GpuHealth`], inside [`crate::allocate::GpuBook`] so placement sees
-//! it under the GPU's lock), and decides what the node needs from Slurm
-//! ([`node_action`]). The server runs the results.
+//! The NVML backend hands XID events over (`Backend::xid_watch`, a
+//! watcher the XID thread owns); this module says what each one means
+//! ([`classify`]), keeps one GPU's marks ([`GpuHealth`], inside
+//! [`crate::allocate::GpuBook`] so placement sees it under the GPU's
+//! lock), and decides what the node needs from Slurm ([`node_action`]).
+//! The server runs the results.
 //!
 //! The classes follow NVIDIA's XID catalogue ("XID Errors",
 //! docs.nvidia.com/deploy/xid-errors, the per-XID "Possible causes" and

@@ -12,11 +12,16 @@
 //! of the machine. On a tmpfs (`journal_dir = "/run/..."`) there is no disk
 //! to sync: a returned `write` is in kernel memory and survives a crash of
 //! the daemon (what the journal is for), and a reboot loses it together
-//! with every MIG instance and job it describes ([`Durability`]). **Group commit**: concurrent savers share one `write` and
-//! one `fdatasync`: the first becomes the leader and writes every record
-//! queued so far; the others wait for it (`docs/reliability.md` has the
-//! measurements that motivated this; the previous format rewrote a file per
-//! GPU with fsync + rename + directory fsync on every change).
+//! with every MIG instance and job it describes ([`Durability`]).
+//!
+//! **Group commit**: concurrent savers share one `write` and one
+//! `fdatasync`. The log file is owned by one writer thread; a saver sends
+//! it the record and waits for the answer, and the writer takes every
+//! record queued while it was writing the previous batch into the next one
+//! (`docs/reliability.md` has the measurements that motivated this; the
+//! previous format rewrote a file per GPU with fsync + rename + directory
+//! fsync on every change). No lock: the thread owns the file, the sequence
+//! numbers and the durable state, and callers reach them only by message.
 //!
 //! Files:
 //! - `snapshot.json`: `{"version":2,"seq":N,"gpus":{"0":[entries],...}}`, the
@@ -39,7 +44,10 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use super::allocate::GpuBook;
 use super::fsutil::{atomic_write, ensure_dir, remove_if_present};
@@ -163,28 +171,6 @@ fn v1_files(dir: &Path) -> std::io::Result<Vec<(u32, PathBuf)>> {
     Ok(out)
 }
 
-struct Inner {
-    /// Sequence number of the last record queued.
-    seq: u64,
-    /// Sequence number of the last record on disk.
-    synced: u64,
-    /// Encoded records not yet written, with what they set.
-    pending: Vec<u8>,
-    pending_sets: Vec<(u32, Vec<Entry>)>,
-    /// A leader is writing a batch.
-    writing: bool,
-    /// The durable state (what a replay would give), for compaction.
-    durable: BTreeMap<u32, Vec<Entry>>,
-    log_len: u64,
-    /// Set when a failed write could not be undone.
-    failed: Option<String>,
-    /// Sequence ranges of batches whose write failed (and was undone), with
-    /// the error: their savers get the error, not success. Kept short.
-    failed_batches: Vec<(u64, u64, String)>,
-    /// Batches and fdatasyncs done (for tests and the reliability report).
-    syncs: u64,
-}
-
 /// What an acknowledged record survives, from the journal's file system.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
@@ -207,22 +193,56 @@ impl Durability {
     }
 }
 
+/// Writes one batch at the end of the log. Production writes it whole;
+/// tests pass their own at construction ([`Journal::open_with`]) to hold
+/// the writer or fail a write, so no test switch lives in the writer.
+type WriteFn = Box<dyn FnMut(&File, &[u8]) -> std::io::Result<()> + Send>;
+
 /// The journal directory, shared by every GPU.
+///
+/// The log file belongs to one writer thread (an I/O actor at the edge,
+/// like the XID watcher): savers hand it their record over a channel and
+/// wait for its answer, and it writes everything queued meanwhile in one
+/// `write` + `fdatasync`, so concurrent savers share a sync (group commit)
+/// without sharing a lock. It alone numbers the records, appends them and
+/// keeps the durable state that a compaction snapshots.
 pub struct Journal {
     dir: PathBuf,
     durability: Durability,
     log_path: PathBuf,
-    log: File,
-    inner: Mutex<Inner>,
-    done: Condvar,
-    /// Tests replace the batch write to hold the leader or fail it.
-    #[cfg(test)]
-    write_hook: Mutex<Option<WriteHook>>,
+    to_writer: Sender<Request>,
+    counts: Arc<Counts>,
+    /// Joined on drop, so that the file is closed when the journal is.
+    writer: Option<JoinHandle<()>>,
 }
 
-/// Writes a batch in place of `write_all` (tests only).
-#[cfg(test)]
-type WriteHook = Box<dyn FnMut(&File, &[u8]) -> std::io::Result<()> + Send>;
+/// What a caller asks the writer thread.
+enum Request {
+    /// "GPU `gpu` has exactly `entries`": answered once it is durable (or
+    /// failed).
+    Commit {
+        gpu: u32,
+        entries: Vec<Entry>,
+        done: SyncSender<Result<(), JournalError>>,
+    },
+    /// The durable assignments of `gpu`.
+    Load {
+        gpu: u32,
+        reply: SyncSender<Vec<Entry>>,
+    },
+    /// Finish what is queued and end (the journal is dropped).
+    Stop,
+}
+
+/// Counters the writer keeps for the callers to read (atomics: telling
+/// them needs no turn of the writer's).
+#[derive(Default)]
+struct Counts {
+    /// Records handed to the writer since open.
+    sent: AtomicU64,
+    /// Batches written (one `write` + one `fdatasync` each) since open.
+    syncs: AtomicU64,
+}
 
 impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -232,13 +252,20 @@ impl std::fmt::Debug for Journal {
 
 impl Journal {
     /// Opens (creating it 0700) the journal in `dir`, replays it, drops a
-    /// torn tail and compacts everything into a fresh snapshot.
+    /// torn tail, compacts everything into a fresh snapshot and starts its
+    /// writer thread.
     pub fn open(dir: &Path) -> Result<Journal, JournalError> {
+        Journal::open_with(dir, Box::new(|mut log: &File, batch| log.write_all(batch)))
+    }
+
+    /// [`Journal::open`], with `write` appending each batch.
+    fn open_with(dir: &Path, write: WriteFn) -> Result<Journal, JournalError> {
         let dir = dir.to_path_buf();
-        ensure_dir(&dir, 0o700).map_err(|source| JournalError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| JournalError::Io { path, source }
+        };
+        ensure_dir(&dir, 0o700).map_err(io(&dir))?;
         let r = replay(&dir)?;
         if r.dropped_bytes > 0 {
             tracing::warn!(
@@ -249,84 +276,59 @@ impl Journal {
             );
         }
         let log_path = dir.join(LOG_FILE);
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .mode(0o600)
-            .open(&log_path)
-            .map_err(|source| JournalError::Io {
-                path: log_path.clone(),
-                source,
-            })?;
-        // `mode` applies only to a new file: tighten one left with looser
-        // permissions (created by hand or by an older version).
-        log.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(|source| JournalError::Io {
-                path: log_path.clone(),
-                source,
-            })?;
+        let log = open_log(&log_path).map_err(io(&log_path))?;
         let durability = Durability::of(&dir);
-        let journal = Journal {
+        let counts = Arc::new(Counts::default());
+        let mut writer = Writer {
+            dir: dir.clone(),
+            log_path: log_path.clone(),
+            log,
+            durability,
+            write,
+            seq: r.seq,
+            durable: r.gpus,
+            log_len: r.log_len,
+            failed: None,
+            counts: counts.clone(),
+        };
+        writer.compact()?;
+        // Version 1 files are now in the snapshot.
+        for (_, path) in v1_files(&dir).unwrap_or_default() {
+            let _ = std::fs::remove_file(path);
+        }
+        let (to_writer, requests) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("journal".into())
+            .spawn(move || writer.run(&requests))
+            .map_err(io(&log_path))?;
+        Ok(Journal {
             dir,
             durability,
             log_path,
-            log,
-            inner: Mutex::new(Inner {
-                seq: r.seq,
-                synced: r.seq,
-                pending: Vec::new(),
-                pending_sets: Vec::new(),
-                writing: false,
-                durable: r.gpus,
-                log_len: r.log_len,
-                failed: None,
-                failed_batches: Vec::new(),
-                syncs: 0,
-            }),
-            done: Condvar::new(),
-            #[cfg(test)]
-            write_hook: Mutex::new(None),
-        };
-        {
-            let mut inner = journal.lock();
-            journal.compact(&mut inner)?;
-        }
-        // Version 1 files are now in the snapshot.
-        for (_, path) in v1_files(&journal.dir).unwrap_or_default() {
-            let _ = std::fs::remove_file(path);
-        }
-        Ok(journal)
+            to_writer,
+            counts,
+            writer: Some(thread),
+        })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Inner is only changed in short sections that cannot panic halfway.
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn io_err(&self, source: std::io::Error) -> JournalError {
-        JournalError::Io {
+    /// The error of a journal whose writer thread is gone (it panicked).
+    fn writer_gone(&self) -> JournalError {
+        JournalError::Failed {
             path: self.log_path.clone(),
-            source,
+            message: "the journal's writer thread stopped".into(),
         }
     }
 
-    /// Writes the durable state as the snapshot and empties the log.
-    fn compact(&self, inner: &mut Inner) -> Result<(), JournalError> {
-        write_snapshot(&self.dir, inner.synced, inner.durable.clone())?;
-        self.log
-            .set_len(0)
-            .and_then(|()| self.log.sync_all())
-            .map_err(|e| self.io_err(e))?;
-        inner.log_len = 0;
-        Ok(())
-    }
-
-    /// The assignments recorded for `gpu` (none if it has no record).
+    /// The assignments recorded for `gpu` (none if it has no record): what
+    /// a replay would give now. Read at start, before the books hold them;
+    /// from then on the books' GPU state is the truth and the journal its
+    /// durable copy.
     pub fn load(&self, gpu: u32) -> Result<Vec<Entry>, JournalError> {
-        Ok(self.lock().durable.get(&gpu).cloned().unwrap_or_default())
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.to_writer
+            .send(Request::Load { gpu, reply })
+            .map_err(|_| self.writer_gone())?;
+        answer.recv().map_err(|_| self.writer_gone())
     }
 
     /// What an acknowledged record survives.
@@ -334,18 +336,9 @@ impl Journal {
         self.durability
     }
 
-    /// Writes one batch at the end of the log.
-    fn write_batch(&self, batch: &[u8]) -> std::io::Result<()> {
-        #[cfg(test)]
-        if let Some(hook) = self.write_hook.lock().unwrap().as_mut() {
-            return hook(&self.log, batch);
-        }
-        (&self.log).write_all(batch)
-    }
-
     /// Batches written (one `write` + one `fdatasync` each) since open.
     pub fn syncs(&self) -> u64 {
-        self.lock().syncs
+        self.counts.syncs.load(Ordering::Acquire)
     }
 
     /// Records every assignment of `book` (durably, before returning).
@@ -368,101 +361,201 @@ impl Journal {
     }
 
     /// Appends "GPU `gpu` has exactly `entries`" and waits until it is on
-    /// disk, writing it (and every record queued meanwhile) itself when no
-    /// other thread is writing (group commit). On a tmpfs the writer keeps
-    /// the lock, so every record is written by its own saver.
+    /// disk (on a tmpfs: written), together with every record queued
+    /// meanwhile (group commit). Records of one GPU are written in the
+    /// order they are committed: its books' transaction serialises them.
     pub fn commit(&self, gpu: u32, entries: Vec<Entry>) -> Result<(), JournalError> {
-        let mut inner = self.lock();
-        if let Some(message) = &inner.failed {
-            return Err(JournalError::Failed {
-                path: self.log_path.clone(),
-                message: message.clone(),
-            });
+        let (done, answer) = mpsc::sync_channel(1);
+        self.to_writer
+            .send(Request::Commit { gpu, entries, done })
+            .map_err(|_| self.writer_gone())?;
+        self.counts.sent.fetch_add(1, Ordering::AcqRel);
+        answer.recv().map_err(|_| self.writer_gone())?
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        // Queued records are still written: their savers wait for them.
+        let _ = self.to_writer.send(Request::Stop);
+        if let Some(thread) = self.writer.take() {
+            if thread.join().is_err() {
+                tracing::error!(dir = %self.dir.display(), "the journal's writer thread panicked");
+            }
         }
-        inner.seq += 1;
-        let seq = inner.seq;
-        let record = Record { seq, gpu, entries };
-        let line = encode(&record);
-        inner.pending.extend_from_slice(&line);
-        inner.pending_sets.push((gpu, record.entries));
-        loop {
-            if let Some((_, _, message)) = inner
-                .failed_batches
-                .iter()
-                .find(|(from, to, _)| (*from..=*to).contains(&seq))
-            {
-                return Err(JournalError::Io {
-                    path: self.log_path.clone(),
-                    source: std::io::Error::other(message.clone()),
-                });
+    }
+}
+
+/// Opens (creating it 0600) the log for appending.
+fn open_log(path: &Path) -> std::io::Result<File> {
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .read(true)
+        .mode(0o600)
+        .open(path)?;
+    // `mode` applies only to a new file: tighten one left with looser
+    // permissions (created by hand or by an older version).
+    log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(log)
+}
+
+/// One record waiting in a batch, with the saver waiting for it.
+struct Pending {
+    gpu: u32,
+    entries: Vec<Entry>,
+    done: SyncSender<Result<(), JournalError>>,
+}
+
+/// The writer thread's state: the only owner of the log file.
+struct Writer {
+    dir: PathBuf,
+    log_path: PathBuf,
+    log: File,
+    durability: Durability,
+    write: WriteFn,
+    /// Sequence number of the last record on disk.
+    seq: u64,
+    /// The durable state (what a replay would give), for compaction.
+    durable: BTreeMap<u32, Vec<Entry>>,
+    log_len: u64,
+    /// Set when a failed write could not be undone: the log's tail is
+    /// unknown, so nothing more is written until a restart replays it.
+    failed: Option<String>,
+    counts: Arc<Counts>,
+}
+
+impl Writer {
+    /// Serves requests until [`Request::Stop`] or until every sender is
+    /// gone: takes the first one waiting, then everything queued behind
+    /// it, and writes their records as one batch.
+    fn run(mut self, requests: &Receiver<Request>) {
+        let mut stop = false;
+        while !stop {
+            let Ok(first) = requests.recv() else { return };
+            let mut batch = Vec::new();
+            let mut next = Some(first);
+            while let Some(request) = next {
+                match request {
+                    Request::Commit { gpu, entries, done } => {
+                        batch.push(Pending { gpu, entries, done });
+                    }
+                    Request::Load { gpu, reply } => {
+                        // Whoever saw its commit answered finds it here.
+                        let entries = self.durable.get(&gpu).cloned().unwrap_or_default();
+                        let _ = reply.send(entries);
+                    }
+                    Request::Stop => stop = true,
+                }
+                next = requests.try_recv().ok();
             }
-            if inner.synced >= seq {
-                return Ok(());
+            if !batch.is_empty() {
+                self.commit(batch);
             }
-            if let Some(message) = &inner.failed {
-                return Err(JournalError::Failed {
+        }
+    }
+
+    /// Writes `batch` (one `write`, one `fdatasync` on disk) and answers
+    /// each of its savers.
+    fn commit(&mut self, batch: Vec<Pending>) {
+        if let Some(message) = &self.failed {
+            for p in batch {
+                let _ = p.done.send(Err(JournalError::Failed {
                     path: self.log_path.clone(),
                     message: message.clone(),
-                });
+                }));
             }
-            if inner.writing {
-                inner = self
-                    .done
-                    .wait(inner)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                continue;
-            }
-            // Become the leader: write everything queued so far.
-            inner.writing = true;
-            let batch = std::mem::take(&mut inner.pending);
-            let sets = std::mem::take(&mut inner.pending_sets);
-            let first = inner.synced + 1;
-            let last = inner.seq;
-            let before = inner.log_len;
-            let result = match self.durability {
-                Durability::Disk => {
-                    drop(inner);
-                    let r = self.write_batch(&batch).and_then(|()| self.log.sync_data());
-                    inner = self.lock();
-                    r
-                }
-                // A write to memory takes microseconds: under the lock, so
-                // no saver ever waits for a leader (no thread hand-off).
-                Durability::Memory => self.write_batch(&batch),
-            };
-            inner.writing = false;
-            inner.syncs += 1;
-            match result {
-                Ok(()) => {
-                    inner.synced = last;
-                    inner.log_len += batch.len() as u64;
-                    for (g, e) in sets {
-                        inner.durable.insert(g, e);
-                    }
-                    if inner.log_len > COMPACT_BYTES {
-                        if let Err(e) = self.compact(&mut inner) {
-                            // The log is still valid: keep appending to it.
-                            tracing::warn!("journal compaction failed: {e}");
-                        }
-                    }
-                }
-                Err(e) => {
-                    // Undo the partial batch so that a replay never sees it.
-                    let undo = self.log.set_len(before).and_then(|()| self.log.sync_all());
-                    let message = e.to_string();
-                    tracing::error!("journal write failed: {message}");
-                    inner.synced = last; // these records are settled (as failed)
-                    if inner.failed_batches.len() >= 64 {
-                        inner.failed_batches.remove(0);
-                    }
-                    inner.failed_batches.push((first, last, message.clone()));
-                    if let Err(u) = undo {
-                        inner.failed = Some(format!("{message}; undo failed: {u}"));
-                    }
-                }
-            }
-            self.done.notify_all();
+            return;
         }
+        let (records, savers): (Vec<Record>, Vec<_>) = batch
+            .into_iter()
+            .zip(self.seq + 1..)
+            .map(|(p, seq)| {
+                let record = Record {
+                    seq,
+                    gpu: p.gpu,
+                    entries: p.entries,
+                };
+                (record, p.done)
+            })
+            .unzip();
+        let mut bytes = Vec::new();
+        for r in &records {
+            bytes.extend_from_slice(&encode(r));
+        }
+        let written = self.append(&bytes);
+        self.counts.syncs.fetch_add(1, Ordering::AcqRel);
+        let outcome = match written {
+            Ok(()) => {
+                self.applied(records, bytes.len() as u64);
+                Ok(())
+            }
+            Err(e) => Err(self.undo(&e)),
+        };
+        for done in savers {
+            let _ = done.send(match &outcome {
+                Ok(()) => Ok(()),
+                Err(message) => Err(JournalError::Io {
+                    path: self.log_path.clone(),
+                    source: std::io::Error::other(message.clone()),
+                }),
+            });
+        }
+    }
+
+    /// Appends `bytes` and makes them durable (on a tmpfs: written).
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        (self.write)(&self.log, bytes)?;
+        match self.durability {
+            Durability::Disk => self.log.sync_data(),
+            Durability::Memory => Ok(()),
+        }
+    }
+
+    /// Takes `records` (`len` bytes, now durable) into the durable state,
+    /// compacting the log when it grew past [`COMPACT_BYTES`].
+    fn applied(&mut self, records: Vec<Record>, len: u64) {
+        for r in records {
+            self.seq = r.seq;
+            self.durable.insert(r.gpu, r.entries);
+        }
+        self.log_len += len;
+        if self.log_len > COMPACT_BYTES {
+            if let Err(e) = self.compact() {
+                // The log is still valid: keep appending to it.
+                tracing::warn!("journal compaction failed: {e}");
+            }
+        }
+    }
+
+    /// Cuts a failed batch off the log again, so that a replay never sees
+    /// it; returns the error to answer. If the cut fails too, the journal
+    /// stops writing ([`JournalError::Failed`]).
+    fn undo(&mut self, e: &std::io::Error) -> String {
+        let message = e.to_string();
+        tracing::error!("journal write failed: {message}");
+        let cut = self
+            .log
+            .set_len(self.log_len)
+            .and_then(|()| self.log.sync_all());
+        if let Err(u) = cut {
+            self.failed = Some(format!("{message}; undo failed: {u}"));
+        }
+        message
+    }
+
+    /// Writes the durable state as the snapshot and empties the log.
+    fn compact(&mut self) -> Result<(), JournalError> {
+        write_snapshot(&self.dir, self.seq, self.durable.clone())?;
+        self.log
+            .set_len(0)
+            .and_then(|()| self.log.sync_all())
+            .map_err(|source| JournalError::Io {
+                path: self.log_path.clone(),
+                source,
+            })?;
+        self.log_len = 0;
+        Ok(())
     }
 }
 
@@ -786,38 +879,40 @@ mod tests {
         }
         std::fs::remove_dir_all(&d).unwrap();
     }
-    /// A hook that writes the batch, the first time only after the test
-    /// released it (holding that leader), signalling when it got there.
+    /// A batch writer that writes, the first time only after the test
+    /// released it (holding the writer), signalling when it got there, and
+    /// tells the test how many records each batch held.
     fn held_first_write(
         entered: std::sync::mpsc::Sender<()>,
         release: std::sync::mpsc::Receiver<()>,
-    ) -> WriteHook {
+        sizes: std::sync::mpsc::Sender<usize>,
+    ) -> WriteFn {
         let mut first = Some((entered, release));
-        Box::new(move |log, batch| {
+        Box::new(move |mut log, batch| {
             if let Some((entered, release)) = first.take() {
                 entered.send(()).unwrap();
                 release.recv().unwrap();
             }
-            let mut log = log;
+            sizes
+                .send(batch.iter().filter(|&&b| b == b'\n').count())
+                .unwrap();
             log.write_all(batch)
         })
     }
 
-    /// Group commit, deterministically: while the leader's write is held,
-    /// seven more savers queue; they then go out as one batch, so 8 saves
-    /// take 2 syncs.
+    /// Group commit, deterministically: while the writer's first write is
+    /// held, seven more savers queue; they then go out as one batch, so 8
+    /// saves take 2 syncs.
     #[test]
-    fn savers_queued_behind_a_held_leader_share_one_sync() {
+    fn savers_queued_behind_a_held_write_share_one_sync() {
         use std::sync::{mpsc, Arc};
         use std::time::{Duration, Instant};
         let d = dir("group-held");
-        let mut j = Journal::open(&d.join("journal")).unwrap();
-        // On a tmpfs the writer keeps the lock and nobody queues.
-        j.durability = Durability::Disk;
         let (entered_tx, entered_rx) = mpsc::channel();
         let (release_tx, release_rx) = mpsc::channel();
-        *j.write_hook.lock().unwrap() = Some(held_first_write(entered_tx, release_rx));
-        let j = Arc::new(j);
+        let (sizes_tx, sizes_rx) = mpsc::channel();
+        let hook = held_first_write(entered_tx, release_rx, sizes_tx);
+        let j = Arc::new(Journal::open_with(&d.join("journal"), hook).unwrap());
         let save = |g: u32| {
             let j = j.clone();
             std::thread::spawn(move || {
@@ -830,17 +925,22 @@ mod tests {
         entered_rx.recv_timeout(Duration::from_secs(60)).unwrap();
         let followers: Vec<_> = (1..8).map(save).collect();
         let deadline = Instant::now() + Duration::from_secs(60);
-        while j.lock().seq < 8 {
+        while j.counts.sent.load(Ordering::Acquire) < 8 {
             assert!(Instant::now() < deadline, "the savers did not queue");
             std::thread::yield_now();
         }
-        assert_eq!(j.syncs(), 0, "the held leader already finished");
+        assert_eq!(j.syncs(), 0, "the held write already finished");
         release_tx.send(()).unwrap();
         leader.join().unwrap().unwrap();
         for f in followers {
             f.join().unwrap().unwrap();
         }
-        assert_eq!(j.syncs(), 2, "8 saves: the leader's batch, then one of 7");
+        assert_eq!(
+            j.syncs(),
+            2,
+            "8 saves: the first one's batch, then one of 7"
+        );
+        assert_eq!(sizes_rx.try_iter().collect::<Vec<_>>(), [1, 7]);
         let r = replay(&d.join("journal")).unwrap();
         assert_eq!(r.records, 8);
         for g in 0..8u32 {
@@ -855,16 +955,20 @@ mod tests {
     #[test]
     fn a_failed_write_is_undone_and_reported() {
         let d = dir("write-error");
-        let mut j = Journal::open(&d.join("journal")).unwrap();
-        j.durability = Durability::Disk;
+        // The second batch is cut off halfway by a full disk.
+        let mut calls = 0;
+        let hook: WriteFn = Box::new(move |mut log, batch| {
+            calls += 1;
+            if calls == 2 {
+                log.write_all(&batch[..batch.len() / 2])?;
+                return Err(std::io::Error::other("injected: no space left on device"));
+            }
+            log.write_all(batch)
+        });
+        let j = Journal::open_with(&d.join("journal"), hook).unwrap();
         let log = d.join("journal/log");
         j.save(&book(&[1])).unwrap();
         let len = std::fs::metadata(&log).unwrap().len();
-        *j.write_hook.lock().unwrap() = Some(Box::new(|log, batch| {
-            let mut log = log;
-            log.write_all(&batch[..batch.len() / 2])?;
-            Err(std::io::Error::other("injected: no space left on device"))
-        }));
         let e = j.save(&book(&[1, 2])).unwrap_err();
         assert!(
             matches!(e, JournalError::Io { .. }) && e.to_string().contains("injected"),
@@ -874,7 +978,6 @@ mod tests {
         let r = replay(&d.join("journal")).unwrap();
         assert_eq!((r.records, r.dropped_bytes, r.gpus[&0].len()), (1, 0, 1));
         assert_eq!(j.load(0).unwrap().len(), 1, "the failed record counts");
-        *j.write_hook.lock().unwrap() = None;
         j.save(&book(&[1, 3])).unwrap();
         let r = replay(&d.join("journal")).unwrap();
         assert_eq!((r.records, r.dropped_bytes), (2, 0));

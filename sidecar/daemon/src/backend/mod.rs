@@ -161,16 +161,19 @@ pub trait Backend: Send + Sync {
     fn measures_memory(&self) -> bool {
         false
     }
-    /// Whether the backend reports XID events ([`Backend::next_xid`]), so
-    /// the daemon should listen (false: no listener task).
-    fn reports_xids(&self) -> bool {
-        false
+    /// A watcher of the GPUs' XID events, for the daemon's one XID thread
+    /// to own; `None` when the backend reports none (no listener then).
+    fn xid_watch(&self) -> Option<Box<dyn XidWatch>> {
+        None
     }
+}
+
+/// The GPUs' XID events, waited for by the one thread that owns this (an
+/// I/O edge, like the journal's writer): what it waits on (NVML's event
+/// set) is its own, so no lock is shared with the backend.
+pub trait XidWatch: Send {
     /// Waits up to `timeout` for the GPUs' next XID event (NVML's
     /// `nvmlEventSetWait_v2` on an event set registered for
     /// `nvmlEventTypeXidCriticalError`); `Ok(None)` when none came.
-    fn next_xid(&self, timeout: Duration) -> Result<Option<XidEvent>, BackendError> {
-        std::thread::sleep(timeout);
-        Ok(None)
-    }
+    fn next(&mut self, timeout: Duration) -> Result<Option<XidEvent>, BackendError>;
 }

@@ -26,14 +26,14 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_uint};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings as sys;
 
-use super::{Backend, BackendError, BackendInstance, GpuInfo, MemoryUse};
+use super::{Backend, BackendError, BackendInstance, GpuInfo, MemoryUse, XidWatch};
 use crate::config::NvmlConfig;
 use crate::health::{XidEvent, NOT_ATTRIBUTED};
 use crate::mig::driver::driver_name;
@@ -266,22 +266,23 @@ pub unsafe fn driver_profiles(
 
 /// The NVML backend.
 pub struct NvmlBackend {
-    nvml: Nvml,
+    /// Shared with the XID watcher, which may outlive the backend by one
+    /// wait: NVML shuts down when the last of them is gone.
+    nvml: Arc<Nvml>,
     gpus: Vec<NvmlGpu>,
     /// The driver's capability tree (`nvml.capabilities_dir`).
     capabilities_dir: PathBuf,
     /// The capability device files (`nvml.caps_dev_dir`).
     caps_dev_dir: PathBuf,
-    /// The XID event set, made at the first [`Backend::next_xid`].
-    events: Mutex<Option<EventSet>>,
 }
 
 /// An NVML event set handle.
 struct EventSet(sys::nvmlEventSet_t);
 
 // SAFETY: the handle is an opaque value NVML accepts from any thread ("all
-// NVML calls are thread-safe", nvml.h); the backend's mutex serialises its
-// one user, the XID listener.
+// NVML calls are thread-safe", nvml.h); it is owned by one
+// [`NvmlXidWatch`], used only by the thread that owns the watcher, and
+// freed once, in the watcher's drop.
 unsafe impl Send for EventSet {}
 
 /// Loads the NVML library `config` names and initialises it.
@@ -393,11 +394,10 @@ impl NvmlBackend {
             });
         }
         let backend = NvmlBackend {
-            nvml,
+            nvml: Arc::new(nvml),
             gpus,
             capabilities_dir: config.capabilities_dir.clone(),
             caps_dev_dir: config.caps_dev_dir.clone(),
-            events: Mutex::new(None),
         };
         for gpu in 0..count {
             backend.remove_orphans(gpu)?;
@@ -584,7 +584,17 @@ pub unsafe fn mig_devices(
     Ok(out)
 }
 
-impl NvmlBackend {
+/// The GPUs' XID events, as NVML reports them: the watcher owns its event
+/// set (made at the first wait, freed on drop), and the one thread that
+/// owns the watcher is the set's only user, so no lock guards it.
+struct NvmlXidWatch {
+    nvml: Arc<Nvml>,
+    /// The GPUs to register, by index.
+    gpus: Vec<u32>,
+    set: Option<EventSet>,
+}
+
+impl NvmlXidWatch {
     /// An event set with every GPU registered for XID events.
     fn xid_set(&self) -> Result<EventSet, BackendError> {
         let lib = self.nvml.lib();
@@ -595,11 +605,11 @@ impl NvmlBackend {
         // SAFETY: valid out-pointer.
         map_return(unsafe { lib.nvmlEventSetCreate(&mut set) }, 0, "event set")?;
         let set = EventSet(set);
-        for gpu in &self.gpus {
+        for &index in &self.gpus {
             let device = self
                 .nvml
-                .device_by_index(gpu.index)
-                .map_err(|e| nvml_err(gpu.index, "device handle", e))?;
+                .device_by_index(index)
+                .map_err(|e| nvml_err(index, "device handle", e))?;
             // SAFETY: a live device handle and the set just made.
             let code = unsafe {
                 lib.nvmlDeviceRegisterEvents(
@@ -608,8 +618,8 @@ impl NvmlBackend {
                     set.0,
                 )
             };
-            if let Err(e) = map_return(code, gpu.index, "XID event registration") {
-                tracing::warn!(gpu = gpu.index, "no XID events from this GPU: {e}");
+            if let Err(e) = map_return(code, index, "XID event registration") {
+                tracing::warn!(gpu = index, "no XID events from this GPU: {e}");
             }
         }
         tracing::info!(gpus = self.gpus.len(), "listening for NVML XID events");
@@ -617,38 +627,12 @@ impl NvmlBackend {
     }
 }
 
-impl Drop for NvmlBackend {
-    fn drop(&mut self) {
-        let set = self
-            .events
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let (Some(set), Ok(free)) = (set, self.nvml.lib().nvmlEventSetFree.as_ref()) {
-            // SAFETY: a set this backend made, freed once, before NVML shuts down.
-            unsafe { free(set.0) };
+impl XidWatch for NvmlXidWatch {
+    fn next(&mut self, timeout: Duration) -> Result<Option<XidEvent>, BackendError> {
+        if self.set.is_none() {
+            self.set = Some(self.xid_set()?);
         }
-    }
-}
-
-impl Backend for NvmlBackend {
-    fn measures_memory(&self) -> bool {
-        true
-    }
-
-    fn reports_xids(&self) -> bool {
-        true
-    }
-
-    fn next_xid(&self, timeout: Duration) -> Result<Option<XidEvent>, BackendError> {
-        let mut guard = self
-            .events
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if guard.is_none() {
-            *guard = Some(self.xid_set()?);
-        }
-        let Some(set) = guard.as_ref() else {
+        let Some(set) = &self.set else {
             return Ok(None);
         };
         let lib = self.nvml.lib();
@@ -672,6 +656,31 @@ impl Backend for NvmlBackend {
             gpu: index,
             xid: data.eventData,
             gpu_instance: Some(data.gpuInstanceId).filter(|&gi| gi != NOT_ATTRIBUTED),
+        }))
+    }
+}
+
+impl Drop for NvmlXidWatch {
+    fn drop(&mut self) {
+        if let (Some(set), Ok(free)) = (self.set.take(), self.nvml.lib().nvmlEventSetFree.as_ref())
+        {
+            // SAFETY: a set this watcher made, freed once; NVML is still
+            // up (this watcher holds it).
+            unsafe { free(set.0) };
+        }
+    }
+}
+
+impl Backend for NvmlBackend {
+    fn measures_memory(&self) -> bool {
+        true
+    }
+
+    fn xid_watch(&self) -> Option<Box<dyn XidWatch>> {
+        Some(Box::new(NvmlXidWatch {
+            nvml: self.nvml.clone(),
+            gpus: self.gpus.iter().map(|g| g.index).collect(),
+            set: None,
         }))
     }
 

@@ -7,10 +7,22 @@
 //! `<state_dir>/sim/gpu<N>.json`, so a restarted daemon finds the instances
 //! that "survived" like real ones do (MIG instances survive a daemon restart,
 //! not a reboot).
+//!
+//! **The file is the device.** A GPU's state lives only in its
+//! `gpu<N>.json`: every call reads it, a create or destroy writes the new
+//! state atomically (temporary file, rename), so a reader always sees a
+//! whole state and nothing is held in memory between calls. Writers of one
+//! GPU are serialised by the daemon, not here: every create and destroy
+//! runs under that GPU's books transaction (`server/books`, `GpuTx`; at
+//! start, before the books are shared, under the `&mut` of the GPU), as the
+//! driver serialises calls per GPU on real hardware. That invariant is
+//! checked, not assumed: a second create or destroy of a GPU while one runs
+//! is refused with an error ([`SimBackend::changing`]) rather than losing
+//! an update. The injected faults' remaining counts are atomics.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +49,7 @@ struct SavedGpu {
     instances: Vec<SavedInstance>,
 }
 
+/// One GPU's state, as read from its file for one call.
 struct SimGpu {
     model: GpuModel,
     serial: u64,
@@ -54,6 +67,103 @@ impl SimGpu {
                 uuid: uuid.to_string(),
             })
     }
+
+    /// Reads GPU `index`'s state from `path` (none yet: no instance). A
+    /// saved GPU whose model is not `model` is an error: silently dropping
+    /// its instances would lose jobs' slices.
+    fn read(path: &Path, index: u32, model: GpuModel) -> Result<SimGpu, BackendError> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(SimGpu {
+                    model,
+                    serial: 0,
+                    instances: Vec::new(),
+                })
+            }
+            Err(e) => return Err(state_err(path, e.to_string())),
+        };
+        let saved: SavedGpu =
+            serde_json::from_slice(&bytes).map_err(|e| state_err(path, format!("corrupt: {e}")))?;
+        if saved.model != model {
+            return Err(state_err(
+                path,
+                format!(
+                    "holds a {} but the config says GPU {index} is a {model}; remove the file to start afresh",
+                    saved.model
+                ),
+            ));
+        }
+        let g = Geometry::of(model);
+        let mut instances = Vec::new();
+        for s in saved.instances {
+            let placement = g
+                .spot_id(Shape::new(s.compute, s.memory_slices), s.start)
+                .ok_or_else(|| state_err(path, format!("invalid instance {s:?}")))?;
+            instances.push(BackendInstance {
+                placement,
+                uuid: s.uuid,
+            });
+        }
+        let layout = instances.iter().map(|i| i.placement).collect();
+        if !g.is_valid(layout) {
+            return Err(state_err(path, "instances overlap"));
+        }
+        Ok(SimGpu {
+            model,
+            serial: saved.serial,
+            instances,
+        })
+    }
+
+    /// Writes this state to `path` atomically: it is the new state.
+    fn save(&self, path: &Path) -> Result<(), BackendError> {
+        let g = Geometry::of(self.model);
+        let saved = SavedGpu {
+            model: self.model,
+            serial: self.serial,
+            instances: self
+                .instances
+                .iter()
+                .map(|i| {
+                    let p = g.spot(i.placement);
+                    SavedInstance {
+                        compute: p.shape().compute,
+                        memory_slices: p.shape().memory,
+                        start: p.start,
+                        uuid: i.uuid.clone(),
+                    }
+                })
+                .collect(),
+        };
+        let bytes =
+            serde_json::to_vec_pretty(&saved).map_err(|e| state_err(path, e.to_string()))?;
+        atomic_write(path, &bytes).map_err(|e| state_err(path, e.to_string()))
+    }
+}
+
+/// A `[[sim.inject_errors]]` entry and how many more times it fires.
+struct Fault {
+    spec: InjectError,
+    left: AtomicU32,
+}
+
+impl Fault {
+    /// Takes one firing, if any is left.
+    fn take(&self) -> bool {
+        self.left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// Marks a GPU as being changed until dropped ([`SimBackend::changing`]).
+struct Changing<'a>(&'a AtomicBool);
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// The simulated backend.
@@ -62,8 +172,12 @@ pub struct SimBackend {
     /// Where the instances' access files live (`sim.caps_dir`).
     caps: PathBuf,
     config: SimConfig,
-    gpus: Vec<Mutex<SimGpu>>,
-    inject: Mutex<Vec<InjectError>>,
+    /// Each GPU's model, by index (its state is in its file).
+    models: Vec<GpuModel>,
+    /// Per GPU: a create or destroy is under way (a check of the caller's
+    /// serialisation, never waited on).
+    busy: Vec<AtomicBool>,
+    faults: Vec<Fault>,
 }
 
 fn state_err(path: &Path, message: impl Into<String>) -> BackendError {
@@ -87,9 +201,9 @@ fn mix(seed: u64, gpu: u32, serial: u64) -> u128 {
 }
 
 impl SimBackend {
-    /// Opens (or creates) the simulated GPUs `models` with state in `state_dir/sim`.
-    /// A saved GPU whose model differs from the config is an error: silently
-    /// dropping its instances would lose jobs' slices.
+    /// Opens (or creates) the simulated GPUs `models` with state in
+    /// `state_dir/sim`, checking every saved GPU (model, instances) now so
+    /// that a bad file refuses the start rather than a later call.
     pub fn open(
         state_dir: &Path,
         models: &[GpuModel],
@@ -97,53 +211,17 @@ impl SimBackend {
     ) -> Result<SimBackend, BackendError> {
         let dir = state_dir.join("sim");
         ensure_dir(&dir, 0o700).map_err(|e| state_err(&dir, e.to_string()))?;
-        let mut gpus = Vec::new();
-        for (i, &model) in models.iter().enumerate() {
-            let path = dir.join(format!("gpu{i}.json"));
-            let gpu = match std::fs::read(&path) {
-                Ok(bytes) => {
-                    let saved: SavedGpu = serde_json::from_slice(&bytes)
-                        .map_err(|e| state_err(&path, format!("corrupt: {e}")))?;
-                    if saved.model != model {
-                        return Err(state_err(
-                            &path,
-                            format!(
-                                "holds a {} but the config says GPU {i} is a {model}; remove the file to start afresh",
-                                saved.model
-                            ),
-                        ));
-                    }
-                    let g = Geometry::of(model);
-                    let mut instances = Vec::new();
-                    for s in saved.instances {
-                        let placement = g
-                            .spot_id(Shape::new(s.compute, s.memory_slices), s.start)
-                            .ok_or_else(|| state_err(&path, format!("invalid instance {s:?}")))?;
-                        instances.push(BackendInstance {
-                            placement,
-                            uuid: s.uuid,
-                        });
-                    }
-                    let layout = instances.iter().map(|i| i.placement).collect();
-                    if !g.is_valid(layout) {
-                        return Err(state_err(&path, "instances overlap"));
-                    }
-                    SimGpu {
-                        model,
-                        serial: saved.serial,
-                        instances,
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => SimGpu {
-                    model,
-                    serial: 0,
-                    instances: Vec::new(),
-                },
-                Err(e) => return Err(state_err(&path, e.to_string())),
-            };
-            gpus.push(Mutex::new(gpu));
+        for (i, &model) in (0u32..).zip(models) {
+            SimGpu::read(&dir.join(format!("gpu{i}.json")), i, model)?;
         }
-        let inject = Mutex::new(config.inject_errors.clone());
+        let faults = config
+            .inject_errors
+            .iter()
+            .map(|spec| Fault {
+                spec: spec.clone(),
+                left: AtomicU32::new(spec.times),
+            })
+            .collect();
         let caps = config
             .caps_dir
             .clone()
@@ -155,59 +233,55 @@ impl SimBackend {
             dir,
             caps,
             config,
-            gpus,
-            inject,
+            models: models.to_vec(),
+            busy: models.iter().map(|_| AtomicBool::new(false)).collect(),
+            faults,
         })
     }
 
-    fn gpu(&self, gpu: u32) -> Result<std::sync::MutexGuard<'_, SimGpu>, BackendError> {
-        let slot = self.gpus.get(gpu as usize).ok_or(BackendError::NoSuchGpu {
-            gpu,
-            count: self.gpus.len() as u32,
-        })?;
-        // A panic while holding the lock cannot leave a half-written state
-        // (state changes are single pushes/removes), so poisoning is ignored.
-        Ok(slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    /// GPU `gpu`'s state file and model.
+    fn slot(&self, gpu: u32) -> Result<(PathBuf, GpuModel), BackendError> {
+        let model = self
+            .models
+            .get(gpu as usize)
+            .ok_or(BackendError::NoSuchGpu {
+                gpu,
+                count: self.models.len() as u32,
+            })?;
+        Ok((self.dir.join(format!("gpu{gpu}.json")), *model))
     }
 
-    fn save(&self, index: u32, gpu: &SimGpu) -> Result<(), BackendError> {
-        let g = Geometry::of(gpu.model);
-        let saved = SavedGpu {
-            model: gpu.model,
-            serial: gpu.serial,
-            instances: gpu
-                .instances
-                .iter()
-                .map(|i| {
-                    let p = g.spot(i.placement);
-                    SavedInstance {
-                        compute: p.shape().compute,
-                        memory_slices: p.shape().memory,
-                        start: p.start,
-                        uuid: i.uuid.clone(),
-                    }
-                })
-                .collect(),
-        };
-        let path = self.dir.join(format!("gpu{index}.json"));
-        let bytes =
-            serde_json::to_vec_pretty(&saved).map_err(|e| state_err(&path, e.to_string()))?;
-        atomic_write(&path, &bytes).map_err(|e| state_err(&path, e.to_string()))
+    /// GPU `gpu`'s state now.
+    fn gpu(&self, gpu: u32) -> Result<SimGpu, BackendError> {
+        let (path, model) = self.slot(gpu)?;
+        SimGpu::read(&path, gpu, model)
+    }
+
+    /// Marks `gpu` as being changed, or refuses when a change of it is
+    /// already under way: the daemon runs one create or destroy per GPU at
+    /// a time (its books' transaction), so a second one is a bug there,
+    /// which would otherwise lose one of the two updates of the file.
+    fn changing(&self, gpu: u32) -> Result<Changing<'_>, BackendError> {
+        let flag = self.busy.get(gpu as usize).ok_or(BackendError::NoSuchGpu {
+            gpu,
+            count: self.models.len() as u32,
+        })?;
+        if flag.swap(true, Ordering::AcqRel) {
+            return Err(BackendError::Other(format!(
+                "sim GPU {gpu}: a create or destroy while another one runs \
+                 (smartmigd serialises them per GPU: a bug)"
+            )));
+        }
+        Ok(Changing(flag))
     }
 
     /// Consumes one matching injected failure, if any.
     fn injected(&self, op: &str, gpu: u32, what: &str) -> Option<BackendError> {
-        let mut list = self
-            .inject
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let pos = list
+        let fault = self
+            .faults
             .iter()
-            .position(|e| e.op == op && e.gpu.is_none_or(|g| g == gpu) && e.times > 0)?;
-        list[pos].times -= 1;
-        let err = BackendError::injected(&list[pos].error, what)?;
+            .find(|f| f.spec.op == op && f.spec.gpu.is_none_or(|g| g == gpu) && f.take())?;
+        let err = BackendError::injected(&fault.spec.error, what)?;
         Some(match err {
             BackendError::InUse { what, .. } => BackendError::InUse { gpu, what },
             BackendError::InsufficientResources { what, .. } => {
@@ -269,27 +343,25 @@ impl Backend for SimBackend {
     }
 
     fn gpus(&self) -> Vec<GpuInfo> {
-        self.gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| GpuInfo {
-                index: i as u32,
-                model: g
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .model,
-                minor: Some(i as u32),
+        (0u32..)
+            .zip(&self.models)
+            .map(|(index, &model)| GpuInfo {
+                index,
+                model,
+                minor: Some(index),
             })
             .collect()
     }
 
     fn list(&self, gpu: u32) -> Result<Vec<BackendInstance>, BackendError> {
-        Ok(self.gpu(gpu)?.instances.clone())
+        Ok(self.gpu(gpu)?.instances)
     }
 
     fn create(&self, gpu: u32, placement: SpotId) -> Result<String, BackendError> {
-        let mut state = self.gpu(gpu)?;
-        let g = Geometry::of(state.model);
+        let (path, model) = self.slot(gpu)?;
+        let _changing = self.changing(gpu)?;
+        let mut state = SimGpu::read(&path, gpu, model)?;
+        let g = Geometry::of(model);
         let what = g.spot(placement).describe().to_string();
         let late = match self.injected("create", gpu, &what) {
             // A timeout is the worst case: the instance was made anyway.
@@ -313,10 +385,8 @@ impl Backend for SimBackend {
             uuid: uuid.clone(),
         });
         state.instances.sort_by_key(|i| i.placement);
-        if let Err(e) = self.save(gpu, &state) {
-            state.instances.retain(|i| i.uuid != uuid);
-            return Err(e);
-        }
+        // Not written: the file still holds the state before.
+        state.save(&path)?;
         match late {
             Some(e) => Err(e),
             None => Ok(uuid),
@@ -324,18 +394,17 @@ impl Backend for SimBackend {
     }
 
     fn destroy(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
-        let mut state = self.gpu(gpu)?;
+        let (path, model) = self.slot(gpu)?;
+        let _changing = self.changing(gpu)?;
+        let mut state = SimGpu::read(&path, gpu, model)?;
         if let Some(err) = self.injected("destroy", gpu, uuid) {
             return Err(err);
         }
         let pos = state.position(gpu, uuid)?;
         self.delay();
         let removed = state.instances.remove(pos);
-        if let Err(e) = self.save(gpu, &state) {
-            state.instances.insert(pos, removed);
-            return Err(e);
-        }
-        let start = Geometry::of(state.model).spot(removed.placement).start;
+        state.save(&path)?;
+        let start = Geometry::of(model).spot(removed.placement).start;
         for f in self.cap_paths(gpu, start) {
             if let Err(e) = remove_if_present(&f) {
                 tracing::warn!(gpu, uuid, file = %f.display(), "access file not removed: {e}");
@@ -437,6 +506,48 @@ mod tests {
         let err = b.create(0, id).unwrap_err();
         assert!(err.to_string().contains("injected"), "{err}");
         assert!(b.create(0, id).is_ok());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+    /// The file is the device: a second backend on the same directory sees
+    /// the first one's instances at once, nothing is kept in memory.
+    #[test]
+    fn the_state_is_the_file() {
+        let d = dir("file");
+        let models = [GpuModel::A100_40gb];
+        let a = SimBackend::open(&d, &models, SimConfig::default()).unwrap();
+        let b = SimBackend::open(&d, &models, SimConfig::default()).unwrap();
+        let g = Geometry::of(GpuModel::A100_40gb);
+        let uuid = a
+            .create(0, g.spot_id(Shape::new(3, 4), 4).unwrap())
+            .unwrap();
+        assert_eq!(b.list(0).unwrap()[0].uuid, uuid);
+        assert!(matches!(
+            b.create(0, g.spot_id(Shape::new(2, 2), 4).unwrap()),
+            Err(BackendError::InsufficientResources { gpu: 0, .. })
+        ));
+        b.destroy(0, &uuid).unwrap();
+        assert!(a.list(0).unwrap().is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The daemon's serialisation per GPU is checked: a create while a
+    /// change of the same GPU runs is refused (no lost update), one of
+    /// another GPU goes ahead.
+    #[test]
+    fn a_second_change_of_a_gpu_at_once_is_refused() {
+        let d = dir("busy");
+        let models = [GpuModel::A100_40gb, GpuModel::A100_40gb];
+        let b = SimBackend::open(&d, &models, SimConfig::default()).unwrap();
+        let one = Geometry::of(GpuModel::A100_40gb)
+            .spot_id(Shape::new(1, 1), 0)
+            .unwrap();
+        let running = b.changing(0).unwrap();
+        let err = b.create(0, one).unwrap_err();
+        assert!(err.to_string().contains("serialises them per GPU"), "{err}");
+        b.create(1, one).unwrap();
+        drop(running);
+        b.create(0, one).unwrap();
+        assert_eq!((b.list(0).unwrap().len(), b.list(1).unwrap().len()), (1, 1));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

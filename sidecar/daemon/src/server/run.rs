@@ -97,8 +97,8 @@ fn spawn_loops(daemon: &Arc<Daemon>) {
     spawn_hold_sync(daemon);
     holds::log_decision(&daemon.cx(), "at start");
     gpu_order::spawn_retry(daemon);
-    if daemon.svc.backend.reports_xids() {
-        xid::spawn(daemon);
+    if let Some(watch) = daemon.svc.backend.xid_watch() {
+        xid::spawn(daemon, watch);
     }
     if daemon.svc.backend.measures_memory() {
         every(

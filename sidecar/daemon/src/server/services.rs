@@ -32,9 +32,10 @@ pub(super) struct Services {
 }
 
 impl Services {
-    /// Journals `book` before a reply. On disk the `fdatasync` blocks, so
-    /// the worker thread is handed over (`block_in_place`); on a tmpfs the
-    /// write takes microseconds and the hand-over would cost more.
+    /// Journals `book` before a reply. On disk the journal's writer thread
+    /// answers after an `fdatasync`, so the worker thread is handed over
+    /// (`block_in_place`) while waiting; on a tmpfs it answers in
+    /// microseconds and the hand-over would cost more.
     pub(super) fn save_journal(&self, book: &GpuBook) -> Result<(), JournalError> {
         match self.journal.durability() {
             Durability::Disk => tokio::task::block_in_place(|| self.journal.save(book)),

@@ -2,17 +2,22 @@
 //! ([`crate::health`]), unhealthy idle instances are rebuilt, and the node
 //! is drained (or its drain taken back) through Slurm.
 //!
-//! One task waits on the backend's event set (`Backend::next_xid`, one
-//! second at a time, on a blocking thread) and, after each wait, rebuilds
-//! the idle instances an XID marked. The node's drain follows the marks in
-//! [`settle_node`], run after a GPU-fatal XID and by every epoch.
+//! One thread owns the backend's XID watcher (`Backend::xid_watch`, an I/O
+//! edge: its event set is its own, so nothing is locked) and waits on it
+//! one second at a time, handing each outcome to one task, which books the
+//! event and, after each wait, rebuilds the idle instances an XID marked.
+//! The node's drain follows the marks in [`settle_node`], run after a
+//! GPU-fatal XID and by every epoch.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::mpsc;
+
 use super::context::{unix_now, Cx, Daemon};
 use super::{instances, queue};
+use crate::backend::{BackendError, XidWatch};
 use crate::health::{node_action, NodeAction, Severity, Verdict, XidEvent};
 use crate::slurm::NodeInfo;
 
@@ -20,40 +25,74 @@ use crate::slurm::NodeInfo;
 /// while busy is rebuilt after its job ends.
 const WAIT: Duration = Duration::from_secs(1);
 
-/// Starts the listener (on backends that report XIDs), until shutdown.
-pub(super) fn spawn(daemon: &Arc<Daemon>) {
+/// How long the XID thread waits after a failed wait before the next.
+const RETRY: Duration = Duration::from_secs(10);
+
+/// One wait's outcome, from the XID thread to the listener task.
+type Waited = Result<Option<XidEvent>, BackendError>;
+
+/// Starts the listener on `watch` (the backend's, when it reports XIDs):
+/// its thread and its task, until shutdown.
+pub(super) fn spawn(daemon: &Arc<Daemon>, watch: Box<dyn XidWatch>) {
+    let (to_task, mut waits) = mpsc::channel(1);
+    let thread = std::thread::Builder::new()
+        .name("xid".into())
+        .spawn(move || watch_xids(watch, &to_task));
+    if let Err(e) = thread {
+        tracing::error!("cannot start the XID thread: {e}; XID events are not watched");
+        return;
+    }
     let daemon = daemon.clone();
     let mut stop = daemon.node.shutdown.subscribe();
     tokio::spawn(async move {
         let mut failing = false;
         loop {
-            let backend = daemon.svc.backend.clone();
-            let wait = tokio::task::spawn_blocking(move || backend.next_xid(WAIT));
             let got = tokio::select! {
-                r = wait => r,
+                r = waits.recv() => r,
                 _ = stop.changed() => break,
+            };
+            let Some(got) = got else {
+                tracing::error!("the XID thread stopped; XID events are no longer watched");
+                break;
             };
             let cx = daemon.cx();
             match got {
-                Ok(Ok(Some(event))) => {
+                Ok(Some(event)) => {
                     failing = false;
                     record(&cx, event).await;
                 }
-                Ok(Ok(None)) => failing = false,
-                Ok(Err(e)) => {
+                Ok(None) => failing = false,
+                Err(e) => {
                     if !failing {
                         tracing::error!(
-                            "cannot wait for NVML XID events: {e}; retrying every 10 s"
+                            "cannot wait for NVML XID events: {e}; retrying every {} s",
+                            RETRY.as_secs()
                         );
                     }
                     failing = true;
-                    tokio::time::sleep(Duration::from_secs(10)).await;
                 }
-                Err(e) => tracing::error!("XID wait task failed: {e}"),
             }
             rebuild_idle(&cx).await;
         }
     });
+}
+
+/// The XID thread: owns `watch`, waits on it one [`WAIT`] at a time and
+/// hands each outcome to the listener task (one at a time: the next wait
+/// starts once the task took the last one), resting [`RETRY`] after a
+/// failed wait. Ends when the task is gone (shutdown), dropping the watcher
+/// and with it the event set.
+fn watch_xids(mut watch: Box<dyn XidWatch>, to_task: &mpsc::Sender<Waited>) {
+    loop {
+        let got = watch.next(WAIT);
+        let failed = got.is_err();
+        if to_task.blocking_send(got).is_err() {
+            return;
+        }
+        if failed {
+            std::thread::sleep(RETRY);
+        }
+    }
 }
 
 /// Books one XID on its GPU, logs it with the jobs it hits, counts it, and
