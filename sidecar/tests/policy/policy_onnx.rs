@@ -209,7 +209,7 @@ fn view_of<'a>(gpus: &'a [GpuStatus], by_profile: &'a PendingByProfile) -> Clust
 /// `spec`: (reconfigurations, decisions the simulator rejected because
 /// they would destroy a busy instance or hit a reconfiguring GPU).
 fn simulated_day(spec: &str, model: GpuModel) -> (u64, u64) {
-    use smartmig::policy::fixed::parse_policy;
+    use smartmig::policy::parse_policy;
     use smartmig::sim::{simulate, Heuristic, RunHooks, SimConfig};
     use smartmig::workload::{generate_diurnal, DiurnalConfig};
 
@@ -406,7 +406,7 @@ fn bench_policy_writes_its_report() {
 /// bad override is refused naming the key.
 #[test]
 fn the_guard_bounds_reconfigurations() {
-    use smartmig::policy::fixed::parse_policy;
+    use smartmig::policy::parse_policy;
 
     // An untrained network moves often, so a budget of one move a day
     // binds (the shipped ensemble moves a few times a day and would not).

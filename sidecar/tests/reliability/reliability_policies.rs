@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use smartmig::mig::{Geometry, GpuModel};
-use smartmig::policy::fixed::parse_policy;
+use smartmig::policy::parse_policy;
 use smartmig::policy::search::{static_best, twice_daily, SearchConfig};
 use smartmig::policy::{ClusterView, Decision, RepartitionPolicy};
 use smartmig::sim::{audit, simulate, Collect, EpochRule, Heuristic, RunHooks, SimConfig};

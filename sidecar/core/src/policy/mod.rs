@@ -32,6 +32,7 @@ pub mod fixed;
 pub mod greedy;
 pub mod nodes;
 pub mod onnx;
+pub mod parse;
 pub mod rolling;
 pub mod search;
 pub mod shadow;
@@ -42,9 +43,10 @@ pub mod start;
 use crate::mig::{Geometry, GpuModel, Layout, Shape, SpotId, MAX_PROFILES};
 use crate::workload::{Job, SpeedupCurve};
 
-pub use fixed::{parse_policy, parse_policy_on, OnDemand, PolicyParseError, StaticLayout};
+pub use fixed::{OnDemand, PolicyParseError, StaticLayout};
 pub use greedy::{Greedy, GreedyConfig};
 pub use nodes::{Nodes, NodesError, PerNode, Split};
+pub use parse::{parse_policy, parse_policy_on};
 pub use rolling::{RollingConfig, RollingFit};
 pub use search::{SearchConfig, StaticMix, TwiceDaily};
 
