@@ -158,6 +158,16 @@ pub fn no_fit_requeue_word(at_unix: u64, gpu: u32, profile: &str) -> String {
     )
 }
 
+/// The [`REQUEUE_PREFIX`] word of a batch job refused at once because its
+/// scheduling pass does not fit its GPU together (issue 56, item 2), which
+/// the SPANK plugin then requeues:
+/// `smartmig-requeued:at=1764635412,why=no_layout_holds_its_scheduling_pass,on=1g.5gb,gpu=0,next=requeued_by_the_plugin_unless_requeue=no`.
+pub fn pass_refusal_word(at_unix: u64, gpu: u32, profile: &str) -> String {
+    format!(
+        "{REQUEUE_PREFIX}at={at_unix},why=no_layout_holds_its_scheduling_pass,on={profile},gpu={gpu},next=requeued_by_the_plugin_unless_requeue=no"
+    )
+}
+
 /// `existing` with the last requeue word replaced by `word` (or `word`
 /// appended); everything else is left as it was.
 pub fn merge_requeue(existing: &str, word: &str) -> String {

@@ -306,20 +306,13 @@ pub(super) fn requeue_note(req: &AllocateRequest, profile: &'static ProfileSpec)
 
 /// A batch job that got no instance in time is requeued by the SPANK
 /// plugin (`requeue=yes`, the default) on this answer: its user is told
-/// why (issue 56). Its next run prints the note (it waits in the ledger
-/// for the job's next allocate; a job that was not requeued never asks
-/// again), and its `AdminComment` gets a requeue word now, while it still
-/// runs, which Slurm keeps through the requeue.
+/// why (issue 56), by [`tell_batch_requeue`].
 pub(super) fn batch_no_fit_told(
     cx: &Cx<'_>,
     req: &AllocateRequest,
     reason: &str,
     profile: Option<&'static ProfileSpec>,
 ) {
-    if req.step.is_some_and(|s| s != BATCH_STEP) {
-        return;
-    }
-    let job = req.job_id;
     let note = format!(
         "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\"): its \
              previous run got no MIG instance on GPU {gpu} of this node ({reason}), because \
@@ -328,16 +321,51 @@ pub(super) fn batch_no_fit_told(
              Slurm's requeue hold",
         gpu = req.gpu
     );
-    cx.books.node(|l| l.requeue_notes.insert(job, note));
-    if !cx.cfg().accounting.admin_comment || !cx.cfg().slurm.enabled {
-        return;
-    }
-    let slurm = cx.live.slurm.clone();
     let word = crate::usage::no_fit_requeue_word(
         super::clock::unix_now(),
         req.gpu,
         &profile.map_or("an_instance".to_string(), ProfileSpec::name),
     );
+    tell_batch_requeue(cx, req, note, word);
+}
+
+/// A batch job refused at once because its scheduling pass does not fit
+/// its GPU together (the allocate's `burst` rule, issue 56 item 2): the
+/// plugin requeues it on this answer, and its user is told why as for
+/// [`batch_no_fit_told`].
+pub(super) fn pass_refusal_told(
+    cx: &Cx<'_>,
+    req: &AllocateRequest,
+    reason: &str,
+    profile: &'static ProfileSpec,
+) {
+    let note = format!(
+        "this job was requeued by smartmig (Slurm's \"CANCELLED ... DUE TO JOB REQUEUE\"): its \
+         previous run was refused a MIG instance on GPU {gpu} of this node at once ({reason}); \
+         this is its next run, started after Slurm's requeue hold",
+        gpu = req.gpu
+    );
+    let word =
+        crate::usage::pass_refusal_word(super::clock::unix_now(), req.gpu, &profile.name());
+    tell_batch_requeue(cx, req, note, word);
+}
+
+/// Tells the user of a batch job that the plugin requeues on this answer
+/// why: its next run prints `note` (it waits in the ledger for the job's
+/// next allocate; a job that was not requeued never asks again), and its
+/// `AdminComment` gets the requeue `word` now, while it still runs, which
+/// Slurm keeps through the requeue. A step that is not the batch step is
+/// not requeued: nothing to tell.
+fn tell_batch_requeue(cx: &Cx<'_>, req: &AllocateRequest, note: String, word: String) {
+    if req.step.is_some_and(|s| s != BATCH_STEP) {
+        return;
+    }
+    let job = req.job_id;
+    cx.books.node(|l| l.requeue_notes.insert(job, note));
+    if !cx.cfg().accounting.admin_comment || !cx.cfg().slurm.enabled {
+        return;
+    }
+    let slurm = cx.live.slurm.clone();
     tokio::task::spawn_blocking(move || {
         let done = slurm.job_comment(job).and_then(|c| {
             let existing = c.map(|c| c.admin_comment).unwrap_or_default();
