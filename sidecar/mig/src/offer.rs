@@ -232,9 +232,8 @@ impl Geometry {
             return Vec::new();
         }
         let room = self.room_beside(busy);
-        let counts = |mask: u32| {
-            Mix::of((0..n).filter(|&i| mask & (1 << i) != 0).map(|i| pass[i])).0
-        };
+        let counts =
+            |mask: u32| Mix::of((0..n).filter(|&i| mask & (1 << i) != 0).map(|i| pass[i])).0;
         let fits = |mask: u32| room.iter().any(|r| covers(r, &counts(mask)));
         let all = (1u32 << n) - 1;
         if fits(all) {

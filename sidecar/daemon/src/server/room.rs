@@ -345,8 +345,7 @@ pub(super) fn pass_refusal_told(
          this is its next run, started after Slurm's requeue hold",
         gpu = req.gpu
     );
-    let word =
-        crate::usage::pass_refusal_word(super::clock::unix_now(), req.gpu, &profile.name());
+    let word = crate::usage::pass_refusal_word(super::clock::unix_now(), req.gpu, &profile.name());
     tell_batch_requeue(cx, req, note, word);
 }
 

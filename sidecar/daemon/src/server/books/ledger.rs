@@ -72,6 +72,11 @@ pub(in crate::server) struct Ledger {
     /// step), for the job's next run to print in its output: given to its
     /// first allocate after the requeue ([`super::super::room`]).
     pub(in crate::server) requeue_notes: HashMap<u64, String>,
+    /// Unix second each job that the last queue read shows running here
+    /// released its instance (its epilog, or `smartmig release`): ended,
+    /// though the read still lists it, so no longer a mate of anyone's
+    /// pass ([`Ledger::pass_mates`]); a requeued run started later is.
+    pub(in crate::server) released_at: HashMap<u64, u64>,
 }
 
 /// A shard job Slurm runs on this node, as the last queue read showed it.
@@ -146,6 +151,12 @@ impl Ledger {
             .iter()
             .filter(|j| j.gpu == book.index && j.job_id != except && j.start_time >= since)
             .filter(|j| !self.waiting.contains_key(&j.job_id) && book.find_job(j.job_id).is_none())
+            .filter(|j| {
+                !self
+                    .released_at
+                    .get(&j.job_id)
+                    .is_some_and(|&t| t >= j.start_time)
+            })
             .map(|j| (j.job_id, billed(j.shards)));
         let mut mates: Vec<(u64, u8)> = waiting.chain(started).filter(|m| m.1 > 0).collect();
         mates.sort_unstable();
@@ -182,6 +193,9 @@ impl Ledger {
                 })
             })
             .collect();
+        let running = &self.shard_jobs;
+        self.released_at
+            .retain(|job, _| running.iter().any(|j| j.job_id == *job));
     }
 
     /// The other allocates waiting on `gpu`, as the placement rule sees them.

@@ -80,12 +80,7 @@ pub(super) fn decide(
     if away.is_empty() {
         return all;
     }
-    let kept = Mix::of(
-        mates
-            .iter()
-            .filter(|m| !away.contains(&m.0))
-            .map(|m| m.1),
-    );
+    let kept = Mix::of(mates.iter().filter(|m| !away.contains(&m.0)).map(|m| m.1));
     if !away.contains(&req.job_id) {
         return Pass {
             mates: kept,
@@ -126,7 +121,8 @@ fn reason(
 ) -> String {
     let book = &st.book;
     let g = book.geometry;
-    let name = |k: u8| select_profile(g.spec, k, None).map_or_else(|_| format!("{k}g"), |p| p.name());
+    let name =
+        |k: u8| select_profile(g.spec, k, None).map_or_else(|_| format!("{k}g"), |p| p.name());
     let mut took: Vec<String> = book
         .instances
         .iter()
@@ -134,9 +130,9 @@ fn reason(
         .map(|(i, a)| {
             let d = g.spot(i.placement).describe();
             if a.since >= since {
-                format!("{d} of the same pass")
+                format!("{d} (same scheduling pass)")
             } else {
-                format!("{d}, busy")
+                format!("{d} (busy)")
             }
         })
         .collect();
@@ -144,7 +140,7 @@ fn reason(
         mates
             .iter()
             .filter(|m| !away.contains(&m.0))
-            .map(|m| format!("{} of the same pass, starting", name(m.1))),
+            .map(|m| format!("{} (same scheduling pass, starting)", name(m.1))),
     );
     format!(
         "no MIG layout of GPU {gpu} ({model}) holds this job's {p} beside what Slurm placed \
