@@ -16,7 +16,7 @@ use crate::allocate::{Assignment, Beside, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
 use crate::grant;
 use crate::memory::Sizing;
-use crate::mig::ProfileSpec;
+use crate::mig::{Mix, ProfileSpec};
 use crate::placement::{Contender, PlacementRule, Turn};
 use crate::protocol::{AllocAction, AllocateReply, AllocateRequest, ErrorBody, ErrorKind};
 use crate::usage::SliceTag;
@@ -433,16 +433,11 @@ fn next_step(
     // Before the ledger's lock below: the rule takes it too.
     let holds = holds::rule(cx);
     let pass = burst::decide(cx, st, req, me.need, since);
-    if let Some((reason, profile)) = pass.refusal {
-        if st.promised.take().is_some() {
-            gpu.released.notify_waiters();
-        }
-        return Ok(Step::Refuse { reason, profile });
-    }
-    let beside = Beside {
-        mates: pass.mates,
-        holds,
+    let mates = match pass_step(gpu, st, req.job_id, pass) {
+        Ok(mates) => mates,
+        Err(step) => return Ok(step),
     };
+    let beside = Beside { mates, holds };
     let planned = st.book.plan_beside(me.need, &beside);
     if let (false, Ok((profile, plan))) = (beside.mates.is_empty(), &planned) {
         // Which jobs of its pass an allocate left room for: the log line
@@ -513,6 +508,27 @@ fn next_step(
             no_room_for: None,
         }),
     }
+}
+
+/// The mates an allocate leaves room for, or, when its pass turns it
+/// away ([`burst`]), its next step: refused now, or a wait for a
+/// neighbour's end (building nothing). A promise of room to job
+/// `job_id` is withdrawn, and the other waiters decide again.
+fn pass_step(gpu: &Gpu, st: &mut GpuState, job_id: u64, pass: burst::Pass) -> Result<Mix, Step> {
+    let step = match pass {
+        burst::Pass::Place(mates) => return Ok(mates),
+        burst::Pass::Refuse(reason, profile) => Step::Refuse { reason, profile },
+        burst::Pass::Wait(reason, profile) => Step::Wait {
+            reason,
+            mine: true,
+            no_room_for: Some(profile),
+        },
+    };
+    if st.promised.as_ref().is_some_and(|t| t.job_id == job_id) {
+        st.promised = None;
+        gpu.released.notify_waiters();
+    }
+    Err(step)
 }
 
 /// Answers an allocate that [`burst`] refused at once: its shards go back

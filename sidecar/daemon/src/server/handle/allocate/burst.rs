@@ -13,13 +13,14 @@
 //! built with the rest; the others leave room only for each other, so
 //! those that fit together are built together, in any arrival order.
 //!
-//! The one turned away is refused at once (`no_fit`, so the plugin
-//! requeues a batch job) only when waiting cannot help as far as smartmigd
-//! can know: every busy instance on the GPU and every mate runs, by its
-//! Slurm time limit, past the wait. A job without a known time limit may
-//! end within the wait, so then the allocate waits as before; so does an
-//! interactive step (it cannot be requeued, and `room` may make room for
-//! it).
+//! The batch job turned away builds nothing. It is refused at once
+//! (`no_fit`, so the plugin requeues it) when waiting cannot help as far
+//! as smartmigd can know: every busy instance on the GPU and every mate
+//! runs, by its Slurm time limit, past the wait. Otherwise (a job without
+//! a known time limit may end within the wait) it waits for a neighbour's
+//! end as an allocate without room does, leaving the room to the rest of
+//! its pass. An interactive step turned away is served as before, if it
+//! can be (it cannot be requeued; `room` may make room for it).
 
 use super::super::super::books::GpuState;
 use super::super::super::context::{unix_now, Cx};
@@ -29,13 +30,16 @@ use crate::mig::{select_profile, Mix, ProfileSpec};
 use crate::protocol::{AllocateRequest, BATCH_STEP};
 
 /// What the pass of an allocate's GPU asks of it.
-pub(super) struct Pass {
-    /// The mates to leave room for: the pass's other jobs, less those it
-    /// turns away.
-    pub(super) mates: Mix,
-    /// Set when this allocate is refused now: the reason its user reads,
-    /// and the profile that no layout holds beside the rest.
-    pub(super) refusal: Option<(String, &'static ProfileSpec)>,
+pub(super) enum Pass {
+    /// Served, if it can be, leaving room for these mates: the pass's
+    /// other jobs, less those it turns away.
+    Place(Mix),
+    /// Turned away, but a neighbour may end within the wait: it waits,
+    /// for this reason (its own profile: what no layout holds).
+    Wait(String, &'static ProfileSpec),
+    /// Turned away with nothing ending within the wait: refused now, for
+    /// this reason.
+    Refuse(String, &'static ProfileSpec),
 }
 
 /// The pass of `req` on its GPU (locked in `st`), needing `need`: the
@@ -60,10 +64,7 @@ pub(super) fn decide(
             .all(|&job| l.held_past(job, horizon));
         (mates, held)
     });
-    let all = Pass {
-        mates: Mix::of(mates.iter().map(|m| m.1)),
-        refusal: None,
-    };
+    let all = Pass::Place(Mix::of(mates.iter().map(|m| m.1)));
     let Ok(mine) = select_profile(spec, need.slices, need.memory_gb) else {
         // The plan refuses it as such.
         return all;
@@ -82,16 +83,27 @@ pub(super) fn decide(
     }
     let kept = Mix::of(mates.iter().filter(|m| !away.contains(&m.0)).map(|m| m.1));
     if !away.contains(&req.job_id) {
-        return Pass {
-            mates: kept,
-            refusal: None,
-        };
+        return Pass::Place(kept);
     }
-    let batch = req.step.is_none_or(|s| s == BATCH_STEP);
-    if !(all_held && batch) {
+    if req.step.is_some_and(|s| s != BATCH_STEP) {
         return all;
     }
-    let reason = reason(cx, st, req, mine, &mates, &away, since);
+    let took = what_took(st, &mates, &away, since);
+    let (model, p) = (book.geometry.spec.id, mine.name());
+    let fits_not = format!(
+        "no MIG layout of GPU {gpu} ({model}) holds this job's {p} beside what Slurm placed there \
+         ({took}): Slurm filled the GPU's free shards with jobs that cannot all be built together",
+        gpu = req.gpu
+    );
+    if !all_held {
+        return Pass::Wait(fits_not, mine);
+    }
+    let reason = format!(
+        "{fits_not}, and by their time limits none of them ends within allocate_wait_s ({w} s); \
+         this job is refused now instead of waiting, and a batch job goes back to Slurm's queue \
+         (requeued) to run later",
+        w = cx.cfg().allocate_wait_s
+    );
     tracing::warn!(
         job = req.job_id,
         gpu = req.gpu,
@@ -100,25 +112,14 @@ pub(super) fn decide(
         turned_away = ?away,
         "refused at once: {reason}"
     );
-    Pass {
-        mates: kept,
-        refusal: Some((reason, mine)),
-    }
+    Pass::Refuse(reason, mine)
 }
 
-/// The sentence the refused job's user reads (its step's error, then its
-/// next run's output): the GPU, what took the room (profiles only: other
-/// users' job ids stay private, as in [`crate::allocate::GpuBook::no_fit_reason`];
-/// the daemon's log names the jobs), and what happens next.
-fn reason(
-    cx: &Cx<'_>,
-    st: &GpuState,
-    req: &AllocateRequest,
-    mine: &ProfileSpec,
-    mates: &[(u64, u8)],
-    away: &[u64],
-    since: u64,
-) -> String {
+/// What took the room, for the sentence the turned-away job's user reads
+/// (its step's error, then its next run's output): profiles only, as in
+/// [`crate::allocate::GpuBook::no_fit_reason`] (other users' job ids stay
+/// private; the daemon's log names the jobs).
+fn what_took(st: &GpuState, mates: &[(u64, u8)], away: &[u64], since: u64) -> String {
     let book = &st.book;
     let g = book.geometry;
     let name =
@@ -142,20 +143,9 @@ fn reason(
             .filter(|m| !away.contains(&m.0))
             .map(|m| format!("{} (same scheduling pass, starting)", name(m.1))),
     );
-    format!(
-        "no MIG layout of GPU {gpu} ({model}) holds this job's {p} beside what Slurm placed \
-         there ({took}): Slurm filled the GPU's free shards with jobs that cannot all be built \
-         together, and by their time limits none of them ends within \
-         allocate_wait_s ({w} s); this job is refused now instead of waiting, and a batch job \
-         goes back to Slurm's queue (requeued) to run later",
-        gpu = req.gpu,
-        model = g.spec.id,
-        p = mine.name(),
-        took = if took.is_empty() {
-            "nothing else".to_string()
-        } else {
-            took.join(", ")
-        },
-        w = cx.cfg().allocate_wait_s,
-    )
+    if took.is_empty() {
+        "nothing else".to_string()
+    } else {
+        took.join(", ")
+    }
 }
