@@ -270,14 +270,11 @@ fn a_burst_placed_by_one_pass_strands_what_holds_would_have_kept() {
     let each_held = m(Some(OfferRule::AnyMix), 0.0);
     assert_eq!(each_held.requeues, 0, "{each_held:?}");
     assert!(each_held.held_slice_s > 0.0, "{each_held:?}");
-    // The pass rule turns the 1 away (it keeps the most compute): it is
-    // requeued once; without holds Slurm sends it back to the stranded
-    // shard while the 3g jobs run, and it is requeued again.
-    let held = m(Some(OfferRule::AnyMix), 5.0);
-    assert_eq!((held.completed, held.requeues), (3, 1), "{held:?}");
-    let unheld = m(None, 5.0);
-    assert_eq!(unheld.completed, 3, "{unheld:?}");
-    assert!(unheld.requeues >= 1, "{unheld:?}");
+    for rule in [None, Some(OfferRule::AnyMix)] {
+        let batched = m(rule, 5.0);
+        assert_eq!(batched.completed, 3, "{rule:?}: {batched:?}");
+        assert_eq!(batched.requeues, 1, "{rule:?}: {batched:?}");
+    }
     let each_unheld = m(None, 0.0);
     assert!(each_unheld.requeues >= 1, "{each_unheld:?}");
 }
@@ -286,9 +283,11 @@ fn a_burst_placed_by_one_pass_strands_what_holds_would_have_kept() {
 /// pass places 3, 3 and 1 shards on A100 GPU 1 (GPU 0 runs a 7g until
 /// 20 s). With time limits (`time-limit=2`: twice each run time) the 3g
 /// jobs run past the 30 s wait, so the 1g is refused at once, requeued
-/// (a 1 s hold here), and starts on GPU 0 as soon as its 7g ends;
-/// without limits it waits its 30 s first. One requeue either way; the
-/// two 3g are built together.
+/// (a 1 s hold here), and starts on GPU 0 as soon as its 7g ends, the
+/// two 3g built together. Without limits a neighbour might end within
+/// the wait, so the first in Slurm's order is served as before (the 1g)
+/// and one 3g waits its 30 s before it is requeued. One requeue either
+/// way.
 #[test]
 fn a_pass_turned_away_is_requeued_at_once_when_time_limits_say_so() {
     let gpus = [GpuModel::A100_40gb; 2];
@@ -315,7 +314,8 @@ fn a_pass_turned_away_is_requeued_at_once_when_time_limits_say_so() {
     assert_eq!((none.metrics.completed, none.metrics.requeues), (4, 1));
     let waited = starts(&log);
     assert!(at_once[3].1 <= 21.0, "{at_once:?}");
-    assert!(waited[3].1 >= 35.0, "{waited:?}");
+    let last = waited[1..].iter().map(|s| s.1).fold(0.0, f64::max);
+    assert!(last >= 35.0, "{waited:?}");
     let s: SlurmLike = "time-limit=2".parse().expect("parse");
     assert_eq!(s.to_string().parse::<SlurmLike>(), Ok(s));
     assert!("time-limit=0.5".parse::<SlurmLike>().is_err());

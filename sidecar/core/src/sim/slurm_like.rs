@@ -255,8 +255,10 @@ const EV_TIMEOUT: u8 = 2; // a = job, b = its wait's generation
 enum Turn {
     /// It fits with the rest of its pass: served if there is room now.
     Kept,
-    /// Turned away: it builds nothing and waits for a neighbour's end,
-    /// leaving the room to the rest of its pass.
+    /// Turned away, but a neighbour may end within the wait: served as
+    /// before if it can be (beside all its mates; measured on the busy
+    /// mix, waiting instead while the rest are built requeued more:
+    /// docs/slurm-integration.md §9).
     Away,
     /// Turned away with nothing ending within the wait: requeued at once.
     Refused,
@@ -707,7 +709,7 @@ impl<'j> Deploy<'j> {
                 .collect();
             let (mates, turn) = self.pass_rule(i, gpu as usize, &later);
             let refused = turn == Turn::Refused;
-            if turn != Turn::Kept || !self.allocate(i, gpu as usize, &mates, hooks)? {
+            if refused || !self.allocate(i, gpu as usize, &mates, hooks)? {
                 self.wait_gen[i as usize] += 1;
                 self.gpus[gpu as usize].waiting.push(i);
                 // Refused at once: requeued now rather than after the wait.
@@ -1108,7 +1110,7 @@ impl<'j> Deploy<'j> {
                 // Refused at once now that nothing ends within the wait.
                 self.push(self.now, EV_TIMEOUT, i, self.wait_gen[i as usize]);
                 still.push(i);
-            } else if turn == Turn::Away || !self.allocate(i, gpu, &mates, hooks)? {
+            } else if !self.allocate(i, gpu, &mates, hooks)? {
                 still.push(i);
             }
         }

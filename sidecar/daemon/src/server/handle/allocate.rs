@@ -510,19 +510,13 @@ fn next_step(
     }
 }
 
-/// The mates an allocate leaves room for, or, when its pass turns it
-/// away ([`burst`]), its next step: refused now, or a wait for a
-/// neighbour's end (building nothing). A promise of room to job
-/// `job_id` is withdrawn, and the other waiters decide again.
+/// The mates an allocate leaves room for, or, when its pass refuses it
+/// now ([`burst`]), that step. A promise of room to job `job_id` is
+/// withdrawn, and the other waiters decide again.
 fn pass_step(gpu: &Gpu, st: &mut GpuState, job_id: u64, pass: burst::Pass) -> Result<Mix, Step> {
     let step = match pass {
         burst::Pass::Place(mates) => return Ok(mates),
         burst::Pass::Refuse(reason, profile) => Step::Refuse { reason, profile },
-        burst::Pass::Wait(reason, profile) => Step::Wait {
-            reason,
-            mine: true,
-            no_room_for: Some(profile),
-        },
     };
     if st.promised.as_ref().is_some_and(|t| t.job_id == job_id) {
         st.promised = None;

@@ -13,14 +13,15 @@
 //! built with the rest; the others leave room only for each other, so
 //! those that fit together are built together, in any arrival order.
 //!
-//! The batch job turned away builds nothing. It is refused at once
-//! (`no_fit`, so the plugin requeues it) when waiting cannot help as far
-//! as smartmigd can know: every busy instance on the GPU and every mate
-//! runs, by its Slurm time limit, past the wait. Otherwise (a job without
-//! a known time limit may end within the wait) it waits for a neighbour's
-//! end as an allocate without room does, leaving the room to the rest of
-//! its pass. An interactive step turned away is served as before, if it
-//! can be (it cannot be requeued; `room` may make room for it).
+//! The batch job turned away is refused at once (`no_fit`, so the plugin
+//! requeues it) when waiting cannot help as far as smartmigd can know:
+//! every busy instance on the GPU and every mate runs, by its Slurm time
+//! limit, past the wait. Otherwise (a job without a known time limit may
+//! end within the wait), and for an interactive step (it cannot be
+//! requeued; `room` may make room for it), it is served as before if it
+//! can be, beside all its mates. (Measured in the simulator on the busy
+//! mix's job list: making it wait instead while the rest are built
+//! requeued more, docs/slurm-integration.md §9.)
 
 use super::super::super::books::GpuState;
 use super::super::super::context::{unix_now, Cx};
@@ -34,9 +35,6 @@ pub(super) enum Pass {
     /// Served, if it can be, leaving room for these mates: the pass's
     /// other jobs, less those it turns away.
     Place(Mix),
-    /// Turned away, but a neighbour may end within the wait: it waits,
-    /// for this reason (its own profile: what no layout holds).
-    Wait(String, &'static ProfileSpec),
     /// Turned away with nothing ending within the wait: refused now, for
     /// this reason.
     Refuse(String, &'static ProfileSpec),
@@ -85,7 +83,7 @@ pub(super) fn decide(
     if !away.contains(&req.job_id) {
         return Pass::Place(kept);
     }
-    if req.step.is_some_and(|s| s != BATCH_STEP) {
+    if req.step.is_some_and(|s| s != BATCH_STEP) || !all_held {
         return all;
     }
     let took = what_took(st, &mates, &away, since);
@@ -95,9 +93,6 @@ pub(super) fn decide(
          ({took}): Slurm filled the GPU's free shards with jobs that cannot all be built together",
         gpu = req.gpu
     );
-    if !all_held {
-        return Pass::Wait(fits_not, mine);
-    }
     let reason = format!(
         "{fits_not}, and by their time limits none of them ends within allocate_wait_s ({w} s); \
          this job is refused now instead of waiting, and a batch job goes back to Slurm's queue \
