@@ -152,10 +152,9 @@ impl Ledger {
             .filter(|j| j.gpu == book.index && j.job_id != except && j.start_time >= since)
             .filter(|j| !self.waiting.contains_key(&j.job_id) && book.find_job(j.job_id).is_none())
             .filter(|j| {
-                !self
-                    .released_at
+                self.released_at
                     .get(&j.job_id)
-                    .is_some_and(|&t| t >= j.start_time)
+                    .is_none_or(|&t| t < j.start_time)
             })
             .map(|j| (j.job_id, billed(j.shards)));
         let mut mates: Vec<(u64, u8)> = waiting.chain(started).filter(|m| m.1 > 0).collect();

@@ -118,7 +118,7 @@ fn what_took(st: &GpuState, mates: &[(u64, u8)], away: &[u64], since: u64) -> St
     let book = &st.book;
     let g = book.geometry;
     let name =
-        |k: u8| select_profile(g.spec, k, None).map_or_else(|_| format!("{k}g"), |p| p.name());
+        |k: u8| select_profile(g.spec, k, None).map_or_else(|_| format!("{k}g"), ProfileSpec::name);
     let mut took: Vec<String> = book
         .instances
         .iter()
