@@ -50,6 +50,10 @@ pub enum Why {
     NoRoom { profile: String },
     /// `why=out_of_gpu_memory` or, `early`, `why=predicted_out_of_gpu_memory`.
     OutOfMemory { early: bool },
+    /// `why=no_layout_holds_its_scheduling_pass`: the jobs Slurm started
+    /// on its GPU together fit in no MIG layout, and smartmigd refused this
+    /// one at once (issue 56, item 2); the plugin requeued it.
+    PassRefused,
     /// `why=smartmigd_unreachable`: the plugin requeued it.
     Unreachable,
     /// Another `why=` (a newer smartmig's): shown as it is.
@@ -117,6 +121,19 @@ impl Requeued {
                 profile: profile.to_string(),
             },
             profile: None,
+            gpu: Some(gpu),
+            node: None,
+            next: Some(NEXT_BY_PLUGIN.to_string()),
+        }
+    }
+
+    /// A batch job refused `profile` at once on `gpu` because its
+    /// scheduling pass fits no layout there; the plugin requeues it.
+    pub fn pass_refused(at: u64, gpu: u32, profile: &str) -> Self {
+        Self {
+            at,
+            why: Why::PassRefused,
+            profile: Some(profile.to_string()),
             gpu: Some(gpu),
             node: None,
             next: Some(NEXT_BY_PLUGIN.to_string()),
@@ -260,6 +277,12 @@ impl Requeued {
                 "was restarted early: its GPU memory use was rising to more than its {profile} \
                  ({gpu} of {node})"
             ),
+            Why::PassRefused => format!(
+                "was refused a MIG instance on {gpu} of {node} at once: the jobs Slurm \
+                 started on that GPU together fit in no MIG layout, and none of them ends \
+                 within the wait, so this {profile} gave way to the rest (a batch job is \
+                 requeued instead of waiting in vain)"
+            ),
             Why::Unreachable => format!(
                 "got no MIG instance on {node}: smartmigd, the node's MIG daemon, did not answer \
                  (stopped or restarting), so the smartmig SPANK plugin requeued the job instead \
@@ -277,6 +300,7 @@ fn why_token(why: &Why) -> String {
         Why::NoRoom { profile } => format!("no_room_for_{profile}"),
         Why::OutOfMemory { early: false } => "out_of_gpu_memory".to_string(),
         Why::OutOfMemory { early: true } => "predicted_out_of_gpu_memory".to_string(),
+        Why::PassRefused => "no_layout_holds_its_scheduling_pass".to_string(),
         Why::Unreachable => "smartmigd_unreachable".to_string(),
         Why::Other(w) => w.clone(),
     }
@@ -287,6 +311,7 @@ fn parse_why(value: &str) -> Why {
         "out_of_gpu_memory" => Why::OutOfMemory { early: false },
         "predicted_out_of_gpu_memory" => Why::OutOfMemory { early: true },
         "smartmigd_unreachable" => Why::Unreachable,
+        "no_layout_holds_its_scheduling_pass" => Why::PassRefused,
         v => match v.strip_prefix("no_room_for_") {
             Some(p) if !p.is_empty() => Why::NoRoom {
                 profile: p.to_string(),

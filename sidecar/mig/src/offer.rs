@@ -23,6 +23,8 @@
 //! Three jobs of 3, 3 and 1 shards placed on an empty A100 by one scheduling
 //! pass therefore still meet a 1g that cannot be built; the hold appears as
 //! soon as the first of them runs.
+//! [`Geometry::turned_away`] says which job of such a pass to refuse at
+//! placement (the 1), so that the rest are built together.
 
 use super::geometry::Geometry;
 use super::layout::{Layout, SpotId};
@@ -76,6 +78,11 @@ impl std::fmt::Display for OfferRule {
 
 /// Instance counts per compute size (index = compute slices, 0..=7).
 type Counts = [u8; 8];
+
+/// The most jobs of one scheduling pass on one GPU that
+/// [`Geometry::turned_away`] searches (2^n sets): a 7-slice GPU holds at
+/// most 7 shard jobs, plus allocates still waiting there.
+pub const MAX_PASS: usize = 12;
 
 /// Jobs counted by the compute size they are billed (index = compute
 /// slices, 0..=7): the jobs Slurm has placed on a GPU that hold no instance
@@ -200,6 +207,50 @@ impl Geometry {
             None => pool.first().copied(),
             Some(rule) => self.keeping_offer(busy, pool.iter().copied(), rule),
         }
+    }
+
+    /// Of the jobs one scheduling pass placed on a GPU (their billed
+    /// compute sizes, `pass`, in the pass's order: the earliest first),
+    /// the ones to turn away so that all the others can be built beside
+    /// `busy` together; empty when every one fits.
+    ///
+    /// Why: three jobs of 3, 3 and 1 shards that one pass places on an
+    /// empty A100-40GB fill its 7 shards, but the two 3g take all 8
+    /// memory slices and no layout holds the 1g beside them. Served one
+    /// at a time, one of them waits `allocate_wait_s` for room that only
+    /// a neighbour's end can make, and is requeued after all; deciding
+    /// on the whole set tells the one that cannot fit at once, and lets
+    /// the rest leave room for each other ([`Geometry::choose_spot`]).
+    ///
+    /// Kept are the most compute slices, then the most jobs; among equal
+    /// sets the latest jobs are turned away (3 + 3 + 1 turns away the 1:
+    /// six slices kept rather than four). A pass of more than
+    /// [`MAX_PASS`] jobs is not searched (empty: no decision).
+    pub fn turned_away(&self, busy: Layout, pass: &[u8]) -> Vec<usize> {
+        let n = pass.len();
+        if n == 0 || n > MAX_PASS {
+            return Vec::new();
+        }
+        let room = self.room_beside(busy);
+        let counts =
+            |mask: u32| Mix::of((0..n).filter(|&i| mask & (1 << i) != 0).map(|i| pass[i])).0;
+        let fits = |mask: u32| room.iter().any(|r| covers(r, &counts(mask)));
+        let all = (1u32 << n) - 1;
+        if fits(all) {
+            return Vec::new();
+        }
+        let kept = (0..all)
+            .filter(|&mask| fits(mask))
+            .max_by_key(|&mask| {
+                let compute: u32 = (0..n)
+                    .filter(|&i| mask & (1 << i) != 0)
+                    .map(|i| u32::from(pass[i]))
+                    .sum();
+                // A larger mask of the turned-away keeps earlier jobs.
+                (compute, mask.count_ones(), all & !mask)
+            })
+            .unwrap_or(0);
+        (0..n).filter(|&i| kept & (1 << i) == 0).collect()
     }
 
     /// Whether instances of the compute sizes in `mix` can all be built
@@ -453,6 +504,43 @@ mod tests {
         assert!(g.buildable(Layout::EMPTY, &Mix::of([2, 1, 1, 3]).0));
         assert!(!serve_in_order(g, &[2, 1, 1, 3], false));
         assert!(serve_in_order(g, &[2, 1, 1, 3], true));
+    }
+
+    #[test]
+    fn a_pass_that_fits_turns_no_one_away() {
+        let g = a100();
+        assert!(g.turned_away(Layout::EMPTY, &[4, 2, 1]).is_empty());
+        assert!(g.turned_away(Layout::EMPTY, &[2, 1, 1, 3]).is_empty());
+        assert!(g.turned_away(Layout::EMPTY, &[]).is_empty());
+    }
+
+    #[test]
+    fn three_three_one_turns_away_the_one_in_any_order() {
+        let g = a100();
+        assert_eq!(g.turned_away(Layout::EMPTY, &[3, 3, 1]), vec![2]);
+        assert_eq!(g.turned_away(Layout::EMPTY, &[1, 3, 3]), vec![0]);
+        assert_eq!(g.turned_away(Layout::EMPTY, &[3, 1, 3]), vec![1]);
+        // After both 3g are built, the 1g alone is turned away.
+        let two = busy(g, &[(3, 4, 0), (3, 4, 4)]);
+        assert_eq!(g.turned_away(two, &[1]), vec![0]);
+        // Beside one built 3g, the other 3g is kept and the 1 turned away.
+        let one = busy(g, &[(3, 4, 4)]);
+        assert_eq!(g.turned_away(one, &[3, 1]), vec![1]);
+    }
+
+    #[test]
+    fn the_most_compute_then_the_most_jobs_are_kept_and_the_latest_go() {
+        let g = a100();
+        // Beside a busy 1g@6, 3 + 2 + 1 has no layout; 3 + 2 and 2 + 2 + 1
+        // keep 5 slices each: the three jobs are kept, the 3 goes.
+        let b = busy(g, &[(1, 1, 6)]);
+        assert!(!g.buildable(b, &Mix::of([3, 2, 1]).0));
+        assert_eq!(g.turned_away(b, &[3, 2, 2, 1]), vec![0]);
+        assert!(g.buildable(b, &Mix::of([2, 2, 1]).0));
+        // Beside 3g@0 and 2g@4 only a 1g@6 is left: of three equal jobs
+        // the first is kept, the later two go.
+        let two = busy(g, &[(3, 4, 0), (2, 2, 4)]);
+        assert_eq!(g.turned_away(two, &[1, 1, 1]), vec![1, 2]);
     }
 
     #[test]

@@ -162,9 +162,10 @@ pub struct Args {
     /// shards and smartmigd builds its instance afterwards, requeueing a
     /// job it cannot serve (docs/simulator.md, "Slurm-like mode"). SPEC:
     /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
-    /// sched-interval=S,hold-lag=S,pass=S,bill=room|compute`, any subset
-    /// (none: the packaged defaults, holds any-mix, bill room). Whole GPUs
-    /// and fixed layouts stay in the central view.
+    /// sched-interval=S,hold-lag=S,pass=S,time-limit=F,bill=room|compute`,
+    /// any subset (none: the packaged defaults, holds any-mix, bill room,
+    /// no time limits). Whole GPUs and fixed layouts stay in the central
+    /// view.
     #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "")]
     pub slurm_like: Option<String>,
 }

@@ -12,6 +12,7 @@ mod daemon_admin;
 mod daemon_alloc;
 mod daemon_auth;
 mod daemon_bench;
+mod daemon_burst;
 mod daemon_dashboard;
 mod daemon_health;
 mod daemon_lifecycle;

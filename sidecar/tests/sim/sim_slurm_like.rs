@@ -325,3 +325,45 @@ fn a_memory_variant_is_billed_the_room_it_takes() {
         "slurm-like bill=nonsense: use `room` (the product) or `compute` (before issue 55)"
     );
 }
+
+/// smartmigd's pass rule in the Slurm-like mode (issue 56, item 2): one
+/// pass places 3, 3 and 1 shards on A100 GPU 1 (GPU 0 runs a 7g until
+/// 20 s). With time limits (`time-limit=2`: twice each run time) the 3g
+/// jobs run past the 30 s wait, so the 1g is refused at once, requeued
+/// (a 1 s hold here), and starts on GPU 0 as soon as its 7g ends, the
+/// two 3g built together. Without limits a neighbour might end within
+/// the wait, so the first in Slurm's order is served as before (the 1g)
+/// and one 3g waits its 30 s before it is requeued. One requeue either
+/// way.
+#[test]
+fn a_pass_turned_away_is_requeued_at_once_when_time_limits_say_so() {
+    let gpus = [GpuModel::A100_40gb; 2];
+    let jobs = [
+        job(0, 0.0, 20.0, 7),
+        job(1, 1.0, 100.0, 3),
+        job(2, 2.5, 100.0, 3),
+        job(3, 4.0, 10.0, 1),
+    ];
+    let with = |time_limit: f64| {
+        let mut c = passes(Some(OfferRule::AnyMix), 5.0);
+        if let Some(s) = c.slurm.as_mut() {
+            s.requeue_hold_s = 1.0;
+            s.sched_interval_s = 1.0;
+            s.time_limit = time_limit;
+        }
+        audited(&gpus, &jobs, &mut *greedy(), &c)
+    };
+    let (limits, log) = with(2.0);
+    assert_eq!((limits.metrics.completed, limits.metrics.requeues), (4, 1));
+    let at_once = starts(&log);
+    assert_eq!(&at_once[1..3], &[(1, 5.0), (2, 5.0)], "{at_once:?}");
+    let (none, log) = with(0.0);
+    assert_eq!((none.metrics.completed, none.metrics.requeues), (4, 1));
+    let waited = starts(&log);
+    assert!(at_once[3].1 <= 21.0, "{at_once:?}");
+    let last = waited[1..].iter().map(|s| s.1).fold(0.0, f64::max);
+    assert!(last >= 35.0, "{waited:?}");
+    let s: SlurmLike = "time-limit=2".parse().expect("parse");
+    assert_eq!(s.to_string().parse::<SlurmLike>(), Ok(s));
+    assert!("time-limit=0.5".parse::<SlurmLike>().is_err());
+}

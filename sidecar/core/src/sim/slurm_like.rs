@@ -33,7 +33,11 @@
 //!    for the jobs placed on the GPU that hold no instance yet (the rest of
 //!    the pass, the waiting ones), then with holds the one after which
 //!    Slurm's offer stays largest ([`crate::mig::Geometry::choose_spot`], as
-//!    smartmigd).
+//!    smartmigd). Jobs of a pass that no layout holds together are decided
+//!    as a set, as smartmigd does ([`crate::mig::Geometry::turned_away`]):
+//!    the rest leave room only for each other, and the one turned away is
+//!    requeued at once when the time limits (`time-limit`) keep every job
+//!    beside it running past `allocate_wait_s`.
 //!    A created instance runs the job after `reconfig_time_s`. Otherwise the job waits on the GPU, holding its
 //!    shards, for a neighbour to end; after `allocate_wait_s` it is
 //!    *requeued*: its shards are freed and Slurm holds it for
@@ -114,6 +118,14 @@ pub struct SlurmLike {
     /// what-if to measure that rule; default `bill=room`: billed and built
     /// as [`crate::mig::ModelSpec::room_profile`]).
     pub bill_compute: bool,
+    /// Each job's Slurm time limit as a multiple of its run time on the
+    /// profile it is billed (`>= 1`: every job ends within its limit); 0
+    /// (the default): no time limit, as the busy mix's jobs
+    /// (`MaxTime=INFINITE`, no `--time`). smartmigd refuses the job a pass
+    /// turns away at once only when the time limits keep every job beside
+    /// it running past the wait ([`crate::mig::Geometry::turned_away`],
+    /// module docs), so without limits it waits as before.
+    pub time_limit: f64,
 }
 
 impl Default for SlurmLike {
@@ -126,6 +138,7 @@ impl Default for SlurmLike {
             hold_lag_s: 1.0,
             pass_s: 3.0,
             bill_compute: false,
+            time_limit: 0.0,
         }
     }
 }
@@ -141,6 +154,10 @@ pub enum SlurmLikeError {
         "slurm-like pass={0}: not a finite time >= 0 (seconds between Slurm's batched passes; 0: a pass after every event)"
     )]
     Pass(f64),
+    #[error(
+        "slurm-like time-limit={0}: not 0 (no time limits) or a finite factor >= 1 of each job's run time"
+    )]
+    TimeLimit(f64),
 }
 
 impl SlurmLike {
@@ -161,6 +178,10 @@ impl SlurmLike {
         if !(self.pass_s.is_finite() && self.pass_s >= 0.0) {
             return Err(SlurmLikeError::Pass(self.pass_s));
         }
+        let f = self.time_limit;
+        if !(f == 0.0 || (f.is_finite() && f >= 1.0)) {
+            return Err(SlurmLikeError::TimeLimit(f));
+        }
         Ok(())
     }
 }
@@ -169,7 +190,8 @@ impl std::str::FromStr for SlurmLike {
     type Err = String;
 
     /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
-    /// sched-interval=S,hold-lag=S,pass=S,bill=room|compute`, any subset, any order; `""` or
+    /// sched-interval=S,hold-lag=S,pass=S,time-limit=F,bill=room|compute`,
+    /// any subset, any order; `""` or
     /// `default` for the defaults.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut out = SlurmLike::default();
@@ -209,9 +231,14 @@ impl std::str::FromStr for SlurmLike {
                         }
                     }
                 }
+                "time-limit" => {
+                    out.time_limit = value.trim().parse::<f64>().map_err(|_| {
+                        format!("slurm-like {key}={value}: not a factor of the run time")
+                    })?;
+                }
                 other => {
                     return Err(format!(
-                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag, pass, bill)"
+                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag, pass, time-limit, bill)"
                     ))
                 }
             }
@@ -233,7 +260,11 @@ impl std::fmt::Display for SlurmLike {
             self.hold_lag_s,
             self.pass_s,
             if self.bill_compute { "compute" } else { "room" }
-        )
+        )?;
+        if self.time_limit > 0.0 {
+            write!(f, ",time-limit={}", self.time_limit)?;
+        }
+        Ok(())
     }
 }
 
@@ -241,6 +272,23 @@ impl std::fmt::Display for SlurmLike {
 const EV_COMPLETION: u8 = 0; // a = gpu, b = placement
 const EV_READY: u8 = 1; // a = gpu
 const EV_TIMEOUT: u8 = 2; // a = job, b = its wait's generation
+/// What smartmigd's pass rule makes of one allocate ([`Deploy::pass_rule`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    /// It fits with the rest of its pass: served if there is room now.
+    Kept,
+    /// Turned away, but a neighbour may end within the wait: served as
+    /// before if it can be (beside all its mates; measured on the busy
+    /// mix, waiting instead while the rest are built requeued more:
+    /// docs/slurm-integration.md §9).
+    Away,
+    /// Turned away with nothing ending within the wait: requeued at once.
+    Refused,
+}
+
+/// smartmigd's margin past `allocate_wait_s` when it asks whether a job
+/// runs past the wait (its `QUEUE_REFRESH`, 2 s).
+const HELD_MARGIN_S: f64 = 2.0;
 const EV_ELIGIBLE: u8 = 3; // a = job
 const EV_HOLD: u8 = 4; // a = gpu
 const EV_PASS: u8 = 5;
@@ -341,6 +389,9 @@ struct Deploy<'j> {
     /// Generation of each job's wait (stale timeouts are ignored).
     wait_gen: Vec<u32>,
     requeued: Vec<u32>,
+    /// Unix-like second each job placed by Slurm reaches its time limit
+    /// (`None`: no limit, [`SlurmLike::time_limit`] = 0, or not placed).
+    slurm_end: Vec<Option<f64>>,
     queue: BTreeSet<(T, u64, u32)>,
     gpus: Vec<Gpu>,
     heap: BinaryHeap<Ev>,
@@ -453,6 +504,7 @@ impl<'j> Deploy<'j> {
             state: vec![St::Future; n],
             wait_gen: vec![0; n],
             requeued: vec![0; n],
+            slurm_end: vec![None; n],
             queue: BTreeSet::new(),
             touched: vec![false; gpus.len()],
             ended: vec![false; gpus.len()],
@@ -658,6 +710,8 @@ impl<'j> Deploy<'j> {
             });
             let Some(g) = found else { continue };
             let billed = self.billed(i, g);
+            let limit = self.slurm.time_limit * self.jobs[i].runtime_on(billed, self.gpus[g].total);
+            self.slurm_end[i] = (limit > 0.0).then_some(self.now + limit);
             self.queue.remove(&key);
             self.gpus[g].alloc += billed;
             self.state[i] = St::Waiting { gpu: g as u32 };
@@ -673,15 +727,24 @@ impl<'j> Deploy<'j> {
             };
             self.touched[gpu as usize] = true;
             // The rest of the pass on this GPU, and the jobs waiting there.
-            let later = placed[n + 1..]
+            let later: Vec<u32> = placed[n + 1..]
                 .iter()
-                .filter(|&&j| self.state[j as usize] == St::Waiting { gpu });
-            let mates = self.mates(gpu as usize, later.chain(&self.gpus[gpu as usize].waiting));
-            if !self.allocate(i, gpu as usize, &mates, hooks)? {
+                .copied()
+                .filter(|&j| self.state[j as usize] == St::Waiting { gpu })
+                .chain(self.gpus[gpu as usize].waiting.iter().copied())
+                .collect();
+            let (mates, turn) = self.pass_rule(i, gpu as usize, &later);
+            let refused = turn == Turn::Refused;
+            if refused || !self.allocate(i, gpu as usize, &mates, hooks)? {
                 self.wait_gen[i as usize] += 1;
                 self.gpus[gpu as usize].waiting.push(i);
-                let t = self.now + self.slurm.allocate_wait_s;
-                self.push(t, EV_TIMEOUT, i, self.wait_gen[i as usize]);
+                // Refused at once: requeued now rather than after the wait.
+                let wait = if refused {
+                    0.0
+                } else {
+                    self.slurm.allocate_wait_s
+                };
+                self.push(self.now + wait, EV_TIMEOUT, i, self.wait_gen[i as usize]);
             }
         }
         Ok(())
@@ -707,6 +770,51 @@ impl<'j> Deploy<'j> {
     /// Jobs placed on `gpu` that hold no instance yet, by billed size.
     fn mates<'a>(&self, gpu: usize, jobs: impl Iterator<Item = &'a u32>) -> Mix {
         Mix::of(jobs.map(|&j| self.billed(j as usize, gpu)))
+    }
+
+    /// smartmigd's pass rule for job `i` on `gpu` beside its `mates` (the
+    /// jobs placed there that hold no instance yet), as its allocate runs
+    /// it (`server/handle/allocate/burst.rs`): the pass in job order
+    /// beside the busy instances; [`Geometry::turned_away`] names the jobs
+    /// that cannot be built with the rest. Returns the mates `i` leaves
+    /// room for (those kept), and what becomes of `i` ([`Turn`]).
+    fn pass_rule(&self, i: u32, gpu: usize, mates: &[u32]) -> (Mix, Turn) {
+        let all = self.mates(gpu, mates.iter());
+        let mut pass: Vec<(u64, u8, u32)> = mates
+            .iter()
+            .chain([&i])
+            .map(|&j| (self.jobs[j as usize].id, self.billed(j as usize, gpu), j))
+            .collect();
+        pass.sort_unstable();
+        let st = &self.gpus[gpu].status;
+        let sizes: Vec<u8> = pass.iter().map(|p| p.1).collect();
+        let away: Vec<u32> = st
+            .geometry
+            .turned_away(st.busy, &sizes)
+            .into_iter()
+            .map(|k| pass[k].2)
+            .collect();
+        if away.is_empty() {
+            return (all, Turn::Kept);
+        }
+        let kept = self.mates(gpu, mates.iter().filter(|j| !away.contains(j)));
+        if !away.contains(&i) {
+            return (kept, Turn::Kept);
+        }
+        let horizon = self.now + self.slurm.allocate_wait_s + HELD_MARGIN_S;
+        let held = |j: u32| {
+            self.slurm_end
+                .get(j as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|end| end > horizon)
+        };
+        let busy_held = st
+            .busy
+            .iter()
+            .all(|id| held(self.gpus[gpu].job_on[id.0 as usize]));
+        let refused = busy_held && mates.iter().all(|&j| held(j));
+        (all, if refused { Turn::Refused } else { Turn::Away })
     }
 
     /// smartmigd's allocate of job `i` on `gpu`: reuse, create or re-shape
@@ -1022,8 +1130,13 @@ impl<'j> Deploy<'j> {
         let waiting = std::mem::take(&mut self.gpus[gpu].waiting);
         let mut still = Vec::new();
         for (n, &i) in waiting.iter().enumerate() {
-            let mates = self.mates(gpu, still.iter().chain(&waiting[n + 1..]));
-            if !self.allocate(i, gpu, &mates, hooks)? {
+            let rest: Vec<u32> = still.iter().chain(&waiting[n + 1..]).copied().collect();
+            let (mates, turn) = self.pass_rule(i, gpu, &rest);
+            if turn == Turn::Refused {
+                // Refused at once now that nothing ends within the wait.
+                self.push(self.now, EV_TIMEOUT, i, self.wait_gen[i as usize]);
+                still.push(i);
+            } else if !self.allocate(i, gpu, &mates, hooks)? {
                 still.push(i);
             }
         }

@@ -302,25 +302,46 @@ pub(super) fn requeue_told(req: &AllocateRequest, profile: &'static ProfileSpec)
 
 /// A batch job that got no instance in time is requeued by the SPANK
 /// plugin (`requeue=yes`, the default) on this answer: its user is told
-/// why (issue 56). Its next run prints the note (it waits in the ledger
-/// for the job's next allocate; a job that was not requeued never asks
-/// again), and its `AdminComment` gets a requeue word now, while it still
-/// runs, which Slurm keeps through the requeue.
+/// why (issue 56), by [`tell_batch_requeue`].
 pub(super) fn batch_no_fit_told(
     cx: &Cx<'_>,
     req: &AllocateRequest,
     reason: &str,
     profile: Option<&'static ProfileSpec>,
 ) {
-    if req.step.is_some_and(|s| s != BATCH_STEP) {
-        return;
-    }
-    let job = req.job_id;
     let told = Requeued::no_room(
         super::clock::unix_now(),
         req.gpu,
         &profile.map_or("an_instance".to_string(), ProfileSpec::name),
     );
+    tell_batch_requeue(cx, req, &told, reason);
+}
+
+/// A batch job refused at once because its scheduling pass does not fit
+/// its GPU together (the allocate's `burst` rule, issue 56 item 2): the
+/// plugin requeues it on this answer, and its user is told why as for
+/// [`batch_no_fit_told`].
+pub(super) fn pass_refusal_told(
+    cx: &Cx<'_>,
+    req: &AllocateRequest,
+    reason: &str,
+    profile: &'static ProfileSpec,
+) {
+    let told = Requeued::pass_refused(super::clock::unix_now(), req.gpu, &profile.name());
+    tell_batch_requeue(cx, req, &told, reason);
+}
+
+/// Tells the user of a batch job that the plugin requeues on this answer
+/// why: its next run prints the line of `told` with smartmigd's `reason`
+/// (it waits in the ledger for the job's next allocate; a job that was not
+/// requeued never asks again), and its `AdminComment` gets the requeue
+/// word now, while it still runs, which Slurm keeps through the requeue. A
+/// step that is not the batch step is not requeued: nothing to tell.
+fn tell_batch_requeue(cx: &Cx<'_>, req: &AllocateRequest, told: &Requeued, reason: &str) {
+    if req.step.is_some_and(|s| s != BATCH_STEP) {
+        return;
+    }
+    let job = req.job_id;
     cx.books
         .node(|l| l.requeue_notes.insert(job, told.line(Some(reason))));
     if !cx.cfg().accounting.admin_comment || !cx.cfg().slurm.enabled {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::allocate::GpuBook;
-use crate::mig::{Layout, Mix};
+use crate::mig::Layout;
 use crate::placement::Contender;
 use crate::plan::Plans;
 use crate::protocol::{PlanStatus, WaitingJob};
@@ -30,6 +30,10 @@ pub(in crate::server) struct Waiter {
 pub(in crate::server) struct JobTimes {
     pub(in crate::server) deadline: f64,
     pub(in crate::server) time_limit_s: Option<u64>,
+    /// Unix second Slurm ends a running job at its time limit (`None`:
+    /// no time limit, or not running): the one end smartmigd knows in
+    /// advance, for [`Ledger::held_past`].
+    pub(in crate::server) end: Option<u64>,
 }
 
 /// The node-wide part of the books, behind one lock ([`super::Books::node`]).
@@ -59,7 +63,7 @@ pub(in crate::server) struct Ledger {
     pub(in crate::server) queue_read: Option<Instant>,
     /// The shard jobs the last queue read showed running on this node:
     /// an allocate leaves room for those of its GPU that hold no instance
-    /// yet ([`Ledger::mates`]).
+    /// yet ([`Ledger::pass_mates`]).
     pub(in crate::server) shard_jobs: Vec<ShardJob>,
     /// Slurm's GPU order against the backend's: checked at start, asked
     /// again until Slurm answers ([`super::super::gpu_order`]).
@@ -68,6 +72,11 @@ pub(in crate::server) struct Ledger {
     /// step), for the job's next run to print in its output: given to its
     /// first allocate after the requeue ([`super::super::room`]).
     pub(in crate::server) requeue_notes: HashMap<u64, String>,
+    /// Unix second each job that the last queue read shows running here
+    /// released its instance (its epilog, or `smartmig release`): ended,
+    /// though the read still lists it, so no longer a mate of anyone's
+    /// pass ([`Ledger::pass_mates`]); a requeued run started later is.
+    pub(in crate::server) released_at: HashMap<u64, u64>,
 }
 
 /// A shard job Slurm runs on this node, as the last queue read showed it.
@@ -97,6 +106,7 @@ impl Ledger {
                 .or(known.map(|k| k.deadline))
                 .unwrap_or(f64::INFINITY),
             time_limit_s: time_limit_s.or(known.and_then(|k| k.time_limit_s)),
+            end: known.and_then(|k| k.end),
         }
     }
 
@@ -117,8 +127,16 @@ impl Ledger {
     /// waiting there, and the shard jobs Slurm started there since
     /// `since` (Unix seconds) that hold no instance yet, mostly the rest of
     /// the scheduling pass that started `except`, whose allocates are on
-    /// their way.
-    pub(in crate::server) fn mates(&self, book: &GpuBook, except: u64, since: u64) -> Mix {
+    /// their way. By job: `(job id, billed compute slices)`, in job id
+    /// order (Slurm's submission order), so that every allocate of a pass
+    /// sees its mates in the same order
+    /// ([`crate::mig::Geometry::turned_away`] turns away the latest).
+    pub(in crate::server) fn pass_mates(
+        &self,
+        book: &GpuBook,
+        except: u64,
+        since: u64,
+    ) -> Vec<(u64, u8)> {
         let spec = book.geometry.spec;
         let billed = |shards: u8| {
             crate::mig::select_profile(spec, shards, None).map_or(0, |p| p.shape.compute)
@@ -127,14 +145,35 @@ impl Ledger {
             .waiting
             .iter()
             .filter(|(&job, w)| w.gpu == book.index && job != except)
-            .map(|(_, w)| billed(w.contender.need.slices));
+            .map(|(&job, w)| (job, billed(w.contender.need.slices)));
         let started = self
             .shard_jobs
             .iter()
             .filter(|j| j.gpu == book.index && j.job_id != except && j.start_time >= since)
             .filter(|j| !self.waiting.contains_key(&j.job_id) && book.find_job(j.job_id).is_none())
-            .map(|j| billed(j.shards));
-        Mix::of(waiting.chain(started))
+            .filter(|j| {
+                self.released_at
+                    .get(&j.job_id)
+                    .is_none_or(|&t| t < j.start_time)
+            })
+            .map(|j| (j.job_id, billed(j.shards)));
+        let mut mates: Vec<(u64, u8)> = waiting.chain(started).filter(|m| m.1 > 0).collect();
+        mates.sort_unstable();
+        mates
+    }
+
+    /// Whether job `job_id` runs past `horizon` (Unix seconds) as far as
+    /// smartmigd can know in advance: the last queue read shows it running
+    /// with a time limit that ends later. A job may end sooner; this is
+    /// the only end known beforehand. A job the read does not show, or
+    /// shows without a time limit, gives no such bound (`false`): the
+    /// pass refusal ([`crate::mig::Geometry::turned_away`]) is conservative
+    /// and rests on no guess.
+    pub(in crate::server) fn held_past(&self, job_id: u64, horizon: u64) -> bool {
+        self.job_times
+            .get(&job_id)
+            .and_then(|t| t.end)
+            .is_some_and(|end| end > horizon)
     }
 
     /// Remembers the shard jobs `q` shows running on `node`.
@@ -153,6 +192,9 @@ impl Ledger {
                 })
             })
             .collect();
+        let running = &self.shard_jobs;
+        self.released_at
+            .retain(|job, _| running.iter().any(|j| j.job_id == *job));
     }
 
     /// The other allocates waiting on `gpu`, as the placement rule sees them.
@@ -200,6 +242,7 @@ impl Ledger {
                     JobTimes {
                         deadline,
                         time_limit_s: j.time_limit_s,
+                        end: (j.state == JobState::Running).then_some(end).flatten(),
                     },
                 )
             })

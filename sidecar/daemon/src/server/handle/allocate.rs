@@ -16,11 +16,13 @@ use crate::allocate::{Assignment, Beside, GpuBook, Need, Plan, Refusal};
 use crate::config::Mode;
 use crate::grant;
 use crate::memory::Sizing;
-use crate::mig::ProfileSpec;
+use crate::mig::{Mix, ProfileSpec};
 use crate::placement::{Contender, PlacementRule, Turn};
 use crate::protocol::{AllocAction, AllocateReply, AllocateRequest, ErrorBody, ErrorKind};
 use crate::usage::SliceTag;
 use crate::workload::MemoryKey;
+
+mod burst;
 
 /// Characters of a job name kept in a memory key.
 const MAX_JOB_NAME_CHARS: usize = 200;
@@ -92,6 +94,10 @@ async fn allocate(cx: &Cx<'_>, req: AllocateRequest) -> Result<AllocateReply, Er
                 // The GPU's busy instances changed: its holds follow.
                 cx.books.want_holds();
                 return Ok(reply);
+            }
+            Step::Refuse { reason, profile } => {
+                drop(st);
+                return Err(refuse_now(cx, &req, reason, profile).await);
             }
             Step::Wait {
                 reason,
@@ -403,6 +409,13 @@ enum Step {
         mine: bool,
         no_room_for: Option<&'static ProfileSpec>,
     },
+    /// Its scheduling pass does not fit the GPU together and this job is
+    /// the one turned away, with nothing there ending within the wait
+    /// ([`burst`]): refused now, for `reason`; `profile`: its own.
+    Refuse {
+        reason: String,
+        profile: &'static ProfileSpec,
+    },
 }
 
 /// Whether `me` can be served now on `gpu` (locked in `st`), and how.
@@ -419,10 +432,12 @@ fn next_step(
     let since = queue::pass_window_start(cfg);
     // Before the ledger's lock below: the rule takes it too.
     let holds = holds::rule(cx);
-    let beside = Beside {
-        mates: cx.books.node(|l| l.mates(&st.book, req.job_id, since)),
-        holds,
+    let pass = burst::decide(cx, st, req, me.need, since);
+    let mates = match pass_step(gpu, st, req.job_id, pass) {
+        Ok(mates) => mates,
+        Err(step) => return Ok(step),
     };
+    let beside = Beside { mates, holds };
     let planned = st.book.plan_beside(me.need, &beside);
     if let (false, Ok((profile, plan))) = (beside.mates.is_empty(), &planned) {
         // Which jobs of its pass an allocate left room for: the log line
@@ -493,6 +508,36 @@ fn next_step(
             no_room_for: None,
         }),
     }
+}
+
+/// The mates an allocate leaves room for, or, when its pass refuses it
+/// now ([`burst`]), that step. A promise of room to job `job_id` is
+/// withdrawn, and the other waiters decide again.
+fn pass_step(gpu: &Gpu, st: &mut GpuState, job_id: u64, pass: burst::Pass) -> Result<Mix, Step> {
+    let step = match pass {
+        burst::Pass::Place(mates) => return Ok(mates),
+        burst::Pass::Refuse(reason, profile) => Step::Refuse { reason, profile },
+    };
+    if st.promised.as_ref().is_some_and(|t| t.job_id == job_id) {
+        st.promised = None;
+        gpu.released.notify_waiters();
+    }
+    Err(step)
+}
+
+/// Answers an allocate that [`burst`] refused at once: its shards go back
+/// to Slurm with the requeue that follows, so the holds are synced first
+/// (as for an allocate that gave up waiting, [`Wait::for_room`]), and a
+/// batch job's user is told why ([`room::pass_refusal_told`]).
+async fn refuse_now(
+    cx: &Cx<'_>,
+    req: &AllocateRequest,
+    reason: String,
+    profile: &'static ProfileSpec,
+) -> ErrorBody {
+    holds::sync(cx).await;
+    room::pass_refusal_told(cx, req, &reason, profile);
+    ErrorBody::new(ErrorKind::NoFit, reason)
 }
 
 /// The turn on `st`'s GPU when `me` could be served now: the promise

@@ -36,6 +36,11 @@ pub(super) async fn serve(cx: &Cx<'_>, req: ReleaseRequest) -> Result<ReleaseRep
     for gpu in &cx.books.gpus {
         release_on(cx, gpu, &req, now, &mut freed).await;
     }
+    if freed.released > 0 {
+        // Slurm may list the job as running a while longer: it is no
+        // allocate's mate any more.
+        cx.books.node(|l| l.released_at.insert(req.job_id, now));
+    }
     if !freed.usage.is_empty() {
         cx.svc.usage.record(
             freed.usage,
