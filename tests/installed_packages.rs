@@ -471,6 +471,10 @@ fn installed_packages_run_a_shard_job() {
     // that copy once the package's is gone, and hide a plugstack line
     // that names a deleted plugin (step 5).
     std::env::remove_var("LD_LIBRARY_PATH");
+    // The node as the quickstart sets it up: one GRES type per GPU, so the
+    // installed config's `holds = "auto"` (no key) holds by `any-mix`
+    // (issue 56, item 6: the installed path covers the default holds).
+    std::env::set_var("SMARTMIG_SLURM_TYPED_GPUS", "1");
     // Each series has its own plugin packages: `+slurm24.11.5` in the
     // .deb's version, `.slurm24.11.5` in the .rpm's release.
     let series = running_series();
@@ -607,6 +611,30 @@ fn installed_packages_run_a_shard_job() {
         daemon
     };
     let _daemon = start_daemon();
+    // The packaged default holds: `auto` runs `any-mix` once Slurm shows
+    // the typed gres.conf (it may answer before Slurm does).
+    let holds_state = || {
+        let out = in_slurm("/usr/bin/smartmig")
+            .args(["status", "--json", "--socket"])
+            .arg(dir.join("run/smartmig.sock"))
+            .output()
+            .expect("smartmig status");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        (
+            v["holds"]["configured"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            v["holds"]["state"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    assert!(
+        smartmig_suite::holds_within(Duration::from_secs(30), || holds_state()
+            == ("auto".to_string(), "any-mix".to_string())),
+        "the installed default config does not hold by any-mix on a typed node: {:?}\n{}",
+        holds_state(),
+        cluster.log_tails()
+    );
 
     // 4. doctor from the package, then a job.
     let doctor = in_slurm("/usr/bin/smartmig")

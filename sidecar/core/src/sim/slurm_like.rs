@@ -441,20 +441,7 @@ impl<'j> Deploy<'j> {
                 .map_err(|e| SimError::Power { model, source: e })?;
             powers.push(p);
         }
-        let profile: Vec<_> = jobs
-            .iter()
-            .map(|j| {
-                let mut out = [None; MODEL_COUNT];
-                for (slot, m) in models.iter().enumerate() {
-                    out[slot] = if slurm.bill_compute {
-                        super::asked_variant(j, *m)
-                    } else {
-                        super::asked_profile(j, *m)
-                    };
-                }
-                out
-            })
-            .collect();
+        let profile = billed_profiles(jobs, &models, slurm);
         let mut order: Vec<u32> = (0..jobs.len() as u32).collect();
         order.sort_by(|&a, &b| {
             let (x, y) = (&jobs[a as usize], &jobs[b as usize]);
@@ -1345,4 +1332,26 @@ impl<'j> Deploy<'j> {
         s.record(&Record::Summary(self.m.summary_record(horizon)))?;
         Ok(())
     }
+}
+
+/// The profile each job is built on each model (by the cluster's model
+/// slots), as `job_submit.lua` bills it ([`SlurmLike::bill_compute`]).
+fn billed_profiles(
+    jobs: &[Job],
+    models: &[GpuModel],
+    slurm: &SlurmLike,
+) -> Vec<[Option<&'static ProfileSpec>; MODEL_COUNT]> {
+    jobs.iter()
+        .map(|j| {
+            let mut out = [None; MODEL_COUNT];
+            for (slot, m) in models.iter().enumerate() {
+                out[slot] = if slurm.bill_compute {
+                    super::asked_variant(j, *m)
+                } else {
+                    super::asked_profile(j, *m)
+                };
+            }
+            out
+        })
+        .collect()
 }
