@@ -28,7 +28,13 @@ For every job with `shard` or `gpu` GRES or smartmig options it:
     (the smallest profile with >= K slices and >= the `--mig-mem` memory, or
     the `--mig-profile`), rewrites the job's `--gres`, and tells the user once,
     e.g. "smartmig: shard:5 billed as shard:7 (no 5-slice MIG profile on
-    a100-40gb)".
+    a100-40gb)". A memory variant (a profile with more memory slices than
+    the default one of its compute size: 1g.10gb on an A100-40GB) blocks
+    the shards of a bigger default profile, its `room` (2g.10gb), and is
+    billed those: `shard:1 --mig-mem=8G` is billed shard:2 and the sidecar
+    builds the 2g.10gb; `--mig-profile=1g.10gb` is billed shard:2 and
+    gets the 1g.10gb it asked for. Billed fewer, Slurm would offer a shard
+    whose memory is gone.
 Jobs without GPUs and without smartmig options, and jobs submitted only to
 SMARTMIG_OTHER_PARTITIONS, pass untouched. The same
 checks run on `scontrol update` of a pending job's gres or partition
@@ -93,7 +99,8 @@ local SMARTMIG_OTHER_PARTITIONS = {
 -- the "+me", "-me", "+gfx", "+me.all" variants are refused by name below).
 -- `cargo test -p smartmig-mig lua_tables` fails when they differ and prints
 -- the block to paste here. compute and memory
--- are slices, memory_gb is the GB in the profile name.
+-- are slices, memory_gb is the GB in the profile name, room the default
+-- profile whose shards the profile blocks (models.rs room_profile).
 ------------------------------------------------------------------------------
 -- BEGIN SMARTMIG MIG TABLES
 local MIG_MODELS = {
@@ -398,6 +405,20 @@ local function select_profile(model, slices, memory_gb)
     return nil
 end
 
+-- The default profile whose room `p` takes (models.rs room_profile): a
+-- memory variant such as 1g.10gb on an A100-40GB (1 compute slice, 2 memory
+-- slices) blocks the shards of a 2g.10gb, so it is billed those; a default
+-- profile is its own room. Slurm counts compute shards only: billed fewer,
+-- it would offer a shard whose memory is gone (issue 55).
+local function room_of(model, p)
+    for _, q in ipairs(model.profiles) do
+        if q.name == p.room then
+            return q
+        end
+    end
+    return p
+end
+
 -- A GRES count as Slurm writes it: digits with an optional k/m/g suffix
 -- ("2", "1k"), or nil.
 local function parse_count(text)
@@ -513,12 +534,18 @@ local function decide(model, k, mig_mem, mig_profile)
         if p == nil then
             return { error = err }
         end
-        if p.compute < k then
+        local room = room_of(model, p)
+        if room.compute < k then
             return { error = string.format(
                 "--mig-profile=%s has %d compute slices but the job asks for shard:%d; use --gres=shard:%d",
-                mig_profile, p.compute, k, p.compute) }
+                mig_profile, p.compute, k, room.compute) }
         end
-        if p.compute > k then
+        if room.compute > k and room ~= p then
+            return { k = room.compute, note = string.format(
+                "%s with --mig-profile=%s billed as %s (%s: %s's memory takes the room of a %s; the job gets %s)",
+                shard_text(k), mig_profile, shard_text(room.compute), model.id, p.name, room.name, p.name) }
+        end
+        if room.compute > k then
             return { k = p.compute, note = string.format(
                 "%s with --mig-profile=%s billed as %s (%s has %d compute slices)",
                 shard_text(k), mig_profile, shard_text(p.compute), p.name, p.compute) }
@@ -539,8 +566,17 @@ local function decide(model, k, mig_mem, mig_profile)
             "--mig-mem=%s: %s GB is more than any %s profile with %d or more compute slices has (the largest has %d GB)",
             tostring(mig_mem), gb_text(memory_gb or 0), model.id, k, model.memory_gb) }
     end
-    if p.compute == k then
+    -- A memory variant is billed and built as its room: smartmigd, asked
+    -- for the room's slices and the same memory, builds the room.
+    local room = room_of(model, p)
+    if room.compute == k then
         return { k = k }
+    end
+    if memory_gb ~= nil and room ~= p then
+        return { k = room.compute, note = string.format(
+            "%s with --mig-mem=%s billed as %s (%s: %s GB needs %s's memory, which takes the room of a %s; the job gets %s)",
+            shard_text(k), mig_mem, shard_text(room.compute), model.id, gb_text(memory_gb), p.name,
+            room.name, room.name) }
     end
     if memory_gb ~= nil and select_profile(model, k, nil).compute == k then
         return { k = p.compute, note = string.format(
