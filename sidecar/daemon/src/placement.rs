@@ -172,7 +172,7 @@ impl Contender {
 
     /// The plan the rule-based placements give it.
     fn plan(&self, book: &GpuBook) -> Result<(&'static ProfileSpec, Plan), Refusal> {
-        book.plan(self.need)
+        book.plan_exact_beside(self.need, self.exact, &crate::allocate::Beside::default())
     }
 
     /// The profiles the learned placement may give it now: those of its

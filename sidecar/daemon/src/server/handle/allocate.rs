@@ -437,7 +437,7 @@ fn next_step(
         mates: cx.books.node(|l| l.mates(&st.book, req.job_id, since)),
         holds,
     };
-    let planned = st.book.plan_beside(me.need, &beside);
+    let planned = st.book.plan_exact_beside(me.need, me.exact, &beside);
     if let (false, Ok((profile, plan))) = (beside.mates.is_empty(), &planned) {
         // Which jobs of its pass an allocate left room for: the log line
         // that explains a later no_fit (docs/slurm-integration.md §9).
