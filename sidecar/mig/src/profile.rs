@@ -482,7 +482,11 @@ mod user_guide {
                     .filter(|p| p.shape.compute == 1)
                     .max_by_key(|p| p.shape.memory)
                     .filter(|p| p.shape.memory > 1);
-                return wide.map_or("-".into(), |p| format!("`{}`", p.name()));
+                // Billed and built as the room its memory takes (issue 55).
+                return wide.map_or("-".into(), |p| {
+                    let room = spec.room_profile(p);
+                    format!("`{}`, billed shard:{}", room.name(), room.shape.compute)
+                });
             }
             k => k.split(", ").map(|k| k.parse().unwrap()).collect(),
         };
