@@ -504,20 +504,34 @@ fn bad_options_are_refused_at_submit_and_cpu_jobs_are_untouched() {
 }
 
 /// `--mig-profile`: a profile of the node's GPU model that agrees with the
-/// shard count is what the job gets; one that the model lacks, or whose
-/// `Ng` differs from K, fails the job with the reason (the model is only
-/// known on the node, so sbatch accepted both).
+/// shard count (its `Ng`, or a memory variant's room: 1g.10gb at shard:2)
+/// is what the job gets; one that the model lacks, or billed other shards
+/// than it blocks, fails the job with the reason (the model is only known
+/// on the node, so sbatch accepted them).
 #[test]
 fn mig_profile_is_checked_on_the_node() {
     let (cluster, sidecar) = cluster_with_sidecar("");
     let echo = "echo CVD=$CUDA_VISIBLE_DEVICES PROFILE=$SMARTMIG_PROFILE";
 
-    let args = ["--gres=shard:2", "--mig-profile=1g.10gb"];
+    // 1g.10gb blocks a 2g.10gb's shards (issue 55): at shard:1 (no
+    // job_submit.lua here to bill it shard:2) it is refused.
+    let args = ["--gres=shard:1", "--mig-profile=1g.10gb"];
+    let (_, state, text) = run_to_end(&cluster, "profile-short.out", &args, echo);
+    assert_eq!(state, "FAILED", "{text}");
+    assert!(
+        text.contains(
+            "--mig-profile=1g.10gb has 1 compute slices but the job asked for --gres=shard:1; \
+             use --gres=shard:2 (1g.10gb's memory takes the room of a 2g.10gb"
+        ),
+        "{text}"
+    );
+    let args = ["--gres=shard:3", "--mig-profile=2g.10gb"];
     let (_, state, text) = run_to_end(&cluster, "profile-ok.out", &args, echo);
     assert_eq!(state, "FAILED", "{text}");
     assert!(
         text.contains(
-            "--mig-profile=1g.10gb has 1 compute slices but the job asked for --gres=shard:2"
+            "--mig-profile=2g.10gb has 2 compute slices but the job asked for --gres=shard:3; \
+             use --gres=shard:2"
         ),
         "{text}"
     );
@@ -527,7 +541,7 @@ fn mig_profile_is_checked_on_the_node() {
     assert_eq!(state, "FAILED", "{text}");
     assert!(text.contains("a100-40gb"), "{text}");
 
-    let args = ["--gres=shard:1", "--mig-profile=1g.10gb"];
+    let args = ["--gres=shard:2", "--mig-profile=1g.10gb"];
     let (_, state, text) = run_to_end(&cluster, "profile-1g10.out", &args, echo);
     assert_eq!(state, "COMPLETED", "{text}");
     let f = fields(&text);

@@ -123,10 +123,12 @@ fn wait_for(
 
 /// A job without `--mig-mem` starts on the smallest 1-slice profile
 /// (`1g.5gb`), writes the out-of-memory marker and fails; smartmigd requeues
-/// it and its second run gets the next larger memory size (`1g.10gb`) and
-/// completes. The same job name submitted again starts on `1g.10gb` at once
-/// (learned estimate: 5 GB ran out, so at least 6 GB), and a run that writes
-/// the marker but exits 0 is not requeued. A job that always runs out of
+/// it and its second run gets the next larger memory size as the room it
+/// takes (`2g.10gb`, its shard request raised to 2: issue 55) and
+/// completes. The same job name submitted again with one shard starts on
+/// `1g.5gb` (the learned 6 GB is capped within its one billed shard: the
+/// `1g.10gb` that holds it blocks two), and a run that writes the marker
+/// but exits 0 is not requeued. A job that always runs out of
 /// memory is restarted `max_retries` (2) times on ever larger profiles and
 /// then stays FAILED. Every decision is in `smartmig status`.
 #[test]
@@ -145,7 +147,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     );
     let jobs = cluster.shared_dir();
 
-    // 1. OOM on 1g.5gb, requeued, completes on 1g.10gb.
+    // 1. OOM on 1g.5gb, requeued, completes on 2g.10gb (billed shard:2).
     let out1 = jobs.join("oom1.out");
     let job1 = submit(
         &cluster,
@@ -162,7 +164,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     let r = runs(&text);
     assert_eq!(
         r,
-        vec![(0, "1g.5gb".to_string()), (1, "1g.10gb".to_string())],
+        vec![(0, "1g.5gb".to_string()), (1, "2g.10gb".to_string())],
         "job {job1} output:\n{text}"
     );
     assert!(text.contains("FAILING"), "{text}");
@@ -227,8 +229,8 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     assert!(table.contains("Memory estimates"), "{table}");
     eprintln!("OOM restart done after {:?}", t0.elapsed());
 
-    // 2. Same name again: starts on the learned size; a marker with exit 0
-    // is no out-of-memory failure.
+    // 2. Same name again: the learned size, capped within its one billed
+    // shard (issue 55); a marker with exit 0 is no out-of-memory failure.
     let out2 = jobs.join("oom2.out");
     let job2 = submit(
         &cluster,
@@ -242,8 +244,8 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
     assert_eq!(state, "COMPLETED", "{text}\n{}", cluster.log_tails());
     assert_eq!(
         runs(&text),
-        vec![(0, "1g.10gb".to_string())],
-        "job {job2} should start on the learned size:\n{text}"
+        vec![(0, "1g.5gb".to_string())],
+        "job {job2} should start within its one shard:\n{text}"
     );
     let status = sidecar.status();
     assert!(
@@ -271,7 +273,7 @@ fn oom_job_restarts_on_a_larger_profile_and_the_estimate_is_learned() {
         runs(&text),
         vec![
             (0, "1g.5gb".to_string()),
-            (1, "1g.10gb".to_string()),
+            (1, "2g.10gb".to_string()),
             (2, "3g.20gb".to_string())
         ],
         "job {job3} output:\n{text}"

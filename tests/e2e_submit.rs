@@ -189,6 +189,12 @@ fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
         &["--gres=shard:5", "--mig-profile=4g.20gb"],
         "--mig-profile=4g.20gb has 4 compute slices but the job asks for shard:5",
     );
+    // A memory variant is billed its room (issue 55), no more.
+    assert_refused(
+        &cluster,
+        &["--gres=shard:3", "--mig-profile=1g.10gb"],
+        "--mig-profile=1g.10gb has 1 compute slices but the job asks for shard:3; use --gres=shard:2",
+    );
     // srun and salloc pass the options in spank_job_env too (no batch
     // environment): refused before anything runs.
     let out = cluster
@@ -239,9 +245,37 @@ fn submit_refuses_what_mig_cannot_build_and_bills_what_it_builds() {
             "gres:shard:3",
             None,
         ),
+        // Issue 55: memory that needs a memory variant (1g.10gb: 1 compute
+        // slice, 2 memory slices) is billed and built as the default
+        // profile of the room it takes, else Slurm offers a shard whose
+        // memory is gone.
+        assert_billed(
+            &cluster,
+            &["--gres=shard:1", "--mig-mem=8G"],
+            "gres:shard:2",
+            Some("shard:1 with --mig-mem=8G billed as shard:2 (a100-40gb: 8 GB needs 1g.10gb's memory, which takes the room of a 2g.10gb; the job gets 2g.10gb)"),
+        ),
         assert_billed(
             &cluster,
             &["--gres=shard:1", "--mig-mem=10G"],
+            "gres:shard:2",
+            Some("shard:1 with --mig-mem=10G billed as shard:2"),
+        ),
+        assert_billed(
+            &cluster,
+            &["--gres=shard:1", "--mig-profile=1g.10gb"],
+            "gres:shard:2",
+            Some("shard:1 with --mig-profile=1g.10gb billed as shard:2 (a100-40gb: 1g.10gb's memory takes the room of a 2g.10gb; the job gets 1g.10gb)"),
+        ),
+        assert_billed(
+            &cluster,
+            &["--gres=shard:2", "--mig-profile=1g.10gb"],
+            "gres:shard:2",
+            None,
+        ),
+        assert_billed(
+            &cluster,
+            &["--gres=shard:1", "--mig-mem=5G"],
             "gres:shard:1",
             None,
         ),
@@ -901,7 +935,9 @@ fn side_by_side(
 /// so Slurm puts a `shard:2` job on the other GPU, where it gets its
 /// instance (without the script Slurm puts it next to the 7g instance and
 /// it fails). Then `shard:1 --mig-mem=20G` (a 3g.20gb instance) next to
-/// `shard:6` (7g): both run, on different GPUs. Then a whole GPU next to
+/// `shard:6` (7g): both run, on different GPUs. Then `shard:1
+/// --mig-mem=8G` (billed shard:2, built 2g.10gb) next to `shard:1
+/// --mig-profile=1g.10gb` (billed shard:2, built 1g.10gb). Then a whole GPU next to
 /// `shard:2`, in the `=` spelling where the series takes it.
 #[test]
 fn rounded_jobs_run_side_by_side_without_failures() {
@@ -926,6 +962,18 @@ fn rounded_jobs_run_side_by_side_without_failures() {
         &["--gres=shard:1", "--mig-mem=20G"],
     );
     assert_eq!((p6.as_str(), p1.as_str()), ("7g.40gb", "3g.20gb"));
+
+    // Issue 55: `shard:1 --mig-mem=8G` is billed shard:2 and built as the
+    // 2g.10gb whose room its memory takes; an explicit 1g.10gb is billed
+    // the same room and built as asked.
+    let (pm, pp) = side_by_side(
+        &cluster,
+        &sidecar,
+        "room",
+        &["--gres=shard:1", "--mig-mem=8G"],
+        &["--gres=shard:1", "--mig-profile=1g.10gb"],
+    );
+    assert_eq!((pm.as_str(), pp.as_str()), ("2g.10gb", "1g.10gb"));
 
     // Issue 53: the `=` spelling that 24.11 and 26.05 take (`--gres=gpu=1`,
     // `--gres=shard=2`) is billed and runs like the `:` one: a whole GPU as

@@ -28,7 +28,13 @@ For every job with `shard` or `gpu` GRES or smartmig options it:
     (the smallest profile with >= K slices and >= the `--mig-mem` memory, or
     the `--mig-profile`), rewrites the job's `--gres`, and tells the user once,
     e.g. "smartmig: shard:5 billed as shard:7 (no 5-slice MIG profile on
-    a100-40gb)".
+    a100-40gb)". A memory variant (a profile with more memory slices than
+    the default one of its compute size: 1g.10gb on an A100-40GB) blocks
+    the shards of a bigger default profile, its `room` (2g.10gb), and is
+    billed those: `shard:1 --mig-mem=8G` is billed shard:2 and the sidecar
+    builds the 2g.10gb; `--mig-profile=1g.10gb` is billed shard:2 and
+    gets the 1g.10gb it asked for. Billed fewer, Slurm would offer a shard
+    whose memory is gone.
 Jobs without GPUs and without smartmig options, and jobs submitted only to
 SMARTMIG_OTHER_PARTITIONS, pass untouched. The same
 checks run on `scontrol update` of a pending job's gres or partition
@@ -93,95 +99,96 @@ local SMARTMIG_OTHER_PARTITIONS = {
 -- the "+me", "-me", "+gfx", "+me.all" variants are refused by name below).
 -- `cargo test -p smartmig-mig lua_tables` fails when they differ and prints
 -- the block to paste here. compute and memory
--- are slices, memory_gb is the GB in the profile name.
+-- are slices, memory_gb is the GB in the profile name, room the default
+-- profile whose shards the profile blocks (models.rs room_profile).
 ------------------------------------------------------------------------------
 -- BEGIN SMARTMIG MIG TABLES
 local MIG_MODELS = {
     { id = "a30-24gb", compute_slices = 4, memory_slices = 4, memory_gb = 24, profiles = {
-        { compute = 1, memory = 1, memory_gb = 6, name = "1g.6gb" },
-        { compute = 2, memory = 2, memory_gb = 12, name = "2g.12gb" },
-        { compute = 4, memory = 4, memory_gb = 24, name = "4g.24gb" },
+        { compute = 1, memory = 1, memory_gb = 6, name = "1g.6gb", room = "1g.6gb" },
+        { compute = 2, memory = 2, memory_gb = 12, name = "2g.12gb", room = "2g.12gb" },
+        { compute = 4, memory = 4, memory_gb = 24, name = "4g.24gb", room = "4g.24gb" },
     } },
     { id = "a100-40gb", compute_slices = 7, memory_slices = 8, memory_gb = 40, profiles = {
-        { compute = 1, memory = 1, memory_gb = 5, name = "1g.5gb" },
-        { compute = 1, memory = 2, memory_gb = 10, name = "1g.10gb" },
-        { compute = 2, memory = 2, memory_gb = 10, name = "2g.10gb" },
-        { compute = 3, memory = 4, memory_gb = 20, name = "3g.20gb" },
-        { compute = 4, memory = 4, memory_gb = 20, name = "4g.20gb" },
-        { compute = 7, memory = 8, memory_gb = 40, name = "7g.40gb" },
+        { compute = 1, memory = 1, memory_gb = 5, name = "1g.5gb", room = "1g.5gb" },
+        { compute = 1, memory = 2, memory_gb = 10, name = "1g.10gb", room = "2g.10gb" },
+        { compute = 2, memory = 2, memory_gb = 10, name = "2g.10gb", room = "2g.10gb" },
+        { compute = 3, memory = 4, memory_gb = 20, name = "3g.20gb", room = "3g.20gb" },
+        { compute = 4, memory = 4, memory_gb = 20, name = "4g.20gb", room = "4g.20gb" },
+        { compute = 7, memory = 8, memory_gb = 40, name = "7g.40gb", room = "7g.40gb" },
     } },
     { id = "a100-80gb", compute_slices = 7, memory_slices = 8, memory_gb = 80, profiles = {
-        { compute = 1, memory = 1, memory_gb = 10, name = "1g.10gb" },
-        { compute = 1, memory = 2, memory_gb = 20, name = "1g.20gb" },
-        { compute = 2, memory = 2, memory_gb = 20, name = "2g.20gb" },
-        { compute = 3, memory = 4, memory_gb = 40, name = "3g.40gb" },
-        { compute = 4, memory = 4, memory_gb = 40, name = "4g.40gb" },
-        { compute = 7, memory = 8, memory_gb = 80, name = "7g.80gb" },
+        { compute = 1, memory = 1, memory_gb = 10, name = "1g.10gb", room = "1g.10gb" },
+        { compute = 1, memory = 2, memory_gb = 20, name = "1g.20gb", room = "2g.20gb" },
+        { compute = 2, memory = 2, memory_gb = 20, name = "2g.20gb", room = "2g.20gb" },
+        { compute = 3, memory = 4, memory_gb = 40, name = "3g.40gb", room = "3g.40gb" },
+        { compute = 4, memory = 4, memory_gb = 40, name = "4g.40gb", room = "4g.40gb" },
+        { compute = 7, memory = 8, memory_gb = 80, name = "7g.80gb", room = "7g.80gb" },
     } },
     { id = "h100-80gb", compute_slices = 7, memory_slices = 8, memory_gb = 80, profiles = {
-        { compute = 1, memory = 1, memory_gb = 10, name = "1g.10gb" },
-        { compute = 1, memory = 2, memory_gb = 20, name = "1g.20gb" },
-        { compute = 2, memory = 2, memory_gb = 20, name = "2g.20gb" },
-        { compute = 3, memory = 4, memory_gb = 40, name = "3g.40gb" },
-        { compute = 4, memory = 4, memory_gb = 40, name = "4g.40gb" },
-        { compute = 7, memory = 8, memory_gb = 80, name = "7g.80gb" },
+        { compute = 1, memory = 1, memory_gb = 10, name = "1g.10gb", room = "1g.10gb" },
+        { compute = 1, memory = 2, memory_gb = 20, name = "1g.20gb", room = "2g.20gb" },
+        { compute = 2, memory = 2, memory_gb = 20, name = "2g.20gb", room = "2g.20gb" },
+        { compute = 3, memory = 4, memory_gb = 40, name = "3g.40gb", room = "3g.40gb" },
+        { compute = 4, memory = 4, memory_gb = 40, name = "4g.40gb", room = "4g.40gb" },
+        { compute = 7, memory = 8, memory_gb = 80, name = "7g.80gb", room = "7g.80gb" },
     } },
     { id = "h100-94gb", compute_slices = 7, memory_slices = 8, memory_gb = 94, profiles = {
-        { compute = 1, memory = 1, memory_gb = 12, name = "1g.12gb" },
-        { compute = 1, memory = 2, memory_gb = 24, name = "1g.24gb" },
-        { compute = 2, memory = 2, memory_gb = 24, name = "2g.24gb" },
-        { compute = 3, memory = 4, memory_gb = 47, name = "3g.47gb" },
-        { compute = 4, memory = 4, memory_gb = 47, name = "4g.47gb" },
-        { compute = 7, memory = 8, memory_gb = 94, name = "7g.94gb" },
+        { compute = 1, memory = 1, memory_gb = 12, name = "1g.12gb", room = "1g.12gb" },
+        { compute = 1, memory = 2, memory_gb = 24, name = "1g.24gb", room = "2g.24gb" },
+        { compute = 2, memory = 2, memory_gb = 24, name = "2g.24gb", room = "2g.24gb" },
+        { compute = 3, memory = 4, memory_gb = 47, name = "3g.47gb", room = "3g.47gb" },
+        { compute = 4, memory = 4, memory_gb = 47, name = "4g.47gb", room = "4g.47gb" },
+        { compute = 7, memory = 8, memory_gb = 94, name = "7g.94gb", room = "7g.94gb" },
     } },
     { id = "h200-141gb", compute_slices = 7, memory_slices = 8, memory_gb = 141, profiles = {
-        { compute = 1, memory = 1, memory_gb = 18, name = "1g.18gb" },
-        { compute = 1, memory = 2, memory_gb = 35, name = "1g.35gb" },
-        { compute = 2, memory = 2, memory_gb = 35, name = "2g.35gb" },
-        { compute = 3, memory = 4, memory_gb = 71, name = "3g.71gb" },
-        { compute = 4, memory = 4, memory_gb = 71, name = "4g.71gb" },
-        { compute = 7, memory = 8, memory_gb = 141, name = "7g.141gb" },
+        { compute = 1, memory = 1, memory_gb = 18, name = "1g.18gb", room = "1g.18gb" },
+        { compute = 1, memory = 2, memory_gb = 35, name = "1g.35gb", room = "2g.35gb" },
+        { compute = 2, memory = 2, memory_gb = 35, name = "2g.35gb", room = "2g.35gb" },
+        { compute = 3, memory = 4, memory_gb = 71, name = "3g.71gb", room = "3g.71gb" },
+        { compute = 4, memory = 4, memory_gb = 71, name = "4g.71gb", room = "4g.71gb" },
+        { compute = 7, memory = 8, memory_gb = 141, name = "7g.141gb", room = "7g.141gb" },
     } },
     { id = "b200-180gb", compute_slices = 7, memory_slices = 8, memory_gb = 180, profiles = {
-        { compute = 1, memory = 1, memory_gb = 23, name = "1g.23gb" },
-        { compute = 1, memory = 2, memory_gb = 45, name = "1g.45gb" },
-        { compute = 2, memory = 2, memory_gb = 45, name = "2g.45gb" },
-        { compute = 3, memory = 4, memory_gb = 90, name = "3g.90gb" },
-        { compute = 4, memory = 4, memory_gb = 90, name = "4g.90gb" },
-        { compute = 7, memory = 8, memory_gb = 180, name = "7g.180gb" },
+        { compute = 1, memory = 1, memory_gb = 23, name = "1g.23gb", room = "1g.23gb" },
+        { compute = 1, memory = 2, memory_gb = 45, name = "1g.45gb", room = "2g.45gb" },
+        { compute = 2, memory = 2, memory_gb = 45, name = "2g.45gb", room = "2g.45gb" },
+        { compute = 3, memory = 4, memory_gb = 90, name = "3g.90gb", room = "3g.90gb" },
+        { compute = 4, memory = 4, memory_gb = 90, name = "4g.90gb", room = "4g.90gb" },
+        { compute = 7, memory = 8, memory_gb = 180, name = "7g.180gb", room = "7g.180gb" },
     } },
     { id = "gb200-186gb", compute_slices = 7, memory_slices = 8, memory_gb = 186, profiles = {
-        { compute = 1, memory = 1, memory_gb = 23, name = "1g.23gb" },
-        { compute = 1, memory = 2, memory_gb = 47, name = "1g.47gb" },
-        { compute = 2, memory = 2, memory_gb = 47, name = "2g.47gb" },
-        { compute = 3, memory = 4, memory_gb = 93, name = "3g.93gb" },
-        { compute = 4, memory = 4, memory_gb = 93, name = "4g.93gb" },
-        { compute = 7, memory = 8, memory_gb = 186, name = "7g.186gb" },
+        { compute = 1, memory = 1, memory_gb = 23, name = "1g.23gb", room = "1g.23gb" },
+        { compute = 1, memory = 2, memory_gb = 47, name = "1g.47gb", room = "2g.47gb" },
+        { compute = 2, memory = 2, memory_gb = 47, name = "2g.47gb", room = "2g.47gb" },
+        { compute = 3, memory = 4, memory_gb = 93, name = "3g.93gb", room = "3g.93gb" },
+        { compute = 4, memory = 4, memory_gb = 93, name = "4g.93gb", room = "4g.93gb" },
+        { compute = 7, memory = 8, memory_gb = 186, name = "7g.186gb", room = "7g.186gb" },
     } },
     { id = "b300-288gb", compute_slices = 7, memory_slices = 8, memory_gb = 269, profiles = {
-        { compute = 1, memory = 1, memory_gb = 34, name = "1g.34gb" },
-        { compute = 1, memory = 2, memory_gb = 67, name = "1g.67gb" },
-        { compute = 2, memory = 2, memory_gb = 67, name = "2g.67gb" },
-        { compute = 3, memory = 4, memory_gb = 135, name = "3g.135gb" },
-        { compute = 4, memory = 4, memory_gb = 135, name = "4g.135gb" },
-        { compute = 7, memory = 8, memory_gb = 269, name = "7g.269gb" },
+        { compute = 1, memory = 1, memory_gb = 34, name = "1g.34gb", room = "1g.34gb" },
+        { compute = 1, memory = 2, memory_gb = 67, name = "1g.67gb", room = "2g.67gb" },
+        { compute = 2, memory = 2, memory_gb = 67, name = "2g.67gb", room = "2g.67gb" },
+        { compute = 3, memory = 4, memory_gb = 135, name = "3g.135gb", room = "3g.135gb" },
+        { compute = 4, memory = 4, memory_gb = 135, name = "4g.135gb", room = "4g.135gb" },
+        { compute = 7, memory = 8, memory_gb = 269, name = "7g.269gb", room = "7g.269gb" },
     } },
     { id = "gb300-288gb", compute_slices = 7, memory_slices = 8, memory_gb = 278, profiles = {
-        { compute = 1, memory = 1, memory_gb = 35, name = "1g.35gb" },
-        { compute = 1, memory = 2, memory_gb = 70, name = "1g.70gb" },
-        { compute = 2, memory = 2, memory_gb = 70, name = "2g.70gb" },
-        { compute = 3, memory = 4, memory_gb = 139, name = "3g.139gb" },
-        { compute = 4, memory = 4, memory_gb = 139, name = "4g.139gb" },
-        { compute = 7, memory = 8, memory_gb = 278, name = "7g.278gb" },
+        { compute = 1, memory = 1, memory_gb = 35, name = "1g.35gb", room = "1g.35gb" },
+        { compute = 1, memory = 2, memory_gb = 70, name = "1g.70gb", room = "2g.70gb" },
+        { compute = 2, memory = 2, memory_gb = 70, name = "2g.70gb", room = "2g.70gb" },
+        { compute = 3, memory = 4, memory_gb = 139, name = "3g.139gb", room = "3g.139gb" },
+        { compute = 4, memory = 4, memory_gb = 139, name = "4g.139gb", room = "4g.139gb" },
+        { compute = 7, memory = 8, memory_gb = 278, name = "7g.278gb", room = "7g.278gb" },
     } },
     { id = "rtx-pro-6000-96gb", compute_slices = 4, memory_slices = 4, memory_gb = 96, profiles = {
-        { compute = 1, memory = 1, memory_gb = 24, name = "1g.24gb" },
-        { compute = 2, memory = 2, memory_gb = 48, name = "2g.48gb" },
-        { compute = 4, memory = 4, memory_gb = 96, name = "4g.96gb" },
+        { compute = 1, memory = 1, memory_gb = 24, name = "1g.24gb", room = "1g.24gb" },
+        { compute = 2, memory = 2, memory_gb = 48, name = "2g.48gb", room = "2g.48gb" },
+        { compute = 4, memory = 4, memory_gb = 96, name = "4g.96gb", room = "4g.96gb" },
     } },
     { id = "rtx-pro-5000-48gb", compute_slices = 2, memory_slices = 2, memory_gb = 48, profiles = {
-        { compute = 1, memory = 1, memory_gb = 24, name = "1g.24gb" },
-        { compute = 2, memory = 2, memory_gb = 48, name = "2g.48gb" },
+        { compute = 1, memory = 1, memory_gb = 24, name = "1g.24gb", room = "1g.24gb" },
+        { compute = 2, memory = 2, memory_gb = 48, name = "2g.48gb", room = "2g.48gb" },
     } },
 }
 -- END SMARTMIG MIG TABLES
@@ -398,6 +405,20 @@ local function select_profile(model, slices, memory_gb)
     return nil
 end
 
+-- The default profile whose room `p` takes (models.rs room_profile): a
+-- memory variant such as 1g.10gb on an A100-40GB (1 compute slice, 2 memory
+-- slices) blocks the shards of a 2g.10gb, so it is billed those; a default
+-- profile is its own room. Slurm counts compute shards only: billed fewer,
+-- it would offer a shard whose memory is gone (issue 55).
+local function room_of(model, p)
+    for _, q in ipairs(model.profiles) do
+        if q.name == p.room then
+            return q
+        end
+    end
+    return p
+end
+
 -- A GRES count as Slurm writes it: digits with an optional k/m/g suffix
 -- ("2", "1k"), or nil.
 local function parse_count(text)
@@ -513,12 +534,18 @@ local function decide(model, k, mig_mem, mig_profile)
         if p == nil then
             return { error = err }
         end
-        if p.compute < k then
+        local room = room_of(model, p)
+        if room.compute < k then
             return { error = string.format(
                 "--mig-profile=%s has %d compute slices but the job asks for shard:%d; use --gres=shard:%d",
-                mig_profile, p.compute, k, p.compute) }
+                mig_profile, p.compute, k, room.compute) }
         end
-        if p.compute > k then
+        if room.compute > k and room ~= p then
+            return { k = room.compute, note = string.format(
+                "%s with --mig-profile=%s billed as %s (%s: %s's memory takes the room of a %s; the job gets %s)",
+                shard_text(k), mig_profile, shard_text(room.compute), model.id, p.name, room.name, p.name) }
+        end
+        if room.compute > k then
             return { k = p.compute, note = string.format(
                 "%s with --mig-profile=%s billed as %s (%s has %d compute slices)",
                 shard_text(k), mig_profile, shard_text(p.compute), p.name, p.compute) }
@@ -539,8 +566,17 @@ local function decide(model, k, mig_mem, mig_profile)
             "--mig-mem=%s: %s GB is more than any %s profile with %d or more compute slices has (the largest has %d GB)",
             tostring(mig_mem), gb_text(memory_gb or 0), model.id, k, model.memory_gb) }
     end
-    if p.compute == k then
+    -- A memory variant is billed and built as its room: smartmigd, asked
+    -- for the room's slices and the same memory, builds the room.
+    local room = room_of(model, p)
+    if room.compute == k then
         return { k = k }
+    end
+    if memory_gb ~= nil and room ~= p then
+        return { k = room.compute, note = string.format(
+            "%s with --mig-mem=%s billed as %s (%s: %s GB needs %s's memory, which takes the room of a %s; the job gets %s)",
+            shard_text(k), mig_mem, shard_text(room.compute), model.id, gb_text(memory_gb), p.name,
+            room.name, room.name) }
     end
     if memory_gb ~= nil and select_profile(model, k, nil).compute == k then
         return { k = p.compute, note = string.format(

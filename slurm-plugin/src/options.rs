@@ -7,7 +7,8 @@
 //! *some* known model; on the node the plugin passes the name in the
 //! allocate request and smartmigd resolves it on the GPU's model
 //! (`smartmig_mig::requested_profile`), refusing a profile the model lacks
-//! or whose compute slices differ from the shard count.
+//! or billed other shards than it blocks (its compute slices; a memory
+//! variant's room: `1g.10gb` on an A100-40GB needs shard:2, issue 55).
 
 use smartmig_mig::{
     parse_profile, profile_size, ProfileParseError, RequestedProfileError, VariantKind, MODELS,

@@ -41,6 +41,7 @@ fn cases() -> Vec<(&'static str, String, Result<String, String>)> {
     for (model, name, shards) in [
         (GpuModel::A100_40gb, "3g.40gb", 3u8),
         (GpuModel::A100_40gb, "3g.20gb", 2),
+        (GpuModel::A100_40gb, "1g.10gb", 1),
         (GpuModel::B200_180gb, "1g.23gb+me", 1),
     ] {
         out.push((
@@ -96,6 +97,7 @@ fn expected(case: &str) -> String {
         "1g.23gb+me with shard:1 on b200-180gb" => "--mig-profile=1g.23gb+me is a `+me` variant (with media extensions: a video decoder, JPEG and OFA engine); smartmig creates only the default profiles: ask for --mig-profile=1g.23gb (docs/user-guide.md, \"Profile variants\")".into(),
         "3g.40gb with shard:3 on a100-40gb" => "--mig-profile=3g.40gb: `3g.40gb`: a100-40gb has no 3g profile with about 40 GB (it has 3g.20gb)".into(),
         "3g.20gb with shard:2 on a100-40gb" => "--mig-profile=3g.20gb has 3 compute slices but the job asked for --gres=shard:2; use --gres=shard:3".into(),
+        "1g.10gb with shard:1 on a100-40gb" => "--mig-profile=1g.10gb has 1 compute slices but the job asked for --gres=shard:1; use --gres=shard:2 (1g.10gb's memory takes the room of a 2g.10gb, so it is billed shard:2; the job gets 1g.10gb)".into(),
         "3g.20gb with shard:3 on tpu-v9" => "the sidecar reports an unknown GPU model `tpu-v9`".into(),
         "`sokcet=/x`" => "unknown plugstack.conf argument `sokcet=/x` (known keys: socket, timeout, on_failure, oom_requeue, oom_dir, sidecar_wait, drain_on_unreachable, requeue, scontrol, slurm_conf, gpu_jobs)".into(),
         "`socket`" => "plugstack.conf argument `socket` is not KEY=VALUE (known keys: socket, timeout, on_failure, oom_requeue, oom_dir, sidecar_wait, drain_on_unreachable, requeue, scontrol, slurm_conf, gpu_jobs)".into(),

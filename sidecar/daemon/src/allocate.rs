@@ -155,13 +155,30 @@ impl GpuBook {
         need: Need,
         beside: &Beside,
     ) -> Result<(&'static ProfileSpec, Plan), Refusal> {
+        self.plan_exact_beside(need, None, beside)
+    }
+
+    /// [`GpuBook::plan_beside`] for a job that asked for `exact` by name
+    /// (`--mig-profile`), which is served as it is: a memory variant comes
+    /// billed its room's shards (`need.slices` = 2 for `1g.10gb` on an
+    /// A100-40GB, issue 55), for which the profile choice would give the
+    /// room (`2g.10gb`) instead of the profile asked for.
+    pub fn plan_exact_beside(
+        &self,
+        need: Need,
+        exact: Option<&'static ProfileSpec>,
+        beside: &Beside,
+    ) -> Result<(&'static ProfileSpec, Plan), Refusal> {
         if let Some(mark) = self.health.fatal {
             return Err(Refusal::Unhealthy {
                 gpu: self.index,
                 xid: mark.xid,
             });
         }
-        let profile = select_profile(self.geometry.spec, need.slices, need.memory_gb)?;
+        let profile = match exact {
+            Some(p) => p,
+            None => select_profile(self.geometry.spec, need.slices, need.memory_gb)?,
+        };
         let plan = self.plan_profile_beside(profile, need.memory_gb.unwrap_or(0.0), beside)?;
         let got = match &plan {
             Plan::Reuse { uuid } => self

@@ -38,7 +38,7 @@ use super::fsutil::atomic_write;
 use super::protocol::{
     EarlyRestartStatus, EstimateStatus, MemoryStatus, OomCause, OomDecision, OomEvent, OomJob,
 };
-use crate::mig::ModelSpec;
+use crate::mig::{ModelSpec, ProfileSpec};
 use crate::workload::memory_estimate::{EstimateError, Outcome};
 use crate::workload::{
     EarlyRestartRule, EstimatorConfig, MemoryEstimator, MemoryKey, MemorySample,
@@ -244,6 +244,21 @@ pub fn next_larger_memory(model: &ModelSpec, slices: u8, above_gb: u32) -> Optio
         .min()
 }
 
+/// The profile a job that ran out of memory on an instance of `compute`
+/// slices restarts on, given the next memory size `next_gb`: the smallest
+/// profile that holds it, as the room it takes (issue 55). So the ladder
+/// of an A100-40GB one-shard job is 1g.5gb -> 2g.10gb -> 3g.20gb ->
+/// 7g.40gb, never the 1g.10gb that would block two shards billed as one;
+/// its room's slices are what Slurm must bill the restart.
+pub fn restart_profile(
+    model: &'static ModelSpec,
+    compute: u8,
+    next_gb: u32,
+) -> Option<&'static ProfileSpec> {
+    let p = crate::mig::select_profile(model, compute, Some(f64::from(next_gb))).ok()?;
+    Some(model.room_profile(p))
+}
+
 /// The largest memory (GB) a job of `slices` compute slices can get on `model`.
 pub fn largest_memory(model: &ModelSpec, slices: u8) -> Option<u32> {
     model
@@ -254,9 +269,11 @@ pub fn largest_memory(model: &ModelSpec, slices: u8) -> Option<u32> {
         .max()
 }
 
-/// The most memory (GB) an instance can have without more compute slices
+/// The most memory (GB) an instance can have without blocking more shards
 /// than `slices` rounds up to (the shards Slurm billed): a learned
-/// estimate never buys a bigger slice than the job pays for.
+/// estimate never buys a bigger slice than the job pays for. A memory
+/// variant blocks its room's shards ([`ModelSpec::room_shards`], issue
+/// 55), so on an A100-40GB one shard holds 5 GB, not 1g.10gb's 10.
 pub fn memory_within_shards(model: &ModelSpec, slices: u8) -> Option<u32> {
     let compute = model
         .profiles
@@ -267,7 +284,7 @@ pub fn memory_within_shards(model: &ModelSpec, slices: u8) -> Option<u32> {
     model
         .profiles
         .iter()
-        .filter(|p| p.shape.compute == compute)
+        .filter(|p| model.room_shards(p) == compute)
         .map(|p| p.memory_gb)
         .max()
 }
@@ -885,11 +902,32 @@ mod tests {
         assert_eq!(next_larger_memory(a, 2, 10), Some(20));
         assert_eq!(next_larger_memory(a, 1, 40), None);
         assert_eq!(largest_memory(a, 3), Some(40));
-        assert_eq!(memory_within_shards(a, 1), Some(10));
+        // 1g.10gb blocks a 2g.10gb's shards (issue 55): not within one.
+        assert_eq!(memory_within_shards(a, 1), Some(5));
+        assert_eq!(memory_within_shards(a, 2), Some(10));
         assert_eq!(memory_within_shards(a, 3), Some(20));
         assert_eq!(memory_within_shards(a, 5), Some(40));
         let h = GpuModel::H100_80gb.spec();
         assert_eq!(next_larger_memory(h, 1, 10), Some(20));
+    }
+
+    /// The out-of-memory ladder follows the billing rule (issue 55): each
+    /// restart is the room its memory takes, billed what it blocks.
+    #[test]
+    fn the_restart_ladder_climbs_rooms() {
+        let a = GpuModel::A100_40gb.spec();
+        let mut held = a.profiles.iter().find(|p| p.name() == "1g.5gb").unwrap();
+        let mut ladder = vec![held.name()];
+        while let Some(next) = next_larger_memory(a, held.shape.compute, held.memory_gb) {
+            held = restart_profile(a, held.shape.compute, next).unwrap();
+            assert_eq!(a.room_shards(held), held.shape.compute, "{}", held.name());
+            ladder.push(held.name());
+        }
+        assert_eq!(ladder, ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]);
+        let h = GpuModel::H100_80gb.spec();
+        assert_eq!(restart_profile(h, 1, 20).unwrap().name(), "2g.20gb");
+        let a30 = GpuModel::A30_24gb.spec();
+        assert_eq!(restart_profile(a30, 1, 12).unwrap().name(), "2g.12gb");
     }
 
     #[test]
@@ -922,10 +960,16 @@ mod tests {
             m.size_request(a, 7, 1, Some(4.0), Some(&key), true),
             (Some(10.0), Sizing::OomRestart { after_gb: 5 })
         );
-        // Another job of the same key gets the learned estimate (5 GB + 1 GB margin).
+        // Another job of the same key gets the learned estimate (5 GB + 1 GB
+        // margin), within what its shards hold: one shard holds 1g.5gb's
+        // 5 GB, not 1g.10gb's, which blocks two (issue 55).
+        assert_eq!(
+            m.size_request(a, 8, 2, None, Some(&key), true),
+            (Some(6.0), Sizing::Estimate)
+        );
         assert_eq!(
             m.size_request(a, 8, 1, None, Some(&key), true),
-            (Some(6.0), Sizing::Estimate)
+            (Some(5.0), Sizing::Estimate)
         );
         // ... but not when estimates are off, and never over a declaration.
         assert_eq!(

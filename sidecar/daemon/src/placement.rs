@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `arrival` (default) | the allocate that arrived first | the smallest that fits ([`GpuBook::plan`]) |
 //! | `edf` | the earliest deadline (Slurm `--deadline`, else the end of the job's time limit; unknown last), then arrival | the smallest that fits |
-//! | `learned:FILE.onnx` | earliest deadline; the network may let a job wait behind the others (*defer*) | the network's choice among the profiles of the job's compute size (its shards) with enough memory that can be made now (on an A100: 1g.5gb or 1g.10gb for one shard) |
+//! | `learned:FILE.onnx` | earliest deadline; the network may let a job wait behind the others (*defer*) | the network's choice among the profiles of the job's compute size (its shards) that block no more shards than it (a memory variant blocks its room's) with enough memory that can be made now (on an A100-40GB: 1g.5gb for one shard, never the 1g.10gb that blocks two) |
 //!
 //! Every rule is work-conserving: a job that fits is never kept waiting
 //! for one that does not, and a deferred job is served when no other
@@ -172,7 +172,7 @@ impl Contender {
 
     /// The plan the rule-based placements give it.
     fn plan(&self, book: &GpuBook) -> Result<(&'static ProfileSpec, Plan), Refusal> {
-        book.plan(self.need)
+        book.plan_exact_beside(self.need, self.exact, &crate::allocate::Beside::default())
     }
 
     /// The profiles the learned placement may give it now: those of its
@@ -189,10 +189,15 @@ impl Contender {
             .enumerate()
             .filter(|(_, p)| match self.exact {
                 Some(e) => std::ptr::eq(*p, e),
-                // Never more compute slices than the job's shards: Slurm
-                // counts the rest of the GPU's shards as free and would
-                // start jobs MIG then cannot place.
-                None => p.shape.compute == smallest.shape.compute && f64::from(p.memory_gb) >= want,
+                // Never more compute slices than the job's shards, nor a
+                // memory variant blocking more shards than it (issue 55):
+                // Slurm counts the rest of the GPU's shards as free and
+                // would start jobs MIG then cannot place.
+                None => {
+                    p.shape.compute == smallest.shape.compute
+                        && std::ptr::eq(spec.room_profile(p), spec.room_profile(smallest))
+                        && f64::from(p.memory_gb) >= want
+                }
             })
             .filter_map(|(i, p)| {
                 let plan = book.plan_profile(p, want).ok()?;
@@ -403,16 +408,17 @@ mod tests {
         assert!(PlacementRule::Edf.next_turn(&b, &none, 30.0).is_none());
     }
 
-    /// The learned placement chooses among memory variants of the job's
-    /// compute size only: a bigger slice would use shards Slurm counts as
-    /// free.
+    /// The learned placement chooses among the profiles of the job's
+    /// compute size and room only: a bigger slice, or a memory variant
+    /// whose room is bigger (1g.10gb for one shard, issue 55), would use
+    /// shards Slurm counts as free.
     #[test]
     fn learned_candidates_keep_the_jobs_compute_size() {
         let b = half_busy();
         let names = |c: &Contender| -> Vec<String> {
             c.candidates(&b).iter().map(|(_, p, _)| p.name()).collect()
         };
-        assert_eq!(names(&contender(1, 1, 0.0, 9e9)), ["1g.5gb", "1g.10gb"]);
+        assert_eq!(names(&contender(1, 1, 0.0, 9e9)), ["1g.5gb"]);
         assert_eq!(names(&contender(2, 4, 0.0, 9e9)), ["4g.20gb"]);
         let roomy = Contender {
             need: Need {

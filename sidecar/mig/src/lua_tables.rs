@@ -2,7 +2,9 @@
 //!
 //! slurmctld's job_submit/lua script bills shard jobs by the profile the
 //! sidecar will build, so its copy of the tables (compute slices, memory
-//! slices and GB, profile names per model) must be this crate's. The test
+//! slices and GB, profile names per model, and each profile's `room`: the
+//! default profile whose shards it blocks, [`super::models::ModelSpec::room_profile`],
+//! issue 55) must be this crate's. The test
 //! renders the block from [`MODELS`] and compares it line by line with the
 //! one between the `BEGIN`/`END SMARTMIG MIG TABLES` markers of the script;
 //! on a difference it prints the block to paste.
@@ -24,11 +26,12 @@ fn expected_block() -> String {
         ));
         for p in m.profiles {
             out.push_str(&format!(
-                "        {{ compute = {}, memory = {}, memory_gb = {}, name = \"{}\" }},\n",
+                "        {{ compute = {}, memory = {}, memory_gb = {}, name = \"{}\", room = \"{}\" }},\n",
                 p.shape.compute,
                 p.shape.memory,
                 p.memory_gb,
-                p.name()
+                p.name(),
+                m.room_profile(p).name()
             ));
         }
         out.push_str("    } },\n");
@@ -110,6 +113,10 @@ fn expected_block_covers_every_model_and_profile() {
             assert!(block.contains(&format!("name = \"{}\"", p.name())));
         }
     }
+    // The memory variants name the default profile whose room they take
+    // (issue 55), the default profiles themselves.
+    assert!(block.contains("memory_gb = 10, name = \"1g.10gb\", room = \"2g.10gb\""));
+    assert!(block.contains("memory_gb = 10, name = \"2g.10gb\", room = \"2g.10gb\""));
     // A sabotaged copy of the script is caught: change one memory size.
     let sabotaged = SCRIPT.replacen(
         "memory_gb = 20, name = \"3g.20gb\"",
@@ -123,5 +130,18 @@ fn expected_block_covers_every_model_and_profile() {
         .map(|l| l.trim_end().to_string())
         .collect();
     let want: Vec<String> = block.lines().map(str::to_string).collect();
+    assert_ne!(got, want);
+    // ... or bill a memory variant as its own compute size.
+    let unroomed = SCRIPT.replacen(
+        "name = \"1g.10gb\", room = \"2g.10gb\"",
+        "name = \"1g.10gb\", room = \"1g.10gb\"",
+        1,
+    );
+    assert_ne!(unroomed, SCRIPT, "the script has no 1g.10gb row to change");
+    let got: Vec<String> = script_block(&unroomed)
+        .unwrap()
+        .iter()
+        .map(|l| l.trim_end().to_string())
+        .collect();
     assert_ne!(got, want);
 }

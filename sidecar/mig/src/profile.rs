@@ -65,12 +65,18 @@ pub enum RequestedProfileError {
     },
     #[error(
         "--mig-profile={name} has {compute} compute slices but the job asked for \
-         --gres=shard:{shards}; use --gres=shard:{compute}"
+         --gres=shard:{shards}; use --gres=shard:{billed}{}",
+        room_text(name, room, *compute, *billed)
     )]
     ShardMismatch {
         name: String,
         compute: u8,
         shards: u8,
+        /// The shards the profile is billed: its room's compute slices.
+        billed: u8,
+        /// The default profile whose room it takes (its own name when it
+        /// is a default profile).
+        room: String,
     },
     #[error(
         "--mig-profile={name} is a `{}` variant ({}); smartmig creates only the default \
@@ -83,6 +89,18 @@ pub enum RequestedProfileError {
         kind: VariantKind,
         base: String,
     },
+}
+
+/// Why a memory variant is billed more shards than its compute slices, or
+/// nothing for a default profile (its room is itself).
+fn room_text(name: &str, room: &str, compute: u8, billed: u8) -> String {
+    if billed == compute {
+        return String::new();
+    }
+    format!(
+        " ({name}'s memory takes the room of a {room}, so it is billed shard:{billed}; \
+         the job gets {name})"
+    )
 }
 
 /// What a variant adds or removes, in a few words (the user guide has more).
@@ -98,8 +116,12 @@ pub fn variant_meaning(kind: VariantKind) -> &'static str {
 /// The profile a job asked for by name (`--mig-profile`), on `model`, for a
 /// job billed `shards` compute slices: the name must be one of the model's
 /// default profiles (a `+me`, `-me`, `+gfx` or `+me.all` variant is
-/// refused: smartmig never creates one) and its compute slices must equal
-/// the shards (Slurm bills the shards, MIG builds the profile).
+/// refused: smartmig never creates one) and the shards must be those it
+/// blocks, its room's compute slices ([`ModelSpec::room_shards`]: Slurm
+/// bills the shards, MIG builds the profile, issue 55). So `1g.10gb` on an
+/// A100-40GB needs `--gres=shard:2` (job_submit.lua bills that), and a
+/// step asking for it inside a `shard:1` allocation is refused: its memory
+/// would take a shard Slurm still counts as free.
 pub fn requested_profile(
     model: &'static ModelSpec,
     name: &str,
@@ -116,11 +138,14 @@ pub fn requested_profile(
             base: profile.name(),
         });
     }
-    if profile.shape.compute != shards {
+    let billed = model.room_shards(profile);
+    if billed != shards {
         return Err(RequestedProfileError::ShardMismatch {
             name: name.to_string(),
             compute: profile.shape.compute,
             shards,
+            billed,
+            room: model.room_profile(profile).name(),
         });
     }
     Ok(profile)
@@ -204,6 +229,12 @@ pub fn parse_profile(
 /// So K that is not a profile size rounds up (5 and 6 get 7g), and a memory
 /// need larger than the K-slice profiles offer moves to a bigger profile
 /// (`2g.10gb` cannot hold 15 GB, `3g.20gb` can).
+///
+/// When this picks a memory variant (`1g.10gb` for 1 slice and 8 GB), the
+/// job is billed and built as the variant's room instead (issue 55):
+/// job_submit.lua raises K to [`ModelSpec::room_shards`], and for that K
+/// this returns the room itself (`2g.10gb` for 2 slices and 8 GB; the test
+/// `a_raised_request_selects_its_room` checks every model).
 pub fn select_profile(
     model: &'static ModelSpec,
     slices: u8,
@@ -262,12 +293,30 @@ mod tests {
             requested_profile(a100, "3g.20gb", 3).unwrap().name(),
             "3g.20gb"
         );
+        // A memory variant is billed its room (issue 55): 1g.10gb blocks a
+        // 2g.10gb's shards, so it is served at shard:2 and refused at 1.
         assert_eq!(
-            requested_profile(a100, "nvidia_a100_1g.10gb", 1)
+            requested_profile(a100, "nvidia_a100_1g.10gb", 2)
                 .unwrap()
                 .name(),
             "1g.10gb"
         );
+        let e = requested_profile(a100, "1g.10gb", 1)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "--mig-profile=1g.10gb has 1 compute slices but the job asked for --gres=shard:1; \
+             use --gres=shard:2 (1g.10gb's memory takes the room of a 2g.10gb, so it is \
+             billed shard:2; the job gets 1g.10gb)"
+        );
+        let e = requested_profile(a100, "1g.10gb", 3)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use --gres=shard:2"), "{e}");
+        let h100 = crate::GpuModel::H100_80gb.spec();
+        assert!(requested_profile(h100, "1g.20gb", 2).is_ok());
+        assert!(requested_profile(h100, "1g.20gb", 1).is_err());
         let e = requested_profile(a100, "3g.40gb", 3)
             .unwrap_err()
             .to_string();
@@ -275,7 +324,10 @@ mod tests {
         let e = requested_profile(a100, "3g.20gb", 2)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("use --gres=shard:3"), "{e}");
+        assert!(
+            e.contains("use --gres=shard:3") && !e.contains("room"),
+            "{e}"
+        );
         let e = requested_profile(a100, "1g.5gb+me", 1)
             .unwrap_err()
             .to_string();
@@ -337,6 +389,30 @@ mod tests {
         );
         let err = name_on(a40, "3g.40gb").unwrap_err();
         assert!(err.to_string().contains("it has 3g.20gb"), "{err}");
+    }
+
+    /// job_submit.lua bills a request whose profile is a memory variant as
+    /// the variant's room; smartmigd then sees K = the room's slices and the
+    /// same memory, and must build exactly that room (issue 55).
+    #[test]
+    fn a_raised_request_selects_its_room() {
+        for m in GpuModel::ALL {
+            let spec = m.spec();
+            for k in 1..=spec.compute_slices {
+                for gb in spec.profiles.iter().map(|p| f64::from(p.memory_gb)) {
+                    let Ok(p) = select_profile(spec, k, Some(gb)) else {
+                        continue;
+                    };
+                    let room = spec.room_profile(p);
+                    let again = select_profile(spec, spec.room_shards(p), Some(gb)).unwrap();
+                    assert_eq!(again.name(), room.name(), "{m:?} K={k} {gb} GB");
+                }
+            }
+        }
+        let a40 = GpuModel::A100_40gb.spec();
+        let p = select_profile(a40, 1, Some(8.0)).unwrap();
+        assert_eq!((p.name(), a40.room_shards(p)), ("1g.10gb".into(), 2));
+        assert_eq!(select_profile(a40, 2, Some(8.0)).unwrap().name(), "2g.10gb");
     }
 
     #[test]
@@ -406,7 +482,11 @@ mod user_guide {
                     .filter(|p| p.shape.compute == 1)
                     .max_by_key(|p| p.shape.memory)
                     .filter(|p| p.shape.memory > 1);
-                return wide.map_or("-".into(), |p| format!("`{}`", p.name()));
+                // Billed and built as the room its memory takes (issue 55).
+                return wide.map_or("-".into(), |p| {
+                    let room = spec.room_profile(p);
+                    format!("`{}`, billed shard:{}", room.name(), room.shape.compute)
+                });
             }
             k => k.split(", ").map(|k| k.parse().unwrap()).collect(),
         };

@@ -44,7 +44,10 @@ fn a_requested_profile_is_built_exactly_or_refused() {
     };
     // Without the name, one slice and no memory is the smallest 1g.
     assert_eq!(c.allocate(req(1, 1, 1, None)).unwrap().profile, "1g.5gb");
-    let a = c.allocate(with(2, 1, "1g.10gb")).unwrap();
+    // A memory variant is served at the shards its room blocks (issue 55:
+    // 1g.10gb takes a 2g.10gb's room, job_submit.lua bills it shard:2), and
+    // built as asked.
+    let a = c.allocate(with(2, 2, "1g.10gb")).unwrap();
     assert_eq!((a.profile.as_str(), a.memory_gb), ("1g.10gb", 10));
     // Any --mig-mem beside it is ignored: the profile says the memory.
     let b = c
@@ -55,7 +58,14 @@ fn a_requested_profile_is_built_exactly_or_refused() {
         .unwrap();
     assert_eq!(b.profile, "3g.20gb");
     for (bad, says) in [
-        (with(4, 2, "1g.10gb"), "use --gres=shard:1"),
+        (
+            with(4, 1, "1g.10gb"),
+            "--mig-profile=1g.10gb has 1 compute slices but the job asked for --gres=shard:1; \
+             use --gres=shard:2 (1g.10gb's memory takes the room of a 2g.10gb, so it is \
+             billed shard:2; the job gets 1g.10gb)",
+        ),
+        (with(4, 3, "1g.10gb"), "use --gres=shard:2"),
+        (with(4, 3, "2g.10gb"), "use --gres=shard:2"),
         (
             with(4, 3, "3g.40gb"),
             "a100-40gb has no 3g profile with about 40 GB",
@@ -78,6 +88,36 @@ fn a_requested_profile_is_built_exactly_or_refused() {
         .flat_map(|g| g.instances.iter().filter_map(|i| i.job_id))
         .collect();
     assert!(!jobs.contains(&4), "{jobs:?}");
+}
+
+/// Issue 55: memory that needs a memory variant (8 GB: 1g.10gb on an
+/// A100-40GB) is built as the variant's room, 2g.10gb, at the two shards
+/// job_submit.lua bills; a step asking it within one shard is refused
+/// with what to ask, never given a 1g.10gb that blocks a shard Slurm
+/// counts as free.
+#[test]
+fn a_memory_variant_need_is_built_as_its_room_within_the_billed_shards() {
+    let d = TestDaemon::start("room", "");
+    let c = d.client();
+    let a = c.allocate(req(1, 0, 2, Some(8.0))).unwrap();
+    assert_eq!((a.profile.as_str(), a.compute), ("2g.10gb", 2));
+    match c.allocate(req(2, 0, 1, Some(8.0))) {
+        Err(ClientError::Daemon(e)) => {
+            assert_eq!(e.kind, ErrorKind::NotGranted, "{e}");
+            assert_eq!(
+                e.message,
+                "--mig-mem=8 GB needs 2g.10gb (2 compute slices; 1g.10gb's memory takes the \
+                 room of a 2g.10gb), but Slurm billed this job shard:1 on GPU 0, and no \
+                 a100-40gb instance within that many shards has more than 5 GB; submit it \
+                 with --gres=shard:2, or --mig-mem of at most 5G"
+            );
+        }
+        other => panic!("8 GB within one shard was served: {other:?}"),
+    }
+    assert_eq!(
+        c.allocate(req(3, 0, 1, Some(5.0))).unwrap().profile,
+        "1g.5gb"
+    );
 }
 
 #[test]

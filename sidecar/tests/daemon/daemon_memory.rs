@@ -89,9 +89,25 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
             .iter()
             .any(|e| e.decision.as_str() == "requeued")
     });
-    // The requeued job (same id) without --mig-mem: the next larger size.
-    let b = c.allocate(named(5, 1, 1, None, "train.sh")).unwrap();
-    assert_eq!(b.profile, "1g.10gb", "{}", d.log());
+    // The requeued job (same id) without --mig-mem: the next larger size,
+    // as the room it takes (issue 55): 10 GB needs 1g.10gb, which blocks
+    // a 2g.10gb's shards, so the restart is a 2g.10gb and smartmigd raised
+    // the job's shard request to 2. Claiming one shard it is refused.
+    d.wait_until("shards raised to 2", || {
+        scontrol_log(&d.dir).contains("JobId=5 Gres=shard:2")
+    });
+    match c.allocate(named(5, 1, 1, None, "train.sh")) {
+        Err(smartmig::daemon::ClientError::Daemon(e)) => {
+            assert_eq!(e.kind, smartmig::daemon::ErrorKind::NotGranted, "{e}");
+            assert!(
+                e.message.contains("needs 2g.10gb") && e.message.contains("--gres=shard:2"),
+                "{e}"
+            );
+        }
+        other => panic!("a restart on 1g.10gb within one shard was served: {other:?}"),
+    }
+    let b = c.allocate(named(5, 1, 2, None, "train.sh")).unwrap();
+    assert_eq!(b.profile, "2g.10gb", "{}", d.log());
     // It completes having used 7.5 GB: learned.
     let r = c
         .release_with(ReleaseRequest {
@@ -111,13 +127,20 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
     );
     // max(7.5 * 1.1, 7.5 + 1) GB.
     assert!((est.estimate_gb - 8.5).abs() < 1e-9, "{est:?}");
-    // A new job of the same name starts on the learned size; a declared
-    // need still wins over the estimate.
+    // A new job of the same name starts on the learned size, within the
+    // shards it is billed (two hold 10 GB; one only 1g.5gb's 5, issue 55);
+    // a declared need still wins over the estimate.
     assert_eq!(
-        c.allocate(named(6, 0, 1, None, "train.sh"))
+        c.allocate(named(6, 0, 2, None, "train.sh"))
             .unwrap()
             .profile,
-        "1g.10gb"
+        "2g.10gb"
+    );
+    assert_eq!(
+        c.allocate(named(8, 0, 1, None, "train.sh"))
+            .unwrap()
+            .profile,
+        "1g.5gb"
     );
     assert_eq!(
         c.allocate(named(7, 0, 1, Some(3.0), "train.sh"))
@@ -134,20 +157,20 @@ fn oom_release_requeues_and_the_restart_gets_more_memory() {
             .map(smartmig::daemon::protocol::OomDecision::as_str),
         Some("requeue_scheduled")
     );
-    // The restart needs 20 GB, a 3g: smartmigd raises the job's shard
-    // request, so Slurm bills and the plugin claims 3. A restart that still
-    // claims one shard (the raise failed) is refused, not given a slice
-    // Slurm does not bill (issue 53).
+    // The restart needs 10 GB, the room of a 2g.10gb (issue 55):
+    // smartmigd raises the job's shard request, so Slurm bills and the
+    // plugin claims 2. A restart that still claims one shard (the raise
+    // failed) is refused, not given a slice Slurm does not bill (issue 53).
     match c.allocate(named(9, 1, 1, None, "big.sh")) {
         Err(smartmig::daemon::ClientError::Daemon(e)) => {
             assert_eq!(e.kind, smartmig::daemon::ErrorKind::NotGranted, "{e}");
-            assert!(e.message.contains("--gres=shard:3"), "{e}");
+            assert!(e.message.contains("--gres=shard:2"), "{e}");
         }
         other => panic!("a restart beyond its grant was served: {other:?}"),
     }
     assert_eq!(
-        c.allocate(named(9, 1, 3, None, "big.sh")).unwrap().profile,
-        "3g.20gb"
+        c.allocate(named(9, 1, 2, None, "big.sh")).unwrap().profile,
+        "2g.10gb"
     );
     assert_eq!(
         c.release_with(oom(9))

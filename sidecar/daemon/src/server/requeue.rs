@@ -37,12 +37,15 @@ enum RequeueEnd {
 }
 
 /// The compute slices Slurm must bill for a restart on the next larger
-/// memory size after `held`, when that profile has more compute slices
-/// than the job holds (never more than the GPU has); `None` otherwise.
+/// memory size after `held`, when that profile blocks more shards than
+/// the job holds (never more than the GPU has); `None` otherwise. The
+/// restart profile is the room its memory takes
+/// ([`crate::memory::restart_profile`], issue 55): after 1g.5gb on an
+/// A100-40GB, 2g.10gb billed shard:2, not 1g.10gb billed shard:1.
 pub(super) fn raised_shards(books: &Books, held: &Released) -> Option<u8> {
     let model = books.gpu(held.gpu)?.model.spec();
     let next = held.next_memory_gb?;
-    let p = crate::mig::select_profile(model, held.compute, Some(f64::from(next))).ok()?;
+    let p = crate::memory::restart_profile(model, held.compute, next)?;
     (p.shape.compute > held.compute).then_some(p.shape.compute)
 }
 

@@ -353,8 +353,10 @@ fn sized_need(
 /// allocation billed for less; an out-of-memory restart gets more slices
 /// only once smartmigd raised the job's shard request (its grant then
 /// says so), and a learned estimate is already capped there
-/// ([`crate::memory::memory_within_shards`]). The refusal names what to
-/// ask for.
+/// ([`crate::memory::memory_within_shards`]). A memory that needs a memory
+/// variant needs its room's shards (issue 55: 8 GB on an A100-40GB needs
+/// 1g.10gb, which blocks a 2g.10gb's two shards), so `--mig-mem=8G` in a
+/// `shard:1` allocation is refused too. The refusal names what to ask for.
 fn within_grant(
     spec: &'static crate::mig::ModelSpec,
     req: &AllocateRequest,
@@ -369,9 +371,12 @@ fn within_grant(
         return Ok(());
     };
     // More than any profile has: the profile choice refuses it as such.
-    let Ok(bigger) = crate::mig::select_profile(spec, req.slices, Some(gb)) else {
+    let Ok(fits) = crate::mig::select_profile(spec, req.slices, Some(gb)) else {
         return Ok(());
     };
+    // A memory variant blocks its room's shards (issue 55): that is what
+    // the job must be billed, and job_submit.lua builds it as the room.
+    let bigger = spec.room_profile(fits);
     let what = match sizing {
         Sizing::OomRestart { after_gb } => format!(
             "its restart after running out of memory on {after_gb} GB asks for {gb} GB, which"
@@ -379,9 +384,18 @@ fn within_grant(
         _ => format!("--mig-mem={gb} GB"),
     };
     let compute = bigger.shape.compute;
+    let room = if std::ptr::eq(fits, bigger) {
+        String::new()
+    } else {
+        format!(
+            "; {}'s memory takes the room of a {}",
+            fits.name(),
+            bigger.name()
+        )
+    };
     let message = format!(
-        "{what} needs {} ({compute} compute slices), but Slurm billed this job shard:{} on \
-         GPU {}, and no {} instance with that many compute slices has more than {cap_gb} GB; \
+        "{what} needs {} ({compute} compute slices{room}), but Slurm billed this job shard:{} \
+         on GPU {}, and no {} instance within that many shards has more than {cap_gb} GB; \
          submit it with --gres=shard:{compute}, or --mig-mem of at most {cap_gb}G",
         bigger.name(),
         req.slices,
@@ -438,7 +452,7 @@ fn next_step(
         Err(step) => return Ok(step),
     };
     let beside = Beside { mates, holds };
-    let planned = st.book.plan_beside(me.need, &beside);
+    let planned = st.book.plan_exact_beside(me.need, me.exact, &beside);
     if let (false, Ok((profile, plan))) = (beside.mates.is_empty(), &planned) {
         // Which jobs of its pass an allocate left room for: the log line
         // that explains a later no_fit (docs/slurm-integration.md §9).
