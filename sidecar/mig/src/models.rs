@@ -746,8 +746,15 @@ impl ModelSpec {
 
     /// The shards `profile` blocks: its [`ModelSpec::room_profile`]'s
     /// compute slices (`1g.10gb` on an A100-40GB: 2).
-    pub fn room_shards(&self, profile: &'static ProfileSpec) -> u8 {
-        self.room_profile(profile).shape.compute
+    pub fn room_shards(&self, profile: &ProfileSpec) -> u8 {
+        self.profiles
+            .iter()
+            .filter(|q| q.shape.compute >= profile.shape.compute)
+            .filter(|q| q.shape.memory >= profile.shape.memory)
+            .filter(|q| self.is_default(q))
+            .map(|q| q.shape.compute)
+            .min()
+            .unwrap_or(profile.shape.compute)
     }
 
     /// Whether `p` is the smallest-memory profile of its compute size (the

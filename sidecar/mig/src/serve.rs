@@ -66,8 +66,13 @@ impl Geometry {
             .minus(now.taken)
             .iter()
             .filter(|&id| {
+                // The same room, not only the same compute: an idle
+                // `1g.10gb` blocks two shards and a `shard:1` job is
+                // billed one (`ModelSpec::room_profile`, issue 55).
                 let p = self.spot(id).profile;
-                p.shape.compute == profile.shape.compute && f64::from(p.memory_gb) >= want_gb
+                p.shape.compute == profile.shape.compute
+                    && self.spec.room_shards(p) == self.spec.room_shards(profile)
+                    && f64::from(p.memory_gb) >= want_gb
             })
             .collect();
         reuse.sort_by_key(|&id| (self.spot(id).profile.memory_gb, self.spot(id).start, id));
@@ -130,6 +135,35 @@ mod tests {
             .iter()
             .find(|p| p.shape.compute == compute)
             .expect("profile")
+    }
+
+    #[test]
+    fn an_idle_memory_variant_is_not_reused_for_a_job_billed_less() {
+        let g = a100();
+        let ten = g
+            .spec
+            .profiles
+            .iter()
+            .find(|p| p.name() == "1g.10gb")
+            .expect("1g.10gb");
+        let idle = g
+            .ids()
+            .find(|&id| g.spot(id).profile.name() == "1g.10gb" && g.spot(id).start == 0)
+            .expect("1g.10gb@0");
+        let now = GpuNow {
+            layout: Layout::single(idle),
+            taken: Layout::EMPTY,
+            reusable: Layout::single(idle),
+            may_build: true,
+        };
+        // A shard:1 job (1g.5gb) does not take the idle 1g.10gb (two
+        // shards of room); the job that asked for 1g.10gb does.
+        let (_, way) = g
+            .serve(now, profile(g, 1), 0.0, &Mix::default(), None)
+            .unwrap();
+        assert_ne!(way, Way::Reuse);
+        let (id, way) = g.serve(now, ten, 0.0, &Mix::default(), None).unwrap();
+        assert_eq!((id, way), (idle, Way::Reuse));
     }
 
     #[test]
