@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::daemon_common::{backend_toml, req, unix_now, TestDaemon};
+use crate::daemon_common::{req, unix_now, TestDaemon};
 use smartmig::daemon::protocol::{AllocateRequest, ErrorKind, BATCH_STEP};
 use smartmig::daemon::ClientError;
 
@@ -37,38 +37,12 @@ fn queue(jobs: &[(u64, u8)]) -> String {
 /// `scontrol` logging its arguments, `allocate_wait_s` = [`WAIT_S`]; it
 /// returns once an epoch has read that queue.
 fn start(name: &str, jobs: &[(u64, u8)]) -> TestDaemon {
-    let d = TestDaemon::start_with(name, |dir| {
-        let script = |file: &str, body: String| {
-            let p = dir.join(file);
-            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write a script");
-            let mut perms = std::fs::metadata(&p).expect("script").permissions();
-            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-            std::fs::set_permissions(&p, perms).expect("chmod");
-            p
-        };
-        std::fs::write(dir.join("squeue.json"), queue(jobs)).expect("write the queue");
-        let squeue = script(
-            "squeue",
-            format!("cat {}", dir.join("squeue.json").display()),
-        );
-        let scontrol = script(
-            "scontrol",
-            format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
-        );
-        let backend = backend_toml(dir);
-        format!(
-            "socket = \"{}\"\nstate_dir = \"{}\"\nnode_name = \"n1\"\nallocate_wait_s = {WAIT_S}\n\
-             request_timeout_s = 2\nepoch_s = 1\nlog_level = \"info\"\n{}\n\
-             [slurm]\nenabled = true\ncheck_grants = false\nsqueue = \"{}\"\nscontrol = \"{}\"\n\
-             sinfo = \"/bin/false\"\nslurmd = \"/bin/false\"\n{}",
-            dir.join("run/smartmig.sock").display(),
-            dir.join("state").display(),
-            backend.top,
-            squeue.display(),
-            scontrol.display(),
-            backend.tables,
-        )
-    });
+    let d = crate::daemon_common::with_fake_slurm_in(
+        name,
+        &format!("node_name = \"n1\"\nallocate_wait_s = {WAIT_S}\nepoch_s = 1\n"),
+        "slurmd = \"/bin/false\"\n",
+        &queue(jobs),
+    );
     d.wait_epochs(0, 1);
     d
 }

@@ -165,6 +165,17 @@ pub struct TestDaemon {
 /// A daemon whose Slurm commands are scripts in its directory: `squeue`
 /// prints `squeue.json`, `scontrol` appends its arguments to `scontrol.log`.
 pub fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon {
+    with_fake_slurm_in(name, extra, "", squeue_json)
+}
+
+/// [`with_fake_slurm`] with `extra` top-level keys (`allocate_wait_s` is 1
+/// unless they set it) and `slurm_extra` keys of the `[slurm]` table.
+pub fn with_fake_slurm_in(
+    name: &str,
+    extra: &str,
+    slurm_extra: &str,
+    squeue_json: &str,
+) -> TestDaemon {
     TestDaemon::start_with(name, |dir| {
         let script = |file: &str, body: String| {
             let p = dir.join(file);
@@ -184,9 +195,14 @@ pub fn with_fake_slurm(name: &str, extra: &str, squeue_json: &str) -> TestDaemon
             format!("echo \"$@\" >> {}", dir.join("scontrol.log").display()),
         );
         let backend = backend_toml(dir);
+        let wait = if extra.contains("allocate_wait_s") {
+            ""
+        } else {
+            "allocate_wait_s = 1\n"
+        };
         format!(
-            "socket = \"{}\"\nstate_dir = \"{}\"\nallocate_wait_s = 1\nrequest_timeout_s = 2\nlog_level = \"info\"\n{}{extra}\n\
-             [slurm]\nenabled = true\ncheck_grants = false\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n{}",
+            "socket = \"{}\"\nstate_dir = \"{}\"\n{wait}request_timeout_s = 2\nlog_level = \"info\"\n{}{extra}\n\
+             [slurm]\nenabled = true\ncheck_grants = false\nsqueue = \"{}\"\nscontrol = \"{}\"\nsinfo = \"/bin/false\"\n{slurm_extra}{}",
             dir.join("run/smartmig.sock").display(),
             dir.join("state").display(),
             backend.top,
