@@ -735,26 +735,25 @@ impl ModelSpec {
     /// ([`crate::Geometry::offer`]) stays true. A default profile is its
     /// own room.
     pub fn room_profile(&self, profile: &'static ProfileSpec) -> &'static ProfileSpec {
+        self.room_of(profile).unwrap_or(profile)
+    }
+
+    /// The shards `profile` blocks: its [`ModelSpec::room_profile`]'s
+    /// compute slices (`1g.10gb` on an A100-40GB: 2).
+    pub fn room_shards(&self, profile: &ProfileSpec) -> u8 {
+        self.room_of(profile)
+            .map_or(profile.shape.compute, |q| q.shape.compute)
+    }
+
+    /// The default profile whose room `profile` takes ([`ModelSpec::room_profile`]);
+    /// `None` only for a profile of another model.
+    fn room_of(&self, profile: &ProfileSpec) -> Option<&'static ProfileSpec> {
         self.profiles
             .iter()
             .filter(|q| q.shape.compute >= profile.shape.compute)
             .filter(|q| q.shape.memory >= profile.shape.memory)
             .filter(|q| self.is_default(q))
             .min_by_key(|q| (q.shape.compute, q.shape.memory))
-            .unwrap_or(profile)
-    }
-
-    /// The shards `profile` blocks: its [`ModelSpec::room_profile`]'s
-    /// compute slices (`1g.10gb` on an A100-40GB: 2).
-    pub fn room_shards(&self, profile: &ProfileSpec) -> u8 {
-        self.profiles
-            .iter()
-            .filter(|q| q.shape.compute >= profile.shape.compute)
-            .filter(|q| q.shape.memory >= profile.shape.memory)
-            .filter(|q| self.is_default(q))
-            .map(|q| q.shape.compute)
-            .min()
-            .unwrap_or(profile.shape.compute)
     }
 
     /// Whether `p` is the smallest-memory profile of its compute size (the
@@ -790,6 +789,7 @@ impl ModelSpec {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_memory_variant_is_billed_and_built_as_the_default_profile_of_its_room() {
@@ -825,8 +825,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
 
     #[test]
     fn no_model_has_more_profiles_than_the_tables_hold() {
