@@ -24,7 +24,12 @@
 //! `holds` key, `allocate_wait_s = 30`; gres.conf typed per GPU as the
 //! packaged snippet; Slurm's own `cred_expire` (a requeued job is held
 //! 121 s) and `sched_interval` (60 s); `SMARTMIG_BUSY_MIX_HOLDS` is then
-//! ignored and the simulator runs with the same settings).
+//! ignored and the simulator runs with the same settings),
+//! `SMARTMIG_BUSY_MIX_POLICY` (issue 55: smartmigd's `policy`: `none`, the
+//! packaged default, instances built on demand only, simulated as
+//! `on-demand`; `greedy`, the fallback when a policy file is missing;
+//! `learned`, the shipped `policies/a100-40gb.onnx`; the simulator runs the
+//! same policy).
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
@@ -344,20 +349,27 @@ fn outcome(cluster: &SlurmCluster, ids: &[(u32, MixJob)], keep: Option<&Path>) -
     out
 }
 
+/// smartmigd's policy for the run and the simulator's name for the same
+/// policy (`SMARTMIG_BUSY_MIX_POLICY`, module docs).
+fn policy_pair() -> (String, String) {
+    let learned = repo_root().join("policies/a100-40gb.onnx");
+    let learned = format!("policy:{}", learned.display());
+    match std::env::var("SMARTMIG_BUSY_MIX_POLICY").as_deref() {
+        Err(_) | Ok("none") => ("none".into(), "on-demand".into()),
+        Ok("greedy") => ("greedy".into(), "greedy".into()),
+        Ok("learned") => (learned.clone(), learned),
+        Ok(other) => panic!("SMARTMIG_BUSY_MIX_POLICY={other}: expected none, greedy or learned"),
+    }
+}
+
 /// `smartmig simulate --slurm-like` on the same list, with the same timings.
-fn simulated(csv: &Path, holds: &str, t: Timings) -> Value {
+fn simulated(csv: &Path, holds: &str, t: Timings, policy: &str) -> Value {
     let spec = format!(
         "holds={holds},allocate-wait={},requeue-hold={},sched-interval={},pass={}",
         t.allocate_wait_s, t.requeue_hold_s, t.sched_interval_s, t.pass_s
     );
     let out = std::process::Command::new(artifact("smartmig"))
-        .args([
-            "simulate",
-            "--cluster",
-            "a100-40gb:2",
-            "--policy",
-            "on-demand",
-        ])
+        .args(["simulate", "--cluster", "a100-40gb:2", "--policy", policy])
         .args(["--reconfig-time", "0", "--json", "--slurm-like", &spec])
         .arg("--workload")
         .arg(csv)
@@ -382,11 +394,16 @@ fn a_busy_mix_completes_without_requeue_loops() {
         std::env::var("SMARTMIG_BUSY_MIX_HOLDS").unwrap_or_else(|_| "any-mix".into())
     };
     let timings = Timings::of(packaged);
+    let (daemon_policy, sim_policy) = policy_pair();
     let keep = std::env::var_os("SMARTMIG_BUSY_MIX_OUT").map(std::path::PathBuf::from);
     let jobs = job_list(n, seed);
     let cluster = cluster(packaged);
     let _sidecar = if packaged {
-        let text = Sidecar::packaged_config(cluster.dir());
+        let text = Sidecar::packaged_config(cluster.dir()).replacen(
+            "\npolicy = \"none\"\n",
+            &format!("\npolicy = \"{daemon_policy}\"\n"),
+            1,
+        );
         let sidecar = Sidecar::start_text(cluster.dir(), &text, &SidecarBackend::Sim);
         // The default (`auto`) must have chosen any-mix on the typed gres.conf.
         let status = sidecar.status();
@@ -400,7 +417,7 @@ fn a_busy_mix_completes_without_requeue_loops() {
     } else {
         Sidecar::start_configured(
             cluster.dir(),
-            &format!("allocate_wait_s = {ALLOCATE_WAIT_S}\n"),
+            &format!("allocate_wait_s = {ALLOCATE_WAIT_S}\npolicy = \"{daemon_policy}\"\n"),
             true,
             &format!("holds = \"{holds}\""),
             &SidecarBackend::Sim,
@@ -418,10 +435,10 @@ fn a_busy_mix_completes_without_requeue_loops() {
     let csv = dir.join("busy-mix.csv");
     std::fs::write(&csv, job_csv(&jobs)).expect("write the job CSV");
     let real = outcome(&cluster, &ids, keep.as_deref());
-    let sim = simulated(&csv, &holds, timings);
+    let sim = simulated(&csv, &holds, timings, &sim_policy);
     let run = &sim["run"];
     let summary = json!({
-        "jobs": n, "seed": seed, "holds": holds, "wall_s": took.as_secs_f64(),
+        "jobs": n, "seed": seed, "holds": holds, "policy": daemon_policy, "wall_s": took.as_secs_f64(),
         "config": if packaged { "packaged" } else { "test" },
         "series": smartmig_suite::slurm_series(),
         "real": {
@@ -436,7 +453,7 @@ fn a_busy_mix_completes_without_requeue_loops() {
         },
     });
     eprintln!(
-        "busy mix: {n} jobs (seed {seed}, holds {holds}, {} config) in {took:.0?}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10.1} {:>10.1}",
+        "busy mix: {n} jobs (seed {seed}, holds {holds}, policy {daemon_policy}, {} config) in {took:.0?}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10.1} {:>10.1}",
         if packaged { "packaged" } else { "test" },
         "", "real", "simulated",
         "requeues / 100 jobs", real.requeues_per_100(), summary["simulated"]["requeues_per_100"].as_f64().unwrap_or(f64::NAN),

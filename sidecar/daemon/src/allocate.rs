@@ -76,6 +76,9 @@ pub struct Beside {
     pub mates: Mix,
     /// With holds on, what Slurm may still send here is kept largest.
     pub holds: Option<OfferRule>,
+    /// An idle bigger instance may be lent ([`GpuNow::lend`]); set only
+    /// with holds on, which keep Slurm off the shards beyond the bill.
+    pub lend: bool,
 }
 
 /// Why a request cannot be served now.
@@ -179,7 +182,12 @@ impl GpuBook {
             Some(p) => p,
             None => select_profile(self.geometry.spec, need.slices, need.memory_gb)?,
         };
-        let plan = self.plan_profile_beside(profile, need.memory_gb.unwrap_or(0.0), beside)?;
+        // A profile asked for by name is served exactly, never lent.
+        let beside = Beside {
+            lend: beside.lend && exact.is_none(),
+            ..*beside
+        };
+        let plan = self.plan_profile_beside(profile, need.memory_gb.unwrap_or(0.0), &beside)?;
         let got = match &plan {
             Plan::Reuse { uuid } => self
                 .find_uuid(uuid)
@@ -223,6 +231,7 @@ impl GpuBook {
                 .map(|i| i.placement)
                 .collect(),
             may_build: true,
+            lend: beside.lend && beside.holds.is_some(),
         };
         let no_fit = || Refusal::NoFit {
             profile,
@@ -239,7 +248,7 @@ impl GpuBook {
                 .map(|i| i.uuid.clone())
         };
         Ok(match way {
-            Way::Reuse => Plan::Reuse {
+            Way::Reuse | Way::Lend => Plan::Reuse {
                 uuid: uuid_at(placement).ok_or_else(no_fit)?,
             },
             Way::Create => Plan::Create { placement },
@@ -475,6 +484,7 @@ mod tests {
                         Mix::default()
                     },
                     holds: None,
+                    lend: false,
                 };
                 let need = Need {
                     slices: k,

@@ -408,6 +408,11 @@ pub struct Config {
     /// Where the nvml backend finds the driver (ignored by the sim backend).
     pub nvml: NvmlConfig,
     pub allocate_wait_s: u64,
+    /// Lend a job an idle instance bigger than its room when none of its
+    /// own is idle, instead of building one (issue 55; only while holds
+    /// keep Slurm off the shards it takes beyond its bill). `false`: every
+    /// job on exactly its room.
+    pub lend_idle: bool,
     pub request_timeout_s: u64,
     pub max_message_bytes: usize,
     /// Seconds between repartitioning decisions.
@@ -473,6 +478,7 @@ impl Default for Config {
             sim: SimConfig::default(),
             nvml: NvmlConfig::default(),
             allocate_wait_s: 30,
+            lend_idle: true,
             request_timeout_s: 10,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             epoch_s: 60,
@@ -871,6 +877,7 @@ impl Config {
         diff!(operators);
         diff!(node_name);
         diff!(allocate_wait_s);
+        diff!(lend_idle);
         diff!(request_timeout_s);
         diff!(max_message_bytes);
         diff!(max_connections_per_user);

@@ -110,6 +110,14 @@ impl Mix {
 }
 
 impl Geometry {
+    /// Whether every job of `mates` can still be built once `id` is taken
+    /// beside `busy` (trivially so without mates).
+    pub fn leaves_room(&self, busy: Layout, id: SpotId, mates: &Mix) -> bool {
+        mates.is_empty() || self.buildable(busy.with(id), &mates.0)
+    }
+}
+
+impl Geometry {
     /// Compute slices Slurm may offer on a GPU whose busy instances are
     /// `busy` (at most its free slices; all of them when nothing is busy).
     pub fn offer(&self, busy: Layout, rule: OfferRule) -> u8 {

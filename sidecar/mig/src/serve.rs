@@ -1,15 +1,25 @@
 //! How one request is served on one GPU, on demand: the rule smartmigd's
 //! allocate runs and both simulators model, written once (issue 54).
 //!
-//! In smartmigd's order of preference (brief §2): reuse an idle instance of
-//! the request's compute size with the least memory that suffices, else
-//! create the profile in free space (the spot that leaves the most
-//! [`Headroom`](crate::Headroom) first), else re-shape idle instances for it
-//! ([`Geometry::reshapes_for`], fewest destroyed first); never a busy one.
-//! Among these ways, [`Geometry::choose_spot`] picks the first that leaves
-//! room for the jobs placed beside the request and, with holds, keeps
-//! Slurm's offer largest. Pure: the daemon maps the chosen [`Way`] onto its
-//! instances' uuids, the simulators onto their GPU state.
+//! In smartmigd's order of preference (brief §2), four tiers:
+//! 1. reuse an idle instance of the request's room with the least memory
+//!    that suffices;
+//! 2. lend an idle *bigger* instance, the smallest first ([`GpuNow::lend`],
+//!    issue 55): the job starts at once, as it would under a fixed MIG
+//!    layout, and the holds keep Slurm off the shards it does not pay for;
+//! 3. create the profile in free space (the spot that leaves the most
+//!    [`Headroom`](crate::Headroom) first);
+//! 4. re-shape idle instances for it ([`Geometry::reshapes_for`], fewest
+//!    destroyed first); never a busy one.
+//!
+//! The first tier with a way that leaves room for the jobs placed beside
+//! the request wins (else the first tier with any way); within it,
+//! [`Geometry::choose_spot`] keeps Slurm's offer largest under holds. A
+//! cheaper tier is never traded for a larger offer: each build is a
+//! reconfiguration that delays its job, and building where an instance
+//! stood idle made the deployed loop reshape 27 times per GPU per day
+//! (docs/evaluation.md §6f). Pure: the daemon maps the chosen [`Way`] onto
+//! its instances' uuids, the simulators onto their GPU state.
 
 use super::geometry::Geometry;
 use super::layout::{Layout, SpotId};
@@ -29,6 +39,11 @@ pub struct GpuNow {
     /// Whether instances may be created or destroyed now (no other
     /// reconfiguration of this GPU in the way): `false` leaves only reuse.
     pub may_build: bool,
+    /// Whether an idle instance bigger than the request may be handed out
+    /// (lent) when none of its own room is idle. The job runs on more
+    /// slices than it is billed; the holds keep Slurm off the shards it
+    /// takes beyond them ([`Geometry::stranded`]).
+    pub lend: bool,
 }
 
 /// One way to serve a request at a spot.
@@ -36,6 +51,8 @@ pub struct GpuNow {
 pub enum Way {
     /// Hand out the idle instance at the spot.
     Reuse,
+    /// Hand out the idle instance at the spot, bigger than the request.
+    Lend,
     /// Create the instance at the spot in free space.
     Create,
     /// Destroy these idle instances, then create at the spot.
@@ -43,11 +60,24 @@ pub enum Way {
 }
 
 impl Way {
+    /// The tiers in smartmigd's order of preference (module docs).
+    const TIERS: [u8; 4] = [0, 1, 2, 3];
+
+    /// This way's tier: reuse, lend, create, re-shape.
+    fn tier(self) -> u8 {
+        match self {
+            Way::Reuse => 0,
+            Way::Lend => 1,
+            Way::Create => 2,
+            Way::Reshape { .. } => 3,
+        }
+    }
+
     /// Instances this way destroys.
     pub fn destroyed(self) -> Layout {
         match self {
             Way::Reshape { destroy } => destroy,
-            Way::Reuse | Way::Create => Layout::EMPTY,
+            Way::Reuse | Way::Lend | Way::Create => Layout::EMPTY,
         }
     }
 }
@@ -77,6 +107,12 @@ impl Geometry {
             .collect();
         reuse.sort_by_key(|&id| (self.spot(id).profile.memory_gb, self.spot(id).start, id));
         let mut ways: Vec<(SpotId, Way)> = reuse.into_iter().map(|id| (id, Way::Reuse)).collect();
+        if now.lend {
+            ways.extend(
+                self.lendable(now, profile, want_gb)
+                    .map(|id| (id, Way::Lend)),
+            );
+        }
         if !now.may_build {
             return ways;
         }
@@ -93,6 +129,30 @@ impl Geometry {
         ways
     }
 
+    /// Idle instances bigger than `profile`'s room with at least `want_gb`,
+    /// the smallest room first, then the least memory.
+    fn lendable(
+        &self,
+        now: GpuNow,
+        profile: &ProfileSpec,
+        want_gb: f64,
+    ) -> impl Iterator<Item = SpotId> {
+        let asked = self.spec.room_shards(profile);
+        let mut lend: Vec<(u8, u32, SpotId)> = now
+            .reusable
+            .minus(now.taken)
+            .iter()
+            .filter_map(|id| {
+                let p = self.spot(id).profile;
+                let room = self.spec.room_shards(p);
+                let bigger = room > asked && p.shape.compute >= profile.shape.compute;
+                (bigger && f64::from(p.memory_gb) >= want_gb).then_some((room, p.memory_gb, id))
+            })
+            .collect();
+        lend.sort_by_key(|&(room, mem, id)| (room, mem, self.spot(id).start, id));
+        lend.into_iter().map(|(_, _, id)| id)
+    }
+
     /// The way smartmigd takes: among [`Geometry::ways_to_serve`], the one
     /// [`Geometry::choose_spot`] picks for the `mates` placed beside the
     /// request and the offer rule `holds`. `None`: no room now.
@@ -105,15 +165,34 @@ impl Geometry {
         holds: Option<OfferRule>,
     ) -> Option<(SpotId, Way)> {
         let ways = self.ways_to_serve(now, profile, want_gb);
-        let spots: Vec<SpotId> = ways.iter().map(|w| w.0).collect();
-        let chosen = self.choose_spot(now.taken, &spots, mates, holds)?;
-        ways.into_iter().find(|w| w.0 == chosen)
+        let tiers: Vec<Vec<SpotId>> = Way::TIERS
+            .iter()
+            .map(|&t| {
+                ways.iter()
+                    .filter(|w| w.1.tier() == t)
+                    .map(|w| w.0)
+                    .collect()
+            })
+            .collect();
+        let roomy = |spots: &[SpotId]| {
+            spots
+                .iter()
+                .any(|&id| self.leaves_room(now.taken, id, mates))
+        };
+        let tier = tiers
+            .iter()
+            .position(|t| roomy(t))
+            .or_else(|| tiers.iter().position(|t| !t.is_empty()))?;
+        let chosen = self.choose_spot(now.taken, &tiers[tier], mates, holds)?;
+        ways.into_iter()
+            .find(|w| w.0 == chosen && w.1.tier() == Way::TIERS[tier])
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::OfferRule;
     use crate::{GpuModel, Shape};
 
     fn a100() -> &'static Geometry {
@@ -155,6 +234,7 @@ mod tests {
             taken: Layout::EMPTY,
             reusable: Layout::single(idle),
             may_build: true,
+            lend: false,
         };
         // A shard:1 job (1g.5gb) does not take the idle 1g.10gb (two
         // shards of room); the job that asked for 1g.10gb does.
@@ -178,6 +258,7 @@ mod tests {
             taken: Layout::single(b3),
             reusable: layout,
             may_build: true,
+            lend: false,
         };
         let (id, way) = g.serve(now, one, 0.0, &Mix::default(), None).unwrap();
         assert_eq!((id, way), (i1, Way::Reuse));
@@ -206,10 +287,69 @@ mod tests {
             ..now
         };
         assert_eq!(g.serve(frozen, one, 0.0, &Mix::default(), None), None);
+        // Lending adds no way where nothing bigger is idle.
+        let lending = GpuNow { lend: true, ..now };
+        assert_eq!(
+            g.serve(lending, profile(g, 4), 0.0, &Mix::default(), None)
+                .map(|w| w.1),
+            Some(Way::Reshape {
+                destroy: Layout::single(i1)
+            })
+        );
         // A whole GPU next to a busy 3g: no way at all.
         assert_eq!(
             g.serve(now, profile(g, 7), 0.0, &Mix::default(), None),
             None
         );
+    }
+
+    #[test]
+    fn an_idle_bigger_instance_is_lent_before_anything_is_built_and_held_beyond_the_bill() {
+        let g = a100();
+        let two = profile(g, 2);
+        let i3 = spot(g, 3, 4, 4);
+        let now = GpuNow {
+            layout: Layout::single(i3),
+            taken: Layout::EMPTY,
+            reusable: Layout::single(i3),
+            may_build: true,
+            lend: false,
+        };
+        let holds = Some(OfferRule::AnyMix);
+        // Without lending a 2g is built in the free half.
+        let (id, way) = g.serve(now, two, 0.0, &Mix::default(), holds).unwrap();
+        assert_eq!((g.spot(id).compute(), way), (2, Way::Create));
+        // Lent, the job starts at once on the idle 3g: nothing is built.
+        let lending = GpuNow { lend: true, ..now };
+        let (id, way) = g.serve(lending, two, 0.0, &Mix::default(), holds).unwrap();
+        assert_eq!((id, way), (i3, Way::Lend));
+        // Slurm billed 2 of the 3 slices: the holds keep the third from
+        // it, beside what a 3-shard job there would strand.
+        let busy = Layout::single(i3);
+        let total = g.spec.compute_slices;
+        assert_eq!(
+            g.stranded(busy, total - 2, OfferRule::AnyMix),
+            g.stranded(busy, total - 3, OfferRule::AnyMix) + 1
+        );
+        // An idle instance of the job's own room still comes first, and a
+        // bigger one is never lent when the memory asked for exceeds it.
+        let i2 = spot(g, 2, 2, 0);
+        let both = Layout::single(i3).with(i2);
+        let lending = GpuNow {
+            layout: both,
+            reusable: both,
+            ..lending
+        };
+        let (id, way) = g.serve(lending, two, 0.0, &Mix::default(), holds).unwrap();
+        assert_eq!((id, way), (i2, Way::Reuse));
+        let one = profile(g, 1);
+        let (id, way) = g.serve(lending, one, 0.0, &Mix::default(), holds).unwrap();
+        assert_eq!(
+            (id, way),
+            (i2, Way::Lend),
+            "the smallest bigger room is lent"
+        );
+        let (id, way) = g.serve(lending, one, 12.0, &Mix::default(), holds).unwrap();
+        assert_eq!((id, way), (i3, Way::Lend), "only the 3g has 12 GB");
     }
 }

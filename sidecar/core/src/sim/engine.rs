@@ -1233,7 +1233,9 @@ impl<'j> Engine<'j> {
                 continue;
             }
             if let Some((pid, way)) = self.way_on(i, &job, gpu, profile) {
-                if way == Way::Reuse || (!may_reuse && way.destroyed().is_empty()) {
+                if matches!(way, Way::Reuse | Way::Lend)
+                    || (!may_reuse && way.destroyed().is_empty())
+                {
                     return Some((gpu, pid, way));
                 }
                 if first_build.is_none() && way.destroyed().is_empty() {
@@ -1291,6 +1293,10 @@ impl<'j> Engine<'j> {
             taken: st.busy.union(st.reconfiguring),
             reusable: st.idle(),
             may_build: true,
+            // The central engine serves each job on its own room (its
+            // free-instance buckets are per room); lending is modelled by
+            // the Slurm-like engine (issue 55).
+            lend: false,
         };
         st.geometry
             .serve(now, profile, job.memory_gb, &Mix::default(), None)
@@ -1308,7 +1314,7 @@ impl<'j> Engine<'j> {
     ) -> Result<(), SimError> {
         let g = self.status[gpu].geometry;
         let slot = self.rt[gpu].slot;
-        if way == Way::Reuse {
+        if matches!(way, Way::Reuse | Way::Lend) {
             // Not reached after `dispatch` (a free instance that fits is
             // taken there); kept so that the rule's every answer is served.
             self.take_free(class_of(g, slot, pid), gpu, pid);

@@ -126,6 +126,11 @@ pub struct SlurmLike {
     /// it running past the wait ([`crate::mig::Geometry::turned_away`],
     /// module docs), so without limits it waits as before.
     pub time_limit: f64,
+    /// smartmigd's `lend_idle` (issue 55): a job with no idle instance of
+    /// its room may be lent an idle bigger one before anything is built
+    /// ([`crate::mig::GpuNow::lend`]); `lend=off`: the product before
+    /// (every job on exactly its room, built when none is idle).
+    pub lend: bool,
 }
 
 impl Default for SlurmLike {
@@ -139,6 +144,7 @@ impl Default for SlurmLike {
             pass_s: 3.0,
             bill_compute: false,
             time_limit: 0.0,
+            lend: true,
         }
     }
 }
@@ -190,7 +196,8 @@ impl std::str::FromStr for SlurmLike {
     type Err = String;
 
     /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
-    /// sched-interval=S,hold-lag=S,pass=S,time-limit=F,bill=room|compute`,
+    /// sched-interval=S,hold-lag=S,pass=S,time-limit=F,bill=room|compute,
+    /// lend=on|off`,
     /// any subset, any order; `""` or
     /// `default` for the defaults.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -231,6 +238,17 @@ impl std::str::FromStr for SlurmLike {
                         }
                     }
                 }
+                "lend" => {
+                    out.lend = match value.trim() {
+                        "on" => true,
+                        "off" => false,
+                        v => {
+                            return Err(format!(
+                                "slurm-like lend={v}: use `on` (the product: an idle bigger instance before a build) or `off` (exact rooms only)"
+                            ))
+                        }
+                    }
+                }
                 "time-limit" => {
                     out.time_limit = value.trim().parse::<f64>().map_err(|_| {
                         format!("slurm-like {key}={value}: not a factor of the run time")
@@ -238,7 +256,7 @@ impl std::str::FromStr for SlurmLike {
                 }
                 other => {
                     return Err(format!(
-                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag, pass, time-limit, bill)"
+                        "unknown slurm-like option `{other}` (holds, allocate-wait, requeue-hold, sched-interval, hold-lag, pass, time-limit, bill, lend)"
                     ))
                 }
             }
@@ -252,14 +270,15 @@ impl std::fmt::Display for SlurmLike {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "holds={},allocate-wait={},requeue-hold={},sched-interval={},hold-lag={},pass={},bill={}",
+            "holds={},allocate-wait={},requeue-hold={},sched-interval={},hold-lag={},pass={},bill={},lend={}",
             self.holds.map_or("off", OfferRule::name),
             self.allocate_wait_s,
             self.requeue_hold_s,
             self.sched_interval_s,
             self.hold_lag_s,
             self.pass_s,
-            if self.bill_compute { "compute" } else { "room" }
+            if self.bill_compute { "compute" } else { "room" },
+            if self.lend { "on" } else { "off" }
         )?;
         if self.time_limit > 0.0 {
             write!(f, ",time-limit={}", self.time_limit)?;
@@ -828,11 +847,13 @@ impl<'j> Deploy<'j> {
             taken: st.busy.union(st.reconfiguring),
             reusable: st.idle(),
             may_build: self.gpus[gpu].policy_until <= self.now,
+            // Only with holds, which keep Slurm off the lent shards.
+            lend: self.slurm.lend && self.slurm.holds.is_some(),
         };
         let chosen = g
             .serve(now, p, need, mates, self.slurm.holds)
             .map(|(pid, way)| match way {
-                Way::Reuse => (pid, None),
+                Way::Reuse | Way::Lend => (pid, None),
                 way => (pid, Some(way.destroyed())),
             });
         match chosen {

@@ -177,6 +177,8 @@ impl Engine<'_> {
             taken: Layout::EMPTY,
             reusable: st.layout,
             may_build: true,
+            // A gang's piece takes the whole GPU: nothing is bigger.
+            lend: false,
         };
         crate::sim::asked_profile(job, st.model)
             .and_then(|p| {

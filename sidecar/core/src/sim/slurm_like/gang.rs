@@ -99,6 +99,8 @@ impl Deploy<'_> {
             taken: Layout::EMPTY,
             reusable: st.layout,
             may_build: true,
+            // A gang's piece takes the whole GPU: nothing is bigger.
+            lend: false,
         };
         let way = profile.and_then(|p| {
             st.geometry.serve(

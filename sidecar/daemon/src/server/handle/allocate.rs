@@ -451,7 +451,11 @@ fn next_step(
         Ok(mates) => mates,
         Err(step) => return Ok(step),
     };
-    let beside = Beside { mates, holds };
+    let beside = Beside {
+        mates,
+        holds,
+        lend: cfg.lend_idle,
+    };
     let planned = st.book.plan_exact_beside(me.need, me.exact, &beside);
     if let (false, Ok((profile, plan))) = (beside.mates.is_empty(), &planned) {
         // Which jobs of its pass an allocate left room for: the log line
