@@ -18,9 +18,14 @@ fn cfg(slurm: Option<SlurmLike>) -> SimConfig {
     }
 }
 
+/// The mode with holds under `rule`, lending off: these tests are about
+/// stranded shards and requeues, which a lent instance would hide (an
+/// idle 4g lent to a 3-shard job leaves no stranded 1g to test).
+/// Lending has its own test below.
 fn holds(rule: Option<OfferRule>) -> SlurmLike {
     SlurmLike {
         holds: rule,
+        lend: false,
         ..SlurmLike::default()
     }
 }
@@ -366,4 +371,41 @@ fn a_pass_turned_away_is_requeued_at_once_when_time_limits_say_so() {
     let s: SlurmLike = "time-limit=2".parse().expect("parse");
     assert_eq!(s.to_string().parse::<SlurmLike>(), Ok(s));
     assert!("time-limit=0.5".parse::<SlurmLike>().is_err());
+}
+
+/// Lending (issue 55, smartmigd's `lend_idle`): job 0 (3 shards) leaves
+/// its `3g.20gb` idle on GPU 0 beside a busy whole GPU 1; job 2 (2 shards)
+/// then starts on that idle 3g at once, with no reconfiguration, where
+/// `lend=off` re-shapes it into a `2g.10gb` (one more reconfiguration and
+/// the build's delay). Without holds nothing is lent.
+#[test]
+fn an_idle_bigger_instance_is_lent_with_holds_instead_of_rebuilt() {
+    let gpus = [GpuModel::A100_40gb; 2];
+    let jobs = [
+        job(0, 0.0, 100.0, 3),
+        job(1, 0.0, 5000.0, 7),
+        job(2, 500.0, 100.0, 2),
+    ];
+    let with = |spec: &str| {
+        let slurm: SlurmLike = spec.parse().expect("spec");
+        let mut on_demand = parse_policy("on-demand", &[GpuModel::A100_40gb]).expect("on-demand");
+        run(&gpus, &jobs, &mut *on_demand, &cfg(Some(slurm)))
+    };
+    let lent = with("holds=any-mix");
+    let built = with("holds=any-mix,lend=off");
+    let no_holds = with("holds=off");
+    for m in [&lent, &built, &no_holds] {
+        assert_eq!((m.completed, m.requeues), (3, 0), "{m:?}");
+    }
+    assert_eq!(
+        built.reconfigurations,
+        lent.reconfigurations + 1,
+        "lent {lent:?}\nbuilt {built:?}"
+    );
+    assert_eq!(no_holds.reconfigurations, built.reconfigurations);
+    assert!(SlurmLike::default().lend);
+    assert_eq!(
+        "lend=maybe".parse::<SlurmLike>().unwrap_err(),
+        "slurm-like lend=maybe: use `on` (the product: an idle bigger instance before a build) or `off` (exact rooms only)"
+    );
 }
