@@ -172,7 +172,7 @@ impl Deploy<'_> {
 
     /// Keeps for gang job `i` the `need` GPUs that fit it and will have
     /// all their shards free soonest (each job on them ends by its
-    /// expected end; waiting jobs count as ending a run after now).
+    /// expected end), until the last of them drains.
     fn keep_for_gang(&mut self, i: usize, need: usize) {
         let mut drains: Vec<(f64, usize)> = (0..self.gpus.len())
             .filter(|&g| self.profile[i][self.gpus[g].slot].is_some())
@@ -187,10 +187,13 @@ impl Deploy<'_> {
             })
             .collect();
         drains.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        self.gangs.keep = drains
-            .into_iter()
-            .take(need)
-            .map(|(at, g)| (g, at))
-            .collect();
+        drains.truncate(need);
+        // The gang starts when the last of its GPUs drains, so a job that
+        // ends by then may still use any of them (Slurm's backfill, as the
+        // central engine's reservation): keeping each GPU only until its
+        // own drain left the idle ones to no one, and every later job
+        // waited for the gang (Alibaba v2023 window 135: 153,000 s).
+        let at = drains.last().map_or(self.now, |d| d.0);
+        self.gangs.keep = drains.into_iter().map(|(_, g)| (g, at)).collect();
     }
 }
