@@ -9,8 +9,8 @@
 //! --gres=shard:1` there, smartmigd finds no 1g it can build, and the step
 //! would fail after `allocate_wait_s` (an interactive step cannot be
 //! requeued) if the 3g jobs were old. With the hold, the `srun` waits in
-//! Slurm's queue, as for any busy node, and runs on a 1g.5gb once the first
-//! 3g job ends.
+//! Slurm's queue, as for any busy node, and runs once the first 3g job
+//! ends, on the 3g.20gb that job left idle (lent: `lend_idle`, issue 55).
 //!
 //! Where no hold can help (one pass placing jobs that do not fit together,
 //! or holds off), an interactive step on a stranded slice gets room from a
@@ -120,7 +120,10 @@ fn srun_waits_instead_of_landing_on_a_stranded_slice() {
         "srun failed: {text}\n{}",
         cluster.smartmigd_log()
     );
-    assert!(text.contains("PROFILE=1g.5gb"), "{text}");
+    // The first job's 3g.20gb is idle when the step starts: smartmigd lends
+    // it (`lend_idle`, on by default with holds) instead of re-shaping it
+    // into a 1g.5gb, and the holds keep Slurm off its other two shards.
+    assert!(text.contains("PROFILE=3g.20gb"), "{text}");
     assert!(
         waited >= Duration::from_secs(5),
         "srun ran after {waited:?}: it should have waited for job {first}"
