@@ -9,29 +9,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::daemon_common::{req, unix_now, TestDaemon};
-use smartmig::daemon::protocol::{AllocateRequest, ErrorKind, BATCH_STEP};
+use crate::daemon_common::{batch_step as batch, running_on_n1 as queue, TestDaemon};
+use smartmig::daemon::protocol::ErrorKind;
 use smartmig::daemon::ClientError;
 
 /// Long, so that a refusal that waited for it cannot pass for one made
 /// at once.
 const WAIT_S: u64 = 20;
-
-/// A `squeue --json` answer: `jobs` (id, shards) running on node `n1`'s
-/// GPU 0 since now, with a 60-minute time limit.
-fn queue(jobs: &[(u64, u8)]) -> String {
-    let now = unix_now();
-    let jobs: Vec<String> = jobs
-        .iter()
-        .map(|(id, k)| {
-            format!(
-                r#"{{"job_id":{id},"job_state":"RUNNING","tres_per_node":"gres:shard:{k}","nodes":"n1","gres_detail":["shard:{k}(IDX:0)"],"time_limit":60,"start_time":{now},"end_time":{}}}"#,
-                now + 3600
-            )
-        })
-        .collect();
-    format!(r#"{{"jobs":[{}]}}"#, jobs.join(","))
-}
 
 /// smartmigd on node `n1` whose Slurm is `squeue` printing `jobs` and
 /// `scontrol` logging its arguments, `allocate_wait_s` = [`WAIT_S`]; it
@@ -45,14 +29,6 @@ fn start(name: &str, jobs: &[(u64, u8)]) -> TestDaemon {
     );
     d.wait_epochs(0, 1);
     d
-}
-
-/// The batch step of job `job_id`, `slices` shards on GPU 0.
-fn batch(job_id: u64, slices: u8) -> AllocateRequest {
-    AllocateRequest {
-        step: Some(BATCH_STEP),
-        ..req(job_id, 0, slices, None)
-    }
 }
 
 fn scontrol_log(dir: &Path) -> String {

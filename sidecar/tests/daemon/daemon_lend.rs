@@ -4,29 +4,8 @@
 //! an idle bigger one instead of waiting for a build; with `lend_idle =
 //! false`, without holds, or with a profile named it gets exactly its room.
 
-use crate::daemon_common::{req, unix_now, TestDaemon};
-use smartmig::daemon::protocol::{AllocateRequest, BATCH_STEP};
-
-/// A `squeue --json` answer: `jobs` (id, shards) running on node `n1`'s GPU 0.
-fn queue(jobs: &[(u64, u8)]) -> String {
-    let now = unix_now();
-    let jobs: Vec<String> = jobs
-        .iter()
-        .map(|(id, k)| {
-            format!(
-                r#"{{"job_id":{id},"job_state":"RUNNING","tres_per_node":"gres:shard:{k}","nodes":"n1","gres_detail":["shard:{k}(IDX:0)"],"start_time":{now}}}"#
-            )
-        })
-        .collect();
-    format!(r#"{{"jobs":[{}]}}"#, jobs.join(","))
-}
-
-fn batch(job_id: u64, slices: u8) -> AllocateRequest {
-    AllocateRequest {
-        step: Some(BATCH_STEP),
-        ..req(job_id, 0, slices, None)
-    }
-}
+use crate::daemon_common::{batch_step as batch, running_on_n1 as queue, TestDaemon};
+use smartmig::daemon::protocol::AllocateRequest;
 
 /// smartmigd with `holds` and `lend_idle` as given; job 21 (3 shards) runs
 /// and ends, leaving its `3g.20gb` idle; then job 22 (2 shards, `named`:

@@ -155,6 +155,33 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The batch step of job `job_id`, `slices` shards on GPU 0.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn batch_step(job_id: u64, slices: u8) -> AllocateRequest {
+    AllocateRequest {
+        step: Some(smartmig::daemon::protocol::BATCH_STEP),
+        ..req(job_id, 0, slices, None)
+    }
+}
+
+/// A `squeue --json` answer for [`with_fake_slurm_in`]: `jobs` (id,
+/// shards) running on node `n1`'s GPU 0 since now, with a 60-minute time
+/// limit.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn running_on_n1(jobs: &[(u64, u8)]) -> String {
+    let now = unix_now();
+    let jobs: Vec<String> = jobs
+        .iter()
+        .map(|(id, k)| {
+            format!(
+                r#"{{"job_id":{id},"job_state":"RUNNING","tres_per_node":"gres:shard:{k}","nodes":"n1","gres_detail":["shard:{k}(IDX:0)"],"time_limit":60,"start_time":{now},"end_time":{}}}"#,
+                now + 3600
+            )
+        })
+        .collect();
+    format!(r#"{{"jobs":[{}]}}"#, jobs.join(","))
+}
+
 pub struct TestDaemon {
     pub dir: PathBuf,
     pub socket: PathBuf,
