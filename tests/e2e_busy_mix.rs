@@ -29,7 +29,8 @@
 //! packaged default, instances built on demand only, simulated as
 //! `on-demand`; `greedy`, the fallback when a policy file is missing;
 //! `learned`, the shipped `policies/a100-40gb.onnx`; the simulator runs the
-//! same policy).
+//! same policy), `SMARTMIG_BUSY_MIX_LEND=off` (smartmigd's `lend_idle =
+//! false` and the simulator's `lend=off`: every job on exactly its room).
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
 
@@ -363,10 +364,14 @@ fn policy_pair() -> (String, String) {
 }
 
 /// `smartmig simulate --slurm-like` on the same list, with the same timings.
-fn simulated(csv: &Path, holds: &str, t: Timings, policy: &str) -> Value {
+fn simulated(csv: &Path, holds: &str, t: Timings, policy: &str, lend: bool) -> Value {
     let spec = format!(
-        "holds={holds},allocate-wait={},requeue-hold={},sched-interval={},pass={}",
-        t.allocate_wait_s, t.requeue_hold_s, t.sched_interval_s, t.pass_s
+        "holds={holds},allocate-wait={},requeue-hold={},sched-interval={},pass={},lend={}",
+        t.allocate_wait_s,
+        t.requeue_hold_s,
+        t.sched_interval_s,
+        t.pass_s,
+        if lend { "on" } else { "off" }
     );
     let out = std::process::Command::new(artifact("smartmig"))
         .args(["simulate", "--cluster", "a100-40gb:2", "--policy", policy])
@@ -395,15 +400,22 @@ fn a_busy_mix_completes_without_requeue_loops() {
     };
     let timings = Timings::of(packaged);
     let (daemon_policy, sim_policy) = policy_pair();
+    let lend = std::env::var("SMARTMIG_BUSY_MIX_LEND").map_or(true, |v| v != "off");
     let keep = std::env::var_os("SMARTMIG_BUSY_MIX_OUT").map(std::path::PathBuf::from);
     let jobs = job_list(n, seed);
     let cluster = cluster(packaged);
     let _sidecar = if packaged {
-        let text = Sidecar::packaged_config(cluster.dir()).replacen(
-            "\npolicy = \"none\"\n",
-            &format!("\npolicy = \"{daemon_policy}\"\n"),
-            1,
-        );
+        let text = Sidecar::packaged_config(cluster.dir())
+            .replacen(
+                "\npolicy = \"none\"\n",
+                &format!("\npolicy = \"{daemon_policy}\"\n"),
+                1,
+            )
+            .replacen(
+                "\nlend_idle = true\n",
+                &format!("\nlend_idle = {lend}\n"),
+                1,
+            );
         let sidecar = Sidecar::start_text(cluster.dir(), &text, &SidecarBackend::Sim);
         // The default (`auto`) must have chosen any-mix on the typed gres.conf.
         let status = sidecar.status();
@@ -417,7 +429,9 @@ fn a_busy_mix_completes_without_requeue_loops() {
     } else {
         Sidecar::start_configured(
             cluster.dir(),
-            &format!("allocate_wait_s = {ALLOCATE_WAIT_S}\npolicy = \"{daemon_policy}\"\n"),
+            &format!(
+                "allocate_wait_s = {ALLOCATE_WAIT_S}\npolicy = \"{daemon_policy}\"\nlend_idle = {lend}\n"
+            ),
             true,
             &format!("holds = \"{holds}\""),
             &SidecarBackend::Sim,
@@ -435,10 +449,10 @@ fn a_busy_mix_completes_without_requeue_loops() {
     let csv = dir.join("busy-mix.csv");
     std::fs::write(&csv, job_csv(&jobs)).expect("write the job CSV");
     let real = outcome(&cluster, &ids, keep.as_deref());
-    let sim = simulated(&csv, &holds, timings, &sim_policy);
+    let sim = simulated(&csv, &holds, timings, &sim_policy, lend);
     let run = &sim["run"];
     let summary = json!({
-        "jobs": n, "seed": seed, "holds": holds, "policy": daemon_policy, "wall_s": took.as_secs_f64(),
+        "jobs": n, "seed": seed, "holds": holds, "policy": daemon_policy, "lend_idle": lend, "wall_s": took.as_secs_f64(),
         "config": if packaged { "packaged" } else { "test" },
         "series": smartmig_suite::slurm_series(),
         "real": {
@@ -453,7 +467,7 @@ fn a_busy_mix_completes_without_requeue_loops() {
         },
     });
     eprintln!(
-        "busy mix: {n} jobs (seed {seed}, holds {holds}, policy {daemon_policy}, {} config) in {took:.0?}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10.1} {:>10.1}",
+        "busy mix: {n} jobs (seed {seed}, holds {holds}, policy {daemon_policy}, lend_idle {lend}, {} config) in {took:.0?}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10} {:>10}\n{:>22} {:>10.1} {:>10.1}\n{:>22} {:>10.1} {:>10.1}",
         if packaged { "packaged" } else { "test" },
         "", "real", "simulated",
         "requeues / 100 jobs", real.requeues_per_100(), summary["simulated"]["requeues_per_100"].as_f64().unwrap_or(f64::NAN),

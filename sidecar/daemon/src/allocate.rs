@@ -31,6 +31,7 @@ pub(crate) fn test_assignment(job_id: u64) -> Assignment {
         deadline: None,
         time_limit_s: None,
         wait_s: 0,
+        billed: None,
     }
 }
 
@@ -133,6 +134,21 @@ impl GpuBook {
             .filter(|i| i.job.is_some())
             .map(|i| i.placement)
             .collect()
+    }
+
+    /// Shards Slurm billed the jobs on this GPU's busy instances: each
+    /// job's bill, which is less than its instance's compute slices when it
+    /// was lent a bigger one (the instance's slices for records without
+    /// a bill).
+    pub fn billed_shards(&self) -> u8 {
+        self.instances
+            .iter()
+            .filter_map(|i| {
+                let a = i.job.as_ref()?;
+                let compute = self.geometry.spot(i.placement).compute();
+                Some(a.billed.map_or(compute, |b| b.min(compute)))
+            })
+            .fold(0u8, u8::saturating_add)
     }
 
     pub fn find_uuid(&self, uuid: &str) -> Option<&Instance> {

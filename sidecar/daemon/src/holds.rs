@@ -148,8 +148,9 @@ pub struct GpuShards {
     pub geometry: &'static Geometry,
     /// Instances held by jobs (or being made for one).
     pub busy: Layout,
-    /// Shards Slurm has given to jobs on this GPU: the busy instances'
-    /// compute slices plus those of jobs still waiting for an instance.
+    /// Shards Slurm has given to jobs on this GPU: the bills of the jobs
+    /// on busy instances (less than an instance's compute slices when it
+    /// was lent) plus those of jobs still waiting for an instance.
     pub used: u8,
 }
 
@@ -339,6 +340,22 @@ mod tests {
             decide(HoldRule::AnyMix, &GresTyping::Unknown, true).rule,
             Some(OfferRule::AnyMix)
         );
+    }
+
+    /// A job billed 1 shard lent the whole 7g: Slurm counts 6 free shards,
+    /// MIG can build nothing beside the busy 7g, so all 6 are held.
+    #[test]
+    fn a_lent_instance_holds_what_its_job_is_not_billed() {
+        let lent = GpuShards {
+            used: 1,
+            ..gpu(0, &[(7, 8, 0)], 0)
+        };
+        assert_eq!(
+            plan(&[lent], &[], NEXT),
+            vec![Step::Hold { gpu: 0, shards: 6 }]
+        );
+        // Billed what it takes, nothing is stranded.
+        assert_eq!(plan(&[gpu(0, &[(7, 8, 0)], 0)], &[], NEXT), vec![]);
     }
 
     #[test]

@@ -695,6 +695,7 @@ mod tests {
                     deadline: None,
                     time_limit_s: None,
                     wait_s: 0,
+                    billed: None,
                 },
             );
         }

@@ -33,6 +33,14 @@ fn second_job_profile(name: &str, holds: &str, lend: bool, named: bool) -> (Stri
     let second = c
         .allocate(second)
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    if second.profile == "3g.20gb" && holds != "off" {
+        // Slurm billed 2 of the lent 3g's slices and counts 5 free shards;
+        // MIG builds 3 beside it: 2 must be held (the fake salloc fails,
+        // and smartmigd logs what it asked for).
+        d.wait_until("a hold of the lent instance's unbilled shards", || {
+            d.log().contains("--gres=shard:mig0:2 ")
+        });
+    }
     let state = c
         .status()
         .expect("status")

@@ -45,6 +45,12 @@ pub struct Assignment {
     /// Seconds the job waited in smartmigd for this instance.
     #[serde(default)]
     pub wait_s: u64,
+    /// Shards Slurm billed the job (the allocate's `slices`), fewer than
+    /// the instance's compute slices when it was lent a bigger one (issue
+    /// 55): the holds count Slurm's free shards from them. `None` (records
+    /// before issue 55): the instance's compute slices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billed: Option<u8>,
 }
 
 /// One journaled assignment.

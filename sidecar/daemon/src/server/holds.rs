@@ -126,7 +126,9 @@ async fn shards(cx: &Cx<'_>) -> Vec<GpuShards> {
             index: gpu.index,
             geometry,
             busy,
-            used: geometry.compute_used(busy).saturating_add(queued),
+            // Slurm's count: a lent instance's job is billed less than
+            // the instance takes, and the rest is what must be held.
+            used: st.book.billed_shards().saturating_add(queued),
         });
     }
     out

@@ -376,6 +376,7 @@ mod tests {
             deadline: None,
             time_limit_s: None,
             wait_s: 0,
+            billed: None,
         };
         let running = queued(JobState::Running, 700, Some(600));
         assert_eq!(expected_end(&a, Some(&running)), 700.0);

@@ -739,6 +739,7 @@ fn execute(
             deadline: req.deadline,
             time_limit_s: req.time_limit_s,
             wait_s: waited_ms / 1000,
+            billed: Some(req.slices),
         },
     );
     hand_over(cx, gpu.index, &mut st.book, req, &uuid, now)?;
