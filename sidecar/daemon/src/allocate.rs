@@ -77,8 +77,8 @@ pub struct Beside {
     pub mates: Mix,
     /// With holds on, what Slurm may still send here is kept largest.
     pub holds: Option<OfferRule>,
-    /// An idle bigger instance may be lent ([`GpuNow::lend`]); set only
-    /// with holds on, which keep Slurm off the shards beyond the bill.
+    /// An idle bigger instance may be lent ([`GpuNow::lend`]; the rule
+    /// lends only with holds on, which keep Slurm off the unbilled shards).
     pub lend: bool,
 }
 
@@ -247,7 +247,7 @@ impl GpuBook {
                 .map(|i| i.placement)
                 .collect(),
             may_build: true,
-            lend: beside.lend && beside.holds.is_some(),
+            lend: beside.lend,
         };
         let no_fit = || Refusal::NoFit {
             profile,

@@ -110,14 +110,6 @@ impl Mix {
 }
 
 impl Geometry {
-    /// Whether every job of `mates` can still be built once `id` is taken
-    /// beside `busy` (trivially so without mates).
-    pub fn leaves_room(&self, busy: Layout, id: SpotId, mates: &Mix) -> bool {
-        mates.is_empty() || self.buildable(busy.with(id), &mates.0)
-    }
-}
-
-impl Geometry {
     /// Compute slices Slurm may offer on a GPU whose busy instances are
     /// `busy` (at most its free slices; all of them when nothing is busy).
     pub fn offer(&self, busy: Layout, rule: OfferRule) -> u8 {
@@ -180,6 +172,12 @@ impl Geometry {
             .map(|(_, id)| id)
     }
 
+    /// Whether every job of `mates` can still be built once `id` is taken
+    /// beside `busy` (trivially so without mates).
+    pub fn leaves_room(&self, busy: Layout, id: SpotId, mates: &Mix) -> bool {
+        mates.is_empty() || self.buildable(busy.with(id), &mates.0)
+    }
+
     /// The spot a job gets, of `options` (the spots that serve it, in
     /// smartmigd's order of preference: reuse, create, re-shape).
     ///
@@ -207,7 +205,7 @@ impl Geometry {
             options
                 .iter()
                 .copied()
-                .filter(|&id| self.buildable(busy.with(id), &mates.0))
+                .filter(|&id| self.leaves_room(busy, id, mates))
                 .collect()
         };
         let pool = if roomy.is_empty() { options } else { &roomy };

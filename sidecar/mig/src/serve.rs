@@ -42,7 +42,8 @@ pub struct GpuNow {
     /// Whether an idle instance bigger than the request may be handed out
     /// (lent) when none of its own room is idle. The job runs on more
     /// slices than it is billed; the holds keep Slurm off the shards it
-    /// takes beyond them ([`Geometry::stranded`]).
+    /// takes beyond them ([`Geometry::stranded`]), so [`Geometry::serve`]
+    /// lends only with holds.
     pub lend: bool,
 }
 
@@ -60,10 +61,8 @@ pub enum Way {
 }
 
 impl Way {
-    /// The tiers in smartmigd's order of preference (module docs).
-    const TIERS: [u8; 4] = [0, 1, 2, 3];
-
-    /// This way's tier: reuse, lend, create, re-shape.
+    /// This way's tier, in smartmigd's order of preference (module docs):
+    /// reuse, lend, create, re-shape.
     fn tier(self) -> u8 {
         match self {
             Way::Reuse => 0,
@@ -164,28 +163,28 @@ impl Geometry {
         mates: &Mix,
         holds: Option<OfferRule>,
     ) -> Option<(SpotId, Way)> {
-        let ways = self.ways_to_serve(now, profile, want_gb);
-        let tiers: Vec<Vec<SpotId>> = Way::TIERS
-            .iter()
-            .map(|&t| {
-                ways.iter()
-                    .filter(|w| w.1.tier() == t)
-                    .map(|w| w.0)
-                    .collect()
-            })
-            .collect();
-        let roomy = |spots: &[SpotId]| {
-            spots
-                .iter()
-                .any(|&id| self.leaves_room(now.taken, id, mates))
+        // Lent shards are kept from Slurm only by the holds.
+        let now = GpuNow {
+            lend: now.lend && holds.is_some(),
+            ..now
         };
-        let tier = tiers
+        let ways = self.ways_to_serve(now, profile, want_gb);
+        // The ways come tier by tier: the first that leaves room for the
+        // mates names the tier, else the first way at all.
+        let tier = ways
             .iter()
-            .position(|t| roomy(t))
-            .or_else(|| tiers.iter().position(|t| !t.is_empty()))?;
-        let chosen = self.choose_spot(now.taken, &tiers[tier], mates, holds)?;
+            .find(|w| self.leaves_room(now.taken, w.0, mates))
+            .or(ways.first())?
+            .1
+            .tier();
+        let pool: Vec<SpotId> = ways
+            .iter()
+            .filter(|w| w.1.tier() == tier)
+            .map(|w| w.0)
+            .collect();
+        let chosen = self.choose_spot(now.taken, &pool, mates, holds)?;
         ways.into_iter()
-            .find(|w| w.0 == chosen && w.1.tier() == Way::TIERS[tier])
+            .find(|w| w.0 == chosen && w.1.tier() == tier)
     }
 }
 
@@ -290,8 +289,14 @@ mod tests {
         // Lending adds no way where nothing bigger is idle.
         let lending = GpuNow { lend: true, ..now };
         assert_eq!(
-            g.serve(lending, profile(g, 4), 0.0, &Mix::default(), None)
-                .map(|w| w.1),
+            g.serve(
+                lending,
+                profile(g, 4),
+                0.0,
+                &Mix::default(),
+                Some(OfferRule::AnyMix)
+            )
+            .map(|w| w.1),
             Some(Way::Reshape {
                 destroy: Layout::single(i1)
             })
@@ -323,6 +328,9 @@ mod tests {
         let lending = GpuNow { lend: true, ..now };
         let (id, way) = g.serve(lending, two, 0.0, &Mix::default(), holds).unwrap();
         assert_eq!((id, way), (i3, Way::Lend));
+        // Without holds nothing would keep Slurm off the unbilled slice.
+        let (_, way) = g.serve(lending, two, 0.0, &Mix::default(), None).unwrap();
+        assert_eq!(way, Way::Create);
         // Slurm billed 2 of the 3 slices: the holds keep the third from
         // it, beside what a 3-shard job there would strand.
         let busy = Layout::single(i3);

@@ -847,8 +847,7 @@ impl<'j> Deploy<'j> {
             taken: st.busy.union(st.reconfiguring),
             reusable: st.idle(),
             may_build: self.gpus[gpu].policy_until <= self.now,
-            // Only with holds, which keep Slurm off the lent shards.
-            lend: self.slurm.lend && self.slurm.holds.is_some(),
+            lend: self.slurm.lend,
         };
         let chosen = g
             .serve(now, p, need, mates, self.slurm.holds)
