@@ -15,9 +15,10 @@
 //!
 //! Knobs (environment): `SMARTMIG_BUSY_MIX_JOBS` (default 120),
 //! `SMARTMIG_BUSY_MIX_SEED` (default 42), `SMARTMIG_BUSY_MIX_HOLDS`
-//! (smartmigd's `slurm.holds`: `any-mix` default, the best measured;
-//! `next-job`; `off` for the behaviour before issue 42; the requeue bound
-//! is asserted for `any-mix` only), `SMARTMIG_BUSY_MIX_OUT=DIR` (keep the job
+//! (smartmigd's `slurm.holds`: `adaptive` default, as `auto` runs on a
+//! typed gres.conf since issue 55; `any-mix`; `next-job`; `off` for the
+//! behaviour before issue 42; the requeue bound is asserted for
+//! `adaptive` and `any-mix`), `SMARTMIG_BUSY_MIX_OUT=DIR` (keep the job
 //! CSV, the per-job records, the summary JSON and smartmigd's and
 //! slurmctld's logs there), `SMARTMIG_BUSY_MIX_CONFIG=packaged` (issue 56:
 //! what a new site runs: smartmigd on the packaged etc/smartmig.toml, no
@@ -56,7 +57,10 @@ const PASS_S: u64 = 1;
 /// its 14 slices in demand) without an ever-growing queue.
 const GAP_S: f64 = 1.6;
 
-/// The most requeues per 100 jobs this test accepts with `any-mix` holds. Issue
+/// The most requeues per 100 jobs this test accepts with `adaptive` or
+/// `any-mix` holds (`adaptive` holds by `any-mix` on a GPU for an hour after
+/// a job collided there, so a burst like this one meets it after its first
+/// collision on each GPU). Issue
 /// 42's goal is a tenth of the rate before it, 1.1 (docs/slurm-integration.md
 /// §9, "Measured"). On 300 jobs of this mix, seed 42, a real Slurm 22.05 on a
 /// loaded machine gave 11.0 and 14.3 per 100 jobs with
@@ -394,9 +398,9 @@ fn a_busy_mix_completes_without_requeue_loops() {
     let seed: u64 = env_or("SMARTMIG_BUSY_MIX_SEED", 42);
     let packaged = std::env::var("SMARTMIG_BUSY_MIX_CONFIG").is_ok_and(|c| c == "packaged");
     let holds = if packaged {
-        "any-mix".to_string()
+        "adaptive".to_string()
     } else {
-        std::env::var("SMARTMIG_BUSY_MIX_HOLDS").unwrap_or_else(|_| "any-mix".into())
+        std::env::var("SMARTMIG_BUSY_MIX_HOLDS").unwrap_or_else(|_| "adaptive".into())
     };
     let timings = Timings::of(packaged);
     let (daemon_policy, sim_policy) = policy_pair();
@@ -417,11 +421,11 @@ fn a_busy_mix_completes_without_requeue_loops() {
                 1,
             );
         let sidecar = Sidecar::start_text(cluster.dir(), &text, &SidecarBackend::Sim);
-        // The default (`auto`) must have chosen any-mix on the typed gres.conf.
+        // The default (`auto`) must have chosen adaptive on the typed gres.conf.
         let status = sidecar.status();
         assert_eq!(
             (&status["holds"]["configured"], &status["holds"]["state"]),
-            (&json!("auto"), &json!("any-mix")),
+            (&json!("auto"), &json!("adaptive")),
             "{:#}",
             status["holds"]
         );
@@ -510,7 +514,7 @@ fn a_busy_mix_completes_without_requeue_loops() {
         real.failed,
         cluster.log_tails()
     );
-    if holds == "any-mix" {
+    if holds == "any-mix" || holds == "adaptive" {
         assert!(
             real.requeues_per_100() <= MAX_REQUEUES_PER_100,
             "{:.1} requeues per 100 jobs (goal: at most {MAX_REQUEUES_PER_100}): {summary:#}",

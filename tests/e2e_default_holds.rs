@@ -14,7 +14,7 @@
 //! 2. The migration of docs/slurm-integration.md §9 ("Migrating an untyped
 //!    gres.conf"), done with the lines doctor printed: gres.conf and
 //!    slurm.conf's `Gres=`, then slurmctld, slurmd and smartmigd restarted.
-//! 3. Then smartmigd holds by `any-mix`, doctor's checks are `ok`, and two
+//! 3. Then smartmigd holds by `adaptive` (issue 55), doctor's checks are `ok`, and two
 //!    `shard:3` jobs on GPU 0 get the hold on its stranded seventh shard.
 //!
 //! Needs root and a release build of the workspace (`scripts/test`).
@@ -127,9 +127,9 @@ fn an_untyped_site_runs_without_holds_says_so_and_migrates_by_the_docs() {
     cluster.restart_slurm();
     let sidecar = Sidecar::start_text(&dir, &config, &SidecarBackend::Sim);
 
-    // 3. Typed: holds by any-mix, doctor content.
+    // 3. Typed: holds by adaptive, doctor content.
     let s = sidecar.status();
-    assert_eq!(s["holds"]["state"], "any-mix", "{:#}", s["holds"]);
+    assert_eq!(s["holds"]["state"], "adaptive", "{:#}", s["holds"]);
     let (checks, _) = doctor(&cluster);
     for name in [
         "slurm.holds",

@@ -57,7 +57,7 @@ fn holds_in_a_hidden_partition_are_not_listed_to_users() {
         &format!("hold_partition = \"{PARTITION}\""),
         &SidecarBackend::Sim,
     );
-    assert_eq!(sidecar.status()["holds"]["state"], "any-mix");
+    assert_eq!(sidecar.status()["holds"]["state"], "adaptive");
     for k in [3, 3, 7] {
         cluster.sbatch(&[
             &format!("--gres=shard:{k}"),

@@ -472,7 +472,7 @@ fn installed_packages_run_a_shard_job() {
     // that names a deleted plugin (step 5).
     std::env::remove_var("LD_LIBRARY_PATH");
     // The node as the quickstart sets it up: one GRES type per GPU, so the
-    // installed config's `holds = "auto"` (no key) holds by `any-mix`
+    // installed config's `holds = "auto"` (no key) holds by `adaptive`
     // (issue 56, item 6: the installed path covers the default holds).
     std::env::set_var("SMARTMIG_SLURM_TYPED_GPUS", "1");
     // Each series has its own plugin packages: `+slurm24.11.5` in the
@@ -611,7 +611,7 @@ fn installed_packages_run_a_shard_job() {
         daemon
     };
     let _daemon = start_daemon();
-    // The packaged default holds: `auto` runs `any-mix` once Slurm shows
+    // The packaged default holds: `auto` runs `adaptive` once Slurm shows
     // the typed gres.conf (it may answer before Slurm does).
     let holds_state = || {
         let out = in_slurm("/usr/bin/smartmig")
@@ -630,8 +630,8 @@ fn installed_packages_run_a_shard_job() {
     };
     assert!(
         smartmig_suite::holds_within(Duration::from_secs(30), || holds_state()
-            == ("auto".to_string(), "any-mix".to_string())),
-        "the installed default config does not hold by any-mix on a typed node: {:?}\n{}",
+            == ("auto".to_string(), "adaptive".to_string())),
+        "the installed default config does not hold adaptively on a typed node: {:?}\n{}",
         holds_state(),
         cluster.log_tails()
     );

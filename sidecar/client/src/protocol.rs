@@ -414,9 +414,9 @@ pub struct StatusReply {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HoldsStatus {
     /// `slurm.holds` in smartmig.toml: `auto` (the default), `off`,
-    /// `next-job` or `any-mix`.
+    /// `adaptive`, `next-job` or `any-mix`.
     pub configured: String,
-    /// What runs: `any-mix`, `next-job`, `off`, or `no-slurm` (Slurm queries
+    /// What runs: `adaptive`, `any-mix`, `next-job`, `off`, or `no-slurm` (Slurm queries
     /// are off: nothing to hold).
     pub state: String,
     /// Why, in words (with the fix when it is off for gres.conf).

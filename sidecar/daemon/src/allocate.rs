@@ -109,6 +109,10 @@ pub struct GpuBook {
     pub idle_since: u64,
     /// XID marks: the GPU's and its instances' ([`crate::health`]).
     pub health: GpuHealth,
+    /// Unix seconds when a job was last turned away or gave up waiting
+    /// for room here: the adaptive holds hold strictly for a while after
+    /// ([`crate::mig::OfferPolicy`]). Not journaled: a restart forgets it.
+    pub collided_at: Option<u64>,
 }
 
 impl GpuBook {
@@ -119,7 +123,13 @@ impl GpuBook {
             instances: Vec::new(),
             idle_since: now,
             health: GpuHealth::default(),
+            collided_at: None,
         }
+    }
+
+    /// Seconds since a job last collided here at `now` (Unix seconds).
+    pub fn since_collision_s(&self, now: u64) -> Option<u64> {
+        self.collided_at.map(|t| now.saturating_sub(t))
     }
 
     /// Every instance as a layout.

@@ -89,8 +89,8 @@ pub struct SlurmConfig {
     pub check_grants: bool,
     /// Hold the shards of each GPU that MIG cannot build next to its busy
     /// instances, so that Slurm does not offer them (issue 42): `auto`
-    /// (the default, also when the key is absent), `off`, `next-job` or
-    /// `any-mix` ([`crate::mig::OfferRule`]). Needs one GRES type per GPU,
+    /// (the default, also when the key is absent), `off`, `adaptive`,
+    /// `next-job` or `any-mix` ([`crate::mig::OfferPolicy`]). Needs one GRES type per GPU,
     /// `mig<index>` (docs/slurm-integration.md §9); where gres.conf lacks
     /// them smartmigd runs without holds ([`crate::holds::decide`]).
     pub holds: HoldRule,
@@ -109,12 +109,15 @@ pub struct SlurmConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HoldRule {
-    /// `any-mix` where Slurm's gres.conf gives each GPU its own type
+    /// `adaptive` where Slurm's gres.conf gives each GPU its own type
     /// (`mig<index>`), off where it does not (issue 56: prevention by
     /// default on a new node, no broken holds on an old one).
     #[default]
     Auto,
     Off,
+    /// `next-job` on each GPU, `any-mix` for an hour after a job was
+    /// turned away or requeued there (issue 55).
+    Adaptive,
     NextJob,
     AnyMix,
 }
@@ -123,11 +126,13 @@ impl HoldRule {
     /// The offer rule this setting asks for on a node whose gres.conf is
     /// typed per GPU; `None` when off. What smartmigd runs is
     /// [`crate::holds::decide`]'s answer, which also looks at gres.conf.
-    pub fn offer_rule(self) -> Option<crate::mig::OfferRule> {
+    pub fn offer_rule(self) -> Option<crate::mig::OfferPolicy> {
+        use crate::mig::{OfferPolicy, OfferRule};
         match self {
             HoldRule::Off => None,
-            HoldRule::NextJob => Some(crate::mig::OfferRule::NextJob),
-            HoldRule::Auto | HoldRule::AnyMix => Some(crate::mig::OfferRule::AnyMix),
+            HoldRule::Auto | HoldRule::Adaptive => Some(OfferPolicy::Adaptive),
+            HoldRule::NextJob => Some(OfferPolicy::Fixed(OfferRule::NextJob)),
+            HoldRule::AnyMix => Some(OfferPolicy::Fixed(OfferRule::AnyMix)),
         }
     }
 
@@ -137,6 +142,7 @@ impl HoldRule {
             HoldRule::Auto => "auto",
             HoldRule::Off => "off",
             HoldRule::NextJob => "next-job",
+            HoldRule::Adaptive => "adaptive",
             HoldRule::AnyMix => "any-mix",
         }
     }
@@ -922,8 +928,18 @@ mod tests {
         let c = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"any-mix\"\n")).unwrap();
         assert_eq!(
             c.slurm.holds.offer_rule(),
-            Some(crate::mig::OfferRule::AnyMix)
+            Some(crate::mig::OfferPolicy::Fixed(
+                crate::mig::OfferRule::AnyMix
+            ))
         );
+        for key in ["auto", "adaptive"] {
+            let c = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"{key}\"\n")).unwrap();
+            assert_eq!(
+                c.slurm.holds.offer_rule(),
+                Some(crate::mig::OfferPolicy::Adaptive),
+                "{key}"
+            );
+        }
         let e = Config::parse(&format!("{MINIMAL}[slurm]\nholds = \"always\"\n")).unwrap_err();
         assert!(e.to_string().contains("always"), "{e}");
         let c = Config::parse(&format!(

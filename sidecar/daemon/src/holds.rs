@@ -15,7 +15,7 @@
 //! between).
 
 use crate::config::HoldRule;
-use crate::mig::{Geometry, Layout, OfferRule};
+use crate::mig::{Geometry, Layout, OfferPolicy, OfferRule};
 use crate::slurm::GresGpu;
 
 /// The GRES type of GPU `index` in gres.conf (`Type=mig<index>`): how a
@@ -72,7 +72,7 @@ pub fn typing(gres: &[GresGpu]) -> GresTyping {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HoldsDecision {
     /// The rule the holds follow; `None`: no holds.
-    pub rule: Option<OfferRule>,
+    pub rule: Option<OfferPolicy>,
     /// Why, in words (the start-up log line and `smartmig status`).
     pub reason: String,
     /// Whether smartmigd talks to Slurm at all (`slurm.enabled`): without
@@ -81,11 +81,11 @@ pub struct HoldsDecision {
 }
 
 impl HoldsDecision {
-    /// `any-mix`, `next-job`, `off`, or `no-slurm` (Slurm queries are off).
+    /// `adaptive`, `any-mix`, `next-job`, `off`, or `no-slurm` (Slurm
+    /// queries are off).
     pub fn state(&self) -> &'static str {
         match self.rule {
-            Some(OfferRule::AnyMix) => "any-mix",
-            Some(OfferRule::NextJob) => "next-job",
+            Some(policy) => policy.name(),
             None if !self.slurm => "no-slurm",
             None => "off",
         }
@@ -96,7 +96,7 @@ impl HoldsDecision {
 pub const MIGRATION_DOC: &str = "docs/slurm-integration.md §9, \"Migrating an untyped gres.conf\"";
 
 /// The holds smartmigd runs (issue 56): `auto` (the default) holds by
-/// `any-mix` where gres.conf gives each GPU its own type and runs without
+/// `adaptive` (issue 55) where gres.conf gives each GPU its own type and runs without
 /// holds where it does not (an existing site's untyped gres.conf: a hold
 /// could not name its GPU) or where Slurm has not said yet; an explicit
 /// rule is followed unless gres.conf is known to be untyped.
@@ -152,14 +152,22 @@ pub struct GpuShards {
     /// on busy instances (less than an instance's compute slices when it
     /// was lent) plus those of jobs still waiting for an instance.
     pub used: u8,
+    /// Seconds since a job was last turned away or requeued on this GPU
+    /// (`None`: not since smartmigd started): the adaptive holds' memory.
+    pub since_collision_s: Option<u64>,
 }
 
 impl GpuShards {
+    /// The offer rule this GPU's holds follow now under `policy`.
+    pub fn rule(&self, policy: OfferPolicy) -> OfferRule {
+        policy.on_gpu(self.since_collision_s)
+    }
+
     /// Shards this GPU should hold: its free shards in Slurm's count beyond
     /// what MIG can build next to the busy instances.
-    pub fn target(&self, rule: OfferRule) -> u8 {
+    pub fn target(&self, policy: OfferPolicy) -> u8 {
         let free = self.geometry.spec.compute_slices.saturating_sub(self.used);
-        self.geometry.stranded(self.busy, free, rule)
+        self.geometry.stranded(self.busy, free, self.rule(policy))
     }
 }
 
@@ -184,7 +192,7 @@ pub enum Step {
 /// holds first, then releases. A GPU that should hold more gets one new
 /// hold of the difference; one that should hold less gives back holds,
 /// largest first, and re-holds what it gave back beyond the excess.
-pub fn plan(gpus: &[GpuShards], holds: &[Hold], rule: OfferRule) -> Vec<Step> {
+pub fn plan(gpus: &[GpuShards], holds: &[Hold], rule: OfferPolicy) -> Vec<Step> {
     let mut add = Vec::new();
     let mut cancel = Vec::new();
     for g in gpus {
@@ -258,10 +266,11 @@ mod tests {
             geometry: g,
             busy,
             used: g.compute_used(busy) + waiting,
+            since_collision_s: None,
         }
     }
 
-    const NEXT: OfferRule = OfferRule::NextJob;
+    const NEXT: OfferPolicy = OfferPolicy::Fixed(OfferRule::NextJob);
 
     fn slurmd(types: &[Option<&str>]) -> Vec<GresGpu> {
         types
@@ -299,12 +308,12 @@ mod tests {
     }
 
     #[test]
-    fn the_default_holds_by_any_mix_where_gres_conf_is_typed_and_not_elsewhere() {
+    fn the_default_holds_adaptively_where_gres_conf_is_typed_and_not_elsewhere() {
         let typed = GresTyping::Typed { gpus: 2 };
         let untyped = GresTyping::Untyped("GPU 0 has no Type".into());
         let d = decide(HoldRule::Auto, &typed, true);
-        assert_eq!(d.rule, Some(OfferRule::AnyMix));
-        assert_eq!(d.state(), "any-mix");
+        assert_eq!(d.rule, Some(OfferPolicy::Adaptive));
+        assert_eq!(d.state(), "adaptive");
         assert!(d.reason.contains("(the default)"), "{}", d.reason);
         let d = decide(HoldRule::Auto, &untyped, true);
         assert_eq!(d.rule, None);
@@ -338,8 +347,31 @@ mod tests {
         // Slurm not asked yet: the admin's explicit choice stands.
         assert_eq!(
             decide(HoldRule::AnyMix, &GresTyping::Unknown, true).rule,
-            Some(OfferRule::AnyMix)
+            Some(OfferPolicy::Fixed(OfferRule::AnyMix))
         );
+        assert_eq!(decide(HoldRule::AnyMix, &typed, true).state(), "any-mix");
+    }
+
+    /// Beside a busy `3g@4` a 4g fits but 3 + 1 does not: adaptive holds
+    /// nothing there until a job was turned away on the GPU, then, for an
+    /// hour, the shard that `any-mix` keeps back.
+    #[test]
+    fn adaptive_holds_the_any_mix_shard_only_after_a_collision() {
+        let g = gpu(0, &[(3, 4, 4)], 0);
+        assert_eq!(plan(&[g], &[], OfferPolicy::Adaptive), vec![]);
+        let collided = GpuShards {
+            since_collision_s: Some(10),
+            ..g
+        };
+        assert_eq!(
+            plan(&[collided], &[], OfferPolicy::Adaptive),
+            vec![Step::Hold { gpu: 0, shards: 1 }]
+        );
+        let long_ago = GpuShards {
+            since_collision_s: Some(crate::mig::COLLISION_MEMORY_S),
+            ..g
+        };
+        assert_eq!(plan(&[long_ago], &[], OfferPolicy::Adaptive), vec![]);
     }
 
     /// A job billed 1 shard lent the whole 7g: Slurm counts 6 free shards,

@@ -43,7 +43,7 @@ pub use models::{
     GpuModel, ModelSpec, ProfileSpec, Provenance, Shape, Sources, UnknownModel, VariantKind,
     VariantSpec, MAX_PROFILES, MODELS,
 };
-pub use offer::{Mix, OfferRule};
+pub use offer::{Mix, OfferPolicy, OfferRule, COLLISION_MEMORY_S};
 pub use profile::{
     parse_profile, profile_size, requested_profile, select_profile, variant_meaning,
     ProfileParseError, RequestedProfileError, SelectError,

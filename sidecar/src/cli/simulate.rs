@@ -161,9 +161,9 @@ pub struct Args {
     /// Model the deployment (issue 42): Slurm places each job by counting
     /// shards and smartmigd builds its instance afterwards, requeueing a
     /// job it cannot serve (docs/simulator.md, "Slurm-like mode"). SPEC:
-    /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
+    /// `holds=off|adaptive|next-job|any-mix,allocate-wait=S,requeue-hold=S,
     /// sched-interval=S,hold-lag=S,pass=S,time-limit=F,bill=room|compute,lend=on|off`,
-    /// any subset (none: the packaged defaults, holds any-mix, bill room, lend on,
+    /// any subset (none: the packaged defaults, holds adaptive, bill room, lend on,
     /// no time limits). Whole GPUs and fixed layouts stay in the central
     /// view.
     #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "")]

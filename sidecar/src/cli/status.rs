@@ -649,8 +649,8 @@ mod tests {
             reason: "gres.conf has no per-GPU types: fix".into(),
         };
         let mut out = String::new();
-        render_holds(&mut out, &h("auto", "any-mix"));
-        assert_eq!(out, "Holds: any-mix (slurm.holds = auto)\n");
+        render_holds(&mut out, &h("auto", "adaptive"));
+        assert_eq!(out, "Holds: adaptive (slurm.holds = auto)\n");
         let mut out = String::new();
         render_holds(&mut out, &h("auto", "off"));
         assert!(

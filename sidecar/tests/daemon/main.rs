@@ -15,6 +15,7 @@ mod daemon_bench;
 mod daemon_burst;
 mod daemon_dashboard;
 mod daemon_health;
+mod daemon_holds;
 mod daemon_lend;
 mod daemon_lifecycle;
 mod daemon_memory;

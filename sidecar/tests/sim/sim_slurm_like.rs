@@ -3,7 +3,7 @@
 //! that meets a slice MIG cannot build is requeued; smartmigd's holds keep
 //! Slurm from offering stranded shards.
 
-use smartmig::mig::{GpuModel, OfferRule};
+use smartmig::mig::{GpuModel, OfferPolicy, OfferRule};
 use smartmig::policy::{parse_policy, NoPartition, RepartitionPolicy};
 use smartmig::sim::{EpochRule, Metrics, Record, SimConfig, SlurmLike};
 use smartmig::workload::Job;
@@ -24,7 +24,7 @@ fn cfg(slurm: Option<SlurmLike>) -> SimConfig {
 /// Lending has its own test below.
 fn holds(rule: Option<OfferRule>) -> SlurmLike {
     SlurmLike {
-        holds: rule,
+        holds: rule.map(OfferPolicy::Fixed),
         lend: false,
         ..SlurmLike::default()
     }
@@ -163,6 +163,53 @@ fn a_busy_mix_audits_and_holds_cut_requeues() {
         out[0].requeues
     );
     assert!(out[2].requeues <= out[1].requeues, "{:?}", out[2]);
+    // Adaptive: next-job until jobs collide on a GPU, then any-mix there.
+    let adaptive = SlurmLike {
+        holds: Some(OfferPolicy::Adaptive),
+        ..holds(None)
+    };
+    let m = run(&gpus, &jobs, &mut *greedy(), &cfg(Some(adaptive)));
+    assert_eq!(m.completed, 200, "{m:?}");
+    assert!(
+        m.requeues <= out[1].requeues,
+        "adaptive {} vs next-job {}",
+        m.requeues,
+        out[1].requeues
+    );
+}
+
+/// A long 3-shard job runs on an A100; a 4-shard job comes next. Beside
+/// `3g@4` a 4g fits, but `any-mix` offers only 3 shards (3 + 1 would not
+/// fit), so the 4-shard job waits for the 3-shard one; `next-job`, and
+/// `adaptive` with no collision on the GPU, offer 4 and start it at once.
+#[test]
+fn adaptive_holds_offer_the_room_a_single_job_fits_until_jobs_collide() {
+    let gpus = [GpuModel::A100_40gb];
+    let jobs = [job(0, 0.0, 1000.0, 3), job(1, 10.0, 100.0, 4)];
+    let waits: Vec<f64> = [
+        Some(OfferPolicy::Fixed(OfferRule::AnyMix)),
+        Some(OfferPolicy::Fixed(OfferRule::NextJob)),
+        Some(OfferPolicy::Adaptive),
+    ]
+    .into_iter()
+    .map(|rule| {
+        let c = cfg(Some(SlurmLike {
+            holds: rule,
+            ..holds(None)
+        }));
+        let m = run(
+            &gpus,
+            &jobs,
+            &mut *parse_policy("on-demand", &gpus).expect("on-demand"),
+            &c,
+        );
+        assert_eq!((m.completed, m.requeues), (2, 0), "{rule:?}: {m:?}");
+        m.mean_wait_s
+    })
+    .collect();
+    // any-mix: the 4-shard job waits about 1,000 s (half of it in the mean).
+    assert!(waits[0] > 400.0, "{waits:?}");
+    assert!(waits[1] < 60.0 && waits[2] < 60.0, "{waits:?}");
 }
 
 #[test]
@@ -170,7 +217,10 @@ fn the_mode_parses_its_options_and_refuses_bad_ones() {
     let s: SlurmLike = "holds=any-mix,allocate-wait=5,requeue-hold=6,sched-interval=2,hold-lag=0"
         .parse()
         .expect("parse");
-    assert_eq!(s.holds, Some(OfferRule::AnyMix));
+    assert_eq!(s.holds, Some(OfferPolicy::Fixed(OfferRule::AnyMix)));
+    let a: SlurmLike = "holds=adaptive".parse().expect("parse");
+    assert_eq!(a.holds, Some(OfferPolicy::Adaptive));
+    assert_eq!(SlurmLike::default().holds, Some(OfferPolicy::Adaptive));
     assert_eq!(
         (
             s.allocate_wait_s,
@@ -323,8 +373,12 @@ fn a_memory_variant_is_billed_the_room_it_takes() {
     let after = run(&gpus, &jobs, &mut *on_demand(), &cfg(Some(slurm("room"))));
     assert_eq!(after.requeues, 0, "{after:?}");
     assert_eq!(after.completed, jobs.len() as u64, "{after:?}");
-    // The default is the product's rule.
-    assert_eq!(SlurmLike::default(), slurm("room"));
+    // The default is the product's rule (and its adaptive holds).
+    let default = SlurmLike {
+        holds: Some(OfferPolicy::Fixed(OfferRule::AnyMix)),
+        ..SlurmLike::default()
+    };
+    assert_eq!(default, slurm("room"));
     assert_eq!(
         "bill=nonsense".parse::<SlurmLike>().unwrap_err(),
         "slurm-like bill=nonsense: use `room` (the product) or `compute` (before issue 55)"

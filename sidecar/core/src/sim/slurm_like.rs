@@ -79,7 +79,9 @@ use super::heuristics::PlacementHeuristic;
 use super::metrics::{ChargeBasis, Metrics, NeverRan, RunSums};
 use super::reshape::ReconfigKind;
 use super::{EpochRule, RunHooks, SimConfig, SimError};
-use crate::mig::{Geometry, GpuModel, GpuNow, Layout, Mix, OfferRule, ProfileSpec, SpotId, Way};
+use crate::mig::{
+    Geometry, GpuModel, GpuNow, Layout, Mix, OfferPolicy, OfferRule, ProfileSpec, SpotId, Way,
+};
 use crate::policy::{
     ClusterView, GpuStatus, PendingByProfile, PendingJob, RepartitionPolicy, MAX_PLACEMENTS,
     MODEL_COUNT,
@@ -91,9 +93,11 @@ use crate::workload::{Job, PowerModel};
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlurmLike {
     /// Hold stranded shards under this rule; `None`: Slurm offers every
-    /// free shard (smartmig before issue 42). Default `any-mix`: the
-    /// packaged config (`holds = "auto"` on the typed gres.conf it ships).
-    pub holds: Option<OfferRule>,
+    /// free shard (smartmig before issue 42). Default `adaptive`: the
+    /// packaged config (`holds = "auto"` on the typed gres.conf it ships;
+    /// each GPU by `any-mix` for an hour after a job was turned away or
+    /// requeued there, by `next-job` otherwise, [`OfferPolicy`]).
+    pub holds: Option<OfferPolicy>,
     /// smartmigd's `allocate_wait_s`: how long a started job waits on its
     /// GPU for room before it is requeued (30 s).
     pub allocate_wait_s: f64,
@@ -136,7 +140,7 @@ pub struct SlurmLike {
 impl Default for SlurmLike {
     fn default() -> Self {
         SlurmLike {
-            holds: Some(OfferRule::AnyMix),
+            holds: Some(OfferPolicy::Adaptive),
             allocate_wait_s: 30.0,
             requeue_hold_s: 121.0,
             sched_interval_s: 60.0,
@@ -195,7 +199,7 @@ impl SlurmLike {
 impl std::str::FromStr for SlurmLike {
     type Err = String;
 
-    /// `holds=off|next-job|any-mix,allocate-wait=S,requeue-hold=S,
+    /// `holds=off|adaptive|next-job|any-mix,allocate-wait=S,requeue-hold=S,
     /// sched-interval=S,hold-lag=S,pass=S,time-limit=F,bill=room|compute,
     /// lend=on|off`,
     /// any subset, any order; `""` or
@@ -219,7 +223,7 @@ impl std::str::FromStr for SlurmLike {
                 "holds" => {
                     out.holds = match value.trim() {
                         "off" => None,
-                        v => Some(v.parse()?),
+                        v => Some(v.parse::<OfferPolicy>().map_err(|e| format!("{e}, or `off`"))?),
                     }
                 }
                 "allocate-wait" => out.allocate_wait_s = secs()?,
@@ -271,7 +275,7 @@ impl std::fmt::Display for SlurmLike {
         write!(
             f,
             "holds={},allocate-wait={},requeue-hold={},sched-interval={},hold-lag={},pass={},bill={},lend={}",
-            self.holds.map_or("off", OfferRule::name),
+            self.holds.map_or("off", OfferPolicy::name),
             self.allocate_wait_s,
             self.requeue_hold_s,
             self.sched_interval_s,
@@ -364,6 +368,9 @@ struct Gpu {
     energy: f64,
     last: f64,
     held_since: f64,
+    /// When a job was last turned away or requeued here (the adaptive
+    /// holds' memory, [`OfferPolicy::on_gpu`]).
+    collided_at: Option<f64>,
 }
 
 /// Runs `jobs` through the deployment model (module docs). Called by
@@ -495,6 +502,7 @@ impl<'j> Deploy<'j> {
                 energy: 0.0,
                 last: 0.0,
                 held_since: 0.0,
+                collided_at: None,
             });
         }
         let n = jobs.len();
@@ -849,8 +857,9 @@ impl<'j> Deploy<'j> {
             may_build: self.gpus[gpu].policy_until <= self.now,
             lend: self.slurm.lend,
         };
+        let rule = self.offer_rule(gpu);
         let chosen = g
-            .serve(now, p, need, mates, self.slurm.holds)
+            .serve(now, p, need, mates, rule)
             .map(|(pid, way)| match way {
                 Way::Reuse | Way::Lend => (pid, None),
                 way => (pid, Some(way.destroyed())),
@@ -1052,6 +1061,7 @@ impl<'j> Deploy<'j> {
         let billed = self.billed(i as usize, gpu);
         let gp = &mut self.gpus[gpu];
         gp.alloc -= billed;
+        gp.collided_at = Some(self.now);
         gp.waiting.retain(|&w| w != i);
         self.touched[gpu] = true;
         self.m.requeues += 1;
@@ -1151,10 +1161,18 @@ impl<'j> Deploy<'j> {
         Ok(())
     }
 
+    /// The offer rule of `gpu`'s holds now; `None`: no holds.
+    fn offer_rule(&self, gpu: usize) -> Option<OfferRule> {
+        let since = self.gpus[gpu]
+            .collided_at
+            .map(|t| (self.now - t).max(0.0) as u64);
+        Some(self.slurm.holds?.on_gpu(since))
+    }
+
     /// Sets `gpu`'s hold to its stranded shards (at most what is free).
     /// Returns whether shards were given back to Slurm (its pass runs).
     fn update_hold(&mut self, gpu: usize) -> bool {
-        let Some(rule) = self.slurm.holds else {
+        let Some(rule) = self.offer_rule(gpu) else {
             return false;
         };
         let now = self.now;

@@ -24,7 +24,7 @@ pub(super) fn decision(cx: &Cx<'_>) -> crate::holds::HoldsDecision {
 }
 
 /// The rule the holds follow now; `None`: no holds.
-pub(super) fn rule(cx: &Cx<'_>) -> Option<crate::mig::OfferRule> {
+pub(super) fn rule(cx: &Cx<'_>) -> Option<crate::mig::OfferPolicy> {
     decision(cx).rule
 }
 
@@ -113,6 +113,7 @@ async fn shards(cx: &Cx<'_>) -> Vec<GpuShards> {
             .collect()
     });
     let mut out = Vec::with_capacity(cx.books.gpus.len());
+    let now = super::context::unix_now();
     for gpu in &cx.books.gpus {
         let st = gpu.tx().await;
         let busy = st.book.busy();
@@ -129,6 +130,7 @@ async fn shards(cx: &Cx<'_>) -> Vec<GpuShards> {
             // Slurm's count: a lent instance's job is billed less than
             // the instance takes, and the rest is what must be held.
             used: st.book.billed_shards().saturating_add(queued),
+            since_collision_s: st.book.since_collision_s(now),
         });
     }
     out

@@ -333,7 +333,7 @@ mod tests {
             state: state.into(),
             reason: "why".into(),
         };
-        assert_eq!(holds_check(&h("auto", "any-mix")).status, Status::Ok);
+        assert_eq!(holds_check(&h("auto", "adaptive")).status, Status::Ok);
         assert_eq!(holds_check(&h("off", "off")).status, Status::Ok);
         assert_eq!(holds_check(&h("auto", "no-slurm")).status, Status::Ok);
         let w = holds_check(&h("auto", "off"));

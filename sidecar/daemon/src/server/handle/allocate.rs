@@ -451,9 +451,10 @@ fn next_step(
         Ok(mates) => mates,
         Err(step) => return Ok(step),
     };
+    let since = st.book.since_collision_s(unix_now());
     let beside = Beside {
         mates,
-        holds,
+        holds: holds.map(|policy| policy.on_gpu(since)),
         lend: cfg.lend_idle,
     };
     let planned = st.book.plan_exact_beside(me.need, me.exact, &beside);
@@ -534,7 +535,11 @@ fn next_step(
 fn pass_step(gpu: &Gpu, st: &mut GpuState, job_id: u64, pass: burst::Pass) -> Result<Mix, Step> {
     let step = match pass {
         burst::Pass::Place(mates) => return Ok(mates),
-        burst::Pass::Refuse(reason, profile) => Step::Refuse { reason, profile },
+        burst::Pass::Refuse(reason, profile) => {
+            // The adaptive holds hold strictly here for a while.
+            st.book.collided_at = Some(unix_now());
+            Step::Refuse { reason, profile }
+        }
     };
     if st.promised.as_ref().is_some_and(|t| t.job_id == job_id) {
         st.promised = None;
@@ -629,7 +634,7 @@ impl<'a> Wait<'a> {
     async fn for_room(
         &mut self,
         cx: &Cx<'a>,
-        st: GpuTx<'_>,
+        mut st: GpuTx<'_>,
         req: &AllocateRequest,
         me: &Contender,
         why: (String, Option<&'static ProfileSpec>),
@@ -638,6 +643,8 @@ impl<'a> Wait<'a> {
         let (reason, no_room_for) = why;
         if tokio::time::Instant::now() >= self.deadline {
             let holders = st.book.holders();
+            // The adaptive holds hold strictly here for a while.
+            st.book.collided_at = Some(unix_now());
             drop(st);
             let elsewhere = match no_room_for {
                 Some(profile) => room::room_elsewhere(cx, req.gpu, profile).await,
