@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ClusterView, Decision, RepartitionPolicy};
+use super::{layout_or_whole, ClusterView, Decision, RepartitionPolicy};
 use crate::mig::{Geometry, GpuModel, Layout};
 
 /// Why a `--policy` value was not understood.
@@ -63,6 +63,43 @@ impl RepartitionPolicy for OnDemand {
 
     fn installs_initial_layout(&self) -> bool {
         false
+    }
+
+    fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
+    }
+}
+
+/// Fixed layouts as smartmigd runs them (`policy = "static:..."` in
+/// smartmig.toml): installed when the day starts and never moved by the
+/// policy, while each job reaches its instance through shards and
+/// smartmigd's allocate (reuse, lend, create, re-shape: `mig::serve`), whose
+/// builds may change them. This is what the do-no-harm fallback tells a
+/// site to install; the `static-hist` *opponent* is the same layouts under
+/// Slurm's own typed GRES with no smartmigd ([`StaticLayout`],
+/// [`crate::policy::search::StaticMix`]), and the two score differently.
+#[derive(Clone, Debug)]
+pub struct StaticThroughSmartmigd {
+    /// The row's name for the layouts (`static-hist`).
+    pub label: String,
+    /// One per GPU; a missing or invalid one is a whole GPU.
+    pub layouts: Vec<Layout>,
+}
+
+impl RepartitionPolicy for StaticThroughSmartmigd {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}: the fixed layouts installed by smartmigd (`policy = \"static:...\"`), each job served through shards on demand",
+            self.label
+        )
+    }
+
+    fn initial_layout(&mut self, gpu: usize, geometry: &'static Geometry) -> Layout {
+        layout_or_whole(&self.layouts, gpu, geometry)
     }
 
     fn decide(&mut self, _view: &ClusterView<'_>) -> Vec<Decision> {

@@ -43,7 +43,7 @@ pub mod start;
 use crate::mig::{Geometry, GpuModel, Layout, Shape, SpotId, MAX_PROFILES};
 use crate::workload::{Job, SpeedupCurve};
 
-pub use fixed::{OnDemand, PolicyParseError, StaticLayout};
+pub use fixed::{OnDemand, PolicyParseError, StaticLayout, StaticThroughSmartmigd};
 pub use greedy::{Greedy, GreedyConfig};
 pub use nodes::{Nodes, NodesError, PerNode, Split};
 pub use parse::{parse_policy, parse_policy_on};

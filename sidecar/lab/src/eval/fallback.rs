@@ -10,9 +10,13 @@
 //! only when it did by more than the day-to-day noise; otherwise the
 //! better of the two runs instead.
 //!
-//! Both fallbacks are settings smartmigd runs (`policy = "none"` or
-//! `"static:..."`); a twice-daily schedule is an opponent of the yardstick
-//! but no daemon setting, so it is no fallback. The choice is causal (past
+//! Both fallbacks are what a site can install: whole GPUs (MIG off, no
+//! smartmigd) or the fitted layouts put into smartmigd's `policy =
+//! "static:..."`, which smartmigd serves through shards on demand, so the
+//! static fallback is scored that way ([`StaticThroughSmartmigd`]), not as
+//! the `static-hist` opponent under Slurm's own GRES. A twice-daily
+//! schedule is an opponent of the yardstick but no daemon setting, so it
+//! is no fallback. The choice is causal (past
 //! days only); `smartmig bench suite` scores it as `<name>+fallback`, and
 //! a site makes the same choice by running the suite on its own trace
 //! (`docs/policy.md`, "Do no harm").
@@ -24,8 +28,9 @@
 
 use serde::Serialize;
 
+use crate::mig::Layout;
 use crate::policy::search::{static_best, SearchConfig};
-use crate::policy::{PolicyParseError, RepartitionPolicy};
+use crate::policy::{NoPartition, PolicyParseError, RepartitionPolicy, StaticThroughSmartmigd};
 use crate::sim::{day_horizon, Metrics, Reference, SimError, Standing};
 
 use super::days::DaySet;
@@ -171,6 +176,34 @@ pub fn choose(candidate: HistoryScore, fallbacks: Vec<HistoryScore>) -> Fallback
     }
 }
 
+/// A fresh copy of the candidate, for each run that needs one.
+pub type MakeCandidate<'a> =
+    dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError> + 'a;
+
+/// The policy a `<name>+fallback` row runs for its `chosen` contender:
+/// whole GPUs for `none`, the `fitted` layouts as smartmigd runs them for
+/// `static-hist` (the contender [`cross_validate`] scored), else the
+/// candidate.
+pub fn chosen_policy(
+    chosen: &str,
+    fitted: &[Layout],
+    candidate: &mut MakeCandidate<'_>,
+) -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError> {
+    Ok(match chosen {
+        "none" => Box::new(NoPartition),
+        "static-hist" => Box::new(static_fallback(fitted)),
+        _ => candidate()?,
+    })
+}
+
+/// The static fallback: `layouts` installed by smartmigd (module docs).
+fn static_fallback(layouts: &[Layout]) -> StaticThroughSmartmigd {
+    StaticThroughSmartmigd {
+        label: "static-hist".to_string(),
+        layouts: layouts.to_vec(),
+    }
+}
+
 /// Scores the candidate and the fallbacks (`none`, `static-hist`) on the
 /// past days `history` by two-fold cross-validation, and [`choose`]s. The
 /// static layout is fitted on the first half of the days and scored on
@@ -186,7 +219,7 @@ pub fn cross_validate(
     reference: &Reference,
     alpha: f64,
     candidate_name: &str,
-    candidate: &mut dyn FnMut() -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError>,
+    candidate: &mut MakeCandidate<'_>,
 ) -> Result<FallbackChoice, FallbackError> {
     let n = history.len();
     let ours = (0..n)
@@ -215,7 +248,8 @@ pub fn cross_validate(
         let mut evaluate = |p: &mut dyn RepartitionPolicy| subset.objective(p, reference, alpha);
         let fitted = static_best(&subset.cluster, search, &mut evaluate)?;
         for &i in &score_on {
-            statics[i] = history.run(i, &mut fitted.policy.clone(), None)?.metrics;
+            let mut installed = static_fallback(fitted.policy.layouts());
+            statics[i] = history.run(i, &mut installed, None)?.metrics;
         }
     }
     // The `none` run of every day is already in the set.
@@ -242,6 +276,61 @@ pub fn cross_validate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::eval::days::{Day, DaySet};
+    use crate::mig::{Geometry, GpuModel};
+    use crate::policy::search::StaticMix;
+    use crate::sim::Heuristic;
+    use crate::workload::{Job, JobClass, SpeedupCurve};
+
+    /// A `+fallback` row that chose `static-hist` runs the fitted layouts
+    /// as smartmigd runs them once a site puts them into `policy =
+    /// "static:..."`: a job billed 2 shards has a `2g` re-shaped out of an
+    /// idle whole GPU (a reconfiguration each time), where the
+    /// `static-hist` opponent under Slurm's own GRES runs it on the whole
+    /// GPU and never reconfigures. `none` stays whole GPUs.
+    #[test]
+    fn the_static_fallback_is_served_as_smartmigd_serves_it() {
+        let cluster = vec![GpuModel::A100_40gb; 2];
+        let whole = Geometry::of(GpuModel::A100_40gb).whole_gpu();
+        let jobs: Vec<Job> = (0..4)
+            .map(|id| Job {
+                id,
+                arrival: id as f64 * 600.0,
+                work: 300.0,
+                speedup: SpeedupCurve::new(1.0, 1.0).unwrap(),
+                memory_gb: 4.0,
+                deadline: 86_400.0,
+                class: JobClass::Inference,
+                requested_slices: Some(2),
+                declared_memory_gb: None,
+                template: None,
+                memory_growth: None,
+                gpus: 1,
+            })
+            .collect();
+        let days = DaySet::new(
+            &cluster,
+            Heuristic::Edf,
+            vec![Day::generated(jobs, 0, 3_600.0, 0.0)],
+        )
+        .unwrap();
+        let mut never = || -> Result<Box<dyn RepartitionPolicy + Send>, PolicyParseError> {
+            unreachable!("the candidate is not the choice")
+        };
+        let fitted = [whole, whole];
+        let mut fallback = chosen_policy("static-hist", &fitted, &mut never).unwrap();
+        assert!(fallback.served_through_shards());
+        assert_eq!(fallback.name(), "static-hist");
+        let deployed = days.run(0, fallback.as_mut(), None).unwrap().metrics;
+        let mut opponent = StaticMix::from_indices("static-hist", &cluster, &[0, 0]);
+        assert_eq!(opponent.layouts(), &fitted[..]);
+        let gres = days.run(0, &mut opponent, None).unwrap().metrics;
+        assert_eq!(gres.reconfigurations, 0);
+        assert!(deployed.reconfigurations > 0, "{deployed:?}");
+        assert_eq!(deployed.completed, 4);
+        let none = chosen_policy("none", &fitted, &mut never).unwrap();
+        assert!(!none.served_through_shards());
+    }
 
     fn s(policy: &str, days: &[f64]) -> HistoryScore {
         HistoryScore::new(policy, days.to_vec(), 0)

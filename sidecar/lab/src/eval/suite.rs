@@ -17,7 +17,7 @@ use crate::sim::{day_horizon, AuditError, AuditReport, Collect, Heuristic, Metri
 
 use super::baselines::{fit, Fitted};
 use super::days::{Day, DaySet};
-use super::fallback::{cross_validate, FallbackChoice, FallbackError};
+use super::fallback::{chosen_policy, cross_validate, FallbackChoice, FallbackError};
 use super::score::{DayScore, PolicyRow, Reference, RowKind};
 use super::{agrees, audit_run, AuditFailure};
 
@@ -644,10 +644,11 @@ fn candidate_rows(
             &row,
             RowKind::Candidate,
             format!("{} on the training days", choice.describe()),
-            &mut |_| match choice.chosen.as_str() {
-                "none" => Ok(Box::new(NoPartition)),
-                "static-hist" => Ok(Box::new(sp.clone())),
-                _ => candidate(spec, &models, start, sp.layouts()).map_err(|e| policy_err(spec, e)),
+            &mut |_| {
+                chosen_policy(&choice.chosen, sp.layouts(), &mut || {
+                    candidate(spec, &models, start, sp.layouts())
+                })
+                .map_err(|e| policy_err(spec, e))
             },
         )?;
         fallbacks.push(choice);

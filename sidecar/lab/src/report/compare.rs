@@ -29,7 +29,7 @@
 use std::time::Instant;
 
 use crate::bound::{self, BoundError, BoundGpu};
-use crate::eval::fallback::{cross_validate, FallbackError};
+use crate::eval::fallback::{chosen_policy, cross_validate, FallbackError};
 use crate::eval::suite::candidate;
 use crate::eval::{fit, Day, DaySet, Fitted, RowKind};
 use crate::mig::{Geometry, GpuModel};
@@ -379,11 +379,9 @@ fn candidates(ctx: &mut Ctx<'_>, past: Option<(&DaySet, &Fitted)>, rate: &Refere
             spec: spec.clone(),
             source,
         })?;
-        let mut p: Box<dyn RepartitionPolicy + Send> = match choice.chosen.as_str() {
-            "none" => Box::new(NoPartition),
-            "static-hist" => Box::new(fitted.static_policy()),
-            _ => candidate(&spec, &models, true, &layouts)?,
-        };
+        let mut p = chosen_policy(&choice.chosen, &layouts, &mut || {
+            candidate(&spec, &models, true, &layouts)
+        })?;
         let description = format!("{} on the training days", choice.describe());
         ctx.run_logged(
             p.as_mut(),
