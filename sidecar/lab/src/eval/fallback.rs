@@ -16,10 +16,10 @@
 //! static fallback is scored that way ([`StaticThroughSmartmigd`]), not as
 //! the `static-hist` opponent under Slurm's own GRES. A twice-daily
 //! schedule is an opponent of the yardstick but no daemon setting, so it
-//! is no fallback. The choice is causal (past
-//! days only); `smartmig bench suite` scores it as `<name>+fallback`, and
-//! a site makes the same choice by running the suite on its own trace
-//! (`docs/policy.md`, "Do no harm").
+//! is no fallback. The choice is causal (past days only); `smartmig bench
+//! suite` scores it as `<name>+fallback`, and a site makes the same choice
+//! by running the suite on its own trace (`docs/policy.md`, "Do no
+//! harm").
 //!
 //! [`cross_validate`] never judges a fitted layout on a day it was fitted
 //! on: scored in-sample (the first version), the fitted layouts beat the
@@ -206,13 +206,14 @@ fn static_fallback(layouts: &[Layout]) -> StaticThroughSmartmigd {
 
 /// Scores the candidate and the fallbacks (`none`, `static-hist`) on the
 /// past days `history` by two-fold cross-validation, and [`choose`]s. The
-/// static layout is fitted on the first half of the days and scored on
-/// the second, then the other way round; the candidate (a fresh one per
-/// day, from `candidate`) runs every day once, and `none` is each day's
-/// reference run. Each day's three runs are charged at their common
-/// horizon (`sim::metrics`) and scored with `reference`. With a single
-/// past day there is nothing to hold out: the layout is fitted and scored
-/// on it (in-sample, which favours falling back).
+/// static layout is fitted on the first half of the days and scored, as
+/// smartmigd runs it, on the second, then the other way round; the
+/// candidate (a fresh one per day, from `candidate`) runs every day once,
+/// and `none` is each day's reference run. Each day's three runs are
+/// charged at their common horizon (`sim::metrics`) and scored with
+/// `reference`. With a single past day there is nothing to hold out: the
+/// layout is fitted and scored on it (in-sample, which favours falling
+/// back).
 pub fn cross_validate(
     history: &DaySet,
     search: &SearchConfig,
