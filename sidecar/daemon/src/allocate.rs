@@ -127,6 +127,12 @@ impl GpuBook {
         }
     }
 
+    /// A job was turned away or gave up waiting for room here at `now`
+    /// (Unix seconds): the adaptive holds hold strictly for a while.
+    pub fn mark_collision(&mut self, now: u64) {
+        self.collided_at = Some(now);
+    }
+
     /// Seconds since a job last collided here at `now` (Unix seconds).
     pub fn since_collision_s(&self, now: u64) -> Option<u64> {
         self.collided_at.map(|t| now.saturating_sub(t))

@@ -385,25 +385,6 @@ fn for_each_mix(sizes: &[u8], total: u8, f: &mut dyn FnMut(&Counts)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn adaptive_holds_strictly_for_an_hour_after_a_collision_and_lends_the_room_otherwise() {
-        let a: OfferPolicy = "adaptive".parse().unwrap();
-        assert_eq!(a.on_gpu(None), OfferRule::NextJob);
-        assert_eq!(a.on_gpu(Some(0)), OfferRule::AnyMix);
-        assert_eq!(a.on_gpu(Some(COLLISION_MEMORY_S - 1)), OfferRule::AnyMix);
-        assert_eq!(a.on_gpu(Some(COLLISION_MEMORY_S)), OfferRule::NextJob);
-        let fixed: OfferPolicy = "any-mix".parse().unwrap();
-        assert_eq!(fixed.on_gpu(None), OfferRule::AnyMix);
-        assert_eq!(fixed.name(), "any-mix");
-        let e = "strict".parse::<OfferPolicy>().unwrap_err();
-        assert!(e.contains("`strict`") && e.contains("adaptive"), "{e}");
-        // Next to 3g@4 a 4-shard job fits: next-job offers it, any-mix not.
-        let g = a100();
-        let b = busy(g, &[(3, 4, 4)]);
-        assert_eq!(g.offer(b, a.on_gpu(None)), 4);
-        assert_eq!(g.offer(b, a.on_gpu(Some(60))), 3);
-    }
     use crate::{GpuModel, Shape};
 
     fn a100() -> &'static Geometry {
@@ -424,6 +405,25 @@ mod tests {
                 .expect("placement"),
             )
         })
+    }
+
+    #[test]
+    fn adaptive_holds_strictly_for_an_hour_after_a_collision_and_offers_the_room_otherwise() {
+        let a: OfferPolicy = "adaptive".parse().unwrap();
+        assert_eq!(a.on_gpu(None), OfferRule::NextJob);
+        assert_eq!(a.on_gpu(Some(0)), OfferRule::AnyMix);
+        assert_eq!(a.on_gpu(Some(COLLISION_MEMORY_S - 1)), OfferRule::AnyMix);
+        assert_eq!(a.on_gpu(Some(COLLISION_MEMORY_S)), OfferRule::NextJob);
+        let fixed: OfferPolicy = "any-mix".parse().unwrap();
+        assert_eq!(fixed.on_gpu(None), OfferRule::AnyMix);
+        assert_eq!(fixed.name(), "any-mix");
+        let e = "strict".parse::<OfferPolicy>().unwrap_err();
+        assert!(e.contains("`strict`") && e.contains("adaptive"), "{e}");
+        // Next to 3g@4 a 4-shard job fits: next-job offers it, any-mix not.
+        let g = a100();
+        let b = busy(g, &[(3, 4, 4)]);
+        assert_eq!(g.offer(b, a.on_gpu(None)), 4);
+        assert_eq!(g.offer(b, a.on_gpu(Some(60))), 3);
     }
 
     #[test]

@@ -536,8 +536,7 @@ fn pass_step(gpu: &Gpu, st: &mut GpuState, job_id: u64, pass: burst::Pass) -> Re
     let step = match pass {
         burst::Pass::Place(mates) => return Ok(mates),
         burst::Pass::Refuse(reason, profile) => {
-            // The adaptive holds hold strictly here for a while.
-            st.book.collided_at = Some(unix_now());
+            st.book.mark_collision(unix_now());
             Step::Refuse { reason, profile }
         }
     };
@@ -643,8 +642,7 @@ impl<'a> Wait<'a> {
         let (reason, no_room_for) = why;
         if tokio::time::Instant::now() >= self.deadline {
             let holders = st.book.holders();
-            // The adaptive holds hold strictly here for a while.
-            st.book.collided_at = Some(unix_now());
+            st.book.mark_collision(unix_now());
             drop(st);
             let elsewhere = match no_room_for {
                 Some(profile) => room::room_elsewhere(cx, req.gpu, profile).await,
